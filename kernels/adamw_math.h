@@ -1,0 +1,186 @@
+// adamw_math.h: the one AdamW update of fusedps, shared by the CPU and CUDA backends.
+//
+// This header is the only place the optimizer math lives. It compiles as plain C++ and as CUDA
+// (host and device). The op order is that of PyTorch's fused AdamW
+// (torch/optim/adamw.py, aten/src/ATen/native/cuda/fused_adam_utils.cuh), per element, in fp32:
+//   1. g = grad / grad_scale (if given); if maximize, g = -g
+//   2. decoupled: param -= lr * weight_decay * param   |  L2: g += weight_decay * param
+//   3. exp_avg = lerp(exp_avg, g, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g^2
+//   4. bias_correction1 = 1 - beta1^step, bias_correction2 = 1 - beta2^step (step already
+//      incremented), computed once per tensor in float64 as torch does in Python
+//   5. denom = sqrt(amsgrad ? max_exp_avg_sq : exp_avg_sq) / sqrt(bias_correction2) + eps
+//   6. param -= (lr / bias_correction1) * exp_avg / denom
+//
+// Usage:
+//   AdamWStepScalars s = MakeStepScalars(hyper, step + 1);
+//   for (i...) AdamWUpdate(s, LoadGrad(grads, i), params[i], exp_avg[i], exp_avg_sq[i], nullptr);
+#ifndef FUSEDPS_KERNELS_ADAMW_MATH_H_
+#define FUSEDPS_KERNELS_ADAMW_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define FUSEDPS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FUSEDPS_HOST_DEVICE inline
+#endif
+
+namespace fusedps {
+
+// Element type of gradients on the wire and in staging. Values match proto fusedps.v1.DType.
+enum class GradDType : uint8_t { kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3 };
+
+FUSEDPS_HOST_DEVICE int DTypeSize(GradDType dtype) { return dtype == GradDType::kFloat32 ? 4 : 2; }
+
+// Hyperparameters of one param group, as in torch.optim.AdamW. Defaults are torch's.
+struct AdamWHyperparameters {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+  bool decoupled_weight_decay = true;  // false: L2 (torch.optim.Adam's weight_decay).
+};
+
+// Per-tensor, per-step scalars. Computed in float64 from the hyperparameters and the
+// (already incremented) step, then rounded to fp32 as torch's scalar arguments are.
+struct AdamWStepScalars {
+  float lr;
+  float weight_decay;
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float eps;
+  float step_size;              // lr / bias_correction1
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  float inv_grad_scale;         // 1 / grad_scale, or 1
+  bool has_grad_scale;
+  bool amsgrad;
+  bool maximize;
+  bool decoupled_weight_decay;
+};
+
+// REQUIRES: step >= 1 (the step count after this update). grad_scale <= 0 means none.
+FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters& h, int64_t step,
+                                                     float grad_scale) {
+  AdamWStepScalars s;
+  const double bias_correction1 = 1.0 - pow(h.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - pow(h.beta2, static_cast<double>(step));
+  s.lr = static_cast<float>(h.lr);
+  s.weight_decay = static_cast<float>(h.weight_decay);
+  s.beta1 = static_cast<float>(h.beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  s.beta2 = static_cast<float>(h.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  s.eps = static_cast<float>(h.eps);
+  s.step_size = static_cast<float>(h.lr / bias_correction1);
+  s.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  s.has_grad_scale = grad_scale > 0.0f;
+  s.inv_grad_scale = s.has_grad_scale ? 1.0f / grad_scale : 1.0f;
+  s.amsgrad = h.amsgrad;
+  s.maximize = h.maximize;
+  s.decoupled_weight_decay = h.decoupled_weight_decay;
+  return s;
+}
+
+// One AdamW update of one element. max_exp_avg_sq is read and written only when s.amsgrad.
+FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
+                                     float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
+  float g = s.has_grad_scale ? grad * s.inv_grad_scale : grad;
+  if (s.maximize) g = -g;
+  float p = param;
+  if (s.weight_decay != 0.0f) {
+    if (s.decoupled_weight_decay) {
+      p -= s.lr * s.weight_decay * p;
+    } else {
+      g += s.weight_decay * p;
+    }
+  }
+  // torch.lerp(start, end, w) for w < 0.5: start + w * (end - start).
+  const float m = exp_avg + s.one_minus_beta1 * (g - exp_avg);
+  const float v = s.beta2 * exp_avg_sq + s.one_minus_beta2 * g * g;
+  float v_used = v;
+  if (s.amsgrad) {
+    v_used = fmaxf(*max_exp_avg_sq, v);
+    *max_exp_avg_sq = v_used;
+  }
+  const float denom = sqrtf(v_used) / s.bias_correction2_sqrt + s.eps;
+  p -= s.step_size * m / denom;
+  param = p;
+  exp_avg = m;
+  exp_avg_sq = v;
+}
+
+// --- Element conversions (bit-exact, host and device). ---
+
+FUSEDPS_HOST_DEVICE float BitsToFloat(uint32_t bits) {
+  float f;
+  memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+FUSEDPS_HOST_DEVICE uint32_t FloatToBits(float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+FUSEDPS_HOST_DEVICE float BFloat16ToFloat(uint16_t b) {
+  return BitsToFloat(static_cast<uint32_t>(b) << 16);
+}
+
+// Round to nearest even; NaN stays NaN (quiet).
+FUSEDPS_HOST_DEVICE uint16_t FloatToBFloat16(float f) {
+  const uint32_t bits = FloatToBits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+FUSEDPS_HOST_DEVICE float Float16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));  // inf/NaN
+  if (exponent != 0) return BitsToFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  // Zero or subnormal: mantissa * 2^-24, exact in fp32.
+  const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+  return sign ? -magnitude : magnitude;
+}
+
+// Round to nearest even, overflow to inf, NaN stays NaN.
+FUSEDPS_HOST_DEVICE uint16_t FloatToFloat16(float f) {
+  const uint32_t bits = FloatToBits(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
+  if (abs < 0x38800000u) {  // Below the smallest normal half (2^-14): subnormal or zero.
+    // Scale by 2^24 so that one half subnormal ulp is 1.0, then round to nearest even.
+    const float scaled = BitsToFloat(abs) * 16777216.0f;
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(rintf(scaled)));
+  }
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+// Reads gradient element i of a staging buffer in the given dtype, as fp32.
+FUSEDPS_HOST_DEVICE float LoadGrad(const void* grads, GradDType dtype, uint64_t i) {
+  switch (dtype) {
+    case GradDType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(grads)[i]);
+    case GradDType::kFloat16:
+      return Float16ToFloat(static_cast<const uint16_t*>(grads)[i]);
+    case GradDType::kFloat32:
+    default:
+      return static_cast<const float*>(grads)[i];
+  }
+}
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_KERNELS_ADAMW_MATH_H_

@@ -1,0 +1,114 @@
+// backend.h: the interface every optimizer backend (CPU, CUDA) implements.
+//
+// A backend owns the flat arenas of one shard (fp32 params, exp_avg, exp_avg_sq, optional
+// max_exp_avg_sq, optional bf16/fp16 param copy), the per-tensor step counters, and the param
+// group hyperparameters. Tensors are numbered 0..N-1 in registration order and never removed.
+// Every tensor starts on a 16-byte boundary in every arena.
+//
+// Thread safety: none. The caller (server/shard_store) serializes writers and lets readers in
+// only while no writer runs.
+//
+// Usage:
+//   std::unique_ptr<OptimizerBackend> backend = MakeCpuBackend(options);
+//   backend->SetParamGroup(0, AdamWHyperparameters{});
+//   backend->AddTensors({{.numel = 1024, .param_group = 0}});
+//   backend->WriteParams(0, 0, values);
+//   StepOutcome outcome = backend->Step(request).value();
+#ifndef FUSEDPS_KERNELS_BACKEND_H_
+#define FUSEDPS_KERNELS_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/adamw_math.h"
+
+namespace fusedps {
+
+// Which stored array a read returns. Values match proto fusedps.v1.TensorField.
+enum class TensorField : uint8_t { kParam = 1, kExpAvg = 2, kExpAvgSq = 3, kMaxExpAvgSq = 4 };
+
+// The low-precision copy of the params that a backend may keep for pulls.
+enum class ParamCopyDType : uint8_t { kNone = 0, kBFloat16 = 2, kFloat16 = 3 };
+
+struct BackendOptions {
+  ParamCopyDType param_copy_dtype = ParamCopyDType::kNone;
+  int threads = 0;  // CPU backend worker threads; 0 means one per hardware thread.
+  int device_ordinal = 0;  // CUDA backend: which GPU.
+};
+
+struct NewTensor {
+  uint64_t numel = 0;
+  uint32_t param_group = 0;
+};
+
+// The gradients of one push, in host memory, in one dtype.
+// Tensor tensors[i]'s grads are elements [grad_offsets[i], grad_offsets[i] + numel) of grads.
+// REQUIRES: tensors are distinct and registered; grad_offsets[i] is a multiple of 8 (16 bytes
+// in any dtype) so that vector loads are legal.
+struct StepRequest {
+  absl::Span<const uint32_t> tensors;
+  absl::Span<const uint64_t> grad_offsets;
+  const void* grads = nullptr;
+  GradDType grad_dtype = GradDType::kFloat32;
+  float grad_scale = 0.0f;  // <= 0: none.
+};
+
+struct StepOutcome {
+  bool skipped = false;  // A non-finite gradient: nothing changed, no step advanced.
+  uint32_t tensors_updated = 0;
+};
+
+class OptimizerBackend {
+ public:
+  virtual ~OptimizerBackend() = default;
+
+  virtual std::string name() const = 0;    // "cpu" or "cuda".
+  virtual std::string device() const = 0;  // Human-readable device description.
+  virtual ParamCopyDType param_copy_dtype() const = 0;
+
+  // Creates or replaces the hyperparameters of group `group` (0-based, dense).
+  virtual absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) = 0;
+
+  // Appends tensors. Their params, states and steps start at zero.
+  // Errors: RESOURCE_EXHAUSTED when memory runs out (nothing is added);
+  // INVALID_ARGUMENT for an unknown group.
+  virtual absl::Status AddTensors(absl::Span<const NewTensor> tensors) = 0;
+
+  // Writes fp32 params [offset, offset + values.size()) of a tensor (and its low-precision copy).
+  // REQUIRES: the range lies inside the tensor.
+  virtual absl::Status WriteParams(uint32_t tensor, uint64_t offset,
+                                   absl::Span<const float> values) = 0;
+
+  // Reads `count` elements of a field of a tensor, starting at `offset`, into out as fp32
+  // (4 bytes each) or bf16 (2 bytes each). A bf16 read of params is served from the bf16 copy
+  // when the backend keeps one. REQUIRES: the range lies inside the tensor.
+  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad.
+  virtual absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
+                            GradDType dtype, void* out) const = 0;
+
+  virtual int64_t step(uint32_t tensor) const = 0;
+  virtual uint32_t tensor_count() const = 0;
+  virtual uint64_t numel(uint32_t tensor) const = 0;
+
+  // Applies one AdamW step (kernels/adamw_math.h) to every tensor of the request, all or
+  // nothing: if any gradient is non-finite (after conversion to fp32), nothing changes and the
+  // outcome says skipped. Each updated tensor's step advances by one.
+  virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
+
+  // Kernel launches (CUDA) or parallel passes (CPU) so far, by kernel name, for metrics.
+  virtual uint64_t launches_total() const = 0;
+};
+
+// Rounds an element count up so that the next tensor starts on a 16-byte boundary in every
+// arena of any element size (2 or 4 bytes).
+inline uint64_t AlignedNumel(uint64_t numel) { return (numel + 7) & ~uint64_t{7}; }
+
+std::unique_ptr<OptimizerBackend> MakeCpuBackend(const BackendOptions& options);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_KERNELS_BACKEND_H_

@@ -1,0 +1,269 @@
+// The CPU backend: flat host arenas, updated by OpenMP threads in fixed-size pieces.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <new>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+
+namespace fusedps {
+namespace {
+
+// Elements per unit of parallel work: large enough to amortize scheduling, small enough to
+// balance many small tensors against a few large ones.
+constexpr uint64_t kPieceNumel = 32 * 1024;
+
+struct Piece {
+  uint32_t request_index;  // Index into StepRequest::tensors.
+  uint64_t begin;          // Element range within the tensor.
+  uint64_t end;
+};
+
+template <GradDType kDType>
+void UpdateRange(const AdamWStepScalars& s, const void* grads, uint64_t grad_offset,
+                 uint64_t begin, uint64_t end, float* params, float* exp_avg, float* exp_avg_sq,
+                 float* max_exp_avg_sq, uint16_t* copy, ParamCopyDType copy_dtype) {
+  for (uint64_t i = begin; i < end; ++i) {
+    const float g = LoadGrad(grads, kDType, grad_offset + i);
+    AdamWUpdate(s, g, params[i], exp_avg[i], exp_avg_sq[i],
+                s.amsgrad ? &max_exp_avg_sq[i] : nullptr);
+  }
+  if (copy_dtype == ParamCopyDType::kBFloat16) {
+    for (uint64_t i = begin; i < end; ++i) copy[i] = FloatToBFloat16(params[i]);
+  } else if (copy_dtype == ParamCopyDType::kFloat16) {
+    for (uint64_t i = begin; i < end; ++i) copy[i] = FloatToFloat16(params[i]);
+  }
+}
+
+template <GradDType kDType>
+bool AllFinite(const void* grads, uint64_t begin, uint64_t end) {
+  bool finite = true;
+  for (uint64_t i = begin; i < end; ++i) finite &= std::isfinite(LoadGrad(grads, kDType, i));
+  return finite;
+}
+
+class CpuBackend final : public OptimizerBackend {
+ public:
+  explicit CpuBackend(const BackendOptions& options)
+      : copy_dtype_(options.param_copy_dtype),
+        threads_(options.threads > 0 ? options.threads : omp_get_num_procs()) {}
+
+  std::string name() const override { return "cpu"; }
+  std::string device() const override { return absl::StrCat("cpu (", threads_, " threads)"); }
+  ParamCopyDType param_copy_dtype() const override { return copy_dtype_; }
+
+  absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
+    if (group > groups_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("param group index ", group, " skips ",
+                                                     groups_.size()));
+    }
+    if (group == groups_.size()) {
+      groups_.push_back(hyper);
+    } else {
+      groups_[group] = hyper;
+    }
+    if (hyper.amsgrad) return EnsureMaxExpAvgSq();
+    return absl::OkStatus();
+  }
+
+  absl::Status AddTensors(absl::Span<const NewTensor> tensors) override {
+    uint64_t total = arena_numel_;
+    for (const NewTensor& t : tensors) {
+      if (t.param_group >= groups_.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("param group index ", t.param_group, " is not registered"));
+      }
+      total += AlignedNumel(t.numel);
+    }
+    absl::Status grown = Resize(total);
+    if (!grown.ok()) return grown;
+    for (const NewTensor& t : tensors) {
+      offsets_.push_back(arena_numel_);
+      numels_.push_back(t.numel);
+      groups_of_.push_back(t.param_group);
+      steps_.push_back(0);
+      arena_numel_ += AlignedNumel(t.numel);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteParams(uint32_t tensor, uint64_t offset,
+                           absl::Span<const float> values) override {
+    float* dst = params_.data() + offsets_[tensor] + offset;
+    std::copy(values.begin(), values.end(), dst);
+    WriteCopy(offsets_[tensor] + offset, values.size());
+    return absl::OkStatus();
+  }
+
+  absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
+                    GradDType dtype, void* out) const override {
+    const uint64_t start = offsets_[tensor] + offset;
+    const float* src = nullptr;
+    switch (field) {
+      case TensorField::kParam:
+        if (dtype == GradDType::kBFloat16 && copy_dtype_ == ParamCopyDType::kBFloat16) {
+          std::copy_n(copy_.data() + start, count, static_cast<uint16_t*>(out));
+          return absl::OkStatus();
+        }
+        src = params_.data();
+        break;
+      case TensorField::kExpAvg:
+        src = exp_avg_.data();
+        break;
+      case TensorField::kExpAvgSq:
+        src = exp_avg_sq_.data();
+        break;
+      case TensorField::kMaxExpAvgSq:
+        if (!groups_[groups_of_[tensor]].amsgrad) {
+          return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
+        }
+        src = max_exp_avg_sq_.data();
+        break;
+    }
+    src += start;
+    if (dtype == GradDType::kFloat32) {
+      std::copy_n(src, count, static_cast<float*>(out));
+    } else {
+      auto* dst = static_cast<uint16_t*>(out);
+      for (uint64_t i = 0; i < count; ++i) {
+        dst[i] = dtype == GradDType::kBFloat16 ? FloatToBFloat16(src[i]) : FloatToFloat16(src[i]);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t step(uint32_t tensor) const override { return steps_[tensor]; }
+  uint32_t tensor_count() const override { return static_cast<uint32_t>(offsets_.size()); }
+  uint64_t numel(uint32_t tensor) const override { return numels_[tensor]; }
+  uint64_t launches_total() const override { return launches_; }
+
+  absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
+    std::vector<Piece> pieces;
+    for (uint32_t r = 0; r < request.tensors.size(); ++r) {
+      const uint64_t n = numels_[request.tensors[r]];
+      for (uint64_t begin = 0; begin < n; begin += kPieceNumel) {
+        pieces.push_back({r, begin, std::min(n, begin + kPieceNumel)});
+      }
+    }
+    const int64_t piece_count = static_cast<int64_t>(pieces.size());
+
+    bool finite = true;
+    ++launches_;
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) reduction(&& : finite)
+    for (int64_t k = 0; k < piece_count; ++k) {
+      const Piece& p = pieces[k];
+      const uint64_t base = request.grad_offsets[p.request_index];
+      finite = finite && CheckFinite(request, base + p.begin, base + p.end);
+    }
+    if (!finite) return StepOutcome{.skipped = true, .tensors_updated = 0};
+
+    std::vector<AdamWStepScalars> scalars(request.tensors.size());
+    for (size_t r = 0; r < request.tensors.size(); ++r) {
+      const uint32_t t = request.tensors[r];
+      scalars[r] = MakeStepScalars(groups_[groups_of_[t]], steps_[t] + 1, request.grad_scale);
+    }
+    ++launches_;
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
+    for (int64_t k = 0; k < piece_count; ++k) {
+      const Piece& p = pieces[k];
+      const uint32_t t = request.tensors[p.request_index];
+      // Shift the arenas so that element 0 of the tensor is at index 0, as in its grads.
+      const uint64_t o = offsets_[t];
+      const uint64_t g = request.grad_offsets[p.request_index];
+      float* max_sq = max_exp_avg_sq_.empty() ? nullptr : max_exp_avg_sq_.data() + o;
+      uint16_t* copy = copy_.empty() ? nullptr : copy_.data() + o;
+      switch (request.grad_dtype) {
+        case GradDType::kFloat32:
+          UpdateRange<GradDType::kFloat32>(scalars[p.request_index], request.grads, g, p.begin,
+                                           p.end, params_.data() + o, exp_avg_.data() + o,
+                                           exp_avg_sq_.data() + o, max_sq, copy, copy_dtype_);
+          break;
+        case GradDType::kBFloat16:
+          UpdateRange<GradDType::kBFloat16>(scalars[p.request_index], request.grads, g, p.begin,
+                                            p.end, params_.data() + o, exp_avg_.data() + o,
+                                            exp_avg_sq_.data() + o, max_sq, copy, copy_dtype_);
+          break;
+        case GradDType::kFloat16:
+          UpdateRange<GradDType::kFloat16>(scalars[p.request_index], request.grads, g, p.begin,
+                                           p.end, params_.data() + o, exp_avg_.data() + o,
+                                           exp_avg_sq_.data() + o, max_sq, copy, copy_dtype_);
+          break;
+      }
+    }
+    for (uint32_t t : request.tensors) ++steps_[t];
+    return StepOutcome{.skipped = false,
+                       .tensors_updated = static_cast<uint32_t>(request.tensors.size())};
+  }
+
+ private:
+  static bool CheckFinite(const StepRequest& request, uint64_t begin, uint64_t end) {
+    switch (request.grad_dtype) {
+      case GradDType::kBFloat16:
+        return AllFinite<GradDType::kBFloat16>(request.grads, begin, end);
+      case GradDType::kFloat16:
+        return AllFinite<GradDType::kFloat16>(request.grads, begin, end);
+      case GradDType::kFloat32:
+      default:
+        return AllFinite<GradDType::kFloat32>(request.grads, begin, end);
+    }
+  }
+
+  absl::Status Resize(uint64_t numel) {
+    try {
+      params_.resize(numel, 0.0f);
+      exp_avg_.resize(numel, 0.0f);
+      exp_avg_sq_.resize(numel, 0.0f);
+      if (!max_exp_avg_sq_.empty() || HasAmsgrad()) max_exp_avg_sq_.resize(numel, 0.0f);
+      if (copy_dtype_ != ParamCopyDType::kNone) copy_.resize(numel, 0);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host memory for ", numel, " parameters (", numel * 16, " bytes)"));
+    }
+    return absl::OkStatus();
+  }
+
+  bool HasAmsgrad() const {
+    return std::any_of(groups_.begin(), groups_.end(),
+                       [](const AdamWHyperparameters& h) { return h.amsgrad; });
+  }
+
+  absl::Status EnsureMaxExpAvgSq() {
+    if (max_exp_avg_sq_.size() == params_.size() && !params_.empty()) return absl::OkStatus();
+    try {
+      max_exp_avg_sq_.resize(params_.size(), 0.0f);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("host memory for max_exp_avg_sq");
+    }
+    return absl::OkStatus();
+  }
+
+  void WriteCopy(uint64_t start, uint64_t count) {
+    for (uint64_t i = start; i < start + count; ++i) {
+      if (copy_dtype_ == ParamCopyDType::kBFloat16) copy_[i] = FloatToBFloat16(params_[i]);
+      if (copy_dtype_ == ParamCopyDType::kFloat16) copy_[i] = FloatToFloat16(params_[i]);
+    }
+  }
+
+  const ParamCopyDType copy_dtype_;
+  const int threads_;
+  std::vector<AdamWHyperparameters> groups_;
+  std::vector<uint64_t> offsets_;  // Per tensor, in elements, multiples of 8.
+  std::vector<uint64_t> numels_;
+  std::vector<uint32_t> groups_of_;
+  std::vector<int64_t> steps_;
+  uint64_t arena_numel_ = 0;
+  std::vector<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+  std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params_.
+  uint64_t launches_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizerBackend> MakeCpuBackend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace fusedps

@@ -1,0 +1,145 @@
+// Tests of the CPU backend: arenas, all-or-nothing steps, dtypes, reads, the param copy.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace fusedps {
+namespace {
+
+std::vector<float> RandomVector(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::vector<float> ReadField(const OptimizerBackend& b, TensorField field, uint32_t t) {
+  std::vector<float> out(b.numel(t));
+  EXPECT_TRUE(b.Read(field, t, 0, out.size(), GradDType::kFloat32, out.data()).ok());
+  return out;
+}
+
+TEST(CpuBackendTest, StepMatchesElementwiseMathForEveryTensorAndDType) {
+  std::mt19937 rng(7);
+  const std::vector<uint64_t> sizes = {1, 3, 7, 8, 9, 100, 32 * 1024 + 5, 70000};
+  for (GradDType dtype : {GradDType::kFloat32, GradDType::kBFloat16, GradDType::kFloat16}) {
+    auto backend = MakeCpuBackend({.threads = 2});
+    AdamWHyperparameters h;
+    h.amsgrad = true;
+    h.weight_decay = 0.1;
+    ASSERT_TRUE(backend->SetParamGroup(0, h).ok());
+    std::vector<NewTensor> specs;
+    for (uint64_t n : sizes) specs.push_back({n, 0});
+    ASSERT_TRUE(backend->AddTensors(specs).ok());
+
+    std::vector<std::vector<float>> params, m, v, vmax;
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      params.push_back(RandomVector(rng, sizes[t]));
+      ASSERT_TRUE(backend->WriteParams(t, 0, params.back()).ok());
+      m.emplace_back(sizes[t], 0.0f);
+      v.emplace_back(sizes[t], 0.0f);
+      vmax.emplace_back(sizes[t], 0.0f);
+    }
+    for (int step = 1; step <= 3; ++step) {
+      // Stage grads for every tensor, in reverse order, at 8-aligned offsets.
+      std::vector<uint32_t> tensors;
+      std::vector<uint64_t> offsets;
+      uint64_t total = 0;
+      for (int t = static_cast<int>(sizes.size()) - 1; t >= 0; --t) {
+        tensors.push_back(t);
+        offsets.push_back(total);
+        total += AlignedNumel(sizes[t]);
+      }
+      std::vector<float> grads_f32 = RandomVector(rng, total);
+      std::vector<uint16_t> grads_16(total);
+      for (uint64_t i = 0; i < total; ++i) {
+        grads_16[i] = dtype == GradDType::kBFloat16 ? FloatToBFloat16(grads_f32[i])
+                                                    : FloatToFloat16(grads_f32[i]);
+      }
+      const void* grads =
+          dtype == GradDType::kFloat32 ? static_cast<const void*>(grads_f32.data()) : grads_16.data();
+      StepRequest request{tensors, offsets, grads, dtype, 0.0f};
+      auto outcome = backend->Step(request);
+      ASSERT_TRUE(outcome.ok());
+      EXPECT_FALSE(outcome->skipped);
+      EXPECT_EQ(outcome->tensors_updated, sizes.size());
+      const AdamWStepScalars s = MakeStepScalars(h, step, 0.0f);
+      for (size_t r = 0; r < tensors.size(); ++r) {
+        const uint32_t t = tensors[r];
+        for (uint64_t i = 0; i < sizes[t]; ++i) {
+          AdamWUpdate(s, LoadGrad(grads, dtype, offsets[r] + i), params[t][i], m[t][i], v[t][i],
+                      &vmax[t][i]);
+        }
+      }
+    }
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      EXPECT_EQ(backend->step(t), 3);
+      EXPECT_EQ(ReadField(*backend, TensorField::kParam, t), params[t]) << t;
+      EXPECT_EQ(ReadField(*backend, TensorField::kExpAvg, t), m[t]) << t;
+      EXPECT_EQ(ReadField(*backend, TensorField::kExpAvgSq, t), v[t]) << t;
+      EXPECT_EQ(ReadField(*backend, TensorField::kMaxExpAvgSq, t), vmax[t]) << t;
+    }
+  }
+}
+
+TEST(CpuBackendTest, NonFiniteGradSkipsWholeStepBitIdentical) {
+  std::mt19937 rng(8);
+  auto backend = MakeCpuBackend({});
+  ASSERT_TRUE(backend->SetParamGroup(0, {}).ok());
+  ASSERT_TRUE(backend->AddTensors({{100, 0}, {50000, 0}}).ok());
+  ASSERT_TRUE(backend->WriteParams(0, 0, RandomVector(rng, 100)).ok());
+  ASSERT_TRUE(backend->WriteParams(1, 0, RandomVector(rng, 50000)).ok());
+  const std::vector<uint32_t> tensors = {0, 1};
+  const std::vector<uint64_t> offsets = {0, AlignedNumel(100)};
+  std::vector<float> grads = RandomVector(rng, AlignedNumel(100) + 50000);
+  ASSERT_FALSE(backend->Step({tensors, offsets, grads.data(), GradDType::kFloat32, 0})->skipped);
+  const auto before0 = ReadField(*backend, TensorField::kParam, 0);
+  const auto before1 = ReadField(*backend, TensorField::kExpAvgSq, 1);
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> poisoned = RandomVector(rng, grads.size());
+    poisoned[AlignedNumel(100) + 49999] = bad;  // Last element of the second tensor.
+    auto outcome = backend->Step({tensors, offsets, poisoned.data(), GradDType::kFloat32, 0});
+    ASSERT_TRUE(outcome.ok());
+    EXPECT_TRUE(outcome->skipped);
+    EXPECT_EQ(outcome->tensors_updated, 0u);
+    EXPECT_EQ(backend->step(0), 1);
+    EXPECT_EQ(backend->step(1), 1);
+    const auto after0 = ReadField(*backend, TensorField::kParam, 0);
+    const auto after1 = ReadField(*backend, TensorField::kExpAvgSq, 1);
+    EXPECT_EQ(0, memcmp(before0.data(), after0.data(), after0.size() * 4));
+    EXPECT_EQ(0, memcmp(before1.data(), after1.data(), after1.size() * 4));
+  }
+}
+
+TEST(CpuBackendTest, Bfloat16CopyFollowsParamsAndServesBf16Reads) {
+  std::mt19937 rng(9);
+  auto backend = MakeCpuBackend({.param_copy_dtype = ParamCopyDType::kBFloat16});
+  ASSERT_TRUE(backend->SetParamGroup(0, {}).ok());
+  ASSERT_TRUE(backend->AddTensors({{1000, 0}}).ok());
+  ASSERT_TRUE(backend->WriteParams(0, 0, RandomVector(rng, 1000)).ok());
+  const std::vector<uint32_t> tensors = {0};
+  const std::vector<uint64_t> offsets = {0};
+  std::vector<float> grads = RandomVector(rng, 1000);
+  ASSERT_TRUE(backend->Step({tensors, offsets, grads.data(), GradDType::kFloat32, 0}).ok());
+  const auto params = ReadField(*backend, TensorField::kParam, 0);
+  std::vector<uint16_t> copy(1000);
+  ASSERT_TRUE(backend->Read(TensorField::kParam, 0, 0, 1000, GradDType::kBFloat16, copy.data()).ok());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(copy[i], FloatToBFloat16(params[i])) << i;
+}
+
+TEST(CpuBackendTest, MaxExpAvgSqNeedsAmsgrad) {
+  auto backend = MakeCpuBackend({});
+  ASSERT_TRUE(backend->SetParamGroup(0, {}).ok());
+  ASSERT_TRUE(backend->AddTensors({{4, 0}}).ok());
+  float out[4];
+  EXPECT_EQ(backend->Read(TensorField::kMaxExpAvgSq, 0, 0, 4, GradDType::kFloat32, out).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend->AddTensors({{4, 3}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->tensor_count(), 1u);
+}
+
+}  // namespace
+}  // namespace fusedps
