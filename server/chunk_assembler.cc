@@ -1,0 +1,92 @@
+#include "server/chunk_assembler.h"
+
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+
+namespace fusedps {
+
+ChunkAssembler::ChunkAssembler(std::vector<Expected> tensors, int element_size)
+    : tensors_(std::move(tensors)), element_size_(element_size) {}
+
+absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tensors,
+                                                      int element_size) {
+  ChunkAssembler a(std::move(tensors), element_size);
+  uint64_t total = 0;
+  a.staging_offsets_.reserve(a.tensors_.size());
+  for (uint32_t i = 0; i < a.tensors_.size(); ++i) {
+    a.index_.emplace(a.tensors_[i].name, i);
+    a.staging_offsets_.push_back(total);
+    total += AlignedNumel(a.tensors_[i].numel);
+  }
+  a.received_.assign(a.tensors_.size(), 0);
+  a.ranges_.resize(a.tensors_.size());
+  const uint64_t bytes = total * element_size;
+  try {
+    a.staging_.resize((bytes + 7) / 8);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("staging of ", bytes, " bytes"));
+  }
+  return a;
+}
+
+absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
+                                      absl::string_view data) {
+  auto it = index_.find(tensor);
+  if (it == index_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunks.tensor '", tensor, "' is not among the tensors this call names"));
+  }
+  const uint32_t t = it->second;
+  if (data.size() % element_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks.data of '", tensor, "' has ",
+                                                   data.size(), " bytes, not a multiple of the ",
+                                                   element_size_, "-byte element size"));
+  }
+  const uint64_t count = data.size() / element_size_;
+  const uint64_t numel = tensors_[t].numel;
+  if (offset > numel || count > numel - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of '", tensor, "' covers elements [",
+                                                   offset, ", ", offset + count,
+                                                   ") past its numel ", numel));
+  }
+  if (count == 0) return absl::OkStatus();
+  std::map<uint64_t, uint64_t>& ranges = ranges_[t];
+  auto next = ranges.upper_bound(offset);
+  const bool overlaps_next = next != ranges.end() && next->first < offset + count;
+  const bool overlaps_prev = next != ranges.begin() && std::prev(next)->second > offset;
+  if (overlaps_next || overlaps_prev) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of '", tensor, "' at elements [", offset,
+                                                   ", ", offset + count,
+                                                   ") overlaps elements already received"));
+  }
+  // Extend a neighbouring range instead of adding one, so in-order chunks keep one entry.
+  if (next != ranges.begin() && std::prev(next)->second == offset) {
+    std::prev(next)->second = offset + count;
+  } else {
+    ranges.emplace(offset, offset + count);
+  }
+  char* dst = reinterpret_cast<char*>(staging_.data()) +
+              (staging_offsets_[t] + offset) * static_cast<uint64_t>(element_size_);
+  std::memcpy(dst, data.data(), data.size());
+  received_[t] += count;
+  bytes_received_ += data.size();
+  return absl::OkStatus();
+}
+
+absl::Status ChunkAssembler::Finish() const {
+  for (uint32_t t = 0; t < tensors_.size(); ++t) {
+    if (received_[t] != tensors_[t].numel) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensors_[t].name, "' received ",
+                                                     received_[t], " of its ", tensors_[t].numel,
+                                                     " elements: chunks are missing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusedps

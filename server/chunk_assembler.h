@@ -1,0 +1,72 @@
+// chunk_assembler.h: reassembles tensors that arrive as chunks, checking every chunk.
+//
+// A push (or a registration) names a list of tensors; their data then arrives as chunks
+// (tensor, offset, bytes) in any order and any split. The assembler copies each chunk's payload
+// once into one staging buffer, in which tensor i occupies elements
+// [staging_offsets()[i], staging_offsets()[i] + numel) (offsets are multiples of 8 elements, so
+// every tensor starts on a 16-byte boundary), and tracks which elements have arrived.
+//
+// Errors name the field and the limit: INVALID_ARGUMENT for a chunk of a tensor that is not in
+// the list, a payload that is not a whole number of elements, a range past the tensor's end, a
+// range that overlaps data already received, and (from Finish) elements never received.
+//
+// Usage:
+//   ChunkAssembler assembler({{"w", 1000}, {"b", 10}}, /*element_size=*/2);
+//   for (chunk : chunks) RETURN_IF_ERROR(assembler.AddChunk(chunk.tensor, chunk.offset, data));
+//   RETURN_IF_ERROR(assembler.Finish());
+//   use assembler.staging(), assembler.staging_offsets()
+#ifndef FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_
+#define FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fusedps {
+
+class ChunkAssembler {
+ public:
+  struct Expected {
+    std::string name;
+    uint64_t numel;
+  };
+
+  // REQUIRES: names are distinct (the caller has checked). element_size is 2 or 4.
+  // Allocates the staging buffer; fails with RESOURCE_EXHAUSTED when it cannot.
+  static absl::StatusOr<ChunkAssembler> Create(std::vector<Expected> tensors, int element_size);
+
+  // Copies one chunk's payload into staging. On error nothing is copied.
+  absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data);
+
+  // True when `tensor` is one of the tensors this assembler expects.
+  bool Expects(absl::string_view tensor) const { return index_.contains(tensor); }
+
+  // OK when every element of every tensor has arrived exactly once.
+  absl::Status Finish() const;
+
+  const std::vector<uint64_t>& staging_offsets() const { return staging_offsets_; }
+  const void* staging() const { return staging_.data(); }
+  uint64_t bytes_received() const { return bytes_received_; }
+
+ private:
+  ChunkAssembler(std::vector<Expected> tensors, int element_size);
+
+  std::vector<Expected> tensors_;
+  int element_size_;
+  absl::flat_hash_map<std::string, uint32_t> index_;
+  std::vector<uint64_t> staging_offsets_;   // In elements.
+  std::vector<uint64_t> received_;          // Elements received, per tensor.
+  std::vector<std::map<uint64_t, uint64_t>> ranges_;  // Per tensor: begin -> end received.
+  std::vector<uint64_t> staging_;           // 8-byte words, so 16-byte-aligned tensors stay so.
+  uint64_t bytes_received_ = 0;
+};
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_

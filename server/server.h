@@ -1,0 +1,65 @@
+// server.h: a running fusedps server: gRPC ParameterService, health and reflection, over one
+// shard. Used by main.cc and by tests that start servers in-process on port 0.
+//
+// Usage:
+//   ServerOptions options;
+//   options.listen = "127.0.0.1:0";
+//   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+//   int port = (*server)->port();
+//   (*server)->Shutdown(absl::Seconds(30));
+#ifndef FUSEDPS_SERVER_SERVER_H_
+#define FUSEDPS_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/backend.h"
+#include "server/service.h"
+#include "server/shard_store.h"
+#include "server/update_engine.h"
+
+namespace fusedps {
+
+struct ServerOptions {
+  std::string listen = "0.0.0.0:50051";  // Port 0 picks a free port.
+  std::string device = "auto";           // auto | cpu | cuda | cuda:N
+  BackendOptions backend;
+  uint64_t max_message_bytes = 8 << 20;  // gRPC max receive message size.
+};
+
+class Server {
+ public:
+  // Errors: INVALID_ARGUMENT for a bad option, UNAVAILABLE when the device or the address
+  // cannot be had.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+
+  int port() const { return port_; }
+  ShardStore& store() { return *store_; }
+
+  // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
+  // them), and applies every push already complete. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+  // Blocks until Shutdown has finished.
+  void Wait();
+
+ private:
+  Server() = default;
+
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<UpdateEngine> engine_;
+  std::unique_ptr<ParameterServiceImpl> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+};
+
+// Parses "none", "bf16" or "fp16".
+absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_SERVER_H_

@@ -1,0 +1,334 @@
+#include "server/service.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "server/chunk_assembler.h"
+
+#ifndef FUSEDPS_VERSION
+#define FUSEDPS_VERSION "dev"
+#endif
+
+namespace fusedps {
+namespace {
+
+constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
+constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
+constexpr uint32_t kMinPullChunkBytes = 16;
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+AdamWHyperparameters FromProto(const v1::Hyperparameters& p) {
+  AdamWHyperparameters h;  // torch.optim.AdamW's defaults.
+  if (p.has_lr()) h.lr = p.lr();
+  if (p.has_beta1()) h.beta1 = p.beta1();
+  if (p.has_beta2()) h.beta2 = p.beta2();
+  if (p.has_eps()) h.eps = p.eps();
+  if (p.has_weight_decay()) h.weight_decay = p.weight_decay();
+  if (p.has_amsgrad()) h.amsgrad = p.amsgrad();
+  if (p.has_maximize()) h.maximize = p.maximize();
+  if (p.has_weight_decay_mode()) {
+    h.decoupled_weight_decay = p.weight_decay_mode() != v1::WEIGHT_DECAY_MODE_L2;
+  }
+  return h;
+}
+
+HyperparameterUpdate UpdateFromProto(const v1::Hyperparameters& p) {
+  HyperparameterUpdate u;
+  if (p.has_lr()) u.lr = p.lr();
+  if (p.has_beta1()) u.beta1 = p.beta1();
+  if (p.has_beta2()) u.beta2 = p.beta2();
+  if (p.has_eps()) u.eps = p.eps();
+  if (p.has_weight_decay()) u.weight_decay = p.weight_decay();
+  if (p.has_amsgrad()) u.amsgrad = p.amsgrad();
+  if (p.has_maximize()) u.maximize = p.maximize();
+  if (p.has_weight_decay_mode()) {
+    u.decoupled_weight_decay = p.weight_decay_mode() != v1::WEIGHT_DECAY_MODE_L2;
+  }
+  return u;
+}
+
+void ToProto(const ParamGroupSpec& g, v1::ParamGroup* p) {
+  p->set_name(g.name);
+  v1::Hyperparameters* h = p->mutable_hyperparameters();
+  const AdamWHyperparameters& a = g.hyperparameters;
+  h->set_lr(a.lr);
+  h->set_beta1(a.beta1);
+  h->set_beta2(a.beta2);
+  h->set_eps(a.eps);
+  h->set_weight_decay(a.weight_decay);
+  h->set_amsgrad(a.amsgrad);
+  h->set_maximize(a.maximize);
+  h->set_weight_decay_mode(a.decoupled_weight_decay ? v1::WEIGHT_DECAY_MODE_DECOUPLED
+                                                    : v1::WEIGHT_DECAY_MODE_L2);
+}
+
+void ToProto(const TensorInfo& t, v1::TensorInfo* p) {
+  p->set_name(t.spec.name);
+  for (int64_t d : t.spec.shape) p->add_shape(d);
+  p->set_param_group(t.spec.param_group.empty() ? kDefaultParamGroup : t.spec.param_group);
+  p->set_step(t.step);
+  p->set_numel(t.numel);
+}
+
+absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view field) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32:
+      return GradDType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return GradDType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return GradDType::kFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " = ", static_cast<int>(d), " must be FLOAT32, BFLOAT16 or FLOAT16"));
+  }
+}
+
+// Resolves a chunk error: a chunk of a tensor the shard does not have is NOT_FOUND.
+absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
+                      const v1::TensorChunk& chunk) {
+  if (!assembler.Expects(chunk.tensor()) && !store.Lookup({chunk.tensor()}).ok()) {
+    return absl::NotFoundError(absl::StrCat("chunks.tensor '", chunk.tensor(),
+                                            "' is not registered"));
+  }
+  return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data());
+}
+
+// Reads the rest of a client stream into the assembler. Fails on a second header.
+template <typename Request>
+absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const ShardStore& store,
+                        const Request& first, ChunkAssembler& assembler) {
+  for (const v1::TensorChunk& chunk : first.chunks()) {
+    if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
+  }
+  Request request;
+  while (reader->Read(&request)) {
+    if (request.has_header()) {
+      return absl::InvalidArgumentError("header may appear only in the first message");
+    }
+    for (const v1::TensorChunk& chunk : request.chunks()) {
+      if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
+    }
+  }
+  return assembler.Finish();
+}
+
+// Checks a push header and returns its tensors (all of the shard's when it names none).
+absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& header,
+                                                        const ShardStore& store) {
+  absl::StatusOr<GradDType> dtype = GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
+  if (!dtype.ok()) return dtype.status();
+  if (header.has_grad_scale() &&
+      !(std::isfinite(header.grad_scale()) && header.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("header.grad_scale = ", header.grad_scale(),
+                                                   " must be finite and > 0"));
+  }
+  if (header.worker_count() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "header.worker_count = ", header.worker_count(),
+        ": synchronous aggregation is not implemented; use 0 or 1"));
+  }
+  absl::flat_hash_set<absl::string_view> seen;
+  for (int i = 0; i < header.tensors_size(); ++i) {
+    if (!seen.insert(header.tensors(i)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.tensors[", i, "] names tensor '", header.tensors(i), "' a second time"));
+    }
+  }
+  return store.Lookup({header.tensors().begin(), header.tensors().end()});
+}
+
+}  // namespace
+
+ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, UpdateEngine* engine,
+                                           uint64_t max_message_bytes)
+    : store_(store), engine_(engine), max_message_bytes_(max_message_bytes) {}
+
+grpc::Status ParameterServiceImpl::RegisterParamGroup(grpc::ServerContext*,
+                                                      const v1::RegisterParamGroupRequest* request,
+                                                      v1::RegisterParamGroupResponse* response) {
+  ParamGroupSpec group{request->param_group().name(),
+                       FromProto(request->param_group().hyperparameters())};
+  absl::StatusOr<bool> created = store_->RegisterParamGroup(group);
+  if (!created.ok()) return ToGrpc(created.status());
+  response->set_created(*created);
+  ToProto(group, response->mutable_param_group());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::RegisterTensors(
+    grpc::ServerContext*, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
+    v1::RegisterTensorsResponse* response) {
+  v1::RegisterTensorsRequest first;
+  if (!reader->Read(&first) || !first.has_header()) {
+    return ToGrpc(absl::InvalidArgumentError(
+        "the first RegisterTensorsRequest must carry header (the tensor specs)"));
+  }
+  std::vector<TensorSpec> specs;
+  for (const v1::TensorSpec& p : first.header().tensors()) {
+    specs.push_back({p.name(), {p.shape().begin(), p.shape().end()}, p.param_group()});
+  }
+  std::vector<bool> is_new;
+  if (absl::Status s = store_->CheckTensorSpecs(specs, &is_new); !s.ok()) return ToGrpc(s);
+  std::vector<ChunkAssembler::Expected> expected;
+  for (const TensorSpec& spec : specs) {
+    expected.push_back({spec.name, *ShardStore::NumelOf(spec.shape)});
+  }
+  absl::StatusOr<ChunkAssembler> assembler = ChunkAssembler::Create(std::move(expected), 4);
+  if (!assembler.ok()) return ToGrpc(assembler.status());
+  if (absl::Status s = ReadChunks(reader, *store_, first, *assembler); !s.ok()) return ToGrpc(s);
+  std::vector<const float*> values;
+  for (uint64_t offset : assembler->staging_offsets()) {
+    values.push_back(static_cast<const float*>(assembler->staging()) + offset);
+  }
+  absl::StatusOr<RegisterOutcome> outcome = store_->RegisterTensors(specs, values);
+  if (!outcome.ok()) return ToGrpc(outcome.status());
+  response->set_tensors_created(outcome->created);
+  response->set_tensors_existing(outcome->existing);
+  response->set_version(store_->version());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::PushGradients(
+    grpc::ServerContext*, grpc::ServerReader<v1::PushGradientsRequest>* reader,
+    v1::PushGradientsResponse* response) {
+  v1::PushGradientsRequest first;
+  if (!reader->Read(&first) || !first.has_header()) {
+    return ToGrpc(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
+  }
+  const v1::PushHeader& header = first.header();
+  absl::StatusOr<std::vector<TensorInfo>> tensors = CheckPushHeader(header, *store_);
+  if (!tensors.ok()) return ToGrpc(tensors.status());
+  const GradDType dtype = *GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
+  std::vector<ChunkAssembler::Expected> expected;
+  for (const TensorInfo& t : *tensors) expected.push_back({t.spec.name, t.numel});
+  absl::StatusOr<ChunkAssembler> assembler =
+      ChunkAssembler::Create(std::move(expected), DTypeSize(dtype));
+  if (!assembler.ok()) return ToGrpc(assembler.status());
+  if (absl::Status s = ReadChunks(reader, *store_, first, *assembler); !s.ok()) return ToGrpc(s);
+
+  ReadyPush push;
+  push.client_id = header.client_id();
+  push.sequence_number = header.sequence_number();
+  for (const TensorInfo& t : *tensors) push.tensors.push_back(t.index);
+  push.grad_offsets = assembler->staging_offsets();
+  push.grads = assembler->staging();
+  push.grad_dtype = dtype;
+  push.grad_scale = header.has_grad_scale() ? header.grad_scale() : 0.0f;
+  absl::StatusOr<PushOutcome> outcome = engine_->Submit(&push).get();
+  if (!outcome.ok()) return ToGrpc(outcome.status());
+  response->set_version(outcome->version);
+  response->set_step_skipped(outcome->skipped);
+  if (outcome->skipped) response->set_skip_reason("non_finite_grad");
+  response->set_tensors_updated(outcome->tensors_updated);
+  response->set_grad_bytes(assembler->bytes_received());
+  response->set_duplicate(outcome->duplicate);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::PullParameters(
+    grpc::ServerContext* context, const v1::PullParametersRequest* request,
+    grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  const v1::DType wire_dtype =
+      request->dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : request->dtype();
+  absl::StatusOr<GradDType> dtype = GradDTypeFromProto(wire_dtype, "dtype");
+  if (!dtype.ok()) return ToGrpc(dtype.status());
+  const uint32_t chunk_bytes =
+      request->max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request->max_chunk_bytes();
+  if (chunk_bytes < kMinPullChunkBytes || chunk_bytes > kMaxPullChunkBytes) {
+    return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes = ", chunk_bytes, " must be 0 or in [", kMinPullChunkBytes, ", ",
+        kMaxPullChunkBytes, "]")));
+  }
+  TensorField field = TensorField::kParam;
+  if (request->field() != v1::TENSOR_FIELD_UNSPECIFIED) {
+    if (request->field() < v1::TENSOR_FIELD_PARAM ||
+        request->field() > v1::TENSOR_FIELD_MAX_EXP_AVG_SQ) {
+      return ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("field = ", static_cast<int>(request->field()), " is not a TensorField")));
+    }
+    field = static_cast<TensorField>(request->field());
+  }
+  absl::StatusOr<Snapshot> snapshot =
+      store_->Read({request->tensors().begin(), request->tensors().end()}, field, *dtype);
+  if (!snapshot.ok()) return ToGrpc(snapshot.status());
+
+  v1::PullParametersResponse message;
+  v1::PullHeader* header = message.mutable_header();
+  header->set_version(snapshot->version);
+  header->set_dtype(wire_dtype);
+  for (const TensorInfo& t : snapshot->tensors) ToProto(t, header->add_tensors());
+  if (!writer->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
+  message.Clear();
+  // Pack chunks into messages of at most chunk_bytes of payload, splitting large tensors.
+  const uint32_t element_size = DTypeSize(*dtype);
+  const uint64_t elements_per_message = chunk_bytes / element_size;
+  uint64_t room = elements_per_message;
+  for (size_t i = 0; i < snapshot->tensors.size(); ++i) {
+    const uint64_t numel = snapshot->tensors[i].numel;
+    for (uint64_t offset = 0; offset < numel;) {
+      const uint64_t count = std::min(room, numel - offset);
+      v1::TensorChunk* chunk = message.add_chunks();
+      chunk->set_tensor(snapshot->tensors[i].spec.name);
+      chunk->set_offset(offset);
+      chunk->set_data(snapshot->data[i].data() + offset * element_size, count * element_size);
+      offset += count;
+      room -= count;
+      if (room == 0) {
+        if (context->IsCancelled() || !writer->Write(message)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
+        }
+        message.Clear();
+        room = elements_per_message;
+      }
+    }
+  }
+  if (message.chunks_size() > 0 && !writer->Write(message)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+                                           v1::GetInfoResponse* response) {
+  absl::StatusOr<std::vector<TensorInfo>> tensors = store_->Lookup({});
+  if (!tensors.ok()) return ToGrpc(tensors.status());
+  response->set_version(store_->version());
+  response->set_backend(store_->backend_name());
+  response->set_device(store_->device());
+  response->set_tensor_count(static_cast<uint32_t>(tensors->size()));
+  response->set_parameter_count(store_->parameter_count());
+  for (const ParamGroupSpec& g : store_->param_groups()) ToProto(g, response->add_param_groups());
+  response->set_server_version(FUSEDPS_VERSION);
+  response->set_max_message_bytes(max_message_bytes_);
+  response->set_param_copy_dtype(static_cast<v1::DType>(store_->param_copy_dtype()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext*, const v1::ListTensorsRequest*,
+                                               v1::ListTensorsResponse* response) {
+  absl::StatusOr<std::vector<TensorInfo>> tensors = store_->Lookup({});
+  if (!tensors.ok()) return ToGrpc(tensors.status());
+  response->set_version(store_->version());
+  for (const TensorInfo& t : *tensors) ToProto(t, response->add_tensors());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::SetHyperparameters(
+    grpc::ServerContext*, const v1::SetHyperparametersRequest* request,
+    v1::SetHyperparametersResponse* response) {
+  absl::StatusOr<ParamGroupSpec> group = store_->SetHyperparameters(
+      request->param_group(), UpdateFromProto(request->hyperparameters()));
+  if (!group.ok()) return ToGrpc(group.status());
+  ToProto(*group, response->mutable_param_group());
+  return grpc::Status::OK;
+}
+
+}  // namespace fusedps

@@ -1,0 +1,50 @@
+// service.h: the gRPC ParameterService (proto/fusedps/v1) over a ShardStore and UpdateEngine.
+//
+// This is the one place where absl::Status becomes grpc::Status (same code, same message) and
+// where proto messages become the store's types. Every RPC checks its input first; a call that
+// fails leaves the shard unchanged.
+#ifndef FUSEDPS_SERVER_SERVICE_H_
+#define FUSEDPS_SERVER_SERVICE_H_
+
+#include <string>
+
+#include "fusedps/v1/parameter_service.grpc.pb.h"
+#include "server/shard_store.h"
+#include "server/update_engine.h"
+
+namespace fusedps {
+
+class ParameterServiceImpl final : public v1::ParameterService::Service {
+ public:
+  // REQUIRES: store and engine outlive the service.
+  ParameterServiceImpl(ShardStore* store, UpdateEngine* engine, uint64_t max_message_bytes);
+
+  grpc::Status RegisterParamGroup(grpc::ServerContext* context,
+                                  const v1::RegisterParamGroupRequest* request,
+                                  v1::RegisterParamGroupResponse* response) override;
+  grpc::Status RegisterTensors(grpc::ServerContext* context,
+                               grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
+                               v1::RegisterTensorsResponse* response) override;
+  grpc::Status PushGradients(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                             v1::PushGradientsResponse* response) override;
+  grpc::Status PullParameters(grpc::ServerContext* context,
+                              const v1::PullParametersRequest* request,
+                              grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
+  grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,
+                       v1::GetInfoResponse* response) override;
+  grpc::Status ListTensors(grpc::ServerContext* context, const v1::ListTensorsRequest* request,
+                           v1::ListTensorsResponse* response) override;
+  grpc::Status SetHyperparameters(grpc::ServerContext* context,
+                                  const v1::SetHyperparametersRequest* request,
+                                  v1::SetHyperparametersResponse* response) override;
+
+ private:
+  ShardStore* const store_;
+  UpdateEngine* const engine_;
+  const uint64_t max_message_bytes_;
+};
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_SERVICE_H_
