@@ -6,30 +6,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/adamw_reference.h"
 
 namespace fusedps {
 namespace {
-
-// torch.optim.AdamW / Adam written out in float64, from the paper's formulas rather than from
-// adamw_math.h: m, v, bias corrections, then the update.
-struct Reference {
-  double param, exp_avg = 0, exp_avg_sq = 0, max_exp_avg_sq = 0;
-  void Step(const AdamWHyperparameters& h, double grad, int step, double grad_scale) {
-    double g = grad_scale > 0 ? grad / grad_scale : grad;
-    if (h.maximize) g = -g;
-    if (h.decoupled_weight_decay) {
-      param *= 1 - h.lr * h.weight_decay;
-    } else {
-      g += h.weight_decay * param;
-    }
-    exp_avg = h.beta1 * exp_avg + (1 - h.beta1) * g;
-    exp_avg_sq = h.beta2 * exp_avg_sq + (1 - h.beta2) * g * g;
-    max_exp_avg_sq = std::max(max_exp_avg_sq, exp_avg_sq);
-    const double m_hat = exp_avg / (1 - std::pow(h.beta1, step));
-    const double v_hat = (h.amsgrad ? max_exp_avg_sq : exp_avg_sq) / (1 - std::pow(h.beta2, step));
-    param -= h.lr * m_hat / (std::sqrt(v_hat) + h.eps);
-  }
-};
 
 struct Config {
   const char* name;
@@ -69,7 +49,7 @@ TEST(AdamWMathTest, MatchesFloat64ReferenceOverTenSteps) {
   for (const Config& c : Configs()) {
     SCOPED_TRACE(c.name);
     constexpr int kElements = 257;
-    std::vector<Reference> ref(kElements);
+    std::vector<ReferenceAdamW> ref(kElements);
     std::vector<float> param(kElements), exp_avg(kElements, 0), exp_avg_sq(kElements, 0),
         max_sq(kElements, 0);
     for (int i = 0; i < kElements; ++i) ref[i].param = param[i] = normal(rng);

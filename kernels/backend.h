@@ -45,8 +45,10 @@ struct NewTensor {
   uint32_t param_group = 0;
 };
 
-// The gradients of one push, in host memory, in one dtype.
+// The gradients of one push, in one dtype.
 // Tensor tensors[i]'s grads are elements [grad_offsets[i], grad_offsets[i] + numel) of grads.
+// grads == nullptr means the backend's own staging, filled earlier by StageGrads (on a GPU
+// backend: device memory, so the step copies nothing).
 // REQUIRES: tensors are distinct and registered; grad_offsets[i] is a multiple of 8 (16 bytes
 // in any dtype) so that vector loads are legal.
 struct StepRequest {
@@ -99,8 +101,16 @@ class OptimizerBackend {
   // outcome says skipped. Each updated tensor's step advances by one.
   virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
 
-  // Kernel launches (CUDA) or parallel passes (CPU) so far, by kernel name, for metrics.
+  // Copies `bytes` of gradients from host memory into the backend's staging at byte_offset
+  // (growing it as needed), for a later Step with grads == nullptr.
+  virtual absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t bytes) = 0;
+
+  // Kernel launches (CUDA) or parallel passes (CPU) so far, for metrics.
   virtual uint64_t launches_total() const = 0;
+
+  // Seconds the device spent on the last Step's kernels, from CUDA events around them; the
+  // CPU backend reports its wall time.
+  virtual double last_step_device_seconds() const = 0;
 };
 
 // Rounds an element count up so that the next tensor starts on a 16-byte boundary in every

@@ -2,6 +2,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <cmath>
 #include <new>
 #include <vector>
@@ -139,8 +141,31 @@ class CpuBackend final : public OptimizerBackend {
   uint32_t tensor_count() const override { return static_cast<uint32_t>(offsets_.size()); }
   uint64_t numel(uint32_t tensor) const override { return numels_[tensor]; }
   uint64_t launches_total() const override { return launches_; }
+  double last_step_device_seconds() const override { return last_step_seconds_; }
 
-  absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
+  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t bytes) override {
+    try {
+      if (staging_.size() * 8 < byte_offset + bytes) staging_.resize((byte_offset + bytes + 7) / 8);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat("host staging of ", byte_offset + bytes,
+                                                       " bytes"));
+    }
+    std::memcpy(reinterpret_cast<char*>(staging_.data()) + byte_offset, data, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<StepOutcome> Step(const StepRequest& given) override {
+    const auto start = std::chrono::steady_clock::now();
+    StepRequest request = given;
+    if (request.grads == nullptr) request.grads = staging_.data();
+    absl::StatusOr<StepOutcome> outcome = StepOn(request);
+    last_step_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return outcome;
+  }
+
+ private:
+  absl::StatusOr<StepOutcome> StepOn(const StepRequest& request) {
     std::vector<Piece> pieces;
     for (uint32_t r = 0; r < request.tensors.size(); ++r) {
       const uint64_t n = numels_[request.tensors[r]];
@@ -198,7 +223,6 @@ class CpuBackend final : public OptimizerBackend {
                        .tensors_updated = static_cast<uint32_t>(request.tensors.size())};
   }
 
- private:
   static bool CheckFinite(const StepRequest& request, uint64_t begin, uint64_t end) {
     switch (request.grad_dtype) {
       case GradDType::kBFloat16:
@@ -258,6 +282,8 @@ class CpuBackend final : public OptimizerBackend {
   std::vector<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
   std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params_.
   uint64_t launches_ = 0;
+  double last_step_seconds_ = 0;
+  std::vector<uint64_t> staging_;  // StageGrads' buffer, 8-byte words.
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "server/shard_store.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -39,7 +41,17 @@ ShardStore::ShardStore(std::unique_ptr<OptimizerBackend> backend)
     : backend_name_(backend->name()),
       device_(backend->device()),
       param_copy_dtype_(backend->param_copy_dtype()),
-      backend_(std::move(backend)) {}
+      backend_(std::move(backend)) {
+  // "default" exists from the start, with torch.optim.AdamW's defaults.
+  const absl::Status s = backend_->SetParamGroup(0, AdamWHyperparameters{});
+  if (!s.ok()) {
+    std::fprintf(stderr, "fusedps: cannot create the default param group: %s\n",
+                 s.ToString().c_str());
+    std::abort();
+  }
+  groups_.push_back({kDefaultParamGroup, AdamWHyperparameters{}});
+  group_index_.emplace(kDefaultParamGroup, 0);
+}
 
 absl::StatusOr<uint64_t> ShardStore::NumelOf(const std::vector<int64_t>& shape) {
   uint64_t numel = 1;
@@ -144,7 +156,7 @@ absl::Status ShardStore::CheckTensorSpecsLocked(const std::vector<TensorSpec>& s
           absl::StrCat(field, " ('", spec.name, "'): ", numel.status().message()));
     }
     const std::string& group = GroupName(spec);
-    if (!group_index_.contains(group) && group != kDefaultParamGroup) {
+    if (!group_index_.contains(group)) {
       return absl::NotFoundError(absl::StrCat(field, ".param_group '", group,
                                               "' is not registered (RegisterParamGroup first)"));
     }
@@ -164,17 +176,6 @@ absl::Status ShardStore::CheckTensorSpecsLocked(const std::vector<TensorSpec>& s
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> ShardStore::EnsureGroupLocked(const std::string& name) {
-  if (auto it = group_index_.find(name); it != group_index_.end()) return it->second;
-  // Only "default" comes into being on first use, with torch.optim.AdamW's defaults.
-  const uint32_t index = static_cast<uint32_t>(groups_.size());
-  const ParamGroupSpec group{name, AdamWHyperparameters{}};
-  if (absl::Status s = backend_->SetParamGroup(index, group.hyperparameters); !s.ok()) return s;
-  groups_.push_back(group);
-  group_index_.emplace(name, index);
-  return index;
-}
-
 absl::StatusOr<RegisterOutcome> ShardStore::RegisterTensors(
     const std::vector<TensorSpec>& specs, const std::vector<const float*>& values) {
   absl::MutexLock lock(&mu_);
@@ -187,9 +188,7 @@ absl::StatusOr<RegisterOutcome> ShardStore::RegisterTensors(
       ++outcome.existing;
       continue;
     }
-    absl::StatusOr<uint32_t> group = EnsureGroupLocked(GroupName(specs[i]));
-    if (!group.ok()) return group.status();
-    added.push_back({*NumelOf(specs[i].shape), *group});
+    added.push_back({*NumelOf(specs[i].shape), group_index_.at(GroupName(specs[i]))});
   }
   if (absl::Status s = backend_->AddTensors(added); !s.ok()) return s;
   for (size_t i = 0; i < specs.size(); ++i) {

@@ -94,6 +94,7 @@ struct Snapshot {
 
 class ShardStore {
  public:
+  // The param group "default" exists from the start, with torch.optim.AdamW's defaults.
   explicit ShardStore(std::unique_ptr<OptimizerBackend> backend);
 
   // Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.
@@ -142,8 +143,6 @@ class ShardStore {
   absl::Status CheckTensorSpecsLocked(const std::vector<TensorSpec>& specs,
                                       std::vector<bool>* is_new) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<uint32_t> EnsureGroupLocked(const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TensorInfo InfoLocked(uint32_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   struct ClientProgress {
