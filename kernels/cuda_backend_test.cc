@@ -13,6 +13,9 @@
 #include "gtest/gtest.h"
 #include "kernels/adamw_reference.h"
 #include "kernels/backend_factory.h"
+#ifdef FUSEDPS_HAVE_CUDA
+#include "kernels/cupti_kernel_counter.h"
+#endif
 
 namespace fusedps {
 namespace {
@@ -293,6 +296,36 @@ TEST_P(CudaBackendTest, OneApplyLaunchPerStepWhateverTheTensorCount) {
   // One check launch and one apply launch.
   EXPECT_EQ(shard.cuda->launches_total() - before, 2u);
 }
+
+#ifdef FUSEDPS_HAVE_CUDA
+TEST_P(CudaBackendTest, LaunchCounterAgreesWithCupti) {
+  const int tensor_count = GetParam();
+  std::mt19937 rng(4000 + tensor_count);
+  Shard shard = MakeShard(Cases()[0], tensor_count, rng);
+  std::vector<uint32_t> all(tensor_count), half;
+  for (int t = 0; t < tensor_count; ++t) all[t] = t;
+  for (int t = 0; t < tensor_count; t += 2) half.push_back(t);
+  const Staged full = Stage(shard, all, GradDType::kFloat32, 0, rng);
+  const Staged partial = Stage(shard, half, GradDType::kBFloat16, 0, rng);
+  CuptiKernelCounter cupti;
+  ASSERT_TRUE(cupti.Start().ok());
+  const uint64_t before = shard.cuda->launches_total();
+  constexpr int kPushes = 5;
+  for (int i = 0; i < kPushes; ++i) {
+    ASSERT_TRUE(shard.cuda->Step({full.tensors, full.offsets, full.f32.data(),
+                                  GradDType::kFloat32, 0}).ok());
+    ASSERT_TRUE(shard.cuda->Step({partial.tensors, partial.offsets, partial.half.data(),
+                                  GradDType::kBFloat16, 0}).ok());
+  }
+  auto kernels = cupti.Stop();
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+  uint64_t cupti_total = 0;
+  for (const auto& [name, count] : *kernels) cupti_total += count;
+  EXPECT_EQ(CuptiKernelCounter::CountMatching(*kernels, "AdamWApply"), 2u * kPushes);
+  EXPECT_EQ(CuptiKernelCounter::CountMatching(*kernels, "CheckAndAdvance"), 2u * kPushes);
+  EXPECT_EQ(shard.cuda->launches_total() - before, cupti_total);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(TensorCounts, CudaBackendTest,
                          ::testing::Values(1, 35, 36, 37, 423, 424, 425, 10000));

@@ -1,0 +1,436 @@
+// fusedps: a command-line client of a fusedps server, for trying it out and for operations.
+//
+//   fusedps --target=localhost:50051 info
+//   fusedps register --shapes=w:1024x1024,b:1024
+//   fusedps push --steps=10 --dtype=bf16
+//   fusedps pull --out=params.safetensors
+//   fusedps set-lr --group=default --lr=3e-4
+//
+// Exit status: 0 on success, 1 when a call fails, 2 for a usage error.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/kebab_flags.h"
+#include "fusedps/client.h"
+
+ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 5m.");
+ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "Payload bytes of tensor data per message.");
+ABSL_FLAG(int32_t, streams, 1, "Concurrent calls (connections) for register and pull.");
+ABSL_FLAG(std::string, tensors, "", "push, pull: comma-separated tensor names (empty: all).");
+ABSL_FLAG(std::string, shapes, "",
+          "register: comma-separated NAME:DIMxDIM... entries, e.g. w:1024x768,b:768,scale: "
+          "(nothing after ':' is a 0-dim tensor).");
+ABSL_FLAG(std::string, group, "default", "register, set-lr: the param group.");
+ABSL_FLAG(double, init_std, 0.02, "register: standard deviation of the normal initial values.");
+ABSL_FLAG(uint64_t, seed, 0, "register, push: random seed of the synthetic values.");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "push: gradient wire dtype fp32|bf16|fp16; pull: wire dtype fp32|bf16.");
+ABSL_FLAG(int32_t, steps, 1, "push: how many pushes (optimizer steps).");
+ABSL_FLAG(std::string, client_id, "",
+          "push: trainer id for retry detection; sequence numbers are then the push time in "
+          "microseconds. Empty: no retry detection.");
+ABSL_FLAG(std::string, field, "param", "pull: param|exp_avg|exp_avg_sq|max_exp_avg_sq.");
+ABSL_FLAG(std::string, out, "", "pull: the output file (safetensors, see help).");
+ABSL_FLAG(double, lr, -1.0, "set-lr: the new learning rate (>= 0).");
+
+namespace fusedps::client {
+namespace {
+
+constexpr char kUsage[] = R"(fusedps: command-line client of a fusedps parameter server.
+
+Usage: fusedps [flags] COMMAND    (flags may also follow COMMAND; --a-b and --a_b both work)
+
+Commands:
+  info      Print the server's version, backend, device, tensor and parameter counts, and
+            param groups.
+  list      List tensors: name, shape, param group, step, elements.
+  register  Register tensors of --shapes in --group, with normal(0, --init-std) values.
+  push      Push --steps synthetic gradients (standard normal, from --seed) for every tensor
+            or for --tensors, in --dtype; prints the version each push produced, or why it
+            was skipped.
+  pull      Pull --field of every tensor or of --tensors and write them to --out.
+  set-lr    Set the lr of param group --group to --lr.
+  help      Print this text.
+
+pull's output is a safetensors file (https://huggingface.co/docs/safetensors): 8 bytes of
+little-endian header length N, N bytes of JSON header (padded with spaces), then the data.
+The header maps each tensor name to {"dtype": "F32", "shape": [...], "data_offsets":
+[begin, end]} (byte offsets into the data, which holds row-major little-endian fp32 values
+in name order), and "__metadata__" to strings: fusedps.version (the model version read),
+fusedps.field, and fusedps.steps (a JSON object of each tensor's optimizer step). Values
+pulled in bf16 are widened to fp32. safetensors.torch.load_file() reads it.
+)";
+
+void PrintHelp() {
+  std::cout << kUsage << "\nFlags:\n";
+  std::map<std::string, const absl::CommandLineFlag*> ours;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (flag->Filename().find("fusedps_main") == std::string::npos) continue;
+    std::string kebab_name(name);
+    std::replace(kebab_name.begin(), kebab_name.end(), '_', '-');
+    ours[kebab_name] = flag;
+  }
+  for (const auto& [name, flag] : ours) {
+    std::cout << absl::StrFormat("  --%s (default %s)\n      %s\n", name,
+                                 flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue(),
+                                 flag->Help());
+  }
+}
+
+absl::StatusOr<DType> ParseDType(const std::string& text) {
+  if (text == "fp32" || text == "float32") return DType::kFloat32;
+  if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
+  if (text == "fp16" || text == "float16") return DType::kFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("--dtype must be fp32, bf16 or fp16, not ", text));
+}
+
+absl::StatusOr<TensorField> ParseField(const std::string& text) {
+  if (text == "param") return TensorField::kParam;
+  if (text == "exp_avg") return TensorField::kExpAvg;
+  if (text == "exp_avg_sq") return TensorField::kExpAvgSq;
+  if (text == "max_exp_avg_sq") return TensorField::kMaxExpAvgSq;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--field must be param, exp_avg, exp_avg_sq or max_exp_avg_sq, not ", text));
+}
+
+std::vector<std::string> SplitNames(const std::string& text) {
+  return absl::StrSplit(text, ',', absl::SkipEmpty());
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string OptionalString(const std::optional<double>& value) {
+  return value ? absl::StrCat(*value) : "?";
+}
+std::string OptionalString(const std::optional<bool>& value) {
+  return value ? (*value ? "true" : "false") : "?";
+}
+
+std::string DescribeGroup(const ParamGroup& group) {
+  const ParamGroupOptions& h = group.hyperparameters;
+  std::string mode = "?";
+  if (h.weight_decay_mode) {
+    mode = *h.weight_decay_mode == WeightDecayMode::kL2 ? "l2" : "decoupled";
+  }
+  return absl::StrCat(
+      group.name, ": lr=", OptionalString(h.lr), " betas=(", OptionalString(h.beta1), ", ",
+      OptionalString(h.beta2), ") eps=", OptionalString(h.eps),
+      " weight_decay=", OptionalString(h.weight_decay), " (", mode,
+      ") amsgrad=", OptionalString(h.amsgrad), " maximize=", OptionalString(h.maximize));
+}
+
+absl::Status RunInfo(Client& client) {
+  absl::StatusOr<ServerInfo> info = client.GetInfo();
+  if (!info.ok()) return info.status();
+  std::string copy = "none";
+  if (info->param_copy_dtype) copy = *info->param_copy_dtype == DType::kBFloat16 ? "bf16" : "fp16";
+  std::cout << absl::StrFormat(
+      "server       %s\nversion      %d\nbackend      %s\ndevice       %s\n"
+      "tensors      %d\nparams       %d\nmax message  %d bytes\nparam copy   %s\n"
+      "groups       %d\n",
+      info->server_version, info->version, info->backend, info->device, info->tensor_count,
+      info->parameter_count, info->max_message_bytes, copy, info->param_groups.size());
+  for (const ParamGroup& group : info->param_groups) {
+    std::cout << "  " << DescribeGroup(group) << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunList(Client& client) {
+  absl::StatusOr<TensorList> list = client.ListTensors();
+  if (!list.ok()) return list.status();
+  size_t name_width = 4, shape_width = 5, group_width = 5;
+  for (const TensorInfo& t : list->tensors) {
+    name_width = std::max(name_width, t.name.size());
+    shape_width = std::max(shape_width, ShapeString(t.shape).size());
+    group_width = std::max(group_width, t.param_group.size());
+  }
+  std::cout << absl::StrFormat("version %d, %d tensors\n", list->version, list->tensors.size());
+  std::cout << absl::StrFormat("%-*s  %-*s  %-*s  %8s  %s\n", name_width, "name", shape_width,
+                               "shape", group_width, "group", "step", "numel");
+  for (const TensorInfo& t : list->tensors) {
+    std::cout << absl::StrFormat("%-*s  %-*s  %-*s  %8d  %d\n", name_width, t.name, shape_width,
+                                 ShapeString(t.shape), group_width, t.param_group, t.step, t.numel);
+  }
+  return absl::OkStatus();
+}
+
+// Parses --shapes entries "NAME:DIMxDIM...".
+absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> ParseShapes(
+    const std::string& text) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t colon = entry.rfind(':');
+    if (colon == absl::string_view::npos || colon == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shapes entry '", entry, "' is not NAME:DIMxDIM..."));
+    }
+    std::vector<int64_t> shape;
+    for (absl::string_view dim : absl::StrSplit(entry.substr(colon + 1), 'x', absl::SkipEmpty())) {
+      int64_t value;
+      if (!absl::SimpleAtoi(dim, &value) || value < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--shapes entry '", entry, "' has a bad dim '", dim, "'"));
+      }
+      shape.push_back(value);
+    }
+    shapes.emplace_back(std::string(entry.substr(0, colon)), std::move(shape));
+  }
+  if (shapes.empty()) return absl::InvalidArgumentError("register needs --shapes");
+  return shapes;
+}
+
+absl::Status RunRegister(Client& client) {
+  auto shapes = ParseShapes(absl::GetFlag(FLAGS_shapes));
+  if (!shapes.ok()) return shapes.status();
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(absl::GetFlag(FLAGS_init_std)));
+  std::vector<std::vector<float>> values;
+  std::vector<TensorInit> inits;
+  for (const auto& [name, shape] : *shapes) {
+    int64_t numel = 1;
+    for (int64_t dim : shape) numel *= dim;
+    std::vector<float>& v = values.emplace_back(numel);
+    for (float& x : v) x = normal(rng);
+  }
+  for (size_t i = 0; i < shapes->size(); ++i) {
+    inits.push_back(
+        {(*shapes)[i].first, (*shapes)[i].second, absl::GetFlag(FLAGS_group), values[i]});
+  }
+  absl::StatusOr<RegisterTensorsResult> result = client.RegisterTensors(inits);
+  if (!result.ok()) return result.status();
+  std::cout << absl::StrFormat("registered: %d created, %d already existed; version %d\n",
+                               result->tensors_created, result->tensors_existing, result->version);
+  return absl::OkStatus();
+}
+
+// The tensors a push or pull names: every tensor, or those of --tensors (which must exist).
+absl::StatusOr<std::vector<TensorInfo>> SelectTensors(const TensorList& list) {
+  const std::vector<std::string> names = SplitNames(absl::GetFlag(FLAGS_tensors));
+  if (names.empty()) return list.tensors;
+  absl::flat_hash_map<std::string, const TensorInfo*> by_name;
+  for (const TensorInfo& t : list.tensors) by_name[t.name] = &t;
+  std::vector<TensorInfo> selected;
+  for (const std::string& name : names) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::NotFoundError(absl::StrCat("no tensor named ", name));
+    selected.push_back(*it->second);
+  }
+  return selected;
+}
+
+absl::Status RunPush(Client& client) {
+  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  absl::StatusOr<TensorList> list = client.ListTensors();
+  if (!list.ok()) return list.status();
+  absl::StatusOr<std::vector<TensorInfo>> tensors = SelectTensors(*list);
+  if (!tensors.ok()) return tensors.status();
+  if (tensors->empty()) return absl::FailedPreconditionError("the server has no tensors");
+
+  std::vector<std::vector<float>> grads;
+  uint64_t numel = 0;
+  for (const TensorInfo& t : *tensors) {
+    grads.emplace_back(t.numel);
+    numel += t.numel;
+  }
+  std::vector<TensorGrad> pushed;
+  for (size_t i = 0; i < tensors->size(); ++i) pushed.push_back({(*tensors)[i].name, grads[i]});
+
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  PushOptions options;
+  options.client_id = absl::GetFlag(FLAGS_client_id);
+  options.grad_dtype = *dtype;
+  options.base_version = list->version;
+  std::cout << absl::StrFormat("pushing %d tensors, %d elements, %s, %d steps\n", tensors->size(),
+                               numel, absl::GetFlag(FLAGS_dtype), steps);
+  for (int step = 1; step <= steps; ++step) {
+    for (std::vector<float>& g : grads) {
+      for (float& x : g) x = normal(rng);
+    }
+    if (!options.client_id.empty()) {
+      options.sequence_number =
+          std::max<uint64_t>(options.sequence_number + 1, absl::ToUnixMicros(absl::Now()));
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<PushResult> result = client.PushGradients(options, pushed);
+    if (!result.ok()) return result.status();
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    std::string outcome = absl::StrCat("applied to ", result->tensors_updated, " tensors");
+    if (result->duplicate) outcome = "duplicate, not applied";
+    if (result->step_skipped) outcome = absl::StrCat("skipped (", result->skip_reason, ")");
+    std::cout << absl::StrFormat("push %d/%d: version %d, %s, %d bytes, %.2f ms\n", step, steps,
+                                 result->version, outcome, result->grad_bytes, ms);
+    options.base_version = result->version;
+  }
+  return absl::OkStatus();
+}
+
+// JSON string literal of text (UTF-8 passes through).
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// Writes a pull as a safetensors file (see kUsage).
+absl::Status WriteSafetensors(const PullResult& pull, const std::string& field,
+                              const std::string& path) {
+  std::vector<std::string> entries;
+  std::vector<std::string> steps;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : pull.tensors) {
+    const uint64_t bytes = tensor.values.size() * sizeof(float);
+    entries.push_back(absl::StrCat(JsonString(name), ":{\"dtype\":\"F32\",\"shape\":[",
+                                   absl::StrJoin(tensor.shape, ","), "],\"data_offsets\":[", offset,
+                                   ",", offset + bytes, "]}"));
+    steps.push_back(absl::StrCat(JsonString(name), ":", tensor.step));
+    offset += bytes;
+  }
+  const std::string steps_json = absl::StrCat("{", absl::StrJoin(steps, ","), "}");
+  std::string header = absl::StrCat(
+      "{\"__metadata__\":{\"fusedps.version\":", JsonString(absl::StrCat(pull.version)),
+      ",\"fusedps.field\":", JsonString(field), ",\"fusedps.steps\":", JsonString(steps_json), "}",
+      entries.empty() ? "" : ",", absl::StrJoin(entries, ","), "}");
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));
+  const uint64_t header_size = header.size();  // Little-endian on every host we build for.
+  file.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  file.write(header.data(), static_cast<std::streamsize>(header.size()));
+  for (const auto& [name, tensor] : pull.tensors) {
+    file.write(reinterpret_cast<const char*>(tensor.values.data()),
+               static_cast<std::streamsize>(tensor.values.size() * sizeof(float)));
+  }
+  file.close();
+  if (!file) return absl::DataLossError(absl::StrCat("failed to write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status RunPull(Client& client) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::InvalidArgumentError("pull needs --out=FILE");
+  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<TensorField> field = ParseField(absl::GetFlag(FLAGS_field));
+  if (!field.ok()) return field.status();
+  PullOptions options;
+  options.tensors = SplitNames(absl::GetFlag(FLAGS_tensors));
+  options.dtype = *dtype;
+  options.field = *field;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PullResult> pull = client.PullParameters(options);
+  if (!pull.ok()) return pull.status();
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  uint64_t numel = 0;
+  for (const auto& [name, tensor] : pull->tensors) numel += tensor.values.size();
+  if (absl::Status status = WriteSafetensors(*pull, absl::GetFlag(FLAGS_field), out);
+      !status.ok()) {
+    return status;
+  }
+  std::cout << absl::StrFormat("pulled %d tensors, %d elements at version %d in %.2f ms -> %s\n",
+                               pull->tensors.size(), numel, pull->version, ms, out);
+  return absl::OkStatus();
+}
+
+absl::Status RunSetLr(Client& client) {
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (!(lr >= 0.0) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError("set-lr needs --lr >= 0");
+  }
+  ParamGroupOptions changes;
+  changes.lr = lr;
+  absl::StatusOr<ParamGroup> group = client.SetHyperparameters(absl::GetFlag(FLAGS_group), changes);
+  if (!group.ok()) return group.status();
+  std::cout << DescribeGroup(*group) << "\n";
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("fusedps [flags] info|list|register|push|pull|set-lr|help");
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "-help" || arg == "--helpshort") {
+      PrintHelp();
+      return 0;
+    }
+  }
+  std::vector<std::string> storage;
+  std::vector<char*> snake_args = KebabToSnakeFlags(argc, argv, storage);
+  const std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(snake_args.size()), snake_args.data());
+  if (args.size() < 2 || std::string(args[1]) == "help") {
+    PrintHelp();
+    return args.size() < 2 ? 2 : 0;
+  }
+  if (args.size() > 2) {
+    std::cerr << "fusedps: unexpected argument " << args[2] << " (see fusedps help)\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  const std::map<std::string, absl::Status (*)(Client&)> commands = {
+      {"info", RunInfo}, {"list", RunList}, {"register", RunRegister},
+      {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}};
+  auto it = commands.find(command);
+  if (it == commands.end()) {
+    std::cerr << "fusedps: unknown command " << command << " (see fusedps help)\n";
+    return 2;
+  }
+  ClientOptions options;
+  options.max_chunk_bytes =
+      static_cast<size_t>(std::max<int64_t>(absl::GetFlag(FLAGS_max_chunk_bytes), 0));
+  options.streams = absl::GetFlag(FLAGS_streams);
+  options.timeout = absl::GetFlag(FLAGS_timeout);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create(absl::GetFlag(FLAGS_target), options);
+  absl::Status status = client.ok() ? it->second(**client) : client.status();
+  if (!status.ok()) {
+    std::cerr << "fusedps " << command << ": " << status << "\n";
+    return status.code() == absl::StatusCode::kInvalidArgument && !client.ok() ? 2 : 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fusedps::client
+
+int main(int argc, char** argv) { return fusedps::client::Main(argc, argv); }

@@ -1,0 +1,497 @@
+#include "fusedps/client.h"
+
+#include <algorithm>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "client/wire.h"
+#include "fusedps/v1/parameter_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace fusedps::client {
+
+using internal::ChunkSpan;
+using internal::MessagePlan;
+using internal::TensorExtent;
+using internal::ToAbslStatus;
+
+struct Client::Connection {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::ParameterService::Stub> stub;
+};
+
+namespace {
+
+absl::Status ValidateOptions(const ClientOptions& options) {
+  if (options.max_chunk_bytes < 4 || options.max_chunk_bytes > internal::kMaxChunkBytesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes must be in [4, ",
+                                                   internal::kMaxChunkBytesLimit, "], not ",
+                                                   options.max_chunk_bytes));
+  }
+  if (options.streams < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("streams must be >= 1, not ", options.streams));
+  }
+  return absl::OkStatus();
+}
+
+void ConfigureContext(const ClientOptions& options, grpc::ClientContext* context) {
+  if (options.wait_for_ready) context->set_wait_for_ready(true);
+  if (options.timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  }
+}
+
+// Runs fn(0), ..., fn(n - 1) on n threads (fn(0) on this one) and returns the first error by
+// index, or OK.
+absl::Status RunConcurrently(size_t n, const std::function<absl::Status(size_t)>& fn) {
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n > 0 ? n - 1 : 0);
+  for (size_t i = 1; i < n; ++i) {
+    threads.emplace_back([&statuses, &fn, i] { statuses[i] = fn(i); });
+  }
+  if (n > 0) statuses[0] = fn(0);
+  for (std::thread& thread : threads) thread.join();
+  for (absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Writes a client stream: `message` holds the header; then the chunks of `plan`, which name
+// tensors by index into `names`, with payloads from encode(span, &data). The header shares the
+// first message with chunks unless it is large. Returns false when the stream broke (the call's
+// Finish then says why).
+template <typename Request, typename Encode>
+bool WriteChunked(grpc::ClientWriter<Request>& writer, Request message,
+                  const std::vector<MessagePlan>& plan,
+                  const std::vector<const std::string*>& names, const Encode& encode) {
+  if (plan.empty() || message.ByteSizeLong() > internal::kMaxChunkMetadataBytes) {
+    if (!writer.Write(message)) return false;
+    message.Clear();
+  }
+  for (const MessagePlan& chunks : plan) {
+    for (const ChunkSpan& span : chunks) {
+      v1::TensorChunk* chunk = message.add_chunks();
+      chunk->set_tensor(*names[span.tensor]);
+      chunk->set_offset(span.offset);
+      encode(span, chunk->mutable_data());
+    }
+    if (!writer.Write(message)) return false;
+    message.Clear();  // Keeps the chunks' buffers for the next message.
+  }
+  return true;
+}
+
+// Finishes a client stream whose writes are done or broke.
+template <typename Request>
+absl::Status FinishWrites(grpc::ClientWriter<Request>& writer, bool writes_ok) {
+  if (writes_ok) writer.WritesDone();
+  return ToAbslStatus(writer.Finish());
+}
+
+// Collects a pull's chunks into a PullResult, checking that they cover each tensor exactly.
+class PullAssembler {
+ public:
+  explicit PullAssembler(DType requested_dtype) : dtype_(requested_dtype) {}
+
+  absl::Status AddHeader(const v1::PullHeader& header, PullResult& result) {
+    if (has_header_) return absl::InternalError("pull reply has a second header");
+    has_header_ = true;
+    result.version = header.version();
+    if (header.dtype() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<DType> dtype = internal::FromProtoDType(header.dtype());
+      if (!dtype.ok()) return absl::InternalError(dtype.status().message());
+      dtype_ = *dtype;
+    }
+    for (const v1::TensorInfo& info : header.tensors()) {
+      // numel is redundant with the shape; a server may leave it 0.
+      absl::StatusOr<uint64_t> numel = internal::NumElements(info.shape());
+      if (!numel.ok() || (info.numel() != 0 && *numel != info.numel())) {
+        return absl::InternalError(absl::StrCat("pull header: tensor ", info.name(), " has numel ",
+                                                info.numel(), " that does not match its shape"));
+      }
+      auto [it, inserted] = result.tensors.try_emplace(info.name());
+      if (!inserted) {
+        return absl::InternalError(absl::StrCat("pull header names ", info.name(), " twice"));
+      }
+      PulledTensor& tensor = it->second;
+      tensor.shape.assign(info.shape().begin(), info.shape().end());
+      tensor.param_group = info.param_group();
+      tensor.step = info.step();
+      tensor.values.resize(*numel);
+      pending_[info.name()] = Pending{&tensor.values, 0};
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AddChunk(const v1::TensorChunk& chunk) {
+    if (!has_header_) return absl::InternalError("pull reply sent data before its header");
+    auto it = pending_.find(chunk.tensor());
+    if (it == pending_.end()) {
+      return absl::InternalError(
+          absl::StrCat("pull reply has a chunk of ", chunk.tensor(), ", not in its header"));
+    }
+    const size_t element_bytes = internal::ElementBytes(dtype_);
+    const uint64_t numel = chunk.data().size() / element_bytes;
+    std::vector<float>& values = *it->second.values;
+    if (chunk.data().size() % element_bytes != 0 || chunk.offset() > values.size() ||
+        numel > values.size() - chunk.offset()) {
+      return absl::InternalError(absl::StrCat(
+          "pull reply has a chunk of ", chunk.tensor(), " at offset ", chunk.offset(), " of ",
+          chunk.data().size(), " bytes, outside its ", values.size(), " elements"));
+    }
+    internal::DecodeElements(chunk.data(), dtype_,
+                             absl::MakeSpan(values).subspan(chunk.offset(), numel));
+    it->second.received += numel;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish(absl::Span<const std::string> requested, const PullResult& result) const {
+    if (!has_header_) return absl::InternalError("pull reply has no header");
+    for (const auto& [name, pending] : pending_) {
+      if (pending.received != pending.values->size()) {
+        return absl::InternalError(absl::StrCat("pull reply has ", pending.received,
+                                                " elements of ", name, ", not ",
+                                                pending.values->size()));
+      }
+    }
+    for (const std::string& name : requested) {
+      if (result.tensors.count(name) == 0) {
+        return absl::InternalError(absl::StrCat("pull reply lacks requested tensor ", name));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    std::vector<float>* values;
+    uint64_t received;
+  };
+  DType dtype_;
+  bool has_header_ = false;
+  absl::flat_hash_map<std::string, Pending> pending_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
+                                                       ClientOptions options) {
+  if (target.empty()) return absl::InvalidArgumentError("empty target");
+  if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
+  std::vector<std::unique_ptr<Connection>> connections;
+  for (int i = 0; i < options.streams; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(internal::kMaxMessageBytes);
+    args.SetMaxReceiveMessageSize(internal::kMaxMessageBytes);
+    // Each stream gets its own connection rather than sharing the global subchannel.
+    if (options.streams > 1) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto connection = std::make_unique<Connection>();
+    connection->channel =
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    connection->stub = v1::ParameterService::NewStub(connection->channel);
+    connections.push_back(std::move(connection));
+  }
+  return absl::WrapUnique(new Client(options, std::move(connections)));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::CreateWithChannel(
+    std::shared_ptr<grpc::Channel> channel, ClientOptions options) {
+  if (channel == nullptr) return absl::InvalidArgumentError("null channel");
+  if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
+  std::vector<std::unique_ptr<Connection>> connections;
+  auto connection = std::make_unique<Connection>();
+  connection->channel = std::move(channel);
+  connection->stub = v1::ParameterService::NewStub(connection->channel);
+  connections.push_back(std::move(connection));
+  return absl::WrapUnique(new Client(options, std::move(connections)));
+}
+
+Client::Client(ClientOptions options, std::vector<std::unique_ptr<Connection>> connections)
+    : options_(options), connections_(std::move(connections)) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<RegisterParamGroupResult> Client::RegisterParamGroup(
+    const std::string& name, const ParamGroupOptions& options) {
+  v1::RegisterParamGroupRequest request;
+  request.mutable_param_group()->set_name(name);
+  *request.mutable_param_group()->mutable_hyperparameters() =
+      internal::ToProtoHyperparameters(options);
+  v1::RegisterParamGroupResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->RegisterParamGroup(&context, request, &response));
+  if (!status.ok()) return status;
+  return RegisterParamGroupResult{response.created(),
+                                  internal::FromProtoParamGroup(response.param_group())};
+}
+
+absl::StatusOr<RegisterTensorsResult> Client::RegisterTensors(
+    absl::Span<const TensorInit> tensors) {
+  if (tensors.empty()) return absl::InvalidArgumentError("RegisterTensors needs a tensor");
+  std::vector<uint64_t> numels;
+  numels.reserve(tensors.size());
+  absl::flat_hash_set<absl::string_view> names;
+  for (const TensorInit& tensor : tensors) {
+    // Checked here too, since with streams > 1 two calls could not see each other's names.
+    if (!names.insert(tensor.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name, " is listed twice"));
+    }
+    absl::StatusOr<uint64_t> numel = internal::NumElements(tensor.shape);
+    if (!numel.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", tensor.name, ": ", numel.status().message()));
+    }
+    if (tensor.values.size() != *numel) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name, " has ",
+                                                     tensor.values.size(), " values for ", *numel,
+                                                     " elements"));
+    }
+    numels.push_back(*numel);
+  }
+  const std::vector<std::vector<size_t>> groups =
+      internal::PartitionTensors(numels, options_.streams);
+  std::vector<RegisterTensorsResult> results(groups.size());
+  absl::Status status = RunConcurrently(groups.size(), [&](size_t i) {
+    absl::StatusOr<RegisterTensorsResult> result =
+        RegisterTensorsOnce(connection(i), tensors, groups[i]);
+    if (!result.ok()) return result.status();
+    results[i] = *result;
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  RegisterTensorsResult total;
+  for (const RegisterTensorsResult& result : results) {
+    total.tensors_created += result.tensors_created;
+    total.tensors_existing += result.tensors_existing;
+    total.version = std::max(total.version, result.version);
+  }
+  return total;
+}
+
+absl::StatusOr<RegisterTensorsResult> Client::RegisterTensorsOnce(
+    Connection& connection, absl::Span<const TensorInit> tensors,
+    absl::Span<const size_t> indices) {
+  v1::RegisterTensorsRequest message;
+  std::vector<TensorExtent> extents;
+  std::vector<const std::string*> names;
+  for (size_t index : indices) {
+    const TensorInit& tensor = tensors[index];
+    v1::TensorSpec* spec = message.mutable_header()->add_tensors();
+    spec->set_name(tensor.name);
+    spec->mutable_shape()->Add(tensor.shape.begin(), tensor.shape.end());
+    spec->set_param_group(tensor.param_group);
+    extents.push_back({tensor.values.size(), tensor.name.size()});
+    names.push_back(&tensor.name);
+  }
+  absl::StatusOr<std::vector<MessagePlan>> plan =
+      internal::PlanChunks(extents, sizeof(float), options_.max_chunk_bytes);
+  if (!plan.ok()) return plan.status();
+
+  v1::RegisterTensorsResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  std::unique_ptr<grpc::ClientWriter<v1::RegisterTensorsRequest>> writer =
+      connection.stub->RegisterTensors(&context, &response);
+  const bool writes_ok = WriteChunked(
+      *writer, std::move(message), *plan, names, [&](const ChunkSpan& span, std::string* data) {
+        const absl::Span<const float> values = tensors[indices[span.tensor]].values;
+        internal::EncodeElements(values.subspan(span.offset, span.numel), DType::kFloat32, data);
+      });
+  absl::Status status = FinishWrites(*writer, writes_ok);
+  if (!status.ok()) return status;
+  return RegisterTensorsResult{response.tensors_created(), response.tensors_existing(),
+                               response.version()};
+}
+
+absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
+                                                 absl::Span<const TensorGrad> grads) {
+  // An empty tensor list would mean "every tensor" on the wire.
+  if (grads.empty()) return absl::InvalidArgumentError("PushGradients needs a tensor");
+  v1::PushGradientsRequest message;
+  v1::PushHeader* header = message.mutable_header();
+  header->set_client_id(options.client_id);
+  header->set_sequence_number(options.sequence_number);
+  header->set_grad_dtype(internal::ToProtoDType(options.grad_dtype));
+  if (options.grad_scale) header->set_grad_scale(*options.grad_scale);
+  header->set_base_version(options.base_version);
+  std::vector<TensorExtent> extents;
+  std::vector<const std::string*> names;
+  extents.reserve(grads.size());
+  names.reserve(grads.size());
+  for (const TensorGrad& grad : grads) {
+    header->add_tensors(grad.name);
+    extents.push_back({grad.grads.size(), grad.name.size()});
+    names.push_back(&grad.name);
+  }
+  absl::StatusOr<std::vector<MessagePlan>> plan = internal::PlanChunks(
+      extents, internal::ElementBytes(options.grad_dtype), options_.max_chunk_bytes);
+  if (!plan.ok()) return plan.status();
+
+  v1::PushGradientsResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
+      connection(0).stub->PushGradients(&context, &response);
+  const bool writes_ok = WriteChunked(
+      *writer, std::move(message), *plan, names, [&](const ChunkSpan& span, std::string* data) {
+        internal::EncodeElements(grads[span.tensor].grads.subspan(span.offset, span.numel),
+                                 options.grad_dtype, data);
+      });
+  absl::Status status = FinishWrites(*writer, writes_ok);
+  if (!status.ok()) return status;
+  PushResult result;
+  result.version = response.version();
+  result.step_skipped = response.step_skipped();
+  result.skip_reason = response.skip_reason();
+  result.tensors_updated = response.tensors_updated();
+  result.grad_bytes = response.grad_bytes();
+  result.duplicate = response.duplicate();
+  return result;
+}
+
+absl::StatusOr<PullResult> Client::PullParameters(const PullOptions& options) {
+  if (options_.streams > 1 && options.tensors.size() != 1) {
+    absl::StatusOr<TensorList> listing = ListTensors();
+    if (!listing.ok()) return listing.status();
+    absl::flat_hash_map<std::string, uint64_t> numel_of;
+    for (const TensorInfo& info : listing->tensors) numel_of[info.name] = info.numel;
+    std::vector<std::string> names = options.tensors;
+    if (names.empty()) {
+      for (const TensorInfo& info : listing->tensors) names.push_back(info.name);
+    }
+    std::vector<uint64_t> numels;
+    for (const std::string& name : names) {
+      auto it = numel_of.find(name);
+      numels.push_back(it == numel_of.end() ? 0 : it->second);  // The server says NOT_FOUND.
+    }
+    const std::vector<std::vector<size_t>> groups =
+        internal::PartitionTensors(numels, options_.streams);
+    if (groups.size() > 1) {
+      std::vector<PullResult> parts(groups.size());
+      absl::Status status = RunConcurrently(groups.size(), [&](size_t i) {
+        PullOptions part = options;
+        part.tensors.clear();
+        for (size_t index : groups[i]) part.tensors.push_back(names[index]);
+        absl::StatusOr<PullResult> result = PullOnce(connection(i), part);
+        if (!result.ok()) return result.status();
+        parts[i] = *std::move(result);
+        return absl::OkStatus();
+      });
+      if (!status.ok()) return status;
+      const bool one_version = std::all_of(parts.begin(), parts.end(), [&](const PullResult& p) {
+        return p.version == parts[0].version;
+      });
+      if (one_version) {
+        PullResult merged = std::move(parts[0]);
+        for (size_t i = 1; i < parts.size(); ++i) merged.tensors.merge(parts[i].tensors);
+        return merged;
+      }
+      // A push landed between the calls: read everything at once instead.
+    }
+  }
+  return PullOnce(connection(0), options);
+}
+
+absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOptions& options) {
+  v1::PullParametersRequest request;
+  for (const std::string& name : options.tensors) request.add_tensors(name);
+  request.set_dtype(internal::ToProtoDType(options.dtype));
+  request.set_field(internal::ToProtoField(options.field));
+  request.set_max_chunk_bytes(
+      static_cast<uint32_t>(std::min(options_.max_chunk_bytes, internal::kMaxPullChunkBytes)));
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
+      connection.stub->PullParameters(&context, request);
+
+  PullResult result;
+  PullAssembler assembler(options.dtype);
+  absl::Status malformed;
+  v1::PullParametersResponse response;
+  while (malformed.ok() && reader->Read(&response)) {
+    if (response.has_header()) malformed = assembler.AddHeader(response.header(), result);
+    for (const v1::TensorChunk& chunk : response.chunks()) {
+      if (!malformed.ok()) break;
+      malformed = assembler.AddChunk(chunk);
+    }
+  }
+  if (!malformed.ok()) {
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    reader->Finish().IgnoreError();
+    return malformed;
+  }
+  absl::Status status = ToAbslStatus(reader->Finish());
+  if (!status.ok()) return status;
+  if (absl::Status finished = assembler.Finish(options.tensors, result); !finished.ok()) {
+    return finished;
+  }
+  return result;
+}
+
+absl::StatusOr<ServerInfo> Client::GetInfo() {
+  v1::GetInfoResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->GetInfo(&context, v1::GetInfoRequest(), &response));
+  if (!status.ok()) return status;
+  ServerInfo info;
+  info.version = response.version();
+  info.backend = response.backend();
+  info.device = response.device();
+  info.tensor_count = response.tensor_count();
+  info.parameter_count = response.parameter_count();
+  for (const v1::ParamGroup& group : response.param_groups()) {
+    info.param_groups.push_back(internal::FromProtoParamGroup(group));
+  }
+  info.server_version = response.server_version();
+  info.max_message_bytes = response.max_message_bytes();
+  if (absl::StatusOr<DType> dtype = internal::FromProtoDType(response.param_copy_dtype());
+      dtype.ok()) {
+    info.param_copy_dtype = *dtype;
+  }
+  return info;
+}
+
+absl::StatusOr<TensorList> Client::ListTensors() {
+  v1::ListTensorsResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->ListTensors(&context, v1::ListTensorsRequest(), &response));
+  if (!status.ok()) return status;
+  TensorList list;
+  list.version = response.version();
+  list.tensors.reserve(response.tensors_size());
+  for (const v1::TensorInfo& info : response.tensors()) {
+    list.tensors.push_back(internal::FromProtoTensorInfo(info));
+  }
+  return list;
+}
+
+absl::StatusOr<ParamGroup> Client::SetHyperparameters(const std::string& param_group,
+                                                      const ParamGroupOptions& changes) {
+  v1::SetHyperparametersRequest request;
+  request.set_param_group(param_group);
+  *request.mutable_hyperparameters() = internal::ToProtoHyperparameters(changes);
+  v1::SetHyperparametersResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->SetHyperparameters(&context, request, &response));
+  if (!status.ok()) return status;
+  return internal::FromProtoParamGroup(response.param_group());
+}
+
+}  // namespace fusedps::client

@@ -1,0 +1,288 @@
+// fusedps/client.h: the C++ client of a fusedps parameter server.
+//
+// A fusedps server keeps named fp32 tensors (the master copy of a model's parameters) and their
+// AdamW state, grouped into param groups as in torch.optim. A trainer registers its tensors once,
+// then pushes gradients (one AdamW step per push, applied on the server) and pulls parameters.
+// This header is the library's whole public API; it hides gRPC and the wire format.
+//
+// Units: shapes and element counts are in elements; every "*_bytes" field is in bytes. Tensors
+// are row-major (C order) arrays of float, like torch.Tensor.contiguous(). A 0-dim tensor has
+// shape {} and one element; a tensor with a 0 in its shape has no elements.
+//
+// Errors: every call returns an absl::Status (or absl::StatusOr), never throws. Errors reported
+// by the server or by gRPC keep their code and message (for example UNAVAILABLE when the server
+// cannot be reached, DEADLINE_EXCEEDED after ClientOptions::timeout). Each call lists the codes
+// that mean something specific for it.
+//
+// Thread safety: a Client may be used by many threads at once.
+//
+// Usage:
+//   auto client = fusedps::client::Client::Create("localhost:50051").value();
+//   std::vector<float> w(768 * 768, 0.0f);
+//   client->RegisterTensors({{"layer0.weight", {768, 768}, "default", w}}).value();
+//   std::vector<float> grad_w = ...;  // 768 * 768 gradients
+//   fusedps::client::PushOptions push;
+//   push.grad_dtype = fusedps::client::DType::kBFloat16;
+//   auto ack = client->PushGradients(push, {{"layer0.weight", grad_w}}).value();
+//   auto pulled = client->PullParameters({}).value();  // every tensor, fp32
+//   const std::vector<float>& fresh_w = pulled.tensors.at("layer0.weight").values;
+#ifndef FUSEDPS_CLIENT_CLIENT_H_
+#define FUSEDPS_CLIENT_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace fusedps::client {
+
+// Element type of tensor data on the wire. Values match proto fusedps.v1.DType.
+enum class DType : uint8_t {
+  kFloat32 = 1,   // IEEE binary32.
+  kBFloat16 = 2,  // bfloat16 (the high half of a binary32, rounded to nearest even).
+  kFloat16 = 3,   // IEEE binary16 (rounded to nearest even; beyond +-65504 becomes inf).
+};
+
+// Which stored array of a tensor a pull reads. Values match proto fusedps.v1.TensorField.
+enum class TensorField : uint8_t {
+  kParam = 1,
+  kExpAvg = 2,
+  kExpAvgSq = 3,
+  kMaxExpAvgSq = 4,  // Only tensors whose group has amsgrad.
+};
+
+// How weight_decay is applied. Values match proto fusedps.v1.WeightDecayMode.
+enum class WeightDecayMode : uint8_t {
+  kDecoupled = 1,  // param -= lr * weight_decay * param (torch.optim.AdamW).
+  kL2 = 2,         // grad += weight_decay * param (torch.optim.Adam).
+};
+
+struct ClientOptions {
+  // Payload bytes of tensor data per request message. Tensors larger than this are split across
+  // messages; small tensors share one. A message adds at most 64 KiB of tensor names and framing
+  // to its payload, and the first message of a call may also carry the call's header when that
+  // is under 64 KiB (a larger header, such as a push naming 10,000 tensors, travels alone).
+  // Keep max_chunk_bytes + 128 KiB under the server's max_message_bytes.
+  // Pulls ask the server for the same chunk size, capped at 4 MiB.
+  // REQUIRES: 4 <= max_chunk_bytes <= 15 MiB.
+  size_t max_chunk_bytes = 1 << 20;
+  // Concurrent gRPC calls, each on its own connection, used by RegisterTensors and
+  // PullParameters when they carry several tensors. PushGradients always uses one call, since
+  // the server applies one call as one atomic step. REQUIRES: streams >= 1.
+  int streams = 1;
+  // Deadline of every call, from its start. Infinite by default.
+  absl::Duration timeout = absl::InfiniteDuration();
+  // When true, a call made while the server is unreachable waits for it (up to timeout)
+  // instead of failing at once with UNAVAILABLE.
+  bool wait_for_ready = false;
+};
+
+// AdamW hyperparameters of a param group, named as in torch.optim.AdamW (betas = (beta1, beta2)).
+// An unset field means: at registration, torch's default (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+// weight_decay 1e-2, amsgrad false, maximize false, decoupled decay); in SetHyperparameters,
+// keep the current value. When returned by the server, every field is set.
+struct ParamGroupOptions {
+  std::optional<double> lr;            // >= 0 and finite.
+  std::optional<double> beta1;         // In [0, 1).
+  std::optional<double> beta2;         // In [0, 1).
+  std::optional<double> eps;           // >= 0.
+  std::optional<double> weight_decay;  // >= 0.
+  std::optional<bool> amsgrad;         // Fixed at registration.
+  std::optional<bool> maximize;
+  std::optional<WeightDecayMode> weight_decay_mode;
+};
+
+// A param group as the server stores it.
+struct ParamGroup {
+  std::string name;
+  ParamGroupOptions hyperparameters;
+};
+
+struct RegisterParamGroupResult {
+  bool created = false;  // False when an identical group already existed (a no-op).
+  ParamGroup param_group;
+};
+
+// One tensor to register, with its initial values.
+struct TensorInit {
+  std::string name;                // 1..256 characters, unique on the server.
+  std::vector<int64_t> shape;      // {} for a 0-dim tensor. Each dim >= 0.
+  std::string param_group;         // A registered group; empty means "default".
+  absl::Span<const float> values;  // Product of shape elements, row-major.
+};
+
+struct RegisterTensorsResult {
+  uint32_t tensors_created = 0;
+  uint32_t tensors_existing = 0;  // Identical specs that were already registered (no-ops).
+  uint64_t version = 0;           // The server's model version afterwards.
+};
+
+// The header of a push.
+struct PushOptions {
+  // Identifies the trainer for retry detection; empty disables it.
+  std::string client_id;
+  // Per client_id, increasing. A push whose sequence_number is not above the last applied one
+  // of its client_id is a retry: not applied again; the result says duplicate. 0 disables it.
+  uint64_t sequence_number = 0;
+  // The dtype gradients travel in. fp32 gradients are rounded to it on the client.
+  DType grad_dtype = DType::kFloat32;
+  // When set, the server divides the gradients by it (loss scaling). > 0 and finite.
+  std::optional<float> grad_scale;
+  // The model version the gradients were computed from.
+  uint64_t base_version = 0;
+};
+
+// The gradients of one tensor.
+struct TensorGrad {
+  std::string name;
+  absl::Span<const float> grads;  // One per element of the tensor, row-major.
+};
+
+struct PushResult {
+  uint64_t version = 0;       // The server's version after the push (unchanged if skipped).
+  bool step_skipped = false;  // True when no tensor was updated (see skip_reason).
+  std::string skip_reason;    // "non_finite_grad" when step_skipped.
+  uint32_t tensors_updated = 0;
+  uint64_t grad_bytes = 0;  // Gradient payload bytes the server received.
+  bool duplicate = false;   // A retry of an already applied push; nothing was applied.
+};
+
+struct PullOptions {
+  std::vector<std::string> tensors;  // Empty means every tensor on the server.
+  DType dtype = DType::kFloat32;     // kFloat32 or kBFloat16 (halves the bytes moved).
+  TensorField field = TensorField::kParam;
+};
+
+struct PulledTensor {
+  std::vector<int64_t> shape;
+  std::string param_group;
+  int64_t step = 0;           // Optimizer steps applied to this tensor.
+  std::vector<float> values;  // Row-major; bf16 data is widened to float exactly.
+};
+
+struct PullResult {
+  uint64_t version = 0;  // Every value was read at this model version.
+  std::map<std::string, PulledTensor> tensors;
+};
+
+struct TensorInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string param_group;
+  int64_t step = 0;
+  uint64_t numel = 0;
+};
+
+struct TensorList {
+  uint64_t version = 0;
+  std::vector<TensorInfo> tensors;  // In registration order.
+};
+
+struct ServerInfo {
+  uint64_t version = 0;  // Pushes applied so far.
+  std::string backend;   // "cpu" or "cuda".
+  std::string device;    // e.g. "cuda:0 NVIDIA H100".
+  uint32_t tensor_count = 0;
+  uint64_t parameter_count = 0;  // Elements over all tensors.
+  std::vector<ParamGroup> param_groups;
+  std::string server_version;
+  uint64_t max_message_bytes = 0;         // The server's max receive message size.
+  std::optional<DType> param_copy_dtype;  // The low-precision copy kept for pulls, if any.
+};
+
+class Client {
+ public:
+  // Connects (lazily, on the first call) to target, e.g. "localhost:50051", over an insecure
+  // channel whose max send and receive message sizes are 16 MiB.
+  // Errors: INVALID_ARGUMENT for an empty target or options outside their REQUIRES.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
+                                                        ClientOptions options = {});
+
+  // Uses an existing channel for every call (for example an in-process server's channel in
+  // tests). streams > 1 then runs concurrent calls on that one channel.
+  // Errors: INVALID_ARGUMENT for a null channel or options outside their REQUIRES.
+  static absl::StatusOr<std::unique_ptr<Client>> CreateWithChannel(
+      std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client();
+
+  // Registers a param group under name (1..128 characters). Registering an identical group
+  // again is a no-op (created is false).
+  // Errors: ALREADY_EXISTS when a group of that name has other hyperparameters;
+  // INVALID_ARGUMENT for a bad name or a hyperparameter out of range.
+  absl::StatusOr<RegisterParamGroupResult> RegisterParamGroup(const std::string& name,
+                                                              const ParamGroupOptions& options);
+
+  // Registers tensors with their initial values; their optimizer state starts at zero and their
+  // step at 0. Tensors identical to registered ones (same name, shape and group) are no-ops and
+  // keep their current values. Values travel as fp32 in chunks of max_chunk_bytes. With
+  // streams > 1 the tensors are split across concurrent calls; a failed call may then leave the
+  // tensors of the other calls registered, and repeating the whole call is safe.
+  // Errors: INVALID_ARGUMENT when values.size() is not the product of shape, for a negative dim,
+  // a bad or duplicate name, or an empty list; ALREADY_EXISTS when a name is registered with
+  // another shape or group; NOT_FOUND for an unknown param group.
+  absl::StatusOr<RegisterTensorsResult> RegisterTensors(absl::Span<const TensorInit> tensors);
+
+  // Pushes gradients for the named tensors, which the server applies as one AdamW step of those
+  // tensors: all of them or none. Gradients are rounded to options.grad_dtype and sent in chunks
+  // of max_chunk_bytes over one call. A step with a non-finite gradient is skipped, which is not
+  // an error: the result says step_skipped.
+  // Errors: INVALID_ARGUMENT for an empty list, a tensor named twice, a grads size that is not
+  // the tensor's numel, or a bad grad_scale; NOT_FOUND for an unknown tensor.
+  absl::StatusOr<PushResult> PushGradients(const PushOptions& options,
+                                           absl::Span<const TensorGrad> grads);
+
+  // Reads a field of some or all tensors, all at one model version. With streams > 1 (and more
+  // than one tensor) the client first lists the tensors, then splits them across concurrent
+  // calls; if a push lands between those calls, the pull is repeated over one call so that the
+  // result is still one version.
+  // Errors: NOT_FOUND for an unknown tensor; INVALID_ARGUMENT for an unsupported dtype;
+  // FAILED_PRECONDITION for kMaxExpAvgSq of a tensor without amsgrad; INTERNAL when the server's
+  // reply is malformed (chunks that do not cover each tensor exactly).
+  absl::StatusOr<PullResult> PullParameters(const PullOptions& options);
+
+  // Describes the server: version, backend, device, sizes and param groups.
+  absl::StatusOr<ServerInfo> GetInfo();
+
+  // Lists every tensor with its shape, group and step.
+  absl::StatusOr<TensorList> ListTensors();
+
+  // Changes the set fields of a group's hyperparameters (an lr schedule, for example); unset
+  // fields keep their values. Returns the group after the change.
+  // Errors: NOT_FOUND for an unknown group; INVALID_ARGUMENT for a value out of range or a
+  // change of amsgrad.
+  absl::StatusOr<ParamGroup> SetHyperparameters(const std::string& param_group,
+                                                const ParamGroupOptions& changes);
+
+ private:
+  struct Connection;  // A gRPC stub over one channel.
+
+  Client(ClientOptions options, std::vector<std::unique_ptr<Connection>> connections);
+
+  absl::StatusOr<RegisterTensorsResult> RegisterTensorsOnce(Connection& connection,
+                                                            absl::Span<const TensorInit> tensors,
+                                                            absl::Span<const size_t> indices);
+  absl::StatusOr<PullResult> PullOnce(Connection& connection, const PullOptions& options);
+  Connection& connection(size_t i) { return *connections_[i % connections_.size()]; }
+
+  const ClientOptions options_;
+  const std::vector<std::unique_ptr<Connection>> connections_;
+};
+
+}  // namespace fusedps::client
+
+#endif  // FUSEDPS_CLIENT_CLIENT_H_

@@ -1,0 +1,192 @@
+"""Tensor <-> wire-bytes conversion and chunk planning for the fusedps Python client.
+
+Internal module: the public API is in fusedps.client. Nothing here talks to the network.
+
+Wire rules (proto/fusedps/v1/parameter_service.proto):
+  * element data is little-endian; float32, bfloat16 (the high 16 bits of a binary32) or
+    IEEE float16;
+  * a TensorChunk carries elements [offset, offset + n) of one tensor, offset in elements;
+  * every request message must stay under the server's max receive size, so the client keeps
+    each message (header excluded, it travels alone) at or under ``max_message_bytes``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+# Wire dtype names accepted by the client, with their element size in bytes and the
+# little-endian numpy dtype used to read/write the raw bytes.
+_WIRE = {
+    "float32": (4, np.dtype("<f4")),
+    "bfloat16": (2, np.dtype("<u2")),  # raw bits; converted through torch
+    "float16": (2, np.dtype("<f2")),
+}
+
+_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_ALIASES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32", torch.float32: "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", torch.bfloat16: "bfloat16",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+    torch.float16: "float16",
+}
+
+# Bytes reserved per TensorChunk for protobuf framing: field tags, length varints (<= 5 bytes
+# each) and the offset varint (<= 10 bytes). 32 covers the worst case with room to spare; the
+# tensor name is counted separately.
+CHUNK_FRAMING_BYTES = 32
+
+# The smallest max_message_bytes the client accepts: enough for framing, a 256-character name
+# (the longest the server allows, up to 4 bytes per UTF-8 character) and some payload.
+MIN_MESSAGE_BYTES = 2048
+
+
+def wire_dtype_name(dtype) -> str:
+    """Normalizes a dtype spelling ("float32", "bf16", torch.bfloat16, ...) to a wire name.
+
+    Raises:
+      ValueError: for anything but float32, bfloat16 and float16.
+    """
+    key = dtype.lower() if isinstance(dtype, str) else dtype
+    try:
+        return _ALIASES[key]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unsupported dtype {dtype!r}: expected 'float32', 'bfloat16' or 'float16'") from None
+
+
+def element_size(wire_name: str) -> int:
+    """Bytes per element of a wire dtype name ("float32" -> 4, "bfloat16"/"float16" -> 2)."""
+    return _WIRE[wire_name][0]
+
+
+def to_wire_array(tensor: torch.Tensor, wire_name: str) -> np.ndarray:
+    """Flattens a tensor into a 1-D little-endian numpy array of the wire dtype.
+
+    The tensor may be on any device, any floating dtype, any layout (strided only); it is
+    copied to the CPU and rounded to nearest-even where the wire dtype is narrower, exactly as
+    ``tensor.to(dtype)`` rounds. The result may share memory with ``tensor`` when no conversion
+    is needed, so it must be used before the tensor is modified.
+
+    Raises:
+      TypeError: for sparse tensors or non-floating dtypes.
+    """
+    if tensor.layout != torch.strided:
+        raise TypeError(f"only dense tensors can be sent, got layout {tensor.layout}")
+    if not (tensor.is_floating_point()):
+        raise TypeError(f"expected a floating point tensor, got {tensor.dtype}")
+    # Convert on the tensor's device first (a GPU rounds as the CPU does), so that only the
+    # wire bytes are copied to host memory.
+    t = tensor.detach().to(_TORCH[wire_name]).to("cpu").contiguous().reshape(-1)
+    if wire_name == "bfloat16":
+        arr = t.view(torch.int16).numpy().view(np.uint16)
+    else:
+        arr = t.numpy()
+    return arr.astype(_WIRE[wire_name][1], copy=False)
+
+
+def from_wire_array(arr: np.ndarray, wire_name: str, shape: Sequence[int]) -> torch.Tensor:
+    """Turns a filled 1-D wire array into a torch tensor of ``shape``.
+
+    float32 -> torch.float32, bfloat16 -> torch.bfloat16, float16 -> torch.float16. The tensor
+    shares memory with ``arr`` (native byte order is little-endian on every platform torch
+    supports here; a byte swap is done otherwise).
+    """
+    arr = arr.astype(arr.dtype.newbyteorder("="), copy=False)
+    if wire_name == "bfloat16":
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(arr)
+    return t.reshape(tuple(shape))
+
+
+def empty_wire_array(numel: int, wire_name: str) -> np.ndarray:
+    """An uninitialized 1-D little-endian array for ``numel`` elements of a wire dtype."""
+    return np.empty(numel, dtype=_WIRE[wire_name][1])
+
+
+def decode_into(dst: np.ndarray, offset: int, data: bytes) -> int:
+    """Copies a chunk's raw little-endian bytes into ``dst[offset:]``; returns the element count.
+
+    Raises:
+      ValueError: when the payload is not a whole number of elements or runs past the end.
+    """
+    itemsize = dst.dtype.itemsize
+    if len(data) % itemsize:
+        raise ValueError(f"chunk of {len(data)} bytes is not a multiple of {itemsize}")
+    n = len(data) // itemsize
+    if offset < 0 or offset + n > dst.shape[0]:
+        raise ValueError(
+            f"chunk [{offset}, {offset + n}) is out of bounds for {dst.shape[0]} elements")
+    if n:
+        dst[offset:offset + n] = np.frombuffer(data, dtype=dst.dtype)
+    return n
+
+
+def elements_per_chunk(name: str, itemsize: int, max_message_bytes: int) -> int:
+    """The most elements of tensor ``name`` that fit in one chunk of a message of the given size.
+
+    Always >= 1 for max_message_bytes >= MIN_MESSAGE_BYTES and names of <= 256 characters.
+    """
+    budget = max_message_bytes - CHUNK_FRAMING_BYTES - len(name.encode("utf-8"))
+    return max(1, budget // itemsize)
+
+
+def chunk_size_bytes(name: str, nbytes: int) -> int:
+    """Upper bound of the serialized size of one TensorChunk with ``nbytes`` of payload."""
+    return CHUNK_FRAMING_BYTES + len(name.encode("utf-8")) + nbytes
+
+
+def plan_messages(
+    tensors: Sequence[Tuple[str, int]], itemsize: int, max_message_bytes: int
+) -> Iterator[List[Tuple[str, int, int]]]:
+    """Splits tensors into chunks and packs chunks into messages.
+
+    Args:
+      tensors: (name, numel) pairs, in the order they are sent.
+      itemsize: bytes per element on the wire.
+      max_message_bytes: the bound for one request message (its chunks' serialized size).
+
+    Yields:
+      Lists of (name, start, stop) element ranges, one list per request message. Large tensors
+      are split across messages; small ones share a message. A tensor with 0 elements gets no
+      chunk at all (there is nothing to cover).
+    """
+    batch: List[Tuple[str, int, int]] = []
+    used = 0
+    for name, numel in tensors:
+        per_chunk = elements_per_chunk(name, itemsize, max_message_bytes)
+        start = 0
+        while start < numel:
+            free = max_message_bytes - used - CHUNK_FRAMING_BYTES - len(name.encode("utf-8"))
+            room = free // itemsize
+            if batch and (room <= 0 or (room < min(per_chunk, numel - start) and room < 1024)):
+                # The rest of this message would hold only a small fragment: start a new one.
+                yield batch
+                batch, used = [], 0
+                continue
+            stop = min(numel, start + min(per_chunk, room))
+            batch.append((name, start, stop))
+            used += chunk_size_bytes(name, (stop - start) * itemsize)
+            start = stop
+    if batch:
+        yield batch
+
+
+def group_specs(specs: Sequence, max_message_bytes: int) -> Iterator[list]:
+    """Splits protobuf specs into batches whose summed serialized size stays under the bound."""
+    batch: list = []
+    used = 0
+    for spec in specs:
+        size = spec.ByteSize() + 8
+        if batch and used + size > max_message_bytes:
+            yield batch
+            batch, used = [], 0
+        batch.append(spec)
+        used += size
+    if batch:
+        yield batch
+

@@ -1,0 +1,714 @@
+"""The fusedps Python client: push gradients to a fusedps server and pull parameters back.
+
+A fusedps server keeps the fp32 master copy of named tensors and their AdamW state; this module
+wraps its gRPC API (proto/fusedps/v1/parameter_service.proto) for PyTorch trainers.
+
+Example::
+
+    import torch
+    from fusedps import Client
+
+    model = torch.nn.Linear(64, 10)
+    with Client("127.0.0.1:50051") as ps:
+        ps.register_param_group("mlp", lr=1e-3, weight_decay=0.01)
+        ps.register_model(model, param_group="mlp")
+        loss = model(torch.randn(8, 64)).square().mean()
+        loss.backward()
+        result = ps.push_gradients(model)          # one AdamW step on the server
+        ps.pull_parameters(model)                  # copies the new params into the model
+
+Conventions:
+  * Tensor names are those of ``named_parameters()`` (plus an optional prefix).
+  * Everything travels as little-endian chunks; each request message is kept at or under
+    ``max_chunk_bytes`` (keep that under the server's ``max_message_bytes``, 8 MiB by default).
+  * Server errors surface as ``grpc.RpcError`` with the server's ``grpc.StatusCode``:
+    NOT_FOUND (unknown tensor or param group), INVALID_ARGUMENT (bad sizes, dtypes, values),
+    ALREADY_EXISTS (a conflicting re-registration), UNAVAILABLE (no server), ...
+    Mistakes the client can see before calling raise ValueError / TypeError / KeyError.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+import torch
+
+from fusedps import _chunks
+from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
+
+__all__ = [
+    "Client",
+    "ParamGroup",
+    "PushResult",
+    "RegisterResult",
+    "TensorInfo",
+    "TensorList",
+    "PulledTensors",
+    "ServerInfo",
+]
+
+# The largest max_chunk_bytes a PullParametersRequest may ask for (proto: at most 4 MiB).
+_MAX_PULL_CHUNK_BYTES = 4 << 20
+
+_DTYPE_TO_PB = {
+    "float32": pb.DTYPE_FLOAT32,
+    "bfloat16": pb.DTYPE_BFLOAT16,
+    "float16": pb.DTYPE_FLOAT16,
+}
+_PB_TO_DTYPE = {v: k for k, v in _DTYPE_TO_PB.items()}
+
+_FIELDS = {
+    "param": pb.TENSOR_FIELD_PARAM,
+    "exp_avg": pb.TENSOR_FIELD_EXP_AVG,
+    "exp_avg_sq": pb.TENSOR_FIELD_EXP_AVG_SQ,
+    "max_exp_avg_sq": pb.TENSOR_FIELD_MAX_EXP_AVG_SQ,
+}
+
+ModelLike = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Result types
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """AdamW hyperparameters of a param group, as stored by the server.
+
+    Attributes:
+      name: the group's name.
+      lr: learning rate (>= 0).
+      betas: (beta1, beta2), each in [0, 1).
+      eps: added to the denominator (>= 0).
+      weight_decay: decay coefficient (>= 0).
+      amsgrad: whether max_exp_avg_sq is kept (fixed at registration).
+      maximize: whether the objective is maximized (gradients negated).
+      decoupled_weight_decay: True: AdamW's decoupled decay (param -= lr * wd * param);
+        False: L2, as torch.optim.Adam (grad += wd * param).
+    A field the server left unset is None.
+    """
+
+    name: str
+    lr: Optional[float]
+    betas: Tuple[Optional[float], Optional[float]]
+    eps: Optional[float]
+    weight_decay: Optional[float]
+    amsgrad: Optional[bool]
+    maximize: Optional[bool]
+    decoupled_weight_decay: Optional[bool]
+
+    @classmethod
+    def _from_pb(cls, g: "pb.ParamGroup") -> "ParamGroup":
+        h = g.hyperparameters
+
+        def opt(field):
+            return getattr(h, field) if h.HasField(field) else None
+
+        mode = opt("weight_decay_mode")
+        return cls(
+            name=g.name,
+            lr=opt("lr"),
+            betas=(opt("beta1"), opt("beta2")),
+            eps=opt("eps"),
+            weight_decay=opt("weight_decay"),
+            amsgrad=opt("amsgrad"),
+            maximize=opt("maximize"),
+            decoupled_weight_decay=None if mode is None else mode != pb.WEIGHT_DECAY_MODE_L2,
+        )
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """Outcome of register_model.
+
+    Attributes:
+      tensors_created: tensors that were new to the server.
+      tensors_existing: tensors already registered with an identical spec (left unchanged:
+        their values on the server were kept, not overwritten).
+      version: the shard version after registration.
+    """
+
+    tensors_created: int
+    tensors_existing: int
+    version: int
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """Acknowledgement of one push (one AdamW step of the pushed tensors, or none).
+
+    Attributes:
+      version: the shard version after the push (unchanged when skipped or a duplicate).
+      step_skipped: True when nothing was updated (e.g. a non-finite gradient).
+      skip_reason: "non_finite_grad" when step_skipped, else "".
+      tensors_updated: number of tensors whose step advanced.
+      grad_bytes: gradient payload bytes the server received.
+      duplicate: True when the server recognized a retry (same client_id, sequence_number not
+        above the last applied one) and applied nothing.
+    """
+
+    version: int
+    step_skipped: bool
+    skip_reason: str
+    tensors_updated: int
+    grad_bytes: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One registered tensor: name, shape (tuple of ints; () for 0-dim), param group, the number
+    of optimizer steps applied to it, and its element count."""
+
+    name: str
+    shape: Tuple[int, ...]
+    param_group: str
+    step: int
+    numel: int
+
+    @classmethod
+    def _from_pb(cls, t: "pb.TensorInfo") -> "TensorInfo":
+        return cls(t.name, tuple(int(d) for d in t.shape), t.param_group, int(t.step),
+                   int(t.numel))
+
+
+class TensorList(list):
+    """A list of TensorInfo in the server's order, plus ``.version`` (the shard version)."""
+
+    def __init__(self, items: Iterable[TensorInfo] = (), version: int = 0):
+        super().__init__(items)
+        self.version = version
+
+
+class PulledTensors(dict):
+    """name -> torch.Tensor (CPU, shaped as registered), in the server's order.
+
+    Attributes:
+      version: the shard version every tensor was read at.
+      steps: name -> optimizer steps applied to that tensor (int).
+      dtype: the wire dtype name ("float32" or "bfloat16"); tensors have the matching torch dtype.
+    """
+
+    def __init__(self, items=(), version: int = 0, steps: Optional[Dict[str, int]] = None,
+                 dtype: str = "float32"):
+        super().__init__(items)
+        self.version = version
+        self.steps = dict(steps or {})
+        self.dtype = dtype
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What GetInfo reports.
+
+    Attributes:
+      version: shard version (applied pushes).
+      backend: "cpu" or "cuda".
+      device: e.g. "cpu (16 threads)" or "cuda:0 NVIDIA H100".
+      tensor_count, parameter_count: registered tensors and their total elements.
+      param_groups: list of ParamGroup.
+      server_version: the server's build version string.
+      max_message_bytes: the server's max receive message size in bytes.
+      param_copy_dtype: "bfloat16" / "float16" when the server keeps a low-precision copy of
+        the params for pulls, else None.
+    """
+
+    version: int
+    backend: str
+    device: str
+    tensor_count: int
+    parameter_count: int
+    param_groups: Tuple[ParamGroup, ...]
+    server_version: str
+    max_message_bytes: int
+    param_copy_dtype: Optional[str]
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+def _named_tensors(obj: ModelLike, prefix: str = "") -> List[Tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a module (named_parameters), a mapping or an iterable of pairs.
+
+    Raises:
+      TypeError: for anything else. ValueError: for repeated names.
+    """
+    if isinstance(obj, torch.nn.Module):
+        pairs = list(obj.named_parameters())
+    elif isinstance(obj, Mapping):
+        pairs = list(obj.items())
+    else:
+        try:
+            pairs = [tuple(p) for p in obj]
+        except TypeError:
+            raise TypeError(
+                "expected an nn.Module, a mapping name -> tensor or (name, tensor) pairs, got "
+                f"{type(obj).__name__}") from None
+    out = []
+    seen = set()
+    for pair in pairs:
+        if len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(pair[1], torch.Tensor):
+            raise TypeError(f"expected (str, torch.Tensor) pairs, got {pair!r:.80}")
+        name = prefix + pair[0]
+        if name in seen:
+            raise ValueError(f"tensor name {name!r} appears twice")
+        seen.add(name)
+        out.append((name, pair[1]))
+    return out
+
+
+def _check_sendable(name: str, t: torch.Tensor) -> None:
+    if t.layout != torch.strided:
+        raise TypeError(f"{name}: only dense tensors can be sent, got layout {t.layout}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating point tensor, got {t.dtype}")
+
+
+def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=None,
+                     maximize=None, decoupled_weight_decay=None) -> "pb.Hyperparameters":
+    h = pb.Hyperparameters()
+    if lr is not None:
+        h.lr = float(lr)
+    if betas is not None:
+        b1, b2 = betas
+        if b1 is not None:
+            h.beta1 = float(b1)
+        if b2 is not None:
+            h.beta2 = float(b2)
+    if eps is not None:
+        h.eps = float(eps)
+    if weight_decay is not None:
+        h.weight_decay = float(weight_decay)
+    if amsgrad is not None:
+        h.amsgrad = bool(amsgrad)
+    if maximize is not None:
+        h.maximize = bool(maximize)
+    if decoupled_weight_decay is not None:
+        h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
+                               else pb.WEIGHT_DECAY_MODE_L2)
+    return h
+
+
+def _chunk_messages(message_cls, items: Sequence[Tuple[str, torch.Tensor]], wire: str,
+                    max_message_bytes: int) -> Iterator:
+    """Request messages (of ``message_cls``, using its ``chunks`` field) carrying every element
+    of every tensor in ``items`` as ``wire``-dtype chunks. Converts one tensor at a time."""
+    numels = [(name, t.numel()) for name, t in items]
+    tensors = dict(items)
+    arrays: Dict[str, object] = {}
+    itemsize = _chunks.element_size(wire)
+    for plan in _chunks.plan_messages(numels, itemsize, max_message_bytes):
+        msg = message_cls()
+        for name, start, stop in plan:
+            arr = arrays.get(name)
+            if arr is None:
+                arr = arrays[name] = _chunks.to_wire_array(tensors[name], wire)
+            msg.chunks.add(tensor=name, offset=start, data=arr[start:stop].tobytes())
+            if stop == arr.shape[0]:
+                del arrays[name]
+        yield msg
+
+
+# ----------------------------------------------------------------------------------------------
+# Client
+# ----------------------------------------------------------------------------------------------
+
+class Client:
+    """A connection to one fusedps server (one shard).
+
+    Args:
+      target: "host:port" of the server (any gRPC target string).
+      max_chunk_bytes: upper bound, in bytes, of every request message the client sends (chunk
+        payloads plus framing) and the chunk size it asks for in pulls (capped at 4 MiB).
+        Default 1 MiB; at least 2048. Must not exceed the server's max_message_bytes.
+      client_id: default client id of pushes ("" disables retry detection).
+      timeout: deadline in seconds for every call, or None for none.
+      channel: an existing grpc.Channel to use instead of creating one from ``target`` (the
+        client then does not close it).
+      options: extra grpc channel options, as for grpc.insecure_channel.
+
+    The client is safe to use from one thread at a time; use one Client per thread otherwise.
+    Use it as a context manager, or call close().
+    """
+
+    def __init__(self, target: str, max_chunk_bytes: int = 1 << 20, *, client_id: str = "",
+                 timeout: Optional[float] = None, channel: Optional[grpc.Channel] = None,
+                 options: Sequence[Tuple[str, object]] = ()):
+        if int(max_chunk_bytes) < _chunks.MIN_MESSAGE_BYTES:
+            raise ValueError(
+                f"max_chunk_bytes must be >= {_chunks.MIN_MESSAGE_BYTES}, got {max_chunk_bytes}")
+        self.target = target
+        self.max_chunk_bytes = int(max_chunk_bytes)
+        self.client_id = client_id
+        self.timeout = timeout
+        self._owns_channel = channel is None
+        if channel is None:
+            opts = [("grpc.max_receive_message_length", -1),
+                    ("grpc.max_send_message_length", -1)]
+            opts.extend(options)
+            channel = grpc.insecure_channel(target, options=opts)
+        self._channel = channel
+        self._stub = pb_grpc.ParameterServiceStub(channel)
+        # The version of the most recent pull_parameters; the default base_version of pushes.
+        self.last_pulled_version = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the channel (if the client created it). Idempotent."""
+        if self._owns_channel and self._channel is not None:
+            self._channel.close()
+        self._channel = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel is connected.
+
+        Raises:
+          grpc.FutureTimeoutError: when the server is not reachable within ``timeout`` seconds.
+        """
+        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+
+    # -- param groups ---------------------------------------------------------------------------
+
+    def register_param_group(self, name: str, lr: Optional[float] = None,
+                             betas: Optional[Tuple[float, float]] = None,
+                             eps: Optional[float] = None, weight_decay: Optional[float] = None,
+                             amsgrad: Optional[bool] = None, maximize: Optional[bool] = None,
+                             decoupled_weight_decay: bool = True) -> ParamGroup:
+        """Registers a param group (a set of AdamW hyperparameters shared by tensors).
+
+        Arguments left None take torch.optim.AdamW's defaults on the server (lr 1e-3,
+        betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, amsgrad False, maximize False).
+        decoupled_weight_decay=False selects L2 decay, as torch.optim.Adam's weight_decay.
+        Registering an identical group again is a no-op.
+
+        Returns:
+          The group as stored, with defaults filled in (ParamGroup).
+        Raises:
+          grpc.RpcError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 chars);
+            ALREADY_EXISTS when a different group of that name exists.
+        """
+        req = pb.RegisterParamGroupRequest(param_group=pb.ParamGroup(
+            name=name,
+            hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, amsgrad, maximize,
+                                             decoupled_weight_decay)))
+        resp = self._stub.RegisterParamGroup(req, timeout=self.timeout)
+        return ParamGroup._from_pb(resp.param_group)
+
+    def set_hyperparameters(self, group: str, *, lr: Optional[float] = None,
+                            betas: Optional[Tuple[float, float]] = None,
+                            eps: Optional[float] = None, weight_decay: Optional[float] = None,
+                            maximize: Optional[bool] = None,
+                            decoupled_weight_decay: Optional[bool] = None) -> ParamGroup:
+        """Changes hyperparameters of a group at run time (e.g. an lr schedule).
+
+        Only the arguments given change; the next push uses the new values (like assigning
+        ``optimizer.param_groups[i]["lr"]``). amsgrad cannot change.
+
+        Returns:
+          The group after the change (ParamGroup).
+        Raises:
+          grpc.RpcError: NOT_FOUND for an unknown group, INVALID_ARGUMENT for bad values.
+        """
+        req = pb.SetHyperparametersRequest(
+            param_group=group,
+            hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, None, maximize,
+                                             decoupled_weight_decay))
+        resp = self._stub.SetHyperparameters(req, timeout=self.timeout)
+        return ParamGroup._from_pb(resp.param_group)
+
+    # -- tensors --------------------------------------------------------------------------------
+
+    def register_model(self, model_or_named_params: ModelLike, param_group: str = "default",
+                       prefix: str = "") -> RegisterResult:
+        """Registers tensors and streams their initial values (as float32) to the server.
+
+        Args:
+          model_or_named_params: an nn.Module (its named_parameters()), a mapping
+            name -> tensor, or an iterable of (name, tensor) pairs. Tensors may have any
+            floating dtype and device; they are sent as float32 (fp32 master copy on the server).
+          param_group: the (registered) group of every tensor given.
+          prefix: prepended to every name (e.g. "encoder." to share one server among models).
+
+        Tensors already registered with the same shape and group are left as they are on the
+        server (the values sent are ignored), so re-registering after a trainer restart is safe.
+        Large models are registered in several calls, each keeping its header under
+        max_chunk_bytes; each call is atomic on its own.
+
+        Returns:
+          RegisterResult (created / existing counts, version).
+        Raises:
+          grpc.RpcError: NOT_FOUND for an unknown param group; ALREADY_EXISTS when a name is
+            registered with another shape or group; INVALID_ARGUMENT for a bad name.
+          TypeError / ValueError: for non-float or sparse tensors, repeated names.
+        """
+        items = _named_tensors(model_or_named_params, prefix)
+        if not items:
+            raise ValueError("no tensors to register")
+        for name, t in items:
+            _check_sendable(name, t)
+        specs = [pb.TensorSpec(name=name, shape=list(t.shape), param_group=param_group)
+                 for name, t in items]
+        tensors = dict(items)
+        created = existing = 0
+        version = 0
+        for batch in _chunks.group_specs(specs, self.max_chunk_bytes - 64):
+            batch_items = [(s.name, tensors[s.name]) for s in batch]
+
+            def requests(batch=batch, batch_items=batch_items):
+                yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(tensors=batch))
+                yield from _chunk_messages(pb.RegisterTensorsRequest, batch_items, "float32",
+                                           self.max_chunk_bytes)
+
+            resp = self._stub.RegisterTensors(requests(), timeout=self.timeout)
+            created += resp.tensors_created
+            existing += resp.tensors_existing
+            version = resp.version
+        return RegisterResult(created, existing, version)
+
+    def push_gradients(self, model_or_dict: ModelLike, grad_dtype="float32",
+                       grad_scale: Optional[float] = None,
+                       tensors: Optional[Iterable[str]] = None, *,
+                       client_id: Optional[str] = None, sequence_number: int = 0,
+                       base_version: Optional[int] = None, prefix: str = "") -> PushResult:
+        """Pushes gradients: the server applies them as one AdamW step, atomically.
+
+        Args:
+          model_or_dict: where the gradients come from:
+            * an nn.Module or (name, param) pairs: each parameter's ``.grad``;
+            * a mapping name -> tensor: the tensors ARE the gradients (a value that is an
+              nn.Parameter is taken as the parameter, and its ``.grad`` is sent).
+            Gradients must have the registered shape (any floating dtype, any device).
+          grad_dtype: wire dtype of the gradients: "float32", "bfloat16" or "float16"
+            (torch dtypes accepted). Narrower dtypes round to nearest even, as tensor.to() does;
+            fp16 overflows to inf (and so the step is skipped). The server computes in fp32.
+          grad_scale: if given (> 0, finite), the server divides the gradients by it (undoing
+            loss scaling).
+          tensors: names (including prefix) to push; None means every parameter that has a
+            ``.grad`` (every entry of a mapping). Tensors not pushed keep their step count, as
+            in torch when ``p.grad is None``.
+          client_id: identifies the trainer for retry detection; None uses the client's
+            ``client_id``; "" disables it.
+          sequence_number: increasing per client_id; a push whose number is not above the last
+            applied one is not applied again (result.duplicate). 0 disables retry detection.
+          base_version: the model version the gradients were computed from; None sends the
+            version of this client's last pull_parameters.
+          prefix: prepended to the names taken from a module/pairs/mapping.
+
+        Returns:
+          PushResult: the new version, whether the step was skipped (non-finite gradient: then
+          nothing at all changed) and why, counts.
+        Raises:
+          ValueError: no gradients to push, a named tensor without ``.grad``, bad grad_scale or
+            grad_dtype. KeyError: a name in ``tensors`` that the model does not have.
+          grpc.RpcError: NOT_FOUND for a tensor the server does not have; INVALID_ARGUMENT for a
+            wrong size.
+        """
+        wire = _chunks.wire_dtype_name(grad_dtype)
+        if grad_scale is not None:
+            grad_scale = float(grad_scale)
+            if not (grad_scale > 0 and math.isfinite(grad_scale)):
+                raise ValueError(f"grad_scale must be > 0 and finite, got {grad_scale}")
+        pairs = _named_tensors(model_or_dict, prefix)
+        as_grads = isinstance(model_or_dict, Mapping)
+        grads: Dict[str, Optional[torch.Tensor]] = {}
+        for name, t in pairs:
+            if as_grads and not isinstance(t, torch.nn.Parameter):
+                grads[name] = t
+            else:
+                grads[name] = t.grad
+        if tensors is None:
+            names = [n for n, g in grads.items() if g is not None]
+        else:
+            if isinstance(tensors, str):
+                tensors = [tensors]
+            names = list(tensors)
+            if len(set(names)) != len(names):
+                raise ValueError("a tensor is named twice in tensors")
+            for n in names:
+                if n not in grads:
+                    raise KeyError(f"no tensor named {n!r} (prefix {prefix!r})")
+                if grads[n] is None:
+                    raise ValueError(f"tensor {n!r} has no .grad")
+        if not names:
+            raise ValueError("no gradients to push (no parameter has .grad)")
+        items = [(n, grads[n]) for n in names]
+        for name, g in items:
+            _check_sendable(name, g)
+
+        header = pb.PushHeader(
+            client_id=self.client_id if client_id is None else client_id,
+            sequence_number=int(sequence_number),
+            grad_dtype=_DTYPE_TO_PB[wire],
+            base_version=self.last_pulled_version if base_version is None else int(base_version),
+            tensors=names,  # always explicit: an empty list would mean "every tensor"
+        )
+        if grad_scale is not None:
+            header.grad_scale = grad_scale
+
+        def requests():
+            yield pb.PushGradientsRequest(header=header)
+            yield from _chunk_messages(pb.PushGradientsRequest, items, wire, self.max_chunk_bytes)
+
+        r = self._stub.PushGradients(requests(), timeout=self.timeout)
+        return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
+                          int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate))
+
+    def pull_parameters(self, model_or_names=None, dtype="float32", *,
+                        prefix: str = "") -> PulledTensors:
+        """Pulls parameters (the server's fp32 master, or a bfloat16 rendering of it).
+
+        Args:
+          model_or_names: one of
+            * an nn.Module, a mapping name -> tensor or (name, tensor) pairs: the tensors are
+              pulled and copied into them in place (converted to their dtype and device; shapes
+              must match);
+            * a list of names, or one name: those tensors are returned only;
+            * None: every tensor of the shard is returned.
+            An empty list or a module without parameters is a ValueError.
+          dtype: "float32" (exact master values) or "bfloat16" (rounded to nearest even, or the
+            server's bf16 copy when it keeps one).
+          prefix: prepended to the names taken from a module/mapping/pairs.
+
+        Returns:
+          PulledTensors: name -> CPU tensor (torch.float32 or torch.bfloat16) with the
+          registered shape, plus ``.version`` and ``.steps``. Every tensor was read at the
+          same version.
+        Raises:
+          grpc.RpcError: NOT_FOUND for an unknown name; INVALID_ARGUMENT for a bad dtype.
+          ValueError: a local tensor whose shape differs from the server's.
+          RuntimeError: the server's reply did not cover every element exactly.
+        """
+        wire = _chunks.wire_dtype_name(dtype)
+        if wire == "float16":
+            raise ValueError("pulls support dtype 'float32' or 'bfloat16'")
+        targets, names = self._targets_and_names(model_or_names, prefix)
+        out = self._pull(names, wire, pb.TENSOR_FIELD_PARAM)
+        if targets:
+            with torch.no_grad():
+                for name, t in targets:
+                    src = out[name]
+                    if tuple(src.shape) != tuple(t.shape):
+                        raise ValueError(f"{name}: server shape {tuple(src.shape)} != local "
+                                         f"shape {tuple(t.shape)}")
+                    t.copy_(src)
+        self.last_pulled_version = out.version
+        return out
+
+    def pull_state(self, field: str = "exp_avg", names=None, *, prefix: str = ""
+                   ) -> Tuple[Dict[str, torch.Tensor], int, Dict[str, int]]:
+        """Reads one stored fp32 array per tensor (for checkpoints, tests and debugging).
+
+        Args:
+          field: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad groups only) or "param".
+          names: names, one name, a module/mapping/pairs (their names, with ``prefix``), or
+            None for every tensor of the shard.
+
+        Returns:
+          (tensors, version, steps): name -> torch.float32 CPU tensor with the registered
+          shape; the shard version it was read at; name -> steps applied (int). Names follow
+          the server's order. The optimizer state of a tensor that was never stepped is zeros,
+          as torch's would be after its first (zero-gradient-free) initialization.
+        Raises:
+          ValueError: unknown field. grpc.RpcError: NOT_FOUND for unknown names;
+          INVALID_ARGUMENT / FAILED_PRECONDITION for max_exp_avg_sq without amsgrad.
+        """
+        if field not in _FIELDS:
+            raise ValueError(f"field must be one of {sorted(_FIELDS)}, got {field!r}")
+        _, names = self._targets_and_names(names, prefix)
+        out = self._pull(names, "float32", _FIELDS[field])
+        return dict(out), out.version, out.steps
+
+    def info(self) -> ServerInfo:
+        """Server facts: version, backend, device, counts, param groups, limits (ServerInfo)."""
+        r = self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+        return ServerInfo(
+            version=int(r.version), backend=r.backend, device=r.device,
+            tensor_count=int(r.tensor_count), parameter_count=int(r.parameter_count),
+            param_groups=tuple(ParamGroup._from_pb(g) for g in r.param_groups),
+            server_version=r.server_version, max_message_bytes=int(r.max_message_bytes),
+            param_copy_dtype=_PB_TO_DTYPE.get(r.param_copy_dtype))
+
+    def list_tensors(self) -> TensorList:
+        """Every registered tensor (TensorInfo: name, shape, group, step, numel), with
+        ``.version``."""
+        r = self._stub.ListTensors(pb.ListTensorsRequest(), timeout=self.timeout)
+        return TensorList((TensorInfo._from_pb(t) for t in r.tensors), int(r.version))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _targets_and_names(obj, prefix: str):
+        """(targets to copy into, names to request) for the accepted 'what to pull' forms."""
+        if obj is None:
+            return [], []
+        if isinstance(obj, str):
+            return [], [obj]
+        if isinstance(obj, (torch.nn.Module, Mapping)):
+            targets = _named_tensors(obj, prefix)
+        else:
+            items = list(obj)
+            if items and all(isinstance(x, str) for x in items):
+                if len(set(items)) != len(items):
+                    raise ValueError("a tensor is named twice")
+                return [], items
+            targets = _named_tensors(items, prefix)
+        if not targets:
+            # An empty request would mean "every tensor of the shard"; None says that.
+            raise ValueError("nothing to pull (use None for every tensor)")
+        return targets, [n for n, _ in targets]
+
+    def _pull(self, names: List[str], wire: str, field: int) -> PulledTensors:
+        req = pb.PullParametersRequest(
+            tensors=names, dtype=_DTYPE_TO_PB[wire], field=field,
+            max_chunk_bytes=min(self.max_chunk_bytes, _MAX_PULL_CHUNK_BYTES))
+        arrays: Dict[str, object] = {}
+        counts: Dict[str, int] = {}
+        infos: List[TensorInfo] = []
+        version = None
+        for resp in self._stub.PullParameters(req, timeout=self.timeout):
+            if resp.HasField("header"):
+                if version is not None:
+                    raise RuntimeError("pull: the server sent two headers")
+                h = resp.header
+                version = int(h.version)
+                if h.dtype not in (pb.DTYPE_UNSPECIFIED, _DTYPE_TO_PB[wire]):
+                    raise RuntimeError(f"pull: asked for {wire}, server sent dtype {h.dtype}")
+                for t in h.tensors:
+                    info = TensorInfo._from_pb(t)
+                    infos.append(info)
+                    arrays[info.name] = _chunks.empty_wire_array(info.numel, wire)
+                    counts[info.name] = 0
+            elif version is None and len(resp.chunks):
+                raise RuntimeError("pull: chunks arrived before the header")
+            for c in resp.chunks:
+                arr = arrays.get(c.tensor)
+                if arr is None:
+                    raise RuntimeError(f"pull: chunk for unexpected tensor {c.tensor!r}")
+                try:
+                    counts[c.tensor] += _chunks.decode_into(arr, int(c.offset), c.data)
+                except ValueError as e:
+                    raise RuntimeError(f"pull: tensor {c.tensor!r}: {e}") from None
+        if version is None:
+            raise RuntimeError("pull: the server sent no header")
+        for info in infos:
+            if counts[info.name] != info.numel:
+                raise RuntimeError(f"pull: tensor {info.name!r}: received {counts[info.name]} "
+                                   f"of {info.numel} elements")
+        if names:
+            missing = set(names) - set(arrays)
+            if missing:
+                raise RuntimeError(f"pull: the server did not return {sorted(missing)[:5]}")
+        return PulledTensors(
+            ((i.name, _chunks.from_wire_array(arrays[i.name], wire, i.shape)) for i in infos),
+            version=version, steps={i.name: i.step for i in infos}, dtype=wire)

@@ -1,0 +1,197 @@
+#include "client/wire.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/support/status.h"
+#include "kernels/adamw_math.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fusedps's wire format is little-endian; this client assumes a little-endian host"
+#endif
+
+namespace fusedps::client::internal {
+
+absl::StatusOr<std::vector<MessagePlan>> PlanChunks(absl::Span<const TensorExtent> tensors,
+                                                    size_t element_bytes, size_t max_chunk_bytes) {
+  if (element_bytes == 0 || max_chunk_bytes < element_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes ", max_chunk_bytes, " holds no element of ", element_bytes, " bytes"));
+  }
+  const uint64_t elements_per_message = max_chunk_bytes / element_bytes;
+  std::vector<MessagePlan> plan;
+  MessagePlan message;
+  uint64_t message_numel = 0;
+  size_t message_metadata = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const size_t chunk_metadata = tensors[t].name_bytes + kChunkFramingBytes;
+    for (uint64_t offset = 0; offset < tensors[t].numel;) {
+      const bool payload_full = message_numel == elements_per_message;
+      const bool metadata_full = message_metadata + chunk_metadata > kMaxChunkMetadataBytes;
+      if (!message.empty() && (payload_full || metadata_full)) {
+        plan.push_back(std::move(message));
+        message.clear();
+        message_numel = 0;
+        message_metadata = 0;
+      }
+      const uint64_t numel =
+          std::min(tensors[t].numel - offset, elements_per_message - message_numel);
+      message.push_back({t, offset, numel});
+      message_numel += numel;
+      message_metadata += chunk_metadata;
+      offset += numel;
+    }
+  }
+  if (!message.empty()) plan.push_back(std::move(message));
+  return plan;
+}
+
+std::vector<std::vector<size_t>> PartitionTensors(absl::Span<const uint64_t> numels, int parts) {
+  const size_t group_count = std::min(numels.size(), static_cast<size_t>(std::max(parts, 1)));
+  std::vector<std::vector<size_t>> groups(group_count);
+  if (group_count == 0) return groups;
+  std::vector<size_t> by_size(numels.size());
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return numels[a] > numels[b]; });
+  std::vector<uint64_t> load(group_count, 0);
+  for (size_t index : by_size) {
+    const size_t lightest = std::min_element(load.begin(), load.end()) - load.begin();
+    groups[lightest].push_back(index);
+    load[lightest] += std::max<uint64_t>(numels[index], 1);
+  }
+  for (std::vector<size_t>& group : groups) std::sort(group.begin(), group.end());
+  std::sort(groups.begin(), groups.end(),
+            [](const std::vector<size_t>& a, const std::vector<size_t>& b) { return a[0] < b[0]; });
+  return groups;
+}
+
+absl::StatusOr<uint64_t> NumElements(absl::Span<const int64_t> shape) {
+  uint64_t numel = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("negative dim ", dim));
+    if (dim != 0 && numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) /
+                                static_cast<uint64_t>(dim)) {
+      return absl::InvalidArgumentError("shape has more than 2^63 - 1 elements");
+    }
+    numel *= static_cast<uint64_t>(dim);
+  }
+  return numel;
+}
+
+size_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+void EncodeElements(absl::Span<const float> values, DType dtype, std::string* out) {
+  out->resize(values.size() * ElementBytes(dtype));
+  char* bytes = out->data();
+  switch (dtype) {
+    case DType::kFloat32:
+      if (!values.empty()) std::memcpy(bytes, values.data(), out->size());
+      return;
+    case DType::kBFloat16:
+      for (size_t i = 0; i < values.size(); ++i) {
+        const uint16_t element = FloatToBFloat16(values[i]);
+        std::memcpy(bytes + 2 * i, &element, 2);
+      }
+      return;
+    case DType::kFloat16:
+      for (size_t i = 0; i < values.size(); ++i) {
+        const uint16_t element = FloatToFloat16(values[i]);
+        std::memcpy(bytes + 2 * i, &element, 2);
+      }
+      return;
+  }
+}
+
+void DecodeElements(absl::string_view data, DType dtype, absl::Span<float> out) {
+  const char* bytes = data.data();
+  switch (dtype) {
+    case DType::kFloat32:
+      if (!out.empty()) std::memcpy(out.data(), bytes, out.size() * 4);
+      return;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      for (size_t i = 0; i < out.size(); ++i) {
+        uint16_t element;
+        std::memcpy(&element, bytes + 2 * i, 2);
+        out[i] = dtype == DType::kBFloat16 ? BFloat16ToFloat(element) : Float16ToFloat(element);
+      }
+      return;
+  }
+}
+
+absl::Status ToAbslStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // gRPC's and absl's codes are both google.rpc.Code.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+v1::DType ToProtoDType(DType dtype) { return static_cast<v1::DType>(dtype); }
+
+absl::StatusOr<DType> FromProtoDType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown wire dtype ", dtype));
+  }
+}
+
+v1::TensorField ToProtoField(TensorField field) { return static_cast<v1::TensorField>(field); }
+
+v1::Hyperparameters ToProtoHyperparameters(const ParamGroupOptions& options) {
+  v1::Hyperparameters hyper;
+  if (options.lr) hyper.set_lr(*options.lr);
+  if (options.beta1) hyper.set_beta1(*options.beta1);
+  if (options.beta2) hyper.set_beta2(*options.beta2);
+  if (options.eps) hyper.set_eps(*options.eps);
+  if (options.weight_decay) hyper.set_weight_decay(*options.weight_decay);
+  if (options.amsgrad) hyper.set_amsgrad(*options.amsgrad);
+  if (options.maximize) hyper.set_maximize(*options.maximize);
+  if (options.weight_decay_mode) {
+    hyper.set_weight_decay_mode(static_cast<v1::WeightDecayMode>(*options.weight_decay_mode));
+  }
+  return hyper;
+}
+
+ParamGroupOptions FromProtoHyperparameters(const v1::Hyperparameters& hyper) {
+  ParamGroupOptions options;
+  if (hyper.has_lr()) options.lr = hyper.lr();
+  if (hyper.has_beta1()) options.beta1 = hyper.beta1();
+  if (hyper.has_beta2()) options.beta2 = hyper.beta2();
+  if (hyper.has_eps()) options.eps = hyper.eps();
+  if (hyper.has_weight_decay()) options.weight_decay = hyper.weight_decay();
+  if (hyper.has_amsgrad()) options.amsgrad = hyper.amsgrad();
+  if (hyper.has_maximize()) options.maximize = hyper.maximize();
+  if (hyper.has_weight_decay_mode()) {
+    // UNSPECIFIED means decoupled (see the proto).
+    options.weight_decay_mode = hyper.weight_decay_mode() == v1::WEIGHT_DECAY_MODE_L2
+                                    ? WeightDecayMode::kL2
+                                    : WeightDecayMode::kDecoupled;
+  }
+  return options;
+}
+
+ParamGroup FromProtoParamGroup(const v1::ParamGroup& group) {
+  return ParamGroup{group.name(), FromProtoHyperparameters(group.hyperparameters())};
+}
+
+TensorInfo FromProtoTensorInfo(const v1::TensorInfo& info) {
+  TensorInfo out;
+  out.name = info.name();
+  out.shape.assign(info.shape().begin(), info.shape().end());
+  out.param_group = info.param_group();
+  out.step = info.step();
+  out.numel = info.numel();
+  return out;
+}
+
+}  // namespace fusedps::client::internal
