@@ -18,6 +18,7 @@
 #define FUSEDPS_KERNELS_BACKEND_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -48,7 +49,7 @@ struct NewTensor {
 // The gradients of one push, in one dtype.
 // Tensor tensors[i]'s grads are elements [grad_offsets[i], grad_offsets[i] + numel) of grads.
 // grads == nullptr means the backend's own staging, filled earlier by StageGrads (on a GPU
-// backend: device memory, so the step copies nothing).
+// backend: device memory, so the step copies nothing); StageGrads checked those for finiteness.
 // REQUIRES: tensors are distinct and registered; grad_offsets[i] is a multiple of 8 (16 bytes
 // in any dtype) so that vector loads are legal.
 struct StepRequest {
@@ -101,12 +102,25 @@ class OptimizerBackend {
   // outcome says skipped. Each updated tensor's step advances by one.
   virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
 
-  // Copies `bytes` of gradients from host memory into the backend's staging at byte_offset
-  // (growing it as needed), for a later Step with grads == nullptr.
-  virtual absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t bytes) = 0;
+  // Copies `count` gradients of one dtype from host memory into the backend's staging at
+  // byte_offset (growing it as needed), for a later Step with grads == nullptr, and checks them
+  // for non-finite values (after division by grad_scale, <= 0: none): the next such Step is
+  // skipped if any staged since the previous one was not finite. Stage payloads only, never
+  // the padding between tensors.
+  virtual absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
+                                  GradDType dtype, float grad_scale) = 0;
 
   // Kernel launches (CUDA) or parallel passes (CPU) so far, for metrics.
   virtual uint64_t launches_total() const = 0;
+
+  // The same launches by kernel name, counted where each is launched (the CUDA backend's
+  // launch wrapper; the CPU backend's parallel pass "cpu_adamw_apply"). Sums to launches_total().
+  virtual std::map<std::string, uint64_t> launch_counts() const = 0;
+
+  // Bytes allocated for each arena, for metrics: "params", "exp_avg", "exp_avg_sq",
+  // "max_exp_avg_sq", "param_copy", "grad_staging" (device memory on a GPU backend, host memory
+  // on the CPU backend; 0 for an arena not in use).
+  virtual std::map<std::string, uint64_t> memory_bytes() const = 0;
 
   // Seconds the device spent on the last Step's kernels, from CUDA events around them; the
   // CPU backend reports its wall time.

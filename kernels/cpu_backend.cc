@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "kernels/grad_check.h"
 
 namespace fusedps {
 namespace {
@@ -38,13 +39,6 @@ void UpdateRange(const AdamWStepScalars& s, const void* grads, uint64_t grad_off
   } else if (copy_dtype == ParamCopyDType::kFloat16) {
     for (uint64_t i = begin; i < end; ++i) copy[i] = FloatToFloat16(params[i]);
   }
-}
-
-template <GradDType kDType>
-bool AllFinite(const void* grads, uint64_t begin, uint64_t end) {
-  bool finite = true;
-  for (uint64_t i = begin; i < end; ++i) finite &= std::isfinite(LoadGrad(grads, kDType, i));
-  return finite;
 }
 
 class CpuBackend final : public OptimizerBackend {
@@ -141,9 +135,23 @@ class CpuBackend final : public OptimizerBackend {
   uint32_t tensor_count() const override { return static_cast<uint32_t>(offsets_.size()); }
   uint64_t numel(uint32_t tensor) const override { return numels_[tensor]; }
   uint64_t launches_total() const override { return launches_; }
+  std::map<std::string, uint64_t> launch_counts() const override {
+    return {{"cpu_adamw_apply", launches_}};
+  }
+  std::map<std::string, uint64_t> memory_bytes() const override {
+    return {{"params", params_.capacity() * sizeof(float)},
+            {"exp_avg", exp_avg_.capacity() * sizeof(float)},
+            {"exp_avg_sq", exp_avg_sq_.capacity() * sizeof(float)},
+            {"max_exp_avg_sq", max_exp_avg_sq_.capacity() * sizeof(float)},
+            {"param_copy", copy_.capacity() * sizeof(uint16_t)},
+            {"grad_staging", staging_.capacity() * sizeof(uint64_t)}};
+  }
   double last_step_device_seconds() const override { return last_step_seconds_; }
 
-  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t bytes) override {
+  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
+                          GradDType dtype, float grad_scale) override {
+    const uint64_t bytes = count * DTypeSize(dtype);
+    staged_non_finite_ |= !GradsAllFinite(data, dtype, count, grad_scale);
     try {
       if (staging_.size() * 8 < byte_offset + bytes) staging_.resize((byte_offset + bytes + 7) / 8);
     } catch (const std::bad_alloc&) {
@@ -157,8 +165,16 @@ class CpuBackend final : public OptimizerBackend {
   absl::StatusOr<StepOutcome> Step(const StepRequest& given) override {
     const auto start = std::chrono::steady_clock::now();
     StepRequest request = given;
-    if (request.grads == nullptr) request.grads = staging_.data();
-    absl::StatusOr<StepOutcome> outcome = StepOn(request);
+    bool finite;
+    if (request.grads == nullptr) {
+      request.grads = staging_.data();
+      finite = !staged_non_finite_;
+      staged_non_finite_ = false;
+    } else {
+      finite = PushGradsAllFinite(request, [this](uint32_t t) { return numels_[t]; });
+    }
+    absl::StatusOr<StepOutcome> outcome =
+        finite ? StepOn(request) : StepOutcome{.skipped = true, .tensors_updated = 0};
     last_step_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return outcome;
@@ -174,16 +190,6 @@ class CpuBackend final : public OptimizerBackend {
       }
     }
     const int64_t piece_count = static_cast<int64_t>(pieces.size());
-
-    bool finite = true;
-    ++launches_;
-#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1) reduction(&& : finite)
-    for (int64_t k = 0; k < piece_count; ++k) {
-      const Piece& p = pieces[k];
-      const uint64_t base = request.grad_offsets[p.request_index];
-      finite = finite && CheckFinite(request, base + p.begin, base + p.end);
-    }
-    if (!finite) return StepOutcome{.skipped = true, .tensors_updated = 0};
 
     std::vector<AdamWStepScalars> scalars(request.tensors.size());
     for (size_t r = 0; r < request.tensors.size(); ++r) {
@@ -221,18 +227,6 @@ class CpuBackend final : public OptimizerBackend {
     for (uint32_t t : request.tensors) ++steps_[t];
     return StepOutcome{.skipped = false,
                        .tensors_updated = static_cast<uint32_t>(request.tensors.size())};
-  }
-
-  static bool CheckFinite(const StepRequest& request, uint64_t begin, uint64_t end) {
-    switch (request.grad_dtype) {
-      case GradDType::kBFloat16:
-        return AllFinite<GradDType::kBFloat16>(request.grads, begin, end);
-      case GradDType::kFloat16:
-        return AllFinite<GradDType::kFloat16>(request.grads, begin, end);
-      case GradDType::kFloat32:
-      default:
-        return AllFinite<GradDType::kFloat32>(request.grads, begin, end);
-    }
   }
 
   absl::Status Resize(uint64_t numel) {
@@ -284,6 +278,7 @@ class CpuBackend final : public OptimizerBackend {
   uint64_t launches_ = 0;
   double last_step_seconds_ = 0;
   std::vector<uint64_t> staging_;  // StageGrads' buffer, 8-byte words.
+  bool staged_non_finite_ = false;
 };
 
 }  // namespace

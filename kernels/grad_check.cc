@@ -1,0 +1,74 @@
+#include "kernels/grad_check.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace fusedps {
+namespace {
+
+constexpr uint64_t kPieceNumel = 64 * 1024;
+
+template <GradDType kDType>
+bool RangeFinite(const void* grads, uint64_t begin, uint64_t end, float inv_scale) {
+  bool finite = true;
+  for (uint64_t i = begin; i < end; ++i) {
+    finite &= std::isfinite(LoadGrad(grads, kDType, i) * inv_scale);
+  }
+  return finite;
+}
+
+bool RangeFinite(const void* grads, GradDType dtype, uint64_t begin, uint64_t end,
+                 float inv_scale) {
+  switch (dtype) {
+    case GradDType::kBFloat16:
+      return RangeFinite<GradDType::kBFloat16>(grads, begin, end, inv_scale);
+    case GradDType::kFloat16:
+      return RangeFinite<GradDType::kFloat16>(grads, begin, end, inv_scale);
+    case GradDType::kFloat32:
+    default:
+      return RangeFinite<GradDType::kFloat32>(grads, begin, end, inv_scale);
+  }
+}
+
+struct Range {
+  uint64_t begin, end;
+};
+
+bool RangesFinite(const void* grads, GradDType dtype, const std::vector<Range>& ranges,
+                  float grad_scale) {
+  const float inv_scale = grad_scale > 0 ? 1.0f / grad_scale : 1.0f;
+  const int64_t n = static_cast<int64_t>(ranges.size());
+  bool finite = true;
+#pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite) if (n > 1)
+  for (int64_t k = 0; k < n; ++k) {
+    finite = finite && RangeFinite(grads, dtype, ranges[k].begin, ranges[k].end, inv_scale);
+  }
+  return finite;
+}
+
+void AddPieces(uint64_t begin, uint64_t end, std::vector<Range>& out) {
+  for (uint64_t b = begin; b < end; b += kPieceNumel) out.push_back({b, std::min(end, b + kPieceNumel)});
+}
+
+}  // namespace
+
+bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale) {
+  std::vector<Range> ranges;
+  AddPieces(0, count, ranges);
+  return RangesFinite(grads, dtype, ranges, grad_scale);
+}
+
+bool PushGradsAllFinite(const StepRequest& request,
+                        const std::function<uint64_t(uint32_t tensor)>& numel) {
+  std::vector<Range> ranges;
+  for (size_t r = 0; r < request.tensors.size(); ++r) {
+    const uint64_t begin = request.grad_offsets[r];
+    AddPieces(begin, begin + numel(request.tensors[r]), ranges);
+  }
+  return RangesFinite(request.grads, request.grad_dtype, ranges, request.grad_scale);
+}
+
+}  // namespace fusedps

@@ -1,0 +1,29 @@
+// grad_check.h: the all-or-nothing check for non-finite gradients, on the host.
+//
+// Gradients reach a fusedps server through host memory (the network, then staging), so the
+// check runs where each payload is staged, on the CPU, in parallel. A device-side check would
+// read every gradient a second time (4 of the 28 bytes an fp32 step moves per parameter); this
+// way the device step is a single launch over bytes it must move anyway.
+#ifndef FUSEDPS_KERNELS_GRAD_CHECK_H_
+#define FUSEDPS_KERNELS_GRAD_CHECK_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "kernels/adamw_math.h"
+#include "kernels/backend.h"
+
+namespace fusedps {
+
+// True when all `count` elements at `grads` are finite once multiplied by 1 / grad_scale
+// (grad_scale <= 0: none), as AdamWUpdate will use them. Uses OpenMP threads for large counts.
+bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale);
+
+// The same over a push's tensors: element ranges [grad_offsets[i], + numel(tensors[i])) of
+// request.grads (host memory). Padding between tensors is not read.
+bool PushGradsAllFinite(const StepRequest& request,
+                        const std::function<uint64_t(uint32_t tensor)>& numel);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_KERNELS_GRAD_CHECK_H_
