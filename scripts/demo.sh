@@ -33,7 +33,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 "$build/server/fusedps-server" --listen=127.0.0.1:0 --port-file="$tmp/port" \
-  --device="${FUSEDPS_DEVICE:-auto}" >"$log" 2>&1 &
+  --metrics-listen=127.0.0.1:0 --device="${FUSEDPS_DEVICE:-auto}" >"$log" 2>&1 &
 server_pid=$!
 
 for ((i = 0; i < 300; i++)); do

@@ -21,7 +21,7 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tens
   for (uint32_t i = 0; i < a.tensors_.size(); ++i) {
     a.index_.emplace(a.tensors_[i].name, i);
     a.staging_offsets_.push_back(total);
-    total += AlignedNumel(a.tensors_[i].numel);
+    if (a.tensors_[i].required) total += AlignedNumel(a.tensors_[i].numel);
   }
   a.received_.assign(a.tensors_.size(), 0);
   a.ranges_.resize(a.tensors_.size());
@@ -70,17 +70,18 @@ absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
   } else {
     ranges.emplace(offset, offset + count);
   }
+  received_[t] += count;
+  if (!tensors_[t].required) return absl::OkStatus();
   char* dst = reinterpret_cast<char*>(staging_.data()) +
               (staging_offsets_[t] + offset) * static_cast<uint64_t>(element_size_);
   std::memcpy(dst, data.data(), data.size());
-  received_[t] += count;
   bytes_received_ += data.size();
   return absl::OkStatus();
 }
 
 absl::Status ChunkAssembler::Finish() const {
   for (uint32_t t = 0; t < tensors_.size(); ++t) {
-    if (received_[t] != tensors_[t].numel) {
+    if (tensors_[t].required && received_[t] != tensors_[t].numel) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", tensors_[t].name, "' received ",
                                                      received_[t], " of its ", tensors_[t].numel,
                                                      " elements: chunks are missing"));

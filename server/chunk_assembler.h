@@ -35,6 +35,9 @@ class ChunkAssembler {
   struct Expected {
     std::string name;
     uint64_t numel;
+    // False: chunks of this tensor are checked like any other (range, overlap) but not
+    // stored, and Finish does not require them (a re-registered tensor's values).
+    bool required = true;
   };
 
   // REQUIRES: names are distinct (the caller has checked). element_size is 2 or 4.

@@ -1,6 +1,8 @@
 // fusedps-server: serves one shard of parameters and AdamW state over gRPC.
 //
-//   fusedps-server --listen=0.0.0.0:50051 --device=auto
+//   fusedps-server --listen=0.0.0.0:50051 --device=auto --metrics-listen=0.0.0.0:9464
+//
+// Prometheus metrics (docs/metrics.md) are served at http://<--metrics-listen>/metrics.
 //
 // SIGTERM or SIGINT: stop accepting calls, finish the calls in flight (at most
 // --shutdown-grace-seconds), apply every complete push, exit 0.
@@ -26,6 +28,10 @@ ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 means one per core");
 ABSL_FLAG(std::string, param_copy_dtype, "none",
           "low-precision param copy kept for pulls: none, bf16 or fp16");
 ABSL_FLAG(uint64_t, max_message_bytes, 8 << 20, "gRPC max receive and send message size");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "HTTP address of Prometheus /metrics, HOST:PORT; port 0 picks one; empty disables");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "once serving, write the bound /metrics port to this file (atomically)");
 ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
@@ -67,6 +73,7 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.backend.threads = absl::GetFlag(FLAGS_threads);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   absl::StatusOr<fusedps::ParamCopyDType> copy =
       fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
   if (!copy.ok()) {
@@ -84,6 +91,19 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "fusedps-server listening on %s:%d (backend %s, device %s)\n",
                host.c_str(), (*server)->port(), (*server)->store().backend_name().c_str(),
                (*server)->store().device().c_str());
+  if (!options.metrics_listen.empty()) {
+    const std::string metrics_host =
+        options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
+    std::fprintf(stderr, "fusedps-server metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
+                 (*server)->metrics_port());
+  }
+  // The metrics port file first: once the gRPC port file exists, both are there.
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  if (!metrics_port_file.empty() && !WritePortFile(metrics_port_file, (*server)->metrics_port())) {
+    std::fprintf(stderr, "fusedps-server: cannot write --metrics-port-file %s\n",
+                 metrics_port_file.c_str());
+    return 1;
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     std::fprintf(stderr, "fusedps-server: cannot write --port-file %s\n", port_file.c_str());

@@ -7,6 +7,10 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend_factory.h"
 
+#ifndef FUSEDPS_VERSION
+#define FUSEDPS_VERSION "dev"
+#endif
+
 namespace fusedps {
 
 absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
@@ -24,8 +28,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   std::unique_ptr<Server> server(new Server());
   server->store_ = std::make_unique<ShardStore>(*std::move(backend));
   server->engine_ = std::make_unique<UpdateEngine>(server->store_.get());
-  server->service_ = std::make_unique<ParameterServiceImpl>(
-      server->store_.get(), server->engine_.get(), options.max_message_bytes);
+  ShardStore* store = server->store_.get();
+  server->metrics_ = std::make_unique<Metrics>(
+      Metrics::BuildInfo{FUSEDPS_VERSION, store->backend_name(), store->device()}, [store] {
+        return ShardMetrics{store->parameter_count(), store->version(), store->launch_counts(),
+                            store->memory_bytes()};
+      });
+  if (!options.metrics_listen.empty()) {
+    if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
+  }
+  server->service_ =
+      std::make_unique<ParameterServiceImpl>(server->store_.get(), server->engine_.get(),
+                                             server->metrics_.get(), options.max_message_bytes);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

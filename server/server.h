@@ -1,5 +1,6 @@
 // server.h: a running fusedps server: gRPC ParameterService, health and reflection, over one
-// shard. Used by main.cc and by tests that start servers in-process on port 0.
+// shard, and its Prometheus metrics (served over HTTP when options.metrics_listen is set).
+// Used by main.cc and by tests that start servers in-process on port 0.
 //
 // Usage:
 //   ServerOptions options;
@@ -17,6 +18,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
+#include "server/metrics.h"
 #include "server/service.h"
 #include "server/shard_store.h"
 #include "server/update_engine.h"
@@ -28,17 +30,23 @@ struct ServerOptions {
   std::string device = "auto";           // auto | cpu | cuda | cuda:N
   BackendOptions backend;
   uint64_t max_message_bytes = 8 << 20;  // gRPC max receive message size.
+  // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
+  // metrics are still kept, see Server::metrics()).
+  std::string metrics_listen;
 };
 
 class Server {
  public:
-  // Errors: INVALID_ARGUMENT for a bad option, UNAVAILABLE when the device or the address
-  // cannot be had.
+  // Errors: INVALID_ARGUMENT for a bad option, UNAVAILABLE when the device, the address or the
+  // metrics address cannot be had.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();
 
   int port() const { return port_; }
+  // The bound /metrics port, or 0 when metrics are not served.
+  int metrics_port() const { return metrics_->port(); }
   ShardStore& store() { return *store_; }
+  Metrics& metrics() { return *metrics_; }
 
   // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
   // them), and applies every push already complete. Idempotent.
@@ -52,6 +60,7 @@ class Server {
 
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<UpdateEngine> engine_;
+  std::unique_ptr<Metrics> metrics_;  // Destroyed (its HTTP endpoint stopped) before store_.
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -6,6 +6,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/chunk_assembler.h"
 
 #ifndef FUSEDPS_VERSION
@@ -18,6 +20,7 @@ namespace {
 constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
 constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
 constexpr uint32_t kMinPullChunkBytes = 16;
+constexpr char kSkipNonFiniteGrad[] = "non_finite_grad";
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -148,8 +151,8 @@ absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& he
 }  // namespace
 
 ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, UpdateEngine* engine,
-                                           uint64_t max_message_bytes)
-    : store_(store), engine_(engine), max_message_bytes_(max_message_bytes) {}
+                                           Metrics* metrics, uint64_t max_message_bytes)
+    : store_(store), engine_(engine), metrics_(metrics), max_message_bytes_(max_message_bytes) {}
 
 grpc::Status ParameterServiceImpl::RegisterParamGroup(grpc::ServerContext*,
                                                       const v1::RegisterParamGroupRequest* request,
@@ -177,9 +180,11 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
   }
   std::vector<bool> is_new;
   if (absl::Status s = store_->CheckTensorSpecs(specs, &is_new); !s.ok()) return ToGrpc(s);
+  // Values are required for new tensors only; those of registered ones are checked, then
+  // ignored.
   std::vector<ChunkAssembler::Expected> expected;
-  for (const TensorSpec& spec : specs) {
-    expected.push_back({spec.name, *ShardStore::NumelOf(spec.shape)});
+  for (size_t i = 0; i < specs.size(); ++i) {
+    expected.push_back({specs[i].name, *ShardStore::NumelOf(specs[i].shape), is_new[i]});
   }
   absl::StatusOr<ChunkAssembler> assembler = ChunkAssembler::Create(std::move(expected), 4);
   if (!assembler.ok()) return ToGrpc(assembler.status());
@@ -199,6 +204,17 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
 grpc::Status ParameterServiceImpl::PushGradients(
     grpc::ServerContext*, grpc::ServerReader<v1::PushGradientsRequest>* reader,
     v1::PushGradientsResponse* response) {
+  uint64_t grad_bytes = 0;
+  PushStageSeconds stages;
+  const grpc::Status status = Push(reader, response, &grad_bytes, &stages);
+  metrics_->RecordPush(status.error_code(), grad_bytes, stages);
+  return status;
+}
+
+grpc::Status ParameterServiceImpl::Push(grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                                        v1::PushGradientsResponse* response,
+                                        uint64_t* grad_bytes, PushStageSeconds* stages) {
+  const absl::Time arrived = absl::Now();
   v1::PushGradientsRequest first;
   if (!reader->Read(&first) || !first.has_header()) {
     return ToGrpc(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
@@ -212,7 +228,10 @@ grpc::Status ParameterServiceImpl::PushGradients(
   absl::StatusOr<ChunkAssembler> assembler =
       ChunkAssembler::Create(std::move(expected), DTypeSize(dtype));
   if (!assembler.ok()) return ToGrpc(assembler.status());
-  if (absl::Status s = ReadChunks(reader, *store_, first, *assembler); !s.ok()) return ToGrpc(s);
+  const absl::Status read = ReadChunks(reader, *store_, first, *assembler);
+  *grad_bytes = assembler->bytes_received();
+  if (!read.ok()) return ToGrpc(read);
+  const absl::Time received = absl::Now();
 
   ReadyPush push;
   push.client_id = header.client_id();
@@ -223,19 +242,37 @@ grpc::Status ParameterServiceImpl::PushGradients(
   push.grad_dtype = dtype;
   push.grad_scale = header.has_grad_scale() ? header.grad_scale() : 0.0f;
   absl::StatusOr<PushOutcome> outcome = engine_->Submit(&push).get();
+  const absl::Time stepped = absl::Now();
   if (!outcome.ok()) return ToGrpc(outcome.status());
+  if (!outcome->duplicate) metrics_->RecordStep(outcome->skipped, kSkipNonFiniteGrad);
   response->set_version(outcome->version);
   response->set_step_skipped(outcome->skipped);
-  if (outcome->skipped) response->set_skip_reason("non_finite_grad");
+  if (outcome->skipped) response->set_skip_reason(kSkipNonFiniteGrad);
   response->set_tensors_updated(outcome->tensors_updated);
   response->set_grad_bytes(assembler->bytes_received());
   response->set_duplicate(outcome->duplicate);
+  // h2d is what the backend step spent outside its kernels (checking and copying the grads);
+  // apply is the rest until the outcome was back: the engine's queue and the kernels.
+  stages->receive = absl::ToDoubleSeconds(received - arrived);
+  stages->h2d = std::max(0.0, outcome->step_seconds - outcome->device_seconds);
+  stages->apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received) - stages->h2d);
+  stages->ack = absl::ToDoubleSeconds(absl::Now() - stepped);
   return grpc::Status::OK;
 }
 
 grpc::Status ParameterServiceImpl::PullParameters(
     grpc::ServerContext* context, const v1::PullParametersRequest* request,
     grpc::ServerWriter<v1::PullParametersResponse>* writer) {
+  uint64_t bytes_sent = 0;
+  const grpc::Status status = Pull(context, request, writer, &bytes_sent);
+  metrics_->RecordPull(status.error_code(), bytes_sent);
+  return status;
+}
+
+grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
+                                        const v1::PullParametersRequest* request,
+                                        grpc::ServerWriter<v1::PullParametersResponse>* writer,
+                                        uint64_t* bytes_sent) {
   const v1::DType wire_dtype =
       request->dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : request->dtype();
   absl::StatusOr<GradDType> dtype = GradDTypeFromProto(wire_dtype, "dtype");
@@ -256,6 +293,13 @@ grpc::Status ParameterServiceImpl::PullParameters(
     }
     field = static_cast<TensorField>(request->field());
   }
+  absl::flat_hash_set<absl::string_view> seen;
+  for (int i = 0; i < request->tensors_size(); ++i) {
+    if (!seen.insert(request->tensors(i)).second) {
+      return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+          "tensors[", i, "] names tensor '", request->tensors(i), "' a second time")));
+    }
+  }
   absl::StatusOr<Snapshot> snapshot =
       store_->Read({request->tensors().begin(), request->tensors().end()}, field, *dtype);
   if (!snapshot.ok()) return ToGrpc(snapshot.status());
@@ -271,6 +315,7 @@ grpc::Status ParameterServiceImpl::PullParameters(
   const uint32_t element_size = DTypeSize(*dtype);
   const uint64_t elements_per_message = chunk_bytes / element_size;
   uint64_t room = elements_per_message;
+  uint64_t message_bytes = 0;  // Payload in `message`, added to *bytes_sent once written.
   for (size_t i = 0; i < snapshot->tensors.size(); ++i) {
     const uint64_t numel = snapshot->tensors[i].numel;
     for (uint64_t offset = 0; offset < numel;) {
@@ -281,10 +326,13 @@ grpc::Status ParameterServiceImpl::PullParameters(
       chunk->set_data(snapshot->data[i].data() + offset * element_size, count * element_size);
       offset += count;
       room -= count;
+      message_bytes += count * element_size;
       if (room == 0) {
         if (context->IsCancelled() || !writer->Write(message)) {
           return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
         }
+        *bytes_sent += message_bytes;
+        message_bytes = 0;
         message.Clear();
         room = elements_per_message;
       }
@@ -293,6 +341,7 @@ grpc::Status ParameterServiceImpl::PullParameters(
   if (message.chunks_size() > 0 && !writer->Write(message)) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
   }
+  *bytes_sent += message_bytes;
   return grpc::Status::OK;
 }
 

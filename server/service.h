@@ -2,13 +2,15 @@
 //
 // This is the one place where absl::Status becomes grpc::Status (same code, same message) and
 // where proto messages become the store's types. Every RPC checks its input first; a call that
-// fails leaves the shard unchanged.
+// fails leaves the shard unchanged. Pushes and pulls are counted in Metrics by the status code
+// they end with, in one place each (PushGradients, PullParameters).
 #ifndef FUSEDPS_SERVER_SERVICE_H_
 #define FUSEDPS_SERVER_SERVICE_H_
 
 #include <string>
 
 #include "fusedps/v1/parameter_service.grpc.pb.h"
+#include "server/metrics.h"
 #include "server/shard_store.h"
 #include "server/update_engine.h"
 
@@ -16,8 +18,9 @@ namespace fusedps {
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:
-  // REQUIRES: store and engine outlive the service.
-  ParameterServiceImpl(ShardStore* store, UpdateEngine* engine, uint64_t max_message_bytes);
+  // REQUIRES: store, engine and metrics outlive the service.
+  ParameterServiceImpl(ShardStore* store, UpdateEngine* engine, Metrics* metrics,
+                       uint64_t max_message_bytes);
 
   grpc::Status RegisterParamGroup(grpc::ServerContext* context,
                                   const v1::RegisterParamGroupRequest* request,
@@ -40,8 +43,16 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                                   v1::SetHyperparametersResponse* response) override;
 
  private:
+  // The RPCs' work; the public methods above record what these did in metrics_.
+  grpc::Status Push(grpc::ServerReader<v1::PushGradientsRequest>* reader,
+                    v1::PushGradientsResponse* response, uint64_t* grad_bytes,
+                    PushStageSeconds* stages);
+  grpc::Status Pull(grpc::ServerContext* context, const v1::PullParametersRequest* request,
+                    grpc::ServerWriter<v1::PullParametersResponse>* writer, uint64_t* bytes_sent);
+
   ShardStore* const store_;
   UpdateEngine* const engine_;
+  Metrics* const metrics_;
   const uint64_t max_message_bytes_;
 };
 

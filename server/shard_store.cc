@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace fusedps {
 namespace {
@@ -241,15 +242,20 @@ absl::StatusOr<PushOutcome> ShardStore::ApplyPush(const ReadyPush& push) {
     if (it != clients_.end() && push.sequence_number <= it->second.sequence_number) {
       PushOutcome retry = it->second.outcome;
       retry.duplicate = true;
+      retry.step_seconds = retry.device_seconds = 0;
       return retry;
     }
   }
   StepRequest request{push.tensors, push.grad_offsets, push.grads, push.grad_dtype,
                       push.grad_scale};
+  const absl::Time start = absl::Now();
   absl::StatusOr<StepOutcome> step = backend_->Step(request);
   if (!step.ok()) return step.status();
   if (!step->skipped) ++version_;
   PushOutcome outcome{version_, step->skipped, step->tensors_updated, false};
+  outcome.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  // A skipped step ran no kernel: its device time is 0, whatever the backend last reported.
+  outcome.device_seconds = step->skipped ? 0.0 : backend_->last_step_device_seconds();
   if (tracked) clients_[push.client_id] = {push.sequence_number, outcome};
   return outcome;
 }
@@ -288,6 +294,16 @@ uint64_t ShardStore::parameter_count() const {
 std::vector<ParamGroupSpec> ShardStore::param_groups() const {
   absl::ReaderMutexLock lock(&mu_);
   return groups_;
+}
+
+std::map<std::string, uint64_t> ShardStore::launch_counts() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return backend_->launch_counts();
+}
+
+std::map<std::string, uint64_t> ShardStore::memory_bytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return backend_->memory_bytes();
 }
 
 }  // namespace fusedps

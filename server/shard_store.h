@@ -20,6 +20,7 @@
 #define FUSEDPS_SERVER_SHARD_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,6 +79,10 @@ struct PushOutcome {
   bool skipped = false;
   uint32_t tensors_updated = 0;
   bool duplicate = false;
+  // The backend step's wall time, and the part of it its kernels ran on the device (the CPU
+  // backend: all of it; a skipped step: none). Both 0 for a duplicate.
+  double step_seconds = 0;
+  double device_seconds = 0;
 };
 
 struct RegisterOutcome {
@@ -133,6 +138,9 @@ class ShardStore {
   uint64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t parameter_count() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<ParamGroupSpec> param_groups() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The backend's kernel launches by name and memory by arena (see OptimizerBackend).
+  std::map<std::string, uint64_t> launch_counts() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::map<std::string, uint64_t> memory_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   std::string backend_name() const { return backend_name_; }
   std::string device() const { return device_; }
   ParamCopyDType param_copy_dtype() const { return param_copy_dtype_; }

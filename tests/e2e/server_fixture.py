@@ -3,7 +3,8 @@
 The server binary is $FUSEDPS_SERVER (default build/server/fusedps-server, relative to the
 repository root). It is started as
 
-    fusedps-server --listen=127.0.0.1:0 --port-file=<tmp> --device=cpu [extra args]
+    fusedps-server --listen=127.0.0.1:0 --port-file=<tmp> --metrics-listen=127.0.0.1:0 \
+        --device=cpu [extra args]
 
 and is ready once the port file exists (written atomically by the server). On exit the server
 gets SIGTERM and must exit with code 0.
@@ -68,8 +69,9 @@ def running_server(extra_args: Sequence[str] = (), *, device: str = "cpu",
     with tempfile.TemporaryDirectory(prefix="fusedps-e2e-") as tmp:
         port_file = os.path.join(tmp, "port")
         log_path = os.path.join(tmp, "server.log")
-        cmd = [binary, "--listen=127.0.0.1:0", f"--port-file={port_file}", f"--device={device}",
-               *extra_args]
+        # Metrics on a free port too, so that servers running side by side never collide.
+        cmd = [binary, "--listen=127.0.0.1:0", f"--port-file={port_file}",
+               "--metrics-listen=127.0.0.1:0", f"--device={device}", *extra_args]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT)

@@ -1,0 +1,198 @@
+#include "server/metrics.h"
+
+#include <exception>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace fusedps {
+namespace {
+
+constexpr const char* kStageNames[] = {"receive", "h2d", "apply", "ack"};
+
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& registry,
+                                                       const std::string& name,
+                                                       const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& registry,
+                                                   const std::string& name,
+                                                   const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Family<prometheus::Histogram>& HistogramFamily(prometheus::Registry& registry,
+                                                           const std::string& name,
+                                                           const std::string& help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
+
+// What the HTTP endpoint collects: the registry, after refreshing the shard's values.
+class Metrics::Collector final : public prometheus::Collectable {
+ public:
+  explicit Collector(const Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->SyncShard();
+    return metrics_->registry_->Collect();
+  }
+
+ private:
+  const Metrics* const metrics_;
+};
+
+std::string StatusCodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  const int index = static_cast<int>(code);
+  if (index < 0 || index >= static_cast<int>(std::size(kNames))) return "UNKNOWN";
+  return kNames[index];
+}
+
+const std::vector<double>& Metrics::DurationBuckets() {
+  static const std::vector<double>* const kBuckets = new std::vector<double>{
+      50e-6,  100e-6, 250e-6, 500e-6,  // Kernels.
+      1e-3,   2.5e-3, 5e-3,   10e-3,  25e-3, 50e-3, 100e-3,
+      250e-3, 500e-3, 1,      2.5,    5,     10};  // Large pushes over slow links.
+  return *kBuckets;
+}
+
+Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
+    : shard_(std::move(shard)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      push_requests_(CounterFamily(*registry_, "fusedps_push_requests_total",
+                                   "PushGradients calls, by gRPC status code.")),
+      push_bytes_(CounterFamily(*registry_, "fusedps_push_bytes_total",
+                                "Gradient payload bytes received in PushGradients chunks.")
+                      .Add({})),
+      push_duration_(HistogramFamily(*registry_, "fusedps_push_duration_seconds",
+                                     "Successful pushes: from the call's arrival until the "
+                                     "acknowledgement, in seconds.")
+                         .Add({}, DurationBuckets())),
+      stage_duration_(HistogramFamily(*registry_, "fusedps_stage_duration_seconds",
+                                      "Successful pushes: time in each stage (receive, h2d, "
+                                      "apply, ack), in seconds.")),
+      kernel_launches_(CounterFamily(*registry_, "fusedps_kernel_launches_total",
+                                     "Optimizer kernel launches (CUDA) or parallel passes (CPU), "
+                                     "by kernel name, counted where they are launched.")),
+      steps_(CounterFamily(*registry_, "fusedps_optimizer_steps_total",
+                           "Optimizer steps applied (one per push that changed the shard).")
+                 .Add({})),
+      steps_skipped_(CounterFamily(*registry_, "fusedps_optimizer_steps_skipped_total",
+                                   "Optimizer steps skipped, leaving the shard unchanged, by "
+                                   "reason.")),
+      pull_requests_(CounterFamily(*registry_, "fusedps_pull_requests_total",
+                                   "PullParameters calls, by gRPC status code.")),
+      pull_bytes_(CounterFamily(*registry_, "fusedps_pull_bytes_total",
+                                "Tensor payload bytes sent in PullParameters chunks.")
+                      .Add({})),
+      parameters_(GaugeFamily(*registry_, "fusedps_parameters",
+                              "Parameters (elements of every registered tensor) in the shard.")
+                      .Add({})),
+      memory_bytes_(GaugeFamily(*registry_, "fusedps_device_memory_bytes",
+                                "Bytes the optimizer backend holds, by arena (device memory "
+                                "on CUDA, host memory on the CPU backend).")),
+      model_version_(GaugeFamily(*registry_, "fusedps_model_version",
+                                 "The shard's version: pushes applied since it started.")
+                         .Add({})),
+      collector_(std::make_shared<Collector>(this)) {
+  for (int i = 0; i < 4; ++i) {
+    stage_[i] = &stage_duration_.Add({{"stage", kStageNames[i]}}, DurationBuckets());
+  }
+  // The series that dashboards and alerts read exist from the start, at zero.
+  push_requests_.Add({{"code", "OK"}});
+  pull_requests_.Add({{"code", "OK"}});
+  steps_skipped_.Add({{"reason", "non_finite_grad"}});
+  GaugeFamily(*registry_, "fusedps_build_info",
+              "Always 1; the labels say which fusedps build serves, on which backend and device.")
+      .Add({{"version", build.version}, {"backend", build.backend}, {"device", build.device}})
+      .Set(1);
+}
+
+Metrics::~Metrics() = default;
+
+absl::Status Metrics::Serve(const std::string& listen) {
+  if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    // prometheus-cpp (civetweb) reports a bind failure by throwing; this is its one boundary.
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on '", listen, "': ", e.what()));
+  }
+  exposer_->RegisterCollectable(collector_);
+  return absl::OkStatus();
+}
+
+int Metrics::port() const {
+  if (exposer_ == nullptr) return 0;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
+                         const PushStageSeconds& stages) {
+  push_requests_.Add({{"code", StatusCodeName(code)}}).Increment();
+  push_bytes_.Increment(static_cast<double>(grad_bytes));
+  if (code != grpc::StatusCode::OK) return;
+  push_duration_.Observe(stages.receive + stages.h2d + stages.apply + stages.ack);
+  const double seconds[4] = {stages.receive, stages.h2d, stages.apply, stages.ack};
+  for (int i = 0; i < 4; ++i) stage_[i]->Observe(seconds[i]);
+}
+
+void Metrics::RecordStep(bool skipped, const std::string& skip_reason) {
+  if (skipped) {
+    steps_skipped_.Add({{"reason", skip_reason}}).Increment();
+  } else {
+    steps_.Increment();
+  }
+}
+
+void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
+  pull_requests_.Add({{"code", StatusCodeName(code)}}).Increment();
+  pull_bytes_.Increment(static_cast<double>(bytes));
+}
+
+void Metrics::SyncShard() const {
+  const ShardMetrics shard = shard_();
+  absl::MutexLock lock(&sync_mu_);
+  parameters_.Set(static_cast<double>(shard.parameters));
+  model_version_.Set(static_cast<double>(shard.version));
+  for (const auto& [kind, bytes] : shard.memory_bytes) {
+    memory_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));
+  }
+  // The backend's counts are absolute; the counters advance by what is new since the last sync.
+  for (const auto& [kernel, count] : shard.kernel_launches) {
+    prometheus::Counter& counter = kernel_launches_.Add({{"kernel", kernel}});
+    uint64_t& synced = launches_synced_[kernel];
+    if (count > synced) {
+      counter.Increment(static_cast<double>(count - synced));
+      synced = count;
+    }
+  }
+}
+
+std::string Metrics::ScrapeText() const {
+  return prometheus::TextSerializer().Serialize(collector_->Collect());
+}
+
+}  // namespace fusedps

@@ -1,0 +1,133 @@
+// metrics.h: fusedps's Prometheus metrics, kept in a prometheus::Registry and served as text at
+// /metrics by an HTTP endpoint of their own (apart from gRPC). The names, types, units and
+// labels are a contract, documented in docs/metrics.md; dashboards and alerts depend on them.
+//
+// The service records each call (Record*); values owned by the shard (parameter count, model
+// version, kernel launches by name, memory by arena) are read from it on every scrape, so they
+// are never stale and nothing on the push path has to copy them.
+//
+// Usage:
+//   Metrics metrics({"0.1.0", "cpu", "cpu (8 threads)"}, [&store] {
+//     return ShardMetrics{store.parameter_count(), store.version(), store.launch_counts(),
+//                         store.memory_bytes()};
+//   });
+//   absl::Status serving = metrics.Serve("0.0.0.0:9464");  // then metrics.port()
+//   metrics.RecordPush(grpc::StatusCode::OK, grad_bytes, stage_seconds);
+//
+// Thread safety: every method may be called from any thread.
+#ifndef FUSEDPS_SERVER_METRICS_H_
+#define FUSEDPS_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/support/status_code_enum.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace fusedps {
+
+// The values of the shard that metrics export, read on each scrape.
+struct ShardMetrics {
+  uint64_t parameters = 0;
+  uint64_t version = 0;
+  std::map<std::string, uint64_t> kernel_launches;  // By kernel name; monotonic.
+  std::map<std::string, uint64_t> memory_bytes;     // By arena ("params", "exp_avg", ...).
+};
+
+// How long each stage of one push took, in seconds. The four add up to the push's duration.
+struct PushStageSeconds {
+  // From the call's arrival until every chunk was in and checked.
+  double receive = 0;
+  // The backend step outside its kernels: checking the grads and copying them to the device
+  // (about 0 on the CPU backend, whose whole step counts as its kernels).
+  double h2d = 0;
+  // Waiting for the update engine, then the step's kernels, until the outcome is back.
+  double apply = 0;
+  // From the outcome until the acknowledgement is handed to gRPC.
+  double ack = 0;
+};
+
+class Metrics {
+ public:
+  struct BuildInfo {
+    std::string version;
+    std::string backend;  // "cpu" or "cuda".
+    std::string device;
+  };
+
+  // The buckets of every duration histogram, in seconds: 50 µs to 10 s in 1-2.5-5 steps, so
+  // that a 100 µs kernel and a 1 s push both fall between two close boundaries.
+  static const std::vector<double>& DurationBuckets();
+
+  // `shard` is called on every scrape, from the HTTP server's threads.
+  Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Serves the metrics at http://HOST:PORT/metrics (port 0 picks a free port).
+  // Errors: UNAVAILABLE when the address cannot be bound; FAILED_PRECONDITION when already
+  // serving.
+  absl::Status Serve(const std::string& listen);
+  // The bound HTTP port, or 0 when not serving.
+  int port() const;
+
+  // One PushGradients call that ended with `code`, having received `grad_bytes` of gradient
+  // payload. `stages` is observed only for a push that succeeded (code OK).
+  void RecordPush(grpc::StatusCode code, uint64_t grad_bytes, const PushStageSeconds& stages);
+  // One optimizer step: applied, or skipped for `skip_reason` (e.g. "non_finite_grad").
+  void RecordStep(bool skipped, const std::string& skip_reason);
+  // One PullParameters call that ended with `code`, having sent `bytes` of tensor payload.
+  void RecordPull(grpc::StatusCode code, uint64_t bytes);
+
+  // Every metric in Prometheus's text format, exactly as /metrics serves it.
+  std::string ScrapeText() const;
+
+ private:
+  class Collector;
+
+  // Copies the shard's values into the gauges and counters that mirror them.
+  void SyncShard() const ABSL_LOCKS_EXCLUDED(sync_mu_);
+
+  const std::function<ShardMetrics()> shard_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& push_requests_;
+  prometheus::Counter& push_bytes_;
+  prometheus::Histogram& push_duration_;
+  prometheus::Family<prometheus::Histogram>& stage_duration_;
+  prometheus::Histogram* stage_[4];  // receive, h2d, apply, ack.
+  prometheus::Family<prometheus::Counter>& kernel_launches_;
+  prometheus::Counter& steps_;
+  prometheus::Family<prometheus::Counter>& steps_skipped_;
+  prometheus::Family<prometheus::Counter>& pull_requests_;
+  prometheus::Counter& pull_bytes_;
+  prometheus::Gauge& parameters_;
+  prometheus::Family<prometheus::Gauge>& memory_bytes_;
+  prometheus::Gauge& model_version_;
+
+  mutable absl::Mutex sync_mu_;
+  // Launch counts already added to kernel_launches_, by kernel name.
+  mutable std::map<std::string, uint64_t> launches_synced_ ABSL_GUARDED_BY(sync_mu_);
+
+  std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.
+  // Last member: destroyed first, so no scrape runs while the rest goes away.
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+// The name of a gRPC status code as the code label spells it: "OK", "INVALID_ARGUMENT", ...
+std::string StatusCodeName(grpc::StatusCode code);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_METRICS_H_

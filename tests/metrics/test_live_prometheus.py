@@ -1,0 +1,198 @@
+"""A live Prometheus (Debian's package) scrapes a live fusedps-server during a short training-like
+run. Then every query of the Grafana dashboard (deploy/grafana/fusedps.json) and every recording
+rule (deploy/prometheus/rules/) is evaluated through Prometheus's HTTP API and must return data:
+a panel or rule without data fails the test. The alerting rules must evaluate without error."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import time
+
+import grpc
+import torch
+import yaml
+
+import fusedps
+from metrics_helpers import (DASHBOARD, PROMETHEUS_DIR, finite_values, metrics_server,
+                             running_prometheus)
+
+RATE_INTERVAL = "1m"  # What $__rate_interval stands for; longer than the whole run.
+RUN_SECONDS = 8.0
+
+
+def dashboard_panels(dashboard: dict):
+    """Every panel, including those inside collapsed rows."""
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def dashboard_queries(dashboard: dict):
+    """(panel title, refId, expr) for every Prometheus query of the dashboard."""
+    for panel in dashboard_panels(dashboard):
+        for target in panel.get("targets", []):
+            if "expr" in target:
+                yield panel["title"], target.get("refId", "?"), target["expr"]
+
+
+def substitute(expr: str, instance_regex: str) -> str:
+    """Grafana's variables, as Grafana would expand them for this run."""
+    values = {"instance": instance_regex, "__rate_interval": RATE_INTERVAL,
+              "__interval": "15s", "__range": RATE_INTERVAL}
+    expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                      lambda m: values[m.group(1) or m.group(2)], expr)
+    assert "$" not in expanded, expanded
+    return expanded
+
+
+def recording_rules():
+    """(file, record, expr) of every recording rule, and the names of the alerting rules."""
+    records, alerts = [], []
+    for name in sorted(os.listdir(os.path.join(PROMETHEUS_DIR, "rules"))):
+        with open(os.path.join(PROMETHEUS_DIR, "rules", name)) as f:
+            for group in yaml.safe_load(f)["groups"]:
+                for rule in group["rules"]:
+                    if "record" in rule:
+                        records.append((name, rule["record"], rule["expr"]))
+                    else:
+                        alerts.append(rule["alert"])
+    return records, alerts
+
+
+def prometheus_config(metrics_address: str) -> dict:
+    """deploy/prometheus/prometheus.yml, pointed at this server, scraping every second."""
+    with open(os.path.join(PROMETHEUS_DIR, "prometheus.yml")) as f:
+        config = yaml.safe_load(f)
+    config = copy.deepcopy(config)
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    config["rule_files"] = [os.path.join(PROMETHEUS_DIR, path) for path in config["rule_files"]]
+    jobs = [job for job in config["scrape_configs"] if job["job_name"] == "fusedps"]
+    assert len(jobs) == 1, "the example config must have one job named fusedps"
+    jobs[0]["static_configs"] = [{"targets": [metrics_address]}]
+    return config
+
+
+def run_workload(target: str, seconds: float) -> dict:
+    """Pushes (fp32 and bf16), pulls, some skipped steps and some failed pushes, for `seconds`.
+    Returns counts of what happened."""
+    counts = {"applied": 0, "skipped": 0, "errors": 0, "pulls": 0}
+    params = {f"layer{i}.weight": torch.randn(64, 64) for i in range(4)}
+    params["bias"] = torch.randn(64)
+    with fusedps.Client(target, max_chunk_bytes=8 << 10) as client:
+        client.wait_ready(timeout=10)
+        client.register_model(params)
+        deadline = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            grads = {n: torch.randn_like(t) for n, t in params.items()}
+            if i % 5 == 0:
+                grads["bias"][0] = math.nan
+            result = client.push_gradients(grads, "bfloat16" if i % 2 else "float32")
+            counts["skipped" if result.step_skipped else "applied"] += 1
+            if i % 7 == 0:
+                try:
+                    client.push_gradients({"unknown": torch.zeros(3)})
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.NOT_FOUND
+                    counts["errors"] += 1
+            if i % 3 == 0:
+                client.pull_parameters(params)
+                counts["pulls"] += 1
+            time.sleep(0.01)
+    return counts
+
+
+def test_every_dashboard_query_and_recording_rule_has_data():
+    with open(DASHBOARD) as f:
+        dashboard = json.load(f)
+    queries = list(dashboard_queries(dashboard))
+    records, alerts = recording_rules()
+    assert len(queries) >= 20 and len(records) >= 10 and len(alerts) >= 6
+
+    with metrics_server() as server, \
+            running_prometheus(prometheus_config(server.metrics_address)) as prom:
+        instance = server.metrics_address
+        prom.wait_for("the first scrape", lambda: [
+            s for s in prom.query('up{job="fusedps"}') if s["value"][1] == "1"])
+        counts = run_workload(server.target, RUN_SECONDS)
+        assert counts["applied"] > 10 and counts["skipped"] > 0 and counts["errors"] > 0
+
+        # Wait until Prometheus has scraped the final counters, and the rules have run since.
+        prom.wait_for("the final step count", lambda: [
+            s for s in prom.query("fusedps_optimizer_steps_total")
+            if float(s["value"][1]) == counts["applied"]])
+        prom.wait_for("the recording rules", lambda: all(
+            prom.query(record) for _, record, _ in records))
+
+        # The dashboard's instance variable lists this server.
+        variable = [v for v in dashboard["templating"]["list"] if v["name"] == "instance"][0]
+        assert variable["query"]["query"] == "label_values(fusedps_build_info, instance)"
+        instances = prom.api("/api/v1/label/instance/values", **{"match[]": "fusedps_build_info"})
+        assert instance in instances, instances
+
+        failures = []
+        for regex in (re.escape(instance).replace("\\", "\\\\"), ".*"):  # One server, and All.
+            for title, ref, expr in queries:
+                query = substitute(expr, regex)
+                if not finite_values(prom.query(query)):
+                    failures.append(f"panel {title!r} ({ref}): no data for {query}")
+        for name, record, expr in records:
+            if not finite_values(prom.query(expr)):
+                failures.append(f"{name}: recording rule {record}: no data for {expr}")
+            if not finite_values(prom.query(record)):
+                failures.append(f"{name}: recorded series {record} has no data")
+        assert not failures, "\n".join(failures)
+
+        # The values agree with the workload (the dashboard shows the truth, not just data).
+        steps = prom.query(f'fusedps_optimizer_steps_total{{instance="{instance}"}}')
+        assert float(steps[0]["value"][1]) == counts["applied"]
+        skipped = prom.query(f'fusedps_optimizer_steps_skipped_total{{instance="{instance}"}}')
+        assert float(skipped[0]["value"][1]) == counts["skipped"]
+        errors = prom.query(f'fusedps_push_requests_total{{instance="{instance}", '
+                            f'code="NOT_FOUND"}}')
+        assert float(errors[0]["value"][1]) == counts["errors"]
+
+        # Every rule, alerting ones included, evaluates without error.
+        def evaluated_rules():
+            groups = prom.api("/api/v1/rules")["groups"]
+            rules = [rule for group in groups for rule in group["rules"]]
+            return rules if all(r["health"] != "unknown" for r in rules) else None
+
+        rules = prom.wait_for("every rule's first evaluation", evaluated_rules)
+        assert {r["name"] for r in rules if r["type"] == "alerting"} == set(alerts)
+        unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+        assert not unhealthy, unhealthy
+
+
+def test_dashboard_is_portable_and_complete():
+    """Every panel reads the datasource variable, ids are unique, and the issue's panels are
+    there (RED by stage, bytes/s, steps and skips, launches per step, parameters, memory,
+    versions)."""
+    with open(DASHBOARD) as f:
+        dashboard = json.load(f)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["instance"]["type"] == "query"
+    panels = list(dashboard_panels(dashboard))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in panels:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"], panel["title"]
+            assert 'instance=~"$instance"' in target["expr"], (panel["title"], target["expr"])
+    exprs = " ".join(expr for _, _, expr in dashboard_queries(dashboard))
+    for needed in ("fusedps_push_requests_total", 'code!="OK"', "fusedps_push_duration_seconds",
+                   "by (le, stage)", "fusedps_push_bytes_total", "fusedps_optimizer_steps_total",
+                   "fusedps_optimizer_steps_skipped_total", "fusedps_kernel_launches_total",
+                   "fusedps_parameters", "fusedps_device_memory_bytes", "fusedps_model_version",
+                   "fusedps_build_info", "up{"):
+        assert needed in exprs, needed
