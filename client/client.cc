@@ -1,6 +1,7 @@
 #include "fusedps/client.h"
 
 #include <algorithm>
+#include <future>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/wire.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
 namespace fusedps::client {
@@ -217,6 +219,34 @@ Client::Client(ClientOptions options, std::vector<std::unique_ptr<Connection>> c
     : options_(options), connections_(std::move(connections)) {}
 
 Client::~Client() = default;
+
+absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
+  // grpc.health.v1 has no C++ stubs in Debian's packages: call it through the generic stub.
+  // HealthCheckRequest is {string service = 1}; HealthCheckResponse is {ServingStatus status
+  // = 1}, and SERVING is 1. Service names stay short (under 128 bytes, one length byte).
+  if (service.size() >= 128) return absl::InvalidArgumentError("service name over 127 bytes");
+  std::string request_bytes;
+  if (!service.empty()) {
+    request_bytes = std::string(1, '\x0a') + static_cast<char>(service.size()) + service;
+  }
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  std::promise<grpc::Status> done;
+  grpc::GenericStub stub(connection(0).channel);
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                 &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  const grpc::Status status = done.get_future().get();
+  if (!status.ok()) return internal::ToAbslStatus(status);
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes == std::string("\x08\x01", 2);
+}
 
 absl::StatusOr<RegisterParamGroupResult> Client::RegisterParamGroup(
     const std::string& name, const ParamGroupOptions& options) {

@@ -40,6 +40,8 @@
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 5m.");
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "Payload bytes of tensor data per message.");
+ABSL_FLAG(std::string, service, "",
+          "health: the gRPC service to ask about; empty means the whole server.");
 ABSL_FLAG(int32_t, streams, 1, "Concurrent calls (connections) for register and pull.");
 ABSL_FLAG(std::string, tensors, "", "push, pull: comma-separated tensor names (empty: all).");
 ABSL_FLAG(std::string, shapes, "",
@@ -75,6 +77,7 @@ Commands:
             was skipped.
   pull      Pull --field of every tensor or of --tensors and write them to --out.
   set-lr    Set the lr of param group --group to --lr.
+  health    Ask grpc.health.v1 about the server (or --service); exit 0 only when SERVING.
   help      Print this text.
 
 pull's output is a safetensors file (https://huggingface.co/docs/safetensors): 8 bytes of
@@ -385,8 +388,18 @@ absl::Status RunSetLr(Client& client) {
   return absl::OkStatus();
 }
 
+// Exits 0 only when the server (or --service) is SERVING: for container health checks.
+absl::Status RunHealth(Client& client) {
+  const std::string service = absl::GetFlag(FLAGS_service);
+  absl::StatusOr<bool> serving = client.CheckHealth(service);
+  if (!serving.ok()) return serving.status();
+  std::cout << (*serving ? "SERVING" : "NOT_SERVING") << "\n";
+  if (!*serving) return absl::UnavailableError("not serving");
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fusedps [flags] info|list|register|push|pull|set-lr|help");
+  absl::SetProgramUsageMessage("fusedps [flags] info|list|register|push|pull|set-lr|health|help");
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h" || arg == "-help" || arg == "--helpshort") {
@@ -409,7 +422,7 @@ int Main(int argc, char** argv) {
   const std::string command = args[1];
   const std::map<std::string, absl::Status (*)(Client&)> commands = {
       {"info", RunInfo}, {"list", RunList}, {"register", RunRegister},
-      {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}};
+      {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}, {"health", RunHealth}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "fusedps: unknown command " << command << " (see fusedps help)\n";

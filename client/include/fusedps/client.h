@@ -220,6 +220,12 @@ class Client {
   Client& operator=(const Client&) = delete;
   ~Client();
 
+  // Asks the server's grpc.health.v1 service about `service` ("" means the whole server,
+  // "fusedps.v1.ParameterService" the parameter service). Returns true when it is SERVING,
+  // false for NOT_SERVING or UNKNOWN. Errors: the call's status, e.g. NOT_FOUND for a service
+  // the server does not know, UNAVAILABLE when the server cannot be reached.
+  absl::StatusOr<bool> CheckHealth(const std::string& service = "");
+
   // Registers a param group under name (1..128 characters). Registering an identical group
   // again is a no-op (created is false).
   // Errors: ALREADY_EXISTS when a group of that name has other hyperparameters;
