@@ -10,7 +10,7 @@ optimizer step, median of --iters after --warmup, with CUDA events on the curren
 It counts CUDA kernels per step with torch.profiler, and measures a large device-to-device
 copy in the same run. Prints one JSON object (a list of rows) on stdout.
 
-  python3 bench/torch_gpu_baseline.py --workload=all --iters=20
+  python3 bench/torch_gpu_baseline.py --workload=all --iters=20 > torch.json
 """
 import argparse
 import json
@@ -96,8 +96,8 @@ def run(workload, args, copy):
         p.grad = g
     del opt
 
-    if not args.no_compile:
-        opt_c = torch.optim.AdamW(params, lr=torch.tensor(1e-3), foreach=True)
+    if workload["name"] in args.compile_workloads.split(","):
+        opt_c = torch.optim.AdamW(params, lr=1e-3, foreach=True)
 
         @torch.compile(fullgraph=False)
         def compiled_step():
@@ -119,7 +119,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--compile-workloads", default="one_large,gpt2,t1000x100k",
+                        help="workloads that also time a torch.compile'd step (it compiles for "
+                             "minutes on 10000 tensors)")
     args = parser.parse_args()
     names = WORKLOAD_NAMES if args.workload == "all" else [args.workload]
     copy = copy_gbps(args.warmup, args.iters)

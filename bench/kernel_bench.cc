@@ -1,0 +1,624 @@
+// fusedps-kernel-bench: times one optimizer step of a backend on DESIGN.md's workloads.
+//
+// For each workload it registers the tensors with a fresh backend, writes random normal params,
+// stages random normal gradients once with StageGrads (as the server does while a push arrives;
+// on a GPU they then sit in device memory), validates two steps on a few elements of every
+// tensor against AdamWUpdate (kernels/adamw_math.h) run here on copies, and only then times
+// Step() on the staged gradients: the median of --iters steps after --warmup steps, as wall time
+// around Step() and as the backend's own last_step_device_seconds() (CUDA events on a GPU).
+// It exits non-zero on any mismatch.
+//
+// Bandwidth counts the bytes an ideal kernel moves per parameter: params, exp_avg and exp_avg_sq
+// read and written (24), the gradient read (4 for fp32, 2 for bf16) and the low-precision copy
+// written (0 or 2). That is 28 for fp32 gradients and for bf16 gradients with a bf16 copy.
+//
+// Usage:
+//   fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10
+//   fusedps-kernel-bench --workload=gpt2 --grad-dtype=bf16 --param-copy=bf16 --json
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/workloads.h"
+#include "kernels/adamw_math.h"
+#include "kernels/backend.h"
+#ifdef FUSEDPS_HAVE_CUDA
+#include "bench/device_copy.h"
+#include "kernels/cupti_kernel_counter.h"
+#endif
+#include "kernels/backend_factory.h"
+
+ABSL_FLAG(std::string, backend, "cpu",
+          "Optimizer backend, as kernels/backend_factory.h names it: cpu, cuda, cuda:N or auto");
+ABSL_FLAG(std::string, workload, "all", "one_large, gpt2, t1000x100k, t10000x1k or all");
+ABSL_FLAG(double, scale, 1.0,
+          "Multiplies every tensor's element count (tensor counts stay); e.g. 0.1 on a small CPU");
+ABSL_FLAG(std::string, grad_dtype, "fp32", "Gradient dtype: fp32 or bf16");
+ABSL_FLAG(std::string, param_copy, "none",
+          "Low-precision param copy the step writes: none or bf16");
+ABSL_FLAG(int, warmup, 3, "Untimed steps before timing");
+ABSL_FLAG(int, iters, 10, "Timed steps; the median is reported");
+ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 means one per hardware thread");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the random params, gradients and validation samples");
+ABSL_FLAG(bool, copy_reference, true,
+          "Also time a large memory copy on the backend's memory, the roof of a memory-bound "
+          "step, and report each workload's bandwidth as a percentage of it");
+ABSL_FLAG(bool, json, false, "Print one JSON object instead of a table");
+
+namespace fusedps {
+namespace {
+
+// Steps validated before timing. Two, so that the second starts from non-zero exp_avg and
+// exp_avg_sq and a step count above one.
+constexpr int kValidationSteps = 2;
+// Elements per sampled range; each tensor gets its head, its tail and one random range.
+constexpr uint64_t kSampleNumel = 8;
+// AdamWUpdate here and in a backend may differ by a few fp32 ulps (FMA contraction on a GPU).
+constexpr double kRelativeTolerance = 1e-6;
+constexpr double kAbsoluteTolerance = 1e-7;
+
+// Bytes per buffer of the copy reference: well beyond any cache.
+constexpr uint64_t kCopyReferenceBytes = uint64_t{512} << 20;
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Median milliseconds of a host memcpy of `bytes` by `threads` OpenMP threads, in 1 MiB pieces.
+double HostCopyMs(uint64_t bytes, int threads, int warmup, int iters) {
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);  // Touched: no page faults while timed.
+  const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t k = 0; k < pieces; ++k) {
+      const uint64_t begin = static_cast<uint64_t>(k) * kPiece;
+      std::memcpy(dst.data() + begin, src.data() + begin, std::min(kPiece, bytes - begin));
+    }
+    const auto stop = std::chrono::steady_clock::now();
+    if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+  }
+  return Median(ms);
+}
+
+// Median milliseconds of copying `bytes` between two buffers of the memory `optimizer` steps
+// in: the roof of a memory-bound step. UNIMPLEMENTED for a backend without one here yet (a GPU
+// roof is cudaMemcpy device to device, timed with events).
+absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads, uint64_t bytes,
+                                  int warmup, int iters) {
+  if (optimizer.name() == "cpu") {
+    return HostCopyMs(bytes, threads > 0 ? threads : omp_get_num_procs(), warmup, iters);
+  }
+#ifdef FUSEDPS_HAVE_CUDA
+  if (optimizer.name() == "cuda") return DeviceCopyMs(0, bytes, warmup, iters);
+#endif
+  return absl::UnimplementedError(
+      absl::StrCat("no copy roof for backend '", optimizer.name(), "' yet"));
+}
+
+struct BenchConfig {
+  std::string backend;
+  GradDType grad_dtype = GradDType::kFloat32;
+  ParamCopyDType param_copy = ParamCopyDType::kNone;
+  int warmup = 0;
+  int iters = 0;
+  int threads = 0;
+  uint64_t seed = 0;
+  bool copy_reference = true;
+};
+
+int BytesPerParam(const BenchConfig& config) {
+  const int copy_bytes = config.param_copy == ParamCopyDType::kNone ? 0 : 2;
+  return 24 + DTypeSize(config.grad_dtype) + copy_bytes;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Fills out[0, n) with standard normal samples, the same for a (seed, stream) whatever the
+// number of threads.
+void FillNormal(uint64_t seed, uint64_t stream, float* out, uint64_t n) {
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
+  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    std::mt19937_64 rng(SplitMix64(seed ^ SplitMix64(stream * 0x100000001b3ull + c)));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const uint64_t end = std::min(n, static_cast<uint64_t>(c + 1) * kChunk);
+    for (uint64_t i = static_cast<uint64_t>(c) * kChunk; i < end; ++i) out[i] = normal(rng);
+  }
+}
+
+// The gradients of a push covering every tensor, staged in the backend, and the host copy the
+// reference reads. Laid out as the backend's arenas are.
+struct StagedGrads {
+  std::vector<uint32_t> tensors;  // 0..N-1.
+  std::vector<uint64_t> offsets;  // Per tensor, in elements, multiples of 8.
+  std::vector<uint32_t> host;     // fp32 or bf16 elements.
+  GradDType dtype = GradDType::kFloat32;
+
+  // A step on the backend's staged gradients (grads == nullptr).
+  StepRequest Request() const {
+    StepRequest request;
+    request.tensors = tensors;
+    request.grad_offsets = offsets;
+    request.grad_dtype = dtype;
+    return request;
+  }
+};
+
+// Registers the workload's tensors, writes random params and stages random gradients.
+absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig& config,
+                                     OptimizerBackend& optimizer) {
+  absl::Status status = optimizer.SetParamGroup(0, AdamWHyperparameters{});
+  if (!status.ok()) return status;
+  std::vector<NewTensor> tensors;
+  StagedGrads grads;
+  grads.dtype = config.grad_dtype;
+  uint64_t arena_numel = 0;
+  for (uint64_t numel : workload.numels) {
+    grads.tensors.push_back(static_cast<uint32_t>(tensors.size()));
+    grads.offsets.push_back(arena_numel);
+    tensors.push_back({.numel = numel, .param_group = 0});
+    arena_numel += AlignedNumel(numel);
+  }
+  status = optimizer.AddTensors(tensors);
+  if (!status.ok()) return status;
+
+  std::vector<float> values(arena_numel);
+  FillNormal(config.seed, /*stream=*/1, values.data(), arena_numel);
+  for (uint32_t t = 0; t < tensors.size(); ++t) {
+    status = optimizer.WriteParams(
+        t, 0, absl::MakeConstSpan(values.data() + grads.offsets[t], workload.numels[t]));
+    if (!status.ok()) return status;
+  }
+  FillNormal(config.seed, /*stream=*/2, values.data(), arena_numel);
+  const int size = DTypeSize(grads.dtype);
+  grads.host.resize((arena_numel * size + 3) / 4);
+  if (grads.dtype == GradDType::kFloat32) {
+    std::memcpy(grads.host.data(), values.data(), arena_numel * sizeof(float));
+  } else {
+    auto* bf16 = reinterpret_cast<uint16_t*>(grads.host.data());
+    for (uint64_t i = 0; i < arena_numel; ++i) bf16[i] = FloatToBFloat16(values[i]);
+  }
+  const char* host = reinterpret_cast<const char*>(grads.host.data());
+  for (uint32_t t = 0; t < tensors.size(); ++t) {  // Payloads only, never the padding.
+    status = optimizer.StageGrads(grads.offsets[t] * size, host + grads.offsets[t] * size,
+                                  workload.numels[t], grads.dtype, /*grad_scale=*/0.0f);
+    if (!status.ok()) return status;
+  }
+  return grads;
+}
+
+struct SampleRange {
+  uint32_t tensor;
+  uint64_t begin;
+  uint64_t count;
+};
+
+std::vector<SampleRange> PickSamples(const Workload& workload, uint64_t seed) {
+  std::mt19937_64 rng(SplitMix64(seed ^ 0x5a5a5a5aull));
+  std::vector<SampleRange> samples;
+  for (uint32_t t = 0; t < workload.numels.size(); ++t) {
+    const uint64_t n = workload.numels[t];
+    const uint64_t count = std::min(n, kSampleNumel);
+    samples.push_back({t, 0, count});
+    if (n > count) samples.push_back({t, n - count, count});
+    if (n > 2 * count) {
+      std::uniform_int_distribution<uint64_t> begin(0, n - count);
+      samples.push_back({t, begin(rng), count});
+    }
+  }
+  return samples;
+}
+
+struct StateValues {
+  std::vector<float> param, exp_avg, exp_avg_sq;
+};
+
+absl::StatusOr<StateValues> ReadState(const OptimizerBackend& optimizer, const SampleRange& r) {
+  StateValues v;
+  v.param.resize(r.count);
+  v.exp_avg.resize(r.count);
+  v.exp_avg_sq.resize(r.count);
+  const std::pair<TensorField, float*> reads[] = {{TensorField::kParam, v.param.data()},
+                                                  {TensorField::kExpAvg, v.exp_avg.data()},
+                                                  {TensorField::kExpAvgSq, v.exp_avg_sq.data()}};
+  for (const auto& [field, out] : reads) {
+    absl::Status status =
+        optimizer.Read(field, r.tensor, r.begin, r.count, GradDType::kFloat32, out);
+    if (!status.ok()) return status;
+  }
+  return v;
+}
+
+absl::Status CheckClose(const char* field, const SampleRange& r, uint64_t j, float actual,
+                        float expected) {
+  const double diff = std::fabs(static_cast<double>(actual) - expected);
+  if (diff <= kAbsoluteTolerance + kRelativeTolerance * std::fabs(expected)) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrFormat("tensor %d element %d %s: got %.9g, expected %.9g",
+                                             r.tensor, r.begin + j, field, actual, expected));
+}
+
+// Steps once and checks every sampled element against AdamWUpdate applied to the values read
+// before the step; also the step counts and the bf16 copy. Returns the elements checked.
+absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const StagedGrads& grads,
+                                         const std::vector<SampleRange>& samples) {
+  std::vector<StateValues> before;
+  std::vector<int64_t> steps_before(optimizer.tensor_count());
+  for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) steps_before[t] = optimizer.step(t);
+  for (const SampleRange& r : samples) {
+    absl::StatusOr<StateValues> values = ReadState(optimizer, r);
+    if (!values.ok()) return values.status();
+    before.push_back(*std::move(values));
+  }
+
+  const StepRequest request = grads.Request();
+  absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+  if (!outcome.ok()) return outcome.status();
+  if (outcome->skipped || outcome->tensors_updated != optimizer.tensor_count()) {
+    return absl::InternalError(absl::StrCat("step of finite gradients skipped or partial: ",
+                                            outcome->tensors_updated, " tensors updated"));
+  }
+  for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) {
+    if (optimizer.step(t) != steps_before[t] + 1) {
+      return absl::InternalError(absl::StrCat("tensor ", t, " step is ", optimizer.step(t),
+                                              ", expected ", steps_before[t] + 1));
+    }
+  }
+
+  const AdamWHyperparameters hyper;  // Group 0, as Populate registered it.
+  uint64_t checked = 0;
+  std::vector<uint16_t> copy;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const SampleRange& r = samples[k];
+    absl::StatusOr<StateValues> after = ReadState(optimizer, r);
+    if (!after.ok()) return after.status();
+    if (optimizer.param_copy_dtype() == ParamCopyDType::kBFloat16) {
+      copy.resize(r.count);
+      absl::Status status = optimizer.Read(TensorField::kParam, r.tensor, r.begin, r.count,
+                                           GradDType::kBFloat16, copy.data());
+      if (!status.ok()) return status;
+    }
+    const AdamWStepScalars s =
+        MakeStepScalars(hyper, steps_before[r.tensor] + 1, request.grad_scale);
+    for (uint64_t j = 0; j < r.count; ++j) {
+      float param = before[k].param[j];
+      float exp_avg = before[k].exp_avg[j];
+      float exp_avg_sq = before[k].exp_avg_sq[j];
+      const uint64_t g = grads.offsets[r.tensor] + r.begin + j;
+      AdamWUpdate(s, LoadGrad(grads.host.data(), grads.dtype, g), param, exp_avg, exp_avg_sq,
+                  nullptr);
+      for (absl::Status status :
+           {CheckClose("param", r, j, after->param[j], param),
+            CheckClose("exp_avg", r, j, after->exp_avg[j], exp_avg),
+            CheckClose("exp_avg_sq", r, j, after->exp_avg_sq[j], exp_avg_sq)}) {
+        if (!status.ok()) return status;
+      }
+      if (!copy.empty() && copy[j] != FloatToBFloat16(after->param[j])) {
+        return absl::InternalError(absl::StrFormat(
+            "tensor %d element %d bf16 copy: got 0x%04x, expected 0x%04x of param %.9g", r.tensor,
+            r.begin + j, copy[j], FloatToBFloat16(after->param[j]), after->param[j]));
+      }
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+struct Timing {
+  double ms_median = 0;  // Wall time around Step().
+  double ms_min = 0;
+  double ms_max = 0;
+  double device_ms_median = 0;  // The backend's last_step_device_seconds().
+  double launches_per_step = 0;
+  std::map<std::string, double> launches_per_step_by_kernel;
+  double cupti_kernels_per_step = -1;  // Kernels CUPTI saw run per step; -1: not counted.
+};
+
+// Relies on Step() returning once the update is done, as both backends' do (the CUDA backend
+// waits for its step's end event).
+absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads& grads,
+                                 const BenchConfig& config) {
+  const StepRequest request = grads.Request();
+  for (int i = 0; i < config.warmup; ++i) {
+    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+    if (!outcome.ok()) return outcome.status();
+  }
+  const uint64_t launches_before = optimizer.launches_total();
+  const std::map<std::string, uint64_t> by_kernel_before = optimizer.launch_counts();
+#ifdef FUSEDPS_HAVE_CUDA
+  // CUPTI counts the kernels that really ran, independently of the backend's own counter.
+  CuptiKernelCounter cupti;
+  const bool counting = optimizer.name() == "cuda" && cupti.Start().ok();
+#endif
+  std::vector<double> ms, device_ms;
+  for (int i = 0; i < config.iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+    const auto stop = std::chrono::steady_clock::now();
+    if (!outcome.ok()) return outcome.status();
+    if (outcome->skipped) return absl::InternalError("a timed step was skipped");
+    ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    device_ms.push_back(optimizer.last_step_device_seconds() * 1e3);
+  }
+  Timing timing;
+#ifdef FUSEDPS_HAVE_CUDA
+  if (counting) {
+    absl::StatusOr<std::map<std::string, uint64_t>> kernels = cupti.Stop();
+    if (!kernels.ok()) return kernels.status();
+    uint64_t total = 0;
+    for (const auto& [name, count] : *kernels) total += count;
+    timing.cupti_kernels_per_step = static_cast<double>(total) / config.iters;
+  }
+#endif
+  timing.launches_per_step =
+      static_cast<double>(optimizer.launches_total() - launches_before) / config.iters;
+  for (const auto& [kernel, count] : optimizer.launch_counts()) {
+    const auto before = by_kernel_before.find(kernel);
+    const uint64_t launched = count - (before == by_kernel_before.end() ? 0 : before->second);
+    if (launched > 0) {
+      timing.launches_per_step_by_kernel[kernel] = static_cast<double>(launched) / config.iters;
+    }
+  }
+  timing.ms_median = Median(ms);
+  timing.ms_min = *std::min_element(ms.begin(), ms.end());
+  timing.ms_max = *std::max_element(ms.begin(), ms.end());
+  timing.device_ms_median = Median(device_ms);
+  return timing;
+}
+
+struct Result {
+  Workload workload;
+  std::string device;
+  uint64_t validated_elements = 0;
+  Timing timing;
+  double gbps = 0;         // From the wall-time median.
+  double device_gbps = 0;  // From the device-time median (CUDA events on a GPU).
+  double copy_gbps = 0;    // 0: not measured.
+};
+
+absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& config) {
+  BackendOptions options;
+  options.param_copy_dtype = config.param_copy;
+  options.threads = config.threads;
+  // The one place that picks the implementation.
+  absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend = MakeBackend(config.backend, options);
+  if (!backend.ok()) return backend.status();
+  OptimizerBackend& optimizer = **backend;
+  absl::StatusOr<StagedGrads> grads = Populate(workload, config, optimizer);
+  if (!grads.ok()) return grads.status();
+
+  Result result;
+  result.workload = workload;
+  result.device = optimizer.device();
+  const std::vector<SampleRange> samples = PickSamples(workload, config.seed);
+  for (int i = 0; i < kValidationSteps; ++i) {
+    absl::StatusOr<uint64_t> checked = ValidateOneStep(optimizer, *grads, samples);
+    if (!checked.ok()) {
+      return absl::Status(checked.status().code(),
+                          absl::StrCat("validation of ", workload.name, ", step ", i + 1,
+                                       " failed: ", checked.status().message()));
+    }
+    result.validated_elements += *checked;
+  }
+  absl::StatusOr<Timing> timing = TimeSteps(optimizer, *grads, config);
+  if (!timing.ok()) return timing.status();
+  result.timing = *timing;
+  const double bytes = static_cast<double>(BytesPerParam(config)) * workload.total_numel();
+  result.gbps = bytes / (result.timing.ms_median * 1e-3) / 1e9;
+  result.device_gbps = bytes / (result.timing.device_ms_median * 1e-3) / 1e9;
+  if (config.copy_reference) {
+    // Right after the steps, so that both see the same machine; a copy reads and writes.
+    absl::StatusOr<double> ms =
+        CopyRoofMs(optimizer, config.threads, kCopyReferenceBytes, config.warmup, config.iters);
+    if (ms.ok()) {
+      result.copy_gbps = 2.0 * kCopyReferenceBytes / (*ms * 1e-3) / 1e9;
+    } else {
+      absl::FPrintF(stderr, "fusedps-kernel-bench: %s\n", ms.status().message());
+    }
+  }
+  return result;
+}
+
+const char* GradDTypeName(GradDType dtype) {
+  return dtype == GradDType::kFloat32 ? "fp32" : "bf16";
+}
+const char* ParamCopyName(ParamCopyDType dtype) {
+  return dtype == ParamCopyDType::kNone ? "none" : "bf16";
+}
+
+void PrintTable(const BenchConfig& config, double scale, const std::vector<Result>& results) {
+  absl::PrintF(
+      "fusedps-kernel-bench: backend=%s device=\"%s\" grad_dtype=%s param_copy=%s "
+      "scale=%g warmup=%d iters=%d bytes/param=%d\n",
+      config.backend, results.empty() ? "" : results[0].device, GradDTypeName(config.grad_dtype),
+      ParamCopyName(config.param_copy), scale, config.warmup, config.iters, BytesPerParam(config));
+  absl::PrintF("%-11s %8s %12s %10s %10s %10s %8s %9s %10s %7s %9s %7s %10s\n", "workload",
+               "tensors", "params", "ms/step", "min ms", "device ms", "GB/s", "dev GB/s",
+               "copy GB/s", "% copy", "launches", "cupti", "validated");
+  for (const Result& r : results) {
+    const std::string copy_gbps = r.copy_gbps > 0 ? absl::StrFormat("%.2f", r.copy_gbps) : "-";
+    // % copy compares the step's device time (events on a GPU) with the copy's.
+    const std::string pct_copy =
+        r.copy_gbps > 0 ? absl::StrFormat("%.0f%%", 100 * r.device_gbps / r.copy_gbps) : "-";
+    const std::string cupti = r.timing.cupti_kernels_per_step >= 0
+                                  ? absl::StrFormat("%.1f", r.timing.cupti_kernels_per_step)
+                                  : "-";
+    absl::PrintF("%-11s %8d %12d %10.3f %10.3f %10.3f %8.2f %9.2f %10s %7s %9.1f %7s %10d\n",
+                 r.workload.name, r.workload.numels.size(), r.workload.total_numel(),
+                 r.timing.ms_median, r.timing.ms_min, r.timing.device_ms_median, r.gbps,
+                 r.device_gbps, copy_gbps, pct_copy, r.timing.launches_per_step, cupti,
+                 r.validated_elements);
+  }
+}
+
+// Device strings are plain text; escape what JSON requires anyway.
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+void PrintJson(const BenchConfig& config, double scale, const std::vector<Result>& results) {
+  absl::PrintF(
+      "{\"tool\": \"fusedps-kernel-bench\", \"backend\": %s, \"device\": %s, "
+      "\"grad_dtype\": \"%s\", \"param_copy\": \"%s\", \"scale\": %.17g, "
+      "\"warmup\": %d, \"iters\": %d, \"bytes_per_param\": %d, \"results\": [",
+      JsonString(config.backend), JsonString(results.empty() ? "" : results[0].device),
+      GradDTypeName(config.grad_dtype), ParamCopyName(config.param_copy), scale, config.warmup,
+      config.iters, BytesPerParam(config));
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::string by_kernel;
+    for (const auto& [kernel, per_step] : r.timing.launches_per_step_by_kernel) {
+      absl::StrAppend(&by_kernel, by_kernel.empty() ? "" : ", ", JsonString(kernel), ": ",
+                      absl::StrFormat("%.3f", per_step));
+    }
+    absl::PrintF(
+        "%s\n  {\"workload\": %s, \"description\": %s, \"tensors\": %d, "
+        "\"params\": %d, \"ms_median\": %.6f, \"ms_min\": %.6f, \"ms_max\": %.6f, "
+        "\"device_ms_median\": %.6f, \"gbps\": %.4f, \"device_gbps\": %.4f, "
+        "\"copy_gbps\": %s, \"launches_per_step\": %.3f, "
+        "\"launches_per_step_by_kernel\": {%s}, \"cupti_kernels_per_step\": %.3f, "
+        "\"validated_elements\": %d}",
+        i == 0 ? "" : ",", JsonString(r.workload.name), JsonString(r.workload.description),
+        r.workload.numels.size(), r.workload.total_numel(), r.timing.ms_median, r.timing.ms_min,
+        r.timing.ms_max, r.timing.device_ms_median, r.gbps, r.device_gbps,
+        r.copy_gbps > 0 ? absl::StrFormat("%.4f", r.copy_gbps) : "null", r.timing.launches_per_step,
+        by_kernel, r.timing.cupti_kernels_per_step, r.validated_elements);
+  }
+  absl::PrintF("\n]}\n");
+}
+
+absl::StatusOr<BenchConfig> ConfigFromFlags() {
+  BenchConfig config;
+  config.backend = absl::GetFlag(FLAGS_backend);
+  const std::string grad_dtype = absl::GetFlag(FLAGS_grad_dtype);
+  if (grad_dtype == "fp32") {
+    config.grad_dtype = GradDType::kFloat32;
+  } else if (grad_dtype == "bf16") {
+    config.grad_dtype = GradDType::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad-dtype=", grad_dtype, ": expected fp32 or bf16"));
+  }
+  const std::string param_copy = absl::GetFlag(FLAGS_param_copy);
+  if (param_copy == "none") {
+    config.param_copy = ParamCopyDType::kNone;
+  } else if (param_copy == "bf16") {
+    config.param_copy = ParamCopyDType::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--param-copy=", param_copy, ": expected none or bf16"));
+  }
+  config.warmup = absl::GetFlag(FLAGS_warmup);
+  config.iters = absl::GetFlag(FLAGS_iters);
+  config.threads = absl::GetFlag(FLAGS_threads);
+  config.seed = absl::GetFlag(FLAGS_seed);
+  config.copy_reference = absl::GetFlag(FLAGS_copy_reference);
+  if (config.warmup < 0 || config.iters < 1 || config.threads < 0) {
+    return absl::InvalidArgumentError("need --warmup >= 0, --iters >= 1 and --threads >= 0");
+  }
+  return config;
+}
+
+// absl flag names are C++ identifiers; accept --grad-dtype as well as --grad_dtype.
+std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
+  storage.assign(argv, argv + argc);
+  for (std::string& arg : storage) {
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') continue;
+    const size_t name_end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + name_end, '-', '_');
+  }
+  std::vector<char*> normalized;
+  for (std::string& arg : storage) normalized.push_back(arg.data());
+  return normalized;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Validates, then times one AdamW step of an fusedps backend on DESIGN.md's workloads.\n"
+      "  fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10");
+  std::vector<std::string> storage;
+  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (positional.size() > 1) {
+    absl::FPrintF(stderr, "fusedps-kernel-bench: unexpected argument '%s'\n", positional[1]);
+    return 2;
+  }
+  absl::StatusOr<BenchConfig> config = ConfigFromFlags();
+  const double scale = absl::GetFlag(FLAGS_scale);
+  absl::StatusOr<std::vector<Workload>> workloads =
+      MakeWorkloads(absl::GetFlag(FLAGS_workload), scale);
+  for (const absl::Status& status : {config.status(), workloads.status()}) {
+    if (!status.ok()) {
+      absl::FPrintF(stderr, "fusedps-kernel-bench: %s\n", status.ToString());
+      return 2;
+    }
+  }
+
+  std::vector<Result> results;
+  for (const Workload& workload : *workloads) {
+    absl::FPrintF(stderr,
+                  "fusedps-kernel-bench: %s (%d tensors, %d params): validating, then "
+                  "timing %d steps\n",
+                  workload.name, workload.numels.size(), workload.total_numel(), config->iters);
+    absl::StatusOr<Result> result = RunWorkload(workload, *config);
+    if (!result.ok()) {
+      absl::FPrintF(stderr, "fusedps-kernel-bench: %s\n", result.status().ToString());
+      return 1;
+    }
+    results.push_back(*std::move(result));
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(*config, scale, results);
+  } else {
+    PrintTable(*config, scale, results);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fusedps
+
+int main(int argc, char** argv) { return fusedps::Main(argc, argv); }
