@@ -8,6 +8,10 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-sklearn
   python3-pytest
+  # deploy/ checks (tests/deploy): compose config, YAML, node for the schema validators
+  docker-compose python3-yaml nodejs
+  # metrics checks (tests/metrics): a live Prometheus server, promtool (and python3-yaml)
+  prometheus
 )
 if [[ ${1:-} == --print ]]; then printf '%s\n' "${packages[@]}"; exit 0; fi
 missing=()
@@ -19,5 +23,19 @@ echo "setup: installing ${missing[*]}" >&2
 sudo=()
 [[ $(id -u) == 0 ]] || sudo=(sudo)
 "${sudo[@]}" apt-get update -qq
+# Elsewhere than Debian (deploy/docker builds on NVIDIA's Ubuntu CUDA images), skip, with a
+# warning, what that distribution lacks (e.g. python3-torch on Ubuntu 24.04): only the tests
+# need those. On Debian every package is required.
+if ! grep -qx 'ID=debian' /etc/os-release 2>/dev/null; then
+  available=()
+  for p in "${missing[@]}"; do
+    if apt-cache show "$p" 2>/dev/null | grep -q '^Package:'; then
+      available+=("$p")
+    else
+      echo "setup: $p is not available here; skipped" >&2
+    fi
+  done
+  missing=("${available[@]}")
+fi
 DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
   "${missing[@]}" >&2

@@ -1,0 +1,292 @@
+// Validates the rendered manifests of deploy/k8s (render.sh's OUTDIR/{base,gpu,cpu}.yaml):
+// every object against the Kubernetes API schemas (npm kubernetes-models) or the
+// Prometheus-operator CRD schemas (npm @kubernetes-models/prometheus-operator), then what the
+// schemas cannot say: names the API server would refuse, and how the objects must agree with
+// each other and with fusedps-server (ports, probes, drain time, flags, security, volumes).
+//
+//   node --test k8s_validate.mjs      with FUSEDPS_RENDERED=OUTDIR and FUSEDPS_SOURCE_DIR=repo
+import assert from "node:assert/strict";
+import { readFileSync, readdirSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import { isDeepStrictEqual } from "node:util";
+import { parseAllDocuments, parse as parseYaml } from "yaml";
+
+const renderedDir = process.env.FUSEDPS_RENDERED;
+const sourceDir = process.env.FUSEDPS_SOURCE_DIR;
+assert.ok(renderedDir && sourceDir, "set FUSEDPS_RENDERED and FUSEDPS_SOURCE_DIR");
+
+const GRPC_SERVICE = "fusedps.v1.ParameterService";
+const CHECKPOINT_DIR = "/var/lib/fusedps";
+
+function loadObjects(name) {
+  const text = readFileSync(join(renderedDir, `${name}.yaml`), "utf8");
+  return parseAllDocuments(text)
+    .map((doc) => {
+      assert.equal(doc.errors.length, 0, `${name}.yaml: ${doc.errors.join("; ")}`);
+      return doc.toJS();
+    })
+    .filter((object) => object !== null);
+}
+
+// apiVersion "apps/v1" -> kubernetes-models/apps/v1; "v1" -> kubernetes-models/v1;
+// monitoring.coreos.com/* -> @kubernetes-models/prometheus-operator.
+async function modelFor(apiVersion, kind) {
+  const module = apiVersion.startsWith("monitoring.coreos.com/")
+    ? await import(`@kubernetes-models/prometheus-operator/${apiVersion}`)
+    : await import(`kubernetes-models/${apiVersion}`);
+  assert.ok(module[kind], `no schema for ${apiVersion} ${kind}`);
+  return module[kind];
+}
+
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+const PORT_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/; // IANA_SVC_NAME, at most 15 characters
+
+// Rules of the API server's own validation that the OpenAPI schemas leave out.
+function checkNames(object) {
+  const where = `${object.kind} ${object.metadata.name}`;
+  const nameRule = ["Service", "StatefulSet"].includes(object.kind) ? DNS_LABEL : DNS_SUBDOMAIN;
+  assert.match(object.metadata.name, nameRule, `${where}: invalid name`);
+  assert.ok(object.metadata.name.length <= (object.kind === "Service" ? 63 : 253), where);
+  for (const [key, value] of Object.entries(object.metadata.labels ?? {})) {
+    const [prefix, name] = key.includes("/") ? key.split("/") : [null, key];
+    if (prefix !== null) assert.match(prefix, DNS_SUBDOMAIN, `${where}: label key ${key}`);
+    assert.match(name, /^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$/, `${where}: label key ${key}`);
+    assert.ok(name.length <= 63 && value.length <= 63, `${where}: label ${key} too long`);
+    assert.match(value, LABEL_VALUE, `${where}: label value ${key}=${value}`);
+  }
+  const ports = [
+    ...(object.spec?.ports ?? []),
+    ...(object.spec?.template?.spec?.containers ?? []).flatMap((c) => c.ports ?? []),
+  ];
+  for (const port of ports) {
+    if (port.name === undefined) continue;
+    assert.match(port.name, PORT_NAME, `${where}: port name ${port.name}`);
+    assert.ok(port.name.length <= 15 && /[a-z]/.test(port.name), `${where}: port ${port.name}`);
+  }
+}
+
+function selectorMatches(selector, labels) {
+  return Object.entries(selector).every(([key, value]) => labels[key] === value);
+}
+
+function only(objects, kind) {
+  const found = objects.filter((object) => object.kind === kind);
+  assert.equal(found.length, 1, `expected one ${kind}, found ${found.length}`);
+  return found[0];
+}
+
+// The container's arguments with $(VAR) replaced from its env and envFrom ConfigMaps, as the
+// kubelet does.
+function resolvedArgs(objects, container) {
+  const env = {};
+  for (const source of container.envFrom ?? []) {
+    const map = objects.find(
+      (o) => o.kind === "ConfigMap" && o.metadata.name === source.configMapRef?.name,
+    );
+    assert.ok(map, `envFrom names ConfigMap ${source.configMapRef?.name}, not in the output`);
+    Object.assign(env, map.data);
+  }
+  for (const variable of container.env ?? []) env[variable.name] = variable.value;
+  return [...(container.command ?? []), ...(container.args ?? [])].map((arg) =>
+    arg.replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (_, name) => {
+      assert.ok(name in env, `argument ${arg}: $(${name}) is not set`);
+      return env[name];
+    }),
+  );
+}
+
+function flagValue(args, flag) {
+  const values = args.filter((a) => a.startsWith(`--${flag}=`)).map((a) => a.split("=")[1]);
+  assert.ok(values.length <= 1, `--${flag} given twice`);
+  return values[0];
+}
+
+const portOf = (address) => Number(address.slice(address.lastIndexOf(":") + 1));
+
+function readRuleFiles() {
+  const dir = join(sourceDir, "deploy/prometheus/rules");
+  return readdirSync(dir)
+    .filter((f) => /\.ya?ml$/.test(f))
+    .map((f) => ({ file: f, rules: parseYaml(readFileSync(join(dir, f), "utf8")) }));
+}
+
+for (const variant of ["base", "gpu", "cpu"]) {
+  const objects = loadObjects(variant);
+
+  test(`${variant}: every object validates against its API schema`, async () => {
+    const kinds = new Set(objects.map((o) => o.kind));
+    for (const kind of ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget"]) {
+      assert.ok(kinds.has(kind), `${kind} missing`);
+    }
+    if (variant !== "base") {
+      for (const kind of ["PodMonitor", "PrometheusRule"]) assert.ok(kinds.has(kind), kind);
+    }
+    for (const object of objects) {
+      const Model = await modelFor(object.apiVersion, object.kind);
+      assert.doesNotThrow(
+        () => new Model(object).validate(),
+        `${object.kind} ${object.metadata?.name} fails its schema`,
+      );
+      checkNames(object);
+    }
+  });
+
+  test(`${variant}: the schema check rejects a broken object (it is not a no-op)`, async () => {
+    const sts = structuredClone(only(objects, "StatefulSet"));
+    sts.spec.template.spec.containers[0].readinessProbe.grpc.port = "grpc";
+    const Model = await modelFor(sts.apiVersion, sts.kind);
+    assert.throws(() => new Model(sts).validate(), /must be integer/);
+  });
+
+  test(`${variant}: StatefulSet, headless Service and PodDisruptionBudget agree`, () => {
+    const sts = only(objects, "StatefulSet");
+    const service = only(objects, "Service");
+    const pdb = only(objects, "PodDisruptionBudget");
+    const podLabels = sts.spec.template.metadata.labels;
+    assert.equal(sts.spec.serviceName, service.metadata.name, "serviceName is the headless Service");
+    assert.equal(service.spec.clusterIP, "None", "the Service is headless");
+    assert.ok(selectorMatches(sts.spec.selector.matchLabels, podLabels));
+    assert.ok(selectorMatches(service.spec.selector, podLabels), "Service selects the pods");
+    assert.ok(selectorMatches(pdb.spec.selector.matchLabels, podLabels), "PDB selects the pods");
+    assert.equal(pdb.spec.maxUnavailable, 1);
+    assert.ok(sts.spec.replicas >= 1);
+    assert.equal(sts.spec.updateStrategy.type, "RollingUpdate");
+    const container = sts.spec.template.spec.containers[0];
+    const containerPorts = Object.fromEntries(container.ports.map((p) => [p.name, p.containerPort]));
+    for (const port of service.spec.ports) {
+      assert.ok(port.targetPort in containerPorts, `Service port ${port.name} -> ${port.targetPort}`);
+      assert.equal(port.port, containerPorts[port.targetPort]);
+    }
+  });
+
+  test(`${variant}: listen flags, container ports and gRPC probes agree`, () => {
+    const sts = only(objects, "StatefulSet");
+    const container = sts.spec.template.spec.containers[0];
+    const args = resolvedArgs(objects, container);
+    assert.equal(args[0], "fusedps-server");
+    const ports = Object.fromEntries(container.ports.map((p) => [p.name, p.containerPort]));
+    assert.equal(ports.grpc, 50051);
+    assert.equal(ports.metrics, 9464);
+    assert.equal(portOf(flagValue(args, "listen")), ports.grpc, "--listen port is port grpc");
+    assert.equal(portOf(flagValue(args, "metrics-listen")), ports.metrics, "--metrics-listen");
+    for (const probe of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+      assert.ok(container[probe]?.grpc, `${probe} is a gRPC probe`);
+      assert.equal(container[probe].grpc.port, ports.grpc, `${probe} port is the gRPC port`);
+    }
+    // Liveness asks about the server as a whole, readiness about the parameter service.
+    assert.ok([undefined, ""].includes(container.livenessProbe.grpc.service));
+    assert.ok([undefined, ""].includes(container.startupProbe.grpc.service));
+    assert.equal(container.readinessProbe.grpc.service, GRPC_SERVICE);
+  });
+
+  test(`${variant}: the pod outlives the server's drain on SIGTERM`, () => {
+    const sts = only(objects, "StatefulSet");
+    const args = resolvedArgs(objects, sts.spec.template.spec.containers[0]);
+    const grace = Number(flagValue(args, "shutdown-grace-seconds") ?? 30);
+    const period = sts.spec.template.spec.terminationGracePeriodSeconds;
+    assert.ok(Number.isInteger(grace) && grace > 0, `--shutdown-grace-seconds=${grace}`);
+    assert.ok(period >= grace + 10, `terminationGracePeriodSeconds ${period} < drain ${grace} + 10`);
+  });
+
+  test(`${variant}: non-root, read-only root filesystem, no privileges`, () => {
+    const pod = only(objects, "StatefulSet").spec.template.spec;
+    const container = pod.containers[0];
+    assert.equal(pod.securityContext.runAsNonRoot, true);
+    assert.ok(pod.securityContext.runAsUser > 0);
+    assert.equal(pod.securityContext.seccompProfile.type, "RuntimeDefault");
+    assert.equal(pod.automountServiceAccountToken, false);
+    assert.equal(container.securityContext.readOnlyRootFilesystem, true);
+    assert.equal(container.securityContext.allowPrivilegeEscalation, false);
+    assert.deepEqual(container.securityContext.capabilities.drop, ["ALL"]);
+  });
+
+  test(`${variant}: a persistent volume per shard at ${CHECKPOINT_DIR}`, () => {
+    const sts = only(objects, "StatefulSet");
+    const mount = sts.spec.template.spec.containers[0].volumeMounts.find(
+      (m) => m.mountPath === CHECKPOINT_DIR,
+    );
+    assert.ok(mount, `nothing mounted at ${CHECKPOINT_DIR}`);
+    const claim = sts.spec.volumeClaimTemplates.find((t) => t.metadata.name === mount.name);
+    assert.ok(claim, `${mount.name} is a volumeClaimTemplate`);
+    assert.ok(claim.spec.resources.requests.storage);
+  });
+
+  test(`${variant}: device flag and resources fit the variant`, () => {
+    const sts = only(objects, "StatefulSet");
+    const pod = sts.spec.template.spec;
+    const container = pod.containers[0];
+    const args = resolvedArgs(objects, container);
+    const gpus = container.resources.limits?.["nvidia.com/gpu"];
+    const expected = { base: "auto", gpu: "cuda:0", cpu: "cpu" }[variant];
+    assert.equal(flagValue(args, "device"), expected);
+    if (variant === "gpu") {
+      assert.equal(gpus, 1, "one GPU per shard");
+      assert.ok(pod.tolerations.some((t) => t.key === "nvidia.com/gpu"));
+      assert.match(container.image, /cuda/);
+    } else {
+      assert.equal(gpus, undefined);
+    }
+    if (variant === "cpu") {
+      assert.equal(Number(flagValue(args, "threads")), Number(container.resources.requests.cpu));
+      assert.match(container.image, /cpu/);
+    }
+    assert.ok(container.resources.requests.memory && container.resources.limits.memory);
+  });
+
+  if (variant === "base") continue;
+
+  test(`${variant}: the PodMonitor scrapes the pods' metrics port`, () => {
+    const monitor = only(objects, "PodMonitor");
+    const sts = only(objects, "StatefulSet");
+    const podLabels = sts.spec.template.metadata.labels;
+    assert.ok(selectorMatches(monitor.spec.selector.matchLabels, podLabels));
+    const names = sts.spec.template.spec.containers[0].ports.map((p) => p.name);
+    for (const endpoint of monitor.spec.podMetricsEndpoints) {
+      assert.ok(names.includes(endpoint.port), `PodMonitor port ${endpoint.port}`);
+      assert.equal(endpoint.path, "/metrics");
+    }
+    // job="fusedps", as deploy/prometheus's rules and the dashboard select it.
+    assert.equal(podLabels[monitor.spec.jobLabel], "fusedps");
+  });
+
+  test(`${variant}: the PrometheusRules hold deploy/prometheus/rules exactly`, () => {
+    const objects_ = objects.filter((o) => o.kind === "PrometheusRule");
+    const files = readRuleFiles();
+    assert.equal(objects_.length, files.length, "one PrometheusRule per rules file");
+    for (const { file, rules } of files) {
+      const match = objects_.find((o) => isDeepStrictEqual(o.spec, rules));
+      assert.ok(match, `no PrometheusRule with the groups of deploy/prometheus/rules/${file}`);
+      assert.ok(match.spec.groups.length > 0);
+    }
+  });
+
+  test(`${variant}: the Grafana dashboards ConfigMap holds deploy/grafana exactly`, () => {
+    const dir = join(sourceDir, "deploy/grafana");
+    const maps = objects.filter((o) => o.kind === "ConfigMap" && o.metadata.labels?.grafana_dashboard);
+    assert.equal(maps.length, 1);
+    assert.equal(maps[0].metadata.labels.grafana_dashboard, "1");
+    const files = readdirSync(dir).filter((f) => f.endsWith(".json"));
+    assert.deepEqual(Object.keys(maps[0].data).sort(), files.sort());
+    for (const file of files) {
+      assert.deepEqual(
+        JSON.parse(maps[0].data[file]),
+        JSON.parse(readFileSync(join(dir, file), "utf8")),
+        `${file} differs from deploy/grafana/${file}`,
+      );
+    }
+  });
+}
+
+test("docs/operations.md says what to do for every alert in deploy/prometheus/rules", () => {
+  const docs = readFileSync(join(sourceDir, "docs/operations.md"), "utf8");
+  const alerts = readRuleFiles().flatMap(({ rules }) =>
+    rules.groups.flatMap((group) => group.rules.filter((r) => r.alert).map((r) => r.alert)),
+  );
+  assert.ok(alerts.length > 0, "no alerts found");
+  for (const alert of alerts) {
+    assert.match(docs, new RegExp(`^### ${alert}$`, "m"), `no section "### ${alert}"`);
+  }
+});
