@@ -491,7 +491,10 @@ class CudaBackend final : public OptimizerBackend {
             {"exp_avg_sq", exp_avg_sq_.bytes_allocated()},
             {"max_exp_avg_sq", max_exp_avg_sq_.bytes_allocated()},
             {"param_copy", copy_.bytes_allocated()},
-            {"grad_staging", grads_.bytes_allocated()}};
+            {"grad_staging", grads_.bytes_allocated()},
+            {"tables", full_chunks_.bytes_allocated() + push_chunks_.bytes_allocated() +
+                           step_dev_.bytes_allocated() + hyper_.bytes_allocated() +
+                           remaining_.bytes_allocated() + portions_of_dev_.bytes_allocated()}};
   }
   double last_step_device_seconds() const override { return last_step_seconds_; }
 

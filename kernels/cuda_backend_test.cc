@@ -5,6 +5,8 @@
 // NaN (a kernel that read padding would skip the step), and every param changes on every step,
 // so an element the kernel failed to write shows up as a mismatch.
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <cstring>
 #include <random>
 #include <string>
@@ -368,6 +370,42 @@ TEST_P(CudaBackendTest, LaunchCounterAgreesWithCupti) {
   EXPECT_EQ(shard.cuda->launches_total() - before, cupti_total);
 }
 #endif
+
+// The device memory the backend reports, per parameter: 12 bytes (params, exp_avg,
+// exp_avg_sq), 4 more with amsgrad, 2 more for a bf16 copy, plus staging in the wire dtype.
+TEST(CudaBackendMemoryTest, DeviceBytesPerParameter) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  constexpr uint64_t kNumel = 1 << 20;  // Multiples of 8: no padding in the arenas.
+  for (const bool amsgrad : {false, true}) {
+    for (const ParamCopyDType copy : {ParamCopyDType::kNone, ParamCopyDType::kBFloat16}) {
+      BackendOptions options;
+      options.param_copy_dtype = copy;
+      auto cuda = MakeBackend("cuda:0", options);
+      ASSERT_TRUE(cuda.ok());
+      AdamWHyperparameters h;
+      h.amsgrad = amsgrad;
+      ASSERT_TRUE((*cuda)->SetParamGroup(0, h).ok());
+      ASSERT_TRUE((*cuda)->AddTensors({{kNumel / 2, 0}, {kNumel / 2, 0}}).ok());
+      std::vector<uint16_t> grads(kNumel, FloatToBFloat16(0.5f));
+      const std::vector<uint32_t> tensors = {0, 1};
+      const std::vector<uint64_t> offsets = {0, kNumel / 2};
+      ASSERT_TRUE((*cuda)->Step({tensors, offsets, grads.data(), GradDType::kBFloat16, 0}).ok());
+      std::map<std::string, uint64_t> bytes = (*cuda)->memory_bytes();
+      const auto per_param = [&](const char* kind) {
+        return static_cast<double>(bytes[kind]) / kNumel;
+      };
+      EXPECT_EQ(per_param("params") + per_param("exp_avg") + per_param("exp_avg_sq"), 12.0);
+      EXPECT_EQ(per_param("max_exp_avg_sq"), amsgrad ? 4.0 : 0.0);
+      EXPECT_EQ(per_param("param_copy"), copy == ParamCopyDType::kNone ? 0.0 : 2.0);
+      EXPECT_EQ(per_param("grad_staging"), 2.0);  // bf16 on the wire.
+      EXPECT_LT(per_param("tables"), 0.05);
+      double total = 0;
+      for (const auto& [kind, b] : bytes) total += static_cast<double>(b) / kNumel;
+      std::printf("amsgrad=%d copy=%s: %.3f device bytes per parameter (tables %.4f)\n", amsgrad,
+                  copy == ParamCopyDType::kNone ? "none" : "bf16", total, per_param("tables"));
+    }
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(TensorCounts, CudaBackendTest,
                          ::testing::Values(1, 35, 36, 37, 423, 424, 425, 10000));

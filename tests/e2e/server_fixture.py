@@ -46,14 +46,15 @@ class ServerError(RuntimeError):
 
 
 @contextlib.contextmanager
-def running_server(extra_args: Sequence[str] = (), *, device: str = "cpu",
+def running_server(extra_args: Sequence[str] = (), *, device: Optional[str] = None,
                    start_timeout: float = 30.0, stop_timeout: float = 60.0,
                    server: Optional[str] = None) -> Iterator[str]:
     """Runs fusedps-server for the duration of the with-block; yields "127.0.0.1:<port>".
 
     Args:
       extra_args: more flags for the server, e.g. ["--param-copy-dtype=bf16"].
-      device: the --device flag ("cpu" for tests; "auto" uses a GPU when there is one).
+      device: the --device flag; default $FUSEDPS_TEST_DEVICE, else "cpu" (set it to "cuda" to
+        run the same tests against the CUDA backend on a GPU machine).
       start_timeout: seconds to wait for the port file.
       stop_timeout: seconds to wait for the exit after SIGTERM (then SIGKILL, and an error).
       server: the binary; default server_path().
@@ -71,7 +72,8 @@ def running_server(extra_args: Sequence[str] = (), *, device: str = "cpu",
         log_path = os.path.join(tmp, "server.log")
         # Metrics on a free port too, so that servers running side by side never collide.
         cmd = [binary, "--listen=127.0.0.1:0", f"--port-file={port_file}",
-               "--metrics-listen=127.0.0.1:0", f"--device={device}", *extra_args]
+               "--metrics-listen=127.0.0.1:0",
+               f"--device={device or os.environ.get('FUSEDPS_TEST_DEVICE', 'cpu')}", *extra_args]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT)

@@ -9,6 +9,8 @@ import grpc
 import pytest
 import torch
 
+import os
+
 import fusedps
 from fusedps import _chunks
 from fusedps.v1 import parameter_service_pb2 as pb
@@ -16,7 +18,9 @@ from fusedps.v1 import parameter_service_pb2 as pb
 
 def test_info_and_default_group(client):
     info = client.info()
-    assert info.backend == "cpu"
+    # The suite runs on the CPU backend by default, on CUDA with FUSEDPS_TEST_DEVICE=cuda.
+    want = "cuda" if os.environ.get("FUSEDPS_TEST_DEVICE", "cpu").startswith("cuda") else "cpu"
+    assert info.backend == want
     assert info.max_message_bytes >= 4 << 20
     default = {g.name: g for g in info.param_groups}["default"]
     assert default.lr == pytest.approx(1e-3)
