@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/grad_check.h"
+#include "kernels/tensor_table.h"
 
 namespace fusedps {
 namespace {
@@ -52,51 +53,30 @@ class CpuBackend final : public OptimizerBackend {
   ParamCopyDType param_copy_dtype() const override { return copy_dtype_; }
 
   absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
-    if (group > groups_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("param group index ", group, " skips ",
-                                                     groups_.size()));
-    }
-    if (group == groups_.size()) {
-      groups_.push_back(hyper);
-    } else {
-      groups_[group] = hyper;
-    }
-    if (hyper.amsgrad) return EnsureMaxExpAvgSq();
+    if (absl::Status s = table_.SetGroup(group, hyper); !s.ok()) return s;
+    if (hyper.amsgrad) return Resize(params_.size());  // Adds max_exp_avg_sq.
     return absl::OkStatus();
   }
 
   absl::Status AddTensors(absl::Span<const NewTensor> tensors) override {
-    uint64_t total = arena_numel_;
-    for (const NewTensor& t : tensors) {
-      if (t.param_group >= groups_.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("param group index ", t.param_group, " is not registered"));
-      }
-      total += AlignedNumel(t.numel);
-    }
-    absl::Status grown = Resize(total);
-    if (!grown.ok()) return grown;
-    for (const NewTensor& t : tensors) {
-      offsets_.push_back(arena_numel_);
-      numels_.push_back(t.numel);
-      groups_of_.push_back(t.param_group);
-      steps_.push_back(0);
-      arena_numel_ += AlignedNumel(t.numel);
-    }
+    absl::StatusOr<uint64_t> total = table_.ArenaNumelWith(tensors);
+    if (!total.ok()) return total.status();
+    if (absl::Status s = Resize(*total); !s.ok()) return s;
+    table_.Append(tensors);
     return absl::OkStatus();
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                            absl::Span<const float> values) override {
-    float* dst = params_.data() + offsets_[tensor] + offset;
+    float* dst = params_.data() + table_.offset(tensor) + offset;
     std::copy(values.begin(), values.end(), dst);
-    WriteCopy(offsets_[tensor] + offset, values.size());
+    WriteCopy(table_.offset(tensor) + offset, values.size());
     return absl::OkStatus();
   }
 
   absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
                     GradDType dtype, void* out) const override {
-    const uint64_t start = offsets_[tensor] + offset;
+    const uint64_t start = table_.offset(tensor) + offset;
     const float* src = nullptr;
     switch (field) {
       case TensorField::kParam:
@@ -113,7 +93,7 @@ class CpuBackend final : public OptimizerBackend {
         src = exp_avg_sq_.data();
         break;
       case TensorField::kMaxExpAvgSq:
-        if (!groups_[groups_of_[tensor]].amsgrad) {
+        if (!table_.hyper_of(tensor).amsgrad) {
           return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
         }
         src = max_exp_avg_sq_.data();
@@ -131,9 +111,9 @@ class CpuBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
-  int64_t step(uint32_t tensor) const override { return steps_[tensor]; }
-  uint32_t tensor_count() const override { return static_cast<uint32_t>(offsets_.size()); }
-  uint64_t numel(uint32_t tensor) const override { return numels_[tensor]; }
+  int64_t step(uint32_t tensor) const override { return table_.step(tensor); }
+  uint32_t tensor_count() const override { return table_.size(); }
+  uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
   uint64_t launches_total() const override { return launches_; }
   std::map<std::string, uint64_t> launch_counts() const override {
     return {{"cpu_adamw_apply", launches_}};
@@ -171,7 +151,7 @@ class CpuBackend final : public OptimizerBackend {
       finite = !staged_non_finite_;
       staged_non_finite_ = false;
     } else {
-      finite = PushGradsAllFinite(request, [this](uint32_t t) { return numels_[t]; });
+      finite = PushGradsAllFinite(request, [this](uint32_t t) { return table_.numel(t); });
     }
     absl::StatusOr<StepOutcome> outcome =
         finite ? StepOn(request) : StepOutcome{.skipped = true, .tensors_updated = 0};
@@ -184,7 +164,7 @@ class CpuBackend final : public OptimizerBackend {
   absl::StatusOr<StepOutcome> StepOn(const StepRequest& request) {
     std::vector<Piece> pieces;
     for (uint32_t r = 0; r < request.tensors.size(); ++r) {
-      const uint64_t n = numels_[request.tensors[r]];
+      const uint64_t n = table_.numel(request.tensors[r]);
       for (uint64_t begin = 0; begin < n; begin += kPieceNumel) {
         pieces.push_back({r, begin, std::min(n, begin + kPieceNumel)});
       }
@@ -194,7 +174,7 @@ class CpuBackend final : public OptimizerBackend {
     std::vector<AdamWStepScalars> scalars(request.tensors.size());
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
-      scalars[r] = MakeStepScalars(groups_[groups_of_[t]], steps_[t] + 1, request.grad_scale);
+      scalars[r] = MakeStepScalars(table_.hyper_of(t), table_.step(t) + 1, request.grad_scale);
     }
     ++launches_;
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
@@ -202,7 +182,7 @@ class CpuBackend final : public OptimizerBackend {
       const Piece& p = pieces[k];
       const uint32_t t = request.tensors[p.request_index];
       // Shift the arenas so that element 0 of the tensor is at index 0, as in its grads.
-      const uint64_t o = offsets_[t];
+      const uint64_t o = table_.offset(t);
       const uint64_t g = request.grad_offsets[p.request_index];
       float* max_sq = max_exp_avg_sq_.empty() ? nullptr : max_exp_avg_sq_.data() + o;
       uint16_t* copy = copy_.empty() ? nullptr : copy_.data() + o;
@@ -224,7 +204,7 @@ class CpuBackend final : public OptimizerBackend {
           break;
       }
     }
-    for (uint32_t t : request.tensors) ++steps_[t];
+    table_.AdvanceSteps(request.tensors);
     return StepOutcome{.skipped = false,
                        .tensors_updated = static_cast<uint32_t>(request.tensors.size())};
   }
@@ -234,26 +214,11 @@ class CpuBackend final : public OptimizerBackend {
       params_.resize(numel, 0.0f);
       exp_avg_.resize(numel, 0.0f);
       exp_avg_sq_.resize(numel, 0.0f);
-      if (!max_exp_avg_sq_.empty() || HasAmsgrad()) max_exp_avg_sq_.resize(numel, 0.0f);
+      if (table_.any_amsgrad()) max_exp_avg_sq_.resize(numel, 0.0f);
       if (copy_dtype_ != ParamCopyDType::kNone) copy_.resize(numel, 0);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(
           absl::StrCat("host memory for ", numel, " parameters (", numel * 16, " bytes)"));
-    }
-    return absl::OkStatus();
-  }
-
-  bool HasAmsgrad() const {
-    return std::any_of(groups_.begin(), groups_.end(),
-                       [](const AdamWHyperparameters& h) { return h.amsgrad; });
-  }
-
-  absl::Status EnsureMaxExpAvgSq() {
-    if (max_exp_avg_sq_.size() == params_.size() && !params_.empty()) return absl::OkStatus();
-    try {
-      max_exp_avg_sq_.resize(params_.size(), 0.0f);
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError("host memory for max_exp_avg_sq");
     }
     return absl::OkStatus();
   }
@@ -267,12 +232,7 @@ class CpuBackend final : public OptimizerBackend {
 
   const ParamCopyDType copy_dtype_;
   const int threads_;
-  std::vector<AdamWHyperparameters> groups_;
-  std::vector<uint64_t> offsets_;  // Per tensor, in elements, multiples of 8.
-  std::vector<uint64_t> numels_;
-  std::vector<uint32_t> groups_of_;
-  std::vector<int64_t> steps_;
-  uint64_t arena_numel_ = 0;
+  TensorTable table_;
   std::vector<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
   std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params_.
   uint64_t launches_ = 0;

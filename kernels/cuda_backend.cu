@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/grad_check.h"
+#include "kernels/tensor_table.h"
 
 namespace fusedps {
 namespace {
@@ -376,47 +377,34 @@ class CudaBackend final : public OptimizerBackend {
   ParamCopyDType param_copy_dtype() const override { return options_.param_copy_dtype; }
 
   absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
-    if (group > groups_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("param group index ", group, " skips ",
-                                                     groups_.size()));
-    }
-    if (group == groups_.size()) groups_.push_back(hyper);
-    groups_[group] = hyper;
+    if (absl::Status s = table_.SetGroup(group, hyper); !s.ok()) return s;
     if (hyper.amsgrad && max_exp_avg_sq_.size() < params_.size()) {
       if (absl::Status s = max_exp_avg_sq_.Resize(params_.size(), stream_); !s.ok()) return s;
     }
-    if (absl::Status s = hyper_.Resize(groups_.size(), stream_); !s.ok()) return s;
-    if (absl::Status s = hyper_.Upload(groups_.data(), groups_.size(), stream_); !s.ok()) return s;
+    const std::vector<AdamWHyperparameters>& groups = table_.groups();
+    if (absl::Status s = hyper_.Resize(groups.size(), stream_); !s.ok()) return s;
+    if (absl::Status s = hyper_.Upload(groups.data(), groups.size(), stream_); !s.ok()) return s;
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
   absl::Status AddTensors(absl::Span<const NewTensor> tensors) override {
-    uint64_t total = arena_numel_;
-    for (const NewTensor& t : tensors) {
-      if (t.param_group >= groups_.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("param group index ", t.param_group, " is not registered"));
-      }
-      total += AlignedNumel(t.numel);
-    }
-    if (absl::Status s = GrowArenas(total); !s.ok()) return s;
-    for (const NewTensor& t : tensors) {
-      const uint32_t index = static_cast<uint32_t>(offsets_.size());
-      portions_of_.push_back(kPortions * AppendChunks(index, t.param_group, t.numel, arena_numel_,
-                                                      arena_numel_, full_chunks_host_));
-      offsets_.push_back(arena_numel_);
-      numels_.push_back(t.numel);
-      groups_of_.push_back(t.param_group);
-      steps_.push_back(0);
-      arena_numel_ += AlignedNumel(t.numel);
+    absl::StatusOr<uint64_t> total = table_.ArenaNumelWith(tensors);
+    if (!total.ok()) return total.status();
+    if (absl::Status s = GrowArenas(*total); !s.ok()) return s;
+    const uint32_t first = table_.size();
+    table_.Append(tensors);
+    for (uint32_t t = first; t < table_.size(); ++t) {
+      portions_of_.push_back(kPortions * AppendChunks(t, table_.group_of(t), table_.numel(t),
+                                                      table_.offset(t), table_.offset(t),
+                                                      full_chunks_host_));
     }
     return UploadTables();
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                            absl::Span<const float> values) override {
-    const uint64_t at = offsets_[tensor] + offset;
+    const uint64_t at = table_.offset(tensor) + offset;
     if (absl::Status s = params_.Upload(values.data(), values.size(), stream_, at); !s.ok()) {
       return s;
     }
@@ -435,7 +423,7 @@ class CudaBackend final : public OptimizerBackend {
 
   absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
                     GradDType dtype, void* out) const override {
-    const uint64_t start = offsets_[tensor] + offset;
+    const uint64_t start = table_.offset(tensor) + offset;
     if (field == TensorField::kParam && dtype != GradDType::kFloat32 &&
         static_cast<int>(dtype) == static_cast<int>(options_.param_copy_dtype)) {
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, copy_.data() + start, count * 2,
@@ -455,7 +443,7 @@ class CudaBackend final : public OptimizerBackend {
         src = exp_avg_sq_.data();
         break;
       case TensorField::kMaxExpAvgSq:
-        if (!groups_[groups_of_[tensor]].amsgrad) {
+        if (!table_.hyper_of(tensor).amsgrad) {
           return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
         }
         src = max_exp_avg_sq_.data();
@@ -480,9 +468,9 @@ class CudaBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
-  int64_t step(uint32_t tensor) const override { return steps_[tensor]; }
-  uint32_t tensor_count() const override { return static_cast<uint32_t>(offsets_.size()); }
-  uint64_t numel(uint32_t tensor) const override { return numels_[tensor]; }
+  int64_t step(uint32_t tensor) const override { return table_.step(tensor); }
+  uint32_t tensor_count() const override { return table_.size(); }
+  uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
   uint64_t launches_total() const override { return launches_.total(); }
   std::map<std::string, uint64_t> launch_counts() const override { return launches_.counts(); }
   std::map<std::string, uint64_t> memory_bytes() const override {
@@ -510,7 +498,7 @@ class CudaBackend final : public OptimizerBackend {
       finite = !staged_non_finite_;
       staged_non_finite_ = false;
     } else {
-      finite = PushGradsAllFinite(request, [this](uint32_t t) { return numels_[t]; });
+      finite = PushGradsAllFinite(request, [this](uint32_t t) { return table_.numel(t); });
     }
     if (!finite) return StepOutcome{true, 0};  // Nothing launched, nothing written.
     return Apply(request);
@@ -535,7 +523,7 @@ class CudaBackend final : public OptimizerBackend {
     uint64_t grad_numel = 0;
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       grad_numel = std::max(grad_numel, request.grad_offsets[r] +
-                                            AlignedNumel(numels_[request.tensors[r]]));
+                                            AlignedNumel(table_.numel(request.tensors[r])));
     }
     const size_t grad_bytes = grad_numel * DTypeSize(request.grad_dtype);
     if (request.grads != nullptr) {
@@ -551,7 +539,7 @@ class CudaBackend final : public OptimizerBackend {
       push_chunks_host_.clear();
       for (size_t r = 0; r < request.tensors.size(); ++r) {
         const uint32_t t = request.tensors[r];
-        AppendChunks(t, groups_of_[t], numels_[t], offsets_[t], request.grad_offsets[r],
+        AppendChunks(t, table_.group_of(t), table_.numel(t), table_.offset(t), request.grad_offsets[r],
                      push_chunks_host_);
       }
       chunk_count = static_cast<uint32_t>(push_chunks_host_.size());
@@ -578,14 +566,14 @@ class CudaBackend final : public OptimizerBackend {
     float ms = 0;
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, step_begin_, step_end_));
     last_step_seconds_ = ms * 1e-3;
-    for (uint32_t t : request.tensors) ++steps_[t];
+    table_.AdvanceSteps(request.tensors);
     return StepOutcome{false, static_cast<uint32_t>(request.tensors.size())};
   }
 
   bool IsFullPush(const StepRequest& request) const {
-    if (request.tensors.size() != offsets_.size()) return false;
+    if (request.tensors.size() != table_.size()) return false;
     for (size_t r = 0; r < request.tensors.size(); ++r) {
-      if (request.tensors[r] != r || request.grad_offsets[r] != offsets_[r]) return false;
+      if (request.tensors[r] != r || request.grad_offsets[r] != table_.offset(r)) return false;
     }
     return true;
   }
@@ -602,9 +590,7 @@ class CudaBackend final : public OptimizerBackend {
     for (DeviceVector<float>* arena : {&params_, &exp_avg_, &exp_avg_sq_}) {
       if (absl::Status s = arena->Resize(numel, stream_); !s.ok()) return s;
     }
-    const bool amsgrad = std::any_of(groups_.begin(), groups_.end(),
-                                     [](const AdamWHyperparameters& h) { return h.amsgrad; });
-    if (amsgrad) {
+    if (table_.any_amsgrad()) {
       if (absl::Status s = max_exp_avg_sq_.Resize(numel, stream_); !s.ok()) return s;
     }
     if (options_.param_copy_dtype != ParamCopyDType::kNone) {
@@ -614,7 +600,7 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   absl::Status UploadTables() {
-    const size_t n = offsets_.size();
+    const size_t n = table_.size();
     if (absl::Status s = step_dev_.Resize(n, stream_); !s.ok()) return s;
     if (absl::Status s = remaining_.Resize(n, stream_); !s.ok()) return s;
     if (absl::Status s = portions_of_dev_.Resize(n, stream_); !s.ok()) return s;
@@ -625,7 +611,7 @@ class CudaBackend final : public OptimizerBackend {
     if (absl::Status s = full_chunks_.Resize(full_chunks_host_.size(), stream_, false); !s.ok()) {
       return s;
     }
-    if (absl::Status s = step_dev_.Upload(steps_.data(), n, stream_); !s.ok()) return s;
+    if (absl::Status s = step_dev_.Upload(table_.steps().data(), n, stream_); !s.ok()) return s;
     if (absl::Status s = full_chunks_.Upload(full_chunks_host_.data(), full_chunks_host_.size(),
                                              stream_);
         !s.ok()) {
@@ -645,12 +631,9 @@ class CudaBackend final : public OptimizerBackend {
   LaunchCounter launches_;
 
   // Host mirrors.
-  std::vector<AdamWHyperparameters> groups_;
-  std::vector<uint64_t> offsets_, numels_;
-  std::vector<uint32_t> groups_of_, portions_of_;
-  std::vector<int64_t> steps_;
+  TensorTable table_;
+  std::vector<uint32_t> portions_of_;
   std::vector<Chunk> full_chunks_host_, push_chunks_host_;
-  uint64_t arena_numel_ = 0;
 
   // Device memory.
   DeviceVector<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;

@@ -1,0 +1,53 @@
+#include "kernels/tensor_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusedps {
+
+absl::Status TensorTable::SetGroup(uint32_t group, const AdamWHyperparameters& hyper) {
+  if (group > groups_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param group index ", group, " skips ", groups_.size()));
+  }
+  if (group == groups_.size()) {
+    groups_.push_back(hyper);
+  } else {
+    groups_[group] = hyper;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> TensorTable::ArenaNumelWith(absl::Span<const NewTensor> tensors) const {
+  uint64_t total = arena_numel_;
+  for (const NewTensor& t : tensors) {
+    if (t.param_group >= groups_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param group index ", t.param_group, " is not registered"));
+    }
+    total += AlignedNumel(t.numel);
+  }
+  return total;
+}
+
+void TensorTable::Append(absl::Span<const NewTensor> tensors) {
+  for (const NewTensor& t : tensors) {
+    offsets_.push_back(arena_numel_);
+    numels_.push_back(t.numel);
+    groups_of_.push_back(t.param_group);
+    steps_.push_back(0);
+    arena_numel_ += AlignedNumel(t.numel);
+  }
+}
+
+void TensorTable::AdvanceSteps(absl::Span<const uint32_t> tensors) {
+  for (uint32_t t : tensors) ++steps_[t];
+}
+
+bool TensorTable::any_amsgrad() const {
+  return std::any_of(groups_.begin(), groups_.end(),
+                     [](const AdamWHyperparameters& h) { return h.amsgrad; });
+}
+
+}  // namespace fusedps
