@@ -13,6 +13,14 @@ namespace fusedps {
 ChunkAssembler::ChunkAssembler(std::vector<Expected> tensors, int element_size)
     : tensors_(std::move(tensors)), element_size_(element_size) {}
 
+uint64_t ChunkAssembler::StagingBytes(const std::vector<Expected>& tensors, int element_size) {
+  uint64_t numel = 0;
+  for (const Expected& t : tensors) {
+    if (t.required) numel += AlignedNumel(t.numel);
+  }
+  return numel * static_cast<uint64_t>(element_size);
+}
+
 absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tensors,
                                                       int element_size) {
   ChunkAssembler a(std::move(tensors), element_size);

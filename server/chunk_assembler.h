@@ -40,6 +40,9 @@ class ChunkAssembler {
     bool required = true;
   };
 
+  // The staging bytes Create will allocate for these tensors (each at a 16-byte boundary).
+  static uint64_t StagingBytes(const std::vector<Expected>& tensors, int element_size);
+
   // REQUIRES: names are distinct (the caller has checked). element_size is 2 or 4.
   // Allocates the staging buffer; fails with RESOURCE_EXHAUSTED when it cannot.
   static absl::StatusOr<ChunkAssembler> Create(std::vector<Expected> tensors, int element_size);

@@ -28,6 +28,9 @@ ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 means one per core");
 ABSL_FLAG(std::string, param_copy_dtype, "none",
           "low-precision param copy kept for pulls: none, bf16 or fp16");
 ABSL_FLAG(uint64_t, max_message_bytes, 8 << 20, "gRPC max receive and send message size");
+ABSL_FLAG(uint64_t, staging_pool_bytes, uint64_t{2} << 30,
+          "host staging shared by the pushes in flight; when it is spent, pushes wait "
+          "(back-pressure), and one larger than all of it is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "HTTP address of Prometheus /metrics, HOST:PORT; port 0 picks one; empty disables");
 ABSL_FLAG(std::string, metrics_port_file, "",
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.backend.threads = absl::GetFlag(FLAGS_threads);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_bytes);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   absl::StatusOr<fusedps::ParamCopyDType> copy =
       fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));

@@ -34,12 +34,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         return ShardMetrics{store->parameter_count(), store->version(), store->launch_counts(),
                             store->memory_bytes()};
       });
+  server->staging_ = std::make_unique<StagingPool>(options.staging_pool_bytes);
   if (!options.metrics_listen.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
   }
   server->service_ =
       std::make_unique<ParameterServiceImpl>(server->store_.get(), server->engine_.get(),
-                                             server->metrics_.get(), options.max_message_bytes);
+                                             server->metrics_.get(), server->staging_.get(),
+                                             options.max_message_bytes);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

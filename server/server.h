@@ -30,6 +30,9 @@ struct ServerOptions {
   std::string device = "auto";           // auto | cpu | cuda | cuda:N
   BackendOptions backend;
   uint64_t max_message_bytes = 8 << 20;  // gRPC max receive message size.
+  // Host staging shared by the pushes and registrations in flight; a call waits for its share
+  // (back-pressure), and one that needs more than all of it is RESOURCE_EXHAUSTED.
+  uint64_t staging_pool_bytes = uint64_t{2} << 30;
   // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
   // metrics are still kept, see Server::metrics()).
   std::string metrics_listen;
@@ -47,6 +50,7 @@ class Server {
   int metrics_port() const { return metrics_->port(); }
   ShardStore& store() { return *store_; }
   Metrics& metrics() { return *metrics_; }
+  StagingPool& staging_pool() { return *staging_; }
 
   // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
   // them), and applies every push already complete. Idempotent.
@@ -61,6 +65,7 @@ class Server {
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<UpdateEngine> engine_;
   std::unique_ptr<Metrics> metrics_;  // Destroyed (its HTTP endpoint stopped) before store_.
+  std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -151,8 +151,13 @@ absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& he
 }  // namespace
 
 ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, UpdateEngine* engine,
-                                           Metrics* metrics, uint64_t max_message_bytes)
-    : store_(store), engine_(engine), metrics_(metrics), max_message_bytes_(max_message_bytes) {}
+                                           Metrics* metrics, StagingPool* staging,
+                                           uint64_t max_message_bytes)
+    : store_(store),
+      engine_(engine),
+      metrics_(metrics),
+      staging_(staging),
+      max_message_bytes_(max_message_bytes) {}
 
 grpc::Status ParameterServiceImpl::RegisterParamGroup(grpc::ServerContext*,
                                                       const v1::RegisterParamGroupRequest* request,
@@ -167,7 +172,7 @@ grpc::Status ParameterServiceImpl::RegisterParamGroup(grpc::ServerContext*,
 }
 
 grpc::Status ParameterServiceImpl::RegisterTensors(
-    grpc::ServerContext*, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
+    grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
   v1::RegisterTensorsRequest first;
   if (!reader->Read(&first) || !first.has_header()) {
@@ -186,9 +191,13 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
   for (size_t i = 0; i < specs.size(); ++i) {
     expected.push_back({specs[i].name, *ShardStore::NumelOf(specs[i].shape), is_new[i]});
   }
+  absl::StatusOr<StagingPool::Reservation> reservation = staging_->Reserve(
+      ChunkAssembler::StagingBytes(expected, 4), [context] { return context->IsCancelled(); });
+  if (!reservation.ok()) return ToGrpc(reservation.status());
   absl::StatusOr<ChunkAssembler> assembler = ChunkAssembler::Create(std::move(expected), 4);
   if (!assembler.ok()) return ToGrpc(assembler.status());
   if (absl::Status s = ReadChunks(reader, *store_, first, *assembler); !s.ok()) return ToGrpc(s);
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   std::vector<const float*> values;
   for (uint64_t offset : assembler->staging_offsets()) {
     values.push_back(static_cast<const float*>(assembler->staging()) + offset);
@@ -202,16 +211,17 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
 }
 
 grpc::Status ParameterServiceImpl::PushGradients(
-    grpc::ServerContext*, grpc::ServerReader<v1::PushGradientsRequest>* reader,
+    grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
     v1::PushGradientsResponse* response) {
   uint64_t grad_bytes = 0;
   PushStageSeconds stages;
-  const grpc::Status status = Push(reader, response, &grad_bytes, &stages);
+  const grpc::Status status = Push(context, reader, response, &grad_bytes, &stages);
   metrics_->RecordPush(status.error_code(), grad_bytes, stages);
   return status;
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerReader<v1::PushGradientsRequest>* reader,
+grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context,
+                                        grpc::ServerReader<v1::PushGradientsRequest>* reader,
                                         v1::PushGradientsResponse* response,
                                         uint64_t* grad_bytes, PushStageSeconds* stages) {
   const absl::Time arrived = absl::Now();
@@ -225,11 +235,19 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerReader<v1::PushGradientsRequ
   const GradDType dtype = *GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
   std::vector<ChunkAssembler::Expected> expected;
   for (const TensorInfo& t : *tensors) expected.push_back({t.spec.name, t.numel});
+  // Back-pressure: no chunk is read until the push's staging is reserved.
+  absl::StatusOr<StagingPool::Reservation> reservation =
+      staging_->Reserve(ChunkAssembler::StagingBytes(expected, DTypeSize(dtype)),
+                        [context] { return context->IsCancelled(); });
+  if (!reservation.ok()) return ToGrpc(reservation.status());
   absl::StatusOr<ChunkAssembler> assembler =
       ChunkAssembler::Create(std::move(expected), DTypeSize(dtype));
   if (!assembler.ok()) return ToGrpc(assembler.status());
   const absl::Status read = ReadChunks(reader, *store_, first, *assembler);
   *grad_bytes = assembler->bytes_received();
+  // A client that cancels mid-push ends the stream early: its chunks are missing, or, if it
+  // cancelled after the last one, the call is cancelled. Either way nothing is applied.
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   if (!read.ok()) return ToGrpc(read);
   const absl::Time received = absl::Now();
 

@@ -12,6 +12,7 @@
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "server/metrics.h"
 #include "server/shard_store.h"
+#include "server/staging_pool.h"
 #include "server/update_engine.h"
 
 namespace fusedps {
@@ -19,8 +20,9 @@ namespace fusedps {
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:
   // REQUIRES: store, engine and metrics outlive the service.
+  // Pushes and registrations reserve their staging in `staging` before reading their chunks.
   ParameterServiceImpl(ShardStore* store, UpdateEngine* engine, Metrics* metrics,
-                       uint64_t max_message_bytes);
+                       StagingPool* staging, uint64_t max_message_bytes);
 
   grpc::Status RegisterParamGroup(grpc::ServerContext* context,
                                   const v1::RegisterParamGroupRequest* request,
@@ -44,7 +46,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
 
  private:
   // The RPCs' work; the public methods above record what these did in metrics_.
-  grpc::Status Push(grpc::ServerReader<v1::PushGradientsRequest>* reader,
+  grpc::Status Push(grpc::ServerContext* context,
+                    grpc::ServerReader<v1::PushGradientsRequest>* reader,
                     v1::PushGradientsResponse* response, uint64_t* grad_bytes,
                     PushStageSeconds* stages);
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullParametersRequest* request,
@@ -53,6 +56,7 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   ShardStore* const store_;
   UpdateEngine* const engine_;
   Metrics* const metrics_;
+  StagingPool* const staging_;
   const uint64_t max_message_bytes_;
 };
 

@@ -1,0 +1,163 @@
+// The push data path on the CPU backend, over real gRPC: the staging pool's back-pressure, a
+// client that cancels mid-push, and pushes interleaved chunk by chunk from many clients.
+#include <atomic>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "tests/integration/service_harness.h"
+
+namespace fusedps::integration {
+namespace {
+
+// "w" has 4096 fp32 elements (16 KiB of fp32 grads), "b" 64.
+const std::vector<TensorDef> kModel = {{"w", {64, 64}, ""}, {"b", {64}, ""}};
+constexpr uint64_t kPushBytes = (4096 + 64) * 4;  // Both tensors' fp32 staging.
+
+class DataPathTest : public ServiceTest {
+ protected:
+  ServerOptions Options() const override {
+    ServerOptions options = ServiceTest::Options();
+    options.staging_pool_bytes = kPushBytes;  // Room for exactly one push at a time.
+    return options;
+  }
+
+  // Opens a push stream and sends its first `messages_to_send` messages (the first carries the
+  // header and one chunk); the caller finishes or cancels it.
+  struct OpenPush {
+    grpc::ClientContext context;
+    v1::PushGradientsResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer;
+    std::vector<v1::PushGradientsRequest> messages;
+    size_t sent = 0;
+  };
+  std::unique_ptr<OpenPush> StartPush(const std::map<std::string, std::vector<float>>& grads,
+                                      size_t messages_to_send) {
+    auto push = std::make_unique<OpenPush>();
+    SetDeadline(push->context);
+    push->messages = Messages<v1::PushGradientsRequest>(
+        MakePushHeader(v1::DTYPE_FLOAT32), GradChunks(GradDType::kFloat32, grads, 1024), 1);
+    push->writer = stub_->PushGradients(&push->context, &push->response);
+    for (; push->sent < messages_to_send; ++push->sent) {
+      EXPECT_TRUE(push->writer->Write(push->messages[push->sent]));
+    }
+    return push;
+  }
+  grpc::Status FinishPush(OpenPush& push) {
+    for (; push.sent < push.messages.size(); ++push.sent) {
+      EXPECT_TRUE(push.writer->Write(push.messages[push.sent]));
+    }
+    push.writer->WritesDone();
+    return push.writer->Finish();
+  }
+  void WaitFor(const std::function<bool()>& condition) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!condition() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_TRUE(condition());
+  }
+};
+
+TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const auto grads_a = RandomGrads({"w", "b"}, 10);
+  const auto grads_b = RandomGrads({"w", "b"}, 20);
+  std::unique_ptr<OpenPush> a = StartPush(grads_a, 3);  // Holds the whole pool, half sent.
+  WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });
+
+  std::atomic<bool> b_done{false};
+  grpc::Status b_status;
+  std::thread b_thread([&] {
+    std::unique_ptr<OpenPush> b = StartPush(grads_b, 0);
+    b_status = FinishPush(*b);
+    b_done = true;
+  });
+  WaitFor([&] { return server_->staging_pool().waiting() == 1; });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(b_done.load());  // Its chunks sit unread: back-pressure.
+  EXPECT_EQ(server_->store().version(), 0u);
+  EXPECT_LE(server_->staging_pool().in_use(), kPushBytes);  // Never more than the pool.
+
+  ASSERT_TRUE(FinishPush(*a).ok());
+  b_thread.join();
+  ASSERT_TRUE(b_status.ok()) << b_status.error_message();
+  EXPECT_EQ(server_->store().version(), 2u);
+  EXPECT_EQ(server_->staging_pool().in_use(), 0u);
+  // Applied in arrival order: a, then b.
+  for (const auto& grads : {grads_a, grads_b}) {
+    for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+  }
+  ExpectMatchesHost(2);
+}
+
+TEST_F(DataPathTest, PushLargerThanThePoolIsResourceExhausted) {
+  // Each tensor registers on its own (its values fit the pool); a push of both does not fit.
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors({{"p", {kPushBytes / 8}, ""}}));
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors({{"q", {kPushBytes / 8 + 8}, ""}}));
+  const ShardState before = Snapshot();
+  auto [status, response] = Push(Messages<v1::PushGradientsRequest>(
+      MakePushHeader(v1::DTYPE_FLOAT32),
+      GradChunks(GradDType::kFloat32, RandomGrads({"p", "q"}, 5))));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("--staging-pool-bytes"), std::string::npos);
+  ExpectSameState(before, Snapshot());
+}
+
+TEST_F(DataPathTest, CancelledPushAppliesNothingAndReleasesItsStaging) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  ASSERT_NO_FATAL_FAILURE(PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32,
+                                      RandomGrads({"w", "b"}, 1)));
+  const ShardState before = Snapshot();
+  // Cancelled after the header (and its first chunk), and after a few more chunks.
+  for (size_t sent : {size_t{1}, size_t{3}}) {
+    std::unique_ptr<OpenPush> push = StartPush(RandomGrads({"w", "b"}, 30), sent);
+    WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });
+    push->context.TryCancel();
+    EXPECT_EQ(push->writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+    ExpectSameState(before, Snapshot());
+  }
+  // The pool is whole again: the next push goes through.
+  ASSERT_NO_FATAL_FAILURE(PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32,
+                                      RandomGrads({"w", "b"}, 2)));
+  ExpectMatchesHost(2);
+}
+
+// Many clients push at once in 1 KiB messages, so their chunks interleave on the server; each
+// push is still one atomic step. Same gradients in every push, so the result does not depend
+// on the order: 24 steps.
+class InterleavedPushTest : public ServiceTest {};
+
+TEST_F(InterleavedPushTest, PushesFromManyClientsAreEachAppliedAtomically) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const auto grads = RandomGrads({"w", "b"}, 40);
+  const std::vector<v1::TensorChunk> chunks = GradChunks(GradDType::kFloat32, grads, 1024);
+  constexpr int kClients = 8, kPushesEach = 3;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      for (int i = 0; i < kPushesEach; ++i) {
+        grpc::ClientContext context;
+        SetDeadline(context);
+        v1::PushGradientsResponse response;
+        auto writer = stub_->PushGradients(&context, &response);
+        for (const auto& m : Messages<v1::PushGradientsRequest>(
+                 MakePushHeader(v1::DTYPE_FLOAT32, "client-" + std::to_string(c), i + 1),
+                 chunks, 1)) {
+          writer->Write(m);
+          std::this_thread::yield();
+        }
+        writer->WritesDone();
+        if (!writer->Finish().ok() || response.step_skipped()) ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int n = 0; n < kClients * kPushesEach; ++n) {
+    for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+  }
+  ExpectMatchesHost(kClients * kPushesEach);
+}
+
+}  // namespace
+}  // namespace fusedps::integration
