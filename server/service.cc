@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <utility>
 
@@ -104,21 +105,27 @@ absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
   return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data());
 }
 
-// Reads the rest of a client stream into the assembler. Fails on a second header.
+// Adds one message's chunks. Fails on a header in any message but the first.
+template <typename Request>
+absl::Status AddChunks(ChunkAssembler& assembler, const ShardStore& store, const Request& request,
+                       bool first) {
+  if (!first && request.has_header()) {
+    return absl::InvalidArgumentError("header may appear only in the first message");
+  }
+  for (const v1::TensorChunk& chunk : request.chunks()) {
+    if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Reads the rest of a client stream into the assembler.
 template <typename Request>
 absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const ShardStore& store,
                         const Request& first, ChunkAssembler& assembler) {
-  for (const v1::TensorChunk& chunk : first.chunks()) {
-    if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
-  }
+  if (absl::Status s = AddChunks(assembler, store, first, /*first=*/true); !s.ok()) return s;
   Request request;
   while (reader->Read(&request)) {
-    if (request.has_header()) {
-      return absl::InvalidArgumentError("header may appear only in the first message");
-    }
-    for (const v1::TensorChunk& chunk : request.chunks()) {
-      if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
-    }
+    if (absl::Status s = AddChunks(assembler, store, request, /*first=*/false); !s.ok()) return s;
   }
   return assembler.Finish();
 }
@@ -147,6 +154,148 @@ absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& he
   }
   return store.Lookup({header.tensors().begin(), header.tensors().end()});
 }
+
+// One PushGradients call on gRPC's callback API. Nothing here blocks: the header's staging is
+// reserved asynchronously (the stream is not read until the pool grants it: back-pressure),
+// each message's chunks are checked and copied into staging as it arrives, and the update
+// engine's thread acknowledges the call once the step is back (the completion path).
+class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsRequest> {
+ public:
+  PushReactor(grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+              ShardStore* store, UpdateEngine* engine, Metrics* metrics, StagingPool* staging)
+      : context_(context),
+        response_(response),
+        store_(store),
+        engine_(engine),
+        metrics_(metrics),
+        staging_(staging) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return OnStreamEnd();
+    if (!header_read_) return OnHeader();
+    if (absl::Status s = AddChunks(*assembler_, *store_, request_, false); !s.ok()) {
+      return Reply(s);
+    }
+    StartRead(&request_);
+  }
+
+  void OnCancel() override {
+    uint64_t ticket;
+    {
+      absl::MutexLock lock(&mu_);
+      ticket = waiting_ticket_;
+    }
+    if (ticket != 0) staging_->Cancel(ticket);  // Its callback replies CANCELLED.
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnHeader() {
+    header_read_ = true;
+    if (!request_.has_header()) {
+      return Reply(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
+    }
+    absl::StatusOr<std::vector<TensorInfo>> tensors = CheckPushHeader(request_.header(), *store_);
+    if (!tensors.ok()) return Reply(tensors.status());
+    tensors_ = *std::move(tensors);
+    dtype_ = *GradDTypeFromProto(request_.header().grad_dtype(), "header.grad_dtype");
+    first_ = std::move(request_);
+    std::vector<ChunkAssembler::Expected> expected;
+    for (const TensorInfo& t : tensors_) expected.push_back({t.spec.name, t.numel});
+    const uint64_t bytes = ChunkAssembler::StagingBytes(expected, DTypeSize(dtype_));
+    absl::MutexLock lock(&mu_);
+    waiting_ticket_ = staging_->ReserveAsync(
+        bytes, [this, expected = std::move(expected)](
+                   absl::StatusOr<StagingPool::Reservation> reservation) mutable {
+          OnReserved(std::move(reservation), std::move(expected));
+        });
+  }
+
+  // Runs inline from ReserveAsync (mu_ held by OnHeader) or from the thread of the call whose
+  // release freed the bytes. It leaves waiting_ticket_ alone: cancelling a served ticket is a
+  // no-op.
+  void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation,
+                  std::vector<ChunkAssembler::Expected> expected) {
+    if (!reservation.ok()) return Reply(reservation.status());
+    reservation_ = *std::move(reservation);
+    absl::StatusOr<ChunkAssembler> assembler =
+        ChunkAssembler::Create(std::move(expected), DTypeSize(dtype_));
+    if (!assembler.ok()) return Reply(assembler.status());
+    assembler_.emplace(*std::move(assembler));
+    if (absl::Status s = AddChunks(*assembler_, *store_, first_, true); !s.ok()) return Reply(s);
+    StartRead(&request_);
+  }
+
+  void OnStreamEnd() {
+    // A client that cancels mid-push ends the stream early, or is cancelled after its last
+    // chunk: either way nothing is applied.
+    if (context_->IsCancelled()) return Reply(absl::CancelledError("cancelled"));
+    if (!header_read_) {
+      return Reply(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
+    }
+    if (absl::Status s = assembler_->Finish(); !s.ok()) return Reply(s);
+    received_ = absl::Now();
+    const v1::PushHeader& header = first_.header();
+    push_.client_id = header.client_id();
+    push_.sequence_number = header.sequence_number();
+    for (const TensorInfo& t : tensors_) push_.tensors.push_back(t.index);
+    push_.grad_offsets = assembler_->staging_offsets();
+    push_.grads = assembler_->staging();
+    push_.grad_dtype = dtype_;
+    push_.grad_scale = header.has_grad_scale() ? header.grad_scale() : 0.0f;
+    engine_->Submit(&push_, [this](absl::StatusOr<PushOutcome> outcome) { OnApplied(outcome); });
+  }
+
+  void OnApplied(const absl::StatusOr<PushOutcome>& outcome) {
+    if (!outcome.ok()) return Reply(outcome.status());
+    const absl::Time stepped = absl::Now();
+    if (!outcome->duplicate) metrics_->RecordStep(outcome->skipped, kSkipNonFiniteGrad);
+    response_->set_version(outcome->version);
+    response_->set_step_skipped(outcome->skipped);
+    if (outcome->skipped) response_->set_skip_reason(kSkipNonFiniteGrad);
+    response_->set_tensors_updated(outcome->tensors_updated);
+    response_->set_grad_bytes(assembler_->bytes_received());
+    response_->set_duplicate(outcome->duplicate);
+    // h2d is what the backend step spent outside its kernels (checking and copying the grads);
+    // apply is the rest until the outcome was back: the engine's queue and the kernels.
+    stages_.receive = absl::ToDoubleSeconds(received_ - arrived_);
+    stages_.h2d = std::max(0.0, outcome->step_seconds - outcome->device_seconds);
+    stages_.apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received_) - stages_.h2d);
+    stages_.ack = absl::ToDoubleSeconds(absl::Now() - stepped);
+    Reply(absl::OkStatus());
+  }
+
+  // The one place a push ends: metrics, then the status to the client. The staging is
+  // released when the reactor is deleted (OnDone), after gRPC is done with the call.
+  void Reply(const absl::Status& status) {
+    metrics_->RecordPush(static_cast<grpc::StatusCode>(status.code()),
+                         assembler_ ? assembler_->bytes_received() : 0, stages_);
+    Finish(ToGrpc(status));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  v1::PushGradientsResponse* const response_;
+  ShardStore* const store_;
+  UpdateEngine* const engine_;
+  Metrics* const metrics_;
+  StagingPool* const staging_;
+  const absl::Time arrived_ = absl::Now();
+  absl::Time received_;
+  v1::PushGradientsRequest request_;  // The message being read.
+  v1::PushGradientsRequest first_;    // The header's message, kept for its header and chunks.
+  bool header_read_ = false;
+  std::vector<TensorInfo> tensors_;
+  GradDType dtype_ = GradDType::kFloat32;
+  absl::Mutex mu_;
+  uint64_t waiting_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // The staging wait, for OnCancel.
+  StagingPool::Reservation reservation_;
+  std::optional<ChunkAssembler> assembler_;
+  ReadyPush push_;
+  PushStageSeconds stages_;
+};
 
 }  // namespace
 
@@ -210,72 +359,9 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::PushGradients(
-    grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
-    v1::PushGradientsResponse* response) {
-  uint64_t grad_bytes = 0;
-  PushStageSeconds stages;
-  const grpc::Status status = Push(context, reader, response, &grad_bytes, &stages);
-  metrics_->RecordPush(status.error_code(), grad_bytes, stages);
-  return status;
-}
-
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext* context,
-                                        grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                                        v1::PushGradientsResponse* response,
-                                        uint64_t* grad_bytes, PushStageSeconds* stages) {
-  const absl::Time arrived = absl::Now();
-  v1::PushGradientsRequest first;
-  if (!reader->Read(&first) || !first.has_header()) {
-    return ToGrpc(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
-  }
-  const v1::PushHeader& header = first.header();
-  absl::StatusOr<std::vector<TensorInfo>> tensors = CheckPushHeader(header, *store_);
-  if (!tensors.ok()) return ToGrpc(tensors.status());
-  const GradDType dtype = *GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
-  std::vector<ChunkAssembler::Expected> expected;
-  for (const TensorInfo& t : *tensors) expected.push_back({t.spec.name, t.numel});
-  // Back-pressure: no chunk is read until the push's staging is reserved.
-  absl::StatusOr<StagingPool::Reservation> reservation =
-      staging_->Reserve(ChunkAssembler::StagingBytes(expected, DTypeSize(dtype)),
-                        [context] { return context->IsCancelled(); });
-  if (!reservation.ok()) return ToGrpc(reservation.status());
-  absl::StatusOr<ChunkAssembler> assembler =
-      ChunkAssembler::Create(std::move(expected), DTypeSize(dtype));
-  if (!assembler.ok()) return ToGrpc(assembler.status());
-  const absl::Status read = ReadChunks(reader, *store_, first, *assembler);
-  *grad_bytes = assembler->bytes_received();
-  // A client that cancels mid-push ends the stream early: its chunks are missing, or, if it
-  // cancelled after the last one, the call is cancelled. Either way nothing is applied.
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  if (!read.ok()) return ToGrpc(read);
-  const absl::Time received = absl::Now();
-
-  ReadyPush push;
-  push.client_id = header.client_id();
-  push.sequence_number = header.sequence_number();
-  for (const TensorInfo& t : *tensors) push.tensors.push_back(t.index);
-  push.grad_offsets = assembler->staging_offsets();
-  push.grads = assembler->staging();
-  push.grad_dtype = dtype;
-  push.grad_scale = header.has_grad_scale() ? header.grad_scale() : 0.0f;
-  absl::StatusOr<PushOutcome> outcome = engine_->Submit(&push).get();
-  const absl::Time stepped = absl::Now();
-  if (!outcome.ok()) return ToGrpc(outcome.status());
-  if (!outcome->duplicate) metrics_->RecordStep(outcome->skipped, kSkipNonFiniteGrad);
-  response->set_version(outcome->version);
-  response->set_step_skipped(outcome->skipped);
-  if (outcome->skipped) response->set_skip_reason(kSkipNonFiniteGrad);
-  response->set_tensors_updated(outcome->tensors_updated);
-  response->set_grad_bytes(assembler->bytes_received());
-  response->set_duplicate(outcome->duplicate);
-  // h2d is what the backend step spent outside its kernels (checking and copying the grads);
-  // apply is the rest until the outcome was back: the engine's queue and the kernels.
-  stages->receive = absl::ToDoubleSeconds(received - arrived);
-  stages->h2d = std::max(0.0, outcome->step_seconds - outcome->device_seconds);
-  stages->apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received) - stages->h2d);
-  stages->ack = absl::ToDoubleSeconds(absl::Now() - stepped);
-  return grpc::Status::OK;
+grpc::ServerReadReactor<v1::PushGradientsRequest>* ParameterServiceImpl::PushGradients(
+    grpc::CallbackServerContext* context, v1::PushGradientsResponse* response) {
+  return new PushReactor(context, response, store_, engine_, metrics_, staging_);
 }
 
 grpc::Status ParameterServiceImpl::PullParameters(

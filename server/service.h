@@ -17,7 +17,10 @@
 
 namespace fusedps {
 
-class ParameterServiceImpl final : public v1::ParameterService::Service {
+// PushGradients runs on gRPC's callback API (no gRPC thread waits for the device); the other
+// RPCs are synchronous.
+class ParameterServiceImpl final
+    : public v1::ParameterService::WithCallbackMethod_PushGradients<v1::ParameterService::Service> {
  public:
   // REQUIRES: store, engine and metrics outlive the service.
   // Pushes and registrations reserve their staging in `staging` before reading their chunks.
@@ -30,9 +33,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   grpc::Status RegisterTensors(grpc::ServerContext* context,
                                grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
                                v1::RegisterTensorsResponse* response) override;
-  grpc::Status PushGradients(grpc::ServerContext* context,
-                             grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                             v1::PushGradientsResponse* response) override;
+  grpc::ServerReadReactor<v1::PushGradientsRequest>* PushGradients(
+      grpc::CallbackServerContext* context, v1::PushGradientsResponse* response) override;
   grpc::Status PullParameters(grpc::ServerContext* context,
                               const v1::PullParametersRequest* request,
                               grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
@@ -46,10 +48,6 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
 
  private:
   // The RPCs' work; the public methods above record what these did in metrics_.
-  grpc::Status Push(grpc::ServerContext* context,
-                    grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                    v1::PushGradientsResponse* response, uint64_t* grad_bytes,
-                    PushStageSeconds* stages);
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullParametersRequest* request,
                     grpc::ServerWriter<v1::PullParametersResponse>* writer, uint64_t* bytes_sent);
 

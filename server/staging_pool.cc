@@ -1,8 +1,10 @@
 #include "server/staging_pool.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace fusedps {
@@ -20,39 +22,79 @@ StagingPool::Reservation::~Reservation() {
   if (pool_ != nullptr) pool_->Release(bytes_);
 }
 
-absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
-    uint64_t bytes, const std::function<bool()>& cancelled) {
+uint64_t StagingPool::ReserveAsync(uint64_t bytes, Done done) {
   if (bytes > capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    done(absl::ResourceExhaustedError(absl::StrCat(
         "the call needs ", bytes, " bytes of staging, more than the whole pool of ", capacity_,
-        " (--staging-pool-bytes); split it into smaller pushes"));
+        " (--staging-pool-bytes); split it into smaller pushes")));
+    return 0;
   }
-  absl::MutexLock lock(&mu_);
-  const uint64_t ticket = next_ticket_++;
-  const auto my_turn = [this, ticket, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return serving_ == ticket && in_use_ + bytes <= capacity_;
-  };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&my_turn), absl::Milliseconds(50))) {
-    if (cancelled()) {
-      // Give up the place in line: the queue skips this ticket when its turn comes.
-      abandoned_.insert(ticket);
-      SkipAbandonedLocked();
-      return absl::CancelledError("the call was cancelled while waiting for staging");
+  {
+    absl::MutexLock lock(&mu_);
+    if (!waiters_.empty() || in_use_ + bytes > capacity_) {
+      waiters_.push_back({++last_ticket_, bytes, std::move(done)});
+      return last_ticket_;
     }
+    in_use_ += bytes;
   }
-  in_use_ += bytes;
-  ++serving_;
-  SkipAbandonedLocked();
-  return Reservation(this, bytes);
+  done(Reservation(this, bytes));
+  return 0;
 }
 
-void StagingPool::SkipAbandonedLocked() {
-  while (abandoned_.erase(serving_) > 0) ++serving_;
+void StagingPool::Cancel(uint64_t ticket) {
+  Done cancelled;
+  std::vector<Waiter> served;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->ticket == ticket) {
+        cancelled = std::move(it->done);
+        waiters_.erase(it);
+        break;
+      }
+    }
+    served = ServeLocked();  // The line may have moved.
+  }
+  if (cancelled) cancelled(absl::CancelledError("the call was cancelled while waiting for staging"));
+  for (Waiter& w : served) w.done(Reservation(this, w.bytes));
+}
+
+absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
+    uint64_t bytes, const std::function<bool()>& cancelled) {
+  absl::Notification ready;
+  absl::StatusOr<Reservation> result;
+  const uint64_t ticket = ReserveAsync(bytes, [&](absl::StatusOr<Reservation> r) {
+    result = std::move(r);
+    ready.Notify();
+  });
+  bool cancel_sent = false;
+  while (!ready.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    if (!cancel_sent && cancelled()) {
+      Cancel(ticket);
+      cancel_sent = true;
+    }
+  }
+  return result;
+}
+
+std::vector<StagingPool::Waiter> StagingPool::ServeLocked() {
+  std::vector<Waiter> served;
+  while (!waiters_.empty() && in_use_ + waiters_.front().bytes <= capacity_) {
+    in_use_ += waiters_.front().bytes;
+    served.push_back(std::move(waiters_.front()));
+    waiters_.pop_front();
+  }
+  return served;
 }
 
 void StagingPool::Release(uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
-  in_use_ -= bytes;
+  std::vector<Waiter> served;
+  {
+    absl::MutexLock lock(&mu_);
+    in_use_ -= bytes;
+    served = ServeLocked();
+  }
+  for (Waiter& w : served) w.done(Reservation(this, w.bytes));
 }
 
 uint64_t StagingPool::in_use() const {
@@ -62,7 +104,7 @@ uint64_t StagingPool::in_use() const {
 
 uint32_t StagingPool::waiting() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<uint32_t>(next_ticket_ - serving_ - abandoned_.size());
+  return static_cast<uint32_t>(waiters_.size());
 }
 
 }  // namespace fusedps

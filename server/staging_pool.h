@@ -6,18 +6,18 @@
 // meanwhile, so gRPC's flow control stops the sender: back-pressure, never unbounded memory.
 // Waiters are served in arrival order.
 //
-// Usage:
-//   StagingPool pool(2ull << 30);
-//   absl::StatusOr<StagingPool::Reservation> r =
-//       pool.Reserve(bytes, [&] { return context->IsCancelled(); });
-//   ... read chunks into staging ...   // r releases its bytes when it goes out of scope.
+// Usage (a callback-API reactor):
+//   uint64_t ticket = pool.ReserveAsync(bytes, [this](absl::StatusOr<Reservation> r) {...});
+//   ... on cancellation: pool.Cancel(ticket);
+// or (a blocking handler):
+//   absl::StatusOr<Reservation> r = pool.Reserve(bytes, [&] { return ctx->IsCancelled(); });
 #ifndef FUSEDPS_SERVER_STAGING_POOL_H_
 #define FUSEDPS_SERVER_STAGING_POOL_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -40,13 +40,21 @@ class StagingPool {
     StagingPool* pool_ = nullptr;
     uint64_t bytes_ = 0;
   };
+  using Done = std::function<void(absl::StatusOr<Reservation>)>;
 
   explicit StagingPool(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
 
-  // Waits until `bytes` are free and every earlier waiter was served, then reserves them.
-  // `cancelled` is polled while waiting (every 50 ms). Errors: RESOURCE_EXHAUSTED at once when
-  // bytes exceed the whole capacity (the message names the limit and its flag); CANCELLED when
-  // `cancelled` returns true before the bytes are free.
+  // Calls `done` exactly once: with a reservation of `bytes` as soon as they are free and every
+  // earlier waiter was served (inline when that is now; else from the thread whose release
+  // freed them), or with RESOURCE_EXHAUSTED at once when bytes exceed the whole capacity (the
+  // message names the limit and its flag), or with CANCELLED after Cancel. Returns a ticket for
+  // Cancel (0 when `done` already ran).
+  uint64_t ReserveAsync(uint64_t bytes, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends a wait: its `done` runs with CANCELLED. A no-op for a ticket already served.
+  void Cancel(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until ReserveAsync's `done` runs; polls `cancelled` every 50 ms meanwhile.
   absl::StatusOr<Reservation> Reserve(uint64_t bytes, const std::function<bool()>& cancelled);
 
   uint64_t capacity() const { return capacity_; }
@@ -54,15 +62,20 @@ class StagingPool {
   uint32_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct Waiter {
+    uint64_t ticket;
+    uint64_t bytes;
+    Done done;
+  };
   void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  void SkipAbandonedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the waiters at the front that now fit, reserving their bytes.
+  std::vector<Waiter> ServeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_;
   mutable absl::Mutex mu_;
   uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // Arrival order of waiters.
-  uint64_t serving_ ABSL_GUARDED_BY(mu_) = 0;      // The ticket whose turn it is.
-  absl::flat_hash_set<uint64_t> abandoned_ ABSL_GUARDED_BY(mu_);  // Cancelled tickets.
+  uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // In arrival order.
 };
 
 }  // namespace fusedps

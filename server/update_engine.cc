@@ -14,12 +14,9 @@ UpdateEngine::~UpdateEngine() {
   thread_.join();
 }
 
-std::future<absl::StatusOr<PushOutcome>> UpdateEngine::Submit(const ReadyPush* push) {
-  Job job{push, {}};
-  std::future<absl::StatusOr<PushOutcome>> done = job.done.get_future();
+void UpdateEngine::Submit(const ReadyPush* push, Done done) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(job));
-  return done;
+  queue_.push_back({push, std::move(done)});
 }
 
 void UpdateEngine::Run() {
@@ -36,7 +33,7 @@ void UpdateEngine::Run() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    job.done.set_value(store_->ApplyPush(*job.push));
+    job.done(store_->ApplyPush(*job.push));
   }
 }
 

@@ -1,16 +1,17 @@
 // update_engine.h: applies complete pushes to the shard, one optimizer step each, in the order
-// in which they became complete (their arrival order), on one thread of its own.
+// in which they became complete (their arrival order), on one thread of its own. That thread
+// is the completion path: it runs each push's `done` callback once the step is back, so no gRPC
+// thread ever waits for the device.
 //
 // Usage:
 //   UpdateEngine engine(&store);
-//   std::future<absl::StatusOr<PushOutcome>> done = engine.Submit(&push);
-//   ... done.get() once the push is applied (push must outlive that).
-// The destructor applies every push already submitted, then stops.
+//   engine.Submit(&push, [](absl::StatusOr<PushOutcome> outcome) { ... acknowledge ... });
+// The destructor applies every push already submitted (running their callbacks), then stops.
 #ifndef FUSEDPS_SERVER_UPDATE_ENGINE_H_
 #define FUSEDPS_SERVER_UPDATE_ENGINE_H_
 
 #include <deque>
-#include <future>
+#include <functional>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -21,18 +22,21 @@ namespace fusedps {
 
 class UpdateEngine {
  public:
+  using Done = std::function<void(absl::StatusOr<PushOutcome>)>;
+
   explicit UpdateEngine(ShardStore* store);
   ~UpdateEngine();
   UpdateEngine(const UpdateEngine&) = delete;
   UpdateEngine& operator=(const UpdateEngine&) = delete;
 
-  // REQUIRES: *push stays alive and unchanged until the future is ready.
-  std::future<absl::StatusOr<PushOutcome>> Submit(const ReadyPush* push) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues a push; `done` runs on the engine's thread once it is applied (or skipped).
+  // REQUIRES: *push stays alive and unchanged until `done` runs; `done` does not block.
+  void Submit(const ReadyPush* push, Done done) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job {
     const ReadyPush* push;
-    std::promise<absl::StatusOr<PushOutcome>> done;
+    Done done;
   };
   void Run();
 

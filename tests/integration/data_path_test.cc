@@ -80,7 +80,8 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
   b_thread.join();
   ASSERT_TRUE(b_status.ok()) << b_status.error_message();
   EXPECT_EQ(server_->store().version(), 2u);
-  EXPECT_EQ(server_->staging_pool().in_use(), 0u);
+  // Released when the server is done with each call, just after the client sees its status.
+  WaitFor([&] { return server_->staging_pool().in_use() == 0; });
   // Applied in arrival order: a, then b.
   for (const auto& grads : {grads_a, grads_b}) {
     for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
