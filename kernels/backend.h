@@ -58,6 +58,10 @@ struct StepRequest {
   const void* grads = nullptr;
   GradDType grad_dtype = GradDType::kFloat32;
   float grad_scale = 0.0f;  // <= 0: none.
+  // The caller already checked every gradient for non-finite values (as grads arrived); the
+  // backend then uses grads_finite instead of reading them again.
+  bool grads_checked = false;
+  bool grads_finite = true;
 };
 
 struct StepOutcome {
@@ -109,6 +113,17 @@ class OptimizerBackend {
   // the padding between tensors.
   virtual absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
                                   GradDType dtype, float grad_scale) = 0;
+
+  // Host memory for staging pushes, `bytes` long, allocated once and owned by the backend:
+  // page-locked on a GPU backend, with a device mirror at the same offsets, so that a range can
+  // move to the device as soon as it is written (CopyStagingToDevice). A Step whose grads lie
+  // in the arena reads them from the mirror. Errors: RESOURCE_EXHAUSTED.
+  virtual absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) = 0;
+
+  // Starts copying [offset, offset + bytes) of the staging arena to its device mirror: on a GPU
+  // backend asynchronously, on a copy stream that the next Step waits for; elsewhere nothing.
+  // Thread-safe (unlike the rest of this interface).
+  virtual absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) = 0;
 
   // Kernel launches (CUDA) or parallel passes (CPU) so far, for metrics.
   virtual uint64_t launches_total() const = 0;

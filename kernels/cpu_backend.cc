@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <cmath>
 #include <new>
 #include <vector>
@@ -128,6 +130,17 @@ class CpuBackend final : public OptimizerBackend {
   }
   double last_step_device_seconds() const override { return last_step_seconds_; }
 
+  absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
+    // Plain memory: untouched pages are not committed, so a large pool costs what it holds.
+    arena_.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (arena_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host staging arena of ", bytes, " bytes"));
+    }
+    return arena_.get();
+  }
+
+  absl::Status CopyStagingToDevice(uint64_t, uint64_t) override { return absl::OkStatus(); }
+
   absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
                           GradDType dtype, float grad_scale) override {
     const uint64_t bytes = count * DTypeSize(dtype);
@@ -150,6 +163,8 @@ class CpuBackend final : public OptimizerBackend {
       request.grads = staging_.data();
       finite = !staged_non_finite_;
       staged_non_finite_ = false;
+    } else if (request.grads_checked) {
+      finite = request.grads_finite;
     } else {
       finite = PushGradsAllFinite(request, [this](uint32_t t) { return table_.numel(t); });
     }
@@ -239,6 +254,10 @@ class CpuBackend final : public OptimizerBackend {
   double last_step_seconds_ = 0;
   std::vector<uint64_t> staging_;  // StageGrads' buffer, 8-byte words.
   bool staged_non_finite_ = false;
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, FreeDeleter> arena_;  // AllocateStagingArena's.
 };
 
 }  // namespace

@@ -344,6 +344,9 @@ class CudaBackend final : public OptimizerBackend {
   CudaBackend(const BackendOptions& options) : options_(options) {}
   ~CudaBackend() override {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
+    if (arena_ != nullptr) cudaFreeHost(arena_);
     if (step_begin_ != nullptr) cudaEventDestroy(step_begin_);
     if (step_end_ != nullptr) cudaEventDestroy(step_end_);
   }
@@ -367,6 +370,9 @@ class CudaBackend final : public OptimizerBackend {
     }
     apply_grid_ = prop.multiProcessorCount * std::max(apply_blocks, 1);
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_begin_));
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_end_));
     return absl::OkStatus();
@@ -479,12 +485,32 @@ class CudaBackend final : public OptimizerBackend {
             {"exp_avg_sq", exp_avg_sq_.bytes_allocated()},
             {"max_exp_avg_sq", max_exp_avg_sq_.bytes_allocated()},
             {"param_copy", copy_.bytes_allocated()},
-            {"grad_staging", grads_.bytes_allocated()},
+            {"grad_staging", grads_.bytes_allocated() + arena_mirror_.bytes_allocated()},
             {"tables", full_chunks_.bytes_allocated() + push_chunks_.bytes_allocated() +
                            step_dev_.bytes_allocated() + hyper_.bytes_allocated() +
                            remaining_.bytes_allocated() + portions_of_dev_.bytes_allocated()}};
   }
   double last_step_device_seconds() const override { return last_step_seconds_; }
+
+  absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
+    if (arena_ != nullptr) return absl::FailedPreconditionError("the arena exists already");
+    if (cudaHostAlloc(&arena_, bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      arena_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("page-locked host staging arena of ", bytes, " bytes"));
+    }
+    arena_bytes_ = bytes;
+    if (absl::Status s = arena_mirror_.Resize((bytes + 15) / 16, stream_, false); !s.ok()) return s;
+    return arena_;
+  }
+
+  absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(reinterpret_cast<char*>(arena_mirror_.data()) + offset, arena_ + offset,
+                        bytes, cudaMemcpyHostToDevice, copy_stream_));
+    return absl::OkStatus();
+  }
 
   absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
                           GradDType dtype, float grad_scale) override {
@@ -497,6 +523,8 @@ class CudaBackend final : public OptimizerBackend {
     if (request.grads == nullptr) {
       finite = !staged_non_finite_;
       staged_non_finite_ = false;
+    } else if (request.grads_checked) {
+      finite = request.grads_finite;
     } else {
       finite = PushGradsAllFinite(request, [this](uint32_t t) { return table_.numel(t); });
     }
@@ -526,7 +554,14 @@ class CudaBackend final : public OptimizerBackend {
                                             AlignedNumel(table_.numel(request.tensors[r])));
     }
     const size_t grad_bytes = grad_numel * DTypeSize(request.grad_dtype);
-    if (request.grads != nullptr) {
+    const char* grads_on_device = reinterpret_cast<const char*>(grads_.data());
+    const char* host = static_cast<const char*>(request.grads);
+    if (arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_) {
+      // In the staging arena: its chunks are on their way on the copy stream; wait for them.
+      grads_on_device = reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_);
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done_, copy_stream_));
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, copies_done_, 0));
+    } else if (request.grads != nullptr) {
       if (absl::Status s = CopyToStaging(0, request.grads, grad_bytes); !s.ok()) return s;
     } else if (grads_.size() * 16 < grad_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -552,7 +587,7 @@ class CudaBackend final : public OptimizerBackend {
     }
     if (chunk_count == 0) return StepOutcome{false, 0};
     DeviceArenas arenas = Arenas();
-    arenas.grads = grads_.data();
+    arenas.grads = grads_on_device;
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(step_begin_, stream_));
     if (absl::Status s = launches_.Launch(
             "fusedps_adamw_apply", ApplyKernel(request.grad_dtype, options_.param_copy_dtype),
@@ -625,6 +660,13 @@ class CudaBackend final : public OptimizerBackend {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   int apply_grid_ = 0;
+  // The staging arena (page-locked) and its device mirror, filled by CopyStagingToDevice on
+  // copy_stream_; a step waits for the copies queued before it through copies_done_.
+  char* arena_ = nullptr;
+  uint64_t arena_bytes_ = 0;
+  DeviceVector<uint4> arena_mirror_;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copies_done_ = nullptr;
   bool staged_non_finite_ = false;
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;
   double last_step_seconds_ = 0;

@@ -38,11 +38,11 @@ struct Range {
 };
 
 bool RangesFinite(const void* grads, GradDType dtype, const std::vector<Range>& ranges,
-                  float grad_scale) {
+                  float grad_scale, bool parallel) {
   const float inv_scale = grad_scale > 0 ? 1.0f / grad_scale : 1.0f;
   const int64_t n = static_cast<int64_t>(ranges.size());
   bool finite = true;
-#pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite) if (parallel && n > 1)
   for (int64_t k = 0; k < n; ++k) {
     finite = finite && RangeFinite(grads, dtype, ranges[k].begin, ranges[k].end, inv_scale);
   }
@@ -55,10 +55,11 @@ void AddPieces(uint64_t begin, uint64_t end, std::vector<Range>& out) {
 
 }  // namespace
 
-bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale) {
+bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale,
+                    bool parallel) {
   std::vector<Range> ranges;
   AddPieces(0, count, ranges);
-  return RangesFinite(grads, dtype, ranges, grad_scale);
+  return RangesFinite(grads, dtype, ranges, grad_scale, parallel);
 }
 
 bool PushGradsAllFinite(const StepRequest& request,
@@ -68,7 +69,7 @@ bool PushGradsAllFinite(const StepRequest& request,
     const uint64_t begin = request.grad_offsets[r];
     AddPieces(begin, begin + numel(request.tensors[r]), ranges);
   }
-  return RangesFinite(request.grads, request.grad_dtype, ranges, request.grad_scale);
+  return RangesFinite(request.grads, request.grad_dtype, ranges, request.grad_scale, true);
 }
 
 }  // namespace fusedps

@@ -16,8 +16,10 @@
 namespace fusedps {
 
 // True when all `count` elements at `grads` are finite once multiplied by 1 / grad_scale
-// (grad_scale <= 0: none), as AdamWUpdate will use them. Uses OpenMP threads for large counts.
-bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale);
+// (grad_scale <= 0: none), as AdamWUpdate will use them. With `parallel`, OpenMP threads share
+// large counts; without, the calling thread checks alone (many callers at once, e.g. per chunk).
+bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale,
+                    bool parallel = true);
 
 // The same over a push's tensors: element ranges [grad_offsets[i], + numel(tensors[i])) of
 // request.grads (host memory). Padding between tensors is not read.

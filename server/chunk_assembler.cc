@@ -22,7 +22,7 @@ uint64_t ChunkAssembler::StagingBytes(const std::vector<Expected>& tensors, int 
 }
 
 absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tensors,
-                                                      int element_size) {
+                                                      int element_size, char* memory) {
   ChunkAssembler a(std::move(tensors), element_size);
   uint64_t total = 0;
   a.staging_offsets_.reserve(a.tensors_.size());
@@ -34,16 +34,23 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tens
   a.received_.assign(a.tensors_.size(), 0);
   a.ranges_.resize(a.tensors_.size());
   const uint64_t bytes = total * element_size;
+  if (memory != nullptr) {
+    a.memory_ = memory;
+    return a;
+  }
   try {
-    a.staging_.resize((bytes + 7) / 8);
+    a.owned_.resize((bytes + 7) / 8);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat("staging of ", bytes, " bytes"));
   }
+  a.memory_ = reinterpret_cast<char*>(a.owned_.data());
   return a;
 }
 
 absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
-                                      absl::string_view data) {
+                                      absl::string_view data,
+                                      std::optional<uint64_t>* staged_at) {
+  if (staged_at != nullptr) staged_at->reset();
   auto it = index_.find(tensor);
   if (it == index_.end()) {
     return absl::InvalidArgumentError(
@@ -80,9 +87,9 @@ absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
   }
   received_[t] += count;
   if (!tensors_[t].required) return absl::OkStatus();
-  char* dst = reinterpret_cast<char*>(staging_.data()) +
-              (staging_offsets_[t] + offset) * static_cast<uint64_t>(element_size_);
-  std::memcpy(dst, data.data(), data.size());
+  const uint64_t at = (staging_offsets_[t] + offset) * static_cast<uint64_t>(element_size_);
+  std::memcpy(memory_ + at, data.data(), data.size());
+  if (staged_at != nullptr) *staged_at = at;
   bytes_received_ += data.size();
   return absl::OkStatus();
 }

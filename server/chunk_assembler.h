@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,11 +45,16 @@ class ChunkAssembler {
   static uint64_t StagingBytes(const std::vector<Expected>& tensors, int element_size);
 
   // REQUIRES: names are distinct (the caller has checked). element_size is 2 or 4.
-  // Allocates the staging buffer; fails with RESOURCE_EXHAUSTED when it cannot.
-  static absl::StatusOr<ChunkAssembler> Create(std::vector<Expected> tensors, int element_size);
+  // `memory`, when given, is the staging (StagingBytes long, 16-byte aligned, outliving the
+  // assembler); else the assembler allocates its own, failing with RESOURCE_EXHAUSTED when it
+  // cannot.
+  static absl::StatusOr<ChunkAssembler> Create(std::vector<Expected> tensors, int element_size,
+                                               char* memory = nullptr);
 
-  // Copies one chunk's payload into staging. On error nothing is copied.
-  absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data);
+  // Copies one chunk's payload into staging, and says where (a byte offset into staging()),
+  // unless it was a chunk of a tensor that is not required. On error nothing is copied.
+  absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data,
+                        std::optional<uint64_t>* staged_at = nullptr);
 
   // True when `tensor` is one of the tensors this assembler expects.
   bool Expects(absl::string_view tensor) const { return index_.contains(tensor); }
@@ -57,7 +63,7 @@ class ChunkAssembler {
   absl::Status Finish() const;
 
   const std::vector<uint64_t>& staging_offsets() const { return staging_offsets_; }
-  const void* staging() const { return staging_.data(); }
+  const void* staging() const { return memory_; }
   uint64_t bytes_received() const { return bytes_received_; }
 
  private:
@@ -69,7 +75,8 @@ class ChunkAssembler {
   std::vector<uint64_t> staging_offsets_;   // In elements.
   std::vector<uint64_t> received_;          // Elements received, per tensor.
   std::vector<std::map<uint64_t, uint64_t>> ranges_;  // Per tensor: begin -> end received.
-  std::vector<uint64_t> staging_;           // 8-byte words, so 16-byte-aligned tensors stay so.
+  std::vector<uint64_t> owned_;             // 8-byte words, so 16-byte-aligned tensors stay so.
+  char* memory_ = nullptr;                  // owned_'s data, or the caller's memory.
   uint64_t bytes_received_ = 0;
 };
 

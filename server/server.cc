@@ -34,7 +34,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         return ShardMetrics{store->parameter_count(), store->version(), store->launch_counts(),
                             store->memory_bytes()};
       });
-  server->staging_ = std::make_unique<StagingPool>(options.staging_pool_bytes);
+  absl::StatusOr<char*> arena = server->store_->AllocateStagingArena(options.staging_pool_bytes);
+  if (!arena.ok()) return arena.status();
+  server->staging_ = std::make_unique<StagingPool>(options.staging_pool_bytes, *arena);
   if (!options.metrics_listen.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/grad_check.h"
 #include "server/chunk_assembler.h"
 
 #ifndef FUSEDPS_VERSION
@@ -97,12 +98,13 @@ absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view fiel
 
 // Resolves a chunk error: a chunk of a tensor the shard does not have is NOT_FOUND.
 absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
-                      const v1::TensorChunk& chunk) {
+                      const v1::TensorChunk& chunk,
+                      std::optional<uint64_t>* staged_at = nullptr) {
   if (!assembler.Expects(chunk.tensor()) && !store.Lookup({chunk.tensor()}).ok()) {
     return absl::NotFoundError(absl::StrCat("chunks.tensor '", chunk.tensor(),
                                             "' is not registered"));
   }
-  return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data());
+  return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data(), staged_at);
 }
 
 // Adds one message's chunks. Fails on a header in any message but the first.
@@ -175,9 +177,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
   void OnReadDone(bool ok) override {
     if (!ok) return OnStreamEnd();
     if (!header_read_) return OnHeader();
-    if (absl::Status s = AddChunks(*assembler_, *store_, request_, false); !s.ok()) {
-      return Reply(s);
-    }
+    if (absl::Status s = AddMessage(request_, /*first=*/false); !s.ok()) return Reply(s);
     StartRead(&request_);
   }
 
@@ -222,11 +222,35 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
     if (!reservation.ok()) return Reply(reservation.status());
     reservation_ = *std::move(reservation);
     absl::StatusOr<ChunkAssembler> assembler =
-        ChunkAssembler::Create(std::move(expected), DTypeSize(dtype_));
+        ChunkAssembler::Create(std::move(expected), DTypeSize(dtype_), reservation_.data());
     if (!assembler.ok()) return Reply(assembler.status());
     assembler_.emplace(*std::move(assembler));
-    if (absl::Status s = AddChunks(*assembler_, *store_, first_, true); !s.ok()) return Reply(s);
+    if (absl::Status s = AddMessage(first_, /*first=*/true); !s.ok()) return Reply(s);
     StartRead(&request_);
+  }
+
+  // Checks one message's chunks and copies each into staging, from where it starts on its way
+  // to the device at once; checks the gradients for non-finite values on the way.
+  absl::Status AddMessage(const v1::PushGradientsRequest& message, bool first) {
+    if (!first && message.has_header()) {
+      return absl::InvalidArgumentError("header may appear only in the first message");
+    }
+    const float grad_scale = first_.header().has_grad_scale() ? first_.header().grad_scale() : 0;
+    for (const v1::TensorChunk& chunk : message.chunks()) {
+      std::optional<uint64_t> staged_at;
+      if (absl::Status s = AddChunk(*assembler_, *store_, chunk, &staged_at); !s.ok()) return s;
+      if (!staged_at.has_value()) continue;
+      if (absl::Status s = store_->CopyStagingToDevice(reservation_.offset() + *staged_at,
+                                                       chunk.data().size());
+          !s.ok()) {
+        return s;
+      }
+      grads_finite_ = grads_finite_ &&
+                      GradsAllFinite(chunk.data().data(), dtype_,
+                                     chunk.data().size() / DTypeSize(dtype_), grad_scale,
+                                     /*parallel=*/false);
+    }
+    return absl::OkStatus();
   }
 
   void OnStreamEnd() {
@@ -246,6 +270,8 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
     push_.grads = assembler_->staging();
     push_.grad_dtype = dtype_;
     push_.grad_scale = header.has_grad_scale() ? header.grad_scale() : 0.0f;
+    push_.grads_checked = true;
+    push_.grads_finite = grads_finite_;
     engine_->Submit(&push_, [this](absl::StatusOr<PushOutcome> outcome) { OnApplied(outcome); });
   }
 
@@ -293,6 +319,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
   uint64_t waiting_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // The staging wait, for OnCancel.
   StagingPool::Reservation reservation_;
   std::optional<ChunkAssembler> assembler_;
+  bool grads_finite_ = true;
   ReadyPush push_;
   PushStageSeconds stages_;
 };

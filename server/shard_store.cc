@@ -246,8 +246,8 @@ absl::StatusOr<PushOutcome> ShardStore::ApplyPush(const ReadyPush& push) {
       return retry;
     }
   }
-  StepRequest request{push.tensors, push.grad_offsets, push.grads, push.grad_dtype,
-                      push.grad_scale};
+  StepRequest request{push.tensors,    push.grad_offsets,  push.grads,       push.grad_dtype,
+                      push.grad_scale, push.grads_checked, push.grads_finite};
   const absl::Time start = absl::Now();
   absl::StatusOr<StepOutcome> step = backend_->Step(request);
   if (!step.ok()) return step.status();
@@ -279,6 +279,16 @@ absl::StatusOr<Snapshot> ShardStore::Read(const std::vector<std::string>& names,
   }
   snapshot.tensors = *std::move(infos);
   return snapshot;
+}
+
+absl::StatusOr<char*> ShardStore::AllocateStagingArena(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  return backend_->AllocateStagingArena(bytes);
+}
+
+// The backend documents CopyStagingToDevice as thread-safe, and backend_ never changes.
+absl::Status ShardStore::CopyStagingToDevice(uint64_t offset, uint64_t bytes) const {
+  return backend_->CopyStagingToDevice(offset, bytes);
 }
 
 uint64_t ShardStore::version() const {

@@ -72,6 +72,8 @@ struct ReadyPush {
   const void* grads = nullptr;         // Owned by the caller until ApplyPush returns.
   GradDType grad_dtype = GradDType::kFloat32;
   float grad_scale = 0.0f;             // <= 0: none.
+  bool grads_checked = false;          // Checked for non-finite values as they arrived...
+  bool grads_finite = true;            // ...with this result.
 };
 
 struct PushOutcome {
@@ -134,6 +136,11 @@ class ShardStore {
   // Reads a field of the named tensors (empty: all) as fp32 or bf16 at one version.
   absl::StatusOr<Snapshot> Read(const std::vector<std::string>& names, TensorField field,
                                 GradDType dtype) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The backend's staging arena and its device copies (kernels/backend.h). Thread-safe.
+  absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) const
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   uint64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t parameter_count() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -9,41 +9,68 @@
 
 namespace fusedps {
 
+namespace {
+constexpr uint64_t kAlignment = 64;
+uint64_t Aligned(uint64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+}  // namespace
+
+StagingPool::StagingPool(uint64_t capacity_bytes, char* arena)
+    : capacity_(capacity_bytes / kAlignment * kAlignment), arena_(arena) {
+  if (capacity_ > 0) free_.emplace(0, capacity_);
+}
+
 StagingPool::Reservation& StagingPool::Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
-    if (pool_ != nullptr) pool_->Release(bytes_);
+    if (pool_ != nullptr) pool_->Release(offset_, bytes_);
     pool_ = std::exchange(other.pool_, nullptr);
+    offset_ = std::exchange(other.offset_, 0);
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
 }
 
 StagingPool::Reservation::~Reservation() {
-  if (pool_ != nullptr) pool_->Release(bytes_);
+  if (pool_ != nullptr) pool_->Release(offset_, bytes_);
 }
 
-uint64_t StagingPool::ReserveAsync(uint64_t bytes, Done done) {
+std::optional<uint64_t> StagingPool::AllocateLocked(uint64_t bytes) {
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < bytes) continue;
+    const uint64_t offset = it->first, size = it->second;
+    free_.erase(it);
+    if (size > bytes) free_.emplace(offset + bytes, size - bytes);
+    return offset;
+  }
+  return std::nullopt;
+}
+
+uint64_t StagingPool::ReserveAsync(uint64_t requested, Done done) {
+  const uint64_t bytes = Aligned(requested);
   if (bytes > capacity_) {
     done(absl::ResourceExhaustedError(absl::StrCat(
         "the call needs ", bytes, " bytes of staging, more than the whole pool of ", capacity_,
         " (--staging-pool-bytes); split it into smaller pushes")));
     return 0;
   }
+  uint64_t offset;
   {
     absl::MutexLock lock(&mu_);
-    if (!waiters_.empty() || in_use_ + bytes > capacity_) {
+    std::optional<uint64_t> region;
+    if (waiters_.empty()) region = AllocateLocked(bytes);
+    if (!region.has_value()) {
       waiters_.push_back({++last_ticket_, bytes, std::move(done)});
       return last_ticket_;
     }
+    offset = *region;
     in_use_ += bytes;
   }
-  done(Reservation(this, bytes));
+  done(Reservation(this, offset, bytes));
   return 0;
 }
 
 void StagingPool::Cancel(uint64_t ticket) {
   Done cancelled;
-  std::vector<Waiter> served;
+  std::vector<Served> served;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
@@ -56,7 +83,7 @@ void StagingPool::Cancel(uint64_t ticket) {
     served = ServeLocked();  // The line may have moved.
   }
   if (cancelled) cancelled(absl::CancelledError("the call was cancelled while waiting for staging"));
-  for (Waiter& w : served) w.done(Reservation(this, w.bytes));
+  for (Served& s : served) s.waiter.done(Reservation(this, s.offset, s.waiter.bytes));
 }
 
 absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
@@ -77,24 +104,39 @@ absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
   return result;
 }
 
-std::vector<StagingPool::Waiter> StagingPool::ServeLocked() {
-  std::vector<Waiter> served;
-  while (!waiters_.empty() && in_use_ + waiters_.front().bytes <= capacity_) {
+std::vector<StagingPool::Served> StagingPool::ServeLocked() {
+  std::vector<Served> served;
+  while (!waiters_.empty()) {
+    std::optional<uint64_t> region = AllocateLocked(waiters_.front().bytes);
+    if (!region.has_value()) break;
     in_use_ += waiters_.front().bytes;
-    served.push_back(std::move(waiters_.front()));
+    served.push_back({std::move(waiters_.front()), *region});
     waiters_.pop_front();
   }
   return served;
 }
 
-void StagingPool::Release(uint64_t bytes) {
-  std::vector<Waiter> served;
+void StagingPool::Release(uint64_t offset, uint64_t bytes) {
+  std::vector<Served> served;
   {
     absl::MutexLock lock(&mu_);
     in_use_ -= bytes;
+    // Return the region and merge it with free neighbours.
+    auto it = free_.emplace(offset, bytes).first;
+    if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
     served = ServeLocked();
   }
-  for (Waiter& w : served) w.done(Reservation(this, w.bytes));
+  for (Served& s : served) s.waiter.done(Reservation(this, s.offset, s.waiter.bytes));
 }
 
 uint64_t StagingPool::in_use() const {

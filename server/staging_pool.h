@@ -6,6 +6,10 @@
 // meanwhile, so gRPC's flow control stops the sender: back-pressure, never unbounded memory.
 // Waiters are served in arrival order.
 //
+// The pool hands out regions of one arena, allocated once by the backend (page-locked on a GPU,
+// with a device mirror at the same offsets), so that each chunk can start its copy to the device
+// as soon as it is written. Regions are 64-byte aligned, first fit, coalesced on release.
+//
 // Usage (a callback-API reactor):
 //   uint64_t ticket = pool.ReserveAsync(bytes, [this](absl::StatusOr<Reservation> r) {...});
 //   ... on cancellation: pool.Cancel(ticket);
@@ -17,6 +21,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -33,16 +40,22 @@ class StagingPool {
     Reservation& operator=(Reservation&& other) noexcept;
     ~Reservation();
     uint64_t bytes() const { return bytes_; }
+    uint64_t offset() const { return offset_; }  // In the arena.
+    char* data() const { return pool_ != nullptr && pool_->arena_ != nullptr
+                                    ? pool_->arena_ + offset_ : nullptr; }
 
    private:
     friend class StagingPool;
-    Reservation(StagingPool* pool, uint64_t bytes) : pool_(pool), bytes_(bytes) {}
+    Reservation(StagingPool* pool, uint64_t offset, uint64_t bytes)
+        : pool_(pool), offset_(offset), bytes_(bytes) {}
     StagingPool* pool_ = nullptr;
+    uint64_t offset_ = 0;
     uint64_t bytes_ = 0;
   };
   using Done = std::function<void(absl::StatusOr<Reservation>)>;
 
-  explicit StagingPool(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  // `arena` (capacity_bytes long, not owned) backs the reservations; null: accounting only.
+  StagingPool(uint64_t capacity_bytes, char* arena);
 
   // Calls `done` exactly once: with a reservation of `bytes` as soon as they are free and every
   // earlier waiter was served (inline when that is now; else from the thread whose release
@@ -67,15 +80,23 @@ class StagingPool {
     uint64_t bytes;
     Done done;
   };
-  void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  // Takes the waiters at the front that now fit, reserving their bytes.
-  std::vector<Waiter> ServeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Served {
+    Waiter waiter;
+    uint64_t offset;
+  };
+  void Release(uint64_t offset, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The offset of a free region of `bytes` (first fit), taken from the free list; or none.
+  std::optional<uint64_t> AllocateLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the waiters at the front that now fit, reserving their regions.
+  std::vector<Served> ServeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_;
+  char* const arena_;
   mutable absl::Mutex mu_;
   uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // In arrival order.
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // Offset -> size, disjoint.
 };
 
 }  // namespace fusedps
