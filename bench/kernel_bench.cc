@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_string.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -479,22 +480,6 @@ void PrintTable(const BenchConfig& config, double scale, const std::vector<Resul
                  r.device_gbps, copy_gbps, pct_copy, r.timing.launches_per_step, cupti,
                  r.validated_elements);
   }
-}
-
-// Device strings are plain text; escape what JSON requires anyway.
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 void PrintJson(const BenchConfig& config, double scale, const std::vector<Result>& results) {

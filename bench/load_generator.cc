@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_string.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -187,22 +188,6 @@ void PrintTable(const Run& run, const LoadResult& result) {
   }
   absl::PrintF("%s", TableRow("all", TotalPushes(result), result.seconds, TotalGradBytes(result),
                               AllLatencies(result)));
-}
-
-// JSON string literal of text.
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 std::string JsonLatency(const LatencySummary& s) {

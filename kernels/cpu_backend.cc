@@ -79,29 +79,16 @@ class CpuBackend final : public OptimizerBackend {
   absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
                     GradDType dtype, void* out) const override {
     const uint64_t start = table_.offset(tensor) + offset;
-    const float* src = nullptr;
-    switch (field) {
-      case TensorField::kParam:
-        if (dtype == GradDType::kBFloat16 && copy_dtype_ == ParamCopyDType::kBFloat16) {
-          std::copy_n(copy_.data() + start, count, static_cast<uint16_t*>(out));
-          return absl::OkStatus();
-        }
-        src = params_.data();
-        break;
-      case TensorField::kExpAvg:
-        src = exp_avg_.data();
-        break;
-      case TensorField::kExpAvgSq:
-        src = exp_avg_sq_.data();
-        break;
-      case TensorField::kMaxExpAvgSq:
-        if (!table_.hyper_of(tensor).amsgrad) {
-          return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
-        }
-        src = max_exp_avg_sq_.data();
-        break;
+    if (field == TensorField::kParam && dtype == GradDType::kBFloat16 &&
+        copy_dtype_ == ParamCopyDType::kBFloat16) {
+      std::copy_n(copy_.data() + start, count, static_cast<uint16_t*>(out));
+      return absl::OkStatus();
     }
-    src += start;
+    absl::StatusOr<const float*> field_start = table_.FieldOf(
+        {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()}, field,
+        tensor);
+    if (!field_start.ok()) return field_start.status();
+    const float* src = *field_start + offset;
     if (dtype == GradDType::kFloat32) {
       std::copy_n(src, count, static_cast<float*>(out));
     } else {
@@ -158,16 +145,9 @@ class CpuBackend final : public OptimizerBackend {
   absl::StatusOr<StepOutcome> Step(const StepRequest& given) override {
     const auto start = std::chrono::steady_clock::now();
     StepRequest request = given;
-    bool finite;
-    if (request.grads == nullptr) {
-      request.grads = staging_.data();
-      finite = !staged_non_finite_;
-      staged_non_finite_ = false;
-    } else if (request.grads_checked) {
-      finite = request.grads_finite;
-    } else {
-      finite = PushGradsAllFinite(request, [this](uint32_t t) { return table_.numel(t); });
-    }
+    const bool finite = StepGradsFinite(request, &staged_non_finite_,
+                                        [this](uint32_t t) { return table_.numel(t); });
+    if (request.grads == nullptr) request.grads = staging_.data();
     absl::StatusOr<StepOutcome> outcome =
         finite ? StepOn(request) : StepOutcome{.skipped = true, .tensors_updated = 0};
     last_step_seconds_ =

@@ -437,31 +437,18 @@ class CudaBackend final : public OptimizerBackend {
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       return absl::OkStatus();
     }
-    const float* src = nullptr;
-    switch (field) {
-      case TensorField::kParam:
-        src = params_.data();
-        break;
-      case TensorField::kExpAvg:
-        src = exp_avg_.data();
-        break;
-      case TensorField::kExpAvgSq:
-        src = exp_avg_sq_.data();
-        break;
-      case TensorField::kMaxExpAvgSq:
-        if (!table_.hyper_of(tensor).amsgrad) {
-          return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
-        }
-        src = max_exp_avg_sq_.data();
-        break;
-    }
+    absl::StatusOr<const float*> field_start = table_.FieldOf(
+        {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()}, field,
+        tensor);
+    if (!field_start.ok()) return field_start.status();
+    const float* src = *field_start + offset;
     std::vector<float> staged;
     float* dst = static_cast<float*>(out);
     if (dtype != GradDType::kFloat32) {
       staged.resize(count);
       dst = staged.data();
     }
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src + start, count * sizeof(float),
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, count * sizeof(float),
                                                  cudaMemcpyDeviceToHost, stream_));
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     if (dtype != GradDType::kFloat32) {
@@ -519,15 +506,8 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
-    bool finite;
-    if (request.grads == nullptr) {
-      finite = !staged_non_finite_;
-      staged_non_finite_ = false;
-    } else if (request.grads_checked) {
-      finite = request.grads_finite;
-    } else {
-      finite = PushGradsAllFinite(request, [this](uint32_t t) { return table_.numel(t); });
-    }
+    const bool finite = StepGradsFinite(request, &staged_non_finite_,
+                                        [this](uint32_t t) { return table_.numel(t); });
     if (!finite) return StepOutcome{true, 0};  // Nothing launched, nothing written.
     return Apply(request);
   }
@@ -554,11 +534,10 @@ class CudaBackend final : public OptimizerBackend {
                                             AlignedNumel(table_.numel(request.tensors[r])));
     }
     const size_t grad_bytes = grad_numel * DTypeSize(request.grad_dtype);
-    const char* grads_on_device = reinterpret_cast<const char*>(grads_.data());
     const char* host = static_cast<const char*>(request.grads);
-    if (arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_) {
+    const bool in_arena = arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_;
+    if (in_arena) {
       // In the staging arena: its chunks are on their way on the copy stream; wait for them.
-      grads_on_device = reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_);
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done_, copy_stream_));
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, copies_done_, 0));
     } else if (request.grads != nullptr) {
@@ -587,7 +566,9 @@ class CudaBackend final : public OptimizerBackend {
     }
     if (chunk_count == 0) return StepOutcome{false, 0};
     DeviceArenas arenas = Arenas();
-    arenas.grads = grads_on_device;
+    // Read only now: CopyToStaging may have moved grads_.
+    arenas.grads = in_arena ? reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_)
+                            : reinterpret_cast<const char*>(grads_.data());
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(step_begin_, stream_));
     if (absl::Status s = launches_.Launch(
             "fusedps_adamw_apply", ApplyKernel(request.grad_dtype, options_.param_copy_dtype),

@@ -72,4 +72,15 @@ bool PushGradsAllFinite(const StepRequest& request,
   return RangesFinite(request.grads, request.grad_dtype, ranges, request.grad_scale, true);
 }
 
+bool StepGradsFinite(const StepRequest& request, bool* staged_non_finite,
+                     const std::function<uint64_t(uint32_t tensor)>& numel) {
+  if (request.grads == nullptr) {
+    const bool finite = !*staged_non_finite;
+    *staged_non_finite = false;
+    return finite;
+  }
+  if (request.grads_checked) return request.grads_finite;
+  return PushGradsAllFinite(request, numel);
+}
+
 }  // namespace fusedps

@@ -26,6 +26,12 @@ bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float gr
 bool PushGradsAllFinite(const StepRequest& request,
                         const std::function<uint64_t(uint32_t tensor)>& numel);
 
+// Whether a step's gradients are all finite, as a backend's Step decides it: for grads staged
+// earlier (request.grads == nullptr) from *staged_non_finite, which StageGrads accumulated and
+// this clears; from the caller's check when request.grads_checked; else by reading them.
+bool StepGradsFinite(const StepRequest& request, bool* staged_non_finite,
+                     const std::function<uint64_t(uint32_t tensor)>& numel);
+
 }  // namespace fusedps
 
 #endif  // FUSEDPS_KERNELS_GRAD_CHECK_H_

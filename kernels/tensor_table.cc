@@ -50,4 +50,26 @@ bool TensorTable::any_amsgrad() const {
                      [](const AdamWHyperparameters& h) { return h.amsgrad; });
 }
 
+absl::StatusOr<const float*> TensorTable::FieldOf(const FieldArenas& arenas, TensorField field,
+                                                  uint32_t tensor) const {
+  const float* arena = arenas.params;
+  switch (field) {
+    case TensorField::kParam:
+      break;
+    case TensorField::kExpAvg:
+      arena = arenas.exp_avg;
+      break;
+    case TensorField::kExpAvgSq:
+      arena = arenas.exp_avg_sq;
+      break;
+    case TensorField::kMaxExpAvgSq:
+      if (!hyper_of(tensor).amsgrad) {
+        return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
+      }
+      arena = arenas.max_exp_avg_sq;
+      break;
+  }
+  return arena + offset(tensor);
+}
+
 }  // namespace fusedps

@@ -24,6 +24,14 @@
 
 namespace fusedps {
 
+// A backend's four fp32 arenas, for picking one by TensorField.
+struct FieldArenas {
+  const float* params;
+  const float* exp_avg;
+  const float* exp_avg_sq;
+  const float* max_exp_avg_sq;
+};
+
 class TensorTable {
  public:
   // Creates (group == group count) or replaces group `group`.
@@ -53,6 +61,11 @@ class TensorTable {
   const std::vector<AdamWHyperparameters>& groups() const { return groups_; }
   const std::vector<int64_t>& steps() const { return steps_; }
   bool any_amsgrad() const;
+
+  // The arena that holds `field` of `tensor`, shifted to the tensor's first element.
+  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad.
+  absl::StatusOr<const float*> FieldOf(const FieldArenas& arenas, TensorField field,
+                                       uint32_t tensor) const;
 
  private:
   std::vector<AdamWHyperparameters> groups_;

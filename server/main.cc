@@ -8,10 +8,10 @@
 // --shutdown-grace-seconds), apply every complete push, exit 0.
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "common/port_file.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -37,21 +37,6 @@ ABSL_FLAG(std::string, metrics_port_file, "",
           "once serving, write the bound /metrics port to this file (atomically)");
 ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
-
-namespace {
-
-// Writes the port to a temporary file and renames it, so readers never see a partial file.
-bool WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << port << "\n";
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -103,13 +88,14 @@ int main(int argc, char** argv) {
   }
   // The metrics port file first: once the gRPC port file exists, both are there.
   const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  if (!metrics_port_file.empty() && !WritePortFile(metrics_port_file, (*server)->metrics_port())) {
+  if (!metrics_port_file.empty() &&
+      !fusedps::WritePortFile(metrics_port_file, (*server)->metrics_port())) {
     std::fprintf(stderr, "fusedps-server: cannot write --metrics-port-file %s\n",
                  metrics_port_file.c_str());
     return 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
+  if (!port_file.empty() && !fusedps::WritePortFile(port_file, (*server)->port())) {
     std::fprintf(stderr, "fusedps-server: cannot write --port-file %s\n", port_file.c_str());
     return 1;
   }

@@ -36,7 +36,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -44,6 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/port_file.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -340,17 +340,6 @@ class SinkService final : public v1::ParameterService::Service {
   std::unordered_map<std::string, size_t> tensor_index_;
   uint64_t parameter_count_ = 0;
 };
-
-// Writes the port to a temporary file and renames it, so readers never see a partial file.
-bool WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << port << "\n";
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 }  // namespace
 }  // namespace fusedps

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_string.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -297,22 +298,6 @@ absl::Status RunPush(Client& client) {
     options.base_version = result->version;
   }
   return absl::OkStatus();
-}
-
-// JSON string literal of text (UTF-8 passes through).
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 // Writes a pull as a safetensors file (see kUsage).
