@@ -39,6 +39,8 @@
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
 ABSL_FLAG(int32_t, clients, 1,
           "Concurrent trainers, each its own client and connection, pushing from its own thread.");
+ABSL_FLAG(int32_t, streams, 1,
+          "Connections per client; above 1 each push travels as that many parts at once.");
 ABSL_FLAG(std::string, model, "gpt2",
           "gpt2 (GPT-2 small's 148 tensors), one_large (1 x 100M), t1000x100k, t10000x1k (all "
           "from bench/workloads.h, sized by --scale), or synthetic (--tensors x --numel).");
@@ -99,6 +101,7 @@ absl::StatusOr<Run> RunFromFlags() {
   LoadConfig& config = run.config;
   config.target = absl::GetFlag(FLAGS_target);
   config.clients = absl::GetFlag(FLAGS_clients);
+  config.streams = absl::GetFlag(FLAGS_streams);
   config.grad_dtype = run.dtype.dtype;
   config.steps = absl::GetFlag(FLAGS_steps);
   config.duration = absl::GetFlag(FLAGS_duration);
@@ -205,6 +208,7 @@ void PrintJson(const Run& run, const LoadResult& result) {
       "{\"tool\": \"fusedps-bench\", \"target\": %s, \"backend\": %s, \"device\": %s,\n"
       " \"model\": %s, \"description\": %s, \"scale\": %.17g, \"tensors\": %d, \"params\": %d,\n"
       " \"dtype\": \"%s\", \"push_bytes\": %d, \"max_chunk_bytes\": %d, \"clients\": %d,\n"
+      " \"streams\": %d,\n"
       " \"steps\": %d, \"duration_s\": %s, \"warmup_steps\": %d, \"registered\": %s,\n"
       " \"tensors_created\": %d, \"tensors_existing\": %d,\n"
       " \"version_before\": %d, \"version_after\": %d,\n"
@@ -216,7 +220,7 @@ void PrintJson(const Run& run, const LoadResult& result) {
       JsonString(run.model.name), JsonString(run.model.description), run.scale,
       run.model.numels.size(), run.model.total_numel(), run.dtype.name,
       run.model.total_numel() * static_cast<uint64_t>(run.dtype.bytes), config.max_chunk_bytes,
-      config.clients, config.steps,
+      config.clients, config.streams, config.steps,
       config.steps > 0 ? "null" : absl::StrFormat("%.6f", absl::ToDoubleSeconds(config.duration)),
       config.warmup_steps, config.register_tensors ? "true" : "false", result.tensors_created,
       result.tensors_existing, result.version_before, result.version_after, pushes,

@@ -46,8 +46,16 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 
 // A Client on a channel of its own: GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL keeps gRPC from sharing
 // one TCP connection between channels to the same target, so each trainer has its own, as
-// trainers in separate processes would.
+// trainers in separate processes would. With several streams the client library opens that
+// many connections of its own, the same way.
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const LoadConfig& config) {
+  if (config.streams > 1) {
+    client::ClientOptions options;
+    options.max_chunk_bytes = config.max_chunk_bytes;
+    options.timeout = config.timeout;
+    options.streams = config.streams;
+    return client::Client::Create(config.target, options);
+  }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);

@@ -57,6 +57,9 @@ absl::StatusOr<LoadModel> MakeLoadModel(absl::string_view name, double scale,
 struct LoadConfig {
   std::string target;  // HOST:PORT of the server.
   int clients = 1;     // Concurrent trainers. REQUIRES: >= 1.
+  // Connections per trainer; with more than one, each push travels as that many parts at once
+  // (client::ClientOptions::streams). REQUIRES: 1 <= streams <= 64.
+  int streams = 1;
   client::DType grad_dtype = client::DType::kBFloat16;
   // Timed pushes per trainer; when 0, every trainer pushes until `duration` has passed.
   int64_t steps = 0;

@@ -9,7 +9,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/memory/memory.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/wire.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -35,8 +37,9 @@ absl::Status ValidateOptions(const ClientOptions& options) {
                                                    internal::kMaxChunkBytesLimit, "], not ",
                                                    options.max_chunk_bytes));
   }
-  if (options.streams < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("streams must be >= 1, not ", options.streams));
+  if (options.streams < 1 || options.streams > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams must be in [1, 64], not ", options.streams));
   }
   return absl::OkStatus();
 }
@@ -216,7 +219,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::CreateWithChannel(
 }
 
 Client::Client(ClientOptions options, std::vector<std::unique_ptr<Connection>> connections)
-    : options_(options), connections_(std::move(connections)) {}
+    : options_(options),
+      connections_(std::move(connections)),
+      default_client_id_(absl::StrCat("fusedps-client-", absl::Hex(absl::Uniform<uint64_t>(
+                                                             absl::BitGen()), absl::kZeroPad16))),
+      last_sequence_number_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
 
 Client::~Client() = default;
 
@@ -366,18 +373,42 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
       extents, internal::ElementBytes(options.grad_dtype), options_.max_chunk_bytes);
   if (!plan.ok()) return plan.status();
 
-  v1::PushGradientsResponse response;
-  grpc::ClientContext context;
-  ConfigureContext(options_, &context);
-  std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
-      connection(0).stub->PushGradients(&context, &response);
-  const bool writes_ok = WriteChunked(
-      *writer, std::move(message), *plan, names, [&](const ChunkSpan& span, std::string* data) {
-        internal::EncodeElements(grads[span.tensor].grads.subspan(span.offset, span.numel),
-                                 options.grad_dtype, data);
-      });
-  absl::Status status = FinishWrites(*writer, writes_ok);
-  if (!status.ok()) return status;
+  // With several streams the push travels as that many parts, one per connection, at once;
+  // the server applies it once. Parts need the push named: a client id and a sequence number.
+  const size_t parts = std::min<size_t>(connections_.size(), std::max<size_t>(plan->size(), 1));
+  if (parts > 1) {
+    if (options.client_id.empty()) header->set_client_id(default_client_id_);
+    if (options.sequence_number == 0) header->set_sequence_number(++last_sequence_number_);
+    header->set_part_count(static_cast<uint32_t>(parts));
+  }
+  std::vector<v1::PushGradientsResponse> responses(parts);
+  std::vector<absl::Status> statuses(parts);
+  // Each part's own status is kept below; RunConcurrently's first error is not the one wanted.
+  (void)RunConcurrently(parts, [&](size_t p) {
+    std::vector<MessagePlan> share;  // Messages p, p + parts, ...
+    for (size_t m = p; m < plan->size(); m += parts) share.push_back((*plan)[m]);
+    v1::PushGradientsRequest first = message;
+    if (parts > 1) first.mutable_header()->set_part_index(static_cast<uint32_t>(p));
+    grpc::ClientContext context;
+    ConfigureContext(options_, &context);
+    std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
+        connection(p).stub->PushGradients(&context, &responses[p]);
+    const bool writes_ok = WriteChunked(
+        *writer, std::move(first), share, names, [&](const ChunkSpan& span, std::string* data) {
+          internal::EncodeElements(grads[span.tensor].grads.subspan(span.offset, span.numel),
+                                   options.grad_dtype, data);
+        });
+    statuses[p] = FinishWrites(*writer, writes_ok);
+    return statuses[p];
+  });
+  // The root cause of a failed push: the parts that did not fail themselves are ABORTED.
+  for (const absl::Status& status : statuses) {
+    if (!status.ok() && !absl::IsAborted(status)) return status;
+  }
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  const v1::PushGradientsResponse& response = responses[0];
   PushResult result;
   result.version = response.version();
   result.step_skipped = response.step_skipped();

@@ -17,17 +17,20 @@ rm -f /tmp/*.port
   >"$out/server_sink.log" 2>&1 &
 python3 bench/peers/torch_peer.py --listen=127.0.0.1:0 --port-file=/tmp/peer.port \
   --device=${PEER_DEVICE:-cuda} --max-workers=32 >"$out/server_peer.log" 2>&1 &
-for s in fusedps sink peer; do
+for s in ${SERVERS:-fusedps sink peer}; do
   for _ in $(seq 1 120); do [[ -s /tmp/$s.port ]] && break; sleep 0.5; done
   [[ -s /tmp/$s.port ]] || { echo "$s did not start"; tail "$out/server_$s.log"; }
 done
 bench=".device-pack/run fusedps-bench --json --warmup-steps=1"
-for s in fusedps sink peer; do
+# STREAMS > 1 sends each push as that many parts; the torch peer knows nothing of parts.
+for s in ${SERVERS:-fusedps sink peer}; do
   target=127.0.0.1:$(cat /tmp/$s.port)
+  streams=${STREAMS:-1}
+  [[ $s == peer ]] && streams=1
   for c in ${CLIENTS:-1 4 16}; do
     echo "== $s gpt2 bf16, $c clients" >&2
     timeout 120 $bench --target=$target --model=gpt2 --scale=${SCALE:-1} --dtype=bf16 \
-      --clients=$c --duration=$duration >"$out/${s}_gpt2_c$c.json" 2>>"$out/bench_$s.log" || echo "$s c$c failed"
+      --clients=$c --streams=$streams --duration=$duration >"$out/${s}_gpt2_c$c.json" 2>>"$out/bench_$s.log" || echo "$s c$c failed"
   done
   echo "== $s 1M latency" >&2
   timeout 120 $bench --target=$target --model=synthetic --tensors=1 --numel=1000000 --dtype=bf16 \

@@ -9,8 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "kernels/grad_check.h"
 #include "server/chunk_assembler.h"
+#include "server/push_reactor.h"
+#include "server/wire_checks.h"
 
 #ifndef FUSEDPS_VERSION
 #define FUSEDPS_VERSION "dev"
@@ -22,12 +23,6 @@ namespace {
 constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
 constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
 constexpr uint32_t kMinPullChunkBytes = 16;
-constexpr char kSkipNonFiniteGrad[] = "non_finite_grad";
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 AdamWHyperparameters FromProto(const v1::Hyperparameters& p) {
   AdamWHyperparameters h;  // torch.optim.AdamW's defaults.
@@ -82,31 +77,6 @@ void ToProto(const TensorInfo& t, v1::TensorInfo* p) {
   p->set_numel(t.numel);
 }
 
-absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view field) {
-  switch (d) {
-    case v1::DTYPE_FLOAT32:
-      return GradDType::kFloat32;
-    case v1::DTYPE_BFLOAT16:
-      return GradDType::kBFloat16;
-    case v1::DTYPE_FLOAT16:
-      return GradDType::kFloat16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " = ", static_cast<int>(d), " must be FLOAT32, BFLOAT16 or FLOAT16"));
-  }
-}
-
-// Resolves a chunk error: a chunk of a tensor the shard does not have is NOT_FOUND.
-absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
-                      const v1::TensorChunk& chunk,
-                      std::optional<uint64_t>* staged_at = nullptr) {
-  if (!assembler.Expects(chunk.tensor()) && !store.Lookup({chunk.tensor()}).ok()) {
-    return absl::NotFoundError(absl::StrCat("chunks.tensor '", chunk.tensor(),
-                                            "' is not registered"));
-  }
-  return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data(), staged_at);
-}
-
 // Adds one message's chunks. Fails on a header in any message but the first.
 template <typename Request>
 absl::Status AddChunks(ChunkAssembler& assembler, const ShardStore& store, const Request& request,
@@ -131,198 +101,6 @@ absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const ShardStore& s
   }
   return assembler.Finish();
 }
-
-// Checks a push header and returns its tensors (all of the shard's when it names none).
-absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& header,
-                                                        const ShardStore& store) {
-  absl::StatusOr<GradDType> dtype = GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
-  if (!dtype.ok()) return dtype.status();
-  if (header.has_grad_scale() &&
-      !(std::isfinite(header.grad_scale()) && header.grad_scale() > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("header.grad_scale = ", header.grad_scale(),
-                                                   " must be finite and > 0"));
-  }
-  if (header.worker_count() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "header.worker_count = ", header.worker_count(),
-        ": synchronous aggregation is not implemented; use 0 or 1"));
-  }
-  absl::flat_hash_set<absl::string_view> seen;
-  for (int i = 0; i < header.tensors_size(); ++i) {
-    if (!seen.insert(header.tensors(i)).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "header.tensors[", i, "] names tensor '", header.tensors(i), "' a second time"));
-    }
-  }
-  return store.Lookup({header.tensors().begin(), header.tensors().end()});
-}
-
-// One PushGradients call on gRPC's callback API. Nothing here blocks: the header's staging is
-// reserved asynchronously (the stream is not read until the pool grants it: back-pressure),
-// each message's chunks are checked and copied into staging as it arrives, and the update
-// engine's thread acknowledges the call once the step is back (the completion path).
-class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsRequest> {
- public:
-  PushReactor(grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
-              ShardStore* store, UpdateEngine* engine, Metrics* metrics, StagingPool* staging)
-      : context_(context),
-        response_(response),
-        store_(store),
-        engine_(engine),
-        metrics_(metrics),
-        staging_(staging) {
-    StartRead(&request_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return OnStreamEnd();
-    if (!header_read_) return OnHeader();
-    if (absl::Status s = AddMessage(request_, /*first=*/false); !s.ok()) return Reply(s);
-    StartRead(&request_);
-  }
-
-  void OnCancel() override {
-    uint64_t ticket;
-    {
-      absl::MutexLock lock(&mu_);
-      ticket = waiting_ticket_;
-    }
-    if (ticket != 0) staging_->Cancel(ticket);  // Its callback replies CANCELLED.
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  void OnHeader() {
-    header_read_ = true;
-    if (!request_.has_header()) {
-      return Reply(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
-    }
-    absl::StatusOr<std::vector<TensorInfo>> tensors = CheckPushHeader(request_.header(), *store_);
-    if (!tensors.ok()) return Reply(tensors.status());
-    tensors_ = *std::move(tensors);
-    dtype_ = *GradDTypeFromProto(request_.header().grad_dtype(), "header.grad_dtype");
-    first_ = std::move(request_);
-    std::vector<ChunkAssembler::Expected> expected;
-    for (const TensorInfo& t : tensors_) expected.push_back({t.spec.name, t.numel});
-    const uint64_t bytes = ChunkAssembler::StagingBytes(expected, DTypeSize(dtype_));
-    absl::MutexLock lock(&mu_);
-    waiting_ticket_ = staging_->ReserveAsync(
-        bytes, [this, expected = std::move(expected)](
-                   absl::StatusOr<StagingPool::Reservation> reservation) mutable {
-          OnReserved(std::move(reservation), std::move(expected));
-        });
-  }
-
-  // Runs inline from ReserveAsync (mu_ held by OnHeader) or from the thread of the call whose
-  // release freed the bytes. It leaves waiting_ticket_ alone: cancelling a served ticket is a
-  // no-op.
-  void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation,
-                  std::vector<ChunkAssembler::Expected> expected) {
-    if (!reservation.ok()) return Reply(reservation.status());
-    reservation_ = *std::move(reservation);
-    absl::StatusOr<ChunkAssembler> assembler =
-        ChunkAssembler::Create(std::move(expected), DTypeSize(dtype_), reservation_.data());
-    if (!assembler.ok()) return Reply(assembler.status());
-    assembler_.emplace(*std::move(assembler));
-    if (absl::Status s = AddMessage(first_, /*first=*/true); !s.ok()) return Reply(s);
-    StartRead(&request_);
-  }
-
-  // Checks one message's chunks and copies each into staging, from where it starts on its way
-  // to the device at once; checks the gradients for non-finite values on the way.
-  absl::Status AddMessage(const v1::PushGradientsRequest& message, bool first) {
-    if (!first && message.has_header()) {
-      return absl::InvalidArgumentError("header may appear only in the first message");
-    }
-    const float grad_scale = first_.header().has_grad_scale() ? first_.header().grad_scale() : 0;
-    for (const v1::TensorChunk& chunk : message.chunks()) {
-      std::optional<uint64_t> staged_at;
-      if (absl::Status s = AddChunk(*assembler_, *store_, chunk, &staged_at); !s.ok()) return s;
-      if (!staged_at.has_value()) continue;
-      if (absl::Status s = store_->CopyStagingToDevice(reservation_.offset() + *staged_at,
-                                                       chunk.data().size());
-          !s.ok()) {
-        return s;
-      }
-      grads_finite_ = grads_finite_ &&
-                      GradsAllFinite(chunk.data().data(), dtype_,
-                                     chunk.data().size() / DTypeSize(dtype_), grad_scale,
-                                     /*parallel=*/false);
-    }
-    return absl::OkStatus();
-  }
-
-  void OnStreamEnd() {
-    // A client that cancels mid-push ends the stream early, or is cancelled after its last
-    // chunk: either way nothing is applied.
-    if (context_->IsCancelled()) return Reply(absl::CancelledError("cancelled"));
-    if (!header_read_) {
-      return Reply(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"));
-    }
-    if (absl::Status s = assembler_->Finish(); !s.ok()) return Reply(s);
-    received_ = absl::Now();
-    const v1::PushHeader& header = first_.header();
-    push_.client_id = header.client_id();
-    push_.sequence_number = header.sequence_number();
-    for (const TensorInfo& t : tensors_) push_.tensors.push_back(t.index);
-    push_.grad_offsets = assembler_->staging_offsets();
-    push_.grads = assembler_->staging();
-    push_.grad_dtype = dtype_;
-    push_.grad_scale = header.has_grad_scale() ? header.grad_scale() : 0.0f;
-    push_.grads_checked = true;
-    push_.grads_finite = grads_finite_;
-    engine_->Submit(&push_, [this](absl::StatusOr<PushOutcome> outcome) { OnApplied(outcome); });
-  }
-
-  void OnApplied(const absl::StatusOr<PushOutcome>& outcome) {
-    if (!outcome.ok()) return Reply(outcome.status());
-    const absl::Time stepped = absl::Now();
-    if (!outcome->duplicate) metrics_->RecordStep(outcome->skipped, kSkipNonFiniteGrad);
-    response_->set_version(outcome->version);
-    response_->set_step_skipped(outcome->skipped);
-    if (outcome->skipped) response_->set_skip_reason(kSkipNonFiniteGrad);
-    response_->set_tensors_updated(outcome->tensors_updated);
-    response_->set_grad_bytes(assembler_->bytes_received());
-    response_->set_duplicate(outcome->duplicate);
-    // h2d is what the backend step spent outside its kernels (checking and copying the grads);
-    // apply is the rest until the outcome was back: the engine's queue and the kernels.
-    stages_.receive = absl::ToDoubleSeconds(received_ - arrived_);
-    stages_.h2d = std::max(0.0, outcome->step_seconds - outcome->device_seconds);
-    stages_.apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received_) - stages_.h2d);
-    stages_.ack = absl::ToDoubleSeconds(absl::Now() - stepped);
-    Reply(absl::OkStatus());
-  }
-
-  // The one place a push ends: metrics, then the status to the client. The staging is
-  // released when the reactor is deleted (OnDone), after gRPC is done with the call.
-  void Reply(const absl::Status& status) {
-    metrics_->RecordPush(static_cast<grpc::StatusCode>(status.code()),
-                         assembler_ ? assembler_->bytes_received() : 0, stages_);
-    Finish(ToGrpc(status));
-  }
-
-  grpc::CallbackServerContext* const context_;
-  v1::PushGradientsResponse* const response_;
-  ShardStore* const store_;
-  UpdateEngine* const engine_;
-  Metrics* const metrics_;
-  StagingPool* const staging_;
-  const absl::Time arrived_ = absl::Now();
-  absl::Time received_;
-  v1::PushGradientsRequest request_;  // The message being read.
-  v1::PushGradientsRequest first_;    // The header's message, kept for its header and chunks.
-  bool header_read_ = false;
-  std::vector<TensorInfo> tensors_;
-  GradDType dtype_ = GradDType::kFloat32;
-  absl::Mutex mu_;
-  uint64_t waiting_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // The staging wait, for OnCancel.
-  StagingPool::Reservation reservation_;
-  std::optional<ChunkAssembler> assembler_;
-  bool grads_finite_ = true;
-  ReadyPush push_;
-  PushStageSeconds stages_;
-};
 
 }  // namespace
 
@@ -388,7 +166,8 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
 
 grpc::ServerReadReactor<v1::PushGradientsRequest>* ParameterServiceImpl::PushGradients(
     grpc::CallbackServerContext* context, v1::PushGradientsResponse* response) {
-  return new PushReactor(context, response, store_, engine_, metrics_, staging_);
+  return NewPushReactor(context, response,
+                        PushServices{store_, engine_, metrics_, staging_, &assemblies_});
 }
 
 grpc::Status ParameterServiceImpl::PullParameters(

@@ -11,6 +11,7 @@
 
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "server/metrics.h"
+#include "server/push_reactor.h"
 #include "server/shard_store.h"
 #include "server/staging_pool.h"
 #include "server/update_engine.h"
@@ -55,6 +56,7 @@ class ParameterServiceImpl final
   UpdateEngine* const engine_;
   Metrics* const metrics_;
   StagingPool* const staging_;
+  PushAssemblies assemblies_;  // Pushes that travel in parts, while they are assembled.
   const uint64_t max_message_bytes_;
 };
 

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "fusedps/client.h"
 #include "tests/integration/service_harness.h"
 
 namespace fusedps::integration {
@@ -158,6 +159,108 @@ TEST_F(InterleavedPushTest, PushesFromManyClientsAreEachAppliedAtomically) {
     for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
   }
   ExpectMatchesHost(kClients * kPushesEach);
+}
+
+}  // namespace
+}  // namespace fusedps::integration
+
+namespace fusedps::integration {
+namespace {
+
+// Pushes in parts: one push over several concurrent calls (PushHeader.part_index/part_count).
+class PushPartsTest : public ServiceTest {
+ protected:
+  // Sends part `index` of `count` carrying `chunks`, and returns its status and reply.
+  std::pair<grpc::Status, v1::PushGradientsResponse> SendPart(
+      uint32_t index, uint32_t count, const std::vector<v1::TensorChunk>& chunks,
+      const std::string& client_id = "trainer", uint64_t sequence_number = 7) {
+    v1::PushHeader header = MakePushHeader(v1::DTYPE_FLOAT32, client_id, sequence_number);
+    header.set_part_index(index);
+    header.set_part_count(count);
+    return Push(Messages<v1::PushGradientsRequest>(header, chunks));
+  }
+
+  // Splits chunks round-robin into `count` shares.
+  static std::vector<std::vector<v1::TensorChunk>> Share(const std::vector<v1::TensorChunk>& all,
+                                                         uint32_t count) {
+    std::vector<std::vector<v1::TensorChunk>> shares(count);
+    for (size_t i = 0; i < all.size(); ++i) shares[i % count].push_back(all[i]);
+    return shares;
+  }
+};
+
+TEST_F(PushPartsTest, PartsFromConcurrentCallsAreAppliedOnceWithOneReply) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const auto grads = RandomGrads({"w", "b"}, 50);
+  constexpr uint32_t kParts = 3;
+  const auto shares = Share(GradChunks(GradDType::kFloat32, grads, 1024), kParts);
+  std::vector<std::pair<grpc::Status, v1::PushGradientsResponse>> results(kParts);
+  std::vector<std::thread> threads;
+  for (uint32_t p = 0; p < kParts; ++p) {
+    threads.emplace_back([&, p] { results[p] = SendPart(p, kParts, shares[p]); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& [status, response] : results) {
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.version(), 1u);  // The same step for every part.
+    EXPECT_EQ(response.tensors_updated(), 2u);
+  }
+  for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+  ExpectMatchesHost(1);
+}
+
+TEST_F(PushPartsTest, ClientWithSeveralStreamsPushesInPartsAppliedOnce) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  client::ClientOptions options;
+  options.streams = 3;
+  options.max_chunk_bytes = 2048;  // Many messages, so that every part carries some.
+  auto trainer =
+      client::Client::Create("127.0.0.1:" + std::to_string(server_->port()), options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (uint32_t step = 1; step <= 2; ++step) {
+    const auto grads = RandomGrads({"w", "b"}, 80 + step);
+    std::vector<client::TensorGrad> tensors;
+    for (const auto& [name, values] : grads) tensors.push_back({name, values});
+    auto result = (*trainer)->PushGradients({}, tensors);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->version, step);
+    EXPECT_EQ(result->grad_bytes, (4096 + 64) * 4u);
+    for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+  }
+  ExpectMatchesHost(2);
+}
+
+TEST_F(PushPartsTest, AFailingPartAbortsTheOthersAndAppliesNothing) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const ShardState before = Snapshot();
+  auto shares = Share(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 60), 1024), 2);
+  shares[1].push_back(shares[1].front());  // An overlapping chunk in part 1.
+  std::pair<grpc::Status, v1::PushGradientsResponse> first, second;
+  std::thread t([&] { first = SendPart(0, 2, shares[0]); });
+  second = SendPart(1, 2, shares[1]);
+  t.join();
+  EXPECT_EQ(second.first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(first.first.error_code(), grpc::StatusCode::ABORTED);
+  ExpectSameState(before, Snapshot());
+}
+
+TEST_F(PushPartsTest, PartHeadersMustAgreeAndNameThePush) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const ShardState before = Snapshot();
+  const auto chunks = GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 70), 1024);
+  EXPECT_EQ(SendPart(0, 2, chunks, /*client_id=*/"").first.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(SendPart(2, 2, chunks).first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(SendPart(0, 65, chunks).first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Part 1 says 3 parts where part 0 said 2: both fail, nothing is applied.
+  std::pair<grpc::Status, v1::PushGradientsResponse> a;
+  std::thread t([&] { a = SendPart(0, 2, Share(chunks, 2)[0], "trainer", 9); });
+  absl::SleepFor(absl::Milliseconds(100));
+  const auto b = SendPart(1, 3, Share(chunks, 2)[1], "trainer", 9);
+  t.join();
+  EXPECT_EQ(b.first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(a.first.error_code(), grpc::StatusCode::ABORTED);
+  ExpectSameState(before, Snapshot());
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #ifndef FUSEDPS_CLIENT_CLIENT_H_
 #define FUSEDPS_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -78,9 +79,10 @@ struct ClientOptions {
   // Pulls ask the server for the same chunk size, capped at 4 MiB.
   // REQUIRES: 4 <= max_chunk_bytes <= 15 MiB.
   size_t max_chunk_bytes = 1 << 20;
-  // Concurrent gRPC calls, each on its own connection, used by RegisterTensors and
-  // PullParameters when they carry several tensors. PushGradients always uses one call, since
-  // the server applies one call as one atomic step. REQUIRES: streams >= 1.
+  // Concurrent gRPC calls, each on its own connection. RegisterTensors and PullParameters split
+  // their tensors across them; PushGradients sends one push as that many parts at once
+  // (PushHeader.part_index/part_count), which the server still applies as one atomic step.
+  // REQUIRES: 1 <= streams <= 64.
   int streams = 1;
   // Deadline of every call, from its start. Infinite by default.
   absl::Duration timeout = absl::InfiniteDuration();
@@ -287,6 +289,10 @@ class Client {
 
   const ClientOptions options_;
   const std::vector<std::unique_ptr<Connection>> connections_;
+  // Names a push in parts when the caller gave no client id or sequence number: a random id
+  // per Client, and sequence numbers from the clock at creation on.
+  const std::string default_client_id_;
+  std::atomic<uint64_t> last_sequence_number_;
 };
 
 }  // namespace fusedps::client

@@ -1,0 +1,414 @@
+#include "server/push_reactor.h"
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "kernels/grad_check.h"
+#include "server/chunk_assembler.h"
+#include "server/wire_checks.h"
+
+namespace fusedps {
+namespace {
+
+constexpr uint32_t kMaxParts = 64;
+constexpr absl::Duration kFailedMemory = absl::Minutes(1);
+
+class PushReactor;
+
+}  // namespace
+
+// The state of one push, shared by its parts. Parts call in from gRPC's threads; the staging
+// pool and the update engine call back from theirs. Calls into parts (OnReady, Reply) are made
+// without mu_ held, and Reply at most once per part.
+class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
+ public:
+  PushAssembly(const PushServices& services, std::string key, v1::PushHeader header,
+               std::vector<TensorInfo> tensors, GradDType dtype, uint32_t part_count)
+      : services_(services),
+        key_(std::move(key)),
+        header_(std::move(header)),
+        tensors_(std::move(tensors)),
+        dtype_(dtype),
+        part_count_(part_count),
+        parts_(part_count, nullptr) {}
+
+  // Adds a part. Errors: INVALID_ARGUMENT for a header unlike the first part's or a part index
+  // seen before; ABORTED once the push failed or was applied. Calls part->OnReady() at once
+  // when the staging is ready.
+  absl::Status Join(PushReactor* part, uint32_t index, const v1::PushHeader& header);
+
+  // Reserves the staging; the first part calls it once, after joining.
+  void Reserve();
+
+  // Checks one message's chunks of a part and copies them into staging, starting each one's
+  // copy to the device and checking its gradients for non-finite values.
+  absl::Status AddMessage(const v1::PushGradientsRequest& message, bool first,
+                          uint64_t* bytes_added) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A part's stream ended well. The last one submits the push.
+  void PartEnded() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The push fails: `part` (if any) gets `status`, the other parts ABORTED.
+  void Fail(const PushReactor* part, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnApplied(const absl::StatusOr<PushOutcome>& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<PushReactor*> TakePartsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const PushServices services_;
+  const std::string key_;  // Empty for a single call (not in PushAssemblies).
+  const v1::PushHeader header_;
+  const std::vector<TensorInfo> tensors_;
+  const GradDType dtype_;
+  const uint32_t part_count_;
+  const absl::Time arrived_ = absl::Now();
+  absl::Mutex mu_;
+  std::vector<PushReactor*> parts_ ABSL_GUARDED_BY(mu_);  // By part index; null: not joined.
+  uint32_t ended_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  bool over_ ABSL_GUARDED_BY(mu_) = false;  // Failed, or submitted.
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  StagingPool::Reservation reservation_ ABSL_GUARDED_BY(mu_);
+  std::optional<ChunkAssembler> assembler_ ABSL_GUARDED_BY(mu_);
+  bool grads_finite_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Time received_;
+  ReadyPush push_;
+};
+
+namespace {
+
+class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsRequest> {
+ public:
+  PushReactor(grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+              const PushServices& services)
+      : context_(context), response_(response), services_(services) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    std::shared_ptr<PushAssembly> assembly = Assembly();
+    if (!ok) {
+      if (assembly == nullptr) {
+        return Reply(context_->IsCancelled()
+                         ? absl::CancelledError("cancelled")
+                         : absl::InvalidArgumentError(
+                               "the first PushGradientsRequest must carry header"),
+                     {});
+      }
+      // A part that is cancelled mid-push, or after its last chunk, fails the push.
+      if (context_->IsCancelled()) return assembly->Fail(this, absl::CancelledError("cancelled"));
+      return assembly->PartEnded();
+    }
+    if (assembly == nullptr) return OnHeader();
+    if (absl::Status s = assembly->AddMessage(request_, false, &bytes_); !s.ok()) {
+      return assembly->Fail(this, s);
+    }
+    StartRead(&request_);
+  }
+
+  void OnCancel() override {
+    if (std::shared_ptr<PushAssembly> assembly = Assembly()) {
+      assembly->Fail(this, absl::CancelledError("cancelled"));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+  // The staging is ready: add the first message's chunks, then read on.
+  void OnReady() {
+    if (absl::Status s = Assembly()->AddMessage(first_, true, &bytes_); !s.ok()) {
+      return Assembly()->Fail(this, s);
+    }
+    StartRead(&request_);
+  }
+
+  // The one place a call ends: metrics, then the status and reply to the client.
+  void Reply(const absl::Status& status, const v1::PushGradientsResponse& response,
+             const PushStageSeconds& stages = {}) {
+    if (status.ok()) *response_ = response;
+    services_.metrics->RecordPush(static_cast<grpc::StatusCode>(status.code()), bytes_, stages);
+    Finish(ToGrpc(status));
+  }
+
+ private:
+  std::shared_ptr<PushAssembly> Assembly() {
+    absl::MutexLock lock(&mu_);
+    return assembly_;
+  }
+
+  void OnHeader() {
+    if (!request_.has_header()) {
+      return Reply(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"),
+                   {});
+    }
+    const v1::PushHeader& header = request_.header();
+    const uint32_t parts = std::max<uint32_t>(1, header.part_count());
+    if (parts > kMaxParts || header.part_index() >= parts) {
+      return Reply(absl::InvalidArgumentError(absl::StrCat(
+                       "header.part_index = ", header.part_index(), " and header.part_count = ",
+                       header.part_count(), " must satisfy part_index < part_count <= ",
+                       kMaxParts)),
+                   {});
+    }
+    if (parts > 1 && (header.client_id().empty() || header.sequence_number() == 0)) {
+      return Reply(absl::InvalidArgumentError(
+                       "a push in parts needs header.client_id and header.sequence_number"),
+                   {});
+    }
+    absl::StatusOr<std::vector<TensorInfo>> tensors =
+        CheckPushHeader(header, *services_.store);
+    if (!tensors.ok()) return Reply(tensors.status(), {});
+    const GradDType dtype = *GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
+    first_ = std::move(request_);
+    const auto make = [&] {
+      return std::make_shared<PushAssembly>(
+          services_, parts > 1 ? Key(first_.header()) : "", first_.header(),
+          *std::move(tensors), dtype, parts);
+    };
+    bool created = true;
+    std::shared_ptr<PushAssembly> assembly =
+        parts > 1 ? services_.assemblies->FindOrCreate(Key(first_.header()), make, &created)
+                  : make();
+    if (assembly == nullptr) {
+      return Reply(absl::AbortedError("another part of this push failed already"), {});
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      assembly_ = assembly;
+    }
+    if (absl::Status s = assembly->Join(this, first_.header().part_index(), first_.header());
+        !s.ok()) {
+      // Joined nothing: this part answers for itself (and a bad header fails the push).
+      {
+        absl::MutexLock lock(&mu_);
+        assembly_ = nullptr;
+      }
+      if (absl::IsInvalidArgument(s)) assembly->Fail(nullptr, s);
+      return Reply(s, {});
+    }
+    if (created) assembly->Reserve();
+  }
+
+  static std::string Key(const v1::PushHeader& header) {
+    return absl::StrCat(header.client_id(), "\n", header.sequence_number());
+  }
+
+  grpc::CallbackServerContext* const context_;
+  v1::PushGradientsResponse* const response_;
+  const PushServices services_;
+  v1::PushGradientsRequest request_;  // The message being read.
+  v1::PushGradientsRequest first_;    // The header's message, kept for its chunks.
+  uint64_t bytes_ = 0;                // Gradient payload this part received.
+  absl::Mutex mu_;
+  std::shared_ptr<PushAssembly> assembly_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::Status PushAssembly::Join(PushReactor* part, uint32_t index, const v1::PushHeader& header) {
+  v1::PushHeader mine = header, first = header_;
+  mine.clear_part_index();
+  first.clear_part_index();
+  if (!google::protobuf::util::MessageDifferencer::Equals(mine, first)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header of part ", index, " differs from the header of the push's first "
+                     "part (only part_index may differ)"));
+  }
+  bool ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (over_) return absl::AbortedError("the push this part belongs to has failed or ended");
+    if (parts_[index] != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.part_index = ", index, " arrived twice for this push"));
+    }
+    parts_[index] = part;
+    ready = ready_;
+  }
+  if (ready) part->OnReady();
+  return absl::OkStatus();
+}
+
+void PushAssembly::Reserve() {
+  std::vector<ChunkAssembler::Expected> expected;
+  for (const TensorInfo& t : tensors_) expected.push_back({t.spec.name, t.numel});
+  const uint64_t bytes = ChunkAssembler::StagingBytes(expected, DTypeSize(dtype_));
+  const uint64_t ticket = services_.staging->ReserveAsync(
+      bytes, [self = shared_from_this()](absl::StatusOr<StagingPool::Reservation> r) {
+        self->OnReserved(std::move(r));
+      });
+  absl::MutexLock lock(&mu_);
+  if (!ready_ && !over_) ticket_ = ticket;
+}
+
+void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) {
+  if (!reservation.ok()) return Fail(nullptr, reservation.status());
+  std::vector<PushReactor*> joined;
+  {
+    absl::MutexLock lock(&mu_);
+    if (over_) return;  // Failed meanwhile; the reservation goes back now.
+    ticket_ = 0;
+    reservation_ = *std::move(reservation);
+    std::vector<ChunkAssembler::Expected> expected;
+    for (const TensorInfo& t : tensors_) expected.push_back({t.spec.name, t.numel});
+    absl::StatusOr<ChunkAssembler> assembler =
+        ChunkAssembler::Create(std::move(expected), DTypeSize(dtype_), reservation_.data());
+    if (assembler.ok()) {
+      assembler_.emplace(*std::move(assembler));
+      ready_ = true;
+      for (PushReactor* p : parts_) {
+        if (p != nullptr) joined.push_back(p);
+      }
+    } else {
+      reservation = assembler.status();
+    }
+  }
+  if (!reservation.ok()) return Fail(nullptr, reservation.status());
+  for (PushReactor* p : joined) p->OnReady();
+}
+
+absl::Status PushAssembly::AddMessage(const v1::PushGradientsRequest& message, bool first,
+                                      uint64_t* bytes_added) {
+  if (!first && message.has_header()) {
+    return absl::InvalidArgumentError("header may appear only in the first message");
+  }
+  const float grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
+  absl::MutexLock lock(&mu_);
+  if (over_) return absl::AbortedError("the push this part belongs to has failed");
+  for (const v1::TensorChunk& chunk : message.chunks()) {
+    std::optional<uint64_t> staged_at;
+    if (absl::Status s = AddChunk(*assembler_, *services_.store, chunk, &staged_at); !s.ok()) {
+      return s;
+    }
+    if (!staged_at.has_value()) continue;
+    *bytes_added += chunk.data().size();
+    if (absl::Status s = services_.store->CopyStagingToDevice(reservation_.offset() + *staged_at,
+                                                              chunk.data().size());
+        !s.ok()) {
+      return s;
+    }
+    grads_finite_ = grads_finite_ &&
+                    GradsAllFinite(chunk.data().data(), dtype_,
+                                   chunk.data().size() / DTypeSize(dtype_), grad_scale,
+                                   /*parallel=*/false);
+  }
+  return absl::OkStatus();
+}
+
+void PushAssembly::PartEnded() {
+  absl::Status complete;
+  {
+    absl::MutexLock lock(&mu_);
+    if (over_ || ++ended_ < part_count_) return;
+    complete = assembler_->Finish();
+    if (complete.ok()) {
+      over_ = true;  // Submitted: no part can fail it any more.
+      received_ = absl::Now();
+      push_.client_id = header_.client_id();
+      push_.sequence_number = header_.sequence_number();
+      for (const TensorInfo& t : tensors_) push_.tensors.push_back(t.index);
+      push_.grad_offsets = assembler_->staging_offsets();
+      push_.grads = assembler_->staging();
+      push_.grad_dtype = dtype_;
+      push_.grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
+      push_.grads_checked = true;
+      push_.grads_finite = grads_finite_;
+    }
+  }
+  if (!complete.ok()) return Fail(nullptr, complete);
+  services_.engine->Submit(&push_, [self = shared_from_this()](
+                                       absl::StatusOr<PushOutcome> outcome) {
+    self->OnApplied(outcome);
+  });
+}
+
+void PushAssembly::OnApplied(const absl::StatusOr<PushOutcome>& outcome) {
+  const absl::Time stepped = absl::Now();
+  std::vector<PushReactor*> parts;
+  v1::PushGradientsResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    parts = TakePartsLocked();
+    if (outcome.ok()) {
+      response.set_version(outcome->version);
+      response.set_step_skipped(outcome->skipped);
+      if (outcome->skipped) response.set_skip_reason(kSkipNonFiniteGrad);
+      response.set_tensors_updated(outcome->tensors_updated);
+      response.set_grad_bytes(assembler_->bytes_received());
+      response.set_duplicate(outcome->duplicate);
+    }
+  }
+  if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/false);
+  PushStageSeconds stages;
+  if (outcome.ok()) {
+    if (!outcome->duplicate) services_.metrics->RecordStep(outcome->skipped, kSkipNonFiniteGrad);
+    // h2d is what the backend step spent outside its kernels (what was left of the copies);
+    // apply is the rest until the outcome was back: the engine's queue and the kernels.
+    stages.receive = absl::ToDoubleSeconds(received_ - arrived_);
+    stages.h2d = std::max(0.0, outcome->step_seconds - outcome->device_seconds);
+    stages.apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received_) - stages.h2d);
+    stages.ack = absl::ToDoubleSeconds(absl::Now() - stepped);
+  }
+  for (PushReactor* p : parts) p->Reply(outcome.status(), response, stages);
+}
+
+void PushAssembly::Fail(const PushReactor* part, const absl::Status& status) {
+  std::vector<PushReactor*> parts;
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    if (over_) return;
+    over_ = true;
+    ticket = std::exchange(ticket_, 0);
+    parts = TakePartsLocked();
+  }
+  if (ticket != 0) services_.staging->Cancel(ticket);  // Its callback finds over_ set.
+  if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/true);
+  const absl::Status aborted = absl::AbortedError(
+      absl::StrCat("another part of this push failed: ", status.message()));
+  // A single call gets the error itself; in a push of parts, the part that failed gets it.
+  for (PushReactor* p : parts) p->Reply(p == part || part_count_ == 1 ? status : aborted, {});
+}
+
+std::vector<PushReactor*> PushAssembly::TakePartsLocked() {
+  std::vector<PushReactor*> taken;
+  for (PushReactor*& p : parts_) {
+    if (p != nullptr) taken.push_back(std::exchange(p, nullptr));
+  }
+  return taken;
+}
+
+std::shared_ptr<PushAssembly> PushAssemblies::FindOrCreate(
+    const std::string& key, const std::function<std::shared_ptr<PushAssembly>()>& make,
+    bool* created) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  absl::erase_if(failed_, [now](const auto& entry) { return now - entry.second > kFailedMemory; });
+  *created = false;
+  if (failed_.contains(key)) return nullptr;
+  auto [it, inserted] = assemblies_.try_emplace(key, nullptr);
+  if (inserted) it->second = make();
+  *created = inserted;
+  return it->second;
+}
+
+void PushAssemblies::Remove(const std::string& key, const PushAssembly* assembly, bool failed) {
+  absl::MutexLock lock(&mu_);
+  auto it = assemblies_.find(key);
+  if (it != assemblies_.end() && it->second.get() == assembly) assemblies_.erase(it);
+  if (failed) failed_[key] = absl::Now();
+}
+
+grpc::ServerReadReactor<v1::PushGradientsRequest>* NewPushReactor(
+    grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+    const PushServices& services) {
+  return new PushReactor(context, response, services);
+}
+
+}  // namespace fusedps

@@ -1,0 +1,69 @@
+// push_reactor.h (server internal): PushGradients on gRPC's callback API.
+//
+// Nothing here blocks a gRPC thread. A push's staging is reserved asynchronously (its streams
+// are not read until the pool grants it: back-pressure); each message's chunks are checked,
+// copied once into staging and sent on to the device as they arrive; the update engine's
+// thread acknowledges the push once the step is back (the completion path).
+//
+// A push may travel as several parallel calls ("parts", PushHeader.part_index/part_count),
+// which share one assembly, found by (client_id, sequence_number). It is applied once, when
+// every part has ended well, and every part gets the same reply; a part that fails fails the
+// push, and the others get ABORTED. A single call is an assembly of one part.
+#ifndef FUSEDPS_SERVER_PUSH_REACTOR_H_
+#define FUSEDPS_SERVER_PUSH_REACTOR_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "fusedps/v1/parameter_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/metrics.h"
+#include "server/shard_store.h"
+#include "server/staging_pool.h"
+#include "server/update_engine.h"
+
+namespace fusedps {
+
+class PushAssembly;
+
+// The multi-part pushes being assembled, by (client_id, sequence_number). A push that failed
+// stays known for a minute, so that its late parts are ABORTED rather than start it anew.
+class PushAssemblies {
+ public:
+  // The assembly under `key`, made by `make` if there is none; `created` says which. Null
+  // when the push under `key` failed within the last minute.
+  std::shared_ptr<PushAssembly> FindOrCreate(
+      const std::string& key, const std::function<std::shared_ptr<PushAssembly>()>& make,
+      bool* created) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets `assembly` (if it is still the one under `key`); with `failed`, remembers that the
+  // push under `key` failed.
+  void Remove(const std::string& key, const PushAssembly* assembly, bool failed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<PushAssembly>> assemblies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> failed_ ABSL_GUARDED_BY(mu_);
+};
+
+// What a push needs from the server. All outlive every call.
+struct PushServices {
+  ShardStore* store;
+  UpdateEngine* engine;
+  Metrics* metrics;
+  StagingPool* staging;
+  PushAssemblies* assemblies;
+};
+
+// The reactor of one PushGradients call; gRPC deletes it when the call is done.
+grpc::ServerReadReactor<v1::PushGradientsRequest>* NewPushReactor(
+    grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+    const PushServices& services);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_PUSH_REACTOR_H_
