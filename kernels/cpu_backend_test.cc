@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/adamw_reference.h"
 #include "kernels/backend.h"
 
 namespace fusedps {
@@ -36,8 +37,11 @@ TEST(CpuBackendTest, StepMatchesElementwiseMathForEveryTensorAndDType) {
     ASSERT_TRUE(backend->AddTensors(specs).ok());
 
     std::vector<std::vector<float>> params, m, v, vmax;
+    std::vector<std::vector<ReferenceAdamW>> reference;  // float64, independent of adamw_math.h
     for (uint32_t t = 0; t < sizes.size(); ++t) {
       params.push_back(RandomVector(rng, sizes[t]));
+      reference.emplace_back(sizes[t]);
+      for (uint64_t i = 0; i < sizes[t]; ++i) reference[t][i].param = params[t][i];
       ASSERT_TRUE(backend->WriteParams(t, 0, params.back()).ok());
       m.emplace_back(sizes[t], 0.0f);
       v.emplace_back(sizes[t], 0.0f);
@@ -70,14 +74,21 @@ TEST(CpuBackendTest, StepMatchesElementwiseMathForEveryTensorAndDType) {
       for (size_t r = 0; r < tensors.size(); ++r) {
         const uint32_t t = tensors[r];
         for (uint64_t i = 0; i < sizes[t]; ++i) {
-          AdamWUpdate(s, LoadGrad(grads, dtype, offsets[r] + i), params[t][i], m[t][i], v[t][i],
-                      &vmax[t][i]);
+          const float g = LoadGrad(grads, dtype, offsets[r] + i);
+          AdamWUpdate(s, g, params[t][i], m[t][i], v[t][i], &vmax[t][i]);
+          reference[t][i].Step(h, g, step, 0.0);
         }
       }
     }
     for (uint32_t t = 0; t < sizes.size(); ++t) {
       EXPECT_EQ(backend->step(t), 3);
-      EXPECT_EQ(ReadField(*backend, TensorField::kParam, t), params[t]) << t;
+      const std::vector<float> got = ReadField(*backend, TensorField::kParam, t);
+      EXPECT_EQ(got, params[t]) << t;
+      for (uint64_t i = 0; i < sizes[t]; ++i) {
+        ASSERT_TRUE(NearTorch(got[i], reference[t][i].param))
+            << "tensor " << t << " element " << i << ": " << got[i] << " vs float64 "
+            << reference[t][i].param;
+      }
       EXPECT_EQ(ReadField(*backend, TensorField::kExpAvg, t), m[t]) << t;
       EXPECT_EQ(ReadField(*backend, TensorField::kExpAvgSq, t), v[t]) << t;
       EXPECT_EQ(ReadField(*backend, TensorField::kMaxExpAvgSq, t), vmax[t]) << t;

@@ -6,10 +6,11 @@
 // Tensor t occupies elements [offset[t], offset[t] + numel[t]) of every arena; offsets are
 // multiples of 8 elements, so 8-element (16- or 32-byte) vector accesses are always aligned.
 //
-// Resident tables (device memory, rebuilt only when tensors are registered): per tensor its
-// offset, numel, group and step; per group its hyperparameters; and the chunk list of a full
-// push, which cuts every tensor into chunks of at most kChunkNumel elements. A push that names
-// only some tensors uploads a compact chunk list of its own in the same stream.
+// Resident tables (device memory, rebuilt only when tensors are registered): the chunk list of
+// a full push, which cuts every tensor into chunks of at most kChunkNumel elements, each entry
+// carrying its arena offset, staging offset, tensor and group; per tensor its step and the
+// countdown below; per group its hyperparameters. A push that names only some tensors uploads
+// a compact chunk list of its own in the same stream.
 //
 // A step is one launch, AdamWApply, on the backend's stream, over a grid that fills the GPU
 // (SMs x resident blocks). Work is split among warps: warp w of W takes a contiguous run of the

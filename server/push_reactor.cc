@@ -34,6 +34,7 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
         header_(std::move(header)),
         tensors_(std::move(tensors)),
         dtype_(dtype),
+        expected_(Expected(tensors_)),
         part_count_(part_count),
         parts_(part_count, nullptr) {}
 
@@ -57,6 +58,11 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   void Fail(const PushReactor* part, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  static std::vector<ChunkAssembler::Expected> Expected(const std::vector<TensorInfo>& tensors) {
+    std::vector<ChunkAssembler::Expected> expected;
+    for (const TensorInfo& t : tensors) expected.push_back({t.spec.name, t.numel});
+    return expected;
+  }
   void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) ABSL_LOCKS_EXCLUDED(mu_);
   void OnApplied(const absl::StatusOr<PushOutcome>& outcome) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<PushReactor*> TakePartsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -66,6 +72,7 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   const v1::PushHeader header_;
   const std::vector<TensorInfo> tensors_;
   const GradDType dtype_;
+  const std::vector<ChunkAssembler::Expected> expected_;  // tensors_, as staging sees them.
   const uint32_t part_count_;
   const absl::Time arrived_ = absl::Now();
   absl::Mutex mu_;
@@ -236,9 +243,7 @@ absl::Status PushAssembly::Join(PushReactor* part, uint32_t index, const v1::Pus
 }
 
 void PushAssembly::Reserve() {
-  std::vector<ChunkAssembler::Expected> expected;
-  for (const TensorInfo& t : tensors_) expected.push_back({t.spec.name, t.numel});
-  const uint64_t bytes = ChunkAssembler::StagingBytes(expected, DTypeSize(dtype_));
+  const uint64_t bytes = ChunkAssembler::StagingBytes(expected_, DTypeSize(dtype_));
   const uint64_t ticket = services_.staging->ReserveAsync(
       bytes, [self = shared_from_this()](absl::StatusOr<StagingPool::Reservation> r) {
         self->OnReserved(std::move(r));
@@ -255,10 +260,8 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
     if (over_) return;  // Failed meanwhile; the reservation goes back now.
     ticket_ = 0;
     reservation_ = *std::move(reservation);
-    std::vector<ChunkAssembler::Expected> expected;
-    for (const TensorInfo& t : tensors_) expected.push_back({t.spec.name, t.numel});
     absl::StatusOr<ChunkAssembler> assembler =
-        ChunkAssembler::Create(std::move(expected), DTypeSize(dtype_), reservation_.data());
+        ChunkAssembler::Create(expected_, DTypeSize(dtype_), reservation_.data());
     if (assembler.ok()) {
       assembler_.emplace(*std::move(assembler));
       ready_ = true;
@@ -275,30 +278,20 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
 
 absl::Status PushAssembly::AddMessage(const v1::PushGradientsRequest& message, bool first,
                                       uint64_t* bytes_added) {
-  if (!first && message.has_header()) {
-    return absl::InvalidArgumentError("header may appear only in the first message");
-  }
   const float grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
   absl::MutexLock lock(&mu_);
   if (over_) return absl::AbortedError("the push this part belongs to has failed");
-  for (const v1::TensorChunk& chunk : message.chunks()) {
-    std::optional<uint64_t> staged_at;
-    if (absl::Status s = AddChunk(*assembler_, *services_.store, chunk, &staged_at); !s.ok()) {
-      return s;
-    }
-    if (!staged_at.has_value()) continue;
-    *bytes_added += chunk.data().size();
-    if (absl::Status s = services_.store->CopyStagingToDevice(reservation_.offset() + *staged_at,
-                                                              chunk.data().size());
-        !s.ok()) {
-      return s;
-    }
-    grads_finite_ = grads_finite_ &&
-                    GradsAllFinite(chunk.data().data(), dtype_,
-                                   chunk.data().size() / DTypeSize(dtype_), grad_scale,
-                                   /*parallel=*/false);
-  }
-  return absl::OkStatus();
+  return AddChunks(
+      *assembler_, *services_.store, message, first,
+      [&](const v1::TensorChunk& chunk, uint64_t staged_at) {
+        const absl::string_view data = chunk.data();
+        *bytes_added += data.size();
+        grads_finite_ = grads_finite_ && GradsAllFinite(data.data(), dtype_,
+                                                        data.size() / DTypeSize(dtype_),
+                                                        grad_scale, /*parallel=*/false);
+        return services_.store->CopyStagingToDevice(reservation_.offset() + staged_at,
+                                                    data.size());
+      });
 }
 
 void PushAssembly::PartEnded() {

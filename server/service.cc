@@ -77,19 +77,6 @@ void ToProto(const TensorInfo& t, v1::TensorInfo* p) {
   p->set_numel(t.numel);
 }
 
-// Adds one message's chunks. Fails on a header in any message but the first.
-template <typename Request>
-absl::Status AddChunks(ChunkAssembler& assembler, const ShardStore& store, const Request& request,
-                       bool first) {
-  if (!first && request.has_header()) {
-    return absl::InvalidArgumentError("header may appear only in the first message");
-  }
-  for (const v1::TensorChunk& chunk : request.chunks()) {
-    if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 // Reads the rest of a client stream into the assembler.
 template <typename Request>
 absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const ShardStore& store,

@@ -3,6 +3,7 @@
 #ifndef FUSEDPS_SERVER_WIRE_CHECKS_H_
 #define FUSEDPS_SERVER_WIRE_CHECKS_H_
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -28,6 +29,28 @@ absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view fiel
 // ChunkAssembler::AddChunk.
 absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
                       const v1::TensorChunk& chunk, std::optional<uint64_t>* staged_at = nullptr);
+
+// Called for each chunk copied into staging, with the byte offset it landed at; an error
+// stops the message.
+using OnStaged = std::function<absl::Status(const v1::TensorChunk& chunk, uint64_t staged_at)>;
+
+// Adds one message's chunks with AddChunk. `first`: the message that carries the header; a
+// header in any other is INVALID_ARGUMENT.
+template <typename Request>
+absl::Status AddChunks(ChunkAssembler& assembler, const ShardStore& store, const Request& request,
+                       bool first, const OnStaged& on_staged = nullptr) {
+  if (!first && request.has_header()) {
+    return absl::InvalidArgumentError("header may appear only in the first message");
+  }
+  for (const v1::TensorChunk& chunk : request.chunks()) {
+    std::optional<uint64_t> staged_at;
+    if (absl::Status s = AddChunk(assembler, store, chunk, &staged_at); !s.ok()) return s;
+    if (on_staged && staged_at.has_value()) {
+      if (absl::Status s = on_staged(chunk, *staged_at); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Checks a push header and returns its tensors (all of the shard's when it names none).
 absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& header,

@@ -29,7 +29,7 @@ def test_info_and_default_group(client):
     assert default.weight_decay == pytest.approx(1e-2)
     assert default.amsgrad is False and default.maximize is False
     assert default.decoupled_weight_decay is True
-    # "default" exists from start (docs/CONTRACTS.md), so it can be changed before any tensor
+    # "default" exists from start (proto/fusedps/v1), so it can be changed before any tensor
     # uses it (to its current lr here, leaving the other tests unaffected).
     assert client.set_hyperparameters("default", lr=1e-3).lr == pytest.approx(1e-3)
 

@@ -316,7 +316,7 @@ TEST_F(ServiceIntegrationTest, ReRegisteringTheSameSpecWithChunksIsANoOp) {
   ExpectMatchesHost(1);
 }
 
-// The contract (proto and docs/CONTRACTS.md): chunks cover every element of every NEW tensor.
+// The contract (proto/fusedps/v1): chunks cover every element of every NEW tensor.
 TEST_F(ServiceIntegrationTest, ReRegisteringTheSameSpecWithoutChunksIsANoOp) {
   ASSERT_NO_FATAL_FAILURE(RegisterModel(/*big=*/false));
   PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32, RandomGrads(Names(), 40));
