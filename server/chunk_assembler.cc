@@ -51,25 +51,35 @@ absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
                                       absl::string_view data,
                                       std::optional<uint64_t>* staged_at) {
   if (staged_at != nullptr) staged_at->reset();
+  absl::StatusOr<std::optional<uint64_t>> at = Claim(tensor, offset, data.size());
+  if (!at.ok()) return at.status();
+  if (!at->has_value()) return absl::OkStatus();
+  std::memcpy(memory_ + **at, data.data(), data.size());
+  if (staged_at != nullptr) *staged_at = **at;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view tensor,
+                                                              uint64_t offset, uint64_t bytes) {
   auto it = index_.find(tensor);
   if (it == index_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunks.tensor '", tensor, "' is not among the tensors this call names"));
   }
   const uint32_t t = it->second;
-  if (data.size() % element_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunks.data of '", tensor, "' has ",
-                                                   data.size(), " bytes, not a multiple of the ",
+  if (bytes % element_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks.data of '", tensor, "' has ", bytes,
+                                                   " bytes, not a multiple of the ",
                                                    element_size_, "-byte element size"));
   }
-  const uint64_t count = data.size() / element_size_;
+  const uint64_t count = bytes / element_size_;
   const uint64_t numel = tensors_[t].numel;
   if (offset > numel || count > numel - offset) {
     return absl::InvalidArgumentError(absl::StrCat("chunk of '", tensor, "' covers elements [",
                                                    offset, ", ", offset + count,
                                                    ") past its numel ", numel));
   }
-  if (count == 0) return absl::OkStatus();
+  if (count == 0) return std::optional<uint64_t>();
   std::map<uint64_t, uint64_t>& ranges = ranges_[t];
   auto next = ranges.upper_bound(offset);
   const bool overlaps_next = next != ranges.end() && next->first < offset + count;
@@ -86,12 +96,10 @@ absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
     ranges.emplace(offset, offset + count);
   }
   received_[t] += count;
-  if (!tensors_[t].required) return absl::OkStatus();
-  const uint64_t at = (staging_offsets_[t] + offset) * static_cast<uint64_t>(element_size_);
-  std::memcpy(memory_ + at, data.data(), data.size());
-  if (staged_at != nullptr) *staged_at = at;
-  bytes_received_ += data.size();
-  return absl::OkStatus();
+  if (!tensors_[t].required) return std::optional<uint64_t>();
+  bytes_received_ += bytes;
+  return std::optional<uint64_t>((staging_offsets_[t] + offset) *
+                                 static_cast<uint64_t>(element_size_));
 }
 
 absl::Status ChunkAssembler::Finish() const {

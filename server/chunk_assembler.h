@@ -13,6 +13,7 @@
 // Usage:
 //   ChunkAssembler assembler({{"w", 1000}, {"b", 10}}, /*element_size=*/2);
 //   for (chunk : chunks) RETURN_IF_ERROR(assembler.AddChunk(chunk.tensor, chunk.offset, data));
+//   (or Claim, then copy the payload to staging() + the returned offset yourself)
 //   RETURN_IF_ERROR(assembler.Finish());
 //   use assembler.staging(), assembler.staging_offsets()
 #ifndef FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_
@@ -55,6 +56,14 @@ class ChunkAssembler {
   // unless it was a chunk of a tensor that is not required. On error nothing is copied.
   absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data,
                         std::optional<uint64_t>* staged_at = nullptr);
+
+  // AddChunk without the copy: checks a chunk of `bytes` payload bytes and records its range
+  // as received; returns the byte offset into staging() where the caller must copy the payload
+  // (nullopt for an empty chunk or a tensor that is not required). The caller copies after
+  // this returns, so that copies of different chunks may run concurrently; Finish() and the
+  // staging are valid once every claimed copy is done. On error nothing is recorded.
+  absl::StatusOr<std::optional<uint64_t>> Claim(absl::string_view tensor, uint64_t offset,
+                                                uint64_t bytes);
 
   // True when `tensor` is one of the tensors this assembler expects.
   bool Expects(absl::string_view tensor) const { return index_.contains(tensor); }

@@ -31,6 +31,9 @@ ABSL_FLAG(uint64_t, max_message_bytes, 8 << 20, "gRPC max receive and send messa
 ABSL_FLAG(uint64_t, staging_pool_bytes, uint64_t{2} << 30,
           "host staging shared by the pushes in flight; when it is spent, pushes wait "
           "(back-pressure), and one larger than all of it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, push_part_wait_seconds, 30,
+          "a push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived "
+          "within this many seconds of its first");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "HTTP address of Prometheus /metrics, HOST:PORT; port 0 picks one; empty disables");
 ABSL_FLAG(std::string, metrics_port_file, "",
@@ -62,6 +65,11 @@ int main(int argc, char** argv) {
   options.backend.threads = absl::GetFlag(FLAGS_threads);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_bytes);
+  if (!(absl::GetFlag(FLAGS_push_part_wait_seconds) > 0)) {
+    std::fprintf(stderr, "fusedps-server: --push-part-wait-seconds must be > 0\n");
+    return 2;
+  }
+  options.push_part_wait = absl::Seconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   absl::StatusOr<fusedps::ParamCopyDType> copy =
       fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));

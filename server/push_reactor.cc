@@ -9,7 +9,9 @@
 #include "absl/time/time.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "kernels/grad_check.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/chunk_assembler.h"
+#include "server/push_message.h"
 #include "server/wire_checks.h"
 
 namespace fusedps {
@@ -46,16 +48,25 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   // Reserves the staging; the first part calls it once, after joining.
   void Reserve();
 
-  // Checks one message's chunks of a part and copies them into staging, starting each one's
-  // copy to the device and checking its gradients for non-finite values.
-  absl::Status AddMessage(const v1::PushGradientsRequest& message, bool first,
-                          uint64_t* bytes_added) ABSL_LOCKS_EXCLUDED(mu_);
+  // Checks one message's chunks of a part and copies them once, from gRPC's buffer into
+  // staging, checking their gradients for non-finite values and starting each one's copy to
+  // the device. Only the checks hold mu_: parts copy their chunks concurrently.
+  absl::Status AddMessage(grpc::ByteBuffer& message, bool first, uint64_t* bytes_added)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A part's stream ended well. The last one submits the push.
   void PartEnded() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The push fails: `part` (if any) gets `status`, the other parts ABORTED.
   void Fail(const PushReactor* part, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // The push fails as a whole (not because of one part): every part gets `status`.
+  void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) { Fail(nullptr, status, true); }
+
+  // When the push began (its first part's header arrived).
+  absl::Time arrived() const { return arrived_; }
+  // How many of its parts have joined; the rest are still awaited.
+  uint32_t parts_joined() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t part_count() const { return part_count_; }
 
  private:
   static std::vector<ChunkAssembler::Expected> Expected(const std::vector<TensorInfo>& tensors) {
@@ -65,6 +76,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   }
   void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) ABSL_LOCKS_EXCLUDED(mu_);
   void OnApplied(const absl::StatusOr<PushOutcome>& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  void Fail(const PushReactor* part, const absl::Status& status, bool whole_push)
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<PushReactor*> TakePartsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PushServices services_;
@@ -75,13 +88,14 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   const std::vector<ChunkAssembler::Expected> expected_;  // tensors_, as staging sees them.
   const uint32_t part_count_;
   const absl::Time arrived_ = absl::Now();
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<PushReactor*> parts_ ABSL_GUARDED_BY(mu_);  // By part index; null: not joined.
+  uint32_t joined_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t ended_ ABSL_GUARDED_BY(mu_) = 0;
   bool ready_ ABSL_GUARDED_BY(mu_) = false;
   bool over_ ABSL_GUARDED_BY(mu_) = false;  // Failed, or submitted.
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  StagingPool::Reservation reservation_ ABSL_GUARDED_BY(mu_);
+  StagingPool::Reservation reservation_ ABSL_GUARDED_BY(mu_);  // Set once, before ready_.
   std::optional<ChunkAssembler> assembler_ ABSL_GUARDED_BY(mu_);
   bool grads_finite_ ABSL_GUARDED_BY(mu_) = true;
   absl::Time received_;
@@ -90,9 +104,9 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
 
 namespace {
 
-class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsRequest> {
+class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+  PushReactor(grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
               const PushServices& services)
       : context_(context), response_(response), services_(services) {
     StartRead(&request_);
@@ -113,9 +127,9 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
       return assembly->PartEnded();
     }
     if (assembly == nullptr) return OnHeader();
-    if (absl::Status s = assembly->AddMessage(request_, false, &bytes_); !s.ok()) {
-      return assembly->Fail(this, s);
-    }
+    absl::Status added = assembly->AddMessage(request_, false, &bytes_);
+    request_.Clear();  // gRPC's buffer goes back now.
+    if (!added.ok()) return assembly->Fail(this, added);
     StartRead(&request_);
   }
 
@@ -129,16 +143,22 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
 
   // The staging is ready: add the first message's chunks, then read on.
   void OnReady() {
-    if (absl::Status s = Assembly()->AddMessage(first_, true, &bytes_); !s.ok()) {
-      return Assembly()->Fail(this, s);
-    }
+    absl::Status added = Assembly()->AddMessage(first_, true, &bytes_);
+    first_.Clear();
+    if (!added.ok()) return Assembly()->Fail(this, added);
     StartRead(&request_);
   }
 
   // The one place a call ends: metrics, then the status and reply to the client.
   void Reply(const absl::Status& status, const v1::PushGradientsResponse& response,
              const PushStageSeconds& stages = {}) {
-    if (status.ok()) *response_ = response;
+    bool own_buffer = false;
+    if (status.ok()) {
+      // The response message is small; a failure to serialize it cannot happen short of OOM.
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PushGradientsResponse>(
+          response, response_, &own_buffer)
+          .IgnoreError();
+    }
     services_.metrics->RecordPush(static_cast<grpc::StatusCode>(status.code()), bytes_, stages);
     Finish(ToGrpc(status));
   }
@@ -150,11 +170,14 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
   }
 
   void OnHeader() {
-    if (!request_.has_header()) {
+    absl::StatusOr<std::optional<v1::PushHeader>> read = ReadPushHeader(request_);
+    if (!read.ok()) return Reply(read.status(), {});
+    if (!read->has_value()) {
       return Reply(absl::InvalidArgumentError("the first PushGradientsRequest must carry header"),
                    {});
     }
-    const v1::PushHeader& header = request_.header();
+    header_ = **std::move(read);
+    const v1::PushHeader& header = header_;
     const uint32_t parts = std::max<uint32_t>(1, header.part_count());
     if (parts > kMaxParts || header.part_index() >= parts) {
       return Reply(absl::InvalidArgumentError(absl::StrCat(
@@ -172,16 +195,14 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
         CheckPushHeader(header, *services_.store);
     if (!tensors.ok()) return Reply(tensors.status(), {});
     const GradDType dtype = *GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
-    first_ = std::move(request_);
+    first_.Swap(&request_);
     const auto make = [&] {
-      return std::make_shared<PushAssembly>(
-          services_, parts > 1 ? Key(first_.header()) : "", first_.header(),
-          *std::move(tensors), dtype, parts);
+      return std::make_shared<PushAssembly>(services_, parts > 1 ? Key(header) : "", header,
+                                            *std::move(tensors), dtype, parts);
     };
     bool created = true;
     std::shared_ptr<PushAssembly> assembly =
-        parts > 1 ? services_.assemblies->FindOrCreate(Key(first_.header()), make, &created)
-                  : make();
+        parts > 1 ? services_.assemblies->FindOrCreate(Key(header), make, &created) : make();
     if (assembly == nullptr) {
       return Reply(absl::AbortedError("another part of this push failed already"), {});
     }
@@ -189,8 +210,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
       absl::MutexLock lock(&mu_);
       assembly_ = assembly;
     }
-    if (absl::Status s = assembly->Join(this, first_.header().part_index(), first_.header());
-        !s.ok()) {
+    if (absl::Status s = assembly->Join(this, header.part_index(), header); !s.ok()) {
       // Joined nothing: this part answers for itself (and a bad header fails the push).
       {
         absl::MutexLock lock(&mu_);
@@ -207,10 +227,11 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushGradientsReques
   }
 
   grpc::CallbackServerContext* const context_;
-  v1::PushGradientsResponse* const response_;
+  grpc::ByteBuffer* const response_;  // A serialized PushGradientsResponse.
   const PushServices services_;
-  v1::PushGradientsRequest request_;  // The message being read.
-  v1::PushGradientsRequest first_;    // The header's message, kept for its chunks.
+  grpc::ByteBuffer request_;  // The message being read: a serialized PushGradientsRequest.
+  grpc::ByteBuffer first_;    // The header's message, kept for its chunks until staging is ready.
+  v1::PushHeader header_;     // first_'s header.
   uint64_t bytes_ = 0;                // Gradient payload this part received.
   absl::Mutex mu_;
   std::shared_ptr<PushAssembly> assembly_ ABSL_GUARDED_BY(mu_);
@@ -236,6 +257,7 @@ absl::Status PushAssembly::Join(PushReactor* part, uint32_t index, const v1::Pus
           absl::StrCat("header.part_index = ", index, " arrived twice for this push"));
     }
     parts_[index] = part;
+    ++joined_;
     ready = ready_;
   }
   if (ready) part->OnReady();
@@ -253,7 +275,7 @@ void PushAssembly::Reserve() {
 }
 
 void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) {
-  if (!reservation.ok()) return Fail(nullptr, reservation.status());
+  if (!reservation.ok()) return FailAll(reservation.status());
   std::vector<PushReactor*> joined;
   {
     absl::MutexLock lock(&mu_);
@@ -272,26 +294,40 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
       reservation = assembler.status();
     }
   }
-  if (!reservation.ok()) return Fail(nullptr, reservation.status());
+  if (!reservation.ok()) return FailAll(reservation.status());
   for (PushReactor* p : joined) p->OnReady();
 }
 
-absl::Status PushAssembly::AddMessage(const v1::PushGradientsRequest& message, bool first,
+absl::Status PushAssembly::AddMessage(grpc::ByteBuffer& message, bool first,
                                       uint64_t* bytes_added) {
   const float grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
-  absl::MutexLock lock(&mu_);
-  if (over_) return absl::AbortedError("the push this part belongs to has failed");
-  return AddChunks(
-      *assembler_, *services_.store, message, first,
-      [&](const v1::TensorChunk& chunk, uint64_t staged_at) {
-        const absl::string_view data = chunk.data();
-        *bytes_added += data.size();
-        grads_finite_ = grads_finite_ && GradsAllFinite(data.data(), dtype_,
-                                                        data.size() / DTypeSize(dtype_),
-                                                        grad_scale, /*parallel=*/false);
-        return services_.store->CopyStagingToDevice(reservation_.offset() + staged_at,
-                                                    data.size());
-      });
+  char* staging = nullptr;  // reservation_'s memory, fixed once ready_.
+  uint64_t staging_offset = 0;
+  const auto claim = [&](absl::string_view tensor, uint64_t offset,
+                         uint64_t bytes) -> absl::StatusOr<char*> {
+    absl::MutexLock lock(&mu_);
+    if (over_) return absl::AbortedError("the push this part belongs to has failed");
+    absl::StatusOr<std::optional<uint64_t>> at =
+        ClaimChunk(*assembler_, *services_.store, tensor, offset, bytes);
+    if (!at.ok()) return at.status();
+    staging = reservation_.data();
+    staging_offset = reservation_.offset();
+    return at->has_value() ? staging + **at : nullptr;
+  };
+  // Outside mu_: this part's copy into staging (in ReadPushChunks), its check and the start of
+  // its device copy. The staging stays reserved while any part is in here (the parts hold
+  // the assembly), and a push is submitted only when every part has ended, after its last
+  // AddMessage.
+  const auto staged = [&](char* data, uint64_t bytes) -> absl::Status {
+    *bytes_added += bytes;
+    if (!GradsAllFinite(data, dtype_, bytes / DTypeSize(dtype_), grad_scale,
+                        /*parallel=*/false)) {
+      absl::MutexLock lock(&mu_);
+      grads_finite_ = false;
+    }
+    return services_.store->CopyStagingToDevice(staging_offset + (data - staging), bytes);
+  };
+  return ReadPushChunks(message, first, claim, staged);
 }
 
 void PushAssembly::PartEnded() {
@@ -314,7 +350,7 @@ void PushAssembly::PartEnded() {
       push_.grads_finite = grads_finite_;
     }
   }
-  if (!complete.ok()) return Fail(nullptr, complete);
+  if (!complete.ok()) return FailAll(complete);
   services_.engine->Submit(&push_, [self = shared_from_this()](
                                        absl::StatusOr<PushOutcome> outcome) {
     self->OnApplied(outcome);
@@ -352,6 +388,10 @@ void PushAssembly::OnApplied(const absl::StatusOr<PushOutcome>& outcome) {
 }
 
 void PushAssembly::Fail(const PushReactor* part, const absl::Status& status) {
+  Fail(part, status, /*whole_push=*/false);
+}
+
+void PushAssembly::Fail(const PushReactor* part, const absl::Status& status, bool whole_push) {
   std::vector<PushReactor*> parts;
   uint64_t ticket;
   {
@@ -365,8 +405,16 @@ void PushAssembly::Fail(const PushReactor* part, const absl::Status& status) {
   if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/true);
   const absl::Status aborted = absl::AbortedError(
       absl::StrCat("another part of this push failed: ", status.message()));
-  // A single call gets the error itself; in a push of parts, the part that failed gets it.
-  for (PushReactor* p : parts) p->Reply(p == part || part_count_ == 1 ? status : aborted, {});
+  // A single call gets the error itself; in a push of parts, the part that failed gets it (or
+  // every part, when the push failed as a whole).
+  for (PushReactor* p : parts) {
+    p->Reply(whole_push || p == part || part_count_ == 1 ? status : aborted, {});
+  }
+}
+
+uint32_t PushAssembly::parts_joined() const {
+  absl::MutexLock lock(&mu_);
+  return joined_;
 }
 
 std::vector<PushReactor*> PushAssembly::TakePartsLocked() {
@@ -375,6 +423,42 @@ std::vector<PushReactor*> PushAssembly::TakePartsLocked() {
     if (p != nullptr) taken.push_back(std::exchange(p, nullptr));
   }
   return taken;
+}
+
+PushAssemblies::PushAssemblies(absl::Duration part_wait)
+    : part_wait_(part_wait), checker_([this] { FailLatePushes(); }) {}
+
+PushAssemblies::~PushAssemblies() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  checker_.join();
+}
+
+void PushAssemblies::FailLatePushes() {
+  const absl::Duration period = std::min(absl::Seconds(1), part_wait_ / 4);
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
+    const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<PushAssembly>> late;
+    for (const auto& [key, assembly] : assemblies_) {
+      if (now - assembly->arrived() > part_wait_ &&
+          assembly->parts_joined() < assembly->part_count()) {
+        late.push_back(assembly);
+      }
+    }
+    if (late.empty()) continue;
+    mu_.Unlock();  // FailAll calls Remove.
+    for (const std::shared_ptr<PushAssembly>& assembly : late) {
+      assembly->FailAll(absl::DeadlineExceededError(absl::StrCat(
+          "only ", assembly->parts_joined(), " of the push's ", assembly->part_count(),
+          " parts arrived within ", absl::FormatDuration(part_wait_),
+          " of its first (--push-part-wait-seconds)")));
+    }
+    late.clear();
+    mu_.Lock();
+  }
 }
 
 std::shared_ptr<PushAssembly> PushAssemblies::FindOrCreate(
@@ -398,8 +482,8 @@ void PushAssemblies::Remove(const std::string& key, const PushAssembly* assembly
   if (failed) failed_[key] = absl::Now();
 }
 
-grpc::ServerReadReactor<v1::PushGradientsRequest>* NewPushReactor(
-    grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
     const PushServices& services) {
   return new PushReactor(context, response, services);
 }

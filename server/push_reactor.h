@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,8 +33,16 @@ class PushAssembly;
 
 // The multi-part pushes being assembled, by (client_id, sequence_number). A push that failed
 // stays known for a minute, so that its late parts are ABORTED rather than start it anew.
+// A push whose parts have not all arrived within `part_wait` of its first fails with
+// DEADLINE_EXCEEDED (every part that came gets it, and its staging goes back): a trainer that
+// dies between parts cannot hold staging for ever. A thread checks once a second.
 class PushAssemblies {
  public:
+  explicit PushAssemblies(absl::Duration part_wait);
+  ~PushAssemblies();  // Stops the checks; pushes still assembling are left to the server.
+  PushAssemblies(const PushAssemblies&) = delete;
+  PushAssemblies& operator=(const PushAssemblies&) = delete;
+
   // The assembly under `key`, made by `make` if there is none; `created` says which. Null
   // when the push under `key` failed within the last minute.
   std::shared_ptr<PushAssembly> FindOrCreate(
@@ -45,9 +54,14 @@ class PushAssemblies {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  void FailLatePushes() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const absl::Duration part_wait_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PushAssembly>> assemblies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> failed_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread checker_;
 };
 
 // What a push needs from the server. All outlive every call.
@@ -60,8 +74,10 @@ struct PushServices {
 };
 
 // The reactor of one PushGradients call; gRPC deletes it when the call is done.
-grpc::ServerReadReactor<v1::PushGradientsRequest>* NewPushReactor(
-    grpc::CallbackServerContext* context, v1::PushGradientsResponse* response,
+// PushGradients is a raw method: `response` receives a serialized PushGradientsResponse, and
+// the reactor reads serialized PushGradientsRequests (server/push_message.h).
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
     const PushServices& services);
 
 }  // namespace fusedps

@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->service_ =
       std::make_unique<ParameterServiceImpl>(server->store_.get(), server->engine_.get(),
                                              server->metrics_.get(), server->staging_.get(),
-                                             options.max_message_bytes);
+                                             options.max_message_bytes,
+                                             options.push_part_wait);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

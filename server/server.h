@@ -33,6 +33,9 @@ struct ServerOptions {
   // Host staging shared by the pushes and registrations in flight; a call waits for its share
   // (back-pressure), and one that needs more than all of it is RESOURCE_EXHAUSTED.
   uint64_t staging_pool_bytes = uint64_t{2} << 30;
+  // A push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived within
+  // this long of its first; the parts that came give their staging back.
+  absl::Duration push_part_wait = absl::Seconds(30);
   // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
   // metrics are still kept, see Server::metrics()).
   std::string metrics_listen;

@@ -93,11 +93,13 @@ absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const ShardStore& s
 
 ParameterServiceImpl::ParameterServiceImpl(ShardStore* store, UpdateEngine* engine,
                                            Metrics* metrics, StagingPool* staging,
-                                           uint64_t max_message_bytes)
+                                           uint64_t max_message_bytes,
+                                           absl::Duration push_part_wait)
     : store_(store),
       engine_(engine),
       metrics_(metrics),
       staging_(staging),
+      assemblies_(push_part_wait),
       max_message_bytes_(max_message_bytes) {}
 
 grpc::Status ParameterServiceImpl::RegisterParamGroup(grpc::ServerContext*,
@@ -151,8 +153,8 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
   return grpc::Status::OK;
 }
 
-grpc::ServerReadReactor<v1::PushGradientsRequest>* ParameterServiceImpl::PushGradients(
-    grpc::CallbackServerContext* context, v1::PushGradientsResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::PushGradients(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return NewPushReactor(context, response,
                         PushServices{store_, engine_, metrics_, staging_, &assemblies_});
 }
@@ -197,8 +199,31 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
           "tensors[", i, "] names tensor '", request->tensors(i), "' a second time")));
     }
   }
-  absl::StatusOr<Snapshot> snapshot =
-      store_->Read({request->tensors().begin(), request->tensors().end()}, field, *dtype);
+  // Device -> staging -> chunks: the read lands in the staging pool (page-locked on a GPU, so
+  // it is one DMA per tensor), reserved outside the store's lock, as pushes reserve theirs; a
+  // pull larger than the whole pool reads into ordinary memory instead. The tensors are fixed
+  // here, so that tensors registered meanwhile cannot outgrow the reservation.
+  absl::StatusOr<std::vector<TensorInfo>> tensors =
+      store_->Lookup({request->tensors().begin(), request->tensors().end()});
+  if (!tensors.ok()) return ToGrpc(tensors.status());
+  std::vector<std::string> names;
+  names.reserve(tensors->size());
+  for (const TensorInfo& t : *tensors) names.push_back(t.spec.name);
+  const uint64_t bytes = ShardStore::ReadBytes(*tensors, *dtype);
+  StagingPool::Reservation staging;
+  std::vector<char> heap;
+  absl::Span<char> out;
+  if (bytes > 0 && bytes <= staging_->capacity() && staging_->data_backed()) {
+    absl::StatusOr<StagingPool::Reservation> reserved =
+        staging_->Reserve(bytes, [context] { return context->IsCancelled(); });
+    if (!reserved.ok()) return ToGrpc(reserved.status());
+    staging = *std::move(reserved);
+    out = absl::MakeSpan(staging.data(), bytes);
+  } else {
+    heap.resize(bytes);
+    out = absl::MakeSpan(heap);
+  }
+  absl::StatusOr<Snapshot> snapshot = store_->Read(names, field, *dtype, out);
   if (!snapshot.ok()) return ToGrpc(snapshot.status());
 
   v1::PullParametersResponse message;
@@ -220,7 +245,7 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
       v1::TensorChunk* chunk = message.add_chunks();
       chunk->set_tensor(snapshot->tensors[i].spec.name);
       chunk->set_offset(offset);
-      chunk->set_data(snapshot->data[i].data() + offset * element_size, count * element_size);
+      chunk->set_data(snapshot->data[i] + offset * element_size, count * element_size);
       offset += count;
       room -= count;
       message_bytes += count * element_size;

@@ -18,15 +18,19 @@
 
 namespace fusedps {
 
-// PushGradients runs on gRPC's callback API (no gRPC thread waits for the device); the other
+// PushGradients runs on gRPC's callback API (no gRPC thread waits for the device) as a raw
+// method, so that chunk payloads are copied once, from gRPC's buffer into staging; the other
 // RPCs are synchronous.
 class ParameterServiceImpl final
-    : public v1::ParameterService::WithCallbackMethod_PushGradients<v1::ParameterService::Service> {
+    : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
+          v1::ParameterService::Service> {
  public:
   // REQUIRES: store, engine and metrics outlive the service.
   // Pushes and registrations reserve their staging in `staging` before reading their chunks.
+  // A push in parts fails when its parts have not all arrived within push_part_wait.
   ParameterServiceImpl(ShardStore* store, UpdateEngine* engine, Metrics* metrics,
-                       StagingPool* staging, uint64_t max_message_bytes);
+                       StagingPool* staging, uint64_t max_message_bytes,
+                       absl::Duration push_part_wait);
 
   grpc::Status RegisterParamGroup(grpc::ServerContext* context,
                                   const v1::RegisterParamGroupRequest* request,
@@ -34,8 +38,8 @@ class ParameterServiceImpl final
   grpc::Status RegisterTensors(grpc::ServerContext* context,
                                grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
                                v1::RegisterTensorsResponse* response) override;
-  grpc::ServerReadReactor<v1::PushGradientsRequest>* PushGradients(
-      grpc::CallbackServerContext* context, v1::PushGradientsResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
+      grpc::CallbackServerContext* context, grpc::ByteBuffer* response) override;
   grpc::Status PullParameters(grpc::ServerContext* context,
                               const v1::PullParametersRequest* request,
                               grpc::ServerWriter<v1::PullParametersResponse>* writer) override;

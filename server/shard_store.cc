@@ -260,22 +260,33 @@ absl::StatusOr<PushOutcome> ShardStore::ApplyPush(const ReadyPush& push) {
   return outcome;
 }
 
+uint64_t ShardStore::ReadBytes(const std::vector<TensorInfo>& tensors, GradDType dtype) {
+  uint64_t bytes = 0;
+  for (const TensorInfo& t : tensors) bytes += t.numel * DTypeSize(dtype);
+  return bytes;
+}
+
 absl::StatusOr<Snapshot> ShardStore::Read(const std::vector<std::string>& names,
-                                          TensorField field, GradDType dtype) const {
+                                          TensorField field, GradDType dtype,
+                                          absl::Span<char> out) const {
   absl::ReaderMutexLock lock(&mu_);
   absl::StatusOr<std::vector<TensorInfo>> infos = LookupLocked(names);
   if (!infos.ok()) return infos.status();
+  if (ReadBytes(*infos, dtype) > out.size()) {
+    return absl::InternalError(absl::StrCat("a read of ", ReadBytes(*infos, dtype),
+                                            " bytes into ", out.size()));
+  }
   Snapshot snapshot;
   snapshot.version = version_;
-  snapshot.data.resize(infos->size());
-  for (size_t i = 0; i < infos->size(); ++i) {
-    const TensorInfo& info = (*infos)[i];
-    snapshot.data[i].resize(info.numel * DTypeSize(dtype));
-    absl::Status s =
-        backend_->Read(field, info.index, 0, info.numel, dtype, snapshot.data[i].data());
+  snapshot.data.reserve(infos->size());
+  char* at = out.data();
+  for (const TensorInfo& info : *infos) {
+    absl::Status s = backend_->Read(field, info.index, 0, info.numel, dtype, at);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("tensor '", info.spec.name, "': ", s.message()));
     }
+    snapshot.data.push_back(at);
+    at += info.numel * DTypeSize(dtype);
   }
   snapshot.tensors = *std::move(infos);
   return snapshot;

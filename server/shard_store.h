@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 
 namespace fusedps {
@@ -96,7 +97,7 @@ struct RegisterOutcome {
 struct Snapshot {
   uint64_t version = 0;
   std::vector<TensorInfo> tensors;
-  std::vector<std::vector<char>> data;  // Per tensor, numel elements of the requested dtype.
+  std::vector<const char*> data;  // Per tensor, numel elements of the requested dtype.
 };
 
 class ShardStore {
@@ -133,9 +134,17 @@ class ShardStore {
   // One optimizer step of the push's tensors (all or nothing), or a detected retry.
   absl::StatusOr<PushOutcome> ApplyPush(const ReadyPush& push) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Reads a field of the named tensors (empty: all) as fp32 or bf16 at one version.
+  // The bytes Read needs for these tensors in this dtype.
+  static uint64_t ReadBytes(const std::vector<TensorInfo>& tensors, GradDType dtype);
+
+  // Reads a field of the named tensors as fp32 or bf16, at one version, into `out` (ReadBytes
+  // long; page-locked memory lets a device copy into it directly), tensor after tensor; the
+  // snapshot's data points into `out`. The bf16 copy of params is served as it is, when the
+  // backend keeps one. Errors: NOT_FOUND for an unknown name; FAILED_PRECONDITION as
+  // OptimizerBackend::Read. REQUIRES: out.size() >= ReadBytes of the named tensors.
   absl::StatusOr<Snapshot> Read(const std::vector<std::string>& names, TensorField field,
-                                GradDType dtype) const ABSL_LOCKS_EXCLUDED(mu_);
+                                GradDType dtype, absl::Span<char> out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The backend's staging arena and its device copies (kernels/backend.h). Thread-safe.
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);

@@ -27,14 +27,32 @@ absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view fiel
   }
 }
 
+namespace {
+
+// NOT_FOUND for a chunk of a tensor that the call does not name and the shard does not have.
+absl::Status CheckChunkTensor(const ChunkAssembler& assembler, const ShardStore& store,
+                              absl::string_view tensor) {
+  if (!assembler.Expects(tensor) && !store.Lookup({std::string(tensor)}).ok()) {
+    return absl::NotFoundError(absl::StrCat("chunks.tensor '", tensor, "' is not registered"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
                       const v1::TensorChunk& chunk,
                       std::optional<uint64_t>* staged_at) {
-  if (!assembler.Expects(chunk.tensor()) && !store.Lookup({chunk.tensor()}).ok()) {
-    return absl::NotFoundError(absl::StrCat("chunks.tensor '", chunk.tensor(),
-                                            "' is not registered"));
-  }
+  if (absl::Status s = CheckChunkTensor(assembler, store, chunk.tensor()); !s.ok()) return s;
   return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data(), staged_at);
+}
+
+absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,
+                                                   const ShardStore& store,
+                                                   absl::string_view tensor, uint64_t offset,
+                                                   uint64_t bytes) {
+  if (absl::Status s = CheckChunkTensor(assembler, store, tensor); !s.ok()) return s;
+  return assembler.Claim(tensor, offset, bytes);
 }
 
 absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& header,

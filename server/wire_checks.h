@@ -30,6 +30,12 @@ absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view fiel
 absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
                       const v1::TensorChunk& chunk, std::optional<uint64_t>* staged_at = nullptr);
 
+// AddChunk's checks without the copy: ChunkAssembler::Claim, and NOT_FOUND as AddChunk.
+absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,
+                                                   const ShardStore& store,
+                                                   absl::string_view tensor, uint64_t offset,
+                                                   uint64_t bytes);
+
 // Called for each chunk copied into staging, with the byte offset it landed at; an error
 // stops the message.
 using OnStaged = std::function<absl::Status(const v1::TensorChunk& chunk, uint64_t staged_at)>;

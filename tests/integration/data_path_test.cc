@@ -170,6 +170,14 @@ namespace {
 // Pushes in parts: one push over several concurrent calls (PushHeader.part_index/part_count).
 class PushPartsTest : public ServiceTest {
  protected:
+  static constexpr absl::Duration kPartWait = absl::Milliseconds(400);
+
+  ServerOptions Options() const override {
+    ServerOptions options = ServiceTest::Options();
+    options.push_part_wait = kPartWait;
+    return options;
+  }
+
   // Sends part `index` of `count` carrying `chunks`, and returns its status and reply.
   std::pair<grpc::Status, v1::PushGradientsResponse> SendPart(
       uint32_t index, uint32_t count, const std::vector<v1::TensorChunk>& chunks,
@@ -221,7 +229,9 @@ TEST_F(PushPartsTest, ClientWithSeveralStreamsPushesInPartsAppliedOnce) {
     const auto grads = RandomGrads({"w", "b"}, 80 + step);
     std::vector<client::TensorGrad> tensors;
     for (const auto& [name, values] : grads) tensors.push_back({name, values});
-    auto result = (*trainer)->PushGradients({}, tensors);
+    client::PushOptions push;
+    push.grad_dtype = client::DType::kFloat32;  // What host_ steps with.
+    auto result = (*trainer)->PushGradients(push, tensors);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->version, step);
     EXPECT_EQ(result->grad_bytes, (4096 + 64) * 4u);
@@ -241,6 +251,35 @@ TEST_F(PushPartsTest, AFailingPartAbortsTheOthersAndAppliesNothing) {
   t.join();
   EXPECT_EQ(second.first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(first.first.error_code(), grpc::StatusCode::ABORTED);
+  ExpectSameState(before, Snapshot());
+}
+
+TEST_F(PushPartsTest, APartThatNeverComesFailsThePushAndFreesItsStaging) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const ShardState before = Snapshot();
+  const auto shares =
+      Share(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 90), 1024), 3);
+  // Parts 0 and 1 of 3 come (their calls have no deadline); part 2 never does.
+  std::pair<grpc::Status, v1::PushGradientsResponse> first, second;
+  const absl::Time start = absl::Now();
+  std::thread t([&] { first = SendPart(0, 3, shares[0], "trainer", 11); });
+  second = SendPart(1, 3, shares[1], "trainer", 11);
+  t.join();
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(first.first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(second.first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(second.first.error_message(),
+            "only 2 of the push's 3 parts arrived within 400ms of its first "
+            "(--push-part-wait-seconds)");
+  EXPECT_GE(waited, kPartWait);
+  const absl::Time freed_by = absl::Now() + absl::Seconds(10);
+  while (server_->staging_pool().in_use() != 0 && absl::Now() < freed_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(server_->staging_pool().in_use(), 0u);
+  // Late, part 2 is ABORTED: the push under that name failed.
+  EXPECT_EQ(SendPart(2, 3, shares[2], "trainer", 11).first.error_code(),
+            grpc::StatusCode::ABORTED);
   ExpectSameState(before, Snapshot());
 }
 

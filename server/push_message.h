@@ -1,0 +1,49 @@
+// push_message.h (server internal): reads a serialized PushGradientsRequest straight from
+// gRPC's receive buffer, so that each chunk's payload is copied once, from gRPC's slices into
+// staging, instead of into a protobuf string first and into staging after.
+//
+// The wire format is proto/fusedps/v1's PushGradientsRequest {PushHeader header = 1;
+// repeated TensorChunk chunks = 2}, TensorChunk {string tensor = 1; uint64 offset = 2; bytes
+// data = 3}. Every protobuf serializer writes a chunk's fields in that order, so `data` is last
+// and its destination is known when it starts: the payload is then read directly into it. A
+// chunk whose `data` is followed by other fields (legal protobuf, from an unusual writer) is
+// still read correctly, through a temporary copy. Unknown fields are skipped, as protobuf does.
+//
+// Errors: INVALID_ARGUMENT for bytes that are not a PushGradientsRequest ("malformed ...") and
+// for a header in a message that may not carry one; a claim's or a staged chunk's own error
+// stops the read and is returned as it is.
+#ifndef FUSEDPS_SERVER_PUSH_MESSAGE_H_
+#define FUSEDPS_SERVER_PUSH_MESSAGE_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "fusedps/v1/parameter_service.pb.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace fusedps {
+
+// The message's header, or nullopt when it has none. Chunks are skipped, not copied.
+absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(grpc::ByteBuffer& message);
+
+// Where a chunk's `bytes` of payload go: claim(tensor, offset, bytes) checks the chunk and
+// returns a destination of `bytes` bytes, or nullptr to drop the payload (an empty chunk).
+using ClaimChunkFn =
+    absl::FunctionRef<absl::StatusOr<char*>(absl::string_view tensor, uint64_t offset,
+                                            uint64_t bytes)>;
+// Called once a claimed destination holds its payload.
+using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)>;
+
+// Reads the message's chunks in order: for each, claim, copy the payload once to the claimed
+// destination, then staged. `header_allowed`: whether the message may carry a header (the
+// first message of a call), which is then skipped; elsewhere a header is INVALID_ARGUMENT.
+absl::Status ReadPushChunks(grpc::ByteBuffer& message, bool header_allowed, ClaimChunkFn claim,
+                            ChunkStagedFn staged);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_PUSH_MESSAGE_H_

@@ -1,0 +1,185 @@
+#include "server/push_message.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/slice.h"
+#include "gtest/gtest.h"
+
+namespace fusedps {
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+
+// A ByteBuffer of these bytes, cut into slices of `slice_bytes` (so reads cross slices).
+grpc::ByteBuffer Buffer(const std::string& bytes, size_t slice_bytes = 7) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += slice_bytes) {
+    slices.emplace_back(bytes.data() + at, std::min(slice_bytes, bytes.size() - at));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+struct Received {
+  std::string tensor;
+  uint64_t offset;
+  std::string data;
+};
+
+// Reads chunks into `out`, each claimed into its own buffer; counts staged calls.
+absl::Status ReadAll(grpc::ByteBuffer& buffer, bool header_allowed, std::vector<Received>* out,
+                     int* staged_calls) {
+  std::vector<std::unique_ptr<std::vector<char>>> storage;
+  absl::Status s = ReadPushChunks(
+      buffer, header_allowed,
+      [&](absl::string_view tensor, uint64_t offset, uint64_t bytes) -> absl::StatusOr<char*> {
+        if (tensor == "refused") return absl::NotFoundError("refused");
+        out->push_back({std::string(tensor), offset, std::string()});
+        if (bytes == 0) return nullptr;
+        storage.push_back(std::make_unique<std::vector<char>>(bytes));
+        return storage.back()->data();
+      },
+      [&](char* data, uint64_t bytes) {
+        ++*staged_calls;
+        out->back().data.assign(data, bytes);
+        return absl::OkStatus();
+      });
+  return s;
+}
+
+v1::PushGradientsRequest Request() {
+  v1::PushGradientsRequest request;
+  request.mutable_header()->set_client_id("trainer");
+  request.mutable_header()->add_tensors("w");
+  v1::TensorChunk* a = request.add_chunks();
+  a->set_tensor("w");
+  a->set_offset(0);  // proto3 leaves it out of the bytes
+  a->set_data(std::string(40, 'a'));
+  v1::TensorChunk* b = request.add_chunks();
+  b->set_tensor("b");
+  b->set_offset(12345678901ull);
+  b->set_data("0123456789abcdef");
+  v1::TensorChunk* empty = request.add_chunks();
+  empty->set_tensor("e");
+  return request;
+}
+
+TEST(PushMessageTest, ReadsWhatProtobufWrote) {
+  const v1::PushGradientsRequest request = Request();
+  grpc::ByteBuffer buffer = Buffer(request.SerializeAsString());
+  absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(buffer);
+  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_TRUE(header->has_value());
+  EXPECT_EQ((*header)->client_id(), "trainer");
+  ASSERT_EQ((*header)->tensors_size(), 1);
+
+  std::vector<Received> got;
+  int staged = 0;
+  ASSERT_TRUE(ReadAll(buffer, /*header_allowed=*/true, &got, &staged).ok());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(staged, 2);  // Not for the empty chunk.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i].tensor, request.chunks(i).tensor());
+    EXPECT_EQ(got[i].offset, request.chunks(i).offset());
+    EXPECT_EQ(got[i].data, request.chunks(i).data());
+  }
+}
+
+TEST(PushMessageTest, MessageWithoutHeader) {
+  v1::PushGradientsRequest request = Request();
+  request.clear_header();
+  grpc::ByteBuffer buffer = Buffer(request.SerializeAsString());
+  absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(buffer);
+  ASSERT_TRUE(header.ok());
+  EXPECT_FALSE(header->has_value());
+  std::vector<Received> got;
+  int staged = 0;
+  EXPECT_TRUE(ReadAll(buffer, /*header_allowed=*/false, &got, &staged).ok());
+  EXPECT_EQ(got.size(), 3u);
+}
+
+TEST(PushMessageTest, HeaderWhereNoneMayBeIsInvalidArgument) {
+  grpc::ByteBuffer buffer = Buffer(Request().SerializeAsString());
+  std::vector<Received> got;
+  int staged = 0;
+  const absl::Status s = ReadAll(buffer, /*header_allowed=*/false, &got, &staged);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "header may appear only in the first message");
+}
+
+TEST(PushMessageTest, ClaimErrorsStopTheRead) {
+  v1::PushGradientsRequest request = Request();
+  request.mutable_chunks(1)->set_tensor("refused");
+  grpc::ByteBuffer buffer = Buffer(request.SerializeAsString());
+  std::vector<Received> got;
+  int staged = 0;
+  EXPECT_TRUE(absl::IsNotFound(ReadAll(buffer, true, &got, &staged)));
+  EXPECT_EQ(got.size(), 1u);  // The first chunk only.
+}
+
+// Writes a chunk's fields in the order given (protobuf allows any order, and repeats:
+// the last value of a field wins), plus an unknown field 9.
+std::string UnusualChunk() {
+  std::string chunk;
+  {
+    google::protobuf::io::StringOutputStream stream(&chunk);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    WireFormatLite::WriteBytes(3, "first data, replaced", &out);
+    WireFormatLite::WriteString(1, "late-name", &out);
+    WireFormatLite::WriteUInt64(9, 77, &out);
+    WireFormatLite::WriteBytes(3, "last data", &out);
+    WireFormatLite::WriteUInt64(2, 5, &out);
+  }
+  std::string message;
+  {
+    google::protobuf::io::StringOutputStream stream(&message);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    WireFormatLite::WriteBytes(2, chunk, &out);
+    WireFormatLite::WriteUInt64(15, 1, &out);  // An unknown field of the request.
+  }
+  return message;
+}
+
+TEST(PushMessageTest, FieldsInAnyOrderAndUnknownFields) {
+  const std::string bytes = UnusualChunk();
+  v1::PushGradientsRequest parsed;  // What protobuf makes of it: the reference.
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  ASSERT_EQ(parsed.chunks_size(), 1);
+  grpc::ByteBuffer buffer = Buffer(bytes, 3);
+  std::vector<Received> got;
+  int staged = 0;
+  ASSERT_TRUE(ReadAll(buffer, false, &got, &staged).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tensor, parsed.chunks(0).tensor());
+  EXPECT_EQ(got[0].offset, parsed.chunks(0).offset());
+  EXPECT_EQ(got[0].data, parsed.chunks(0).data());
+  EXPECT_EQ(got[0].data, "last data");
+}
+
+TEST(PushMessageTest, TruncatedOrGarbageIsMalformed) {
+  const std::string bytes = Request().SerializeAsString();
+  for (const std::string& bad :
+       {bytes.substr(0, bytes.size() - 3), bytes.substr(0, bytes.size() / 2),
+        std::string("\x12\xff\xff\xff\xff\x0f", 6), std::string("\x00\x01", 2),
+        bytes + "\x12"}) {
+    SCOPED_TRACE(absl::StrCat("bytes: ", bad.size()));
+    v1::PushGradientsRequest reference;
+    EXPECT_FALSE(reference.ParseFromString(bad));  // protobuf refuses it too
+    grpc::ByteBuffer buffer = Buffer(bad);
+    std::vector<Received> got;
+    int staged = 0;
+    const absl::Status s = ReadAll(buffer, true, &got, &staged);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "malformed PushGradientsRequest")) << s;
+  }
+}
+
+}  // namespace
+}  // namespace fusedps
