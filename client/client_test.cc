@@ -374,13 +374,13 @@ TEST_F(ClientTest, PushOfThreeMillionFloatsUsesMebibyteMessages) {
   std::unique_ptr<Client> client = Connect();
   const std::vector<float> values = Normal(3'000'000, 5);
   ASSERT_TRUE(client->RegisterTensors({{"big", {3'000'000}, "", values}}).ok());
-  PushOptions push;
-  push.grad_dtype = DType::kBFloat16;
+  PushOptions push;  // bf16 on the wire by default.
   ASSERT_TRUE(client->PushGradients(push, {{"big", values}}).ok());
+  EXPECT_EQ(service_.last_push_header().grad_dtype(), v1::DTYPE_BFLOAT16);
   EXPECT_EQ(service_.push_messages(), 6);  // ceil(6e6 bytes / 1 MiB), header in the first.
   EXPECT_LE(service_.max_request_bytes(), (1u << 20) + 1024);
   const std::vector<float>& stored = service_.tensors().at("big").values;
-  EXPECT_EQ(stored[2'999'999], values[2'999'999] - RoundTrip(values[2'999'999], push.grad_dtype));
+  EXPECT_EQ(stored[2'999'999], values[2'999'999] - RoundTrip(values[2'999'999], DType::kBFloat16));
 }
 
 TEST_F(ClientTest, ManyTensorsWithLongNamesSendALargeHeaderAlone) {

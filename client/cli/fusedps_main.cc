@@ -51,8 +51,9 @@ ABSL_FLAG(std::string, shapes, "",
 ABSL_FLAG(std::string, group, "default", "register, set-lr: the param group.");
 ABSL_FLAG(double, init_std, 0.02, "register: standard deviation of the normal initial values.");
 ABSL_FLAG(uint64_t, seed, 0, "register, push: random seed of the synthetic values.");
-ABSL_FLAG(std::string, dtype, "fp32",
-          "push: gradient wire dtype fp32|bf16|fp16; pull: wire dtype fp32|bf16.");
+ABSL_FLAG(std::string, dtype, "",
+          "push: gradient wire dtype fp32|bf16|fp16 (default bf16, as the client library); "
+          "pull: wire dtype fp32|bf16 (default fp32).");
 ABSL_FLAG(int32_t, steps, 1, "push: how many pushes (optimizer steps).");
 ABSL_FLAG(std::string, client_id, "",
           "push: trainer id for retry detection; sequence numbers are then the push time in "
@@ -106,7 +107,21 @@ void PrintHelp() {
   }
 }
 
-absl::StatusOr<DType> ParseDType(const std::string& text) {
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+  }
+  return "?";
+}
+
+// `fallback` when --dtype is empty.
+absl::StatusOr<DType> ParseDType(const std::string& text, DType fallback) {
+  if (text.empty()) return fallback;
   if (text == "fp32" || text == "float32") return DType::kFloat32;
   if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
   if (text == "fp16" || text == "float16") return DType::kFloat16;
@@ -154,7 +169,7 @@ absl::Status RunInfo(Client& client) {
   absl::StatusOr<ServerInfo> info = client.GetInfo();
   if (!info.ok()) return info.status();
   std::string copy = "none";
-  if (info->param_copy_dtype) copy = *info->param_copy_dtype == DType::kBFloat16 ? "bf16" : "fp16";
+  if (info->param_copy_dtype) copy = DTypeName(*info->param_copy_dtype);
   std::cout << absl::StrFormat(
       "server       %s\nversion      %d\nbackend      %s\ndevice       %s\n"
       "tensors      %d\nparams       %d\nmax message  %d bytes\nparam copy   %s\n"
@@ -251,7 +266,7 @@ absl::StatusOr<std::vector<TensorInfo>> SelectTensors(const TensorList& list) {
 }
 
 absl::Status RunPush(Client& client) {
-  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype), PushOptions().grad_dtype);
   if (!dtype.ok()) return dtype.status();
   const int steps = absl::GetFlag(FLAGS_steps);
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
@@ -277,7 +292,7 @@ absl::Status RunPush(Client& client) {
   options.grad_dtype = *dtype;
   options.base_version = list->version;
   std::cout << absl::StrFormat("pushing %d tensors, %d elements, %s, %d steps\n", tensors->size(),
-                               numel, absl::GetFlag(FLAGS_dtype), steps);
+                               numel, DTypeName(*dtype), steps);
   for (int step = 1; step <= steps; ++step) {
     for (std::vector<float>& g : grads) {
       for (float& x : g) x = normal(rng);
@@ -337,7 +352,7 @@ absl::Status WriteSafetensors(const PullResult& pull, const std::string& field,
 absl::Status RunPull(Client& client) {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) return absl::InvalidArgumentError("pull needs --out=FILE");
-  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype), PullOptions().dtype);
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<TensorField> field = ParseField(absl::GetFlag(FLAGS_field));
   if (!field.ok()) return field.status();

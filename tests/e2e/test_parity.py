@@ -231,3 +231,25 @@ def test_non_finite_gradient_skips_step(client, case_id):
     assert not r.step_skipped and r.version == version + 1
     opt.step()
     _assert_matches_torch(client, names, params, opt, True, RTOL, ATOL, msg=case_id)
+
+
+@pytest.mark.parametrize("grads_dtype,wire", [(torch.float32, "bfloat16"),
+                                              (torch.float16, "float16")])
+def test_default_wire_dtype(client, grads_dtype, wire):
+    """With no grad_dtype, fp32 gradients travel as bf16 and fp16 ones as fp16; the server's
+    step is torch.optim.AdamW's on the gradients rounded to that wire dtype."""
+    gen = torch.Generator().manual_seed(99)
+    names = [f"default-wire-{wire}/t{i}" for i in range(2)]
+    inits = [torch.randn(s, generator=gen) for s in [(300,), (7, 9)]]
+    client.register_model(dict(zip(names, inits)))
+    params = [torch.nn.Parameter(x.clone()) for x in inits]
+    opt = _torch_optimizer(params, {})
+    for _ in range(3):
+        grads = {n: torch.randn(p.shape, generator=gen).to(grads_dtype)
+                 for n, p in zip(names, params)}
+        for n, p in zip(names, params):
+            p.grad = _wire_round(grads[n].float(), wire)
+        result = client.push_gradients(grads)
+        opt.step()
+        assert result.grad_bytes == 2 * sum(p.numel() for p in params)
+    _assert_matches_torch(client, names, params, opt, False, RTOL, ATOL, msg=wire)

@@ -51,15 +51,17 @@ def test_metrics_pass_promtool_and_match_the_workload():
             ok_pushes = []
             for i in range(5):
                 grads = {n: torch.randn_like(t) for n, t in params.items()}
-                ok_pushes.append(client.push_gradients(grads))
+                ok_pushes.append(client.push_gradients(grads, "float32"))
             for i in range(2):  # bf16, one tensor only.
                 ok_pushes.append(client.push_gradients({"w": torch.randn(300, 257)}, "bfloat16"))
             bad = {n: torch.randn_like(t) for n, t in params.items()}
             bad["b"][3] = math.inf
-            ok_pushes.append(client.push_gradients(bad))  # Skipped: non-finite.
+            ok_pushes.append(client.push_gradients(bad, "float32"))  # Skipped: non-finite.
             retry = {n: torch.randn_like(t) for n, t in params.items()}
-            ok_pushes.append(client.push_gradients(retry, client_id="t", sequence_number=1))
-            ok_pushes.append(client.push_gradients(retry, client_id="t", sequence_number=1))
+            ok_pushes.append(client.push_gradients(retry, "float32", client_id="t",
+                                                   sequence_number=1))
+            ok_pushes.append(client.push_gradients(retry, "float32", client_id="t",
+                                                   sequence_number=1))
             assert ok_pushes[-1].duplicate and not ok_pushes[-2].duplicate
             assert ok_pushes[7].step_skipped
 
@@ -67,7 +69,7 @@ def test_metrics_pass_promtool_and_match_the_workload():
                 client.push_gradients({"nope": torch.zeros(4)})
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
             with pytest.raises(grpc.RpcError) as e:  # 10 of b's 257 elements: chunks missing.
-                client.push_gradients({"b": torch.zeros(10)})
+                client.push_gradients({"b": torch.zeros(10)}, "float32")
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             invalid_push_bytes = 10 * 4  # Accepted before the push failed.
 

@@ -21,8 +21,7 @@
 //   std::vector<float> w(768 * 768, 0.0f);
 //   client->RegisterTensors({{"layer0.weight", {768, 768}, "default", w}}).value();
 //   std::vector<float> grad_w = ...;  // 768 * 768 gradients
-//   fusedps::client::PushOptions push;
-//   push.grad_dtype = fusedps::client::DType::kBFloat16;
+//   fusedps::client::PushOptions push;  // bf16 on the wire by default
 //   auto ack = client->PushGradients(push, {{"layer0.weight", grad_w}}).value();
 //   auto pulled = client->PullParameters({}).value();  // every tensor, fp32
 //   const std::vector<float>& fresh_w = pulled.tensors.at("layer0.weight").values;
@@ -138,8 +137,13 @@ struct PushOptions {
   // Per client_id, increasing. A push whose sequence_number is not above the last applied one
   // of its client_id is a retry: not applied again; the result says duplicate. 0 disables it.
   uint64_t sequence_number = 0;
-  // The dtype gradients travel in. fp32 gradients are rounded to it on the client.
-  DType grad_dtype = DType::kFloat32;
+  // The dtype gradients travel in; fp32 gradients are rounded to it (nearest even) on the
+  // client, and the server computes in fp32. bf16 by default: half the bytes of fp32 on the
+  // wire, the same exponent range (nothing overflows), and the 8-bit mantissa that
+  // torch.autocast's bf16 training computes gradients in anyway. A model whose gradients need
+  // more precision than that sets kFloat32; fp16 overflows beyond +-65504 (the step is then
+  // skipped as non-finite).
+  DType grad_dtype = DType::kBFloat16;
   // When set, the server divides the gradients by it (loss scaling). > 0 and finite.
   std::optional<float> grad_scale;
   // The model version the gradients were computed from.

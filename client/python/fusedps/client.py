@@ -476,7 +476,7 @@ class Client:
             version = resp.version
         return RegisterResult(created, existing, version)
 
-    def push_gradients(self, model_or_dict: ModelLike, grad_dtype="float32",
+    def push_gradients(self, model_or_dict: ModelLike, grad_dtype=None,
                        grad_scale: Optional[float] = None,
                        tensors: Optional[Iterable[str]] = None, *,
                        client_id: Optional[str] = None, sequence_number: int = 0,
@@ -492,6 +492,10 @@ class Client:
           grad_dtype: wire dtype of the gradients: "float32", "bfloat16" or "float16"
             (torch dtypes accepted). Narrower dtypes round to nearest even, as tensor.to() does;
             fp16 overflows to inf (and so the step is skipped). The server computes in fp32.
+            None (the default) sends bfloat16 (half the bytes of float32, the same exponent
+            range), except when every gradient is float16 (fp16 mixed precision): then
+            float16, which loses nothing. Pass "float32" where the model needs gradients at
+            full precision.
           grad_scale: if given (> 0, finite), the server divides the gradients by it (undoing
             loss scaling).
           tensors: names (including prefix) to push; None means every parameter that has a
@@ -514,7 +518,8 @@ class Client:
           grpc.RpcError: NOT_FOUND for a tensor the server does not have; INVALID_ARGUMENT for a
             wrong size.
         """
-        wire = _chunks.wire_dtype_name(grad_dtype)
+        if grad_dtype is not None:
+            wire = _chunks.wire_dtype_name(grad_dtype)
         if grad_scale is not None:
             grad_scale = float(grad_scale)
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
@@ -545,6 +550,9 @@ class Client:
         items = [(n, grads[n]) for n in names]
         for name, g in items:
             _check_sendable(name, g)
+        if grad_dtype is None:
+            all_fp16 = all(g.dtype == torch.float16 for _, g in items)
+            wire = "float16" if all_fp16 else "bfloat16"
 
         header = pb.PushHeader(
             client_id=self.client_id if client_id is None else client_id,
