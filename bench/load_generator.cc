@@ -5,7 +5,8 @@
 //
 // Latency is the wall time of one PushGradients call: rounding the fp32 gradients to the wire
 // dtype in the client library, sending the chunks, the server's AdamW step, and the reply.
-// Throughput is the gradient payload the server reported (grad_bytes) over the timed window.
+// Throughput is the gradient payload pushed (over a single call, the server's grad_bytes reply
+// must equal it) over the timed window.
 // Progress goes to stderr once a second; a table (or, with --json, one JSON object) to stdout.
 //
 // Usage:

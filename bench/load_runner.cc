@@ -204,6 +204,11 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
 
   client::PushOptions options;
   options.grad_dtype = config.grad_dtype;
+  // The payload of one push, counted here rather than taken from the reply: with
+  // --streams > 1 a server that knows nothing of parts (the gRPC sink) answers each part with
+  // its own share.
+  const uint64_t push_bytes =
+      model.total_numel() * (config.grad_dtype == client::DType::kFloat32 ? 4 : 2);
   if (!config.client_id_prefix.empty()) {
     options.client_id = absl::StrCat(config.client_id_prefix, index);
   }
@@ -224,6 +229,12 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
                        ": the server took it for a retry of an applied push (is another run using "
                        "client id ",
                        options.client_id, "? try another --client-id-prefix)"));
+    }
+    // A single call's reply says what the server received; it must be all of it.
+    if (config.streams == 1 && result->grad_bytes != push_bytes) {
+      return absl::InternalError(absl::StrCat(context, ": the server received ",
+                                              result->grad_bytes, " gradient bytes of ",
+                                              push_bytes));
     }
     options.base_version = result->version;
     return result;
@@ -251,9 +262,9 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
     last_reply = Clock::now();
     if (!result.ok()) return result.status();
     out.latencies_ms.push_back(SecondsBetween(sent, last_reply) * 1e3);
-    out.grad_bytes += result->grad_bytes;
+    out.grad_bytes += push_bytes;
     if (result->step_skipped) ++out.skipped_steps;
-    state.CountPush(result->grad_bytes);
+    state.CountPush(push_bytes);
   }
   out.seconds = SecondsBetween(*start, last_reply);
   return absl::OkStatus();

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Prints the push table of one scripts/device_push_bench.sh run: fusedps, the gRPC sink and the
-torch peer under the same fusedps-bench load, with the ratios ours/sink and ours/peer.
+torch peer under the same fusedps-bench load, with the ratios ours/sink and ours/peer, and the
+means of fusedps's own stage durations (fusedps_metrics.txt, scraped at the end of the run).
 
   python3 bench/push_report.py OUT_DIR
+
+Files: OUT_DIR/{fusedps,sink,peer}_{gpt2,1m}_c<clients>_s<streams>.json (fusedps-bench --json).
 """
+import glob
 import json
 import os
+import re
 import sys
+
+SERVERS = ["fusedps", "sink", "peer"]
 
 
 def load(path):
@@ -17,30 +24,80 @@ def load(path):
         return None
 
 
+def loads(out):
+    """The loads present, ordered: model, then streams, then clients."""
+    keys = set()
+    for path in glob.glob(os.path.join(out, "*_c*_s*.json")):
+        m = re.match(r"(fusedps|sink|peer)_(\w+?)_c(\d+)_s(\d+)\.json$", os.path.basename(path))
+        if m:
+            keys.add((m.group(2), int(m.group(4)), int(m.group(3))))
+    return sorted(keys, key=lambda k: (k[0] != "gpt2", k[1], k[2]))
+
+
+def stage_totals(path):
+    """{stage: (sum seconds, count)} of fusedps_stage_duration_seconds in a /metrics scrape."""
+    totals = {}
+    try:
+        text = open(path).read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        m = re.match(r'fusedps_stage_duration_seconds_(sum|count)\{.*stage="(\w+)".*\} (\S+)', line)
+        if m:
+            s, c = totals.get(m.group(2), (0.0, 0.0))
+            totals[m.group(2)] = (s + float(m.group(3)), c) if m.group(1) == "sum" else (s, float(m.group(3)))
+    return totals
+
+
+def stage_means(out, stem):
+    """Mean ms per stage over one load: the scrapes after minus before it."""
+    before = stage_totals(os.path.join(out, stem + ".before.txt"))
+    after = stage_totals(os.path.join(out, stem + ".after.txt"))
+    if not before or not after:
+        return None
+    means = {}
+    for stage, (s1, c1) in after.items():
+        s0, c0 = before.get(stage, (0.0, 0.0))
+        if c1 > c0:
+            means[stage] = 1e3 * (s1 - s0) / (c1 - c0)
+    return means
+
+
 def main(out):
-    servers = ["fusedps", "sink", "peer"]
     print("| load | server | GB/s | pushes/s | p50 ms | p90 ms | p99 ms | p99/p50 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     ratios = []
-    for load_name in ["gpt2_c1", "gpt2_c4", "gpt2_c16", "1m"]:
-        got = {s: load(os.path.join(out, f"{s}_{load_name}.json")) for s in servers}
-        for s in servers:
+    for model, streams, clients in loads(out):
+        name = f"{model}, {clients} client{'s' if clients > 1 else ''} x {streams} stream{'s' if streams > 1 else ''}"
+        got = {s: load(os.path.join(out, f"{s}_{model}_c{clients}_s{streams}.json")) for s in SERVERS}
+        for s in SERVERS:
             r = got[s]
             if r is None:
-                print(f"| {load_name} | {s} | - | - | - | - | - | - |")
+                print(f"| {name} | {s} | - | - | - | - | - | - |")
                 continue
             lat = r["latency_ms"]
-            print(f"| {load_name} | {s} | {r['gbps']:.3f} | {r['pushes_per_s']:.2f} | "
+            print(f"| {name} | {s} | {r['gbps']:.3f} | {r['pushes_per_s']:.2f} | "
                   f"{lat['p50']:.2f} | {lat['p90']:.2f} | {lat['p99']:.2f} | "
                   f"{lat['p99'] / lat['p50']:.2f} |")
-        if got["fusedps"] and got["sink"] and got["peer"]:
-            ratios.append((load_name, got["fusedps"]["gbps"] / got["sink"]["gbps"],
-                           got["fusedps"]["gbps"] / got["peer"]["gbps"]))
+        ours = got["fusedps"]
+        ratios.append((name, ours and got["sink"] and ours["gbps"] / got["sink"]["gbps"],
+                       ours and got["peer"] and ours["gbps"] / got["peer"]["gbps"]))
     print()
     print("| load | ours/sink (throughput) | ours/peer (throughput) |")
     print("|---|---:|---:|")
     for name, sink, peer in ratios:
-        print(f"| {name} | {sink:.2f} | {peer:.2f} |")
+        fmt = lambda x: "-" if x is None else f"{x:.2f}"
+        print(f"| {name} | {fmt(sink)} | {fmt(peer)} |")
+    print()
+    print("fusedps stage means per push (ms; server side, warmup pushes included):")
+    print()
+    print("| load | receive | h2d | apply | ack |")
+    print("|---|---:|---:|---:|---:|")
+    for model, streams, clients in loads(out):
+        means = stage_means(out, f"fusedps_{model}_c{clients}_s{streams}")
+        if means:
+            print(f"| {model}, {clients} x {streams} | " + " | ".join(
+                f"{means.get(s, float('nan')):.3f}" for s in ["receive", "h2d", "apply", "ack"]) + " |")
 
 
 if __name__ == "__main__":

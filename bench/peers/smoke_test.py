@@ -9,6 +9,10 @@ in a param group of its own, one in "default"), then three pushes go out (fp32, 
 grad_scale, fp32 of one tensor only) in messages small enough to split a tensor into chunks.
   * torch_peer.py: the pulled params and exp_avg must equal (bitwise) torch.optim.AdamW run
     here on the same grads, and a retried push must come back as a duplicate;
+  * torch_peer.py, pushes in parts (a fresh peer; three concurrent calls through the generated
+    stubs, each a disjoint share of the chunks): one step, the same reply to every part, params
+    equal to AdamW's here; a part with a bad chunk fails the push (the others get ABORTED), and
+    part_index >= part_count is INVALID_ARGUMENT;
   * fusedps-grpc-sink: versions, grad_bytes and the shapes it reports must be right.
 Each peer then gets SIGTERM and must exit with code 0. Exit code 0 when everything passed.
 """
@@ -23,10 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent import futures
 
+import grpc
 import torch
 
 import fusedps
+from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
 
 MAX_CHUNK_BYTES = 2048  # Splits "w" (4,800 bytes as fp32) over several messages.
 GROUP = dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
@@ -122,6 +129,74 @@ def check_torch_peer(command):
     print("torch_peer: ok")
 
 
+def push_in_parts(stub, header, grads, part_count, elements=100, bad_part=None):
+    """Sends one fp32 push as part_count concurrent calls, chunks of <= ``elements`` dealt out
+    round-robin; ``bad_part`` also sends a chunk of an unknown tensor. Returns each part's reply,
+    or its grpc.StatusCode when it failed."""
+    chunks = [pb.TensorChunk(tensor=name, offset=start,
+                             data=g.reshape(-1)[start:start + elements].numpy().tobytes())
+              for name, g in grads.items() for start in range(0, g.numel(), elements)]
+
+    def send(index):
+        part_header = pb.PushHeader()
+        part_header.CopyFrom(header)
+        part_header.part_index = index
+        messages = [pb.PushGradientsRequest(header=part_header)]
+        messages += [pb.PushGradientsRequest(chunks=[c]) for c in chunks[index::part_count]]
+        if index == bad_part:
+            messages.append(pb.PushGradientsRequest(chunks=[pb.TensorChunk(tensor="nope")]))
+        try:
+            return stub.PushGradients(iter(messages), timeout=30)
+        except grpc.RpcError as e:
+            return e.code()
+
+    with futures.ThreadPoolExecutor(part_count) as pool:
+        return list(pool.map(send, range(part_count)))
+
+
+def check_torch_peer_parts(command):
+    params, pushes = make_tensors()
+    grads = pushes[0][0]
+    local = {n: p.clone() for n, p in params.items()}
+    optimizers = [torch.optim.AdamW([local["w"]], foreach=True, **GROUP),
+                  torch.optim.AdamW([local["b"]], foreach=True)]
+    for name, t in local.items():
+        t.grad = grads[name] / 2
+    for opt in optimizers:
+        opt.step()
+    with running(command) as target, fusedps.Client(target, MAX_CHUNK_BYTES) as client, \
+            grpc.insecure_channel(target) as channel:
+        register(client, params)
+        stub = pb_grpc.ParameterServiceStub(channel)
+        header = pb.PushHeader(client_id="parts", sequence_number=1, grad_dtype=pb.DTYPE_FLOAT32,
+                               grad_scale=2.0, part_count=3)
+        replies = push_in_parts(stub, header, grads, 3)
+        expected = pb.PushGradientsResponse(version=1, tensors_updated=2,
+                                            grad_bytes=(40 * 30 + 7) * 4)
+        assert replies == [expected] * 3, replies
+
+        # A part with a bad chunk fails the push; the other parts, and a later one, get ABORTED.
+        header.sequence_number = 2
+        replies = push_in_parts(stub, header, grads, 3, bad_part=1)
+        assert replies == [grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT,
+                           grpc.StatusCode.ABORTED], replies
+        assert push_in_parts(stub, header, grads, 3)[0] == grpc.StatusCode.ABORTED
+
+        header.sequence_number, header.part_index = 3, 3
+        try:
+            stub.PushGradients(iter([pb.PushGradientsRequest(header=header)]), timeout=30)
+            raise AssertionError("part_index = part_count was accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+
+        pulled = client.pull_parameters()
+        assert pulled.version == 1 and pulled.steps == {"w": 1, "b": 1}, (pulled.version,
+                                                                          pulled.steps)
+        for name, t in local.items():
+            torch.testing.assert_close(pulled[name], t, rtol=0, atol=0)
+    print("torch_peer, pushes in parts: ok")
+
+
 def check_sink(command):
     params, pushes = make_tensors()
     with running(command) as target, fusedps.Client(target, MAX_CHUNK_BYTES) as client:
@@ -153,6 +228,7 @@ def main() -> int:
     args = parser.parse_args()
     check_sink([args.sink])
     check_torch_peer([sys.executable, args.torch_peer, "--device=cpu"])
+    check_torch_peer_parts([sys.executable, args.torch_peer, "--device=cpu"])
     print("peers smoke test: ok")
     return 0
 

@@ -18,6 +18,16 @@ p.grad of the pushed tensors (the others have None), each involved optimizer's s
 device is synchronized, and the version is incremented; the reply goes out after that, so an
 acknowledged push has been applied.
 
+A push may also come in parts (PushHeader.part_index/part_count, as `fusedps-bench --streams=N`
+sends it): parallel calls with the same client_id and sequence_number, each a share of the
+chunks. The first part to arrive makes the push's gradient tensors, every part copies its chunks
+into them, and the last part to end well applies the push as above; every part gets that reply.
+A part that fails (bad header or chunk, cancelled, deadline) fails the push: the other parts, and
+parts that come later under that client_id and sequence_number (for a minute), get ABORTED.
+Parts that have ended wait on their gRPC worker thread until the push is applied, so
+--max-workers must cover every part in flight (e.g. clients x streams), or parts deadlock until
+their deadlines.
+
 Simplifications, on purpose (this is the simple peer):
   * chunk sizes and bounds are checked, overlapping chunks are not detected;
   * non-finite gradients are applied as torch would apply them, unless --skip-non-finite
@@ -37,6 +47,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from concurrent import futures
 
@@ -57,6 +68,8 @@ _DEFAULT_PULL_CHUNK_BYTES = 1 << 20
 _MIN_PULL_CHUNK_BYTES = 16
 _MAX_PULL_CHUNK_BYTES = 4 << 20
 _SKIP_NON_FINITE = "non_finite_grad"
+_MAX_PARTS = 64
+_FAILED_PUSH_SECONDS = 60  # How long parts of a failed push in parts are ABORTED.
 
 
 class RpcError(Exception):
@@ -166,6 +179,10 @@ class _Tensor:
                              step=self.step, numel=self.numel)
 
 
+def _empty(shapes, dtype: torch.dtype, device: torch.device):
+    return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+
+
 def _receive(first, rest, shapes, dtype: torch.dtype, device: torch.device, required=None):
     """Copies the chunks of a client stream into new tensors of ``shapes`` (name -> shape).
 
@@ -174,11 +191,19 @@ def _receive(first, rest, shapes, dtype: torch.dtype, device: torch.device, requ
     tensors named in ``required`` (default: all) must arrive; chunks of names not in ``shapes``,
     bad sizes and a second header are INVALID_ARGUMENT.
     """
-    tensors = {name: torch.empty(shape, dtype=dtype, device=device)
-               for name, shape in shapes.items()}
+    tensors = _empty(shapes, dtype, device)
+    received, nbytes = _receive_into(tensors, first, rest)
+    _check_received(tensors, received, required)
+    return tensors, nbytes
+
+
+def _receive_into(tensors, first, rest):
+    """Copies the chunks of a client stream into ``tensors`` (name -> tensor).
+
+    Returns (name -> elements received, payload bytes); raises as _receive does.
+    """
     flat = {name: t.view(-1) for name, t in tensors.items()}
-    received = dict.fromkeys(shapes, 0)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    received = dict.fromkeys(tensors, 0)
     nbytes = 0
     for i, message in enumerate(itertools.chain([first], rest)):
         if i > 0 and message.HasField("header"):
@@ -189,20 +214,62 @@ def _receive(first, rest, shapes, dtype: torch.dtype, device: torch.device, requ
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"chunk for tensor '{chunk.tensor}' that this call does not name")
             size = len(chunk.data)
+            itemsize = dst.element_size()
             if size % itemsize or chunk.offset + size // itemsize > dst.numel():
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"chunk of '{chunk.tensor}' at {chunk.offset}: bad size {size}")
             if size:
                 n = size // itemsize
                 dst[chunk.offset:chunk.offset + n].copy_(
-                    torch.frombuffer(chunk.data, dtype=dtype))
+                    torch.frombuffer(chunk.data, dtype=dst.dtype))
                 received[chunk.tensor] += n
                 nbytes += size
-    for name in shapes if required is None else required:
-        if received[name] != flat[name].numel():
+    return received, nbytes
+
+
+def _check_received(tensors, received, required=None):
+    """INVALID_ARGUMENT unless every element of the tensors in ``required`` (default: all)
+    arrived (``received``: name -> element count)."""
+    for name in tensors if required is None else required:
+        if received[name] != tensors[name].numel():
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor '{name}': received "
-                           f"{received[name]} of {flat[name].numel()} elements")
-    return tensors, nbytes
+                           f"{received[name]} of {tensors[name].numel()} elements")
+
+
+def _to_fp32(grads, grad_scale):
+    """fp32 gradients, divided by grad_scale (None: 1). Reuses fp32 tensors."""
+    grads = {name: g.float() for name, g in grads.items()}  # No copy when already fp32.
+    if grad_scale is not None:
+        for g in grads.values():
+            g.div_(grad_scale)
+    return grads
+
+
+class _PushInParts:
+    """A push that travels as several calls (PushHeader.part_count > 1): what its parts share.
+
+    Guarded by TorchPeer._parts.
+    """
+
+    def __init__(self, header: pb.PushHeader, tensors, dtype: torch.dtype, device: torch.device):
+        self.header = header  # The first part's, without part_index.
+        self.tensors = tensors
+        self.grads = _empty({t.name: t.shape for t in tensors}, dtype, device)
+        self.received = dict.fromkeys(self.grads, 0)  # Elements, summed over the parts.
+        self.nbytes = 0
+        self.joined = set()  # part_index of every part that has arrived.
+        self.ended = 0  # Parts whose stream ended well.
+        self.over = False  # Failed, or being applied: no part can fail it any more.
+        self.response = None  # The reply of every part, once applied.
+        self.error = None  # Why it failed, once failed.
+        self.failed_at = 0.0
+
+
+def _without_part_index(header: pb.PushHeader) -> pb.PushHeader:
+    h = pb.PushHeader()
+    h.CopyFrom(header)
+    h.ClearField("part_index")
+    return h
 
 
 class TorchPeer(pb_grpc.ParameterServiceServicer):
@@ -218,6 +285,11 @@ class TorchPeer(pb_grpc.ParameterServiceServicer):
         self._tensors = {}  # name -> _Tensor, in registration order.
         self._version = 0
         self._last_push = {}  # client_id -> (sequence_number, PushGradientsResponse)
+        # Pushes in parts, by (client_id, sequence_number): those in flight and, for
+        # _FAILED_PUSH_SECONDS, those that failed. Guarded by self._parts, a lock of its own
+        # (never held with self._lock) that waiting parts wait on.
+        self._parts = threading.Condition()
+        self._pushes = {}
 
     def _lookup(self, names):
         """The named tensors (every tensor when names is empty). REQUIRES: self._lock held."""
@@ -303,16 +375,113 @@ class TorchPeer(pb_grpc.ParameterServiceServicer):
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "grad_scale must be finite and > 0")
         if header.worker_count > 1:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "worker_count > 1")
+        parts = header.part_count
+        if parts > 1 and not (header.part_index < parts <= _MAX_PARTS and header.client_id
+                              and header.sequence_number):
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"a push in parts needs part_index < part_count <= {_MAX_PARTS}, "
+                           f"client_id and sequence_number (part {header.part_index} of {parts})")
         with self._lock:
             tensors = self._lookup(list(header.tensors))
+        if parts > 1:
+            return self._push_part(first, request_iterator, context, tensors, dtype, grad_scale)
         grads, nbytes = _receive(first, request_iterator, {t.name: t.shape for t in tensors},
                                  dtype, self.device)
-        grads = {name: g.float() for name, g in grads.items()}  # No copy when already fp32.
-        if grad_scale is not None:
-            for g in grads.values():
-                g.div_(grad_scale)
+        grads = _to_fp32(grads, grad_scale)
         with self._lock:
             return self._apply(header, tensors, grads, nbytes)
+
+    def _push_part(self, first, rest, context, tensors, dtype, grad_scale):
+        """One call of a push in parts; returns the push's reply once it has been applied."""
+        header = _without_part_index(first.header)
+        push = self._join(header, first.header.part_index, tensors, dtype)
+        context.add_callback(lambda: self._fail(push, "a part was cancelled"))
+        try:
+            received, nbytes = _receive_into(push.grads, first, rest)
+        except RpcError as e:
+            self._fail(push, str(e))
+            raise
+        except grpc.RpcError:  # Raised by the request iterator: the call was cancelled.
+            self._fail(push, "a part was cancelled")
+            raise RpcError(grpc.StatusCode.CANCELLED, "cancelled")
+        with self._parts:
+            if push.error is not None:
+                raise self._aborted(push)
+            for name, n in received.items():
+                push.received[name] += n
+            push.nbytes += nbytes
+            push.ended += 1
+            if push.ended < header.part_count:
+                return self._wait_locked(push, context)
+            try:
+                _check_received(push.grads, push.received)
+            except RpcError as e:
+                self._fail_locked(push, str(e))
+                raise
+            push.over = True  # The last part: it applies the push for every part.
+        response = None
+        try:
+            grads = _to_fp32(push.grads, grad_scale)
+            with self._lock:
+                response = self._apply(header, push.tensors, grads, push.nbytes)
+        finally:
+            with self._parts:
+                push.response = response
+                if response is None:
+                    push.error, push.failed_at = "the step failed", time.monotonic()
+                else:
+                    del self._pushes[(header.client_id, header.sequence_number)]
+                self._parts.notify_all()
+        return response
+
+    def _join(self, header, index, tensors, dtype):
+        """The push in parts that this part belongs to; the first part to arrive makes it."""
+        key = (header.client_id, header.sequence_number)
+        with self._parts:
+            push = self._pushes.get(key)
+            if push is None:
+                now = time.monotonic()
+                for k in [k for k, p in self._pushes.items()
+                          if p.error is not None and now - p.failed_at > _FAILED_PUSH_SECONDS]:
+                    del self._pushes[k]
+                push = self._pushes[key] = _PushInParts(header, tensors, dtype, self.device)
+            if push.error is not None:
+                raise self._aborted(push)
+            if push.header != header or index in push.joined:
+                reason = (f"part {index} arrived twice, or its header differs from the first "
+                          "part's (only part_index may)")
+                self._fail_locked(push, reason)
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, reason)
+            push.joined.add(index)
+            return push
+
+    def _wait_locked(self, push, context):
+        """Waits until the last part has applied the push, at most until this call's deadline.
+
+        REQUIRES: self._parts held.
+        """
+        timeout = min(context.time_remaining(), threading.TIMEOUT_MAX)
+        if not self._parts.wait_for(
+                lambda: push.response is not None or push.error is not None, timeout):
+            self._fail_locked(push, "a part's deadline passed while it waited for the others")
+            raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "waited for the other parts")
+        if push.error is not None:
+            raise self._aborted(push)
+        return push.response
+
+    def _fail(self, push, reason):
+        with self._parts:
+            self._fail_locked(push, reason)
+
+    def _fail_locked(self, push, reason):
+        """Fails the push unless it is over; its waiting parts wake. REQUIRES: self._parts held."""
+        if not push.over:
+            push.over, push.error, push.failed_at = True, reason, time.monotonic()
+            self._parts.notify_all()
+
+    @staticmethod
+    def _aborted(push):
+        return RpcError(grpc.StatusCode.ABORTED, f"another part of this push failed: {push.error}")
 
     def _apply(self, header, tensors, grads, nbytes):
         """One optimizer step of ``tensors``. REQUIRES: self._lock held."""
