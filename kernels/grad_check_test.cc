@@ -1,0 +1,84 @@
+// GradsAllFinite against the definition it implements: every element, widened to float and
+// multiplied by 1 / grad_scale, is finite (std::isfinite).
+#include "kernels/grad_check.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fusedps {
+namespace {
+
+bool Reference(float value, float grad_scale) {
+  return std::isfinite(value * (grad_scale > 0 ? 1.0f / grad_scale : 1.0f));
+}
+
+const float kScales[] = {0.0f, 1.0f, 256.0f, 0.5f, 1e-30f};
+
+// Every bf16 and fp16 bit pattern, alone and in the middle of a large finite array.
+TEST(GradCheckTest, EveryHalfPatternAgreesWithTheDefinition) {
+  for (GradDType dtype : {GradDType::kBFloat16, GradDType::kFloat16}) {
+    for (float scale : kScales) {
+      for (uint32_t p = 0; p <= 0xFFFF; ++p) {
+        const uint16_t bits = static_cast<uint16_t>(p);
+        const float value =
+            dtype == GradDType::kBFloat16 ? BFloat16ToFloat(bits) : Float16ToFloat(bits);
+        ASSERT_EQ(GradsAllFinite(&bits, dtype, 1, scale), Reference(value, scale))
+            << "dtype " << static_cast<int>(dtype) << " bits 0x" << std::hex << p
+            << " grad_scale " << scale;
+      }
+    }
+  }
+}
+
+TEST(GradCheckTest, Float32SpecialsAndRandomPatterns) {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               std::numeric_limits<float>::max(),
+                               -std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(),
+                               -std::numeric_limits<float>::quiet_NaN()};
+  std::mt19937 rng(3);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    float v;
+    std::memcpy(&v, &bits, 4);
+    values.push_back(v);
+  }
+  for (float scale : kScales) {
+    for (float v : values) {
+      ASSERT_EQ(GradsAllFinite(&v, GradDType::kFloat32, 1, scale), Reference(v, scale))
+          << v << " grad_scale " << scale;
+    }
+  }
+}
+
+// One bad element anywhere in a long array (several 64K-element pieces), serial or parallel.
+TEST(GradCheckTest, OneBadElementAnywhereInALongArray) {
+  constexpr uint64_t kCount = 300001;
+  for (bool parallel : {false, true}) {
+    for (uint64_t at : {uint64_t{0}, uint64_t{65535}, uint64_t{65536}, uint64_t{150000},
+                        kCount - 1}) {
+      std::vector<uint16_t> bf16(kCount, 0x3F80);  // 1.0
+      EXPECT_TRUE(GradsAllFinite(bf16.data(), GradDType::kBFloat16, kCount, 0.0f, parallel));
+      bf16[at] = 0xFFC0;  // NaN
+      EXPECT_FALSE(GradsAllFinite(bf16.data(), GradDType::kBFloat16, kCount, 0.0f, parallel))
+          << at;
+      std::vector<float> fp32(kCount, 1.0f);
+      fp32[at] = 3e38f;  // Finite, but inf once divided by 0.5.
+      EXPECT_TRUE(GradsAllFinite(fp32.data(), GradDType::kFloat32, kCount, 2.0f, parallel));
+      EXPECT_FALSE(GradsAllFinite(fp32.data(), GradDType::kFloat32, kCount, 0.5f, parallel))
+          << at;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusedps
