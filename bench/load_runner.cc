@@ -47,13 +47,16 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 // A Client on a channel of its own: GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL keeps gRPC from sharing
 // one TCP connection between channels to the same target, so each trainer has its own, as
 // trainers in separate processes would. With several streams the client library opens that
-// many connections of its own, the same way.
+// many connections of its own, the same way. Calls wait for their connection (up to
+// --timeout): on the GPU host a connect among hundreds at once failed now and then, which
+// would otherwise end the run.
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const LoadConfig& config) {
   if (config.streams > 1) {
     client::ClientOptions options;
     options.max_chunk_bytes = config.max_chunk_bytes;
     options.timeout = config.timeout;
     options.streams = config.streams;
+    options.wait_for_ready = true;
     return client::Client::Create(config.target, options);
   }
   grpc::ChannelArguments args;
@@ -65,6 +68,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect(const LoadConfig& config
   client::ClientOptions options;
   options.max_chunk_bytes = config.max_chunk_bytes;
   options.timeout = config.timeout;
+  options.wait_for_ready = true;
   return client::Client::CreateWithChannel(std::move(channel), options);
 }
 
