@@ -2,12 +2,13 @@
 //
 //   fusedps-grpc-sink --listen=0.0.0.0:50051 --port-file=/tmp/sink.port
 //
-// It serves fusedps.v1.ParameterService with the same generated stubs, the same synchronous gRPC
-// API (grpc::ServerBuilder, one handler call per RPC) and the same message-size limits as
-// fusedps-server, so that a load generator drives both unchanged. What differs is what happens
-// to the bytes: the sink parses every PushGradientsRequest (as fusedps does) and throws the
-// payload away. No staging, no copies, no optimizer. Its push rate is what the network and gRPC
-// allow, the ceiling fusedps is measured against.
+// It serves fusedps.v1.ParameterService with the same generated stubs and the same message-size
+// limits as fusedps-server, so that a load generator drives both unchanged. PushGradients is,
+// as in fusedps-server, a raw method on gRPC's callback API; the sink scans each message's
+// framing with fusedps's own reader (server/push_message.h), counts the chunks' payload bytes
+// and skips them: no protobuf message, no copy, no staging, no optimizer. Its push rate is
+// what the network and gRPC allow, the ceiling fusedps is measured against. (The other RPCs
+// are synchronous, as in fusedps-server; they are not what is measured.)
 //
 // Behaviour per RPC:
 //   RegisterParamGroup  remembers the group with torch.optim.AdamW's defaults filled in;
@@ -15,8 +16,9 @@
 //   RegisterTensors     needs the header; remembers names, shapes, groups and numel (unknown
 //                       group: NOT_FOUND; same name, other spec: ALREADY_EXISTS); reads the
 //                       value chunks and discards them.
-//   PushGradients       needs the header in the first message, nothing else is checked; counts
-//                       the chunk payload bytes, discards them, and replies with the version
+//   PushGradients       needs the header in the first message (a header elsewhere or bytes that
+//                       are not a PushGradientsRequest: INVALID_ARGUMENT), nothing else is
+//                       checked; counts the chunk payload bytes, skips them, replies with the version
 //                       incremented, grad_bytes and tensors_updated (the header's count, or
 //                       every registered tensor when it names none). Steps are not tracked.
 //   PullParameters      streams zeros of the right sizes in the asked dtype, packed like
@@ -53,6 +55,8 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/proto_buffer_writer.h"
+#include "server/push_message.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",
@@ -99,7 +103,9 @@ uint32_t ElementSize(v1::DType dtype) {
   }
 }
 
-class SinkService final : public v1::ParameterService::Service {
+class SinkService final
+    : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
+          v1::ParameterService::Service> {
  public:
   explicit SinkService(uint64_t max_message_bytes) : max_message_bytes_(max_message_bytes) {
     v1::ParamGroup group;
@@ -193,26 +199,14 @@ class SinkService final : public v1::ParameterService::Service {
     return grpc::Status::OK;
   }
 
-  // The measured path: parse every message, count the payload, keep nothing.
-  grpc::Status PushGradients(grpc::ServerContext*,
-                             grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                             v1::PushGradientsResponse* response) override {
-    v1::PushGradientsRequest request;
-    if (!reader->Read(&request) || !request.has_header()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "the first PushGradientsRequest must carry header");
-    }
-    const uint32_t tensors_named = static_cast<uint32_t>(request.header().tensors_size());
-    uint64_t grad_bytes = 0;
-    do {
-      for (const v1::TensorChunk& chunk : request.chunks()) grad_bytes += chunk.data().size();
-    } while (reader->Read(&request));  // Reuses the message and its string buffers.
-    response->set_version(version_.fetch_add(1) + 1);
-    response->set_tensors_updated(
-        tensors_named > 0 ? tensors_named
-                          : static_cast<uint32_t>(tensor_count_.load(std::memory_order_relaxed)));
-    response->set_grad_bytes(grad_bytes);
-    return grpc::Status::OK;
+  // The measured path (see PushReactor below).
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(grpc::CallbackServerContext*,
+                                                           grpc::ByteBuffer* response) override;
+
+  // A push was received whole: the reply's version and tensors_updated.
+  uint64_t NextVersion() { return version_.fetch_add(1) + 1; }
+  uint32_t TensorCount() const {
+    return static_cast<uint32_t>(tensor_count_.load(std::memory_order_relaxed));
   }
 
   grpc::Status PullParameters(grpc::ServerContext* context,
@@ -340,6 +334,69 @@ class SinkService final : public v1::ParameterService::Service {
   std::unordered_map<std::string, size_t> tensor_index_;
   uint64_t parameter_count_ = 0;
 };
+
+// One push: each serialized message is scanned for its chunks' framing (server/push_message.h)
+// and their payload bytes are counted and skipped: no protobuf message, no copy of the data.
+// On gRPC's callback API, as fusedps-server's pushes, so no thread is held per call.
+class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  PushReactor(grpc::ByteBuffer* response, SinkService* service)
+      : response_(response), service_(service) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (!has_header_) return Fail("the first PushGradientsRequest must carry header");
+      v1::PushGradientsResponse reply;
+      reply.set_version(service_->NextVersion());
+      reply.set_tensors_updated(tensors_named_ > 0 ? tensors_named_ : service_->TensorCount());
+      reply.set_grad_bytes(grad_bytes_);
+      bool own_buffer = false;
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PushGradientsResponse>(
+          reply, response_, &own_buffer)
+          .IgnoreError();
+      return Finish(grpc::Status::OK);
+    }
+    const bool first = !has_header_;
+    if (first) {
+      absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(request_);
+      if (!header.ok()) return Fail(std::string(header.status().message()));
+      if (!header->has_value()) return Fail("the first PushGradientsRequest must carry header");
+      has_header_ = true;
+      tensors_named_ = static_cast<uint32_t>((*header)->tensors_size());
+    }
+    const absl::Status scanned = ReadPushChunks(
+        request_, first,
+        [this](absl::string_view, uint64_t, uint64_t bytes) -> absl::StatusOr<char*> {
+          grad_bytes_ += bytes;
+          return nullptr;  // Skip the payload.
+        },
+        [](char*, uint64_t) { return absl::OkStatus(); });
+    if (!scanned.ok()) return Fail(std::string(scanned.message()));
+    request_.Clear();
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Fail(const std::string& message) {
+    Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message));
+  }
+
+  grpc::ByteBuffer* const response_;
+  SinkService* const service_;
+  grpc::ByteBuffer request_;
+  bool has_header_ = false;
+  uint32_t tensors_named_ = 0;
+  uint64_t grad_bytes_ = 0;
+};
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* SinkService::PushGradients(
+    grpc::CallbackServerContext*, grpc::ByteBuffer* response) {
+  return new PushReactor(response, this);
+}
 
 }  // namespace
 }  // namespace fusedps
