@@ -1,6 +1,7 @@
 #include "server/push_reactor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -124,13 +125,18 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
       // A part that is cancelled mid-push, or after its last chunk, fails the push.
       if (context_->IsCancelled()) return assembly->Fail(this, absl::CancelledError("cancelled"));
-      return assembly->PartEnded();
+      bool ended;
+      {
+        absl::MutexLock lock(&mu_);
+        stream_ended_ = true;
+        ended = messages_in_flight_ == 0;  // Else the last message to be added ends it.
+      }
+      if (ended) assembly->PartEnded();
+      return;
     }
     if (assembly == nullptr) return OnHeader();
-    absl::Status added = assembly->AddMessage(request_, false, &bytes_);
-    request_.Clear();  // gRPC's buffer goes back now.
-    if (!added.ok()) return assembly->Fail(this, added);
-    StartRead(&request_);
+    BeginMessage();
+    AddMessage(*assembly, request_, /*first=*/false);
   }
 
   void OnCancel() override {
@@ -139,15 +145,24 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
   }
 
-  void OnDone() override { delete this; }
-
-  // The staging is ready: add the first message's chunks, then read on.
-  void OnReady() {
-    absl::Status added = Assembly()->AddMessage(first_, true, &bytes_);
-    first_.Clear();
-    if (!added.ok()) return Assembly()->Fail(this, added);
-    StartRead(&request_);
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      if (messages_in_flight_ > 0) return;  // The last message to be added deletes this.
+    }
+    delete this;
   }
+
+  // A message is about to be added (a count OnDone waits for). The assembly calls it for the
+  // first message, under its lock, before OnReady.
+  void BeginMessage() {
+    absl::MutexLock lock(&mu_);
+    ++messages_in_flight_;
+  }
+
+  // The staging is ready (BeginMessage was called): add the first message.
+  void OnReady() { AddMessage(*Assembly(), first_, /*first=*/true); }
 
   // The one place a call ends: metrics, then the status and reply to the client.
   void Reply(const absl::Status& status, const v1::PushGradientsResponse& response,
@@ -167,6 +182,33 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::shared_ptr<PushAssembly> Assembly() {
     absl::MutexLock lock(&mu_);
     return assembly_;
+  }
+
+  // Adds a message after BeginMessage and reads the next. The stream's end waits for it, and
+  // so does the reactor's deletion (OnReady runs outside gRPC's reactions, so a Fail from
+  // another part could otherwise end the call under it). (Reading the next message before
+  // adding this one was measured too: no faster on the H200 host, docs/benchmarks.md.)
+  void AddMessage(PushAssembly& assembly, grpc::ByteBuffer& message, bool first) {
+    uint64_t bytes = 0;
+    const absl::Status added = assembly.AddMessage(message, first, &bytes);
+    message.Clear();  // gRPC's buffer goes back now.
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    if (added.ok()) {
+      StartRead(&request_);
+    } else {
+      assembly.Fail(this, added);
+    }
+    bool ended, done;
+    {
+      absl::MutexLock lock(&mu_);
+      ended = --messages_in_flight_ == 0 && stream_ended_;
+      done = messages_in_flight_ == 0 && done_;
+    }
+    if (done) {
+      delete this;
+    } else if (ended) {
+      assembly.PartEnded();
+    }
   }
 
   void OnHeader() {
@@ -232,9 +274,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer request_;  // The message being read: a serialized PushGradientsRequest.
   grpc::ByteBuffer first_;    // The header's message, kept for its chunks until staging is ready.
   v1::PushHeader header_;     // first_'s header.
-  uint64_t bytes_ = 0;                // Gradient payload this part received.
+  std::atomic<uint64_t> bytes_{0};  // Gradient payload this part received.
   absl::Mutex mu_;
   std::shared_ptr<PushAssembly> assembly_ ABSL_GUARDED_BY(mu_);
+  int messages_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;  // The client's writes are done.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;          // gRPC called OnDone.
 };
 
 }  // namespace
@@ -259,6 +304,7 @@ absl::Status PushAssembly::Join(PushReactor* part, uint32_t index, const v1::Pus
     parts_[index] = part;
     ++joined_;
     ready = ready_;
+    if (ready) part->BeginMessage();
   }
   if (ready) part->OnReady();
   return absl::OkStatus();
@@ -288,7 +334,9 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
       assembler_.emplace(*std::move(assembler));
       ready_ = true;
       for (PushReactor* p : parts_) {
-        if (p != nullptr) joined.push_back(p);
+        if (p == nullptr) continue;
+        p->BeginMessage();  // Under mu_: no Fail can end the part's call before OnReady.
+        joined.push_back(p);
       }
     } else {
       reservation = assembler.status();
