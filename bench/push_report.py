@@ -43,6 +43,9 @@ def stage_totals(path):
         return None
     for line in text.splitlines():
         m = re.match(r'fusedps_stage_duration_seconds_(sum|count)\{.*stage="(\w+)".*\} (\S+)', line)
+        if not m:  # fusedps_push_ingest_seconds, reported beside the stages as "ingest".
+            m = re.match(r'fusedps_push_(ingest)_seconds_(sum|count) (\S+)', line)
+            m = m and re.match(r'(\w+) (\w+) (\S+)', f"{m.group(2)} ingest {m.group(3)}")
         if m:
             s, c = totals.get(m.group(2), (0.0, 0.0))
             totals[m.group(2)] = (s + float(m.group(3)), c) if m.group(1) == "sum" else (s, float(m.group(3)))
@@ -91,13 +94,13 @@ def main(out):
     print()
     print("fusedps stage means per push (ms; server side, warmup pushes included):")
     print()
-    print("| load | receive | h2d | apply | ack |")
-    print("|---|---:|---:|---:|---:|")
+    print("| load | receive | h2d | apply | ack | ingest (thread time, within receive) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for model, streams, clients in loads(out):
         means = stage_means(out, f"fusedps_{model}_c{clients}_s{streams}")
         if means:
             print(f"| {model}, {clients} x {streams} | " + " | ".join(
-                f"{means.get(s, float('nan')):.3f}" for s in ["receive", "h2d", "apply", "ack"]) + " |")
+                f"{means.get(s, float('nan')):.3f}" for s in ["receive", "h2d", "apply", "ack", "ingest"]) + " |")
 
 
 if __name__ == "__main__":

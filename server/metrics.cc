@@ -91,6 +91,12 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       stage_duration_(HistogramFamily(*registry_, "fusedps_stage_duration_seconds",
                                       "Successful pushes: time in each stage (receive, h2d, "
                                       "apply, ack), in seconds.")),
+      push_ingest_(HistogramFamily(*registry_, "fusedps_push_ingest_seconds",
+                                   "Successful pushes: thread time spent reading the push's "
+                                   "messages into staging (parse, copy, non-finite check, start "
+                                   "of the device copies), summed over its messages and parts, "
+                                   "in seconds.")
+                       .Add({}, DurationBuckets())),
       kernel_launches_(CounterFamily(*registry_, "fusedps_kernel_launches_total",
                                      "Optimizer kernel launches (CUDA) or parallel passes (CPU), "
                                      "by kernel name, counted where they are launched.")),
@@ -157,6 +163,7 @@ void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
   push_duration_.Observe(stages.receive + stages.h2d + stages.apply + stages.ack);
   const double seconds[4] = {stages.receive, stages.h2d, stages.apply, stages.ack};
   for (int i = 0; i < 4; ++i) stage_[i]->Observe(seconds[i]);
+  push_ingest_.Observe(stages.ingest);
 }
 
 void Metrics::RecordStep(bool skipped, const std::string& skip_reason) {

@@ -56,6 +56,10 @@ struct PushStageSeconds {
   double apply = 0;
   // From the outcome until the acknowledgement is handed to gRPC.
   double ack = 0;
+  // Not a stage: the time gRPC's threads spent reading the push's messages into staging
+  // (parse, copy, non-finite check, start of each device copy), summed over its messages and
+  // parts. Part of receive; with parts (concurrent threads) it may exceed it.
+  double ingest = 0;
 };
 
 class Metrics {
@@ -106,6 +110,7 @@ class Metrics {
   prometheus::Counter& push_bytes_;
   prometheus::Histogram& push_duration_;
   prometheus::Family<prometheus::Histogram>& stage_duration_;
+  prometheus::Histogram& push_ingest_;
   prometheus::Histogram* stage_[4];  // receive, h2d, apply, ack.
   prometheus::Family<prometheus::Counter>& kernel_launches_;
   prometheus::Counter& steps_;

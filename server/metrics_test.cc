@@ -23,6 +23,7 @@ constexpr std::pair<const char*, const char*> kContract[] = {
     {"fusedps_push_bytes_total", "counter"},
     {"fusedps_push_duration_seconds", "histogram"},
     {"fusedps_stage_duration_seconds", "histogram"},
+    {"fusedps_push_ingest_seconds", "histogram"},
     {"fusedps_kernel_launches_total", "counter"},
     {"fusedps_optimizer_steps_total", "counter"},
     {"fusedps_optimizer_steps_skipped_total", "counter"},
@@ -97,7 +98,7 @@ TEST_F(MetricsTest, BucketsResolveAKernelAndASlowPush) {
 }
 
 TEST_F(MetricsTest, SuccessfulPushObservesEveryStageAndTheirSum) {
-  metrics_.RecordPush(grpc::StatusCode::OK, 4096, {0.002, 0.0001, 0.0005, 0.00005});
+  metrics_.RecordPush(grpc::StatusCode::OK, 4096, {0.002, 0.0001, 0.0005, 0.00005, 0.0015});
   const std::string text = metrics_.ScrapeText();
   EXPECT_EQ(Sample(text, R"(fusedps_push_requests_total{code="OK"})"), 1);
   EXPECT_EQ(Sample(text, "fusedps_push_bytes_total"), 4096);
@@ -108,6 +109,8 @@ TEST_F(MetricsTest, SuccessfulPushObservesEveryStageAndTheirSum) {
   EXPECT_EQ(Sample(text, R"(fusedps_stage_duration_seconds_bucket{stage="h2d",le="0.0001"})"), 1);
   EXPECT_EQ(Sample(text, R"(fusedps_stage_duration_seconds_bucket{stage="h2d",le="5e-05"})"), 0);
   EXPECT_EQ(Sample(text, R"(fusedps_stage_duration_seconds_count{stage="ack"})"), 1);
+  EXPECT_EQ(Sample(text, "fusedps_push_ingest_seconds_count"), 1);
+  EXPECT_NEAR(Sample(text, "fusedps_push_ingest_seconds_sum"), 0.0015, 1e-12);
   EXPECT_NEAR(Sample(text, R"(fusedps_stage_duration_seconds_sum{stage="receive"})"), 0.002, 1e-12);
 }
 

@@ -99,6 +99,7 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   StagingPool::Reservation reservation_ ABSL_GUARDED_BY(mu_);  // Set once, before ready_.
   std::optional<ChunkAssembler> assembler_ ABSL_GUARDED_BY(mu_);
   bool grads_finite_ ABSL_GUARDED_BY(mu_) = true;
+  std::atomic<int64_t> ingest_nanos_{0};  // PushStageSeconds::ingest, summed over messages.
   absl::Time received_;
   ReadyPush push_;
 };
@@ -375,7 +376,11 @@ absl::Status PushAssembly::AddMessage(grpc::ByteBuffer& message, bool first,
     }
     return services_.store->CopyStagingToDevice(staging_offset + (data - staging), bytes);
   };
-  return ReadPushChunks(message, first, claim, staged);
+  const absl::Time start = absl::Now();
+  absl::Status read = ReadPushChunks(message, first, claim, staged);
+  ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
+                          std::memory_order_relaxed);
+  return read;
 }
 
 void PushAssembly::PartEnded() {
@@ -431,6 +436,7 @@ void PushAssembly::OnApplied(const absl::StatusOr<PushOutcome>& outcome) {
     stages.h2d = std::max(0.0, outcome->step_seconds - outcome->device_seconds);
     stages.apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received_) - stages.h2d);
     stages.ack = absl::ToDoubleSeconds(absl::Now() - stepped);
+    stages.ingest = 1e-9 * static_cast<double>(ingest_nanos_.load(std::memory_order_relaxed));
   }
   for (PushReactor* p : parts) p->Reply(outcome.status(), response, stages);
 }

@@ -17,6 +17,7 @@ CONTRACT = {  # DESIGN.md "Metrics" / docs/metrics.md: name -> type.
     "fusedps_push_bytes_total": "counter",
     "fusedps_push_duration_seconds": "histogram",
     "fusedps_stage_duration_seconds": "histogram",
+    "fusedps_push_ingest_seconds": "histogram",
     "fusedps_kernel_launches_total": "counter",
     "fusedps_optimizer_steps_total": "counter",
     "fusedps_optimizer_steps_skipped_total": "counter",
@@ -112,6 +113,10 @@ def test_metrics_pass_promtool_and_match_the_workload():
         assert m.value("fusedps_stage_duration_seconds_count", stage=stage) == count, stage
         stage_sum += m.value("fusedps_stage_duration_seconds_sum", stage=stage)
     assert stage_sum == pytest.approx(total, rel=1e-9, abs=1e-9)
+    # Ingest (reading messages into staging) is part of receive; one call per push here.
+    assert m.value("fusedps_push_ingest_seconds_count") == count
+    ingest = m.value("fusedps_push_ingest_seconds_sum")
+    assert 0 < ingest <= m.value("fusedps_stage_duration_seconds_sum", stage="receive")
     buckets = sorted((float(labels["le"]), v)
                      for labels, v in m.series("fusedps_push_duration_seconds_bucket"))
     assert [v for _, v in buckets] == sorted(v for _, v in buckets), "buckets not cumulative"
