@@ -43,7 +43,9 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "Payload bytes of tensor data per message.");
 ABSL_FLAG(std::string, service, "",
           "health: the gRPC service to ask about; empty means the whole server.");
-ABSL_FLAG(int32_t, streams, 1, "Concurrent calls (connections) for register and pull.");
+ABSL_FLAG(int32_t, streams, 1,
+          "Concurrent calls (connections) for register and pull; push sends each push as "
+          "that many parts.");
 ABSL_FLAG(std::string, tensors, "", "push, pull: comma-separated tensor names (empty: all).");
 ABSL_FLAG(std::string, shapes, "",
           "register: comma-separated NAME:DIMxDIM... entries, e.g. w:1024x768,b:768,scale: "
