@@ -120,6 +120,18 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       model_version_(GaugeFamily(*registry_, "fusedps_model_version",
                                  "The shard's version: pushes applied since it started.")
                          .Add({})),
+      staging_capacity_(GaugeFamily(*registry_, "fusedps_staging_pool_capacity_bytes",
+                                    "Bytes of host staging (page-locked on CUDA) that pushes "
+                                    "and pulls reserve from (--staging-pool-bytes).")
+                            .Add({})),
+      staging_in_use_(GaugeFamily(*registry_, "fusedps_staging_pool_in_use_bytes",
+                                  "Bytes of the staging pool reserved by pushes and pulls in "
+                                  "flight.")
+                          .Add({})),
+      staging_waiters_(GaugeFamily(*registry_, "fusedps_staging_pool_waiters",
+                                   "Pushes and pulls waiting for their share of the staging "
+                                   "pool (back-pressure: their streams are not read meanwhile).")
+                           .Add({})),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
     stage_[i] = &stage_duration_.Add({{"stage", kStageNames[i]}}, DurationBuckets());
@@ -184,6 +196,9 @@ void Metrics::SyncShard() const {
   absl::MutexLock lock(&sync_mu_);
   parameters_.Set(static_cast<double>(shard.parameters));
   model_version_.Set(static_cast<double>(shard.version));
+  staging_capacity_.Set(static_cast<double>(shard.staging_capacity_bytes));
+  staging_in_use_.Set(static_cast<double>(shard.staging_in_use_bytes));
+  staging_waiters_.Set(static_cast<double>(shard.staging_waiters));
   for (const auto& [kind, bytes] : shard.memory_bytes) {
     memory_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));
   }

@@ -43,6 +43,10 @@ struct ShardMetrics {
   uint64_t version = 0;
   std::map<std::string, uint64_t> kernel_launches;  // By kernel name; monotonic.
   std::map<std::string, uint64_t> memory_bytes;     // By arena ("params", "exp_avg", ...).
+  // The staging pool (server/staging_pool.h) that pushes and pulls reserve from.
+  uint64_t staging_capacity_bytes = 0;
+  uint64_t staging_in_use_bytes = 0;
+  uint32_t staging_waiters = 0;  // Calls waiting for their share (back-pressure).
 };
 
 // How long each stage of one push took, in seconds. The four add up to the push's duration.
@@ -120,6 +124,9 @@ class Metrics {
   prometheus::Gauge& parameters_;
   prometheus::Family<prometheus::Gauge>& memory_bytes_;
   prometheus::Gauge& model_version_;
+  prometheus::Gauge& staging_capacity_;
+  prometheus::Gauge& staging_in_use_;
+  prometheus::Gauge& staging_waiters_;
 
   mutable absl::Mutex sync_mu_;
   // Launch counts already added to kernel_launches_, by kernel name.

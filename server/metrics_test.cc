@@ -24,6 +24,9 @@ constexpr std::pair<const char*, const char*> kContract[] = {
     {"fusedps_push_duration_seconds", "histogram"},
     {"fusedps_stage_duration_seconds", "histogram"},
     {"fusedps_push_ingest_seconds", "histogram"},
+    {"fusedps_staging_pool_capacity_bytes", "gauge"},
+    {"fusedps_staging_pool_in_use_bytes", "gauge"},
+    {"fusedps_staging_pool_waiters", "gauge"},
     {"fusedps_kernel_launches_total", "counter"},
     {"fusedps_optimizer_steps_total", "counter"},
     {"fusedps_optimizer_steps_skipped_total", "counter"},
@@ -146,6 +149,15 @@ TEST_F(MetricsTest, ShardValuesAreReadOnEachScrape) {
   EXPECT_EQ(Sample(text, "fusedps_model_version"), 7);
   EXPECT_EQ(Sample(text, R"(fusedps_kernel_launches_total{kernel="fusedps_adamw_apply"})"), 5);
   EXPECT_EQ(Sample(text, R"(fusedps_device_memory_bytes{kind="params"})"), 4000);
+  EXPECT_EQ(Sample(text, "fusedps_staging_pool_capacity_bytes"), 0);
+
+  shard_.values.staging_capacity_bytes = 1 << 30;
+  shard_.values.staging_in_use_bytes = 4096;
+  shard_.values.staging_waiters = 2;
+  text = metrics_.ScrapeText();
+  EXPECT_EQ(Sample(text, "fusedps_staging_pool_capacity_bytes"), 1 << 30);
+  EXPECT_EQ(Sample(text, "fusedps_staging_pool_in_use_bytes"), 4096);
+  EXPECT_EQ(Sample(text, "fusedps_staging_pool_waiters"), 2);
 
   shard_.values.kernel_launches["fusedps_adamw_apply"] = 12;
   shard_.values.version = 8;

@@ -29,10 +29,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->store_ = std::make_unique<ShardStore>(*std::move(backend));
   server->engine_ = std::make_unique<UpdateEngine>(server->store_.get());
   ShardStore* store = server->store_.get();
+  Server* self = server.get();
   server->metrics_ = std::make_unique<Metrics>(
-      Metrics::BuildInfo{FUSEDPS_VERSION, store->backend_name(), store->device()}, [store] {
-        return ShardMetrics{store->parameter_count(), store->version(), store->launch_counts(),
-                            store->memory_bytes()};
+      Metrics::BuildInfo{FUSEDPS_VERSION, store->backend_name(), store->device()}, [store, self] {
+        ShardMetrics shard{store->parameter_count(), store->version(), store->launch_counts(),
+                           store->memory_bytes()};
+        if (const StagingPool* pool = self->staging_.get()) {  // Set once, before serving.
+          shard.staging_capacity_bytes = pool->capacity();
+          shard.staging_in_use_bytes = pool->in_use();
+          shard.staging_waiters = pool->waiting();
+        }
+        return shard;
       });
   absl::StatusOr<char*> arena = server->store_->AllocateStagingArena(options.staging_pool_bytes);
   if (!arena.ok()) return arena.status();

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "fusedps/client.h"
 #include "tests/integration/service_harness.h"
@@ -76,6 +77,14 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
   EXPECT_FALSE(b_done.load());  // Its chunks sit unread: back-pressure.
   EXPECT_EQ(server_->store().version(), 0u);
   EXPECT_LE(server_->staging_pool().in_use(), kPushBytes);  // Never more than the pool.
+  // What an operator sees meanwhile on /metrics.
+  const std::string text = server_->metrics().ScrapeText();
+  for (const std::string& line :
+       {absl::StrCat("fusedps_staging_pool_in_use_bytes ", kPushBytes, "\n"),
+        absl::StrCat("fusedps_staging_pool_capacity_bytes ", kPushBytes, "\n"),
+        std::string("fusedps_staging_pool_waiters 1\n")}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "not in\n" << text;
+  }
 
   ASSERT_TRUE(FinishPush(*a).ok());
   b_thread.join();
