@@ -18,9 +18,10 @@
 //                       value chunks and discards them.
 //   PushGradients       needs the header in the first message (a header elsewhere or bytes that
 //                       are not a PushGradientsRequest: INVALID_ARGUMENT), nothing else is
-//                       checked; counts the chunk payload bytes, skips them, replies with the version
-//                       incremented, grad_bytes and tensors_updated (the header's count, or
-//                       every registered tensor when it names none). Steps are not tracked.
+//                       checked; counts the chunk payload bytes, skips them, and replies
+//                       with the version incremented, grad_bytes and tensors_updated (the
+//                       header's count, or every registered tensor when it names none). Steps
+//                       are not tracked.
 //   PullParameters      streams zeros of the right sizes in the asked dtype, packed like
 //                       fusedps-server packs them (max_chunk_bytes, default 1 MiB); the header
 //                       reports step 0 for every tensor. Unknown tensor: NOT_FOUND.
