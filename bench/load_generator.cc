@@ -66,32 +66,21 @@ ABSL_FLAG(bool, json, false, "Print one JSON object instead of the table.");
 namespace fusedps {
 namespace {
 
-struct DTypeInfo {
-  client::DType dtype;
-  const char* name;
-  int bytes;
-};
-
-absl::StatusOr<DTypeInfo> ParseDType(const std::string& text) {
-  if (text == "fp32") return DTypeInfo{client::DType::kFloat32, "fp32", 4};
-  if (text == "bf16") return DTypeInfo{client::DType::kBFloat16, "bf16", 2};
-  if (text == "fp16") return DTypeInfo{client::DType::kFloat16, "fp16", 2};
-  return absl::InvalidArgumentError(absl::StrCat("--dtype must be fp32, bf16 or fp16, not ", text));
-}
+using client::DTypeName;
 
 // What was asked for, echoed in the output.
 struct Run {
   LoadConfig config;
   LoadModel model;
-  DTypeInfo dtype;
   double scale = 1.0;
 };
 
 absl::StatusOr<Run> RunFromFlags() {
   Run run;
-  absl::StatusOr<DTypeInfo> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return dtype.status();
-  run.dtype = *dtype;
+  absl::StatusOr<client::DType> dtype = client::ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype ", dtype.status().message()));
+  }
   run.scale = absl::GetFlag(FLAGS_scale);
   absl::StatusOr<LoadModel> model =
       MakeLoadModel(absl::GetFlag(FLAGS_model), run.scale, absl::GetFlag(FLAGS_tensors),
@@ -103,7 +92,7 @@ absl::StatusOr<Run> RunFromFlags() {
   config.target = absl::GetFlag(FLAGS_target);
   config.clients = absl::GetFlag(FLAGS_clients);
   config.streams = absl::GetFlag(FLAGS_streams);
-  config.grad_dtype = run.dtype.dtype;
+  config.grad_dtype = *dtype;
   config.steps = absl::GetFlag(FLAGS_steps);
   config.duration = absl::GetFlag(FLAGS_duration);
   config.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
@@ -167,13 +156,14 @@ std::string TableRow(absl::string_view who, uint64_t pushes, double seconds, uin
 }
 
 void PrintTable(const Run& run, const LoadResult& result) {
-  const uint64_t push_bytes = run.model.total_numel() * static_cast<uint64_t>(run.dtype.bytes);
+  const uint64_t push_bytes = run.model.push_bytes(run.config.grad_dtype);
   absl::PrintF("fusedps-bench against %s: backend %s, device %s\n", run.config.target,
                result.backend, result.device);
   absl::PrintF("model  %s: %s; %d tensors, %d params\n", run.model.name, run.model.description,
                run.model.numels.size(), run.model.total_numel());
   absl::PrintF("push   all tensors, %s gradients: %.3f MB per push, %d-byte chunks\n",
-               run.dtype.name, static_cast<double>(push_bytes) / 1e6, run.config.max_chunk_bytes);
+               DTypeName(run.config.grad_dtype), static_cast<double>(push_bytes) / 1e6,
+               run.config.max_chunk_bytes);
   absl::PrintF("run    %s; server versions %d -> %d\n", RunShape(run.config), result.version_before,
                result.version_after);
   absl::PrintF("client %.2f ms of CPU per push in this process (%.0f%% of one core)\n",
@@ -219,8 +209,8 @@ void PrintJson(const Run& run, const LoadResult& result) {
       " \"per_client\": [",
       JsonString(config.target), JsonString(result.backend), JsonString(result.device),
       JsonString(run.model.name), JsonString(run.model.description), run.scale,
-      run.model.numels.size(), run.model.total_numel(), run.dtype.name,
-      run.model.total_numel() * static_cast<uint64_t>(run.dtype.bytes), config.max_chunk_bytes,
+      run.model.numels.size(), run.model.total_numel(), DTypeName(config.grad_dtype),
+      run.model.push_bytes(config.grad_dtype), config.max_chunk_bytes,
       config.clients, config.streams, config.steps,
       config.steps > 0 ? "null" : absl::StrFormat("%.6f", absl::ToDoubleSeconds(config.duration)),
       config.warmup_steps, config.register_tensors ? "true" : "false", result.tensors_created,
@@ -278,7 +268,7 @@ int Main(int argc, char** argv) {
   }
   absl::FPrintF(stderr, "fusedps-bench: %s (%d tensors, %d params, %s) against %s: %s%s\n",
                 run->model.name, run->model.numels.size(), run->model.total_numel(),
-                run->dtype.name, run->config.target,
+                DTypeName(run->config.grad_dtype), run->config.target,
                 run->config.register_tensors ? "registering, then " : "", RunShape(run->config));
   absl::StatusOr<LoadResult> result = RunLoad(run->config, run->model, PrintProgress);
   if (!result.ok()) {

@@ -211,8 +211,7 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
   // The payload of one push, counted here rather than taken from the reply: with
   // --streams > 1 a server that knows nothing of parts (the gRPC sink) answers each part with
   // its own share.
-  const uint64_t push_bytes =
-      model.total_numel() * (config.grad_dtype == client::DType::kFloat32 ? 4 : 2);
+  const uint64_t push_bytes = model.push_bytes(config.grad_dtype);
   if (!config.client_id_prefix.empty()) {
     options.client_id = absl::StrCat(config.client_id_prefix, index);
   }
@@ -275,6 +274,10 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
 }
 
 }  // namespace
+
+uint64_t LoadModel::push_bytes(client::DType dtype) const {
+  return total_numel() * client::ElementBytes(dtype);
+}
 
 uint64_t LoadModel::total_numel() const {
   uint64_t total = 0;

@@ -43,6 +43,8 @@ struct LoadModel {
   std::vector<uint64_t> numels;
 
   uint64_t total_numel() const;
+  // Gradient payload bytes of one push of every tensor in `dtype`.
+  uint64_t push_bytes(client::DType dtype) const;
 };
 
 // A model by name: a workload of bench/workloads.h (gpt2, one_large, t1000x100k, t10000x1k) at

@@ -142,7 +142,7 @@ class PullAssembler {
       return absl::InternalError(
           absl::StrCat("pull reply has a chunk of ", chunk.tensor(), ", not in its header"));
     }
-    const size_t element_bytes = internal::ElementBytes(dtype_);
+    const size_t element_bytes = ElementBytes(dtype_);
     const uint64_t numel = chunk.data().size() / element_bytes;
     std::vector<float>& values = *it->second.values;
     if (chunk.data().size() % element_bytes != 0 || chunk.offset() > values.size() ||
@@ -370,7 +370,7 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
     names.push_back(&grad.name);
   }
   absl::StatusOr<std::vector<MessagePlan>> plan = internal::PlanChunks(
-      extents, internal::ElementBytes(options.grad_dtype), options_.max_chunk_bytes);
+      extents, ElementBytes(options.grad_dtype), options_.max_chunk_bytes);
   if (!plan.ok()) return plan.status();
 
   // With several streams the push travels as that many parts, one per connection, at once;

@@ -341,7 +341,7 @@ TEST_P(ClientRoundTripTest, RegisterPushPull) {
   ASSERT_TRUE(ack.ok()) << ack.status();
   EXPECT_EQ(ack->version, 1u);
   EXPECT_EQ(ack->tensors_updated, 4u);
-  EXPECT_EQ(ack->grad_bytes, (w.size() + b.size() + 1) * internal::ElementBytes(dtype));
+  EXPECT_EQ(ack->grad_bytes, (w.size() + b.size() + 1) * ElementBytes(dtype));
   EXPECT_TRUE(service_.last_push_header().has_grad_scale());
   EXPECT_EQ(service_.last_push_header().grad_dtype(), internal::ToProtoDType(dtype));
 

@@ -14,7 +14,30 @@
 #error "fusedps's wire format is little-endian; this client assumes a little-endian host"
 #endif
 
-namespace fusedps::client::internal {
+namespace fusedps::client {
+
+size_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
+  if (name == "fp32" || name == "float32") return DType::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
+  if (name == "fp16" || name == "float16") return DType::kFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("must be fp32, bf16 or fp16, not ", name));
+}
+
+namespace internal {
 
 absl::StatusOr<std::vector<MessagePlan>> PlanChunks(absl::Span<const TensorExtent> tensors,
                                                     size_t element_bytes, size_t max_chunk_bytes) {
@@ -83,7 +106,6 @@ absl::StatusOr<uint64_t> NumElements(absl::Span<const int64_t> shape) {
   return numel;
 }
 
-size_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
 void EncodeElements(absl::Span<const float> values, DType dtype, std::string* out) {
   out->resize(values.size() * ElementBytes(dtype));
@@ -194,4 +216,5 @@ TensorInfo FromProtoTensorInfo(const v1::TensorInfo& info) {
   return out;
 }
 
-}  // namespace fusedps::client::internal
+}  // namespace internal
+}  // namespace fusedps::client

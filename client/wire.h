@@ -84,9 +84,6 @@ std::vector<std::vector<size_t>> PartitionTensors(absl::Span<const uint64_t> num
 // Errors: INVALID_ARGUMENT for a negative dim or a count that overflows int64.
 absl::StatusOr<uint64_t> NumElements(absl::Span<const int64_t> shape);
 
-// Bytes per element of a wire dtype: 4 or 2.
-size_t ElementBytes(DType dtype);
-
 // Replaces *out with values in dtype, little-endian, rounded to nearest even.
 void EncodeElements(absl::Span<const float> values, DType dtype, std::string* out);
 

@@ -65,6 +65,24 @@ void ExpectValidPlan(const std::vector<TensorExtent>& tensors, size_t element_by
   EXPECT_EQ(tensor, tensors.size()) << "elements left unplanned";
 }
 
+// The --dtype spellings of the fusedps CLI and fusedps-bench.
+TEST(DTypeNameTest, ShortAndLongSpellings) {
+  const std::pair<const char*, DType> spellings[] = {
+      {"fp32", DType::kFloat32},  {"float32", DType::kFloat32}, {"bf16", DType::kBFloat16},
+      {"bfloat16", DType::kBFloat16}, {"fp16", DType::kFloat16}, {"float16", DType::kFloat16}};
+  for (const auto& [name, dtype] : spellings) {
+    absl::StatusOr<DType> parsed = ParseDType(name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    EXPECT_EQ(*parsed, dtype) << name;
+  }
+  EXPECT_STREQ(DTypeName(DType::kFloat32), "fp32");
+  EXPECT_STREQ(DTypeName(DType::kBFloat16), "bf16");
+  EXPECT_STREQ(DTypeName(DType::kFloat16), "fp16");
+  absl::StatusOr<DType> bad = ParseDType("int8");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "must be fp32, bf16 or fp16, not int8");
+}
+
 TEST(PlanChunksTest, NoTensorsNoMessages) {
   EXPECT_TRUE(PlanChunks({}, 4, 1 << 20).value().empty());
 }

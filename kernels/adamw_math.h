@@ -181,6 +181,19 @@ FUSEDPS_HOST_DEVICE float LoadGrad(const void* grads, GradDType dtype, uint64_t 
   }
 }
 
+// Writes `count` floats to dst in `dtype` (bf16 and fp16 rounded to nearest even), on the
+// host: what a read of a field in that dtype returns.
+inline void StoreFloats(const float* src, uint64_t count, GradDType dtype, void* dst) {
+  if (dtype == GradDType::kFloat32) {
+    std::memcpy(dst, src, count * sizeof(float));
+    return;
+  }
+  auto* half = static_cast<uint16_t*>(dst);
+  for (uint64_t i = 0; i < count; ++i) {
+    half[i] = dtype == GradDType::kBFloat16 ? FloatToBFloat16(src[i]) : FloatToFloat16(src[i]);
+  }
+}
+
 }  // namespace fusedps
 
 #endif  // FUSEDPS_KERNELS_ADAMW_MATH_H_

@@ -88,15 +88,7 @@ class CpuBackend final : public OptimizerBackend {
         {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()}, field,
         tensor);
     if (!field_start.ok()) return field_start.status();
-    const float* src = *field_start + offset;
-    if (dtype == GradDType::kFloat32) {
-      std::copy_n(src, count, static_cast<float*>(out));
-    } else {
-      auto* dst = static_cast<uint16_t*>(out);
-      for (uint64_t i = 0; i < count; ++i) {
-        dst[i] = dtype == GradDType::kBFloat16 ? FloatToBFloat16(src[i]) : FloatToFloat16(src[i]);
-      }
-    }
+    StoreFloats(*field_start + offset, count, dtype, out);
     return absl::OkStatus();
   }
 

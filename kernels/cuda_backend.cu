@@ -442,23 +442,13 @@ class CudaBackend final : public OptimizerBackend {
         {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()}, field,
         tensor);
     if (!field_start.ok()) return field_start.status();
-    const float* src = *field_start + offset;
-    std::vector<float> staged;
-    float* dst = static_cast<float*>(out);
-    if (dtype != GradDType::kFloat32) {
-      staged.resize(count);
-      dst = staged.data();
-    }
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, count * sizeof(float),
+    // fp32 lands in `out` directly; a 16-bit read is rounded on the host from fp32 first.
+    std::vector<float> staged(dtype == GradDType::kFloat32 ? 0 : count);
+    float* dst = staged.empty() ? static_cast<float*>(out) : staged.data();
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, *field_start + offset, count * sizeof(float),
                                                  cudaMemcpyDeviceToHost, stream_));
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    if (dtype != GradDType::kFloat32) {
-      auto* half = static_cast<uint16_t*>(out);
-      for (uint64_t i = 0; i < count; ++i) {
-        half[i] = dtype == GradDType::kBFloat16 ? FloatToBFloat16(staged[i])
-                                                : FloatToFloat16(staged[i]);
-      }
-    }
+    if (!staged.empty()) StoreFloats(staged.data(), count, dtype, out);
     return absl::OkStatus();
   }
 

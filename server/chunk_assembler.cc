@@ -48,14 +48,10 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tens
 }
 
 absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
-                                      absl::string_view data,
-                                      std::optional<uint64_t>* staged_at) {
-  if (staged_at != nullptr) staged_at->reset();
+                                      absl::string_view data) {
   absl::StatusOr<std::optional<uint64_t>> at = Claim(tensor, offset, data.size());
   if (!at.ok()) return at.status();
-  if (!at->has_value()) return absl::OkStatus();
-  std::memcpy(memory_ + **at, data.data(), data.size());
-  if (staged_at != nullptr) *staged_at = **at;
+  if (at->has_value()) std::memcpy(memory_ + **at, data.data(), data.size());
   return absl::OkStatus();
 }
 

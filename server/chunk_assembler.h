@@ -52,10 +52,9 @@ class ChunkAssembler {
   static absl::StatusOr<ChunkAssembler> Create(std::vector<Expected> tensors, int element_size,
                                                char* memory = nullptr);
 
-  // Copies one chunk's payload into staging, and says where (a byte offset into staging()),
-  // unless it was a chunk of a tensor that is not required. On error nothing is copied.
-  absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data,
-                        std::optional<uint64_t>* staged_at = nullptr);
+  // Checks one chunk and copies its payload into staging (unless it is a chunk of a tensor
+  // that is not required). On error nothing is copied.
+  absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data);
 
   // AddChunk without the copy: checks a chunk of `bytes` payload bytes and records its range
   // as received; returns the byte offset into staging() where the caller must copy the payload

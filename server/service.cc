@@ -77,14 +77,24 @@ void ToProto(const TensorInfo& t, v1::TensorInfo* p) {
   p->set_numel(t.numel);
 }
 
-// Reads the rest of a client stream into the assembler.
-template <typename Request>
-absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const ShardStore& store,
-                        const Request& first, ChunkAssembler& assembler) {
-  if (absl::Status s = AddChunks(assembler, store, first, /*first=*/true); !s.ok()) return s;
-  Request request;
+// Reads a registration's chunks, the first message's and the rest of the stream's, into the
+// assembler. A header after the first message is INVALID_ARGUMENT.
+absl::Status ReadChunks(grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
+                        const ShardStore& store, const v1::RegisterTensorsRequest& first,
+                        ChunkAssembler& assembler) {
+  const auto add = [&](const v1::RegisterTensorsRequest& message) {
+    for (const v1::TensorChunk& chunk : message.chunks()) {
+      if (absl::Status s = AddChunk(assembler, store, chunk); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = add(first); !s.ok()) return s;
+  v1::RegisterTensorsRequest request;
   while (reader->Read(&request)) {
-    if (absl::Status s = AddChunks(assembler, store, request, /*first=*/false); !s.ok()) return s;
+    if (request.has_header()) {
+      return absl::InvalidArgumentError("header may appear only in the first message");
+    }
+    if (absl::Status s = add(request); !s.ok()) return s;
   }
   return assembler.Finish();
 }
@@ -202,7 +212,8 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
   // Device -> staging -> chunks: the read lands in the staging pool (page-locked on a GPU, so
   // it is one DMA per tensor), reserved outside the store's lock, as pushes reserve theirs; a
   // pull larger than the whole pool reads into ordinary memory instead. The tensors are fixed
-  // here, so that tensors registered meanwhile cannot outgrow the reservation.
+  // here, so that tensors registered meanwhile cannot outgrow the reservation; Read looks them
+  // up again under its lock for their steps at the version it reads.
   absl::StatusOr<std::vector<TensorInfo>> tensors =
       store_->Lookup({request->tensors().begin(), request->tensors().end()});
   if (!tensors.ok()) return ToGrpc(tensors.status());
@@ -213,7 +224,7 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
   StagingPool::Reservation staging;
   std::vector<char> heap;
   absl::Span<char> out;
-  if (bytes > 0 && bytes <= staging_->capacity() && staging_->data_backed()) {
+  if (bytes > 0 && bytes <= staging_->capacity()) {
     absl::StatusOr<StagingPool::Reservation> reserved =
         staging_->Reserve(bytes, [context] { return context->IsCancelled(); });
     if (!reserved.ok()) return ToGrpc(reserved.status());

@@ -71,8 +71,6 @@ class StagingPool {
   absl::StatusOr<Reservation> Reserve(uint64_t bytes, const std::function<bool()>& cancelled);
 
   uint64_t capacity() const { return capacity_; }
-  // False for a pool that only counts bytes (no arena): its reservations have no data().
-  bool data_backed() const { return arena_ != nullptr; }
   uint64_t in_use() const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 

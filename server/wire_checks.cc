@@ -41,10 +41,9 @@ absl::Status CheckChunkTensor(const ChunkAssembler& assembler, const ShardStore&
 }  // namespace
 
 absl::Status AddChunk(ChunkAssembler& assembler, const ShardStore& store,
-                      const v1::TensorChunk& chunk,
-                      std::optional<uint64_t>* staged_at) {
+                      const v1::TensorChunk& chunk) {
   if (absl::Status s = CheckChunkTensor(assembler, store, chunk.tensor()); !s.ok()) return s;
-  return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data(), staged_at);
+  return assembler.AddChunk(chunk.tensor(), chunk.offset(), chunk.data());
 }
 
 absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,

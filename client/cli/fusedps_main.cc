@@ -109,25 +109,14 @@ void PrintHelp() {
   }
 }
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "fp16";
-  }
-  return "?";
-}
-
-// `fallback` when --dtype is empty.
-absl::StatusOr<DType> ParseDType(const std::string& text, DType fallback) {
+// --dtype, or `fallback` when it is empty.
+absl::StatusOr<DType> DTypeFlag(const std::string& text, DType fallback) {
   if (text.empty()) return fallback;
-  if (text == "fp32" || text == "float32") return DType::kFloat32;
-  if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
-  if (text == "fp16" || text == "float16") return DType::kFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype must be fp32, bf16 or fp16, not ", text));
+  absl::StatusOr<DType> dtype = ParseDType(text);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype ", dtype.status().message()));
+  }
+  return dtype;
 }
 
 absl::StatusOr<TensorField> ParseField(const std::string& text) {
@@ -268,7 +257,7 @@ absl::StatusOr<std::vector<TensorInfo>> SelectTensors(const TensorList& list) {
 }
 
 absl::Status RunPush(Client& client) {
-  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype), PushOptions().grad_dtype);
+  absl::StatusOr<DType> dtype = DTypeFlag(absl::GetFlag(FLAGS_dtype), PushOptions().grad_dtype);
   if (!dtype.ok()) return dtype.status();
   const int steps = absl::GetFlag(FLAGS_steps);
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
@@ -354,7 +343,7 @@ absl::Status WriteSafetensors(const PullResult& pull, const std::string& field,
 absl::Status RunPull(Client& client) {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) return absl::InvalidArgumentError("pull needs --out=FILE");
-  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype), PullOptions().dtype);
+  absl::StatusOr<DType> dtype = DTypeFlag(absl::GetFlag(FLAGS_dtype), PullOptions().dtype);
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<TensorField> field = ParseField(absl::GetFlag(FLAGS_field));
   if (!field.ok()) return field.status();

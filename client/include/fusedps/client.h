@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
@@ -54,6 +55,17 @@ enum class DType : uint8_t {
   kBFloat16 = 2,  // bfloat16 (the high half of a binary32, rounded to nearest even).
   kFloat16 = 3,   // IEEE binary16 (rounded to nearest even; beyond +-65504 becomes inf).
 };
+
+// Bytes per element of a dtype on the wire: 4 for kFloat32, 2 for the others.
+size_t ElementBytes(DType dtype);
+
+// "fp32", "bf16" or "fp16".
+const char* DTypeName(DType dtype);
+
+// Parses "fp32"/"float32", "bf16"/"bfloat16" or "fp16"/"float16" (the spellings of the fusedps
+// CLI's and fusedps-bench's --dtype). Errors: INVALID_ARGUMENT "must be fp32, bf16 or fp16,
+// not NAME".
+absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 // Which stored array of a tensor a pull reads. Values match proto fusedps.v1.TensorField.
 enum class TensorField : uint8_t {
