@@ -18,10 +18,10 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
-#include "server/metrics.h"
-#include "server/service.h"
-#include "server/shard_store.h"
-#include "server/update_engine.h"
+#include "server/metrics/metrics.h"
+#include "server/service/service.h"
+#include "server/store/shard_store.h"
+#include "server/engine/update_engine.h"
 
 namespace fusedps {
 

@@ -5,7 +5,7 @@
 // It serves fusedps.v1.ParameterService with the same generated stubs and the same message-size
 // limits as fusedps-server, so that a load generator drives both unchanged. PushGradients is,
 // as in fusedps-server, a raw method on gRPC's callback API; the sink scans each message's
-// framing with fusedps's own reader (server/push_message.h), counts the chunks' payload bytes
+// framing with fusedps's own reader (server/ingest/push_message.h), counts the chunks' payload bytes
 // and skips them: no protobuf message, no copy, no staging, no optimizer. Its push rate is
 // what the network and gRPC allow, the ceiling fusedps is measured against. (The other RPCs
 // are synchronous, as in fusedps-server; they are not what is measured.)
@@ -57,7 +57,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "server/push_message.h"
+#include "server/ingest/push_message.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",
@@ -336,7 +336,7 @@ class SinkService final
   uint64_t parameter_count_ = 0;
 };
 
-// One push: each serialized message is scanned for its chunks' framing (server/push_message.h)
+// One push: each serialized message is scanned for its chunks' framing (server/ingest/push_message.h)
 // and their payload bytes are counted and skipped: no protobuf message, no copy of the data.
 // On gRPC's callback API, as fusedps-server's pushes, so no thread is held per call.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {

@@ -1,4 +1,4 @@
-#include "server/shard_store.h"
+#include "server/store/shard_store.h"
 
 #include <cmath>
 #include <cstdio>

@@ -15,8 +15,8 @@
 //   ... on cancellation: pool.Cancel(ticket);
 // or (a blocking handler):
 //   absl::StatusOr<Reservation> r = pool.Reserve(bytes, [&] { return ctx->IsCancelled(); });
-#ifndef FUSEDPS_SERVER_STAGING_POOL_H_
-#define FUSEDPS_SERVER_STAGING_POOL_H_
+#ifndef FUSEDPS_SERVER_INGEST_STAGING_POOL_H_
+#define FUSEDPS_SERVER_INGEST_STAGING_POOL_H_
 
 #include <cstdint>
 #include <deque>
@@ -101,4 +101,4 @@ class StagingPool {
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_STAGING_POOL_H_
+#endif  // FUSEDPS_SERVER_INGEST_STAGING_POOL_H_

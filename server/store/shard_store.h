@@ -16,8 +16,8 @@
 //   store.RegisterParamGroup({"default", AdamWHyperparameters{}});
 //   store.RegisterTensors({{"w", {4, 4}, "default"}}, values);
 //   PushOutcome outcome = store.ApplyPush(push).value();
-#ifndef FUSEDPS_SERVER_SHARD_STORE_H_
-#define FUSEDPS_SERVER_SHARD_STORE_H_
+#ifndef FUSEDPS_SERVER_STORE_SHARD_STORE_H_
+#define FUSEDPS_SERVER_STORE_SHARD_STORE_H_
 
 #include <cstdint>
 #include <map>
@@ -190,4 +190,4 @@ class ShardStore {
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_SHARD_STORE_H_
+#endif  // FUSEDPS_SERVER_STORE_SHARD_STORE_H_

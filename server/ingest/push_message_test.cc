@@ -1,4 +1,4 @@
-#include "server/push_message.h"
+#include "server/ingest/push_message.h"
 
 #include <cstring>
 #include <string>

@@ -9,8 +9,8 @@
 // which share one assembly, found by (client_id, sequence_number). It is applied once, when
 // every part has ended well, and every part gets the same reply; a part that fails fails the
 // push, and the others get ABORTED. A single call is an assembly of one part.
-#ifndef FUSEDPS_SERVER_PUSH_REACTOR_H_
-#define FUSEDPS_SERVER_PUSH_REACTOR_H_
+#ifndef FUSEDPS_SERVER_SERVICE_PUSH_REACTOR_H_
+#define FUSEDPS_SERVER_SERVICE_PUSH_REACTOR_H_
 
 #include <memory>
 #include <string>
@@ -22,10 +22,10 @@
 #include "absl/time/time.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/metrics.h"
-#include "server/shard_store.h"
-#include "server/staging_pool.h"
-#include "server/update_engine.h"
+#include "server/metrics/metrics.h"
+#include "server/store/shard_store.h"
+#include "server/ingest/staging_pool.h"
+#include "server/engine/update_engine.h"
 
 namespace fusedps {
 
@@ -75,11 +75,11 @@ struct PushServices {
 
 // The reactor of one PushGradients call; gRPC deletes it when the call is done.
 // PushGradients is a raw method: `response` receives a serialized PushGradientsResponse, and
-// the reactor reads serialized PushGradientsRequests (server/push_message.h).
+// the reactor reads serialized PushGradientsRequests (server/ingest/push_message.h).
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
     const PushServices& services);
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_PUSH_REACTOR_H_
+#endif  // FUSEDPS_SERVER_SERVICE_PUSH_REACTOR_H_

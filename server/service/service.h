@@ -4,17 +4,17 @@
 // where proto messages become the store's types. Every RPC checks its input first; a call that
 // fails leaves the shard unchanged. Pushes and pulls are counted in Metrics by the status code
 // they end with, in one place each (PushGradients, PullParameters).
-#ifndef FUSEDPS_SERVER_SERVICE_H_
-#define FUSEDPS_SERVER_SERVICE_H_
+#ifndef FUSEDPS_SERVER_SERVICE_SERVICE_H_
+#define FUSEDPS_SERVER_SERVICE_SERVICE_H_
 
 #include <string>
 
 #include "fusedps/v1/parameter_service.grpc.pb.h"
-#include "server/metrics.h"
-#include "server/push_reactor.h"
-#include "server/shard_store.h"
-#include "server/staging_pool.h"
-#include "server/update_engine.h"
+#include "server/metrics/metrics.h"
+#include "server/service/push_reactor.h"
+#include "server/store/shard_store.h"
+#include "server/ingest/staging_pool.h"
+#include "server/engine/update_engine.h"
 
 namespace fusedps {
 
@@ -66,4 +66,4 @@ class ParameterServiceImpl final
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_SERVICE_H_
+#endif  // FUSEDPS_SERVER_SERVICE_SERVICE_H_

@@ -7,8 +7,8 @@
 //   UpdateEngine engine(&store);
 //   engine.Submit(&push, [](absl::StatusOr<PushOutcome> outcome) { ... acknowledge ... });
 // The destructor applies every push already submitted (running their callbacks), then stops.
-#ifndef FUSEDPS_SERVER_UPDATE_ENGINE_H_
-#define FUSEDPS_SERVER_UPDATE_ENGINE_H_
+#ifndef FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
+#define FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
 
 #include <deque>
 #include <functional>
@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/shard_store.h"
+#include "server/store/shard_store.h"
 
 namespace fusedps {
 
@@ -49,4 +49,4 @@ class UpdateEngine {
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_UPDATE_ENGINE_H_
+#endif  // FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_

@@ -1,4 +1,4 @@
-#include "server/push_reactor.h"
+#include "server/service/push_reactor.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,9 +11,9 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "kernels/grad_check.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "server/chunk_assembler.h"
-#include "server/push_message.h"
-#include "server/wire_checks.h"
+#include "server/ingest/chunk_assembler.h"
+#include "server/ingest/push_message.h"
+#include "server/service/wire_checks.h"
 
 namespace fusedps {
 namespace {

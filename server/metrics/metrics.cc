@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <exception>
 #include <iterator>

@@ -1,4 +1,4 @@
-#include "server/staging_pool.h"
+#include "server/ingest/staging_pool.h"
 
 #include <utility>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "server/wire_checks.h"
+#include "server/service/wire_checks.h"
 
 #include <cmath>
 #include <string>

@@ -1,7 +1,7 @@
 // wire_checks.h (server internal): the checks and conversions that the service's handlers
 // share: absl::Status to grpc::Status (the one place), dtypes, chunks, push headers.
-#ifndef FUSEDPS_SERVER_WIRE_CHECKS_H_
-#define FUSEDPS_SERVER_WIRE_CHECKS_H_
+#ifndef FUSEDPS_SERVER_SERVICE_WIRE_CHECKS_H_
+#define FUSEDPS_SERVER_SERVICE_WIRE_CHECKS_H_
 
 #include <optional>
 #include <vector>
@@ -11,8 +11,8 @@
 #include "absl/strings/string_view.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/chunk_assembler.h"
-#include "server/shard_store.h"
+#include "server/ingest/chunk_assembler.h"
+#include "server/store/shard_store.h"
 
 namespace fusedps {
 
@@ -40,4 +40,4 @@ absl::StatusOr<std::vector<TensorInfo>> CheckPushHeader(const v1::PushHeader& he
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_WIRE_CHECKS_H_
+#endif  // FUSEDPS_SERVER_SERVICE_WIRE_CHECKS_H_

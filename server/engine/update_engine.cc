@@ -1,4 +1,4 @@
-#include "server/update_engine.h"
+#include "server/engine/update_engine.h"
 
 #include <utility>
 

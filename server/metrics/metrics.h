@@ -15,8 +15,8 @@
 //   metrics.RecordPush(grpc::StatusCode::OK, grad_bytes, stage_seconds);
 //
 // Thread safety: every method may be called from any thread.
-#ifndef FUSEDPS_SERVER_METRICS_H_
-#define FUSEDPS_SERVER_METRICS_H_
+#ifndef FUSEDPS_SERVER_METRICS_METRICS_H_
+#define FUSEDPS_SERVER_METRICS_METRICS_H_
 
 #include <cstdint>
 #include <functional>
@@ -43,7 +43,7 @@ struct ShardMetrics {
   uint64_t version = 0;
   std::map<std::string, uint64_t> kernel_launches;  // By kernel name; monotonic.
   std::map<std::string, uint64_t> memory_bytes;     // By arena ("params", "exp_avg", ...).
-  // The staging pool (server/staging_pool.h) that pushes and pulls reserve from.
+  // The staging pool (server/ingest/staging_pool.h) that pushes and pulls reserve from.
   uint64_t staging_capacity_bytes = 0;
   uint64_t staging_in_use_bytes = 0;
   uint32_t staging_waiters = 0;  // Calls waiting for their share (back-pressure).
@@ -142,4 +142,4 @@ std::string StatusCodeName(grpc::StatusCode code);
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_METRICS_H_
+#endif  // FUSEDPS_SERVER_METRICS_METRICS_H_

@@ -16,8 +16,8 @@
 //   (or Claim, then copy the payload to staging() + the returned offset yourself)
 //   RETURN_IF_ERROR(assembler.Finish());
 //   use assembler.staging(), assembler.staging_offsets()
-#ifndef FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_
-#define FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_
+#ifndef FUSEDPS_SERVER_INGEST_CHUNK_ASSEMBLER_H_
+#define FUSEDPS_SERVER_INGEST_CHUNK_ASSEMBLER_H_
 
 #include <cstdint>
 #include <map>
@@ -90,4 +90,4 @@ class ChunkAssembler {
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_CHUNK_ASSEMBLER_H_
+#endif  // FUSEDPS_SERVER_INGEST_CHUNK_ASSEMBLER_H_

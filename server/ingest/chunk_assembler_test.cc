@@ -1,4 +1,4 @@
-#include "server/chunk_assembler.h"
+#include "server/ingest/chunk_assembler.h"
 
 #include <cstring>
 #include <vector>

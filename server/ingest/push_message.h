@@ -12,8 +12,8 @@
 // Errors: INVALID_ARGUMENT for bytes that are not a PushGradientsRequest ("malformed ...") and
 // for a header in a message that may not carry one; a claim's or a staged chunk's own error
 // stops the read and is returned as it is.
-#ifndef FUSEDPS_SERVER_PUSH_MESSAGE_H_
-#define FUSEDPS_SERVER_PUSH_MESSAGE_H_
+#ifndef FUSEDPS_SERVER_INGEST_PUSH_MESSAGE_H_
+#define FUSEDPS_SERVER_INGEST_PUSH_MESSAGE_H_
 
 #include <cstdint>
 #include <optional>
@@ -46,4 +46,4 @@ absl::Status ReadPushChunks(grpc::ByteBuffer& message, bool header_allowed, Clai
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_PUSH_MESSAGE_H_
+#endif  // FUSEDPS_SERVER_INGEST_PUSH_MESSAGE_H_

@@ -1,4 +1,4 @@
-#include "server/service.h"
+#include "server/service/service.h"
 
 #include <algorithm>
 #include <optional>
@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/chunk_assembler.h"
-#include "server/push_reactor.h"
-#include "server/wire_checks.h"
+#include "server/ingest/chunk_assembler.h"
+#include "server/service/push_reactor.h"
+#include "server/service/wire_checks.h"
 
 #ifndef FUSEDPS_VERSION
 #define FUSEDPS_VERSION "dev"
