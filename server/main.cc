@@ -6,7 +6,18 @@
 //
 // SIGTERM or SIGINT: stop accepting calls, finish the calls in flight (at most
 // --shutdown-grace-seconds), apply every complete push, exit 0.
+//
+// Exit status: 0 after SIGTERM/SIGINT; 1 when the server cannot start; 2 for a bad flag; 3 when
+// the shard faulted (a device error, docs/errors.md): health turned NOT_SERVING, calls in
+// flight got UNAVAILABLE for up to --fault-drain-seconds, and the orchestrator should restart
+// the server.
+#include <unistd.h>
+
 #include <csignal>
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <thread>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,6 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/kebab_flags.h"
+#include "kernels/backend_factory.h"
+#include "kernels/fault_injection.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
@@ -29,8 +42,30 @@ ABSL_FLAG(std::string, param_copy_dtype, "none",
           "low-precision param copy kept for pulls: none, bf16 or fp16");
 ABSL_FLAG(uint64_t, max_message_bytes, 8 << 20, "gRPC max receive and send message size");
 ABSL_FLAG(uint64_t, staging_pool_bytes, uint64_t{2} << 30,
-          "host staging shared by the pushes in flight; when it is spent, pushes wait "
-          "(back-pressure), and one larger than all of it is RESOURCE_EXHAUSTED");
+          "host staging shared by the pushes, pulls and registrations in flight; when it is "
+          "spent, calls wait (back-pressure), and a push larger than all of it is "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint64_t, window_bytes, 32 << 20,
+          "the most staging one pull or one registration holds at a time (it streams through "
+          "a window of this size, whatever its total size)");
+ABSL_FLAG(uint64_t, pull_snapshot_bytes, uint64_t{4} << 30,
+          "memory (device memory on a GPU) for pulls larger than one window, read at one "
+          "version while steps go on; a pull larger than all of it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, call_idle_seconds, 60,
+          "a call whose client sends (or, for a pull, reads) nothing for this long ends with "
+          "DEADLINE_EXCEEDED and gives back the staging it holds; 0: no limit");
+ABSL_FLAG(double, keepalive_seconds, 30,
+          "HTTP/2 keepalive pings on idle connections (a peer that does not answer within 10 s "
+          "is dropped, and its calls end)");
+ABSL_FLAG(uint64_t, retry_table_clients, 10000,
+          "how many clients' recent pushes the retry table remembers (least recently used "
+          "forgotten first); a retry is applied exactly once within that bound");
+ABSL_FLAG(int64_t, testing_fault_at_step, 0,
+          "for fault-handling tests only: the backend fails (as a device would) when it queues "
+          "this step (1-based); 0: never");
+ABSL_FLAG(int, fault_drain_seconds, 2,
+          "after a shard fault, how long calls in flight get to receive their UNAVAILABLE "
+          "before the server exits with status 3");
 ABSL_FLAG(double, push_part_wait_seconds, 30,
           "a push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived "
           "within this many seconds of its first");
@@ -49,11 +84,13 @@ int main(int argc, char** argv) {
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
-  // Block the stop signals in every thread; one thread below waits for them.
+  // Block the stop signals in every thread; one thread below waits for them. SIGUSR1 is the
+  // server's own: a shard fault raises it.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGUSR1);
   if (pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr) != 0) {
     std::perror("fusedps-server: pthread_sigmask");
     return 1;
@@ -70,7 +107,32 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.push_part_wait = absl::Seconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
+  options.window_bytes = absl::GetFlag(FLAGS_window_bytes);
+  options.pull_snapshot_bytes = absl::GetFlag(FLAGS_pull_snapshot_bytes);
+  options.retry_table_clients = absl::GetFlag(FLAGS_retry_table_clients);
+  const double idle = absl::GetFlag(FLAGS_call_idle_seconds);
+  const double keepalive = absl::GetFlag(FLAGS_keepalive_seconds);
+  if (idle < 0 || !(keepalive > 0) || options.window_bytes < 4096) {
+    std::fprintf(stderr,
+                 "fusedps-server: --call-idle-seconds must be >= 0, --keepalive-seconds > 0 "
+                 "and --window-bytes >= 4096\n");
+    return 2;
+  }
+  options.call_idle = idle == 0 ? absl::InfiniteDuration() : absl::Seconds(idle);
+  options.keepalive = absl::Seconds(keepalive);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
+    options.backend_factory = [device = options.device, backend = options.backend, step] {
+      absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> inner =
+          fusedps::MakeBackend(device, backend);
+      if (!inner.ok()) return inner;
+      fusedps::InjectedFaults faults;
+      faults.step = step;
+      return fusedps::MakeFaultInjectingBackend(*std::move(inner), faults);
+    };
+  }
+  // A fault wakes the signal wait below.
+  options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
   absl::StatusOr<fusedps::ParamCopyDType> copy =
       fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
   if (!copy.ok()) {
@@ -86,8 +148,8 @@ int main(int argc, char** argv) {
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::fprintf(stderr, "fusedps-server listening on %s:%d (backend %s, device %s)\n",
-               host.c_str(), (*server)->port(), (*server)->store().backend_name().c_str(),
-               (*server)->store().device().c_str());
+               host.c_str(), (*server)->port(), (*server)->engine().backend_name().c_str(),
+               (*server)->engine().device().c_str());
   if (!options.metrics_listen.empty()) {
     const std::string metrics_host =
         options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
@@ -110,6 +172,21 @@ int main(int argc, char** argv) {
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
+  if (signal == SIGUSR1) {
+    std::fprintf(stderr, "fusedps-server: the shard faulted (%s); exiting with status 3\n",
+                 (*server)->fault().cause().ToString().c_str());
+    const int drain = absl::GetFlag(FLAGS_fault_drain_seconds);
+    // A failed device may never answer, so the drain gets a deadline of its own, and the
+    // process leaves without destroying the engine.
+    std::promise<void> drained;
+    std::thread([&server, &drained, drain] {
+      (*server)->Shutdown(absl::Seconds(drain));
+      (*server)->Wait();
+      drained.set_value();
+    }).detach();
+    drained.get_future().wait_for(std::chrono::seconds(drain + 5));
+    std::_Exit(3);
+  }
   std::fprintf(stderr, "fusedps-server: %s, draining for up to %ds\n", strsignal(signal),
                absl::GetFlag(FLAGS_shutdown_grace_seconds));
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));

@@ -132,6 +132,23 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                    "Pushes and pulls waiting for their share of the staging "
                                    "pool (back-pressure: their streams are not read meanwhile).")
                            .Add({})),
+      staging_oldest_wait_(GaugeFamily(*registry_, "fusedps_staging_pool_oldest_wait_seconds",
+                                       "How long the call that has waited longest for its share "
+                                       "of the staging pool has waited, in seconds (0: none "
+                                       "waits).")
+                               .Add({})),
+      push_duplicates_(CounterFamily(*registry_, "fusedps_push_duplicates_total",
+                                     "PushGradients calls answered as retries of an earlier "
+                                     "push (duplicate = true): nothing applied.")
+                           .Add({})),
+      retry_table_clients_(GaugeFamily(*registry_, "fusedps_retry_table_clients",
+                                       "Clients whose recent pushes the retry table remembers "
+                                       "(at most --retry-table-clients).")
+                               .Add({})),
+      retry_table_evictions_(CounterFamily(*registry_, "fusedps_retry_table_evictions_total",
+                                           "Clients the retry table forgot to stay within "
+                                           "--retry-table-clients (least recently used first).")
+                                 .Add({})),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
     stage_[i] = &stage_duration_.Add({{"stage", kStageNames[i]}}, DurationBuckets());
@@ -168,10 +185,14 @@ int Metrics::port() const {
 }
 
 void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
-                         const PushStageSeconds& stages) {
+                         const PushStageSeconds& stages, bool duplicate) {
   push_requests_.Add({{"code", StatusCodeName(code)}}).Increment();
   push_bytes_.Increment(static_cast<double>(grad_bytes));
   if (code != grpc::StatusCode::OK) return;
+  if (duplicate) {
+    push_duplicates_.Increment();
+    return;
+  }
   push_duration_.Observe(stages.receive + stages.h2d + stages.apply + stages.ack);
   const double seconds[4] = {stages.receive, stages.h2d, stages.apply, stages.ack};
   for (int i = 0; i < 4; ++i) stage_[i]->Observe(seconds[i]);
@@ -193,12 +214,19 @@ void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
 
 void Metrics::SyncShard() const {
   const ShardMetrics shard = shard_();
-  absl::MutexLock lock(&sync_mu_);
+  std::lock_guard<std::mutex> lock(sync_mu_);
   parameters_.Set(static_cast<double>(shard.parameters));
   model_version_.Set(static_cast<double>(shard.version));
   staging_capacity_.Set(static_cast<double>(shard.staging_capacity_bytes));
   staging_in_use_.Set(static_cast<double>(shard.staging_in_use_bytes));
   staging_waiters_.Set(static_cast<double>(shard.staging_waiters));
+  staging_oldest_wait_.Set(shard.staging_oldest_wait_seconds);
+  retry_table_clients_.Set(static_cast<double>(shard.retry_table_clients));
+  if (shard.retry_table_evictions > evictions_synced_) {
+    retry_table_evictions_.Increment(
+        static_cast<double>(shard.retry_table_evictions - evictions_synced_));
+    evictions_synced_ = shard.retry_table_evictions;
+  }
   for (const auto& [kind, bytes] : shard.memory_bytes) {
     memory_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));
   }
