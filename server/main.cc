@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
   options.keepalive = absl::Seconds(keepalive);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
-    options.backend_factory = [device = options.device, backend = options.backend, step] {
+    options.backend_factory = [device = options.device, backend = options.backend,
+                               step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
       absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> inner =
           fusedps::MakeBackend(device, backend);
       if (!inner.ok()) return inner;

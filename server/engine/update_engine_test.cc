@@ -197,7 +197,9 @@ TEST_F(EngineTest, QueuedStepsRunWhileTheFirstIsStillOnTheDevice) {
     retried.Notify();
   });
   // All three are queued on the backend although the first has not finished on the device.
-  for (int i = 0; i < 1000 && backend->steps_queued() < 3; ++i) absl::SleepFor(absl::Milliseconds(2));
+  for (int i = 0; i < 1000 && (backend->steps_queued() < 3 || backend->waiting() < 1); ++i) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
   EXPECT_EQ(backend->steps_queued(), 3);
   EXPECT_EQ(backend->waiting(), 1);  // The completion path waits for the first.
   EXPECT_EQ(acknowledged.load(), 0);
@@ -346,7 +348,8 @@ TEST_F(EngineTest, AReadSeesTheStepsQueuedBeforeIt) {
       Sync<ReadResult>([&](UpdateEngine::Done<ReadResult> d) { engine.Read(job, d); });
   ASSERT_TRUE(snap.ok());
   ASSERT_NE(snap->snapshot, nullptr);
-  engine.Step(&push, [](absl::StatusOr<StepResult>) {});
+  ASSERT_TRUE(Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(&push, d); })
+                  .ok());
   std::vector<float> from_snapshot(4);
   ASSERT_TRUE(engine.CopyFromSnapshot(snap->snapshot, 0, 16, from_snapshot.data()).ok());
   EXPECT_EQ(from_snapshot, before_second);

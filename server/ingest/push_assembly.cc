@@ -106,7 +106,7 @@ absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHe
     const absl::Status s = absl::InvalidArgumentError(
         absl::StrCat("header of part ", index, " differs from the header of the push's first "
                      "part (only part_index may differ)"));
-    FailAll(s);
+    Fail(nullptr, s);  // The parts that joined get ABORTED; this one answers for itself.
     return s;
   }
   bool ready;

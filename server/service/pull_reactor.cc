@@ -38,7 +38,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       return;
     }
     Hold();
-    if (total_bytes_ <= services_.limits.window_bytes) {
+    window_limit_ = std::min(services_.limits.window_bytes, services_.staging->capacity());
+    if (total_bytes_ <= window_limit_) {
       Reserve(services_.staging, total_bytes_, [this](StagingPool::Reservation r) {
         window_ = std::move(r);
         window_end_ = total_bytes_;
@@ -48,7 +49,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       Reserve(services_.snapshot_budget, total_bytes_, [this](StagingPool::Reservation budget) {
         budget_ = std::move(budget);
         Hold();
-        Reserve(services_.staging, services_.limits.window_bytes,
+        Reserve(services_.staging, window_limit_,
                 [this](StagingPool::Reservation r) {
                   window_ = std::move(r);
                   Read(total_bytes_);
@@ -331,6 +332,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   std::vector<uint32_t> tensors_;
   std::vector<uint64_t> offsets_;  // Per tensor, bytes into the layout.
   uint64_t total_bytes_ = 0;
+  uint64_t window_limit_ = 0;  // The most staging this pull holds.
 
   // What the read saw, and where its bytes are. Written before the first write, by the thread
   // that starts it; read by the writes that follow (each after the one before, as gRPC orders
