@@ -12,6 +12,7 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/ingest/push_message.h"
+#include "server/service/byte_buffer_view.h"
 #include "server/service/convert.h"
 
 namespace fusedps {
@@ -148,17 +149,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     uint64_t bytes = 0;
     absl::Status added;
     {
-      std::vector<grpc::Slice> slices;
-      if (grpc::Status dumped = message.Dump(&slices); !dumped.ok()) {
-        added = absl::InternalError(dumped.error_message());
-      } else {
-        std::vector<absl::string_view> views;
-        views.reserve(slices.size());
-        for (const grpc::Slice& s : slices) {
-          views.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
-        }
-        added = assembly.AddMessage(views, first, &bytes);
-      }
+      const ByteBufferView view(message);
+      added = view.ok() ? assembly.AddMessage(view.views(), first, &bytes)
+                        : absl::InternalError("cannot read the message's slices");
     }
     message.Clear();  // gRPC's buffer goes back now.
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -177,15 +170,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   }
 
   void OnHeader() {
-    std::vector<grpc::Slice> slices;
-    std::vector<absl::string_view> views;
-    if (grpc::Status dumped = request_.Dump(&slices); !dumped.ok()) {
-      return FinishCall(absl::InternalError(dumped.error_message()), {}, {});
+    absl::StatusOr<std::optional<v1::PushHeader>> read;
+    {
+      const ByteBufferView view(request_);
+      read = view.ok() ? ReadPushHeader(view.views())
+                       : absl::InternalError("cannot read the message's slices");
     }
-    for (const grpc::Slice& s : slices) {
-      views.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-    absl::StatusOr<std::optional<v1::PushHeader>> read = ReadPushHeader(views);
     if (!read.ok()) return FinishCall(read.status(), {}, {});
     if (!read->has_value()) {
       return FinishCall(
