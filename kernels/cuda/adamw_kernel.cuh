@@ -92,8 +92,13 @@ class LaunchCounter {
   uint64_t total_ = 0;
 };
 
-// Appends a tensor's chunks and returns how many (at least 1: an empty tensor still has an
-// entry, so that its step advances).
+// The number of chunks of a tensor: at least 1, since an empty tensor still has an entry, so
+// that its step advances.
+inline uint64_t ChunksOf(uint64_t numel) {
+  return numel == 0 ? 1 : (numel + kChunkNumel - 1) / kChunkNumel;
+}
+
+// Appends a tensor's chunks and returns how many (ChunksOf(numel)).
 uint32_t AppendChunks(uint32_t tensor, uint32_t group, uint64_t numel, uint64_t arena_offset,
                       uint64_t grad_offset, std::vector<Chunk>& out);
 

@@ -137,17 +137,8 @@ class CudaBackend final : public OptimizerBackend {
     const uint32_t first = table_.size();
     if (tensors.empty()) return first;
     const uint64_t count = first + tensors.size();
-    // The new tensors' chunks and portion counts, kept aside until everything has succeeded.
-    std::vector<Chunk> chunks;
-    std::vector<uint32_t> portions;
-    uint64_t offset = table_.arena_numel();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const NewTensor& t = tensors[i];
-      portions.push_back(kPortions * AppendChunks(static_cast<uint32_t>(first + i), t.param_group,
-                                                  t.numel, offset, offset, chunks));
-      offset += AlignedNumel(t.numel);
-    }
-    const uint64_t chunk_count = full_chunks_host_.size() + chunks.size();
+    uint64_t chunk_count = full_chunks_host_.size();
+    for (const NewTensor& t : tensors) chunk_count += ChunksOf(t.numel);
     std::vector<BufferGrowth> growths = {
         params_.ToHold(*arena_numel),     exp_avg_.ToHold(*arena_numel),
         exp_avg_sq_.ToHold(*arena_numel), step_dev_.ToHold(count),
@@ -159,6 +150,16 @@ class CudaBackend final : public OptimizerBackend {
     }
     // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
     if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
+    // The new tensors' chunks and portion counts, kept aside until everything has succeeded.
+    std::vector<Chunk> chunks;
+    std::vector<uint32_t> portions;
+    uint64_t offset = table_.arena_numel();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const NewTensor& t = tensors[i];
+      portions.push_back(kPortions * AppendChunks(static_cast<uint32_t>(first + i), t.param_group,
+                                                  t.numel, offset, offset, chunks));
+      offset += AlignedNumel(t.numel);
+    }
     // The new tensors' rows of the device tables. Their arena ranges are zero already (fresh
     // memory, or zeroed by TruncateTensors), but a truncated tensor may have left a step.
     const std::vector<int64_t> zero_steps(tensors.size(), 0);
