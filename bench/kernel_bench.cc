@@ -3,10 +3,12 @@
 // For each workload it registers the tensors with a fresh backend, writes random normal params,
 // stages random normal gradients once with StageGrads (as the server does while a push arrives;
 // on a GPU they then sit in device memory), validates two steps on a few elements of every
-// tensor against AdamWUpdate (kernels/adamw_math.h) run here on copies, and only then times
-// Step() on the staged gradients: the median of --iters steps after --warmup steps, as wall time
-// around Step() and as the backend's own last_step_device_seconds() (CUDA events on a GPU).
-// It exits non-zero on any mismatch.
+// tensor against AdamWUpdate (kernels/adamw_math.h) run here on copies (reading whole tensors,
+// as a pull does, and keeping the samples), and only then times steps on the staged gradients:
+// the median of --iters steps after --warmup steps, each queued with Step() and waited for with
+// Wait(marker), as wall time around both and as the device time that Wait reports
+// (WorkDone::device_seconds: CUDA events around the kernel on a GPU). It exits non-zero on any
+// mismatch.
 //
 // Bandwidth counts the bytes an ideal kernel moves per parameter: params, exp_avg and exp_avg_sq
 // read and written (24), the gradient read (4 for fp32, 2 for bf16) and the low-precision copy
@@ -113,7 +115,12 @@ absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads
     return HostCopyMs(bytes, threads > 0 ? threads : omp_get_num_procs(), warmup, iters);
   }
 #ifdef FUSEDPS_HAVE_CUDA
-  if (optimizer.name() == "cuda") return DeviceCopyMs(0, bytes, warmup, iters);
+  // device() reads "cuda:N <name> (...)": the roof of the backend's own GPU.
+  int ordinal = 0;
+  if (optimizer.name() == "cuda" &&
+      std::sscanf(optimizer.device().c_str(), "cuda:%d", &ordinal) == 1) {
+    return DeviceCopyMs(ordinal, bytes, warmup, iters);
+  }
 #endif
   return absl::UnimplementedError(
       absl::StrCat("no copy roof for backend '", optimizer.name(), "' yet"));
@@ -161,6 +168,7 @@ void FillNormal(uint64_t seed, uint64_t stream, float* out, uint64_t n) {
 struct StagedGrads {
   std::vector<uint32_t> tensors;  // 0..N-1.
   std::vector<uint64_t> offsets;  // Per tensor, in elements, multiples of 8.
+  uint64_t arena_numel = 0;       // Elements of the layout, padding included.
   std::vector<uint32_t> host;     // fp32 or bf16 elements.
   GradDType dtype = GradDType::kFloat32;
 
@@ -189,8 +197,12 @@ absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig
     tensors.push_back({.numel = numel, .param_group = 0});
     arena_numel += AlignedNumel(numel);
   }
-  status = optimizer.AddTensors(tensors);
-  if (!status.ok()) return status;
+  absl::StatusOr<uint32_t> first = optimizer.AddTensors(tensors);
+  if (!first.ok()) return first.status();
+  if (*first != 0) {
+    return absl::InternalError(absl::StrCat("a fresh backend numbered its first tensor ", *first));
+  }
+  grads.arena_numel = arena_numel;
 
   std::vector<float> values(arena_numel);
   FillNormal(config.seed, /*stream=*/1, values.data(), arena_numel);
@@ -239,22 +251,62 @@ std::vector<SampleRange> PickSamples(const Workload& workload, uint64_t seed) {
   return samples;
 }
 
-struct StateValues {
-  std::vector<float> param, exp_avg, exp_avg_sq;
+// One field of every tensor, laid out as the arenas are: fp32, or the 16-bit param copy.
+struct FieldValues {
+  std::vector<float> f32;
+  std::vector<uint16_t> copy;
 };
 
-absl::StatusOr<StateValues> ReadState(const OptimizerBackend& optimizer, const SampleRange& r) {
+// Reads `field` of every tensor whole, as a pull does, with one request into a host buffer laid
+// out as the arenas are (the CUDA backend then makes one copy of it), and waits for it.
+absl::StatusOr<FieldValues> ReadField(OptimizerBackend& optimizer, const StagedGrads& layout,
+                                      TensorField field, bool param_copy) {
+  FieldValues values;
+  const uint64_t element = param_copy ? 2 : 4;
+  std::vector<uint64_t> byte_offsets;
+  for (uint64_t offset : layout.offsets) byte_offsets.push_back(offset * element);
+  ReadRequest read;
+  read.field = field;
+  read.param_copy = param_copy;
+  read.tensors = layout.tensors;
+  read.dst_offsets = byte_offsets;
+  if (param_copy) {
+    values.copy.resize(layout.arena_numel);
+    read.dst = values.copy.data();
+  } else {
+    values.f32.resize(layout.arena_numel);
+    read.dst = values.f32.data();
+  }
+  if (absl::Status status = ReadNow(optimizer, read); !status.ok()) return status;
+  return values;
+}
+
+// The sampled elements of one field, sample by sample.
+std::vector<std::vector<float>> Sampled(const FieldValues& values, const StagedGrads& layout,
+                                        const std::vector<SampleRange>& samples) {
+  std::vector<std::vector<float>> sampled;
+  for (const SampleRange& r : samples) {
+    const float* begin = values.f32.data() + layout.offsets[r.tensor] + r.begin;
+    sampled.emplace_back(begin, begin + r.count);
+  }
+  return sampled;
+}
+
+struct StateValues {  // Per sample.
+  std::vector<std::vector<float>> param, exp_avg, exp_avg_sq;
+};
+
+absl::StatusOr<StateValues> ReadState(OptimizerBackend& optimizer, const StagedGrads& layout,
+                                      const std::vector<SampleRange>& samples) {
   StateValues v;
-  v.param.resize(r.count);
-  v.exp_avg.resize(r.count);
-  v.exp_avg_sq.resize(r.count);
-  const std::pair<TensorField, float*> reads[] = {{TensorField::kParam, v.param.data()},
-                                                  {TensorField::kExpAvg, v.exp_avg.data()},
-                                                  {TensorField::kExpAvgSq, v.exp_avg_sq.data()}};
+  const std::pair<TensorField, std::vector<std::vector<float>>*> reads[] = {
+      {TensorField::kParam, &v.param},
+      {TensorField::kExpAvg, &v.exp_avg},
+      {TensorField::kExpAvgSq, &v.exp_avg_sq}};
   for (const auto& [field, out] : reads) {
-    absl::Status status =
-        optimizer.Read(field, r.tensor, r.begin, r.count, GradDType::kFloat32, out);
-    if (!status.ok()) return status;
+    absl::StatusOr<FieldValues> values = ReadField(optimizer, layout, field, false);
+    if (!values.ok()) return values.status();
+    *out = Sampled(*values, layout, samples);
   }
   return v;
 }
@@ -273,14 +325,10 @@ absl::Status CheckClose(const char* field, const SampleRange& r, uint64_t j, flo
 // before the step; also the step counts and the bf16 copy. Returns the elements checked.
 absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const StagedGrads& grads,
                                          const std::vector<SampleRange>& samples) {
-  std::vector<StateValues> before;
   std::vector<int64_t> steps_before(optimizer.tensor_count());
   for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) steps_before[t] = optimizer.step(t);
-  for (const SampleRange& r : samples) {
-    absl::StatusOr<StateValues> values = ReadState(optimizer, r);
-    if (!values.ok()) return values.status();
-    before.push_back(*std::move(values));
-  }
+  absl::StatusOr<StateValues> before = ReadState(optimizer, grads, samples);
+  if (!before.ok()) return before.status();
 
   const StepRequest request = grads.Request();
   absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
@@ -288,6 +336,9 @@ absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const Stag
   if (outcome->skipped || outcome->tensors_updated != optimizer.tensor_count()) {
     return absl::InternalError(absl::StrCat("step of finite gradients skipped or partial: ",
                                             outcome->tensors_updated, " tensors updated"));
+  }
+  if (absl::StatusOr<WorkDone> done = optimizer.Wait(outcome->marker); !done.ok()) {
+    return done.status();
   }
   for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) {
     if (optimizer.step(t) != steps_before[t] + 1) {
@@ -297,37 +348,37 @@ absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const Stag
   }
 
   const AdamWHyperparameters hyper;  // Group 0, as Populate registered it.
+  absl::StatusOr<StateValues> after = ReadState(optimizer, grads, samples);
+  if (!after.ok()) return after.status();
+  FieldValues copy;
+  if (optimizer.param_copy_dtype() == ParamCopyDType::kBFloat16) {
+    absl::StatusOr<FieldValues> values = ReadField(optimizer, grads, TensorField::kParam, true);
+    if (!values.ok()) return values.status();
+    copy = *std::move(values);
+  }
   uint64_t checked = 0;
-  std::vector<uint16_t> copy;
   for (size_t k = 0; k < samples.size(); ++k) {
     const SampleRange& r = samples[k];
-    absl::StatusOr<StateValues> after = ReadState(optimizer, r);
-    if (!after.ok()) return after.status();
-    if (optimizer.param_copy_dtype() == ParamCopyDType::kBFloat16) {
-      copy.resize(r.count);
-      absl::Status status = optimizer.Read(TensorField::kParam, r.tensor, r.begin, r.count,
-                                           GradDType::kBFloat16, copy.data());
-      if (!status.ok()) return status;
-    }
     const AdamWStepScalars s =
         MakeStepScalars(hyper, steps_before[r.tensor] + 1, request.grad_scale);
     for (uint64_t j = 0; j < r.count; ++j) {
-      float param = before[k].param[j];
-      float exp_avg = before[k].exp_avg[j];
-      float exp_avg_sq = before[k].exp_avg_sq[j];
+      float param = before->param[k][j];
+      float exp_avg = before->exp_avg[k][j];
+      float exp_avg_sq = before->exp_avg_sq[k][j];
       const uint64_t g = grads.offsets[r.tensor] + r.begin + j;
       AdamWUpdate(s, LoadGrad(grads.host.data(), grads.dtype, g), param, exp_avg, exp_avg_sq,
                   nullptr);
+      const float got = after->param[k][j];
       for (absl::Status status :
-           {CheckClose("param", r, j, after->param[j], param),
-            CheckClose("exp_avg", r, j, after->exp_avg[j], exp_avg),
-            CheckClose("exp_avg_sq", r, j, after->exp_avg_sq[j], exp_avg_sq)}) {
+           {CheckClose("param", r, j, got, param),
+            CheckClose("exp_avg", r, j, after->exp_avg[k][j], exp_avg),
+            CheckClose("exp_avg_sq", r, j, after->exp_avg_sq[k][j], exp_avg_sq)}) {
         if (!status.ok()) return status;
       }
-      if (!copy.empty() && copy[j] != FloatToBFloat16(after->param[j])) {
+      if (!copy.copy.empty() && copy.copy[g] != FloatToBFloat16(got)) {
         return absl::InternalError(absl::StrFormat(
             "tensor %d element %d bf16 copy: got 0x%04x, expected 0x%04x of param %.9g", r.tensor,
-            r.begin + j, copy[j], FloatToBFloat16(after->param[j]), after->param[j]));
+            r.begin + j, copy.copy[g], FloatToBFloat16(got), got));
       }
       ++checked;
     }
@@ -336,23 +387,30 @@ absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const Stag
 }
 
 struct Timing {
-  double ms_median = 0;  // Wall time around Step().
+  double ms_median = 0;  // Wall time around Step() and Wait().
   double ms_min = 0;
   double ms_max = 0;
-  double device_ms_median = 0;  // The backend's last_step_device_seconds().
+  double device_ms_median = 0;  // WorkDone::device_seconds, as Wait reports it.
   double launches_per_step = 0;
   std::map<std::string, double> launches_per_step_by_kernel;
   double cupti_kernels_per_step = -1;  // Kernels CUPTI saw run per step; -1: not counted.
 };
 
-// Relies on Step() returning once the update is done, as both backends' do (the CUDA backend
-// waits for its step's end event).
+// One step, queued and waited for: Step() returns once the step is queued (at once on a GPU),
+// Wait(marker) once it has run.
+absl::StatusOr<WorkDone> StepAndWait(OptimizerBackend& optimizer, const StepRequest& request) {
+  absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+  if (!outcome.ok()) return outcome.status();
+  if (outcome->skipped) return absl::InternalError("a timed step was skipped");
+  return optimizer.Wait(outcome->marker);
+}
+
 absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads& grads,
                                  const BenchConfig& config) {
   const StepRequest request = grads.Request();
   for (int i = 0; i < config.warmup; ++i) {
-    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
-    if (!outcome.ok()) return outcome.status();
+    absl::StatusOr<WorkDone> done = StepAndWait(optimizer, request);
+    if (!done.ok()) return done.status();
   }
   const uint64_t launches_before = optimizer.launches_total();
   const std::map<std::string, uint64_t> by_kernel_before = optimizer.launch_counts();
@@ -364,12 +422,11 @@ absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads&
   std::vector<double> ms, device_ms;
   for (int i = 0; i < config.iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+    absl::StatusOr<WorkDone> done = StepAndWait(optimizer, request);
     const auto stop = std::chrono::steady_clock::now();
-    if (!outcome.ok()) return outcome.status();
-    if (outcome->skipped) return absl::InternalError("a timed step was skipped");
+    if (!done.ok()) return done.status();
     ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
-    device_ms.push_back(optimizer.last_step_device_seconds() * 1e3);
+    device_ms.push_back(done->device_seconds * 1e3);
   }
   Timing timing;
 #ifdef FUSEDPS_HAVE_CUDA
