@@ -47,7 +47,8 @@ ABSL_FLAG(uint64_t, staging_pool_bytes, uint64_t{2} << 30,
           "RESOURCE_EXHAUSTED");
 ABSL_FLAG(uint64_t, window_bytes, 32 << 20,
           "the most staging one pull or one registration holds at a time (it streams through "
-          "a window of this size, whatever its total size)");
+          "a window of this size, at most a quarter of --staging-pool-bytes, whatever its "
+          "total size)");
 ABSL_FLAG(uint64_t, pull_snapshot_bytes, uint64_t{4} << 30,
           "memory (device memory on a GPU) for pulls larger than one window, read at one "
           "version while steps go on; a pull larger than all of it is RESOURCE_EXHAUSTED");

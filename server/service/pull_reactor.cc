@@ -38,7 +38,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       return;
     }
     Hold();
-    window_limit_ = std::min(services_.limits.window_bytes, services_.staging->capacity());
+    window_limit_ = services_.window_bytes();
     if (total_bytes_ <= window_limit_) {
       Reserve(services_.staging, total_bytes_, [this](StagingPool::Reservation r) {
         window_ = std::move(r);
@@ -260,6 +260,9 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     }
     const uint32_t wire_size = DTypeSize(dtype_);
     uint64_t room = chunk_bytes_ / wire_size;  // Elements left in this message.
+    // Names count too: many small tensors with long names must not outgrow a message.
+    const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
+    uint64_t message_bytes = 0;
     while (room > 0 && cursor_tensor_ < tensors_.size()) {
       const TensorMeta& meta = view_->tensor(tensors_[cursor_tensor_]);
       if (cursor_element_ == meta.numel) {
@@ -267,6 +270,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
         cursor_element_ = 0;
         continue;
       }
+      const uint64_t overhead = meta.name.size() + 32;  // Name, offset and framing.
+      if (message_.chunks_size() > 0 && message_bytes + overhead + wire_size > budget) break;
       const uint64_t position = offsets_[cursor_tensor_] + cursor_element_ * stored_size_;
       if (position + stored_size_ > window_end_) {
         if (absl::Status s = LoadWindow(position); !s.ok()) return FinishCall(s);
@@ -287,6 +292,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       cursor_element_ += count;
       room -= count;
       message_payload_ += count * wire_size;
+      message_bytes += overhead + count * wire_size;
     }
     if (message_.chunks_size() == 0) return FinishCall(absl::OkStatus());
     StartWriting();

@@ -96,7 +96,7 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
   }
   absl::StatusOr<std::unique_ptr<Registration>> registration =
       Registration::Begin(services_.engine, services_.staging, services_.registration_gate,
-                          specs, services_.limits.window_bytes, cancelled);
+                          specs, services_.window_bytes(), cancelled);
   if (!registration.ok()) return registration.status();
   if (absl::Status s = (*registration)->AddChunks(message.chunks()); !s.ok()) return s;
   for (;;) {

@@ -3,6 +3,7 @@
 #ifndef FUSEDPS_SERVER_SERVICE_SERVICE_CONTEXT_H_
 #define FUSEDPS_SERVER_SERVICE_SERVICE_CONTEXT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 
@@ -37,6 +38,12 @@ struct ServiceContext {
   ServiceLimits limits;
 
   IngestServices ingest() const { return {engine, staging, metrics, assemblies}; }
+
+  // The staging one pull or registration may hold at a time: the configured window, but never
+  // more than a quarter of the pool, so that a few slow readers cannot starve pushes.
+  uint64_t window_bytes() const {
+    return std::max<uint64_t>(64, std::min(limits.window_bytes, staging->capacity() / 4));
+  }
 };
 
 }  // namespace fusedps
