@@ -11,15 +11,17 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "kernels/fault_injection.h"
+#include "kernels/forwarding_backend.h"
 
 namespace fusedps {
 namespace {
 
 // A CPU backend whose queued work "runs" until the test opens a gate: Wait blocks while the gate
 // is closed, like a GPU still busy with a kernel.
-class GatedBackend final : public OptimizerBackend {
+class GatedBackend final : public ForwardingBackend {
  public:
-  explicit GatedBackend(std::unique_ptr<OptimizerBackend> inner) : inner_(std::move(inner)) {}
+  explicit GatedBackend(std::unique_ptr<OptimizerBackend> inner)
+      : ForwardingBackend(std::move(inner)) {}
   void Open() {
     std::lock_guard<std::mutex> lock(mu_);
     open_ = true;
@@ -28,63 +30,23 @@ class GatedBackend final : public OptimizerBackend {
   int steps_queued() const { return steps_queued_.load(); }
   int waiting() const { return waiting_.load(); }
 
-  std::string name() const override { return inner_->name(); }
-  std::string device() const override { return inner_->device(); }
-  ParamCopyDType param_copy_dtype() const override { return inner_->param_copy_dtype(); }
-  absl::Status SetParamGroup(uint32_t g, const AdamWHyperparameters& h) override {
-    return inner_->SetParamGroup(g, h);
-  }
-  absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> t) override {
-    return inner_->AddTensors(t);
-  }
-  absl::Status TruncateTensors(uint32_t c) override { return inner_->TruncateTensors(c); }
-  absl::Status WriteParams(uint32_t t, uint64_t o, absl::Span<const float> v) override {
-    return inner_->WriteParams(t, o, v);
-  }
   absl::StatusOr<StepOutcome> Step(const StepRequest& r) override {
     ++steps_queued_;
-    absl::StatusOr<StepOutcome> outcome = inner_->Step(r);
+    absl::StatusOr<StepOutcome> outcome = ForwardingBackend::Step(r);
     if (outcome.ok() && outcome->marker == 0 && !outcome->skipped) {
-      outcome->marker = *inner_->Mark();
+      outcome->marker = *inner().Mark();
     }
     return outcome;
   }
-  absl::Status Read(const ReadRequest& r) override { return inner_->Read(r); }
-  absl::StatusOr<void*> AllocateSnapshot(uint64_t b) override { return inner_->AllocateSnapshot(b); }
-  absl::Status FreeSnapshot(void* s) override { return inner_->FreeSnapshot(s); }
-  absl::Status CopyFromSnapshot(const void* s, uint64_t o, uint64_t b, void* d) override {
-    return inner_->CopyFromSnapshot(s, o, b, d);
-  }
-  absl::StatusOr<Marker> Mark() override { return inner_->Mark(); }
   absl::StatusOr<WorkDone> Wait(Marker marker) override {
     ++waiting_;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return open_; });
     --waiting_;
-    return inner_->Wait(marker);
-  }
-  int64_t step(uint32_t t) const override { return inner_->step(t); }
-  uint32_t tensor_count() const override { return inner_->tensor_count(); }
-  uint64_t numel(uint32_t t) const override { return inner_->numel(t); }
-  absl::Status StageGrads(uint64_t o, const void* d, uint64_t c, GradDType t, float s) override {
-    return inner_->StageGrads(o, d, c, t, s);
-  }
-  absl::StatusOr<char*> AllocateStagingArena(uint64_t b) override {
-    return inner_->AllocateStagingArena(b);
-  }
-  absl::Status CopyStagingToDevice(uint64_t o, uint64_t b) override {
-    return inner_->CopyStagingToDevice(o, b);
-  }
-  std::map<std::string, uint64_t> launch_counts() const override {
-    return inner_->launch_counts();
-  }
-  uint64_t launches_total() const override { return inner_->launches_total(); }
-  std::map<std::string, uint64_t> memory_bytes() const override {
-    return inner_->memory_bytes();
+    return ForwardingBackend::Wait(marker);
   }
 
  private:
-  std::unique_ptr<OptimizerBackend> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;

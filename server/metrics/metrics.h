@@ -145,6 +145,7 @@ class Metrics {
   mutable uint64_t evictions_synced_ = 0;  // Guarded by sync_mu_.
 
   std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.
+  std::string listen_host_;               // The host part of Serve's address.
   // Last member: destroyed first, so no scrape runs while the rest goes away.
   std::unique_ptr<prometheus::Exposer> exposer_;
 };

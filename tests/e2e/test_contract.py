@@ -320,3 +320,26 @@ def test_a_device_fault_stops_the_shard_and_the_process_exits_3():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+# Shutdown took about 1.5 s more than the drain, spent stopping the metrics endpoint (civetweb
+# polls for its stop flag every 2 s).
+def test_sigterm_with_nothing_in_flight_exits_at_once():
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        proc = subprocess.Popen([server_path(), "--listen=127.0.0.1:0", f"--port-file={port_file}",
+                                 "--metrics-listen=127.0.0.1:0", "--device=cpu"],
+                                stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not (os.path.exists(port_file) and open(port_file).read().strip()):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            start = time.monotonic()
+            proc.terminate()
+            assert proc.wait(timeout=10) == 0
+            assert time.monotonic() - start < 0.5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
