@@ -39,7 +39,9 @@
 #include "fusedps/client.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 5m.");
+ABSL_FLAG(absl::Duration, timeout, fusedps::client::ClientOptions().timeout,
+          "Deadline of each call: this, plus the tensor data the call moves at 10 MB/s (the "
+          "client library's default), e.g. 30s, 5m; inf: no deadline.");
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "Payload bytes of tensor data per message.");
 ABSL_FLAG(std::string, service, "",
           "health: the gRPC service to ask about; empty means the whole server.");
@@ -74,7 +76,8 @@ Usage: fusedps [flags] COMMAND    (flags may also follow COMMAND; --a-b and --a_
 Commands:
   info      Print the server's version, backend, device, tensor and parameter counts, and
             param groups.
-  list      List tensors: name, shape, param group, step, elements.
+  list      List tensors: name, shape, param group, step, elements (every tensor, however
+            many: a large shard is read a page at a time).
   register  Register tensors of --shapes in --group, with normal(0, --init-std) values.
   push      Push --steps synthetic gradients (standard normal, from --seed) for every tensor
             or for --tensors, in --dtype; prints the version each push produced, or why it
