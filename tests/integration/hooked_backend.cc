@@ -13,11 +13,11 @@ class HookedBackend final : public ForwardingBackend {
       : ForwardingBackend(std::move(inner)), hooks_(std::move(hooks)) {}
 
   absl::StatusOr<StepOutcome> Step(const StepRequest& r) override {
-    if (auto hook = hooks_->Take(&BackendHooks::before_step)) hook();
+    if (auto hook = hooks_->Get(&BackendHooks::before_step)) hook();
     return ForwardingBackend::Step(r);
   }
   absl::Status CopyStagingToDevice(uint64_t o, uint64_t b) override {
-    if (auto hook = hooks_->Take(&BackendHooks::before_staging_copy)) hook();
+    if (auto hook = hooks_->Get(&BackendHooks::before_staging_copy)) hook();
     return ForwardingBackend::CopyStagingToDevice(o, b);
   }
 

@@ -7,7 +7,7 @@
 //     options.backend_factory = [hooks = hooks_] { return MakeHookedBackend(hooks); };
 //     return options;
 //   }
-//   hooks_->before_staging_copy = [&] { held.Notify(); release.WaitForNotification(); };
+//   hooks_->Set(&BackendHooks::before_staging_copy, [&] { ... });
 #ifndef FUSEDPS_TESTS_INTEGRATION_HOOKED_BACKEND_H_
 #define FUSEDPS_TESTS_INTEGRATION_HOOKED_BACKEND_H_
 
@@ -20,15 +20,19 @@
 
 namespace fusedps::integration {
 
-// Set before use; a hook runs on the thread that makes the call, then the call goes on.
+// A hook runs on the thread that makes the call, before the call goes on.
 struct BackendHooks {
   std::mutex mu;
   std::function<void()> before_staging_copy;  // CopyStagingToDevice (gRPC or pool threads).
   std::function<void()> before_step;          // Step (the engine's thread).
 
-  std::function<void()> Take(std::function<void()> BackendHooks::*hook) {
+  void Set(std::function<void()> BackendHooks::*hook, std::function<void()> f) {
     std::lock_guard<std::mutex> lock(mu);
-    return std::exchange(this->*hook, nullptr);  // Each hook runs once.
+    this->*hook = std::move(f);
+  }
+  std::function<void()> Get(std::function<void()> BackendHooks::*hook) {
+    std::lock_guard<std::mutex> lock(mu);
+    return this->*hook;
   }
 };
 
