@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -178,10 +179,11 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint64_
     staging_offset = reservation_.offset();
     return at->has_value() ? staging + **at : nullptr;
   };
-  // Outside mu_: this part's copy into staging (in ReadPushChunks), its check and the start of
-  // its device copy. The staging stays reserved while any part is in here (the parts hold the
-  // assembly), and a push is submitted only when every part has ended, after its last
-  // AddMessage.
+  // Outside mu_: this part's copy into staging (in ReadPushChunks), its check, and the device
+  // copy of what the message staged. The staging stays reserved while any part is in here (the
+  // parts hold the assembly), and a push is submitted only when every part has ended, after its
+  // last AddMessage.
+  uint64_t lowest = UINT64_MAX, highest = 0;  // The arena bytes this message staged.
   const auto staged = [&](char* data, uint64_t bytes) -> absl::Status {
     *bytes_added += bytes;
     if (!GradsAllFinite(data, checked_.dtype, bytes / DTypeSize(checked_.dtype), grad_scale,
@@ -189,10 +191,20 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint64_
       std::lock_guard<std::mutex> lock(mu_);
       grads_finite_ = false;
     }
-    return services_.engine->CopyStagingToDevice(staging_offset + (data - staging), bytes);
+    const uint64_t at = staging_offset + (data - staging);
+    lowest = std::min(lowest, at);
+    highest = std::max(highest, at + bytes);
+    return absl::OkStatus();
   };
   const absl::Time start = absl::Now();
   absl::Status read = ReadPushChunks(message, first, claim, staged);
+  // One device copy per message, not per chunk (a message of many small tensors has hundreds).
+  // It may span bytes of this push that other messages or parts write meanwhile: each of those
+  // issues its own copy after writing, later on the same copy stream, so the last copy of every
+  // byte reads its final value.
+  if (read.ok() && highest > lowest) {
+    read = services_.engine->CopyStagingToDevice(lowest, highest - lowest);
+  }
   ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
                           std::memory_order_relaxed);
   return read;

@@ -23,13 +23,6 @@ namespace {
 // Room left in a reply message for its framing.
 constexpr uint64_t kReplyMarginBytes = 64 << 10;
 
-grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
-                                   const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpc(status));
-  return reactor;
-}
-
 }  // namespace
 
 grpc::Status ParameterServiceImpl::RegisterParamGroup(
@@ -129,10 +122,9 @@ grpc::ServerWriteReactor<v1::PullParametersResponse>* ParameterServiceImpl::Pull
   return NewPullReactor(context, request, services_);
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::GetInfo(grpc::CallbackServerContext* context,
-                                                        const v1::GetInfoRequest*,
-                                                        v1::GetInfoResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return Finished(context, s);
+grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+                                           v1::GetInfoResponse* response) {
+  if (absl::Status s = services_.fault->status(); !s.ok()) return ToGrpc(s);
   std::shared_ptr<const ShardView> view = services_.engine->view();
   response->set_version(services_.engine->version());
   response->set_backend(services_.engine->backend_name());
@@ -143,22 +135,22 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::GetInfo(grpc::CallbackServerCont
   response->set_server_version(FUSEDPS_VERSION);
   response->set_max_message_bytes(services_.limits.max_message_bytes);
   response->set_param_copy_dtype(static_cast<v1::DType>(services_.engine->param_copy_dtype()));
-  return Finished(context, absl::OkStatus());
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::ListTensors(
-    grpc::CallbackServerContext* context, const v1::ListTensorsRequest* request,
-    v1::ListTensorsResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return Finished(context, s);
+grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext*,
+                                               const v1::ListTensorsRequest* request,
+                                               v1::ListTensorsResponse* response) {
+  if (absl::Status s = services_.fault->status(); !s.ok()) return ToGrpc(s);
   std::shared_ptr<const ShardView> view = services_.engine->view();
   uint32_t first = 0;
   if (!request->page_token().empty()) {
     absl::string_view token = request->page_token();
     if (!absl::ConsumePrefix(&token, "t") || !absl::SimpleAtoi(token, &first) ||
         first > view->tensor_count()) {
-      return Finished(context, absl::InvalidArgumentError(absl::StrCat(
-                                   "page_token ", QuoteName(request->page_token()),
-                                   " is not a next_page_token of this server")));
+      return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+          "page_token ", QuoteName(request->page_token()),
+          " is not a next_page_token of this server")));
     }
   }
   const uint32_t page_size = request->page_size() == 0 ? view->tensor_count()
@@ -180,7 +172,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::ListTensors(
     next = indices[i] + 1;
   }
   if (next < view->tensor_count()) response->set_next_page_token(absl::StrCat("t", next));
-  return Finished(context, absl::OkStatus());
+  return grpc::Status::OK;
 }
 
 }  // namespace fusedps

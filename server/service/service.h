@@ -8,8 +8,9 @@
 // Which thread does what:
 //   - PushGradients (raw) and PullParameters run on gRPC's callback API (push_reactor.h,
 //     pull_reactor.h): no gRPC thread waits for staging or for the device.
-//   - GetInfo and ListTensors are callback unary calls that read the engine's view and progress:
-//     they never wait for a job or a kernel.
+//   - GetInfo and ListTensors read the engine's view and progress: they never wait for a job or
+//     a kernel. They are synchronous, on gRPC's sync thread pool, so that they do not queue
+//     behind the pushes and pulls that the callback threads are busy copying.
 //   - RegisterParamGroup, SetHyperparameters and RegisterTensors are synchronous: they wait for
 //     their engine jobs (which do not wait for queued steps' kernels, except a registration's
 //     writes) on gRPC's sync thread pool.
@@ -22,10 +23,7 @@
 namespace fusedps {
 
 using ParameterServiceBase = v1::ParameterService::WithRawCallbackMethod_PushGradients<
-    v1::ParameterService::WithCallbackMethod_PullParameters<
-        v1::ParameterService::WithCallbackMethod_GetInfo<
-            v1::ParameterService::WithCallbackMethod_ListTensors<
-                v1::ParameterService::Service>>>>;
+    v1::ParameterService::WithCallbackMethod_PullParameters<v1::ParameterService::Service>>;
 
 class ParameterServiceImpl final : public ParameterServiceBase {
  public:
@@ -41,14 +39,12 @@ class ParameterServiceImpl final : public ParameterServiceBase {
       grpc::CallbackServerContext* context, grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<v1::PullParametersResponse>* PullParameters(
       grpc::CallbackServerContext* context, const v1::PullParametersRequest* request) override;
-  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
-                                    const v1::GetInfoRequest* request,
-                                    v1::GetInfoResponse* response) override;
+  grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,
+                       v1::GetInfoResponse* response) override;
   // Pages of at most page_size tensors (0: as many as fit in a reply message); the page token
   // is opaque ("t" and the next tensor's index). INVALID_ARGUMENT for a bad page_token.
-  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* context,
-                                        const v1::ListTensorsRequest* request,
-                                        v1::ListTensorsResponse* response) override;
+  grpc::Status ListTensors(grpc::ServerContext* context, const v1::ListTensorsRequest* request,
+                           v1::ListTensorsResponse* response) override;
   grpc::Status SetHyperparameters(grpc::ServerContext* context,
                                   const v1::SetHyperparametersRequest* request,
                                   v1::SetHyperparametersResponse* response) override;
