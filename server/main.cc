@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/kebab_flags.h"
+#include "common/logging.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
@@ -42,6 +43,7 @@ ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
 int main(int argc, char** argv) {
+  fusedps::InitLogging(argv[0]);
   absl::SetProgramUsageMessage(
       "fusedps-server: a gRPC parameter service applying AdamW on the server's device.\n"
       "  fusedps-server --listen=0.0.0.0:50051 --device=auto");
