@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "common/logging.h"
 #include "server/server.h"
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fusedps-server: a gRPC parameter service applying AdamW on the server's device.\n"
       "  fusedps-server --listen=0.0.0.0:50051 --device=auto");
+  if (fusedps::HelpRequested(argc, argv)) {
+    fusedps::PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> arg_storage;
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
