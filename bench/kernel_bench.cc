@@ -42,6 +42,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/step_validation.h"
 #include "bench/workloads.h"
+#include "common/flag_usage.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
 #ifdef FUSEDPS_HAVE_CUDA
@@ -433,6 +434,10 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Validates, then times one AdamW step of an fusedps backend on DESIGN.md's workloads.\n"
       "  fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10");
+  if (HelpRequested(argc, argv)) {
+    PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> storage;
   std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
   const std::vector<char*> positional =

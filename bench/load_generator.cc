@@ -24,16 +24,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "bench/load_runner.h"
 #include "bench/load_stats.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "fusedps/client.h"
 
@@ -271,18 +270,16 @@ void PrintProgress(const LoadProgress& p) {
 }
 
 int Main(int argc, char** argv) {
-  // --help lists this file's flags (absl's default matches files named after the program).
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "load_generator");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "Load generator for a fusedps server: N concurrent clients push gradients; prints "
       "GB/s, pushes/s and latency percentiles (flags: --a-b and --a_b both work).\n"
       "  fusedps-bench --target=HOST:PORT --clients=4 --model=gpt2 --scale=0.1 --duration=10s\n"
       "  fusedps-bench --target=HOST:PORT --model=synthetic --tensors=3 --numel=1000 "
       "--steps=5 --json");
+  if (HelpRequested(argc, argv)) {
+    PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> storage;
   std::vector<char*> args = KebabToSnakeFlags(argc, argv, storage);
   const std::vector<char*> positional =

@@ -13,22 +13,24 @@
 // the server.
 #include <unistd.h>
 
-#include <csignal>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
-#include <thread>
-#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "common/port_file.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
+#include "common/logging.h"
+#include "common/port_file.h"
 #include "kernels/backend_factory.h"
 #include "kernels/fault_injection.h"
 #include "server/server.h"
@@ -78,9 +80,14 @@ ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
 int main(int argc, char** argv) {
+  fusedps::InitLogging(argv[0]);
   absl::SetProgramUsageMessage(
       "fusedps-server: a gRPC parameter service applying AdamW on the server's device.\n"
       "  fusedps-server --listen=0.0.0.0:50051 --device=auto");
+  if (fusedps::HelpRequested(argc, argv)) {
+    fusedps::PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> arg_storage;
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());

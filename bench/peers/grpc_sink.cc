@@ -51,6 +51,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -409,6 +410,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fusedps-grpc-sink: fusedps.v1.ParameterService that discards every gradient byte.\n"
       "  fusedps-grpc-sink --listen=0.0.0.0:50051 --port-file=/tmp/sink.port");
+  if (fusedps::HelpRequested(argc, argv)) {
+    fusedps::PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> arg_storage;
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
