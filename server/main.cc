@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_bytes);
   if (!(absl::GetFlag(FLAGS_push_part_wait_seconds) > 0)) {
-    std::fprintf(stderr, "fusedps-server: --push-part-wait-seconds must be > 0\n");
+    LOG(ERROR) << "--push-part-wait-seconds must be > 0";
     return 2;
   }
   options.push_part_wait = absl::Seconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
@@ -121,9 +121,8 @@ int main(int argc, char** argv) {
   const double idle = absl::GetFlag(FLAGS_call_idle_seconds);
   const double keepalive = absl::GetFlag(FLAGS_keepalive_seconds);
   if (idle < 0 || !(keepalive > 0) || options.window_bytes < 4096) {
-    std::fprintf(stderr,
-                 "fusedps-server: --call-idle-seconds must be >= 0, --keepalive-seconds > 0 "
-                 "and --window-bytes >= 4096\n");
+    LOG(ERROR) << "--call-idle-seconds must be >= 0, --keepalive-seconds > 0 and "
+                  "--window-bytes >= 4096";
     return 2;
   }
   options.call_idle = idle == 0 ? absl::InfiniteDuration() : absl::Seconds(idle);
@@ -145,45 +144,43 @@ int main(int argc, char** argv) {
   absl::StatusOr<fusedps::ParamCopyDType> copy =
       fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
   if (!copy.ok()) {
-    std::fprintf(stderr, "fusedps-server: %s\n", std::string(copy.status().message()).c_str());
+    LOG(ERROR) << copy.status().message();
     return 2;
   }
   options.backend.param_copy_dtype = *copy;
 
   absl::StatusOr<std::unique_ptr<fusedps::Server>> server = fusedps::Server::Start(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "fusedps-server: %s\n", server.status().ToString().c_str());
+    LOG(ERROR) << "cannot start: " << server.status();
     return 1;
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  std::fprintf(stderr, "fusedps-server listening on %s:%d (backend %s, device %s)\n",
-               host.c_str(), (*server)->port(), (*server)->engine().backend_name().c_str(),
-               (*server)->engine().device().c_str());
+  LOG(INFO) << "fusedps-server listening on " << host << ":" << (*server)->port() << " (backend "
+            << (*server)->engine().backend_name() << ", device " << (*server)->engine().device()
+            << ")";
   if (!options.metrics_listen.empty()) {
-    const std::string metrics_host =
-        options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
-    std::fprintf(stderr, "fusedps-server metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
-                 (*server)->metrics_port());
+    LOG(INFO) << "fusedps-server metrics on http://"
+              << options.metrics_listen.substr(0, options.metrics_listen.rfind(':')) << ":"
+              << (*server)->metrics_port() << "/metrics";
   }
   // The metrics port file first: once the gRPC port file exists, both are there.
   const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   if (!metrics_port_file.empty() &&
       !fusedps::WritePortFile(metrics_port_file, (*server)->metrics_port())) {
-    std::fprintf(stderr, "fusedps-server: cannot write --metrics-port-file %s\n",
-                 metrics_port_file.c_str());
+    LOG(ERROR) << "cannot write --metrics-port-file " << metrics_port_file;
     return 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !fusedps::WritePortFile(port_file, (*server)->port())) {
-    std::fprintf(stderr, "fusedps-server: cannot write --port-file %s\n", port_file.c_str());
+    LOG(ERROR) << "cannot write --port-file " << port_file;
     return 1;
   }
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
   if (signal == SIGUSR1) {
-    std::fprintf(stderr, "fusedps-server: the shard faulted (%s); exiting with status 3\n",
-                 (*server)->fault().cause().ToString().c_str());
+    LOG(ERROR) << "the shard faulted (" << (*server)->fault().cause()
+               << "); exiting with status 3";
     const int drain = absl::GetFlag(FLAGS_fault_drain_seconds);
     // A failed device may never answer, so the drain gets a deadline of its own, and the
     // process leaves without destroying the engine.
@@ -196,11 +193,11 @@ int main(int argc, char** argv) {
     drained.get_future().wait_for(std::chrono::seconds(drain + 5));
     std::_Exit(3);
   }
-  std::fprintf(stderr, "fusedps-server: %s, draining for up to %ds\n", strsignal(signal),
-               absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  LOG(INFO) << strsignal(signal) << ", draining for up to "
+            << absl::GetFlag(FLAGS_shutdown_grace_seconds) << " s";
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
   (*server)->Wait();
   server->reset();
-  std::fprintf(stderr, "fusedps-server: stopped\n");
+  LOG(INFO) << "fusedps-server stopped";
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend_factory.h"
@@ -45,7 +46,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->snapshot_budget_ = std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr,
                                                            "--pull-snapshot-bytes");
   server->assemblies_ = std::make_unique<PushAssemblies>(options.push_part_wait);
-  server->watchdog_ = std::make_unique<CallWatchdog>(options.call_idle);
+  // A line that stops moving leaves a line in the log (and the oldest-wait gauge shows it).
+  server->watchdog_ = std::make_unique<CallWatchdog>(options.call_idle, [self] {
+    const absl::Duration waited = self->staging_->oldest_wait();
+    if (waited > absl::Seconds(10)) {
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 30)
+          << self->staging_->waiting() << " calls wait for staging, the oldest for "
+          << absl::FormatDuration(waited) << "; " << self->staging_->in_use() << " of "
+          << self->staging_->capacity() << " bytes are held (--staging-pool-bytes)";
+    }
+  });
 
   UpdateEngine* engine = server->engine_.get();
   server->metrics_ = std::make_unique<Metrics>(

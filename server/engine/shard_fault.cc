@@ -1,9 +1,9 @@
 #include "server/engine/shard_fault.h"
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace fusedps {
 
@@ -12,15 +12,14 @@ void ShardFault::Report(const absl::Status& cause) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (faulted_.load(std::memory_order_relaxed)) {
-      std::fprintf(stderr, "fusedps: a further fault after the shard stopped: %s\n",
-                   cause.ToString().c_str());
+      LOG(ERROR) << "a further fault after the shard stopped: " << cause;
       return;
     }
     cause_ = cause;
     faulted_.store(true, std::memory_order_release);
     observers = observers_;
   }
-  std::fprintf(stderr, "fusedps: FAULT, the shard stops: %s\n", cause.ToString().c_str());
+  LOG(ERROR) << "FAULT, the shard stops: " << cause;
   for (const Observer& observer : observers) observer(cause);
 }
 

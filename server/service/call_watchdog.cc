@@ -1,6 +1,7 @@
 #include "server/service/call_watchdog.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -24,8 +25,11 @@ void CallWatchdog::Handle::Stop() {
   on_idle_ = nullptr;
 }
 
-CallWatchdog::CallWatchdog(absl::Duration idle_limit) : idle_limit_(idle_limit) {
-  if (idle_limit_ != absl::InfiniteDuration()) checker_ = std::thread([this] { Run(); });
+CallWatchdog::CallWatchdog(absl::Duration idle_limit, std::function<void()> periodic)
+    : idle_limit_(idle_limit), periodic_(std::move(periodic)) {
+  if (idle_limit_ != absl::InfiniteDuration() || periodic_) {
+    checker_ = std::thread([this] { Run(); });
+  }
 }
 
 CallWatchdog::~CallWatchdog() {
@@ -47,6 +51,7 @@ std::shared_ptr<CallWatchdog::Handle> CallWatchdog::Watch(std::function<void()> 
 
 void CallWatchdog::Run() {
   const absl::Duration period = std::min(absl::Seconds(1), idle_limit_ / 4);
+  absl::Time next_periodic = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return stop_; })) {
     std::vector<std::shared_ptr<Handle>> live;
@@ -60,6 +65,10 @@ void CallWatchdog::Run() {
     }
     lock.unlock();
     const absl::Time now = absl::Now();
+    if (periodic_ && now >= next_periodic) {
+      periodic_();
+      next_periodic = now + absl::Seconds(1);
+    }
     for (const std::shared_ptr<Handle>& handle : live) {
       std::lock_guard<std::mutex> handle_lock(handle->mu_);
       if (!handle->armed_ || !handle->on_idle_ || now - handle->since_ < idle_limit_) continue;

@@ -54,8 +54,9 @@ class CallWatchdog {
     absl::Time since_;               // Guarded by mu_: when it was armed.
   };
 
-  // An infinite limit watches nothing.
-  explicit CallWatchdog(absl::Duration idle_limit);
+  // An infinite limit watches nothing. `periodic`, when set, runs on the watchdog's thread
+  // about once a second (for checks of the same kind, e.g. a staging pool whose line stalls).
+  explicit CallWatchdog(absl::Duration idle_limit, std::function<void()> periodic = nullptr);
   ~CallWatchdog();
   CallWatchdog(const CallWatchdog&) = delete;
   CallWatchdog& operator=(const CallWatchdog&) = delete;
@@ -69,6 +70,7 @@ class CallWatchdog {
   void Run();
 
   const absl::Duration idle_limit_;
+  const std::function<void()> periodic_;
   std::mutex mu_;
   std::condition_variable stop_cv_;
   std::list<std::weak_ptr<Handle>> handles_;  // Guarded by mu_.

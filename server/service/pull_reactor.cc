@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "server/service/convert.h"
 
 namespace fusedps {
@@ -320,6 +321,10 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     if (finished_) return;
     finished_ = true;
     services_.metrics->RecordPull(static_cast<grpc::StatusCode>(status.code()), bytes_sent_);
+    if (!status.ok() && !absl::IsCancelled(status)) {
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
+          << "pull from " << context_->peer() << " failed: " << status;
+    }
     Finish(ToGrpc(status));
   }
 

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "common/logging.h"
 #include "server/ingest/push_message.h"
 #include "server/service/byte_buffer_view.h"
 #include "server/service/convert.h"
@@ -114,6 +115,11 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     services_.metrics->RecordPush(static_cast<grpc::StatusCode>(status.code()),
                                   bytes_.load(std::memory_order_relaxed), stages,
                                   status.ok() && reply.duplicate);
+    if (!status.ok() && !absl::IsCancelled(status)) {
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
+          << "push from " << context_->peer() << " (client_id " << QuoteName(client_id_)
+          << ") failed: " << status;
+    }
     grpc::ServerReadReactor<grpc::ByteBuffer>::Finish(ToGrpc(status));
   }
 
@@ -182,6 +188,10 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
           absl::InvalidArgumentError("the first PushGradientsRequest must carry header"), {}, {});
     }
     const v1::PushHeader header = **std::move(read);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      client_id_ = header.client_id();
+    }
     std::shared_ptr<const ShardView> view = services_.engine->view();
     absl::StatusOr<CheckedPushHeader> checked = CheckPushHeader(header, *view);
     if (!checked.ok()) return FinishCall(checked.status(), {}, {});
@@ -239,6 +249,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   grpc::ByteBuffer first_;    // The header's message, kept for its chunks until staging is ready.
   std::atomic<uint64_t> bytes_{0};  // Gradient payload this part received.
   std::mutex mu_;
+  std::string client_id_;                   // Guarded by mu_: the header's, for the log.
   std::shared_ptr<PushAssembly> assembly_;  // Guarded by mu_.
   int messages_in_flight_ = 0;              // Guarded by mu_.
   int holds_ = 0;             // Guarded by mu_: messages in flight and a retry's waiter.

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/logging.h"
 #include "server/ingest/registration.h"
 #include "server/service/convert.h"
 #include "server/service/pull_reactor.h"
@@ -59,7 +60,12 @@ grpc::Status ParameterServiceImpl::SetHyperparameters(
 grpc::Status ParameterServiceImpl::RegisterTensors(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
-  return ToGrpc(RegisterTensorsStatus(context, reader, response));
+  const absl::Status status = RegisterTensorsStatus(context, reader, response);
+  if (!status.ok() && !absl::IsCancelled(status)) {
+    FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
+        << "registration from " << context->peer() << " failed: " << status;
+  }
+  return ToGrpc(status);
 }
 
 absl::Status ParameterServiceImpl::RegisterTensorsStatus(
