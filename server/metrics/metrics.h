@@ -58,10 +58,11 @@ struct ShardMetrics {
 struct PushStageSeconds {
   // From the call's arrival until every chunk was in and checked.
   double receive = 0;
-  // The backend step outside its kernels: checking the grads and copying them to the device
-  // (about 0 on the CPU backend, whose whole step counts as its kernels).
+  // How long the device waited for the push's gradient copies once it reached the step (from
+  // CUDA events; 0 on the CPU backend).
   double h2d = 0;
-  // Waiting for the update engine, then the step's kernels, until the outcome is back.
+  // From the push being complete until its step's kernels are done: the engine's queue, the
+  // steps queued before it, the kernels; less h2d.
   double apply = 0;
   // From the outcome until the acknowledgement is handed to gRPC.
   double ack = 0;
