@@ -117,7 +117,8 @@ class CpuBackend final : public OptimizerBackend {
           {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
           request.field, t);
       if (!field_start.ok()) return field_start.status();
-      std::memcpy(out, *field_start, table_.numel(t) * sizeof(float));
+      // A tensor of no elements may have no destination at all (a pull of only such tensors).
+      if (table_.numel(t) > 0) std::memcpy(out, *field_start, table_.numel(t) * sizeof(float));
     }
     return absl::OkStatus();
   }
