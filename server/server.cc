@@ -88,6 +88,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   context.assemblies = server->assemblies_.get();
   context.watchdog = server->watchdog_.get();
   context.registration_gate = &server->registration_gate_;
+  server->testing_before_push_join_ = options.testing_before_push_join;
+  if (server->testing_before_push_join_) {
+    context.testing_before_push_join = &server->testing_before_push_join_;
+  }
   context.limits.max_message_bytes = options.max_message_bytes;
   context.limits.window_bytes = options.window_bytes;
   server->service_ = std::make_unique<ParameterServiceImpl>(context);

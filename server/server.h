@@ -71,6 +71,9 @@ struct ServerOptions {
   // Runs once if the shard faults, after health has turned NOT_SERVING (on the thread that
   // saw the fault; it must not block).
   std::function<void(const absl::Status& cause)> on_fault;
+  // Tests: runs in each push call after its header is checked, just before the call joins its
+  // push (on a gRPC thread; it may block that call).
+  std::function<void()> testing_before_push_join;
 };
 
 class Server {
@@ -107,6 +110,7 @@ class Server {
   std::unique_ptr<PushAssemblies> assemblies_;
   std::unique_ptr<CallWatchdog> watchdog_;
   std::timed_mutex registration_gate_;
+  std::function<void()> testing_before_push_join_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;

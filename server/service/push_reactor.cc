@@ -12,6 +12,7 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "common/logging.h"
+#include "common/tsan.h"
 #include "server/ingest/push_message.h"
 #include "server/service/byte_buffer_view.h"
 #include "server/service/convert.h"
@@ -27,6 +28,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
         response_(response),
         services_(services),
         watch_(services.watchdog->Watch([this] { OnIdle(); })) {
+    FUSEDPS_HAPPENS_BEFORE(this);
     if (absl::Status s = services_.fault->status(); !s.ok()) {
       FinishCall(s, {}, {});
       return;
@@ -35,6 +37,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   }
 
   void OnReadDone(bool ok) override {
+    FUSEDPS_HAPPENS_AFTER(this);
     watch_->Disarm();
     std::shared_ptr<PushAssembly> assembly = Assembly();
     if (!ok) {
@@ -62,14 +65,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   }
 
   void OnCancel() override {
-    if (std::shared_ptr<PushAssembly> assembly = Assembly()) {
-      assembly->Fail(this, absl::CancelledError("cancelled"));
-    } else {
-      FinishCall(absl::CancelledError("cancelled"), {}, {});
-    }
+    FUSEDPS_HAPPENS_AFTER(this);
+    FailPart(absl::CancelledError("cancelled"));
   }
 
   void OnDone() override {
+    FUSEDPS_HAPPENS_AFTER(this);
     watch_->Stop();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -97,6 +98,20 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     return assembly_;
   }
 
+  // Fails this part from outside its reads (OnCancel, OnIdle, which may run while OnHeader
+  // does): through its push once it has joined one, else by itself, and then it never joins
+  // one (a push would finish it a second time, after gRPC has freed the call).
+  void FailPart(const absl::Status& status) {
+    std::shared_ptr<PushAssembly> assembly;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      assembly = assembly_;
+      if (assembly == nullptr && failed_alone_.ok()) failed_alone_ = status;
+    }
+    if (assembly != nullptr) return assembly->Fail(this, status);
+    FinishCall(status, {}, {});
+  }
+
   // The one place a call ends: metrics, then the status and reply to the client. Once.
   void FinishCall(const absl::Status& status, const PushReply& reply,
                   const PushStageSeconds& stages) {
@@ -120,6 +135,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
           << "push from " << context_->peer() << " (client_id " << QuoteName(client_id_)
           << ") failed: " << status;
     }
+    FUSEDPS_HAPPENS_BEFORE(this);
     grpc::ServerReadReactor<grpc::ByteBuffer>::Finish(ToGrpc(status));
   }
 
@@ -129,6 +145,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     watch_->Arm();
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
+    FUSEDPS_HAPPENS_BEFORE(this);
     StartRead(&request_);
   }
 
@@ -144,8 +161,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     const absl::Status idle = absl::DeadlineExceededError(absl::StrCat(
         "no message for ", absl::FormatDuration(services_.watchdog->idle_limit()),
         " (--call-idle-seconds)"));
-    if (std::shared_ptr<PushAssembly> assembly = Assembly()) return assembly->Fail(this, idle);
-    FinishCall(idle, {}, {});
+    FailPart(idle);
   }
 
   // Adds a message after BeginFirstMessage and reads the next. The stream's end waits for it,
@@ -214,6 +230,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     }
 
     first_.Swap(&request_);
+    if (services_.testing_before_push_join != nullptr) (*services_.testing_before_push_join)();
     const bool parts = checked->part_count > 1;
     const std::string key = parts ? PushAssemblies::Key(header) : std::string();
     const auto make = [&] {
@@ -226,9 +243,16 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     if (assembly == nullptr) {
       return FinishCall(absl::AbortedError("another part of this push failed already"), {}, {});
     }
+    absl::Status failed_alone;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      assembly_ = assembly;
+      failed_alone = failed_alone_;
+      if (failed_alone.ok()) assembly_ = assembly;
+    }
+    if (!failed_alone.ok()) {
+      // Cancelled (or idle) meanwhile, and answered already: the push fails without this part,
+      // as when a part is cancelled mid-push (the others get ABORTED).
+      return assembly->Fail(this, failed_alone);
     }
     if (absl::Status s = assembly->Join(this, header.part_index(), header); !s.ok()) {
       // Joined nothing: this part answers for itself.
@@ -251,6 +275,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   std::mutex mu_;
   std::string client_id_;                   // Guarded by mu_: the header's, for the log.
   std::shared_ptr<PushAssembly> assembly_;  // Guarded by mu_.
+  absl::Status failed_alone_;  // Guarded by mu_: FailPart's error before a join; then no join.
   int messages_in_flight_ = 0;              // Guarded by mu_.
   int holds_ = 0;             // Guarded by mu_: messages in flight and a retry's waiter.
   bool stream_ended_ = false;  // Guarded by mu_: the client's writes are done.

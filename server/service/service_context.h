@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 
 #include "server/engine/shard_fault.h"
@@ -35,6 +36,8 @@ struct ServiceContext {
   PushAssemblies* assemblies;
   CallWatchdog* watchdog;
   std::timed_mutex* registration_gate;  // One registration at a time.
+  // ServerOptions::testing_before_push_join, or null.
+  const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;
 
   IngestServices ingest() const { return {engine, staging, metrics, assemblies}; }

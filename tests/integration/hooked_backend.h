@@ -25,6 +25,8 @@ struct BackendHooks {
   std::mutex mu;
   std::function<void()> before_staging_copy;  // CopyStagingToDevice (gRPC or pool threads).
   std::function<void()> before_step;          // Step (the engine's thread).
+  // Not a backend call: ServerOptions::testing_before_push_join, when the test wires it.
+  std::function<void()> before_push_join;
 
   void Set(std::function<void()> BackendHooks::*hook, std::function<void()> f) {
     std::lock_guard<std::mutex> lock(mu);

@@ -5,7 +5,7 @@
 #include <map>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
+#include "common/notification.h"
 #include "absl/time/clock.h"
 #include "tests/integration/hooked_backend.h"
 #include "tests/integration/service_harness.h"
@@ -29,6 +29,10 @@ class LifetimeTest : public ServiceTest {
     ServerOptions options = ServiceTest::Options();
     options.staging_pool_bytes = kPushBytes;  // One push at a time.
     options.backend_factory = [hooks = hooks_] { return MakeHookedBackend(hooks); };
+    options.testing_before_push_join = [hooks = hooks_] {
+      if (std::function<void()> hook = hooks->Get(&BackendHooks::before_push_join)) hook();
+    };
+    options.push_part_wait = absl::Seconds(5);
     return options;
   }
 
@@ -65,7 +69,7 @@ TEST_F(LifetimeTest, APartFinishedWhileItsFirstMessageIsAddedIssuesNoMoreOperati
       Messages<v1::PushGradientsRequest>(MakePushHeader(v1::DTYPE_FLOAT32), holder_chunks, 1);
   // Every chunk's device copy passes the hook: the holder's go on, the next one (part 0's
   // first chunk, on the staging pool's grant thread) stops until released.
-  absl::Notification held, release;
+  Notification held, release;
   std::atomic<size_t> copies{0};
   hooks_->Set(&BackendHooks::before_staging_copy, [&] {
     if (++copies != holder_chunks.size() + 1) return;
@@ -102,6 +106,53 @@ TEST_F(LifetimeTest, APartFinishedWhileItsFirstMessageIsAddedIssuesNoMoreOperati
   WaitFor([&] { return server_->staging_pool().in_use() == 0; });
   // Nothing of the push in parts was applied; the holder's step was.
   EXPECT_EQ(Snapshot().version, before.version + 1);
+  ASSERT_TRUE(server_->staging_pool().CheckInvariants().ok());
+}
+
+// Defect: a part whose call was cancelled while its header was being handled answered for itself
+// (CANCELLED) and then joined its push anyway. gRPC freed the finished call, and the push later
+// finished the part again, in freed memory (ASan: heap-use-after-free in PushAssembly::Fail, found
+// by the stress test). Here part 1 is held just before it joins, cancelled, and let go once the
+// server has answered it: it must not join, and its push fails at once (part 0 gets ABORTED), as
+// when a part is cancelled mid-push.
+TEST_F(LifetimeTest, APartCancelledBeforeItJoinsItsPushNeverJoinsIt) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const ShardState before = Snapshot();
+  Notification held, release;
+  std::atomic<int> joins{0};
+  hooks_->Set(&BackendHooks::before_push_join, [&] {
+    if (++joins != 2) return;  // Part 1's.
+    held.Notify();
+    release.WaitForNotification();
+  });
+  const auto chunks = GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 3), 1024);
+  std::vector<std::vector<v1::PushGradientsRequest>> messages;
+  for (uint32_t p = 0; p < 2; ++p) {
+    v1::PushHeader header = MakePushHeader(v1::DTYPE_FLOAT32, "trainer", 4);
+    header.set_part_index(p);
+    header.set_part_count(2);
+    std::vector<v1::TensorChunk> share;
+    for (size_t i = p; i < chunks.size(); i += 2) share.push_back(chunks[i]);
+    messages.push_back(Messages<v1::PushGradientsRequest>(header, share, 1));
+  }
+  std::unique_ptr<OpenCall> part0 = Open(messages[0], 1);
+  WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });  // Joined, reserved.
+  std::unique_ptr<OpenCall> part1 = Open(messages[1], 1);
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  part1->context.TryCancel();
+  EXPECT_EQ(part1->writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  WaitFor([&] {  // The server's OnCancel has answered part 1.
+    return server_->metrics().ScrapeText().find(
+               "fusedps_push_requests_total{code=\"CANCELLED\"} 1") != std::string::npos;
+  });
+  release.Notify();
+  for (size_t i = 1; i < messages[0].size(); ++i) part0->writer->Write(messages[0][i]);
+  part0->writer->WritesDone();
+  const grpc::Status part0_status = part0->writer->Finish();
+  EXPECT_EQ(part0_status.error_code(), grpc::StatusCode::ABORTED) << part0_status.error_message();
+  hooks_->Set(&BackendHooks::before_push_join, nullptr);
+  WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+  EXPECT_EQ(Snapshot().version, before.version);
   ASSERT_TRUE(server_->staging_pool().CheckInvariants().ok());
 }
 
