@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/wire.h"
+#include "common/tsan.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -263,9 +264,16 @@ absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
   ConfigureContext(options_, &context);
   std::promise<grpc::Status> done;
   grpc::GenericStub stub(connection(0).channel);
+  // libgrpc runs the callback on its own thread: common/tsan.h says why TSan needs the edges.
+  FUSEDPS_HAPPENS_BEFORE(&done);
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+                 &response, [&done, &response](grpc::Status s) {
+                   FUSEDPS_HAPPENS_AFTER(&done);
+                   FUSEDPS_HAPPENS_BEFORE(&response);  // gRPC filled it before calling this.
+                   done.set_value(std::move(s));
+                 });
   const grpc::Status status = done.get_future().get();
+  FUSEDPS_HAPPENS_AFTER(&response);
   if (!status.ok()) return internal::ToAbslStatus(status);
   std::vector<grpc::Slice> slices;
   std::string bytes;

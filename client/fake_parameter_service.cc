@@ -237,7 +237,7 @@ grpc::Status FakeParameterService::PullParameters(
         WaitForCancellation(context);
         return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
       }
-      absl::SleepFor(pull_message_delay_);
+      absl::SleepFor(absl::Nanoseconds(pull_message_delay_nanos_.load()));
     }
     if (!writer->Write(messages[m])) break;
   }

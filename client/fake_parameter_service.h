@@ -82,7 +82,9 @@ class FakeParameterService final : public v1::ParameterService::Service {
   // Pulls announce this many more tensors in tensor_count than they describe.
   void pull_tensor_count_surplus(int surplus) { pull_tensor_count_surplus_ = surplus; }
   // Pulls wait this long before each message after the header.
-  void pull_message_delay(absl::Duration delay) { pull_message_delay_ = delay; }
+  void pull_message_delay(absl::Duration delay) {
+    pull_message_delay_nanos_ = absl::ToInt64Nanoseconds(delay);
+  }
   // Pulls send their header, then nothing, until the call is cancelled.
   void hang_pull_after_header() { hang_pull_after_header_ = true; }
   // GetInfo answers nothing until the call is cancelled.
@@ -106,7 +108,7 @@ class FakeParameterService final : public v1::ParameterService::Service {
   std::atomic<int> pull_tensor_count_surplus_{0};
   std::atomic<bool> hang_pull_after_header_{false};
   std::atomic<bool> hang_get_info_{false};
-  absl::Duration pull_message_delay_ = absl::ZeroDuration();
+  std::atomic<int64_t> pull_message_delay_nanos_{0};
 
   void NoteRequest(size_t bytes);
   void NotePeer(grpc::ServerContext* context);

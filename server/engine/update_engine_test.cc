@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
+#include "common/notification.h"
 #include "gtest/gtest.h"
 #include "kernels/fault_injection.h"
 #include "kernels/forwarding_backend.h"
@@ -113,7 +113,7 @@ TEST_F(EngineTest, StepsAdvanceTheVersionAndStepsInOrder) {
   const ReadyPush first = PushOf(tensors, sizes, grads), second = PushOf(tensors, sizes, grads);
   std::vector<absl::StatusOr<StepResult>> results;
   std::mutex mu;
-  absl::Notification both;
+  Notification both;
   const auto done = [&](absl::StatusOr<StepResult> r) {
     std::lock_guard<std::mutex> lock(mu);
     results.push_back(r);
@@ -153,7 +153,7 @@ TEST_F(EngineTest, QueuedStepsRunWhileTheFirstIsStillOnTheDevice) {
     });
   }
   absl::StatusOr<StepResult> retry;
-  absl::Notification retried;
+  Notification retried;
   engine.Step(&pushes[0], [&](absl::StatusOr<StepResult> r) {
     retry = r;
     retried.Notify();

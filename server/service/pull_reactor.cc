@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/tsan.h"
 #include "server/service/convert.h"
 
 namespace fusedps {
@@ -32,6 +33,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
           idle_ = true;
           context_->TryCancel();  // The pending write ends with !ok; OnWriteDone finishes.
         })) {
+    FUSEDPS_HAPPENS_BEFORE(this);
     absl::Status ready = services_.fault->status();
     if (ready.ok()) ready = Prepare(request);
     if (!ready.ok()) {
@@ -60,6 +62,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   }
 
   void OnWriteDone(bool ok) override {
+    FUSEDPS_HAPPENS_AFTER(this);
     watch_->Disarm();
     if (!ok) {
       return FinishCall(idle_ ? IdleError() : absl::CancelledError("the client left"));
@@ -69,6 +72,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   }
 
   void OnCancel() override {
+    FUSEDPS_HAPPENS_AFTER(this);
     uint64_t ticket;
     StagingPool* pool;
     {
@@ -80,6 +84,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   }
 
   void OnDone() override {
+    FUSEDPS_HAPPENS_AFTER(this);
     watch_->Stop();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -248,6 +253,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     watch_->Arm();
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
+    FUSEDPS_HAPPENS_BEFORE(this);
     StartWrite(&message_);
   }
 
@@ -325,6 +331,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
           << "pull from " << context_->peer() << " failed: " << status;
     }
+    FUSEDPS_HAPPENS_BEFORE(this);
     Finish(ToGrpc(status));
   }
 
