@@ -6,7 +6,8 @@ against this tree's ("new"), all measured in that one run on one GPU machine.
 
   kernel   fusedps-kernel-bench, % of the same run's device-to-device copy, per workload
   readers  GetInfo and a 1 MB pull (the reader probe of fusedps-bench) while one client streams
-           GPT-2 small pushes in 8 parts; and those pushes' throughput
+           GPT-2 small pushes in 1 or 8 parts, and with no pushes (the host's floor); and those
+           pushes' throughput
   small    back-to-back pushes of 10,000 tensors x 1K (the whole model, bf16)
 """
 import json
@@ -48,12 +49,14 @@ def kernel(out):
 
 def readers(out):
     rows = []
-    for streams in (1, 8):
+    for streams in (0, 1, 8):  # Streams of the pushing client; 0: no pushes (the floor).
         docs = {}
         for v in ("new", "old"):
             probe = load(f"{out}/readers_probe_{v}_s{streams}.json")
             push = load(f"{out}/readers_push_{v}_s{streams}.json")
             docs[v] = (probe, push)
+            if not probe and streams == 0:
+                continue  # Not measured (an older script).
             if not probe:
                 rows.append(f"| {v} | {streams} | failed |")
                 continue

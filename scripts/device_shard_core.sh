@@ -5,6 +5,8 @@
 # (fusedps-server-old, fusedps-kernel-bench-old). Logs and JSON go to $OUT; tables print last.
 #   PARTS="tests kernel readers small push"   which sections run (default: all)
 #   DEVICE=cuda:0, DURATION=10s (small steps), SECONDS_PER_LOAD=10 (readers)
+#   PIN=1 (readers): the server on cores 0-9, the pushing client on 10-13, the probe on 14-15,
+#   as when trainers run on other hosts: the load generator cannot starve the server or probe.
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out"
@@ -15,13 +17,14 @@ parts=" ${PARTS:-tests kernel readers small push} "
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv \
   | tee "$out/gpu.txt"
 has() { [[ $parts == *" $1 "* ]]; }
+pin() { [[ ${PIN:-0} == 1 ]] && echo "taskset -c $1"; }
 
 # A server (new or old) on the GPU in the background; its port in /tmp/$1.port.
 start_server() {  # name binary [flags...]
   local name=$1 binary=$2
   shift 2
   rm -f "/tmp/$name.port"
-  .device-pack/run "$binary" --listen=127.0.0.1:0 --port-file="/tmp/$name.port" \
+  $(pin 0-9) .device-pack/run "$binary" --listen=127.0.0.1:0 --port-file="/tmp/$name.port" \
     --metrics-listen= --device="$device" "$@" >"$out/server_$name.log" 2>&1 &
   for _ in $(seq 1 120); do [[ -s /tmp/$name.port ]] && return 0; sleep 0.25; done
   echo "server $name did not start"; tail -5 "$out/server_$name.log"; return 1
@@ -56,20 +59,23 @@ bench=".device-pack/run fusedps-bench --json --warmup-steps=2"
 for v in "" -old; do
   name=new; [[ $v == -old ]] && name=old
   if has readers; then  # GetInfo and a 1 MB pull, from a process of their own, while one
-    # client streams GPT-2 small pushes (in 1 or 8 parts).
+    # client streams GPT-2 small pushes (in 1 or 8 parts), and with no pushes.
     start_server $name fusedps-server$v --staging-pool-bytes=$((4 << 30)) && {
       t=127.0.0.1:$(cat /tmp/$name.port)
       $bench --target=$t --model=gpt2 --dtype=bf16 --steps=1 >/dev/null 2>&1  # Registers.
-      for s in 1 8; do
-        $bench --target=$t --model=gpt2 --dtype=bf16 --register=false --clients=1 \
-          --streams=$s --duration=$((${SECONDS_PER_LOAD:-10} + 3))s \
-          >"$out/readers_push_${name}_s$s.json" 2>"$out/readers_push_${name}_s$s.log" &
-        pusher=$!
-        sleep 2
-        timeout 100 $bench --target=$t --clients=0 --probe-interval=5ms \
+      for s in ${READER_STREAMS:-0 1 8}; do  # 0: no pushes, the probe's floor on this host.
+        pusher=
+        if ((s > 0)); then
+          $(pin 10-13) $bench --target=$t --model=gpt2 --dtype=bf16 --register=false \
+            --clients=1 --streams=$s --duration=$((${SECONDS_PER_LOAD:-10} + 3))s \
+            >"$out/readers_push_${name}_s$s.json" 2>"$out/readers_push_${name}_s$s.log" &
+          pusher=$!
+          sleep 2
+        fi
+        timeout 100 $(pin 14-15) $bench --target=$t --clients=0 --probe-interval=5ms \
           --duration=${SECONDS_PER_LOAD:-10}s >"$out/readers_probe_${name}_s$s.json" \
           2>"$out/readers_probe_${name}_s$s.log" || echo "probe $name s$s failed"
-        wait $pusher
+        [[ -n $pusher ]] && wait $pusher
       done
     }
     stop_servers
