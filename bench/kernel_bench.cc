@@ -3,10 +3,12 @@
 // For each workload it registers the tensors with a fresh backend, writes random normal params,
 // stages random normal gradients once with StageGrads (as the server does while a push arrives;
 // on a GPU they then sit in device memory), validates two steps on a few elements of every
-// tensor against AdamWUpdate (kernels/adamw_math.h) run here on copies, and only then times
-// Step() on the staged gradients: the median of --iters steps after --warmup steps, as wall time
-// around Step() and as the backend's own last_step_device_seconds() (CUDA events on a GPU).
-// It exits non-zero on any mismatch.
+// tensor against AdamWUpdate (kernels/adamw_math.h) run here on copies (reading whole tensors,
+// as a pull does, and keeping the samples), and only then times steps on the staged gradients:
+// the median of --iters steps after --warmup steps, each queued with Step() and waited for with
+// Wait(marker), as wall time around both and as the device time that Wait reports
+// (WorkDone::device_seconds: CUDA events around the kernel on a GPU). It exits non-zero on any
+// mismatch.
 //
 // Bandwidth counts the bytes an ideal kernel moves per parameter: params, exp_avg and exp_avg_sq
 // read and written (24), the gradient read (4 for fp32, 2 for bf16) and the low-precision copy
@@ -38,7 +40,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/step_validation.h"
 #include "bench/workloads.h"
+#include "common/flag_usage.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
 #ifdef FUSEDPS_HAVE_CUDA
@@ -70,11 +74,6 @@ namespace {
 // Steps validated before timing. Two, so that the second starts from non-zero exp_avg and
 // exp_avg_sq and a step count above one.
 constexpr int kValidationSteps = 2;
-// Elements per sampled range; each tensor gets its head, its tail and one random range.
-constexpr uint64_t kSampleNumel = 8;
-// AdamWUpdate here and in a backend may differ by a few fp32 ulps (FMA contraction on a GPU).
-constexpr double kRelativeTolerance = 1e-6;
-constexpr double kAbsoluteTolerance = 1e-7;
 
 // Bytes per buffer of the copy reference: well beyond any cache.
 constexpr uint64_t kCopyReferenceBytes = uint64_t{512} << 20;
@@ -113,7 +112,12 @@ absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads
     return HostCopyMs(bytes, threads > 0 ? threads : omp_get_num_procs(), warmup, iters);
   }
 #ifdef FUSEDPS_HAVE_CUDA
-  if (optimizer.name() == "cuda") return DeviceCopyMs(0, bytes, warmup, iters);
+  // device() reads "cuda:N <name> (...)": the roof of the backend's own GPU.
+  int ordinal = 0;
+  if (optimizer.name() == "cuda" &&
+      std::sscanf(optimizer.device().c_str(), "cuda:%d", &ordinal) == 1) {
+    return DeviceCopyMs(ordinal, bytes, warmup, iters);
+  }
 #endif
   return absl::UnimplementedError(
       absl::StrCat("no copy roof for backend '", optimizer.name(), "' yet"));
@@ -135,13 +139,6 @@ int BytesPerParam(const BenchConfig& config) {
   return 24 + DTypeSize(config.grad_dtype) + copy_bytes;
 }
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Fills out[0, n) with standard normal samples, the same for a (seed, stream) whatever the
 // number of threads.
 void FillNormal(uint64_t seed, uint64_t stream, float* out, uint64_t n) {
@@ -155,24 +152,6 @@ void FillNormal(uint64_t seed, uint64_t stream, float* out, uint64_t n) {
     for (uint64_t i = static_cast<uint64_t>(c) * kChunk; i < end; ++i) out[i] = normal(rng);
   }
 }
-
-// The gradients of a push covering every tensor, staged in the backend, and the host copy the
-// reference reads. Laid out as the backend's arenas are.
-struct StagedGrads {
-  std::vector<uint32_t> tensors;  // 0..N-1.
-  std::vector<uint64_t> offsets;  // Per tensor, in elements, multiples of 8.
-  std::vector<uint32_t> host;     // fp32 or bf16 elements.
-  GradDType dtype = GradDType::kFloat32;
-
-  // A step on the backend's staged gradients (grads == nullptr).
-  StepRequest Request() const {
-    StepRequest request;
-    request.tensors = tensors;
-    request.grad_offsets = offsets;
-    request.grad_dtype = dtype;
-    return request;
-  }
-};
 
 // Registers the workload's tensors, writes random params and stages random gradients.
 absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig& config,
@@ -189,8 +168,12 @@ absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig
     tensors.push_back({.numel = numel, .param_group = 0});
     arena_numel += AlignedNumel(numel);
   }
-  status = optimizer.AddTensors(tensors);
-  if (!status.ok()) return status;
+  absl::StatusOr<uint32_t> first = optimizer.AddTensors(tensors);
+  if (!first.ok()) return first.status();
+  if (*first != 0) {
+    return absl::InternalError(absl::StrCat("a fresh backend numbered its first tensor ", *first));
+  }
+  grads.arena_numel = arena_numel;
 
   std::vector<float> values(arena_numel);
   FillNormal(config.seed, /*stream=*/1, values.data(), arena_numel);
@@ -217,142 +200,31 @@ absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig
   return grads;
 }
 
-struct SampleRange {
-  uint32_t tensor;
-  uint64_t begin;
-  uint64_t count;
-};
-
-std::vector<SampleRange> PickSamples(const Workload& workload, uint64_t seed) {
-  std::mt19937_64 rng(SplitMix64(seed ^ 0x5a5a5a5aull));
-  std::vector<SampleRange> samples;
-  for (uint32_t t = 0; t < workload.numels.size(); ++t) {
-    const uint64_t n = workload.numels[t];
-    const uint64_t count = std::min(n, kSampleNumel);
-    samples.push_back({t, 0, count});
-    if (n > count) samples.push_back({t, n - count, count});
-    if (n > 2 * count) {
-      std::uniform_int_distribution<uint64_t> begin(0, n - count);
-      samples.push_back({t, begin(rng), count});
-    }
-  }
-  return samples;
-}
-
-struct StateValues {
-  std::vector<float> param, exp_avg, exp_avg_sq;
-};
-
-absl::StatusOr<StateValues> ReadState(const OptimizerBackend& optimizer, const SampleRange& r) {
-  StateValues v;
-  v.param.resize(r.count);
-  v.exp_avg.resize(r.count);
-  v.exp_avg_sq.resize(r.count);
-  const std::pair<TensorField, float*> reads[] = {{TensorField::kParam, v.param.data()},
-                                                  {TensorField::kExpAvg, v.exp_avg.data()},
-                                                  {TensorField::kExpAvgSq, v.exp_avg_sq.data()}};
-  for (const auto& [field, out] : reads) {
-    absl::Status status =
-        optimizer.Read(field, r.tensor, r.begin, r.count, GradDType::kFloat32, out);
-    if (!status.ok()) return status;
-  }
-  return v;
-}
-
-absl::Status CheckClose(const char* field, const SampleRange& r, uint64_t j, float actual,
-                        float expected) {
-  const double diff = std::fabs(static_cast<double>(actual) - expected);
-  if (diff <= kAbsoluteTolerance + kRelativeTolerance * std::fabs(expected)) {
-    return absl::OkStatus();
-  }
-  return absl::InternalError(absl::StrFormat("tensor %d element %d %s: got %.9g, expected %.9g",
-                                             r.tensor, r.begin + j, field, actual, expected));
-}
-
-// Steps once and checks every sampled element against AdamWUpdate applied to the values read
-// before the step; also the step counts and the bf16 copy. Returns the elements checked.
-absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const StagedGrads& grads,
-                                         const std::vector<SampleRange>& samples) {
-  std::vector<StateValues> before;
-  std::vector<int64_t> steps_before(optimizer.tensor_count());
-  for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) steps_before[t] = optimizer.step(t);
-  for (const SampleRange& r : samples) {
-    absl::StatusOr<StateValues> values = ReadState(optimizer, r);
-    if (!values.ok()) return values.status();
-    before.push_back(*std::move(values));
-  }
-
-  const StepRequest request = grads.Request();
-  absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
-  if (!outcome.ok()) return outcome.status();
-  if (outcome->skipped || outcome->tensors_updated != optimizer.tensor_count()) {
-    return absl::InternalError(absl::StrCat("step of finite gradients skipped or partial: ",
-                                            outcome->tensors_updated, " tensors updated"));
-  }
-  for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) {
-    if (optimizer.step(t) != steps_before[t] + 1) {
-      return absl::InternalError(absl::StrCat("tensor ", t, " step is ", optimizer.step(t),
-                                              ", expected ", steps_before[t] + 1));
-    }
-  }
-
-  const AdamWHyperparameters hyper;  // Group 0, as Populate registered it.
-  uint64_t checked = 0;
-  std::vector<uint16_t> copy;
-  for (size_t k = 0; k < samples.size(); ++k) {
-    const SampleRange& r = samples[k];
-    absl::StatusOr<StateValues> after = ReadState(optimizer, r);
-    if (!after.ok()) return after.status();
-    if (optimizer.param_copy_dtype() == ParamCopyDType::kBFloat16) {
-      copy.resize(r.count);
-      absl::Status status = optimizer.Read(TensorField::kParam, r.tensor, r.begin, r.count,
-                                           GradDType::kBFloat16, copy.data());
-      if (!status.ok()) return status;
-    }
-    const AdamWStepScalars s =
-        MakeStepScalars(hyper, steps_before[r.tensor] + 1, request.grad_scale);
-    for (uint64_t j = 0; j < r.count; ++j) {
-      float param = before[k].param[j];
-      float exp_avg = before[k].exp_avg[j];
-      float exp_avg_sq = before[k].exp_avg_sq[j];
-      const uint64_t g = grads.offsets[r.tensor] + r.begin + j;
-      AdamWUpdate(s, LoadGrad(grads.host.data(), grads.dtype, g), param, exp_avg, exp_avg_sq,
-                  nullptr);
-      for (absl::Status status :
-           {CheckClose("param", r, j, after->param[j], param),
-            CheckClose("exp_avg", r, j, after->exp_avg[j], exp_avg),
-            CheckClose("exp_avg_sq", r, j, after->exp_avg_sq[j], exp_avg_sq)}) {
-        if (!status.ok()) return status;
-      }
-      if (!copy.empty() && copy[j] != FloatToBFloat16(after->param[j])) {
-        return absl::InternalError(absl::StrFormat(
-            "tensor %d element %d bf16 copy: got 0x%04x, expected 0x%04x of param %.9g", r.tensor,
-            r.begin + j, copy[j], FloatToBFloat16(after->param[j]), after->param[j]));
-      }
-      ++checked;
-    }
-  }
-  return checked;
-}
-
 struct Timing {
-  double ms_median = 0;  // Wall time around Step().
+  double ms_median = 0;  // Wall time around Step() and Wait().
   double ms_min = 0;
   double ms_max = 0;
-  double device_ms_median = 0;  // The backend's last_step_device_seconds().
+  double device_ms_median = 0;  // WorkDone::device_seconds, as Wait reports it.
   double launches_per_step = 0;
   std::map<std::string, double> launches_per_step_by_kernel;
   double cupti_kernels_per_step = -1;  // Kernels CUPTI saw run per step; -1: not counted.
 };
 
-// Relies on Step() returning once the update is done, as both backends' do (the CUDA backend
-// waits for its step's end event).
+// One step, queued and waited for: Step() returns once the step is queued (at once on a GPU),
+// Wait(marker) once it has run.
+absl::StatusOr<WorkDone> StepAndWait(OptimizerBackend& optimizer, const StepRequest& request) {
+  absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+  if (!outcome.ok()) return outcome.status();
+  if (outcome->skipped) return absl::InternalError("a timed step was skipped");
+  return optimizer.Wait(outcome->marker);
+}
+
 absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads& grads,
                                  const BenchConfig& config) {
   const StepRequest request = grads.Request();
   for (int i = 0; i < config.warmup; ++i) {
-    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
-    if (!outcome.ok()) return outcome.status();
+    absl::StatusOr<WorkDone> done = StepAndWait(optimizer, request);
+    if (!done.ok()) return done.status();
   }
   const uint64_t launches_before = optimizer.launches_total();
   const std::map<std::string, uint64_t> by_kernel_before = optimizer.launch_counts();
@@ -364,12 +236,11 @@ absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads&
   std::vector<double> ms, device_ms;
   for (int i = 0; i < config.iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+    absl::StatusOr<WorkDone> done = StepAndWait(optimizer, request);
     const auto stop = std::chrono::steady_clock::now();
-    if (!outcome.ok()) return outcome.status();
-    if (outcome->skipped) return absl::InternalError("a timed step was skipped");
+    if (!done.ok()) return done.status();
     ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
-    device_ms.push_back(optimizer.last_step_device_seconds() * 1e3);
+    device_ms.push_back(done->device_seconds * 1e3);
   }
   Timing timing;
 #ifdef FUSEDPS_HAVE_CUDA
@@ -421,7 +292,7 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
   Result result;
   result.workload = workload;
   result.device = optimizer.device();
-  const std::vector<SampleRange> samples = PickSamples(workload, config.seed);
+  const std::vector<SampleRange> samples = PickSamples(workload.numels, config.seed);
   for (int i = 0; i < kValidationSteps; ++i) {
     absl::StatusOr<uint64_t> checked = ValidateOneStep(optimizer, *grads, samples);
     if (!checked.ok()) {
@@ -563,6 +434,10 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Validates, then times one AdamW step of an fusedps backend on DESIGN.md's workloads.\n"
       "  fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10");
+  if (HelpRequested(argc, argv)) {
+    PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> storage;
   std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
   const std::vector<char*> positional =

@@ -24,22 +24,22 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "bench/load_runner.h"
 #include "bench/load_stats.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "fusedps/client.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
 ABSL_FLAG(int32_t, clients, 1,
-          "Concurrent trainers, each its own client and connection, pushing from its own thread.");
+          "Concurrent trainers, each its own client and connection, pushing from its own thread; "
+          "0 with --probe-interval runs the reader probe alone for --duration.");
 ABSL_FLAG(int32_t, streams, 1,
           "Connections per client; above 1 each push travels as that many parts at once.");
 ABSL_FLAG(std::string, model, "gpt2",
@@ -62,6 +62,11 @@ ABSL_FLAG(std::string, client_id_prefix, "fusedps-bench-",
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial values and gradients.");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of the table.");
+ABSL_FLAG(absl::Duration, probe_interval, absl::ZeroDuration(),
+          "During the timed window, a reader on its own connection calls GetInfo and pulls a "
+          "tensor of --probe-pull-bytes every this long, timing each (0: no probe).");
+ABSL_FLAG(uint64_t, probe_pull_bytes, 1 << 20,
+          "Size of the tensor the probe pulls (it registers it); 0: GetInfo only.");
 
 namespace fusedps {
 namespace {
@@ -100,9 +105,15 @@ absl::StatusOr<Run> RunFromFlags() {
   config.register_tensors = absl::GetFlag(FLAGS_register);
   config.client_id_prefix = absl::GetFlag(FLAGS_client_id_prefix);
   config.seed = absl::GetFlag(FLAGS_seed);
+  config.probe_interval = absl::GetFlag(FLAGS_probe_interval);
+  config.probe_pull_bytes = absl::GetFlag(FLAGS_probe_pull_bytes);
   const int64_t chunk = absl::GetFlag(FLAGS_max_chunk_bytes);
   if (config.target.empty()) return absl::InvalidArgumentError("--target is empty");
-  if (config.clients < 1) return absl::InvalidArgumentError("--clients must be >= 1");
+  if (config.clients < 0 ||
+      (config.clients == 0 && config.probe_interval <= absl::ZeroDuration())) {
+    return absl::InvalidArgumentError(
+        "--clients must be >= 1, or 0 with --probe-interval (a reader probe alone)");
+  }
   if (config.steps < 0 || config.warmup_steps < 0) {
     return absl::InvalidArgumentError("--steps and --warmup-steps must be >= 0");
   }
@@ -182,6 +193,19 @@ void PrintTable(const Run& run, const LoadResult& result) {
   }
   absl::PrintF("%s", TableRow("all", TotalPushes(result), result.seconds, TotalGradBytes(result),
                               AllLatencies(result)));
+  if (run.config.probe_interval > absl::ZeroDuration()) {
+    absl::PrintF("\n%-18s %7s %8s %8s %8s %8s   (reader probe, every %s, %d errors)\n",
+                 "reader", "calls", "p50 ms", "p90 ms", "p99 ms", "max ms",
+                 absl::FormatDuration(run.config.probe_interval), result.probe.errors);
+    for (const auto& [name, samples] :
+         {std::make_pair(std::string("GetInfo"), result.probe.get_info_ms),
+          std::make_pair(absl::StrCat("pull ", run.config.probe_pull_bytes, " B"),
+                         result.probe.pull_ms)}) {
+      const LatencySummary s = SummarizeLatencies(samples);
+      absl::PrintF("%-18s %7d %8.3f %8.3f %8.3f %8.3f\n", name, s.count, s.p50_ms, s.p90_ms,
+                   s.p99_ms, s.max_ms);
+    }
+  }
 }
 
 std::string JsonLatency(const LatencySummary& s) {
@@ -206,6 +230,8 @@ void PrintJson(const Run& run, const LoadResult& result) {
       " \"timed_pushes\": %d, \"skipped_steps\": %d, \"grad_bytes\": %d, \"seconds\": %.6f,\n"
       " \"pushes_per_s\": %.4f, \"gbps\": %.6f, \"client_cpu_s\": %.6f,\n"
       " \"latency_ms\": %s,\n"
+      " \"probe\": {\"interval_s\": %.6f, \"pull_bytes\": %d, \"errors\": %d,\n"
+      "  \"get_info_ms\": %s,\n  \"pull_ms\": %s},\n"
       " \"per_client\": [",
       JsonString(config.target), JsonString(result.backend), JsonString(result.device),
       JsonString(run.model.name), JsonString(run.model.description), run.scale,
@@ -218,7 +244,10 @@ void PrintJson(const Run& run, const LoadResult& result) {
       TotalSkipped(result), bytes, result.seconds,
       PerSecond(static_cast<double>(pushes), result.seconds),
       PerSecond(static_cast<double>(bytes), result.seconds) / 1e9, result.client_cpu_seconds,
-      JsonLatency(AllLatencies(result)));
+      JsonLatency(AllLatencies(result)), absl::ToDoubleSeconds(config.probe_interval),
+      config.probe_pull_bytes, result.probe.errors,
+      JsonLatency(SummarizeLatencies(result.probe.get_info_ms)),
+      JsonLatency(SummarizeLatencies(result.probe.pull_ms)));
   for (size_t i = 0; i < result.clients.size(); ++i) {
     const ClientLoadResult& c = result.clients[i];
     const double n = static_cast<double>(c.latencies_ms.size());
@@ -241,18 +270,16 @@ void PrintProgress(const LoadProgress& p) {
 }
 
 int Main(int argc, char** argv) {
-  // --help lists this file's flags (absl's default matches files named after the program).
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "load_generator");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "Load generator for a fusedps server: N concurrent clients push gradients; prints "
       "GB/s, pushes/s and latency percentiles (flags: --a-b and --a_b both work).\n"
       "  fusedps-bench --target=HOST:PORT --clients=4 --model=gpt2 --scale=0.1 --duration=10s\n"
       "  fusedps-bench --target=HOST:PORT --model=synthetic --tensors=3 --numel=1000 "
       "--steps=5 --json");
+  if (HelpRequested(argc, argv)) {
+    PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> storage;
   std::vector<char*> args = KebabToSnakeFlags(argc, argv, storage);
   const std::vector<char*> positional =

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "bench/workloads.h"
 #include "grpcpp/create_channel.h"
@@ -317,10 +318,12 @@ absl::StatusOr<LoadModel> MakeLoadModel(absl::string_view name, double scale,
 
 absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& model,
                                    const std::function<void(const LoadProgress&)>& progress) {
-  if (config.clients < 1 || config.steps < 0 || config.warmup_steps < 0 ||
+  const bool probe_only = config.clients == 0 && config.probe_interval > absl::ZeroDuration();
+  if ((config.clients < 1 && !probe_only) || config.steps < 0 || config.warmup_steps < 0 ||
       (config.steps == 0 && config.duration <= absl::ZeroDuration())) {
     return absl::InvalidArgumentError(
-        "need clients >= 1, warmup steps >= 0, and steps >= 1 or a positive duration");
+        "need clients >= 1 (0 only with a probe), warmup steps >= 0, and steps >= 1 or a "
+        "positive duration");
   }
   LoadResult result;
   absl::StatusOr<std::unique_ptr<client::Client>> admin = Connect(config);
@@ -335,6 +338,22 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
     }
   }
 
+  std::unique_ptr<ReaderProbe> probe;
+  if (config.probe_interval > absl::ZeroDuration()) {
+    absl::StatusOr<std::unique_ptr<ReaderProbe>> created =
+        ReaderProbe::Create({config.target, config.probe_interval, config.probe_pull_bytes});
+    if (!created.ok()) return WithContext(created.status(), "starting the reader probe");
+    probe = *std::move(created);
+  }
+
+  if (probe_only) {  // A reader beside trainers in other processes, for --duration.
+    probe->Begin();
+    absl::SleepFor(config.duration);
+    result.probe = probe->Stop();
+    result.seconds = absl::ToDoubleSeconds(config.duration);
+    return result;
+  }
+
   RunState state(config.clients);
   result.clients.resize(static_cast<size_t>(config.clients));
   std::vector<std::thread> threads;
@@ -346,13 +365,16 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
       state.Finish();
     });
   }
-  while (!state.WaitForFinish(std::chrono::seconds(1))) {
+  // Checked often at first, so that the probe begins as the window opens.
+  while (!state.WaitForFinish(std::chrono::milliseconds(!probe || state.start() ? 1000 : 5))) {
     const std::optional<Clock::time_point> start = state.start();
+    if (probe && start) probe->Begin();
     if (progress && start && !state.failed()) {
       progress({SecondsBetween(*start, Clock::now()), state.pushes(), state.grad_bytes()});
     }
   }
   for (std::thread& thread : threads) thread.join();
+  if (probe) result.probe = probe->Stop();
   result.client_cpu_seconds = ProcessCpuSeconds() - state.cpu_seconds_at_open();
   if (absl::Status error = state.error(); !error.ok()) return error;
 

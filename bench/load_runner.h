@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "bench/reader_probe.h"
 #include "fusedps/client.h"
 
 namespace fusedps {
@@ -76,6 +77,9 @@ struct LoadConfig {
   // `fusedps push` does; an empty prefix sends no client_id (no retry detection on the server).
   std::string client_id_prefix = "fusedps-bench-";
   uint64_t seed = 1;  // Trainer i's gradients come from seed + 1 + i; initial values from seed.
+  // A reader probe during the timed window (bench/reader_probe.h); an interval of 0: none.
+  absl::Duration probe_interval = absl::ZeroDuration();
+  uint64_t probe_pull_bytes = 1 << 20;
 };
 
 // What one trainer did in the timed window.
@@ -101,6 +105,7 @@ struct LoadResult {
   // from the window's opening to the end of the run.
   double client_cpu_seconds = 0.0;
   std::vector<ClientLoadResult> clients;
+  ProbeResult probe;  // The reader probe's latencies, when it ran.
 };
 
 // A snapshot of the timed window so far.

@@ -13,7 +13,8 @@ import os
 import re
 import sys
 
-SERVERS = ["fusedps", "sink", "peer"]
+# "old": the base commit's fusedps-server, when the run packed one (fusedps-server-old).
+SERVERS = ["fusedps", "old", "sink", "peer"]
 
 
 def load(path):
@@ -28,7 +29,8 @@ def loads(out):
     """The loads present, ordered: model, then streams, then clients."""
     keys = set()
     for path in glob.glob(os.path.join(out, "*_c*_s*.json")):
-        m = re.match(r"(fusedps|sink|peer)_(\w+?)_c(\d+)_s(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"(fusedps|old|sink|peer)_(\w+?)_c(\d+)_s(\d+)\.json$",
+                     os.path.basename(path))
         if m:
             keys.add((m.group(2), int(m.group(4)), int(m.group(3))))
     return sorted(keys, key=lambda k: (k[0] != "gpt2", k[1], k[2]))
@@ -75,6 +77,8 @@ def main(out):
         got = {s: load(os.path.join(out, f"{s}_{model}_c{clients}_s{streams}.json")) for s in SERVERS}
         for s in SERVERS:
             r = got[s]
+            if r is None and s == "old":
+                continue
             if r is None:
                 print(f"| {name} | {s} | - | - | - | - | - | - |")
                 continue
@@ -84,13 +88,14 @@ def main(out):
                   f"{lat['p99'] / lat['p50']:.2f} |")
         ours = got["fusedps"]
         ratios.append((name, ours and got["sink"] and ours["gbps"] / got["sink"]["gbps"],
-                       ours and got["peer"] and ours["gbps"] / got["peer"]["gbps"]))
+                       ours and got["peer"] and ours["gbps"] / got["peer"]["gbps"],
+                       ours and got["old"] and ours["gbps"] / got["old"]["gbps"]))
     print()
-    print("| load | ours/sink (throughput) | ours/peer (throughput) |")
-    print("|---|---:|---:|")
-    for name, sink, peer in ratios:
+    print("| load | ours/sink (throughput) | ours/peer (throughput) | ours/old (throughput) |")
+    print("|---|---:|---:|---:|")
+    for name, sink, peer, old in ratios:
         fmt = lambda x: "-" if x is None else f"{x:.2f}"
-        print(f"| {name} | {fmt(sink)} | {fmt(peer)} |")
+        print(f"| {name} | {fmt(sink)} | {fmt(peer)} | {fmt(old)} |")
     print()
     print("fusedps stage means per push (ms; server side, warmup pushes included):")
     print()

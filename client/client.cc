@@ -1,8 +1,11 @@
 #include "fusedps/client.h"
 
 #include <algorithm>
-#include <future>
+#include <climits>
+#include <condition_variable>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -13,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/wire.h"
+#include "common/tsan.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -32,6 +36,17 @@ struct Client::Connection {
 namespace {
 
 absl::Status ValidateOptions(const ClientOptions& options) {
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout must be > 0, not ", absl::FormatDuration(options.timeout)));
+  }
+  if (options.keepalive_time <= absl::ZeroDuration() ||
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keepalive_time and keepalive_timeout must be > 0, not ",
+                     absl::FormatDuration(options.keepalive_time), " and ",
+                     absl::FormatDuration(options.keepalive_timeout)));
+  }
   if (options.max_chunk_bytes < 4 || options.max_chunk_bytes > internal::kMaxChunkBytesLimit) {
     return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes must be in [4, ",
                                                    internal::kMaxChunkBytesLimit, "], not ",
@@ -44,11 +59,38 @@ absl::Status ValidateOptions(const ClientOptions& options) {
   return absl::OkStatus();
 }
 
-void ConfigureContext(const ClientOptions& options, grpc::ClientContext* context) {
+// A call's deadline (CallTimeout of payload_bytes from now; none when that is infinite) and
+// wait_for_ready.
+void ConfigureContext(const ClientOptions& options, grpc::ClientContext* context,
+                      uint64_t payload_bytes = 0) {
   if (options.wait_for_ready) context->set_wait_for_ready(true);
-  if (options.timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  const absl::Duration timeout = internal::CallTimeout(options, payload_bytes);
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
+}
+
+// Milliseconds for an int channel argument.
+int Milliseconds(absl::Duration duration) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(duration), INT_MAX));
+}
+
+// The channel arguments of a connection made by Create.
+grpc::ChannelArguments ChannelArgs(const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(internal::kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(internal::kMaxMessageBytes);
+  // Each stream gets its own connection rather than sharing the global subchannel.
+  if (options.streams > 1) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (options.keepalive_time != absl::InfiniteDuration()) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(options.keepalive_time));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(options.keepalive_timeout));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    // gRPC otherwise stops pinging after 2 pings without data, that is, while a call waits on
+    // the server (a push being applied) a dead peer would go unnoticed from the third on.
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
+  return args;
 }
 
 // Runs fn(0), ..., fn(n - 1) on n threads (fn(0) on this one) and returns the first error by
@@ -100,88 +142,72 @@ absl::Status FinishWrites(grpc::ClientWriter<Request>& writer, bool writes_ok) {
   return ToAbslStatus(writer.Finish());
 }
 
-// Collects a pull's chunks into a PullResult, checking that they cover each tensor exactly.
-class PullAssembler {
+// Cancels a call once CallTimeout(options, payload) has passed since the call began, where the
+// payload may grow while the call runs: a pull learns its size from the reply, and gRPC's own
+// deadline is fixed when a call starts. Does nothing when options.timeout is infinite.
+// REQUIRES: the context outlives this object.
+class GrowingDeadline {
  public:
-  explicit PullAssembler(DType requested_dtype) : dtype_(requested_dtype) {}
-
-  absl::Status AddHeader(const v1::PullHeader& header, PullResult& result) {
-    if (has_header_) return absl::InternalError("pull reply has a second header");
-    has_header_ = true;
-    result.version = header.version();
-    if (header.dtype() != v1::DTYPE_UNSPECIFIED) {
-      absl::StatusOr<DType> dtype = internal::FromProtoDType(header.dtype());
-      if (!dtype.ok()) return absl::InternalError(dtype.status().message());
-      dtype_ = *dtype;
+  GrowingDeadline(const ClientOptions& options, grpc::ClientContext* context)
+      : options_(options), context_(context), start_(absl::Now()) {
+    if (options_.timeout == absl::InfiniteDuration()) return;
+    deadline_ = start_ + internal::CallTimeout(options_, 0);
+    thread_ = std::thread([this] { Watch(); });
+  }
+  GrowingDeadline(const GrowingDeadline&) = delete;
+  GrowingDeadline& operator=(const GrowingDeadline&) = delete;
+  ~GrowingDeadline() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
     }
-    for (const v1::TensorInfo& info : header.tensors()) {
-      // numel is redundant with the shape; a server may leave it 0.
-      absl::StatusOr<uint64_t> numel = internal::NumElements(info.shape());
-      if (!numel.ok() || (info.numel() != 0 && *numel != info.numel())) {
-        return absl::InternalError(absl::StrCat("pull header: tensor ", info.name(), " has numel ",
-                                                info.numel(), " that does not match its shape"));
-      }
-      auto [it, inserted] = result.tensors.try_emplace(info.name());
-      if (!inserted) {
-        return absl::InternalError(absl::StrCat("pull header names ", info.name(), " twice"));
-      }
-      PulledTensor& tensor = it->second;
-      tensor.shape.assign(info.shape().begin(), info.shape().end());
-      tensor.param_group = info.param_group();
-      tensor.step = info.step();
-      tensor.values.resize(*numel);
-      pending_[info.name()] = Pending{&tensor.values, 0};
-    }
-    return absl::OkStatus();
+    changed_.notify_one();
+    if (thread_.joinable()) thread_.join();
   }
 
-  absl::Status AddChunk(const v1::TensorChunk& chunk) {
-    if (!has_header_) return absl::InternalError("pull reply sent data before its header");
-    auto it = pending_.find(chunk.tensor());
-    if (it == pending_.end()) {
-      return absl::InternalError(
-          absl::StrCat("pull reply has a chunk of ", chunk.tensor(), ", not in its header"));
-    }
-    const size_t element_bytes = ElementBytes(dtype_);
-    const uint64_t numel = chunk.data().size() / element_bytes;
-    std::vector<float>& values = *it->second.values;
-    if (chunk.data().size() % element_bytes != 0 || chunk.offset() > values.size() ||
-        numel > values.size() - chunk.offset()) {
-      return absl::InternalError(absl::StrCat(
-          "pull reply has a chunk of ", chunk.tensor(), " at offset ", chunk.offset(), " of ",
-          chunk.data().size(), " bytes, outside its ", values.size(), " elements"));
-    }
-    internal::DecodeElements(chunk.data(), dtype_,
-                             absl::MakeSpan(values).subspan(chunk.offset(), numel));
-    it->second.received += numel;
-    return absl::OkStatus();
+  // The call's payload so far, in bytes.
+  void SetPayload(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes == payload_bytes_) return;
+    payload_bytes_ = bytes;
+    deadline_ = start_ + internal::CallTimeout(options_, bytes);
   }
 
-  absl::Status Finish(absl::Span<const std::string> requested, const PullResult& result) const {
-    if (!has_header_) return absl::InternalError("pull reply has no header");
-    for (const auto& [name, pending] : pending_) {
-      if (pending.received != pending.values->size()) {
-        return absl::InternalError(absl::StrCat("pull reply has ", pending.received,
-                                                " elements of ", name, ", not ",
-                                                pending.values->size()));
-      }
-    }
-    for (const std::string& name : requested) {
-      if (result.tensors.count(name) == 0) {
-        return absl::InternalError(absl::StrCat("pull reply lacks requested tensor ", name));
-      }
-    }
-    return absl::OkStatus();
+  // DEADLINE_EXCEEDED when this cancelled the call, else OK.
+  absl::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!expired_) return absl::OkStatus();
+    return absl::DeadlineExceededError(
+        absl::StrCat("call exceeded its deadline of ", absl::FormatDuration(deadline_ - start_),
+                     " (", absl::FormatDuration(options_.timeout), " plus ", payload_bytes_,
+                     " bytes at ", options_.min_bytes_per_second, " bytes/s)"));
   }
 
  private:
-  struct Pending {
-    std::vector<float>* values;
-    uint64_t received;
-  };
-  DType dtype_;
-  bool has_header_ = false;
-  absl::flat_hash_map<std::string, Pending> pending_;
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!done_) {
+      if (absl::Now() >= deadline_) {
+        expired_ = true;
+        context_->TryCancel();
+        return;
+      }
+      // A deadline far off (or infinite) is looked at again hourly.
+      changed_.wait_until(lock,
+                          absl::ToChronoTime(std::min(deadline_, absl::Now() + absl::Hours(1))));
+    }
+  }
+
+  const ClientOptions& options_;
+  grpc::ClientContext* const context_;
+  const absl::Time start_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  absl::Time deadline_;
+  uint64_t payload_bytes_ = 0;
+  bool done_ = false;
+  bool expired_ = false;
+  std::thread thread_;
 };
 
 }  // namespace
@@ -192,14 +218,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
   if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
   std::vector<std::unique_ptr<Connection>> connections;
   for (int i = 0; i < options.streams; ++i) {
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(internal::kMaxMessageBytes);
-    args.SetMaxReceiveMessageSize(internal::kMaxMessageBytes);
-    // Each stream gets its own connection rather than sharing the global subchannel.
-    if (options.streams > 1) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     auto connection = std::make_unique<Connection>();
     connection->channel =
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ChannelArgs(options));
     connection->stub = v1::ParameterService::NewStub(connection->channel);
     connections.push_back(std::move(connection));
   }
@@ -243,9 +264,16 @@ absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
   ConfigureContext(options_, &context);
   std::promise<grpc::Status> done;
   grpc::GenericStub stub(connection(0).channel);
+  // libgrpc runs the callback on its own thread: common/tsan.h says why TSan needs the edges.
+  FUSEDPS_HAPPENS_BEFORE(&done);
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+                 &response, [&done, &response](grpc::Status s) {
+                   FUSEDPS_HAPPENS_AFTER(&done);
+                   FUSEDPS_HAPPENS_BEFORE(&response);  // gRPC filled it before calling this.
+                   done.set_value(std::move(s));
+                 });
   const grpc::Status status = done.get_future().get();
+  FUSEDPS_HAPPENS_AFTER(&response);
   if (!status.ok()) return internal::ToAbslStatus(status);
   std::vector<grpc::Slice> slices;
   std::string bytes;
@@ -333,9 +361,11 @@ absl::StatusOr<RegisterTensorsResult> Client::RegisterTensorsOnce(
       internal::PlanChunks(extents, sizeof(float), options_.max_chunk_bytes);
   if (!plan.ok()) return plan.status();
 
+  uint64_t payload_bytes = 0;
+  for (const TensorExtent& extent : extents) payload_bytes += extent.numel * sizeof(float);
   v1::RegisterTensorsResponse response;
   grpc::ClientContext context;
-  ConfigureContext(options_, &context);
+  ConfigureContext(options_, &context, payload_bytes);
   std::unique_ptr<grpc::ClientWriter<v1::RegisterTensorsRequest>> writer =
       connection.stub->RegisterTensors(&context, &response);
   const bool writes_ok = WriteChunked(
@@ -386,11 +416,15 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
   // Each part's own status is kept below; RunConcurrently's first error is not the one wanted.
   (void)RunConcurrently(parts, [&](size_t p) {
     std::vector<MessagePlan> share;  // Messages p, p + parts, ...
-    for (size_t m = p; m < plan->size(); m += parts) share.push_back((*plan)[m]);
+    uint64_t share_elements = 0;
+    for (size_t m = p; m < plan->size(); m += parts) {
+      share.push_back((*plan)[m]);
+      for (const ChunkSpan& span : (*plan)[m]) share_elements += span.numel;
+    }
     v1::PushGradientsRequest first = message;
     if (parts > 1) first.mutable_header()->set_part_index(static_cast<uint32_t>(p));
     grpc::ClientContext context;
-    ConfigureContext(options_, &context);
+    ConfigureContext(options_, &context, share_elements * ElementBytes(options.grad_dtype));
     std::unique_ptr<grpc::ClientWriter<v1::PushGradientsRequest>> writer =
         connection(p).stub->PushGradients(&context, &responses[p]);
     const bool writes_ok = WriteChunked(
@@ -467,23 +501,20 @@ absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOp
   for (const std::string& name : options.tensors) request.add_tensors(name);
   request.set_dtype(internal::ToProtoDType(options.dtype));
   request.set_field(internal::ToProtoField(options.field));
-  request.set_max_chunk_bytes(
-      static_cast<uint32_t>(std::min(options_.max_chunk_bytes, internal::kMaxPullChunkBytes)));
+  request.set_max_chunk_bytes(internal::PullChunkBytes(options_.max_chunk_bytes));
   grpc::ClientContext context;
-  ConfigureContext(options_, &context);
+  if (options_.wait_for_ready) context.set_wait_for_ready(true);
+  // The size is known from the reply only, so the deadline grows as the reply announces it.
+  GrowingDeadline deadline(options_, &context);
   std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
       connection.stub->PullParameters(&context, request);
 
-  PullResult result;
-  PullAssembler assembler(options.dtype);
+  internal::PullAssembler assembler(options.dtype);
   absl::Status malformed;
   v1::PullParametersResponse response;
   while (malformed.ok() && reader->Read(&response)) {
-    if (response.has_header()) malformed = assembler.AddHeader(response.header(), result);
-    for (const v1::TensorChunk& chunk : response.chunks()) {
-      if (!malformed.ok()) break;
-      malformed = assembler.AddChunk(chunk);
-    }
+    malformed = assembler.Add(response);
+    deadline.SetPayload(assembler.announced_bytes());
   }
   if (!malformed.ok()) {
     context.TryCancel();
@@ -493,11 +524,12 @@ absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOp
     return malformed;
   }
   absl::Status status = ToAbslStatus(reader->Finish());
-  if (!status.ok()) return status;
-  if (absl::Status finished = assembler.Finish(options.tensors, result); !finished.ok()) {
-    return finished;
+  if (!status.ok()) {
+    absl::Status expired = deadline.status();
+    return expired.ok() ? status : expired;
   }
-  return result;
+  if (absl::Status finished = assembler.Finish(options.tensors); !finished.ok()) return finished;
+  return std::move(assembler).result();
 }
 
 absl::StatusOr<ServerInfo> Client::GetInfo() {
@@ -526,19 +558,26 @@ absl::StatusOr<ServerInfo> Client::GetInfo() {
 }
 
 absl::StatusOr<TensorList> Client::ListTensors() {
-  v1::ListTensorsResponse response;
-  grpc::ClientContext context;
-  ConfigureContext(options_, &context);
-  absl::Status status =
-      ToAbslStatus(connection(0).stub->ListTensors(&context, v1::ListTensorsRequest(), &response));
-  if (!status.ok()) return status;
   TensorList list;
-  list.version = response.version();
-  list.tensors.reserve(response.tensors_size());
-  for (const v1::TensorInfo& info : response.tensors()) {
-    list.tensors.push_back(internal::FromProtoTensorInfo(info));
+  v1::ListTensorsRequest request;  // page_size 0: as many as fit in one reply.
+  for (bool first = true;; first = false) {
+    v1::ListTensorsResponse response;
+    grpc::ClientContext context;
+    ConfigureContext(options_, &context);
+    absl::Status status =
+        ToAbslStatus(connection(0).stub->ListTensors(&context, request, &response));
+    if (!status.ok()) return status;
+    if (first) list.version = response.version();
+    for (const v1::TensorInfo& info : response.tensors()) {
+      list.tensors.push_back(internal::FromProtoTensorInfo(info));
+    }
+    if (response.next_page_token().empty()) return list;
+    if (response.next_page_token() == request.page_token()) {
+      return absl::InternalError(absl::StrCat("ListTensors reply repeats its page token after ",
+                                              list.tensors.size(), " tensors"));
+    }
+    request.set_page_token(response.next_page_token());
   }
-  return list;
 }
 
 absl::StatusOr<ParamGroup> Client::SetHyperparameters(const std::string& param_group,

@@ -1,16 +1,15 @@
 // Tests of the Client over real gRPC, against a small fake ParameterService in this process that
-// checks every chunk. The real server's integration tests live in tests/.
+// checks every chunk (client/fake_parameter_service.h). Deadlines and keepalive are tested in
+// client_deadline_test.cc; the real server's integration tests live in tests/.
 #include "fusedps/client.h"
 
-#include <algorithm>
-#include <map>
-#include <mutex>
+#include <chrono>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/fake_parameter_service.h"
 #include "client/wire.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -20,263 +19,7 @@
 namespace fusedps::client {
 namespace {
 
-// A minimal in-memory ParameterService: fp32 tensors, "SGD with lr 1" pushes (param -= grad),
-// strict chunk checks, and knobs to misbehave. Element conversions use kernels/adamw_math.h,
-// as the real server does, not the client's code.
-class FakeParameterService final : public v1::ParameterService::Service {
- public:
-  struct Tensor {
-    std::vector<int64_t> shape;
-    std::string param_group;
-    std::vector<float> values;
-    int64_t step = 0;
-  };
-
-  grpc::Status RegisterParamGroup(grpc::ServerContext*,
-                                  const v1::RegisterParamGroupRequest* request,
-                                  v1::RegisterParamGroupResponse* response) override {
-    response->set_created(true);
-    *response->mutable_param_group() = request->param_group();
-    response->mutable_param_group()->mutable_hyperparameters()->set_lr(
-        request->param_group().hyperparameters().has_lr()
-            ? request->param_group().hyperparameters().lr()
-            : 1e-3);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status RegisterTensors(grpc::ServerContext* context,
-                               grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
-                               v1::RegisterTensorsResponse* response) override {
-    NotePeer(context);
-    std::map<std::string, Tensor> incoming;
-    Received received;
-    v1::RegisterTensorsRequest request;
-    for (bool first = true; reader->Read(&request); first = false) {
-      NoteRequest(request.ByteSizeLong());
-      if (first != request.has_header()) return Invalid("header must come first, once");
-      for (const v1::TensorSpec& spec : request.header().tensors()) {
-        Tensor& tensor = incoming[spec.name()];
-        tensor.shape.assign(spec.shape().begin(), spec.shape().end());
-        tensor.param_group = spec.param_group().empty() ? "default" : spec.param_group();
-        tensor.values.resize(internal::NumElements(tensor.shape).value());
-        received.targets[spec.name()] = &tensor.values;
-      }
-      for (const v1::TensorChunk& chunk : request.chunks()) {
-        if (grpc::Status s = received.Add(chunk, GradDType::kFloat32); !s.ok()) return s;
-      }
-    }
-    if (grpc::Status s = received.Finish(); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [name, tensor] : incoming) tensors_[name] = std::move(tensor);
-    response->set_tensors_created(static_cast<uint32_t>(incoming.size()));
-    response->set_version(version_);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status PushGradients(grpc::ServerContext* context,
-                             grpc::ServerReader<v1::PushGradientsRequest>* reader,
-                             v1::PushGradientsResponse* response) override {
-    NotePeer(context);
-    std::lock_guard<std::mutex> lock(mu_);
-    push_messages_ = 0;
-    std::map<std::string, std::vector<float>> grads;
-    Received received;
-    GradDType dtype = GradDType::kFloat32;
-    v1::PushGradientsRequest request;
-    for (bool first = true; reader->Read(&request); first = false) {
-      NoteRequest(request.ByteSizeLong());
-      ++push_messages_;
-      if (first != request.has_header()) return Invalid("header must come first, once");
-      if (first) {
-        dtype = static_cast<GradDType>(request.header().grad_dtype());
-        last_push_header_ = request.header();
-      }
-      for (const std::string& name : request.header().tensors()) {
-        auto it = tensors_.find(name);
-        if (it == tensors_.end()) {
-          return grpc::Status(grpc::StatusCode::NOT_FOUND, "no tensor named " + name);
-        }
-        grads[name].resize(it->second.values.size());
-        received.targets[name] = &grads[name];
-      }
-      for (const v1::TensorChunk& chunk : request.chunks()) {
-        if (grpc::Status s = received.Add(chunk, dtype); !s.ok()) return s;
-      }
-    }
-    if (grpc::Status s = received.Finish(); !s.ok()) return s;
-    for (const auto& [name, grad] : grads) {
-      Tensor& tensor = tensors_[name];
-      for (size_t i = 0; i < grad.size(); ++i) tensor.values[i] -= grad[i];
-      ++tensor.step;
-    }
-    response->set_version(++version_);
-    response->set_tensors_updated(static_cast<uint32_t>(grads.size()));
-    response->set_grad_bytes(received.bytes);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status PullParameters(grpc::ServerContext* context,
-                              const v1::PullParametersRequest* request,
-                              grpc::ServerWriter<v1::PullParametersResponse>* writer) override {
-    NotePeer(context);
-    std::lock_guard<std::mutex> lock(mu_);
-    const bool bf16 = request->dtype() == v1::DTYPE_BFLOAT16;
-    std::vector<std::string> names(request->tensors().begin(), request->tensors().end());
-    if (names.empty()) {
-      for (const auto& [name, tensor] : tensors_) names.push_back(name);
-    }
-    v1::PullParametersResponse response;
-    response.mutable_header()->set_version(version_);
-    response.mutable_header()->set_dtype(bf16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32);
-    for (const std::string& name : names) {
-      auto it = tensors_.find(name);
-      if (it == tensors_.end()) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND, "no tensor named " + name);
-      }
-      v1::TensorInfo* info = response.mutable_header()->add_tensors();
-      info->set_name(name);
-      info->mutable_shape()->Add(it->second.shape.begin(), it->second.shape.end());
-      info->set_param_group(it->second.param_group);
-      info->set_step(it->second.step);
-      info->set_numel(it->second.values.size());
-    }
-    writer->Write(response);
-    const uint64_t per_chunk = request->max_chunk_bytes() / (bf16 ? 2 : 4);
-    for (const std::string& name : names) {
-      const std::vector<float>& values = tensors_[name].values;
-      // Last chunk first: the client must not depend on order.
-      const uint64_t chunks = (values.size() + per_chunk - 1) / per_chunk;
-      for (uint64_t c = chunks; c-- > (drop_first_pull_chunk_ ? 1 : 0);) {
-        response.Clear();
-        v1::TensorChunk* chunk = response.add_chunks();
-        chunk->set_tensor(name);
-        chunk->set_offset(c * per_chunk);
-        const uint64_t n = std::min<uint64_t>(per_chunk, values.size() - c * per_chunk);
-        for (uint64_t i = c * per_chunk; i < c * per_chunk + n; ++i) {
-          if (bf16) {
-            const uint16_t element = FloatToBFloat16(values[i]);
-            chunk->mutable_data()->append(reinterpret_cast<const char*>(&element), 2);
-          } else {
-            chunk->mutable_data()->append(reinterpret_cast<const char*>(&values[i]), 4);
-          }
-        }
-        writer->Write(response);
-      }
-    }
-    return grpc::Status::OK;
-  }
-
-  grpc::Status GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
-                       v1::GetInfoResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    response->set_version(version_);
-    response->set_backend("fake");
-    response->set_tensor_count(static_cast<uint32_t>(tensors_.size()));
-    return grpc::Status::OK;
-  }
-
-  grpc::Status ListTensors(grpc::ServerContext*, const v1::ListTensorsRequest*,
-                           v1::ListTensorsResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    response->set_version(version_);
-    for (const auto& [name, tensor] : tensors_) {
-      v1::TensorInfo* info = response->add_tensors();
-      info->set_name(name);
-      info->mutable_shape()->Add(tensor.shape.begin(), tensor.shape.end());
-      info->set_numel(tensor.values.size());
-      info->set_step(tensor.step);
-    }
-    return grpc::Status::OK;
-  }
-
-  grpc::Status SetHyperparameters(grpc::ServerContext*,
-                                  const v1::SetHyperparametersRequest* request,
-                                  v1::SetHyperparametersResponse* response) override {
-    if (request->param_group() != "default") {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          "no param group named " + request->param_group());
-    }
-    response->mutable_param_group()->set_name("default");
-    *response->mutable_param_group()->mutable_hyperparameters() = request->hyperparameters();
-    return grpc::Status::OK;
-  }
-
-  std::map<std::string, Tensor> tensors() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tensors_;
-  }
-  size_t max_request_bytes() {
-    std::lock_guard<std::mutex> lock(request_mu_);
-    return max_request_bytes_;
-  }
-  size_t peer_count() {
-    std::lock_guard<std::mutex> lock(request_mu_);
-    return peers_.size();
-  }
-  int push_messages() { return push_messages_; }
-  const v1::PushHeader& last_push_header() { return last_push_header_; }
-  void drop_first_pull_chunk() { drop_first_pull_chunk_ = true; }
-
- private:
-  // The chunks of one call, scattered into fp32 arrays; every element exactly once.
-  struct Received {
-    std::map<std::string, std::vector<float>*> targets;
-    std::map<std::string, std::vector<bool>> seen;
-    uint64_t bytes = 0;
-
-    grpc::Status Add(const v1::TensorChunk& chunk, GradDType dtype) {
-      auto it = targets.find(chunk.tensor());
-      if (it == targets.end()) return Invalid("chunk of an unnamed tensor " + chunk.tensor());
-      std::vector<float>& values = *it->second;
-      std::vector<bool>& seen_elements = seen[chunk.tensor()];
-      seen_elements.resize(values.size());
-      const size_t size = DTypeSize(dtype);
-      const uint64_t n = chunk.data().size() / size;
-      if (n == 0 || chunk.data().size() % size != 0 || chunk.offset() + n > values.size()) {
-        return Invalid("bad chunk of " + chunk.tensor());
-      }
-      for (uint64_t i = 0; i < n; ++i) {
-        if (seen_elements[chunk.offset() + i]) return Invalid("overlap in " + chunk.tensor());
-        seen_elements[chunk.offset() + i] = true;
-        values[chunk.offset() + i] = LoadGrad(chunk.data().data(), dtype, i);
-      }
-      bytes += chunk.data().size();
-      return grpc::Status::OK;
-    }
-    grpc::Status Finish() {
-      for (const auto& [name, values] : targets) {
-        const std::vector<bool>& seen_elements = seen[name];
-        if (std::count(seen_elements.begin(), seen_elements.end(), true) !=
-            static_cast<int64_t>(values->size())) {
-          return Invalid("missing elements of " + name);
-        }
-      }
-      return grpc::Status::OK;
-    }
-  };
-
-  static grpc::Status Invalid(const std::string& message) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-  }
-  void NoteRequest(size_t bytes) {
-    std::lock_guard<std::mutex> lock(request_mu_);
-    max_request_bytes_ = std::max(max_request_bytes_, bytes);
-  }
-  void NotePeer(grpc::ServerContext* context) {
-    std::lock_guard<std::mutex> lock(request_mu_);
-    peers_.insert(context->peer());
-  }
-
-  std::mutex mu_;
-  std::mutex request_mu_;
-  std::map<std::string, Tensor> tensors_;
-  uint64_t version_ = 0;
-  size_t max_request_bytes_ = 0;
-  std::set<std::string> peers_;
-  int push_messages_ = 0;
-  v1::PushHeader last_push_header_;
-  bool drop_first_pull_chunk_ = false;
-};
+using testing::FakeParameterService;
 
 class ClientTest : public ::testing::Test {
  protected:
@@ -289,7 +32,9 @@ class ClientTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port_, 0);
   }
-  void TearDown() override { server_->Shutdown(); }
+  void TearDown() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
 
   std::unique_ptr<Client> Connect(ClientOptions options = {}) {
     options.timeout = absl::Seconds(30);
@@ -379,7 +124,7 @@ TEST_F(ClientTest, PushOfThreeMillionFloatsUsesMebibyteMessages) {
   EXPECT_EQ(service_.last_push_header().grad_dtype(), v1::DTYPE_BFLOAT16);
   EXPECT_EQ(service_.push_messages(), 6);  // ceil(6e6 bytes / 1 MiB), header in the first.
   EXPECT_LE(service_.max_request_bytes(), (1u << 20) + 1024);
-  const std::vector<float>& stored = service_.tensors().at("big").values;
+  const std::vector<float> stored = service_.tensors().at("big").values;
   EXPECT_EQ(stored[2'999'999], values[2'999'999] - RoundTrip(values[2'999'999], DType::kBFloat16));
 }
 
@@ -487,6 +232,103 @@ TEST_F(ClientTest, MalformedPullIsInternal) {
   ASSERT_TRUE(client->RegisterTensors({{"w", {1 << 20}, "", values}}).ok());
   service_.drop_first_pull_chunk();
   EXPECT_EQ(client->PullParameters({}).status().code(), absl::StatusCode::kInternal);
+}
+
+TEST_F(ClientTest, NoTensorCountMeansTheHeaderHoldsThemAll) {
+  service_.legacy_pull();
+  std::unique_ptr<Client> client = Connect();
+  const std::vector<float> a = Normal(100, 11), b = Normal(3, 12), c = Normal(5, 13);
+  ASSERT_TRUE(
+      client->RegisterTensors({{"a", {100}, "", a}, {"b", {3}, "", b}, {"c", {5}, "", c}}).ok());
+  absl::StatusOr<PullResult> pulled = client->PullParameters({});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(service_.max_pull_infos_per_message(), 3);
+  EXPECT_EQ(pulled->tensors.at("a").values, a);
+  EXPECT_EQ(pulled->tensors.at("c").values, c);
+}
+
+TEST_F(ClientTest, PullTakesTensorInfoContinuedPastTheHeader) {
+  std::unique_ptr<Client> client = Connect();
+  std::vector<std::vector<float>> values;
+  std::vector<TensorInit> inits;
+  for (int i = 0; i < 7; ++i) values.push_back(Normal(10 + i, 20 + i));
+  for (int i = 0; i < 7; ++i) {
+    inits.push_back(
+        {absl::StrCat("t", i), {static_cast<int64_t>(values[i].size())}, "", values[i]});
+  }
+  ASSERT_TRUE(client->RegisterTensors(inits).ok());
+  absl::StatusOr<PullResult> pulled = client->PullParameters({});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  // The header held 2 of the 7; 3 more messages held the rest.
+  EXPECT_EQ(service_.max_pull_infos_per_message(), FakeParameterService::kPullInfosPerMessage);
+  ASSERT_EQ(pulled->tensors.size(), 7u);
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(pulled->tensors.at(absl::StrCat("t", i)).values, values[i]) << i;
+    EXPECT_EQ(pulled->tensors.at(absl::StrCat("t", i)).shape,
+              std::vector<int64_t>{static_cast<int64_t>(values[i].size())});
+  }
+}
+
+TEST_F(ClientTest, ChunkBeforeItsTensorInfoIsMalformed) {
+  service_.pull_chunk_before_info();
+  std::unique_ptr<Client> client = Connect();
+  const std::vector<float> one = {1.0f};
+  ASSERT_TRUE(
+      client->RegisterTensors({{"a", {}, "", one}, {"b", {}, "", one}, {"c", {}, "", one}}).ok());
+  absl::StatusOr<PullResult> pulled = client->PullParameters({});
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(pulled.status().message(), "malformed pull reply: a chunk of c before its TensorInfo");
+}
+
+TEST_F(ClientTest, TensorInfoShortOfTensorCountIsMalformed) {
+  service_.pull_tensor_count_surplus(1);
+  std::unique_ptr<Client> client = Connect();
+  const std::vector<float> one = {1.0f};
+  ASSERT_TRUE(client->RegisterTensors({{"a", {}, "", one}, {"b", {}, "", one}}).ok());
+  absl::StatusOr<PullResult> pulled = client->PullParameters({});
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(pulled.status().message(),
+            "malformed pull reply: 2 TensorInfo, not its tensor_count of 3");
+}
+
+TEST_F(ClientTest, PullAsksForAChunkSizeInTheWireBounds) {
+  ClientOptions options;
+  options.max_chunk_bytes = 4;  // Below a pull's 16-byte minimum.
+  std::unique_ptr<Client> client = Connect(options);
+  const std::vector<float> values = Normal(50, 14);
+  ASSERT_TRUE(client->RegisterTensors({{"w", {50}, "", values}}).ok());
+  absl::StatusOr<PullResult> pulled = client->PullParameters({});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->tensors.at("w").values, values);
+}
+
+TEST_F(ClientTest, ListTensorsFollowsPagesToTheEnd) {
+  std::unique_ptr<Client> client = Connect();
+  const std::vector<float> one = {1.0f};
+  std::vector<std::string> names;
+  std::vector<TensorInit> inits;
+  for (int i = 0; i < 10; ++i) names.push_back(absl::StrCat("layer", 9 - i, ".weight"));
+  for (const std::string& name : names) inits.push_back({name, {}, "", one});
+  ASSERT_TRUE(client->RegisterTensors(inits).ok());
+  absl::StatusOr<TensorList> list = client->ListTensors();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(service_.list_calls(), 4);  // Pages of 3, 3, 3 and 1.
+  ASSERT_EQ(list->tensors.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(list->tensors[i].name, names[i]);
+
+  // A pull over several streams lists first: it needs every page too.
+  ClientOptions options;
+  options.streams = 2;
+  absl::StatusOr<PullResult> pulled = Connect(options)->PullParameters({});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->tensors.size(), names.size());
+}
+
+TEST_F(ClientTest, ListTensorsOfAnEmptyServerIsOnePage) {
+  absl::StatusOr<TensorList> list = Connect()->ListTensors();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_TRUE(list->tensors.empty());
+  EXPECT_EQ(service_.list_calls(), 1);
 }
 
 TEST_F(ClientTest, WorksOverAGivenChannel) {

@@ -146,6 +146,123 @@ void DecodeElements(absl::string_view data, DType dtype, absl::Span<float> out) 
   }
 }
 
+uint32_t PullChunkBytes(size_t max_chunk_bytes) {
+  return static_cast<uint32_t>(std::clamp(max_chunk_bytes, kMinPullChunkBytes, kMaxPullChunkBytes));
+}
+
+absl::Duration CallTimeout(const ClientOptions& options, uint64_t payload_bytes) {
+  if (options.timeout == absl::InfiniteDuration() || options.min_bytes_per_second == 0) {
+    return options.timeout;
+  }
+  return options.timeout + absl::Seconds(static_cast<double>(payload_bytes) /
+                                         static_cast<double>(options.min_bytes_per_second));
+}
+
+namespace {
+
+absl::Status Malformed(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("malformed pull reply: ", what));
+}
+
+}  // namespace
+
+absl::Status PullAssembler::Add(const v1::PullParametersResponse& response) {
+  if (response.has_header()) {
+    if (absl::Status status = AddHeader(response.header()); !status.ok()) return status;
+  }
+  if (!has_header_ && (response.tensors_size() > 0 || response.chunks_size() > 0)) {
+    return Malformed("data before its header");
+  }
+  if (response.tensors_size() > 0 && tensor_count_ == 0) {
+    return Malformed("TensorInfo past the header, whose tensor_count of 0 says it holds them all");
+  }
+  for (const v1::TensorInfo& info : response.tensors()) {
+    if (absl::Status status = AddInfo(info); !status.ok()) return status;
+  }
+  for (const v1::TensorChunk& chunk : response.chunks()) {
+    if (absl::Status status = AddChunk(chunk); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PullAssembler::AddHeader(const v1::PullHeader& header) {
+  if (has_header_) return Malformed("a second header");
+  has_header_ = true;
+  result_.version = header.version();
+  tensor_count_ = header.tensor_count();
+  if (header.dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> dtype = FromProtoDType(header.dtype());
+    if (!dtype.ok()) return Malformed(dtype.status().message());
+    dtype_ = *dtype;
+  }
+  for (const v1::TensorInfo& info : header.tensors()) {
+    if (absl::Status status = AddInfo(info); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PullAssembler::AddInfo(const v1::TensorInfo& info) {
+  ++infos_received_;
+  if (tensor_count_ != 0 && infos_received_ > tensor_count_) {
+    return Malformed(absl::StrCat("more TensorInfo than its tensor_count of ", tensor_count_));
+  }
+  // numel is redundant with the shape; a server may leave it 0.
+  absl::StatusOr<uint64_t> numel = NumElements(info.shape());
+  if (!numel.ok() || (info.numel() != 0 && *numel != info.numel())) {
+    return Malformed(absl::StrCat("tensor ", info.name(), " has numel ", info.numel(),
+                                  " that does not match its shape"));
+  }
+  auto [it, inserted] = result_.tensors.try_emplace(info.name());
+  if (!inserted) return Malformed(absl::StrCat("tensor ", info.name(), " is described twice"));
+  PulledTensor& tensor = it->second;
+  tensor.shape.assign(info.shape().begin(), info.shape().end());
+  tensor.param_group = info.param_group();
+  tensor.step = info.step();
+  tensor.values.resize(*numel);
+  pending_[info.name()] = Pending{&tensor.values, 0};
+  announced_bytes_ += *numel * ElementBytes(dtype_);
+  return absl::OkStatus();
+}
+
+absl::Status PullAssembler::AddChunk(const v1::TensorChunk& chunk) {
+  auto it = pending_.find(chunk.tensor());
+  if (it == pending_.end()) {
+    return Malformed(absl::StrCat("a chunk of ", chunk.tensor(), " before its TensorInfo"));
+  }
+  const size_t element_bytes = ElementBytes(dtype_);
+  const uint64_t numel = chunk.data().size() / element_bytes;
+  std::vector<float>& values = *it->second.values;
+  if (chunk.data().size() % element_bytes != 0 || chunk.offset() > values.size() ||
+      numel > values.size() - chunk.offset()) {
+    return Malformed(absl::StrCat("a chunk of ", chunk.tensor(), " at offset ", chunk.offset(),
+                                  " of ", chunk.data().size(), " bytes, outside its ",
+                                  values.size(), " elements"));
+  }
+  DecodeElements(chunk.data(), dtype_, absl::MakeSpan(values).subspan(chunk.offset(), numel));
+  it->second.received += numel;
+  return absl::OkStatus();
+}
+
+absl::Status PullAssembler::Finish(absl::Span<const std::string> requested) const {
+  if (!has_header_) return Malformed("no header");
+  if (tensor_count_ != 0 && infos_received_ != tensor_count_) {
+    return Malformed(
+        absl::StrCat(infos_received_, " TensorInfo, not its tensor_count of ", tensor_count_));
+  }
+  for (const auto& [name, pending] : pending_) {
+    if (pending.received != pending.values->size()) {
+      return Malformed(
+          absl::StrCat(pending.received, " elements of ", name, ", not ", pending.values->size()));
+    }
+  }
+  for (const std::string& name : requested) {
+    if (result_.tensors.count(name) == 0) {
+      return Malformed(absl::StrCat("requested tensor ", name, " is missing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ToAbslStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   // gRPC's and absl's codes are both google.rpc.Code.

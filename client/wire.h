@@ -2,8 +2,9 @@
 //
 // These are the pure pieces of the client, kept apart from gRPC calls so that they can be tested
 // without a server: planning which element ranges of which tensors go in which request message,
-// splitting tensors across concurrent calls, converting elements to and from wire dtypes, and
-// translating between the public structs and the proto messages.
+// splitting tensors across concurrent calls, converting elements to and from wire dtypes,
+// reassembling a pull's reply, a call's deadline, and translating between the public structs and
+// the proto messages.
 //
 // Usage:
 //   std::vector<TensorExtent> extents = {{1 << 22, 5}, {10, 3}};
@@ -18,9 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "fusedps/client.h"
 #include "fusedps/v1/parameter_service.pb.h"
@@ -35,7 +38,8 @@ namespace fusedps::client::internal {
 inline constexpr size_t kMaxMessageBytes = 16 << 20;
 // Upper bound of ClientOptions::max_chunk_bytes: leaves room for names, framing and a header.
 inline constexpr size_t kMaxChunkBytesLimit = 15 << 20;
-// The wire API's cap on a pull's chunk size.
+// The wire API's bounds on a pull's chunk size (PullParametersRequest.max_chunk_bytes).
+inline constexpr size_t kMinPullChunkBytes = 16;
 inline constexpr size_t kMaxPullChunkBytes = 4 << 20;
 // Bytes a TensorChunk spends beside its name and payload, at most: field tags, the length
 // prefixes of the submessage, name and data, and the offset varint.
@@ -90,6 +94,62 @@ void EncodeElements(absl::Span<const float> values, DType dtype, std::string* ou
 // Widens little-endian elements of dtype into out.
 // REQUIRES: data.size() == out.size() * ElementBytes(dtype).
 void DecodeElements(absl::string_view data, DType dtype, absl::Span<float> out);
+
+// The chunk size a pull asks for: max_chunk_bytes brought into the wire API's bounds,
+// [kMinPullChunkBytes, kMaxPullChunkBytes].
+uint32_t PullChunkBytes(size_t max_chunk_bytes);
+
+// How long a call moving payload_bytes of tensor data may take: options.timeout plus
+// payload_bytes at options.min_bytes_per_second (nothing more when that is 0), saturating at
+// absl::InfiniteDuration(); infinite when options.timeout is.
+absl::Duration CallTimeout(const ClientOptions& options, uint64_t payload_bytes);
+
+// Collects a pull's reply (PullParametersResponse messages, in order) into a PullResult, and
+// checks it: one header, first; each tensor's TensorInfo (from the header, then from later
+// messages' `tensors`) before its first chunk, tensors named once; header.tensor_count of them
+// in all when it is set (0, from servers that predate it, means the header holds them all);
+// chunks inside their tensor, covering each exactly. Every failed check is INTERNAL with a
+// message that starts "malformed pull reply: ".
+//
+// Usage:
+//   PullAssembler assembler(DType::kFloat32);
+//   while (reader->Read(&response)) RETURN_IF_ERROR(assembler.Add(response));
+//   RETURN_IF_ERROR(assembler.Finish(requested_names));
+//   PullResult result = std::move(assembler).result();
+class PullAssembler {
+ public:
+  explicit PullAssembler(DType requested_dtype) : dtype_(requested_dtype) {}
+
+  // Takes one message: its header, then its tensors, then its chunks.
+  absl::Status Add(const v1::PullParametersResponse& response);
+
+  // Checks that the reply is complete and holds every tensor of `requested` (empty: no check).
+  absl::Status Finish(absl::Span<const std::string> requested) const;
+
+  // Bytes of tensor data the reply has announced so far (numel times the wire dtype's size over
+  // the TensorInfo received): the payload a pull's deadline grows with.
+  uint64_t announced_bytes() const { return announced_bytes_; }
+
+  PullResult result() && { return std::move(result_); }
+
+ private:
+  struct Pending {
+    std::vector<float>* values;
+    uint64_t received;
+  };
+
+  absl::Status AddHeader(const v1::PullHeader& header);
+  absl::Status AddInfo(const v1::TensorInfo& info);
+  absl::Status AddChunk(const v1::TensorChunk& chunk);
+
+  DType dtype_;
+  bool has_header_ = false;
+  uint32_t tensor_count_ = 0;  // From the header; 0: the header holds them all.
+  uint64_t infos_received_ = 0;
+  uint64_t announced_bytes_ = 0;
+  PullResult result_;
+  absl::flat_hash_map<std::string, Pending> pending_;
+};
 
 // Same code and message.
 absl::Status ToAbslStatus(const grpc::Status& status);

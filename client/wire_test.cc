@@ -1,4 +1,5 @@
-// Tests of client/wire.h: chunk planning, partitioning, element conversions and proto mapping.
+// Tests of client/wire.h: chunk planning, partitioning, element conversions, pull reassembly,
+// call deadlines and proto mapping.
 #include "client/wire.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
 #include "kernels/adamw_math.h"
@@ -259,6 +261,139 @@ TEST(HyperparametersTest, OnlySetFieldsTravel) {
   EXPECT_EQ(back.weight_decay_mode, options.weight_decay_mode);
   EXPECT_FALSE(back.beta1.has_value());
   EXPECT_FALSE(back.eps.has_value());
+}
+
+TEST(PullChunkBytesTest, KeptInTheWireBounds) {
+  EXPECT_EQ(internal::PullChunkBytes(4), 16u);
+  EXPECT_EQ(internal::PullChunkBytes(4096), 4096u);
+  EXPECT_EQ(internal::PullChunkBytes(15 << 20), 4u << 20);
+}
+
+TEST(CallTimeoutTest, FloorPlusBytesAtTheMinimumRate) {
+  ClientOptions options;  // 30 s plus 10 MB/s.
+  EXPECT_EQ(internal::CallTimeout(options, 0), absl::Seconds(30));
+  EXPECT_EQ(internal::CallTimeout(options, 248'000'000), absl::Seconds(30 + 24.8));
+  options.min_bytes_per_second = 0;
+  EXPECT_EQ(internal::CallTimeout(options, 248'000'000), absl::Seconds(30));
+  options.min_bytes_per_second = 1;
+  EXPECT_EQ(internal::CallTimeout(options, UINT64_MAX), absl::InfiniteDuration());
+  options.timeout = absl::InfiniteDuration();
+  options.min_bytes_per_second = 10'000'000;
+  EXPECT_EQ(internal::CallTimeout(options, 1), absl::InfiniteDuration());
+}
+
+// Messages of a pull reply, built for PullAssemblerTest.
+v1::TensorInfo Info(const std::string& name, std::vector<int64_t> shape) {
+  v1::TensorInfo info;
+  info.set_name(name);
+  info.mutable_shape()->Add(shape.begin(), shape.end());
+  return info;
+}
+
+v1::PullParametersResponse Header(uint32_t tensor_count, std::vector<v1::TensorInfo> infos) {
+  v1::PullParametersResponse response;
+  response.mutable_header()->set_version(7);
+  response.mutable_header()->set_dtype(v1::DTYPE_FLOAT32);
+  response.mutable_header()->set_tensor_count(tensor_count);
+  for (v1::TensorInfo& info : infos) *response.mutable_header()->add_tensors() = std::move(info);
+  return response;
+}
+
+v1::PullParametersResponse Infos(std::vector<v1::TensorInfo> infos) {
+  v1::PullParametersResponse response;
+  for (v1::TensorInfo& info : infos) *response.add_tensors() = std::move(info);
+  return response;
+}
+
+v1::PullParametersResponse Chunk(const std::string& tensor, uint64_t offset,
+                                 std::vector<float> values) {
+  v1::PullParametersResponse response;
+  v1::TensorChunk* chunk = response.add_chunks();
+  chunk->set_tensor(tensor);
+  chunk->set_offset(offset);
+  internal::EncodeElements(values, DType::kFloat32, chunk->mutable_data());
+  return response;
+}
+
+TEST(PullAssemblerTest, HeaderWithoutTensorCountHoldsThemAll) {
+  internal::PullAssembler assembler(DType::kFloat32);
+  ASSERT_TRUE(assembler.Add(Header(0, {Info("a", {2}), Info("b", {})})).ok());
+  EXPECT_EQ(assembler.announced_bytes(), 12u);
+  ASSERT_TRUE(assembler.Add(Chunk("b", 0, {3})).ok());
+  ASSERT_TRUE(assembler.Add(Chunk("a", 0, {1, 2})).ok());
+  ASSERT_TRUE(assembler.Finish({"a", "b"}).ok());
+  const PullResult result = std::move(assembler).result();
+  EXPECT_EQ(result.version, 7u);
+  EXPECT_EQ(result.tensors.at("a").values, (std::vector<float>{1, 2}));
+  EXPECT_EQ(result.tensors.at("b").values, (std::vector<float>{3}));
+  EXPECT_TRUE(result.tensors.at("b").shape.empty());
+}
+
+TEST(PullAssemblerTest, TensorInfoContinuesPastTheHeader) {
+  internal::PullAssembler assembler(DType::kFloat32);
+  ASSERT_TRUE(assembler.Add(Header(3, {Info("a", {1})})).ok());
+  ASSERT_TRUE(assembler.Add(Infos({Info("b", {1}), Info("c", {2})})).ok());
+  EXPECT_EQ(assembler.announced_bytes(), 16u);
+  ASSERT_TRUE(assembler.Add(Chunk("c", 0, {5, 6})).ok());
+  ASSERT_TRUE(assembler.Add(Chunk("a", 0, {1})).ok());
+  ASSERT_TRUE(assembler.Add(Chunk("b", 0, {2})).ok());
+  ASSERT_TRUE(assembler.Finish({}).ok());
+  EXPECT_EQ(std::move(assembler).result().tensors.at("c").values, (std::vector<float>{5, 6}));
+}
+
+TEST(PullAssemblerTest, ChunkInTheSameMessageAfterItsInfoIsAccepted) {
+  internal::PullAssembler assembler(DType::kFloat32);
+  ASSERT_TRUE(assembler.Add(Header(2, {Info("a", {1})})).ok());
+  v1::PullParametersResponse both = Chunk("b", 0, {4});
+  *both.add_tensors() = Info("b", {1});
+  ASSERT_TRUE(assembler.Add(both).ok());
+  ASSERT_TRUE(assembler.Add(Chunk("a", 0, {3})).ok());
+  EXPECT_TRUE(assembler.Finish({}).ok());
+}
+
+// The reply's messages added in order; the first error, or the one of Finish.
+absl::Status Assemble(const std::vector<v1::PullParametersResponse>& messages) {
+  internal::PullAssembler assembler(DType::kFloat32);
+  for (const v1::PullParametersResponse& message : messages) {
+    if (absl::Status status = assembler.Add(message); !status.ok()) return status;
+  }
+  return assembler.Finish({});
+}
+
+TEST(PullAssemblerTest, MalformedRepliesAreInternal) {
+  const struct {
+    std::vector<v1::PullParametersResponse> messages;
+    std::string message;
+  } cases[] = {
+      {{Header(2, {Info("a", {1})}), Chunk("b", 0, {1}), Infos({Info("b", {1})})},
+       "a chunk of b before its TensorInfo"},
+      {{Header(2, {Info("a", {1})}), Chunk("a", 0, {1})},
+       "1 TensorInfo, not its tensor_count of 2"},
+      {{Header(1, {Info("a", {1})}), Infos({Info("b", {1})})},
+       "more TensorInfo than its tensor_count of 1"},
+      {{Header(0, {Info("a", {1})}), Infos({Info("b", {1})})},
+       "TensorInfo past the header, whose tensor_count of 0 says it holds them all"},
+      {{Infos({Info("a", {1})})}, "data before its header"},
+      {{Header(2, {Info("a", {1})}), Infos({Info("a", {1})})}, "tensor a is described twice"},
+      {{Header(0, {}), Header(0, {})}, "a second header"},
+      {{}, "no header"},
+      {{Header(1, {Info("a", {2})}), Chunk("a", 1, {1, 2})},
+       "a chunk of a at offset 1 of 8 bytes, outside its 2 elements"},
+      {{Header(1, {Info("a", {2})}), Chunk("a", 1, {1})}, "1 elements of a, not 2"},
+  };
+  for (const auto& c : cases) {
+    const absl::Status status = Assemble(c.messages);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << c.message;
+    EXPECT_EQ(status.message(), "malformed pull reply: " + c.message);
+  }
+}
+
+TEST(PullAssemblerTest, RequestedTensorsMustAllArrive) {
+  internal::PullAssembler assembler(DType::kFloat32);
+  ASSERT_TRUE(assembler.Add(Header(0, {Info("a", {0})})).ok());
+  const absl::Status status = assembler.Finish({"a", "b"});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(status.message(), "malformed pull reply: requested tensor b is missing");
 }
 
 }  // namespace

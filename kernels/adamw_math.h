@@ -3,7 +3,8 @@
 // This header is the only place the optimizer math lives. It compiles as plain C++ and as CUDA
 // (host and device). The op order is that of PyTorch's fused AdamW
 // (torch/optim/adamw.py, aten/src/ATen/native/cuda/fused_adam_utils.cuh), per element, in fp32:
-//   1. g = grad / grad_scale (if given); if maximize, g = -g
+//   1. g = grad / grad_scale (if given; a division, as torch's fused kernel does, so that every
+//      positive finite scale works: 1 / 1e-39 would overflow); if maximize, g = -g
 //   2. decoupled: param -= lr * weight_decay * param   |  L2: g += weight_decay * param
 //   3. exp_avg = lerp(exp_avg, g, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g^2
 //   4. bias_correction1 = 1 - beta1^step, bias_correction2 = 1 - beta2^step (step already
@@ -58,7 +59,7 @@ struct AdamWStepScalars {
   float eps;
   float step_size;              // lr / bias_correction1
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
-  float inv_grad_scale;         // 1 / grad_scale, or 1
+  float grad_scale;             // Gradients are divided by it when has_grad_scale.
   bool has_grad_scale;
   bool amsgrad;
   bool maximize;
@@ -81,7 +82,7 @@ FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters&
   s.step_size = static_cast<float>(h.lr / bias_correction1);
   s.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
   s.has_grad_scale = grad_scale > 0.0f;
-  s.inv_grad_scale = s.has_grad_scale ? 1.0f / grad_scale : 1.0f;
+  s.grad_scale = s.has_grad_scale ? grad_scale : 1.0f;
   s.amsgrad = h.amsgrad;
   s.maximize = h.maximize;
   s.decoupled_weight_decay = h.decoupled_weight_decay;
@@ -91,7 +92,7 @@ FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters&
 // One AdamW update of one element. max_exp_avg_sq is read and written only when s.amsgrad.
 FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
                                      float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
-  float g = s.has_grad_scale ? grad * s.inv_grad_scale : grad;
+  float g = s.has_grad_scale ? grad / s.grad_scale : grad;
   if (s.maximize) g = -g;
   float p = param;
   if (s.weight_decay != 0.0f) {

@@ -84,6 +84,25 @@ TEST(AdamWMathTest, FirstStepMovesEachParamByAboutLr) {
   EXPECT_FLOAT_EQ(m, -0.3f);
 }
 
+// A positive, finite grad_scale below 1 / FLT_MAX (1e-39 is a subnormal float): its inverse
+// overflows, so gradients must be divided by it, as torch's fused kernel does. Zero gradients
+// then stay zero, and small ones stay finite and match the float64 reference.
+TEST(AdamWMathTest, TinyGradScaleDividesInsteadOfOverflowing) {
+  const float grad_scale = 1e-39f;
+  ASSERT_TRUE(std::isinf(1.0f / grad_scale));
+  AdamWHyperparameters h;
+  const AdamWStepScalars s = MakeStepScalars(h, 1, grad_scale);
+  for (const float grad : {0.0f, 3e-40f, -5e-40f}) {
+    float p = 1.0f, m = 0, v = 0;
+    ReferenceAdamW ref;
+    ref.param = p;
+    AdamWUpdate(s, grad, p, m, v, nullptr);
+    ref.Step(h, grad, 1, grad_scale);
+    ASSERT_TRUE(std::isfinite(p) && std::isfinite(m) && std::isfinite(v)) << grad;
+    EXPECT_NEAR(p, ref.param, 1e-5 + 1.3e-6 * std::abs(ref.param)) << grad;
+  }
+}
+
 TEST(ConversionTest, Float16KnownValues) {
   EXPECT_EQ(FloatToFloat16(1.0f), 0x3c00);
   EXPECT_EQ(FloatToFloat16(-2.0f), 0xc000);

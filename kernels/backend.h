@@ -2,18 +2,32 @@
 //
 // A backend owns the flat arenas of one shard (fp32 params, exp_avg, exp_avg_sq, optional
 // max_exp_avg_sq, optional bf16/fp16 param copy), the per-tensor step counters, and the param
-// group hyperparameters. Tensors are numbered 0..N-1 in registration order and never removed.
-// Every tensor starts on a 16-byte boundary in every arena.
+// group hyperparameters. Tensors are numbered 0..N-1 in registration order; only the newest
+// ones can be removed (TruncateTensors, to undo a registration that failed). Every tensor starts
+// on a 16-byte boundary in every arena.
 //
-// Thread safety: none. The caller (server/shard_store) serializes writers and lets readers in
-// only while no writer runs.
+// Work is queued in order ("stream order"). Step, SetParamGroup and Read return once their work
+// is queued; the work they queued is done once Wait returns for a marker taken after it (Mark,
+// or the marker of StepOutcome). On the CUDA backend the order is that of its apply stream, and
+// a step can be queued while the previous one still runs; the CPU backend does the work inside
+// the call, so its markers are done at once. Queued work reads the state it finds when it runs:
+// a Read queued after a Step sees that step's results.
+//
+// Thread safety: one thread at a time (server/engine's) calls the methods that change or read
+// the shard's state. Methods marked "Thread-safe" may be called from any thread at any time.
+//
+// Errors: expected ones have their own codes (RESOURCE_EXHAUSTED when memory runs out,
+// INVALID_ARGUMENT, FAILED_PRECONDITION), and a call that fails with one of them changes
+// nothing. INTERNAL means the device failed (a CUDA error): the shard's state can no longer be
+// trusted, and the caller must stop using the backend (docs/errors.md).
 //
 // Usage:
 //   std::unique_ptr<OptimizerBackend> backend = MakeCpuBackend(options);
 //   backend->SetParamGroup(0, AdamWHyperparameters{});
-//   backend->AddTensors({{.numel = 1024, .param_group = 0}});
-//   backend->WriteParams(0, 0, values);
+//   uint32_t first = backend->AddTensors({{.numel = 1024, .param_group = 0}}).value();
+//   backend->WriteParams(first, 0, values);
 //   StepOutcome outcome = backend->Step(request).value();
+//   WorkDone done = backend->Wait(outcome.marker).value();  // the step has run
 #ifndef FUSEDPS_KERNELS_BACKEND_H_
 #define FUSEDPS_KERNELS_BACKEND_H_
 
@@ -38,7 +52,7 @@ enum class ParamCopyDType : uint8_t { kNone = 0, kBFloat16 = 2, kFloat16 = 3 };
 struct BackendOptions {
   ParamCopyDType param_copy_dtype = ParamCopyDType::kNone;
   int threads = 0;  // CPU backend worker threads; 0 means one per hardware thread.
-  int device_ordinal = 0;  // CUDA backend: which GPU.
+  int device_ordinal = 0;  // CUDA backend: which GPU. Every call runs on it, from any thread.
 };
 
 struct NewTensor {
@@ -48,69 +62,130 @@ struct NewTensor {
 
 // The gradients of one push, in one dtype.
 // Tensor tensors[i]'s grads are elements [grad_offsets[i], grad_offsets[i] + numel) of grads.
-// grads == nullptr means the backend's own staging, filled earlier by StageGrads (on a GPU
-// backend: device memory, so the step copies nothing); StageGrads checked those for finiteness.
+// grads may lie in the staging arena (AllocateStagingArena; the step then reads the arena's
+// device mirror, after the copies queued by CopyStagingToDevice before the Step call), in other
+// host memory (copied to the device by the step), or be nullptr: the backend's own staging,
+// filled earlier by StageGrads, which checked them for finiteness.
 // REQUIRES: tensors are distinct and registered; grad_offsets[i] is a multiple of 8 (16 bytes
-// in any dtype) so that vector loads are legal.
+// in any dtype) so that vector loads are legal; grads stay valid and unchanged until the step's
+// marker is done.
 struct StepRequest {
   absl::Span<const uint32_t> tensors;
   absl::Span<const uint64_t> grad_offsets;
   const void* grads = nullptr;
   GradDType grad_dtype = GradDType::kFloat32;
-  float grad_scale = 0.0f;  // <= 0: none.
+  float grad_scale = 0.0f;  // <= 0: none. Gradients are divided by it (adamw_math.h).
   // The caller already checked every gradient for non-finite values (as grads arrived); the
   // backend then uses grads_finite instead of reading them again.
   bool grads_checked = false;
   bool grads_finite = true;
 };
 
+// A point in the backend's stream order: Wait(marker) returns once everything queued before it
+// is done. 0 is the null marker (nothing to wait for). Each non-null marker must be waited for
+// exactly once (a backend may hold resources, such as CUDA events, until then).
+using Marker = uint64_t;
+
 struct StepOutcome {
-  bool skipped = false;  // A non-finite gradient: nothing changed, no step advanced.
+  bool skipped = false;  // A non-finite gradient: nothing queued, nothing changes, no step.
   uint32_t tensors_updated = 0;
+  Marker marker = 0;  // Done once the step has run; 0 when nothing was queued.
+};
+
+// What Wait reports about the work before a marker.
+struct WorkDone {
+  // For a step's marker: the device time of its kernels (the CPU backend: the step's wall
+  // time), and how long the device waited for the step's gradient copies once it reached the
+  // step. 0 for other markers.
+  double device_seconds = 0;
+  double copy_wait_seconds = 0;
+};
+
+// A read of one field of some tensors, for pulls.
+struct ReadRequest {
+  TensorField field = TensorField::kParam;
+  // Read the 16-bit param copy instead of fp32 params (field must be kParam, and the backend
+  // must keep a copy: param_copy_dtype() != kNone). Elements are then 2 bytes, else 4.
+  bool param_copy = false;
+  absl::Span<const uint32_t> tensors;
+  // Tensor tensors[i]'s numel elements go to dst + dst_offsets[i] (bytes).
+  absl::Span<const uint64_t> dst_offsets;
+  // Host memory (on a GPU backend best page-locked, e.g. the staging arena), or a snapshot
+  // buffer (AllocateSnapshot; then the offsets are into it).
+  void* dst = nullptr;
+  bool dst_is_snapshot = false;
 };
 
 class OptimizerBackend {
  public:
   virtual ~OptimizerBackend() = default;
 
-  virtual std::string name() const = 0;    // "cpu" or "cuda".
-  virtual std::string device() const = 0;  // Human-readable device description.
-  virtual ParamCopyDType param_copy_dtype() const = 0;
+  virtual std::string name() const = 0;    // "cpu" or "cuda". Thread-safe.
+  virtual std::string device() const = 0;  // Human-readable device description. Thread-safe.
+  virtual ParamCopyDType param_copy_dtype() const = 0;  // Thread-safe.
 
-  // Creates or replaces the hyperparameters of group `group` (0-based, dense).
+  // Creates (group == group count) or replaces the hyperparameters of group `group`. In stream
+  // order: steps queued after this call use the new values, steps queued before the old ones.
+  // Errors: INVALID_ARGUMENT when `group` would leave a gap; RESOURCE_EXHAUSTED when a group
+  // with amsgrad needs the max_exp_avg_sq arena and memory runs out.
   virtual absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) = 0;
 
-  // Appends tensors. Their params, states and steps start at zero.
-  // Errors: RESOURCE_EXHAUSTED when memory runs out (nothing is added);
-  // INVALID_ARGUMENT for an unknown group.
-  virtual absl::Status AddTensors(absl::Span<const NewTensor> tensors) = 0;
+  // Appends tensors, all or nothing, and returns the index of the first (the new tensors are
+  // first .. first + tensors.size() - 1). Their params, states and steps start at zero.
+  // Errors: RESOURCE_EXHAUSTED when memory runs out; INVALID_ARGUMENT for an unknown group.
+  virtual absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> tensors) = 0;
 
-  // Writes fp32 params [offset, offset + values.size()) of a tensor (and its low-precision copy).
+  // Removes tensors [count, tensor_count()): undoes AddTensors for a registration that failed.
+  // REQUIRES: count <= tensor_count(), and no step or read queued since they were added names
+  // them. Arena memory may stay allocated for later tensors.
+  virtual absl::Status TruncateTensors(uint32_t count) = 0;
+
+  // Writes fp32 params [offset, offset + values.size()) of a tensor (and its low-precision
+  // copy), in stream order. Returns once `values` may be reused.
   // REQUIRES: the range lies inside the tensor.
   virtual absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                                    absl::Span<const float> values) = 0;
 
-  // Reads `count` elements of a field of a tensor, starting at `offset`, into out as fp32
-  // (4 bytes each) or bf16 (2 bytes each). A bf16 read of params is served from the bf16 copy
-  // when the backend keeps one. REQUIRES: the range lies inside the tensor.
-  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad.
-  virtual absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
-                            GradDType dtype, void* out) const = 0;
+  // Queues one AdamW step (kernels/adamw_math.h) of every tensor of the request, all or
+  // nothing: if any gradient is non-finite (after conversion to fp32 and division by
+  // grad_scale), nothing is queued, nothing changes and the outcome says skipped. Each updated
+  // tensor's step advances by one (step() reports it at once).
+  virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
 
-  virtual int64_t step(uint32_t tensor) const = 0;
+  // Queues a copy of one field of whole tensors (see ReadRequest), as fp32 or as the param
+  // copy's 16-bit values. The data is there once a marker taken after this call is done.
+  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad, or
+  // param_copy without a copy.
+  virtual absl::Status Read(const ReadRequest& request) = 0;
+
+  // Memory for consistent reads of large pulls, in the device's own memory (host memory on the
+  // CPU backend): Read into it at one point of the stream order, then copy it out piece by
+  // piece with CopyFromSnapshot while later steps run. Errors: RESOURCE_EXHAUSTED.
+  virtual absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) = 0;
+  // Frees a snapshot after the work queued so far (in stream order).
+  virtual absl::Status FreeSnapshot(void* snapshot) = 0;
+  // Thread-safe. Copies [offset, offset + bytes) of a snapshot into host memory `dst` and
+  // returns once copied. Never waits for queued steps. REQUIRES: the Read into the snapshot is
+  // done (a marker after it was waited for), and FreeSnapshot was not called yet.
+  virtual absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
+                                        void* dst) = 0;
+
+  // A marker after all the work queued so far (see Marker).
+  virtual absl::StatusOr<Marker> Mark() = 0;
+
+  // Thread-safe. Blocks until the work queued before `marker` is done (0: returns at once).
+  // Errors: INTERNAL when the device failed.
+  virtual absl::StatusOr<WorkDone> Wait(Marker marker) = 0;
+
+  virtual int64_t step(uint32_t tensor) const = 0;  // Counting steps queued.
   virtual uint32_t tensor_count() const = 0;
   virtual uint64_t numel(uint32_t tensor) const = 0;
-
-  // Applies one AdamW step (kernels/adamw_math.h) to every tensor of the request, all or
-  // nothing: if any gradient is non-finite (after conversion to fp32), nothing changes and the
-  // outcome says skipped. Each updated tensor's step advances by one.
-  virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
 
   // Copies `count` gradients of one dtype from host memory into the backend's staging at
   // byte_offset (growing it as needed), for a later Step with grads == nullptr, and checks them
   // for non-finite values (after division by grad_scale, <= 0: none): the next such Step is
   // skipped if any staged since the previous one was not finite. Stage payloads only, never
-  // the padding between tensors.
+  // the padding between tensors. (Used by the kernel benchmark, which times steps alone.)
   virtual absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
                                   GradDType dtype, float grad_scale) = 0;
 
@@ -120,27 +195,31 @@ class OptimizerBackend {
   // in the arena reads them from the mirror. Errors: RESOURCE_EXHAUSTED.
   virtual absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) = 0;
 
-  // Starts copying [offset, offset + bytes) of the staging arena to its device mirror: on a GPU
-  // backend asynchronously, on a copy stream that the next Step waits for; elsewhere nothing.
-  // Thread-safe (unlike the rest of this interface).
+  // Thread-safe. Starts copying [offset, offset + bytes) of the staging arena to its device
+  // mirror: on a GPU backend asynchronously, on a copy stream that the next Step waits for;
+  // elsewhere nothing.
   virtual absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) = 0;
 
-  // Kernel launches (CUDA) or parallel passes (CPU) so far, for metrics.
+  // Thread-safe. Kernel launches (CUDA) or parallel passes (CPU) so far, by kernel name,
+  // counted where each is launched (the CUDA backend's launch wrapper; the CPU backend's
+  // parallel pass "cpu_adamw_apply").
+  virtual std::map<std::string, uint64_t> launch_counts() const = 0;
+  // The sum of launch_counts(). Thread-safe.
   virtual uint64_t launches_total() const = 0;
 
-  // The same launches by kernel name, counted where each is launched (the CUDA backend's
-  // launch wrapper; the CPU backend's parallel pass "cpu_adamw_apply"). Sums to launches_total().
-  virtual std::map<std::string, uint64_t> launch_counts() const = 0;
-
   // Bytes allocated for each arena, for metrics: "params", "exp_avg", "exp_avg_sq",
-  // "max_exp_avg_sq", "param_copy", "grad_staging" (device memory on a GPU backend, host memory
-  // on the CPU backend; 0 for an arena not in use).
+  // "max_exp_avg_sq", "param_copy", "grad_staging", and on the CUDA backend "tables" and
+  // "pull_snapshots" (device memory on a GPU backend, host memory on the CPU backend; 0 for an
+  // arena not in use).
   virtual std::map<std::string, uint64_t> memory_bytes() const = 0;
-
-  // Seconds the device spent on the last Step's kernels, from CUDA events around them; the
-  // CPU backend reports its wall time.
-  virtual double last_step_device_seconds() const = 0;
 };
+
+// Queues `request` and waits for it: a synchronous read, for tests and tools.
+absl::Status ReadNow(OptimizerBackend& backend, const ReadRequest& request);
+
+// Reads one field of one tensor as fp32 into `out` (numel floats) and waits for it.
+absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor,
+                        float* out);
 
 // Rounds an element count up so that the next tensor starts on a 16-byte boundary in every
 // arena of any element size (2 or 4 bytes).

@@ -7,7 +7,7 @@
 namespace fusedps {
 
 #ifdef FUSEDPS_HAVE_CUDA
-// kernels/cuda_backend.cu
+// kernels/cuda/cuda_backend.cu
 int CudaDeviceCount();
 absl::StatusOr<std::unique_ptr<OptimizerBackend>> MakeCudaBackend(const BackendOptions& options);
 #else

@@ -1,18 +1,26 @@
 // The CPU backend: flat host arenas, updated by OpenMP threads in fixed-size pieces.
+//
+// Work runs inside the calls that queue it (Step, Read, SetParamGroup), on the calling thread
+// and its OpenMP workers, so every marker is done when it is made; Wait only reports a step's
+// wall time.
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <cmath>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/grad_check.h"
+#include "kernels/parallel.h"
 #include "kernels/tensor_table.h"
 
 namespace fusedps {
@@ -48,7 +56,7 @@ class CpuBackend final : public OptimizerBackend {
  public:
   explicit CpuBackend(const BackendOptions& options)
       : copy_dtype_(options.param_copy_dtype),
-        threads_(options.threads > 0 ? options.threads : omp_get_num_procs()) {}
+        threads_(OmpThreads(options.threads)) {}
 
   std::string name() const override { return "cpu"; }
   std::string device() const override { return absl::StrCat("cpu (", threads_, " threads)"); }
@@ -60,11 +68,27 @@ class CpuBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
-  absl::Status AddTensors(absl::Span<const NewTensor> tensors) override {
+  absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> tensors) override {
     absl::StatusOr<uint64_t> total = table_.ArenaNumelWith(tensors);
     if (!total.ok()) return total.status();
     if (absl::Status s = Resize(*total); !s.ok()) return s;
+    const uint32_t first = table_.size();
     table_.Append(tensors);
+    return first;
+  }
+
+  absl::Status TruncateTensors(uint32_t count) override {
+    if (count > table_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot truncate ", table_.size(), " tensors to ", count));
+    }
+    // Zero what the removed tensors held, so that tensors added later start from zero.
+    const uint64_t from = count < table_.size() ? table_.offset(count) : table_.arena_numel();
+    for (std::vector<float>* arena : {&params_, &exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_}) {
+      if (arena->size() > from) std::fill(arena->begin() + from, arena->end(), 0.0f);
+    }
+    if (copy_.size() > from) std::fill(copy_.begin() + from, copy_.end(), 0);
+    table_.Truncate(count);
     return absl::OkStatus();
   }
 
@@ -76,38 +100,90 @@ class CpuBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
-  absl::Status Read(TensorField field, uint32_t tensor, uint64_t offset, uint64_t count,
-                    GradDType dtype, void* out) const override {
-    const uint64_t start = table_.offset(tensor) + offset;
-    if (field == TensorField::kParam && dtype == GradDType::kBFloat16 &&
-        copy_dtype_ == ParamCopyDType::kBFloat16) {
-      std::copy_n(copy_.data() + start, count, static_cast<uint16_t*>(out));
-      return absl::OkStatus();
+  absl::Status Read(const ReadRequest& request) override {
+    char* dst = static_cast<char*>(request.dst);
+    for (size_t i = 0; i < request.tensors.size(); ++i) {
+      const uint32_t t = request.tensors[i];
+      char* out = dst + request.dst_offsets[i];
+      if (request.param_copy) {
+        if (request.field != TensorField::kParam || copy_dtype_ == ParamCopyDType::kNone) {
+          return absl::FailedPreconditionError("this backend keeps no param copy");
+        }
+        std::copy_n(copy_.data() + table_.offset(t), table_.numel(t),
+                    reinterpret_cast<uint16_t*>(out));
+        continue;
+      }
+      absl::StatusOr<const float*> field_start = table_.FieldOf(
+          {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
+          request.field, t);
+      if (!field_start.ok()) return field_start.status();
+      // A tensor of no elements may have no destination at all (a pull of only such tensors).
+      if (table_.numel(t) > 0) std::memcpy(out, *field_start, table_.numel(t) * sizeof(float));
     }
-    absl::StatusOr<const float*> field_start = table_.FieldOf(
-        {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()}, field,
-        tensor);
-    if (!field_start.ok()) return field_start.status();
-    StoreFloats(*field_start + offset, count, dtype, out);
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) override {
+    void* snapshot = std::aligned_alloc(64, (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64);
+    if (snapshot == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("pull snapshot of ", bytes, " bytes"));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshots_[snapshot] = bytes;
+    snapshot_bytes_ += bytes;
+    return snapshot;
+  }
+
+  absl::Status FreeSnapshot(void* snapshot) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = snapshots_.find(snapshot);
+      if (it == snapshots_.end()) return absl::InvalidArgumentError("not a snapshot");
+      snapshot_bytes_ -= it->second;
+      snapshots_.erase(it);
+    }
+    std::free(snapshot);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
+                                void* dst) override {
+    std::memcpy(dst, static_cast<const char*>(snapshot) + offset, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Marker> Mark() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ++last_marker_;
+  }
+
+  absl::StatusOr<WorkDone> Wait(Marker marker) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    WorkDone done;
+    if (auto it = step_seconds_.find(marker); it != step_seconds_.end()) {
+      done.device_seconds = it->second;
+      step_seconds_.erase(it);
+    }
+    return done;
   }
 
   int64_t step(uint32_t tensor) const override { return table_.step(tensor); }
   uint32_t tensor_count() const override { return table_.size(); }
   uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
-  uint64_t launches_total() const override { return launches_; }
+  uint64_t launches_total() const override { return launches_.load(std::memory_order_relaxed); }
   std::map<std::string, uint64_t> launch_counts() const override {
-    return {{"cpu_adamw_apply", launches_}};
+    return {{"cpu_adamw_apply", launches_total()}};
   }
   std::map<std::string, uint64_t> memory_bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
     return {{"params", params_.capacity() * sizeof(float)},
             {"exp_avg", exp_avg_.capacity() * sizeof(float)},
             {"exp_avg_sq", exp_avg_sq_.capacity() * sizeof(float)},
             {"max_exp_avg_sq", max_exp_avg_sq_.capacity() * sizeof(float)},
             {"param_copy", copy_.capacity() * sizeof(uint16_t)},
-            {"grad_staging", staging_.capacity() * sizeof(uint64_t)}};
+            {"grad_staging", staging_.capacity() * sizeof(uint64_t)},
+            {"pull_snapshots", snapshot_bytes_}};
   }
-  double last_step_device_seconds() const override { return last_step_seconds_; }
 
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
     // Plain memory: untouched pages are not committed, so a large pool costs what it holds.
@@ -125,6 +201,7 @@ class CpuBackend final : public OptimizerBackend {
     const uint64_t bytes = count * DTypeSize(dtype);
     staged_non_finite_ |= !GradsAllFinite(data, dtype, count, grad_scale);
     try {
+      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacity.
       if (staging_.size() * 8 < byte_offset + bytes) staging_.resize((byte_offset + bytes + 7) / 8);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(absl::StrCat("host staging of ", byte_offset + bytes,
@@ -139,11 +216,15 @@ class CpuBackend final : public OptimizerBackend {
     StepRequest request = given;
     const bool finite = StepGradsFinite(request, &staged_non_finite_,
                                         [this](uint32_t t) { return table_.numel(t); });
+    if (!finite) return StepOutcome{.skipped = true, .tensors_updated = 0, .marker = 0};
     if (request.grads == nullptr) request.grads = staging_.data();
-    absl::StatusOr<StepOutcome> outcome =
-        finite ? StepOn(request) : StepOutcome{.skipped = true, .tensors_updated = 0};
-    last_step_seconds_ =
+    absl::StatusOr<StepOutcome> outcome = StepOn(request);
+    if (!outcome.ok()) return outcome;
+    const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    outcome->marker = ++last_marker_;
+    step_seconds_[outcome->marker] = seconds;
     return outcome;
   }
 
@@ -163,7 +244,7 @@ class CpuBackend final : public OptimizerBackend {
       const uint32_t t = request.tensors[r];
       scalars[r] = MakeStepScalars(table_.hyper_of(t), table_.step(t) + 1, request.grad_scale);
     }
-    ++launches_;
+    launches_.fetch_add(1, std::memory_order_relaxed);
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
     for (int64_t k = 0; k < piece_count; ++k) {
       const Piece& p = pieces[k];
@@ -197,6 +278,7 @@ class CpuBackend final : public OptimizerBackend {
   }
 
   absl::Status Resize(uint64_t numel) {
+    std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacities.
     try {
       params_.resize(numel, 0.0f);
       exp_avg_.resize(numel, 0.0f);
@@ -222,9 +304,14 @@ class CpuBackend final : public OptimizerBackend {
   TensorTable table_;
   std::vector<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
   std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params_.
-  uint64_t launches_ = 0;
-  double last_step_seconds_ = 0;
+  std::atomic<uint64_t> launches_{0};
   std::vector<uint64_t> staging_;  // StageGrads' buffer, 8-byte words.
+  // Guards what the thread-safe methods read (Mark, Wait, memory_bytes, the snapshots).
+  mutable std::mutex mu_;
+  Marker last_marker_ = 0;
+  std::unordered_map<Marker, double> step_seconds_;  // Steps' wall time, until waited for.
+  std::unordered_map<void*, uint64_t> snapshots_;    // AllocateSnapshot's, by address.
+  uint64_t snapshot_bytes_ = 0;
   bool staged_non_finite_ = false;
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }

@@ -17,9 +17,9 @@ std::vector<float> RandomVector(std::mt19937& rng, size_t n) {
   return v;
 }
 
-std::vector<float> ReadField(const OptimizerBackend& b, TensorField field, uint32_t t) {
+std::vector<float> ReadField(OptimizerBackend& b, TensorField field, uint32_t t) {
   std::vector<float> out(b.numel(t));
-  EXPECT_TRUE(b.Read(field, t, 0, out.size(), GradDType::kFloat32, out.data()).ok());
+  EXPECT_TRUE(ReadTensor(b, field, t, out.data()).ok());
   return out;
 }
 
@@ -137,7 +137,14 @@ TEST(CpuBackendTest, Bfloat16CopyFollowsParamsAndServesBf16Reads) {
   ASSERT_TRUE(backend->Step({tensors, offsets, grads.data(), GradDType::kFloat32, 0}).ok());
   const auto params = ReadField(*backend, TensorField::kParam, 0);
   std::vector<uint16_t> copy(1000);
-  ASSERT_TRUE(backend->Read(TensorField::kParam, 0, 0, 1000, GradDType::kBFloat16, copy.data()).ok());
+  const uint32_t tensor = 0;
+  const uint64_t offset = 0;
+  ReadRequest read;
+  read.param_copy = true;
+  read.tensors = absl::MakeConstSpan(&tensor, 1);
+  read.dst_offsets = absl::MakeConstSpan(&offset, 1);
+  read.dst = copy.data();
+  ASSERT_TRUE(ReadNow(*backend, read).ok());
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(copy[i], FloatToBFloat16(params[i])) << i;
 }
 
@@ -146,10 +153,62 @@ TEST(CpuBackendTest, MaxExpAvgSqNeedsAmsgrad) {
   ASSERT_TRUE(backend->SetParamGroup(0, {}).ok());
   ASSERT_TRUE(backend->AddTensors({{4, 0}}).ok());
   float out[4];
-  EXPECT_EQ(backend->Read(TensorField::kMaxExpAvgSq, 0, 0, 4, GradDType::kFloat32, out).code(),
+  EXPECT_EQ(ReadTensor(*backend, TensorField::kMaxExpAvgSq, 0, out).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(backend->AddTensors({{4, 3}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->AddTensors({{4, 3}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend->tensor_count(), 1u);
+}
+
+TEST(CpuBackendTest, AddTensorsReturnsTheFirstIndexAndTruncateUndoesIt) {
+  std::mt19937 rng(10);
+  auto backend = MakeCpuBackend({});
+  ASSERT_TRUE(backend->SetParamGroup(0, {}).ok());
+  EXPECT_EQ(*backend->AddTensors({{10, 0}, {20, 0}}), 0u);
+  ASSERT_TRUE(backend->WriteParams(1, 0, RandomVector(rng, 20)).ok());
+  EXPECT_EQ(*backend->AddTensors({{30, 0}}), 2u);
+  ASSERT_TRUE(backend->WriteParams(2, 0, RandomVector(rng, 30)).ok());
+  const std::vector<float> kept = ReadField(*backend, TensorField::kParam, 1);
+  ASSERT_TRUE(backend->TruncateTensors(2).ok());
+  EXPECT_EQ(backend->tensor_count(), 2u);
+  EXPECT_EQ(ReadField(*backend, TensorField::kParam, 1), kept);
+  // A tensor added where the removed one was starts from zero, like any new tensor.
+  EXPECT_EQ(*backend->AddTensors({{30, 0}}), 2u);
+  EXPECT_EQ(ReadField(*backend, TensorField::kParam, 2), std::vector<float>(30, 0.0f));
+  EXPECT_FALSE(backend->TruncateTensors(4).ok());
+}
+
+TEST(CpuBackendTest, SnapshotHoldsTheValuesOfItsReadWhileStepsGoOn) {
+  std::mt19937 rng(11);
+  auto backend = MakeCpuBackend({});
+  ASSERT_TRUE(backend->SetParamGroup(0, {}).ok());
+  ASSERT_TRUE(backend->AddTensors({{100, 0}, {9, 0}}).ok());
+  ASSERT_TRUE(backend->WriteParams(0, 0, RandomVector(rng, 100)).ok());
+  ASSERT_TRUE(backend->WriteParams(1, 0, RandomVector(rng, 9)).ok());
+  const std::vector<float> p0 = ReadField(*backend, TensorField::kParam, 0);
+  const std::vector<float> p1 = ReadField(*backend, TensorField::kParam, 1);
+  absl::StatusOr<void*> snapshot = backend->AllocateSnapshot(4 * (104 + 9));
+  ASSERT_TRUE(snapshot.ok());
+  const std::vector<uint32_t> tensors = {1, 0};
+  const std::vector<uint64_t> offsets = {0, 4 * 16};
+  ReadRequest read;
+  read.tensors = tensors;
+  read.dst_offsets = offsets;
+  read.dst = *snapshot;
+  read.dst_is_snapshot = true;
+  ASSERT_TRUE(ReadNow(*backend, read).ok());
+  std::vector<float> grads = RandomVector(rng, 104 + 16);
+  const std::vector<uint64_t> grad_offsets = {0, 104};
+  const std::vector<uint32_t> all = {0, 1};
+  ASSERT_FALSE(backend->Step({all, grad_offsets, grads.data(), GradDType::kFloat32, 0})->skipped);
+  std::vector<float> got0(100), got1(9);
+  ASSERT_TRUE(backend->CopyFromSnapshot(*snapshot, 4 * 16, 400, got0.data()).ok());
+  ASSERT_TRUE(backend->CopyFromSnapshot(*snapshot, 0, 36, got1.data()).ok());
+  EXPECT_EQ(got0, p0);
+  EXPECT_EQ(got1, p1);
+  EXPECT_NE(ReadField(*backend, TensorField::kParam, 0), p0);
+  EXPECT_EQ(backend->memory_bytes().at("pull_snapshots"), 4u * (104 + 9));
+  ASSERT_TRUE(backend->FreeSnapshot(*snapshot).ok());
+  EXPECT_EQ(backend->memory_bytes().at("pull_snapshots"), 0u);
 }
 
 }  // namespace

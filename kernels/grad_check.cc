@@ -6,16 +6,18 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/parallel.h"
+
 namespace fusedps {
 namespace {
 
 constexpr uint64_t kPieceNumel = 64 * 1024;
 
 template <GradDType kDType>
-bool RangeFinite(const void* grads, uint64_t begin, uint64_t end, float inv_scale) {
+bool RangeFinite(const void* grads, uint64_t begin, uint64_t end, float grad_scale) {
   bool finite = true;
   for (uint64_t i = begin; i < end; ++i) {
-    finite &= std::isfinite(LoadGrad(grads, kDType, i) * inv_scale);
+    finite &= std::isfinite(LoadGrad(grads, kDType, i) / grad_scale);
   }
   return finite;
 }
@@ -32,10 +34,10 @@ bool BitsFinite(const void* grads, uint64_t begin, uint64_t end, Bits mask) {
 }
 
 bool RangeFinite(const void* grads, GradDType dtype, uint64_t begin, uint64_t end,
-                 float inv_scale) {
+                 float grad_scale) {
   // Dividing by a grad_scale >= 1 cannot turn a finite value into inf, so the check is then
   // one of the stored bits alone. (Every fp16 and bf16 value is exactly a float.)
-  if (inv_scale <= 1.0f) {
+  if (grad_scale >= 1.0f) {
     switch (dtype) {
       case GradDType::kBFloat16:
         return BitsFinite<uint16_t>(grads, begin, end, 0x7F80);
@@ -48,12 +50,12 @@ bool RangeFinite(const void* grads, GradDType dtype, uint64_t begin, uint64_t en
   }
   switch (dtype) {
     case GradDType::kBFloat16:
-      return RangeFinite<GradDType::kBFloat16>(grads, begin, end, inv_scale);
+      return RangeFinite<GradDType::kBFloat16>(grads, begin, end, grad_scale);
     case GradDType::kFloat16:
-      return RangeFinite<GradDType::kFloat16>(grads, begin, end, inv_scale);
+      return RangeFinite<GradDType::kFloat16>(grads, begin, end, grad_scale);
     case GradDType::kFloat32:
     default:
-      return RangeFinite<GradDType::kFloat32>(grads, begin, end, inv_scale);
+      return RangeFinite<GradDType::kFloat32>(grads, begin, end, grad_scale);
   }
 }
 
@@ -63,12 +65,14 @@ struct Range {
 
 bool RangesFinite(const void* grads, GradDType dtype, const std::vector<Range>& ranges,
                   float grad_scale, bool parallel) {
-  const float inv_scale = grad_scale > 0 ? 1.0f / grad_scale : 1.0f;
+  const float scale = grad_scale > 0 ? grad_scale : 1.0f;
   const int64_t n = static_cast<int64_t>(ranges.size());
   bool finite = true;
-#pragma omp parallel for schedule(dynamic, 1) reduction(&& : finite) if (parallel && n > 1)
+  const int threads = OmpThreads();
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(&& : finite) \
+    if (parallel && n > 1)
   for (int64_t k = 0; k < n; ++k) {
-    finite = finite && RangeFinite(grads, dtype, ranges[k].begin, ranges[k].end, inv_scale);
+    finite = finite && RangeFinite(grads, dtype, ranges[k].begin, ranges[k].end, scale);
   }
   return finite;
 }

@@ -1,5 +1,5 @@
 // GradsAllFinite against the definition it implements: every element, widened to float and
-// multiplied by 1 / grad_scale, is finite (std::isfinite).
+// divided by grad_scale, is finite (std::isfinite).
 #include "kernels/grad_check.h"
 
 #include <cmath>
@@ -14,10 +14,12 @@ namespace fusedps {
 namespace {
 
 bool Reference(float value, float grad_scale) {
-  return std::isfinite(value * (grad_scale > 0 ? 1.0f / grad_scale : 1.0f));
+  return std::isfinite(grad_scale > 0 ? value / grad_scale : value);
 }
 
-const float kScales[] = {0.0f, 1.0f, 256.0f, 0.5f, 1e-30f};
+// 1e-39 is subnormal: 1 / 1e-39 overflows to inf, which a multiplication by the inverse would
+// turn into NaN for a zero gradient.
+const float kScales[] = {0.0f, 1.0f, 256.0f, 0.5f, 1e-30f, 1e-39f};
 
 // Every bf16 and fp16 bit pattern, alone and in the middle of a large finite array.
 TEST(GradCheckTest, EveryHalfPatternAgreesWithTheDefinition) {

@@ -41,6 +41,15 @@ void TensorTable::Append(absl::Span<const NewTensor> tensors) {
   }
 }
 
+void TensorTable::Truncate(uint32_t count) {
+  if (count >= size()) return;
+  arena_numel_ = offsets_[count];
+  offsets_.resize(count);
+  numels_.resize(count);
+  groups_of_.resize(count);
+  steps_.resize(count);
+}
+
 void TensorTable::AdvanceSteps(absl::Span<const uint32_t> tensors) {
   for (uint32_t t : tensors) ++steps_[t];
 }

@@ -2,7 +2,8 @@
 // keeps: each tensor's arena offset, numel, group and step, and each group's hyperparameters.
 //
 // Offsets are in elements and multiples of 8 (AlignedNumel), so every tensor starts on a
-// 16-byte boundary in arenas of 2- and 4-byte elements. Tensors are appended, never removed.
+// 16-byte boundary in arenas of 2- and 4-byte elements. Tensors are appended; only the newest
+// can be removed (Truncate, to undo a registration that failed).
 //
 // Usage:
 //   TensorTable table;
@@ -45,6 +46,9 @@ class TensorTable {
   // Appends the tensors at the end of the arenas, with step 0.
   // REQUIRES: ArenaNumelWith(tensors) succeeded.
   void Append(absl::Span<const NewTensor> tensors);
+
+  // Removes tensors [count, size()), the newest ones. REQUIRES: count <= size().
+  void Truncate(uint32_t count);
 
   // One more step for each of the tensors.
   void AdvanceSteps(absl::Span<const uint32_t> tensors);

@@ -6,18 +6,33 @@
 //
 // SIGTERM or SIGINT: stop accepting calls, finish the calls in flight (at most
 // --shutdown-grace-seconds), apply every complete push, exit 0.
+//
+// Exit status: 0 after SIGTERM/SIGINT; 1 when the server cannot start; 2 for a bad flag; 3 when
+// the shard faulted (a device error, docs/errors.md): health turned NOT_SERVING, calls in
+// flight got UNAVAILABLE for up to --fault-drain-seconds, and the orchestrator should restart
+// the server.
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "common/port_file.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
+#include "common/logging.h"
+#include "common/port_file.h"
+#include "kernels/backend_factory.h"
+#include "kernels/fault_injection.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
@@ -29,8 +44,31 @@ ABSL_FLAG(std::string, param_copy_dtype, "none",
           "low-precision param copy kept for pulls: none, bf16 or fp16");
 ABSL_FLAG(uint64_t, max_message_bytes, 8 << 20, "gRPC max receive and send message size");
 ABSL_FLAG(uint64_t, staging_pool_bytes, uint64_t{2} << 30,
-          "host staging shared by the pushes in flight; when it is spent, pushes wait "
-          "(back-pressure), and one larger than all of it is RESOURCE_EXHAUSTED");
+          "host staging shared by the pushes, pulls and registrations in flight; when it is "
+          "spent, calls wait (back-pressure), and a push larger than all of it is "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint64_t, window_bytes, 32 << 20,
+          "the most staging one pull or one registration holds at a time (it streams through "
+          "a window of this size, at most a quarter of --staging-pool-bytes, whatever its "
+          "total size)");
+ABSL_FLAG(uint64_t, pull_snapshot_bytes, uint64_t{4} << 30,
+          "memory (device memory on a GPU) for pulls larger than one window, read at one "
+          "version while steps go on; a pull larger than all of it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, call_idle_seconds, 60,
+          "a call whose client sends (or, for a pull, reads) nothing for this long ends with "
+          "DEADLINE_EXCEEDED and gives back the staging it holds; 0: no limit");
+ABSL_FLAG(double, keepalive_seconds, 30,
+          "HTTP/2 keepalive pings on idle connections (a peer that does not answer within 10 s "
+          "is dropped, and its calls end)");
+ABSL_FLAG(uint64_t, retry_table_clients, 10000,
+          "how many clients' recent pushes the retry table remembers (least recently used "
+          "forgotten first); a retry is applied exactly once within that bound");
+ABSL_FLAG(int64_t, testing_fault_at_step, 0,
+          "for fault-handling tests only: the backend fails (as a device would) when it queues "
+          "this step (1-based); 0: never");
+ABSL_FLAG(int, fault_drain_seconds, 2,
+          "after a shard fault, how long calls in flight get to receive their UNAVAILABLE "
+          "before the server exits with status 3");
 ABSL_FLAG(double, push_part_wait_seconds, 30,
           "a push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived "
           "within this many seconds of its first");
@@ -42,18 +80,25 @@ ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
 int main(int argc, char** argv) {
+  fusedps::InitLogging(argv[0]);
   absl::SetProgramUsageMessage(
       "fusedps-server: a gRPC parameter service applying AdamW on the server's device.\n"
       "  fusedps-server --listen=0.0.0.0:50051 --device=auto");
+  if (fusedps::HelpRequested(argc, argv)) {
+    fusedps::PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> arg_storage;
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
-  // Block the stop signals in every thread; one thread below waits for them.
+  // Block the stop signals in every thread; one thread below waits for them. SIGUSR1 is the
+  // server's own: a shard fault raises it.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGUSR1);
   if (pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr) != 0) {
     std::perror("fusedps-server: pthread_sigmask");
     return 1;
@@ -66,55 +111,93 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_bytes);
   if (!(absl::GetFlag(FLAGS_push_part_wait_seconds) > 0)) {
-    std::fprintf(stderr, "fusedps-server: --push-part-wait-seconds must be > 0\n");
+    LOG(ERROR) << "--push-part-wait-seconds must be > 0";
     return 2;
   }
   options.push_part_wait = absl::Seconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
+  options.window_bytes = absl::GetFlag(FLAGS_window_bytes);
+  options.pull_snapshot_bytes = absl::GetFlag(FLAGS_pull_snapshot_bytes);
+  options.retry_table_clients = absl::GetFlag(FLAGS_retry_table_clients);
+  const double idle = absl::GetFlag(FLAGS_call_idle_seconds);
+  const double keepalive = absl::GetFlag(FLAGS_keepalive_seconds);
+  if (idle < 0 || !(keepalive > 0) || options.window_bytes < 4096) {
+    LOG(ERROR) << "--call-idle-seconds must be >= 0, --keepalive-seconds > 0 and "
+                  "--window-bytes >= 4096";
+    return 2;
+  }
+  options.call_idle = idle == 0 ? absl::InfiniteDuration() : absl::Seconds(idle);
+  options.keepalive = absl::Seconds(keepalive);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
+    options.backend_factory = [device = options.device, backend = options.backend,
+                               step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
+      absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> inner =
+          fusedps::MakeBackend(device, backend);
+      if (!inner.ok()) return inner;
+      fusedps::InjectedFaults faults;
+      faults.step = step;
+      return fusedps::MakeFaultInjectingBackend(*std::move(inner), faults);
+    };
+  }
+  // A fault wakes the signal wait below.
+  options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
   absl::StatusOr<fusedps::ParamCopyDType> copy =
       fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
   if (!copy.ok()) {
-    std::fprintf(stderr, "fusedps-server: %s\n", std::string(copy.status().message()).c_str());
+    LOG(ERROR) << copy.status().message();
     return 2;
   }
   options.backend.param_copy_dtype = *copy;
 
   absl::StatusOr<std::unique_ptr<fusedps::Server>> server = fusedps::Server::Start(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "fusedps-server: %s\n", server.status().ToString().c_str());
+    LOG(ERROR) << "cannot start: " << server.status();
     return 1;
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  std::fprintf(stderr, "fusedps-server listening on %s:%d (backend %s, device %s)\n",
-               host.c_str(), (*server)->port(), (*server)->store().backend_name().c_str(),
-               (*server)->store().device().c_str());
+  LOG(INFO) << "fusedps-server listening on " << host << ":" << (*server)->port() << " (backend "
+            << (*server)->engine().backend_name() << ", device " << (*server)->engine().device()
+            << ")";
   if (!options.metrics_listen.empty()) {
-    const std::string metrics_host =
-        options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
-    std::fprintf(stderr, "fusedps-server metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
-                 (*server)->metrics_port());
+    LOG(INFO) << "fusedps-server metrics on http://"
+              << options.metrics_listen.substr(0, options.metrics_listen.rfind(':')) << ":"
+              << (*server)->metrics_port() << "/metrics";
   }
   // The metrics port file first: once the gRPC port file exists, both are there.
   const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   if (!metrics_port_file.empty() &&
       !fusedps::WritePortFile(metrics_port_file, (*server)->metrics_port())) {
-    std::fprintf(stderr, "fusedps-server: cannot write --metrics-port-file %s\n",
-                 metrics_port_file.c_str());
+    LOG(ERROR) << "cannot write --metrics-port-file " << metrics_port_file;
     return 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !fusedps::WritePortFile(port_file, (*server)->port())) {
-    std::fprintf(stderr, "fusedps-server: cannot write --port-file %s\n", port_file.c_str());
+    LOG(ERROR) << "cannot write --port-file " << port_file;
     return 1;
   }
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  std::fprintf(stderr, "fusedps-server: %s, draining for up to %ds\n", strsignal(signal),
-               absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  if (signal == SIGUSR1) {
+    LOG(ERROR) << "the shard faulted (" << (*server)->fault().cause()
+               << "); exiting with status 3";
+    const int drain = absl::GetFlag(FLAGS_fault_drain_seconds);
+    // A failed device may never answer, so the drain gets a deadline of its own, and the
+    // process leaves without destroying the engine.
+    std::promise<void> drained;
+    std::thread([&server, &drained, drain] {
+      (*server)->Shutdown(absl::Seconds(drain));
+      (*server)->Wait();
+      drained.set_value();
+    }).detach();
+    drained.get_future().wait_for(std::chrono::seconds(drain + 5));
+    std::_Exit(3);
+  }
+  LOG(INFO) << strsignal(signal) << ", draining for up to "
+            << absl::GetFlag(FLAGS_shutdown_grace_seconds) << " s";
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
   (*server)->Wait();
   server->reset();
-  std::fprintf(stderr, "fusedps-server: stopped\n");
+  LOG(INFO) << "fusedps-server stopped";
   return 0;
 }

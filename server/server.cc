@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend_factory.h"
@@ -12,6 +13,11 @@
 #endif
 
 namespace fusedps {
+namespace {
+
+int Millis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
+
+}  // namespace
 
 absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
   if (name == "none") return ParamCopyDType::kNone;
@@ -23,35 +29,72 @@ absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend =
-      MakeBackend(options.device, options.backend);
+      options.backend_factory ? options.backend_factory()
+                              : MakeBackend(options.device, options.backend);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Server> server(new Server());
-  server->store_ = std::make_unique<ShardStore>(*std::move(backend));
-  server->engine_ = std::make_unique<UpdateEngine>(server->store_.get());
-  ShardStore* store = server->store_.get();
   Server* self = server.get();
+  server->fault_ = std::make_unique<ShardFault>();
+  server->retries_ = std::make_unique<RetryTable>(options.retry_table_clients);
+  server->engine_ = std::make_unique<UpdateEngine>(*std::move(backend), server->fault_.get(),
+                                                   server->retries_.get());
+  if (absl::Status s = server->fault_->status(); !s.ok()) return s;
+  absl::StatusOr<char*> arena = server->engine_->AllocateStagingArena(options.staging_pool_bytes);
+  if (!arena.ok()) return arena.status();
+  server->staging_ =
+      std::make_unique<StagingPool>(options.staging_pool_bytes, *arena, "--staging-pool-bytes");
+  server->snapshot_budget_ = std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr,
+                                                           "--pull-snapshot-bytes");
+  server->assemblies_ = std::make_unique<PushAssemblies>(options.push_part_wait);
+  // A line that stops moving leaves a line in the log (and the oldest-wait gauge shows it).
+  server->watchdog_ = std::make_unique<CallWatchdog>(options.call_idle, [self] {
+    const absl::Duration waited = self->staging_->oldest_wait();
+    if (waited > absl::Seconds(10)) {
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 30)
+          << self->staging_->waiting() << " calls wait for staging, the oldest for "
+          << absl::FormatDuration(waited) << "; " << self->staging_->in_use() << " of "
+          << self->staging_->capacity() << " bytes are held (--staging-pool-bytes)";
+    }
+  });
+
+  UpdateEngine* engine = server->engine_.get();
   server->metrics_ = std::make_unique<Metrics>(
-      Metrics::BuildInfo{FUSEDPS_VERSION, store->backend_name(), store->device()}, [store, self] {
-        ShardMetrics shard{store->parameter_count(), store->version(), store->launch_counts(),
-                           store->memory_bytes()};
-        if (const StagingPool* pool = self->staging_.get()) {  // Set once, before serving.
-          shard.staging_capacity_bytes = pool->capacity();
-          shard.staging_in_use_bytes = pool->in_use();
-          shard.staging_waiters = pool->waiting();
-        }
+      Metrics::BuildInfo{FUSEDPS_VERSION, engine->backend_name(), engine->device()}, [self] {
+        ShardMetrics shard;
+        shard.parameters = self->engine_->view()->parameter_count();
+        shard.version = self->engine_->version();
+        shard.kernel_launches = self->engine_->launch_counts();
+        shard.memory_bytes = self->engine_->memory_bytes();
+        shard.staging_capacity_bytes = self->staging_->capacity();
+        shard.staging_in_use_bytes = self->staging_->in_use();
+        shard.staging_waiters = self->staging_->waiting();
+        shard.staging_oldest_wait_seconds =
+            absl::ToDoubleSeconds(self->staging_->oldest_wait());
+        shard.retry_table_clients = self->retries_->clients();
+        shard.retry_table_evictions = self->retries_->evictions();
         return shard;
       });
-  absl::StatusOr<char*> arena = server->store_->AllocateStagingArena(options.staging_pool_bytes);
-  if (!arena.ok()) return arena.status();
-  server->staging_ = std::make_unique<StagingPool>(options.staging_pool_bytes, *arena);
   if (!options.metrics_listen.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
   }
-  server->service_ =
-      std::make_unique<ParameterServiceImpl>(server->store_.get(), server->engine_.get(),
-                                             server->metrics_.get(), server->staging_.get(),
-                                             options.max_message_bytes,
-                                             options.push_part_wait);
+
+  ServiceContext context;
+  context.engine = engine;
+  context.fault = server->fault_.get();
+  context.retries = server->retries_.get();
+  context.staging = server->staging_.get();
+  context.snapshot_budget = server->snapshot_budget_.get();
+  context.metrics = server->metrics_.get();
+  context.assemblies = server->assemblies_.get();
+  context.watchdog = server->watchdog_.get();
+  context.registration_gate = &server->registration_gate_;
+  server->testing_before_push_join_ = options.testing_before_push_join;
+  if (server->testing_before_push_join_) {
+    context.testing_before_push_join = &server->testing_before_push_join_;
+  }
+  context.limits.max_message_bytes = options.max_message_bytes;
+  context.limits.window_bytes = options.window_bytes;
+  server->service_ = std::make_unique<ParameterServiceImpl>(context);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -59,20 +102,37 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // A peer that vanishes (a dead host, a cut network) is noticed within keepalive +
+  // keepalive_timeout instead of TCP's two hours; clients may ping every 10 s.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.RegisterService(server->service_.get());
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen, "'"));
   }
-  grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
-  health->SetServingStatus(true);
-  health->SetServingStatus(v1::ParameterService::service_full_name(), true);
+  server->SetServing(true);
+  server->fault_->OnFault([self, on_fault = options.on_fault](const absl::Status& cause) {
+    self->SetServing(false);
+    if (on_fault) on_fault(cause);
+  });
   return server;
+}
+
+void Server::SetServing(bool serving) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (grpc_server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  serving = serving && !fault_->faulted();
+  health->SetServingStatus(serving);
+  health->SetServingStatus(v1::ParameterService::service_full_name(), serving);
 }
 
 void Server::Shutdown(absl::Duration grace) {
   if (grpc_server_ == nullptr) return;
-  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  SetServing(false);
   grpc_server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
 }
 
@@ -81,10 +141,22 @@ void Server::Wait() {
 }
 
 Server::~Server() {
+  // In the order that keeps every pointer valid: no calls, then no scrapes, then no watchdog
+  // or part-wait callbacks, then the engine finishes what was submitted (its callbacks release
+  // staging into the pools), then the pools.
   Shutdown(absl::ZeroDuration());
   Wait();
-  // The engine's destructor applies any push already submitted before the store goes.
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    grpc_server_.reset();
+  }
+  service_.reset();
+  metrics_.reset();
+  watchdog_.reset();
+  assemblies_.reset();
   engine_.reset();
+  snapshot_budget_.reset();
+  staging_.reset();
 }
 
 }  // namespace fusedps

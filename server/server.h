@@ -2,6 +2,14 @@
 // shard, and its Prometheus metrics (served over HTTP when options.metrics_listen is set).
 // Used by main.cc and by tests that start servers in-process on port 0.
 //
+// The pieces, along the data path (docs/architecture.md): service/ (gRPC adapters) -> ingest/
+// (push assembly, staging, registration windows) -> engine/ (the shard's single writer, over
+// the optimizer backend) -> store/ (the view readers share, the retry table).
+//
+// Faults (engine/shard_fault.h): when the device fails, health turns NOT_SERVING at once, every
+// call fails with UNAVAILABLE, and options.on_fault runs (main.cc exits non-zero after a short
+// drain, so that the orchestrator restarts the server).
+//
 // Usage:
 //   ServerOptions options;
 //   options.listen = "127.0.0.1:0";
@@ -11,17 +19,23 @@
 #ifndef FUSEDPS_SERVER_SERVER_H_
 #define FUSEDPS_SERVER_SERVER_H_
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
-#include "server/metrics/metrics.h"
-#include "server/service/service.h"
-#include "server/store/shard_store.h"
+#include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
+#include "server/ingest/push_assembly.h"
+#include "server/ingest/staging_pool.h"
+#include "server/metrics/metrics.h"
+#include "server/service/call_watchdog.h"
+#include "server/service/service.h"
+#include "server/store/retry_table.h"
 
 namespace fusedps {
 
@@ -29,16 +43,37 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // Port 0 picks a free port.
   std::string device = "auto";           // auto | cpu | cuda | cuda:N
   BackendOptions backend;
-  uint64_t max_message_bytes = 8 << 20;  // gRPC max receive message size.
-  // Host staging shared by the pushes and registrations in flight; a call waits for its share
-  // (back-pressure), and one that needs more than all of it is RESOURCE_EXHAUSTED.
+  uint64_t max_message_bytes = 8 << 20;  // gRPC max receive and send message size.
+  // Host staging shared by the pushes, pulls and registrations in flight; a call waits for its
+  // share (back-pressure), and a push that needs more than all of it is RESOURCE_EXHAUSTED.
   uint64_t staging_pool_bytes = uint64_t{2} << 30;
+  // The most staging one pull or one registration holds at a time.
+  uint64_t window_bytes = 32 << 20;
+  // Snapshot memory (device memory on a GPU) for pulls larger than one window; a pull larger
+  // than all of it is RESOURCE_EXHAUSTED.
+  uint64_t pull_snapshot_bytes = uint64_t{4} << 30;
   // A push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived within
   // this long of its first; the parts that came give their staging back.
   absl::Duration push_part_wait = absl::Seconds(30);
+  // A call whose peer sends (or, for a pull, reads) nothing for this long ends with
+  // DEADLINE_EXCEEDED and gives back what it holds. InfiniteDuration: no limit.
+  absl::Duration call_idle = absl::Seconds(60);
+  // HTTP/2 keepalive pings on idle connections, and how long to wait for their answer.
+  absl::Duration keepalive = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
+  // Clients whose recent pushes the retry table remembers (LRU).
+  size_t retry_table_clients = 10000;
   // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
   // metrics are still kept, see Server::metrics()).
   std::string metrics_listen;
+  // Tests: makes the backend instead of `device` (e.g. one that injects faults).
+  std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()> backend_factory;
+  // Runs once if the shard faults, after health has turned NOT_SERVING (on the thread that
+  // saw the fault; it must not block).
+  std::function<void(const absl::Status& cause)> on_fault;
+  // Tests: runs in each push call after its header is checked, just before the call joins its
+  // push (on a gRPC thread; it may block that call).
+  std::function<void()> testing_before_push_join;
 };
 
 class Server {
@@ -51,9 +86,10 @@ class Server {
   int port() const { return port_; }
   // The bound /metrics port, or 0 when metrics are not served.
   int metrics_port() const { return metrics_->port(); }
-  ShardStore& store() { return *store_; }
+  UpdateEngine& engine() { return *engine_; }
   Metrics& metrics() { return *metrics_; }
   StagingPool& staging_pool() { return *staging_; }
+  const ShardFault& fault() const { return *fault_; }
 
   // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
   // them), and applies every push already complete. Idempotent.
@@ -64,14 +100,22 @@ class Server {
 
  private:
   Server() = default;
+  void SetServing(bool serving);
 
-  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<ShardFault> fault_;
+  std::unique_ptr<RetryTable> retries_;
   std::unique_ptr<UpdateEngine> engine_;
-  std::unique_ptr<Metrics> metrics_;  // Destroyed (its HTTP endpoint stopped) before store_.
   std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<StagingPool> snapshot_budget_;
+  std::unique_ptr<PushAssemblies> assemblies_;
+  std::unique_ptr<CallWatchdog> watchdog_;
+  std::timed_mutex registration_gate_;
+  std::function<void()> testing_before_push_join_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
+  std::mutex health_mu_;  // Orders health changes from the fault path and Shutdown.
 };
 
 // Parses "none", "bf16" or "fp16".

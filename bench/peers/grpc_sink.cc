@@ -51,6 +51,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -58,6 +59,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/ingest/push_message.h"
+#include "server/service/byte_buffer_view.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",
@@ -360,15 +362,17 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return Finish(grpc::Status::OK);
     }
     const bool first = !has_header_;
+    const ByteBufferView message(request_);
+    if (!message.ok()) return Fail("cannot read the message's slices");
     if (first) {
-      absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(request_);
+      absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(message.views());
       if (!header.ok()) return Fail(std::string(header.status().message()));
       if (!header->has_value()) return Fail("the first PushGradientsRequest must carry header");
       has_header_ = true;
       tensors_named_ = static_cast<uint32_t>((*header)->tensors_size());
     }
     const absl::Status scanned = ReadPushChunks(
-        request_, first,
+        message.views(), first,
         [this](absl::string_view, uint64_t, uint64_t bytes) -> absl::StatusOr<char*> {
           grad_bytes_ += bytes;
           return nullptr;  // Skip the payload.
@@ -406,6 +410,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fusedps-grpc-sink: fusedps.v1.ParameterService that discards every gradient byte.\n"
       "  fusedps-grpc-sink --listen=0.0.0.0:50051 --port-file=/tmp/sink.port");
+  if (fusedps::HelpRequested(argc, argv)) {
+    fusedps::PrintHelp(__FILE__);
+    return 0;
+  }
   std::vector<std::string> arg_storage;
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());

@@ -24,7 +24,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,11 +34,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "fusedps/client.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 5m.");
+ABSL_FLAG(absl::Duration, timeout, fusedps::client::ClientOptions().timeout,
+          "Deadline of each call: this, plus the tensor data the call moves at 10 MB/s (the "
+          "client library's default), e.g. 30s, 5m; inf: no deadline.");
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "Payload bytes of tensor data per message.");
 ABSL_FLAG(std::string, service, "",
           "health: the gRPC service to ask about; empty means the whole server.");
@@ -74,7 +76,8 @@ Usage: fusedps [flags] COMMAND    (flags may also follow COMMAND; --a-b and --a_
 Commands:
   info      Print the server's version, backend, device, tensor and parameter counts, and
             param groups.
-  list      List tensors: name, shape, param group, step, elements.
+  list      List tensors: name, shape, param group, step, elements (every tensor, however
+            many: a large shard is read a page at a time).
   register  Register tensors of --shapes in --group, with normal(0, --init-std) values.
   push      Push --steps synthetic gradients (standard normal, from --seed) for every tensor
             or for --tensors, in --dtype; prints the version each push produced, or why it
@@ -93,21 +96,7 @@ fusedps.field, and fusedps.steps (a JSON object of each tensor's optimizer step)
 pulled in bf16 are widened to fp32. safetensors.torch.load_file() reads it.
 )";
 
-void PrintHelp() {
-  std::cout << kUsage << "\nFlags:\n";
-  std::map<std::string, const absl::CommandLineFlag*> ours;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (flag->Filename().find("fusedps_main") == std::string::npos) continue;
-    std::string kebab_name(name);
-    std::replace(kebab_name.begin(), kebab_name.end(), '_', '-');
-    ours[kebab_name] = flag;
-  }
-  for (const auto& [name, flag] : ours) {
-    std::cout << absl::StrFormat("  --%s (default %s)\n      %s\n", name,
-                                 flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue(),
-                                 flag->Help());
-  }
-}
+void PrintHelp() { std::cout << kUsage << "\nFlags:\n" << FlagsHelp(__FILE__); }
 
 // --dtype, or `fallback` when it is empty.
 absl::StatusOr<DType> DTypeFlag(const std::string& text, DType fallback) {
@@ -391,12 +380,9 @@ absl::Status RunHealth(Client& client) {
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fusedps [flags] info|list|register|push|pull|set-lr|health|help");
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h" || arg == "-help" || arg == "--helpshort") {
-      PrintHelp();
-      return 0;
-    }
+  if (HelpRequested(argc, argv)) {
+    PrintHelp();
+    return 0;
   }
   std::vector<std::string> storage;
   std::vector<char*> snake_args = KebabToSnakeFlags(argc, argv, storage);

@@ -2,39 +2,401 @@
 
 #include <utility>
 
-namespace fusedps {
+#include "absl/strings/str_cat.h"
 
-UpdateEngine::UpdateEngine(ShardStore* store) : store_(store), thread_([this] { Run(); }) {}
+namespace fusedps {
+namespace {
+
+// Backend errors a caller can cause or expect; anything else means the device failed.
+bool Expected(const absl::Status& s) {
+  return absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s) ||
+         absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) || absl::IsNotFound(s);
+}
+
+absl::Status ShuttingDown() {
+  return absl::UnavailableError("the server is shutting down");
+}
+
+}  // namespace
+
+UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault* fault,
+                           RetryTable* retries)
+    : backend_(std::move(backend)), fault_(fault), retries_(retries), view_(ShardView::Initial()) {
+  // "default" exists from the start, with torch.optim.AdamW's defaults.
+  if (absl::Status s = backend_->SetParamGroup(0, AdamWHyperparameters{}); !s.ok()) {
+    fault_->Report(absl::InternalError(
+        absl::StrCat("cannot create the default param group: ", s.ToString())));
+  }
+  completion_thread_ = std::thread([this] { RunCompletions(); });
+  engine_thread_ = std::thread([this] { RunJobs(); });
+}
 
 UpdateEngine::~UpdateEngine() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(jobs_mu_);
     stopping_ = true;
   }
-  thread_.join();
+  jobs_cv_.notify_all();
+  engine_thread_.join();  // Runs every job submitted, then marks the completions finished.
+  completion_thread_.join();
 }
 
-void UpdateEngine::Submit(const ReadyPush* push, Done done) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back({push, std::move(done)});
+std::shared_ptr<const ShardView> UpdateEngine::view() const {
+  std::lock_guard<std::mutex> lock(view_mu_);
+  return view_;
 }
 
-void UpdateEngine::Run() {
-  for (;;) {
-    Job job;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](UpdateEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
-            return e->stopping_ || !e->queue_.empty();
-          },
-          this));
-      if (queue_.empty()) return;  // Stopping, and every submitted push is applied.
-      job = std::move(queue_.front());
-      queue_.pop_front();
+uint64_t UpdateEngine::version() const {
+  std::shared_lock<std::shared_mutex> lock(progress_mu_);
+  return version_;
+}
+
+uint64_t UpdateEngine::Steps(absl::Span<const uint32_t> tensors,
+                             std::vector<int64_t>* steps) const {
+  std::shared_lock<std::shared_mutex> lock(progress_mu_);
+  steps->resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) (*steps)[i] = steps_[tensors[i]];
+  return version_;
+}
+
+void UpdateEngine::Publish(uint64_t version, absl::Span<const uint32_t> stepped) {
+  std::unique_lock<std::shared_mutex> lock(progress_mu_);
+  version_ = version;
+  for (uint32_t t : stepped) ++steps_[t];
+}
+
+void UpdateEngine::Submit(Work work, const std::function<void(const absl::Status&)>& fail) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    if (!stopping_) {
+      jobs_.push_back(std::move(work));
+      jobs_cv_.notify_one();
+      return;
     }
-    job.done(store_->ApplyPush(*job.push));
   }
+  fail(ShuttingDown());
+}
+
+void UpdateEngine::Complete(Completion completion) {
+  std::lock_guard<std::mutex> lock(completions_mu_);
+  completions_.push_back(std::move(completion));
+  completions_cv_.notify_one();
+}
+
+absl::Status UpdateEngine::Checked(absl::Status status, bool expected_ok) {
+  if (status.ok() || (expected_ok && Expected(status))) return status;
+  fault_->Report(status);
+  return absl::InternalError(absl::StrCat("device fault: ", status.message()));
+}
+
+void UpdateEngine::RunJobs() {
+  for (;;) {
+    Work work;
+    {
+      std::unique_lock<std::mutex> lock(jobs_mu_);
+      jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) break;  // Stopping, and every job submitted has run.
+      work = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    work();
+  }
+  std::lock_guard<std::mutex> lock(completions_mu_);
+  jobs_done_ = true;
+  completions_cv_.notify_one();
+}
+
+void UpdateEngine::RunCompletions() {
+  for (;;) {
+    Completion completion;
+    {
+      std::unique_lock<std::mutex> lock(completions_mu_);
+      completions_cv_.wait(lock, [this] { return jobs_done_ || !completions_.empty(); });
+      if (completions_.empty()) return;
+      completion = std::move(completions_.front());
+      completions_.pop_front();
+    }
+    absl::StatusOr<WorkDone> work = backend_->Wait(completion.marker);
+    if (!work.ok()) work = Checked(work.status());
+    completion.finish(std::move(work));
+  }
+}
+
+void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done) {
+  Submit(
+      [this, push, done] {
+        const auto fail = [this, done](absl::Status s) {
+          Complete({0, [done, s](absl::StatusOr<WorkDone>) { done(s); }});
+        };
+        if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+        RetryTable::Verdict verdict = retries_->Begin(push->client_id, push->sequence_number);
+        if (verdict.kind == RetryTable::Kind::kInFlight) {
+          // Its reply is this one's, once that push is done (the waiter runs in Finish).
+          verdict = retries_->Await(push->client_id, push->sequence_number,
+                                    [done](absl::StatusOr<PushReply> reply) {
+                                      if (!reply.ok()) return done(reply.status());
+                                      done(StepResult{*reply, 0, 0});
+                                    });
+          if (verdict.kind == RetryTable::Kind::kInFlight) return;
+          if (verdict.kind == RetryTable::Kind::kNew) {  // Abandoned meanwhile: a fault.
+            return fail(fault_->faulted() ? fault_->status()
+                                          : absl::AbortedError("the push was abandoned"));
+          }
+        }
+        if (verdict.kind == RetryTable::Kind::kDone) {
+          const StepResult result{verdict.reply, 0, 0};
+          return Complete({0, [done, result](absl::StatusOr<WorkDone>) { done(result); }});
+        }
+        if (verdict.kind == RetryTable::Kind::kStale) {
+          return fail(StalePushError(push->sequence_number, verdict.highest));
+        }
+        StepRequest request;
+        request.tensors = push->tensors;
+        request.grad_offsets = push->grad_offsets;
+        request.grads = push->grads;
+        request.grad_dtype = push->grad_dtype;
+        request.grad_scale = push->grad_scale;
+        request.grads_checked = true;
+        request.grads_finite = push->grads_finite;
+        absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
+        if (!outcome.ok()) {
+          const absl::Status s = Checked(outcome.status());
+          retries_->Abandon(push->client_id, push->sequence_number, s);
+          return fail(s);
+        }
+        if (!outcome->skipped) ++queued_version_;
+        PushReply reply;
+        reply.version = queued_version_;
+        reply.skipped = outcome->skipped;
+        reply.tensors_updated = outcome->tensors_updated;
+        reply.grad_bytes = push->grad_bytes;
+        Complete({outcome->marker, [this, push, done, reply](absl::StatusOr<WorkDone> work) {
+                    if (!work.ok()) {
+                      retries_->Abandon(push->client_id, push->sequence_number, work.status());
+                      return done(work.status());
+                    }
+                    if (!reply.skipped) Publish(reply.version, push->tensors);
+                    retries_->Finish(push->client_id, push->sequence_number, reply);
+                    done(StepResult{reply, work->device_seconds, work->copy_wait_seconds});
+                  }});
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
+  Submit(
+      [this, group = std::move(group), done]() mutable {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        if (absl::Status s = CheckName(group.name, kMaxGroupNameBytes, "param_group.name");
+            !s.ok()) {
+          return done(s);
+        }
+        if (absl::Status s = ValidateHyperparameters(group.hyperparameters); !s.ok()) {
+          return done(s);
+        }
+        std::shared_ptr<const ShardView> current = view();
+        if (std::optional<uint32_t> existing = current->FindGroup(group.name)) {
+          const AdamWHyperparameters& a = current->groups()[*existing].hyperparameters;
+          const AdamWHyperparameters& b = group.hyperparameters;
+          const bool same = a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 &&
+                            a.eps == b.eps && a.weight_decay == b.weight_decay &&
+                            a.amsgrad == b.amsgrad && a.maximize == b.maximize &&
+                            a.decoupled_weight_decay == b.decoupled_weight_decay;
+          if (same) return done(false);
+          return done(absl::AlreadyExistsError(
+              absl::StrCat("param group ", QuoteName(group.name),
+                           " is registered with other hyperparameters; change them with "
+                           "SetHyperparameters")));
+        }
+        const uint32_t index = static_cast<uint32_t>(current->groups().size());
+        if (absl::Status s = Checked(backend_->SetParamGroup(index, group.hyperparameters), true);
+            !s.ok()) {
+          return done(s);
+        }
+        std::lock_guard<std::mutex> lock(view_mu_);
+        view_ = view_->WithGroup(index, std::move(group));
+        done(true);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::SetHyperparameters(std::string group, HyperparameterUpdate update,
+                                      Done<ParamGroupSpec> done) {
+  Submit(
+      [this, group = std::move(group), update, done] {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        std::shared_ptr<const ShardView> current = view();
+        const std::string& name = group.empty() ? std::string(kDefaultParamGroup) : group;
+        std::optional<uint32_t> index = current->FindGroup(name);
+        if (!index.has_value()) {
+          return done(
+              absl::NotFoundError(absl::StrCat("param group ", QuoteName(name), " is not registered")));
+        }
+        ParamGroupSpec changed = current->groups()[*index];
+        absl::StatusOr<AdamWHyperparameters> h =
+            UpdatedHyperparameters(changed.hyperparameters, update);
+        if (!h.ok()) return done(h.status());
+        changed.hyperparameters = *h;
+        if (absl::Status s = Checked(backend_->SetParamGroup(*index, *h), true); !s.ok()) {
+          return done(s);
+        }
+        {
+          std::lock_guard<std::mutex> lock(view_mu_);
+          view_ = view_->WithGroup(*index, changed);
+        }
+        done(changed);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::BeginRegistration(std::vector<TensorMeta> tensors, Done<uint32_t> done) {
+  Submit(
+      [this, tensors = std::move(tensors), done]() mutable {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        if (!pending_tensors_.empty()) {
+          return done(absl::FailedPreconditionError("another registration is in progress"));
+        }
+        std::shared_ptr<const ShardView> current = view();
+        std::vector<NewTensor> added;
+        for (const TensorMeta& t : tensors) {
+          if (current->FindTensor(t.name).has_value()) {
+            return done(absl::AlreadyExistsError(
+                absl::StrCat("tensor ", QuoteName(t.name), " is registered already")));
+          }
+          added.push_back({t.numel, t.group});
+        }
+        absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
+        if (!first.ok()) return done(Checked(first.status(), true));
+        if (*first != current->tensor_count()) {
+          return done(Checked(absl::InternalError(absl::StrCat(
+              "the backend added tensors at ", *first, ", the view has ",
+              current->tensor_count()))));
+        }
+        pending_first_ = *first;
+        pending_tensors_ = std::move(tensors);
+        done(*first);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::WriteParams(std::vector<ParamWrite> writes, Done<bool> done) {
+  Submit(
+      [this, writes = std::move(writes), done] {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        for (const ParamWrite& w : writes) {
+          const bool pending = w.tensor >= pending_first_ &&
+                               w.tensor - pending_first_ < pending_tensors_.size();
+          if (!pending || w.offset + w.count > pending_tensors_[w.tensor - pending_first_].numel) {
+            return done(absl::InternalError(absl::StrCat(
+                "a write of ", w.count, " values at ", w.offset, " to tensor ", w.tensor,
+                ", which no registration in progress holds")));
+          }
+          if (absl::Status s = Checked(backend_->WriteParams(
+                  w.tensor, w.offset, absl::MakeConstSpan(w.values, w.count)));
+              !s.ok()) {
+            return done(s);
+          }
+        }
+        done(true);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::CommitRegistration(Done<uint64_t> done) {
+  Submit(
+      [this, done] {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        {
+          // Steps first: a reader that finds the new tensors in the view finds their steps.
+          std::unique_lock<std::shared_mutex> lock(progress_mu_);
+          steps_.resize(pending_first_ + pending_tensors_.size(), 0);
+        }
+        {
+          std::lock_guard<std::mutex> lock(view_mu_);
+          view_ = view_->WithTensors(std::move(pending_tensors_));
+        }
+        pending_tensors_.clear();
+        done(queued_version_);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::AbortRegistration(Done<bool> done) {
+  Submit(
+      [this, done] {
+        if (pending_tensors_.empty()) return done(true);
+        pending_tensors_.clear();
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        if (absl::Status s = Checked(backend_->TruncateTensors(pending_first_)); !s.ok()) {
+          return done(s);
+        }
+        done(true);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::Read(ReadJob job, Done<ReadResult> done) {
+  Submit(
+      [this, job = std::move(job), done] {
+        const auto fail = [this, done](absl::Status s) {
+          Complete({0, [done, s](absl::StatusOr<WorkDone>) { done(s); }});
+        };
+        if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+        ReadResult result;
+        ReadRequest request;
+        request.field = job.field;
+        request.param_copy = job.param_copy;
+        request.tensors = job.tensors;
+        request.dst_offsets = job.dst_offsets;
+        request.dst = job.dst;
+        if (job.snapshot_bytes > 0) {
+          absl::StatusOr<void*> snapshot = backend_->AllocateSnapshot(job.snapshot_bytes);
+          if (!snapshot.ok()) return fail(Checked(snapshot.status(), true));
+          result.snapshot = request.dst = *snapshot;
+          request.dst_is_snapshot = true;
+        }
+        if (absl::Status s = Checked(backend_->Read(request), true); !s.ok()) {
+          if (result.snapshot != nullptr) {
+            Checked(backend_->FreeSnapshot(result.snapshot)).IgnoreError();  // A fault reports.
+          }
+          return fail(s);
+        }
+        absl::StatusOr<Marker> marker = backend_->Mark();
+        if (!marker.ok()) return fail(Checked(marker.status()));
+        result.version = queued_version_;
+        result.steps.reserve(job.tensors.size());
+        for (uint32_t t : job.tensors) result.steps.push_back(backend_->step(t));
+        Complete({*marker, [done, result](absl::StatusOr<WorkDone> work) {
+                    if (!work.ok()) return done(work.status());
+                    done(result);
+                  }});
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::FreeSnapshot(void* snapshot) {
+  Submit([this, snapshot] { Checked(backend_->FreeSnapshot(snapshot)).IgnoreError(); },
+         // Shutting down: the backend frees what is left when it goes.
+         [](const absl::Status&) {});
+}
+
+absl::Status UpdateEngine::CopyStagingToDevice(uint64_t offset, uint64_t bytes) {
+  absl::Status s = backend_->CopyStagingToDevice(offset, bytes);
+  if (!s.ok()) {
+    fault_->Report(s);
+    return absl::InternalError(absl::StrCat("device fault: ", s.message()));
+  }
+  return s;
+}
+
+absl::Status UpdateEngine::CopyFromSnapshot(const void* snapshot, uint64_t offset,
+                                            uint64_t bytes, void* dst) {
+  absl::Status s = backend_->CopyFromSnapshot(snapshot, offset, bytes, dst);
+  if (!s.ok()) {
+    fault_->Report(s);
+    return absl::InternalError(absl::StrCat("device fault: ", s.message()));
+  }
+  return s;
 }
 
 }  // namespace fusedps

@@ -1,50 +1,226 @@
-// update_engine.h: applies complete pushes to the shard, one optimizer step each, in the order
-// in which they became complete (their arrival order), on one thread of its own. That thread
-// is the completion path: it runs each push's `done` callback once the step is back, so no gRPC
-// thread ever waits for the device.
+// update_engine.h: the single writer of a shard's state.
+//
+// The engine owns the optimizer backend and everything that changes: tensors, param groups,
+// steps, the version. Every change is a job in one queue, run in submission order on the
+// engine's thread: a push's step, the phases of a registration, a param group's registration or
+// change, a pull's read. A job queues its device work on the backend (in stream order: on a GPU,
+// the apply stream) and returns at once; the engine then runs the next job, so step N+1 is
+// queued while step N still runs. A second thread, the completion path, waits for each job's
+// device work in the same order and then runs the job's callback: pushes are acknowledged there,
+// and the version and steps that readers see advance there. No gRPC thread waits for a kernel.
+//
+// Readers never wait for a job or the device: view() is an immutable ShardView, swapped by the
+// engine when a registration or group change commits; version() and Steps() read the progress
+// published by the completion path, under a lock held only to copy a few numbers.
+//
+// Retries: a tracked push (client_id, sequence_number) is checked against the RetryTable when its
+// step is about to be queued (the authoritative check); the service also checks it when the
+// push's header arrives, so that most retries are answered before their payload is read.
+//
+// Faults: an error from the backend that is not an expected one (INTERNAL: the device failed)
+// is reported to the ShardFault; the job gets INTERNAL, and every job after it gets the fault's
+// UNAVAILABLE without touching the backend (docs/errors.md).
+//
+// Callbacks (`done`) run on the completion thread, except where a method says otherwise, and
+// must not block. Each runs exactly once, also when the engine is destroyed: the destructor runs
+// every job already submitted, waits for their device work, runs their callbacks, then stops;
+// jobs submitted during or after that fail with UNAVAILABLE.
 //
 // Usage:
-//   UpdateEngine engine(&store);
-//   engine.Submit(&push, [](absl::StatusOr<PushOutcome> outcome) { ... acknowledge ... });
-// The destructor applies every push already submitted (running their callbacks), then stops.
+//   UpdateEngine engine(MakeCpuBackend({}), &fault, &retries);
+//   engine.Step(&push, [](absl::StatusOr<StepResult> r) { ... acknowledge ... });
+//   std::shared_ptr<const ShardView> view = engine.view();
 #ifndef FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
 #define FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
 
+#include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "server/store/shard_store.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "server/engine/shard_fault.h"
+#include "server/store/retry_table.h"
+#include "server/store/shard_view.h"
 
 namespace fusedps {
 
+// A push whose chunks have all arrived and passed their checks.
+struct ReadyPush {
+  std::string client_id;
+  uint64_t sequence_number = 0;
+  std::vector<uint32_t> tensors;       // Indices in the view.
+  std::vector<uint64_t> grad_offsets;  // Into grads, in elements (multiples of 8).
+  const void* grads = nullptr;         // Staging; owned by the caller until `done` runs.
+  GradDType grad_dtype = GradDType::kFloat32;
+  float grad_scale = 0.0f;             // <= 0: none.
+  bool grads_finite = true;            // Checked for non-finite values as they arrived.
+  uint64_t grad_bytes = 0;             // Payload received, for the reply.
+};
+
+struct StepResult {
+  PushReply reply;
+  // For a step that ran: the device time of its kernels, and how long the device waited for
+  // its gradient copies once it got to it (WorkDone). 0 for a skipped step or a duplicate.
+  double device_seconds = 0;
+  double copy_wait_seconds = 0;
+};
+
+// A write of fp32 initial values into a tensor that a registration is adding.
+struct ParamWrite {
+  uint32_t tensor = 0;
+  uint64_t offset = 0;  // In elements.
+  const float* values = nullptr;
+  uint64_t count = 0;
+};
+
+// A pull's read of one field of whole tensors (ReadRequest), into host memory or a snapshot.
+struct ReadJob {
+  TensorField field = TensorField::kParam;
+  bool param_copy = false;
+  std::vector<uint32_t> tensors;
+  std::vector<uint64_t> dst_offsets;  // Bytes.
+  void* dst = nullptr;                // Host memory; ignored with snapshot_bytes > 0.
+  uint64_t snapshot_bytes = 0;        // > 0: read into a snapshot of this size, allocated here.
+};
+
+struct ReadResult {
+  uint64_t version = 0;        // The version the read saw.
+  std::vector<int64_t> steps;  // Of ReadJob::tensors, at that version.
+  void* snapshot = nullptr;    // The snapshot read into (free it with FreeSnapshot), or null.
+};
+
 class UpdateEngine {
  public:
-  using Done = std::function<void(absl::StatusOr<PushOutcome>)>;
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
 
-  explicit UpdateEngine(ShardStore* store);
+  // REQUIRES: fault and retries outlive the engine.
+  UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault* fault, RetryTable* retries);
   ~UpdateEngine();
   UpdateEngine(const UpdateEngine&) = delete;
   UpdateEngine& operator=(const UpdateEngine&) = delete;
 
-  // Queues a push; `done` runs on the engine's thread once it is applied (or skipped).
-  // REQUIRES: *push stays alive and unchanged until `done` runs; `done` does not block.
-  void Submit(const ReadyPush* push, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  // --- Readers: any thread; never wait for a job or the device. ---
+  std::shared_ptr<const ShardView> view() const;
+  // The version as of the last completed step.
+  uint64_t version() const;
+  // The version and the steps of `tensors` (indices of the current view), read together.
+  uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
+
+  // --- Jobs, run in submission order. ---
+  // One optimizer step of a push (or its retry's reply). Errors: ABORTED for a stale sequence
+  // number; INTERNAL for a device fault; UNAVAILABLE after one.
+  void Step(const ReadyPush* push, Done<StepResult> done);
+  // `done` runs on the engine thread once the change is queued (later steps use it).
+  // RegisterParamGroup's value is true when created, false when an identical group existed;
+  // ALREADY_EXISTS for a group with other hyperparameters.
+  void RegisterParamGroup(ParamGroupSpec group, Done<bool> done);
+  // The group after the change; NOT_FOUND, INVALID_ARGUMENT (UpdatedHyperparameters).
+  void SetHyperparameters(std::string group, HyperparameterUpdate update,
+                          Done<ParamGroupSpec> done);
+  // A registration in phases: Begin adds the tensors to the backend (invisible to readers and
+  // pushes), WriteParams fills their values, Commit makes them visible (a new view), Abort
+  // removes them. One registration at a time (the caller serializes them). `done` runs on the
+  // engine thread. Begin's value is the first new index; RESOURCE_EXHAUSTED when memory runs
+  // out (nothing added). Commit's value is the version.
+  void BeginRegistration(std::vector<TensorMeta> tensors, Done<uint32_t> done);
+  void WriteParams(std::vector<ParamWrite> writes, Done<bool> done);
+  void CommitRegistration(Done<uint64_t> done);
+  void AbortRegistration(Done<bool> done);
+  // A pull's read, in stream order after the steps submitted before it. RESOURCE_EXHAUSTED
+  // when a snapshot cannot be allocated; FAILED_PRECONDITION as OptimizerBackend::Read.
+  void Read(ReadJob job, Done<ReadResult> done);
+  // Frees a snapshot of an earlier Read, after the work queued before.
+  void FreeSnapshot(void* snapshot);
+
+  // Calls submit(done) and blocks until the job runs `done`, for the callers that may block
+  // (synchronous handlers).
+  template <typename T, typename Submit>
+  static absl::StatusOr<T> Wait(Submit submit) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool ready = false;
+    absl::StatusOr<T> result;
+    submit([&](absl::StatusOr<T> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(r);
+      ready = true;
+      cv.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return ready; });
+    return result;
+  }
+
+  // --- The backend's thread-safe parts. Device errors here are reported as faults. ---
+  absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes);
+  absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
+                                void* dst);
+  std::map<std::string, uint64_t> launch_counts() const { return backend_->launch_counts(); }
+  std::map<std::string, uint64_t> memory_bytes() const { return backend_->memory_bytes(); }
+  std::string backend_name() const { return backend_->name(); }
+  std::string device() const { return backend_->device(); }
+  ParamCopyDType param_copy_dtype() const { return backend_->param_copy_dtype(); }
+  // Only before serving (the engine thread has not touched the backend yet).
+  absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) {
+    return backend_->AllocateStagingArena(bytes);
+  }
 
  private:
-  struct Job {
-    const ReadyPush* push;
-    Done done;
+  // What the completion path does for a job: wait for `marker`, then run `finish`.
+  struct Completion {
+    Marker marker = 0;
+    std::function<void(absl::StatusOr<WorkDone>)> finish;
   };
-  void Run();
+  using Work = std::function<void()>;  // Runs on the engine thread; may call Complete.
 
-  ShardStore* const store_;
-  absl::Mutex mu_;
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  void Submit(Work work, const std::function<void(const absl::Status&)>& fail);
+  void Complete(Completion completion);
+  // A backend error on the engine thread: a fault unless it is an expected code.
+  absl::Status Checked(absl::Status status, bool expected_ok = false);
+  void RunJobs();
+  void RunCompletions();
+  void Publish(uint64_t version, absl::Span<const uint32_t> stepped);
+
+  const std::unique_ptr<OptimizerBackend> backend_;
+  ShardFault* const fault_;
+  RetryTable* const retries_;
+
+  // Engine thread only.
+  uint64_t queued_version_ = 0;
+  uint32_t pending_first_ = 0;              // The registration in progress: its first index,
+  std::vector<TensorMeta> pending_tensors_;  // and its tensors.
+
+  mutable std::mutex view_mu_;  // Guards view_ (the pointer; views are immutable).
+  std::shared_ptr<const ShardView> view_;
+
+  mutable std::shared_mutex progress_mu_;
+  uint64_t version_ = 0;        // Guarded by progress_mu_.
+  std::vector<int64_t> steps_;  // Guarded by progress_mu_. By tensor index.
+
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<Work> jobs_;  // Guarded by jobs_mu_.
+  bool stopping_ = false;  // Guarded by jobs_mu_.
+
+  std::mutex completions_mu_;
+  std::condition_variable completions_cv_;
+  std::deque<Completion> completions_;  // Guarded by completions_mu_.
+  bool jobs_done_ = false;              // Guarded by completions_mu_: no more completions.
+
+  std::thread completion_thread_;
+  std::thread engine_thread_;  // Last: started once everything above exists.
 };
 
 }  // namespace fusedps

@@ -24,16 +24,7 @@ uint64_t ChunkAssembler::StagingBytes(const std::vector<Expected>& tensors, int 
 absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tensors,
                                                       int element_size, char* memory) {
   ChunkAssembler a(std::move(tensors), element_size);
-  uint64_t total = 0;
-  a.staging_offsets_.reserve(a.tensors_.size());
-  for (uint32_t i = 0; i < a.tensors_.size(); ++i) {
-    a.index_.emplace(a.tensors_[i].name, i);
-    a.staging_offsets_.push_back(total);
-    if (a.tensors_[i].required) total += AlignedNumel(a.tensors_[i].numel);
-  }
-  a.received_.assign(a.tensors_.size(), 0);
-  a.ranges_.resize(a.tensors_.size());
-  const uint64_t bytes = total * element_size;
+  const uint64_t bytes = a.IndexTensors() * element_size;
   if (memory != nullptr) {
     a.memory_ = memory;
     return a;
@@ -45,6 +36,25 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Create(std::vector<Expected> tens
   }
   a.memory_ = reinterpret_cast<char*>(a.owned_.data());
   return a;
+}
+
+ChunkAssembler ChunkAssembler::Tracker(std::vector<Expected> tensors, int element_size) {
+  ChunkAssembler a(std::move(tensors), element_size);
+  a.IndexTensors();  // No staging: memory_ stays null.
+  return a;
+}
+
+uint64_t ChunkAssembler::IndexTensors() {
+  uint64_t total = 0;
+  staging_offsets_.reserve(tensors_.size());
+  for (uint32_t i = 0; i < tensors_.size(); ++i) {
+    index_.emplace(tensors_[i].name, i);
+    staging_offsets_.push_back(total);
+    if (tensors_[i].required) total += AlignedNumel(tensors_[i].numel);
+  }
+  received_.assign(tensors_.size(), 0);
+  ranges_.resize(tensors_.size());
+  return total;
 }
 
 absl::Status ChunkAssembler::AddChunk(absl::string_view tensor, uint64_t offset,
@@ -60,18 +70,18 @@ absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view 
   auto it = index_.find(tensor);
   if (it == index_.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunks.tensor '", tensor, "' is not among the tensors this call names"));
+        absl::StrCat("chunks.tensor ", QuoteName(tensor), " is not among the tensors this call names"));
   }
   const uint32_t t = it->second;
   if (bytes % element_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunks.data of '", tensor, "' has ", bytes,
+    return absl::InvalidArgumentError(absl::StrCat("chunks.data of ", QuoteName(tensor), " has ", bytes,
                                                    " bytes, not a multiple of the ",
                                                    element_size_, "-byte element size"));
   }
   const uint64_t count = bytes / element_size_;
   const uint64_t numel = tensors_[t].numel;
   if (offset > numel || count > numel - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of '", tensor, "' covers elements [",
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", QuoteName(tensor), " covers elements [",
                                                    offset, ", ", offset + count,
                                                    ") past its numel ", numel));
   }
@@ -81,7 +91,7 @@ absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view 
   const bool overlaps_next = next != ranges.end() && next->first < offset + count;
   const bool overlaps_prev = next != ranges.begin() && std::prev(next)->second > offset;
   if (overlaps_next || overlaps_prev) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of '", tensor, "' at elements [", offset,
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", QuoteName(tensor), " at elements [", offset,
                                                    ", ", offset + count,
                                                    ") overlaps elements already received"));
   }
@@ -101,12 +111,23 @@ absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view 
 absl::Status ChunkAssembler::Finish() const {
   for (uint32_t t = 0; t < tensors_.size(); ++t) {
     if (tensors_[t].required && received_[t] != tensors_[t].numel) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensors_[t].name, "' received ",
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteName(tensors_[t].name), " received ",
                                                      received_[t], " of its ", tensors_[t].numel,
                                                      " elements: chunks are missing"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,
+                                                   const ShardView& view,
+                                                   absl::string_view tensor, uint64_t offset,
+                                                   uint64_t bytes) {
+  if (!assembler.Expects(tensor) && !view.FindTensor(tensor).has_value()) {
+    return absl::NotFoundError(absl::StrCat("chunks.tensor ", QuoteName(tensor),
+                                            " is not registered"));
+  }
+  return assembler.Claim(tensor, offset, bytes);
 }
 
 }  // namespace fusedps

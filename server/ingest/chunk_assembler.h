@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/store/shard_view.h"
 
 namespace fusedps {
 
@@ -52,6 +53,10 @@ class ChunkAssembler {
   static absl::StatusOr<ChunkAssembler> Create(std::vector<Expected> tensors, int element_size,
                                                char* memory = nullptr);
 
+  // An assembler that only tracks which elements arrived, with no staging: use Claim (its
+  // offsets are into a staging that does not exist), never AddChunk or staging().
+  static ChunkAssembler Tracker(std::vector<Expected> tensors, int element_size);
+
   // Checks one chunk and copies its payload into staging (unless it is a chunk of a tensor
   // that is not required). On error nothing is copied.
   absl::Status AddChunk(absl::string_view tensor, uint64_t offset, absl::string_view data);
@@ -66,6 +71,8 @@ class ChunkAssembler {
 
   // True when `tensor` is one of the tensors this assembler expects.
   bool Expects(absl::string_view tensor) const { return index_.contains(tensor); }
+  // Its position in the list given to Create or Tracker. REQUIRES: Expects(tensor).
+  uint32_t IndexOf(absl::string_view tensor) const { return index_.at(tensor); }
 
   // OK when every element of every tensor has arrived exactly once.
   absl::Status Finish() const;
@@ -76,6 +83,8 @@ class ChunkAssembler {
 
  private:
   ChunkAssembler(std::vector<Expected> tensors, int element_size);
+  // Indexes tensors_ and lays out their staging offsets; returns the staging's elements.
+  uint64_t IndexTensors();
 
   std::vector<Expected> tensors_;
   int element_size_;
@@ -87,6 +96,13 @@ class ChunkAssembler {
   char* memory_ = nullptr;                  // owned_'s data, or the caller's memory.
   uint64_t bytes_received_ = 0;
 };
+
+// assembler.Claim, except that a chunk of a tensor the call does not name and the shard does not
+// have is NOT_FOUND (one the shard has, but the call does not name, stays INVALID_ARGUMENT).
+absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,
+                                                   const ShardView& view,
+                                                   absl::string_view tensor, uint64_t offset,
+                                                   uint64_t bytes);
 
 }  // namespace fusedps
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/wire_format_lite.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace fusedps {
 namespace {
@@ -21,6 +21,52 @@ constexpr int kRequestChunks = 2;  // PushGradientsRequest.chunks
 constexpr int kChunkTensor = 1;    // TensorChunk.tensor
 constexpr int kChunkOffset = 2;    // TensorChunk.offset
 constexpr int kChunkData = 3;      // TensorChunk.data
+
+// The slices of a message as protobuf's input stream, without copying them.
+class SliceInputStream final : public google::protobuf::io::ZeroCopyInputStream {
+ public:
+  explicit SliceInputStream(MessageSlices slices) : slices_(slices) {}
+
+  bool Next(const void** data, int* size) override {
+    while (index_ < slices_.size()) {
+      const absl::string_view slice = slices_[index_];
+      if (position_ < slice.size()) {
+        *data = slice.data() + position_;
+        *size = static_cast<int>(slice.size() - position_);
+        byte_count_ += *size;
+        position_ = slice.size();
+        return true;
+      }
+      ++index_;
+      position_ = 0;
+    }
+    return false;
+  }
+  void BackUp(int count) override {
+    position_ -= count;
+    byte_count_ -= count;
+  }
+  bool Skip(int count) override {
+    const void* data;
+    int size;
+    while (count > 0) {
+      if (!Next(&data, &size)) return false;
+      if (size > count) {
+        BackUp(size - count);
+        return true;
+      }
+      count -= size;
+    }
+    return true;
+  }
+  int64_t ByteCount() const override { return byte_count_; }
+
+ private:
+  const MessageSlices slices_;
+  size_t index_ = 0;
+  size_t position_ = 0;  // In slices_[index_].
+  int64_t byte_count_ = 0;
+};
 
 absl::Status Malformed(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed PushGradientsRequest: ", what));
@@ -82,12 +128,11 @@ absl::Status ReadChunk(CodedInputStream& in, ClaimChunkFn claim, ChunkStagedFn s
 
 // Reads the message: its header into *header when header is non-null (else a header is
 // skipped, or INVALID_ARGUMENT unless header_allowed); its chunks when claim is non-null.
-absl::Status ReadMessage(grpc::ByteBuffer& message, bool header_allowed, v1::PushHeader* header,
+absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHeader* header,
                          bool* has_header, const ClaimChunkFn* claim,
                          const ChunkStagedFn* staged) {
-  grpc::ProtoBufferReader reader(&message);
-  if (!reader.status().ok()) return Malformed(reader.status().error_message());
-  CodedInputStream in(&reader);
+  SliceInputStream stream(message);
+  CodedInputStream in(&stream);
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
     if (IsField(tag, kRequestHeader, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       if (!header_allowed) {
@@ -122,7 +167,7 @@ absl::Status ReadMessage(grpc::ByteBuffer& message, bool header_allowed, v1::Pus
 
 }  // namespace
 
-absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(grpc::ByteBuffer& message) {
+absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices message) {
   v1::PushHeader header;
   bool has_header = false;
   if (absl::Status s = ReadMessage(message, /*header_allowed=*/true, &header, &has_header,
@@ -134,7 +179,7 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(grpc::ByteBuffer& m
   return std::optional<v1::PushHeader>(std::move(header));
 }
 
-absl::Status ReadPushChunks(grpc::ByteBuffer& message, bool header_allowed, ClaimChunkFn claim,
+absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged) {
   return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged);
 }

@@ -1,6 +1,7 @@
 // push_message.h (server internal): reads a serialized PushGradientsRequest straight from
-// gRPC's receive buffer, so that each chunk's payload is copied once, from gRPC's slices into
-// staging, instead of into a protobuf string first and into staging after.
+// gRPC's receive buffer (its slices, as string views), so that each chunk's payload is copied
+// once, from gRPC's slices into staging, instead of into a protobuf string first and into
+// staging after. Free of gRPC: the caller hands over the message's slices.
 //
 // The wire format is proto/fusedps/v1's PushGradientsRequest {PushHeader header = 1;
 // repeated TensorChunk chunks = 2}, TensorChunk {string tensor = 1; uint64 offset = 2; bytes
@@ -22,13 +23,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "fusedps/v1/parameter_service.pb.h"
-#include "grpcpp/support/byte_buffer.h"
 
 namespace fusedps {
 
+// A serialized message as the consecutive pieces (gRPC's slices) it arrived in.
+using MessageSlices = absl::Span<const absl::string_view>;
+
 // The message's header, or nullopt when it has none. Chunks are skipped, not copied.
-absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(grpc::ByteBuffer& message);
+absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices message);
 
 // Where a chunk's `bytes` of payload go: claim(tensor, offset, bytes) checks the chunk and
 // returns a destination of `bytes` bytes, or nullptr to drop the payload (an empty chunk).
@@ -41,7 +45,7 @@ using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)
 // Reads the message's chunks in order: for each, claim, copy the payload once to the claimed
 // destination, then staged. `header_allowed`: whether the message may carry a header (the
 // first message of a call), which is then skipped; elsewhere a header is INVALID_ARGUMENT.
-absl::Status ReadPushChunks(grpc::ByteBuffer& message, bool header_allowed, ClaimChunkFn claim,
+absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged);
 
 }  // namespace fusedps

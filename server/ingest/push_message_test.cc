@@ -10,7 +10,6 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
-#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 
 namespace fusedps {
@@ -18,14 +17,22 @@ namespace {
 
 using google::protobuf::internal::WireFormatLite;
 
-// A ByteBuffer of these bytes, cut into slices of `slice_bytes` (so reads cross slices).
-grpc::ByteBuffer Buffer(const std::string& bytes, size_t slice_bytes = 7) {
-  std::vector<grpc::Slice> slices;
-  for (size_t at = 0; at < bytes.size(); at += slice_bytes) {
-    slices.emplace_back(bytes.data() + at, std::min(slice_bytes, bytes.size() - at));
+// These bytes, cut into slices of `slice_bytes` (so reads cross slices), as gRPC hands them.
+class Buffer {
+ public:
+  explicit Buffer(std::string bytes, size_t slice_bytes = 7) : bytes_(std::move(bytes)) {
+    for (size_t at = 0; at < bytes_.size(); at += slice_bytes) {
+      slices_.push_back(absl::string_view(bytes_).substr(at, slice_bytes));
+    }
   }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  operator MessageSlices() const { return slices_; }
+
+ private:
+  const std::string bytes_;
+  std::vector<absl::string_view> slices_;
+};
 
 struct Received {
   std::string tensor;
@@ -34,7 +41,7 @@ struct Received {
 };
 
 // Reads chunks into `out`, each claimed into its own buffer; counts staged calls.
-absl::Status ReadAll(grpc::ByteBuffer& buffer, bool header_allowed, std::vector<Received>* out,
+absl::Status ReadAll(MessageSlices buffer, bool header_allowed, std::vector<Received>* out,
                      int* staged_calls) {
   std::vector<std::unique_ptr<std::vector<char>>> storage;
   absl::Status s = ReadPushChunks(
@@ -73,7 +80,7 @@ v1::PushGradientsRequest Request() {
 
 TEST(PushMessageTest, ReadsWhatProtobufWrote) {
   const v1::PushGradientsRequest request = Request();
-  grpc::ByteBuffer buffer = Buffer(request.SerializeAsString());
+  Buffer buffer(request.SerializeAsString());
   absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(buffer);
   ASSERT_TRUE(header.ok()) << header.status();
   ASSERT_TRUE(header->has_value());
@@ -95,7 +102,7 @@ TEST(PushMessageTest, ReadsWhatProtobufWrote) {
 TEST(PushMessageTest, MessageWithoutHeader) {
   v1::PushGradientsRequest request = Request();
   request.clear_header();
-  grpc::ByteBuffer buffer = Buffer(request.SerializeAsString());
+  Buffer buffer(request.SerializeAsString());
   absl::StatusOr<std::optional<v1::PushHeader>> header = ReadPushHeader(buffer);
   ASSERT_TRUE(header.ok());
   EXPECT_FALSE(header->has_value());
@@ -106,7 +113,7 @@ TEST(PushMessageTest, MessageWithoutHeader) {
 }
 
 TEST(PushMessageTest, HeaderWhereNoneMayBeIsInvalidArgument) {
-  grpc::ByteBuffer buffer = Buffer(Request().SerializeAsString());
+  Buffer buffer(Request().SerializeAsString());
   std::vector<Received> got;
   int staged = 0;
   const absl::Status s = ReadAll(buffer, /*header_allowed=*/false, &got, &staged);
@@ -117,7 +124,7 @@ TEST(PushMessageTest, HeaderWhereNoneMayBeIsInvalidArgument) {
 TEST(PushMessageTest, ClaimErrorsStopTheRead) {
   v1::PushGradientsRequest request = Request();
   request.mutable_chunks(1)->set_tensor("refused");
-  grpc::ByteBuffer buffer = Buffer(request.SerializeAsString());
+  Buffer buffer(request.SerializeAsString());
   std::vector<Received> got;
   int staged = 0;
   EXPECT_TRUE(absl::IsNotFound(ReadAll(buffer, true, &got, &staged)));
@@ -152,7 +159,7 @@ TEST(PushMessageTest, FieldsInAnyOrderAndUnknownFields) {
   v1::PushGradientsRequest parsed;  // What protobuf makes of it: the reference.
   ASSERT_TRUE(parsed.ParseFromString(bytes));
   ASSERT_EQ(parsed.chunks_size(), 1);
-  grpc::ByteBuffer buffer = Buffer(bytes, 3);
+  Buffer buffer(bytes, 3);
   std::vector<Received> got;
   int staged = 0;
   ASSERT_TRUE(ReadAll(buffer, false, &got, &staged).ok());
@@ -172,7 +179,7 @@ TEST(PushMessageTest, TruncatedOrGarbageIsMalformed) {
     SCOPED_TRACE(absl::StrCat("bytes: ", bad.size()));
     v1::PushGradientsRequest reference;
     EXPECT_FALSE(reference.ParseFromString(bad));  // protobuf refuses it too
-    grpc::ByteBuffer buffer = Buffer(bad);
+    Buffer buffer(bad);
     std::vector<Received> got;
     int staged = 0;
     const absl::Status s = ReadAll(buffer, true, &got, &staged);

@@ -1,22 +1,58 @@
 #include "server/ingest/staging_pool.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/time.h"
 
 namespace fusedps {
 
 namespace {
+
 constexpr uint64_t kAlignment = 64;
+
+// REQUIRES: bytes <= the capacity, so that rounding up cannot wrap around.
 uint64_t Aligned(uint64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+// A broken invariant or precondition: says which on stderr and aborts. A local stand-in until
+// the project has its logging library.
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "fusedps: StagingPool: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+absl::Status ShuttingDown() { return absl::CancelledError("the staging pool is shutting down"); }
+
 }  // namespace
 
-StagingPool::StagingPool(uint64_t capacity_bytes, char* arena)
-    : capacity_(capacity_bytes / kAlignment * kAlignment), arena_(arena) {
+StagingPool::StagingPool(uint64_t capacity_bytes, char* arena, std::string limit_flag)
+    : capacity_(capacity_bytes / kAlignment * kAlignment),
+      arena_(arena),
+      limit_flag_(std::move(limit_flag)) {
   if (capacity_ > 0) free_.emplace(0, capacity_);
+  grant_thread_ = std::thread([this] { RunGrants(); });
+}
+
+StagingPool::~StagingPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [ticket, waiter] : waiters_) QueueLocked(std::move(waiter.done), ShuttingDown());
+    waiters_.clear();
+    grants_ready_.notify_one();
+  }
+  grant_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_use_ != 0) {
+    Die(absl::StrCat("destroyed while ", in_use_,
+                     " bytes of its staging are still held; every reservation must be given "
+                     "back before the pool goes"));
+  }
 }
 
 StagingPool::Reservation& StagingPool::Reservation::operator=(Reservation&& other) noexcept {
@@ -33,7 +69,146 @@ StagingPool::Reservation::~Reservation() {
   if (pool_ != nullptr) pool_->Release(offset_, bytes_);
 }
 
+uint64_t StagingPool::ReserveAsync(uint64_t requested, Done done) {
+  if (requested == 0) {  // Owns no region, so takes no one's turn.
+    done(Reservation());
+    return 0;
+  }
+  if (requested > capacity_) {
+    done(absl::ResourceExhaustedError(absl::StrCat(
+        "the call needs ", requested, " bytes of staging at once, more than the whole pool of ",
+        capacity_, " bytes (", limit_flag_, ")")));
+    return 0;
+  }
+  const uint64_t bytes = Aligned(requested);
+  std::optional<uint64_t> region;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // No waiter fits (ServeLocked leaves none that does), so one that fits passes no one who
+    // could be served.
+    region = AllocateLocked(bytes);
+    if (!region.has_value()) {
+      if (stopping_) {  // From a callback run during shutdown: no one waits on a dying pool.
+        QueueLocked(std::move(done), ShuttingDown());
+        return 0;
+      }
+      waiters_.emplace(++last_ticket_, Waiter{bytes, Clock::now(), std::move(done)});
+      return last_ticket_;
+    }
+    in_use_ += bytes;
+  }
+  done(Reservation(this, *region, bytes));
+  return 0;
+}
+
+void StagingPool::Cancel(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiters_.find(ticket);
+  if (it == waiters_.end()) return;
+  // Leaving the line frees nothing, so no one else can be served now.
+  QueueLocked(std::move(it->second.done),
+              absl::CancelledError("the call was cancelled while waiting for staging"));
+  waiters_.erase(it);
+}
+
+absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
+    uint64_t bytes, const std::function<bool()>& cancelled) {
+  if (std::this_thread::get_id() == grant_thread_.get_id()) {
+    Die("Reserve called from a staging callback, on the grant thread that would have to deliver "
+        "its grant; use ReserveAsync there");
+  }
+  // Shared with the callback, which may still be returning when this returns.
+  struct Result {
+    std::mutex mu;
+    std::condition_variable ready_cv;
+    bool ready = false;
+    absl::StatusOr<Reservation> value;
+  };
+  auto result = std::make_shared<Result>();
+  const uint64_t ticket = ReserveAsync(bytes, [result](absl::StatusOr<Reservation> r) {
+    std::lock_guard<std::mutex> lock(result->mu);
+    result->value = std::move(r);
+    result->ready = true;
+    result->ready_cv.notify_one();
+  });
+  std::unique_lock<std::mutex> lock(result->mu);
+  bool cancel_sent = false;
+  while (!result->ready_cv.wait_for(lock, std::chrono::milliseconds(50),
+                                    [&] { return result->ready; })) {
+    if (cancel_sent) continue;
+    lock.unlock();  // `cancelled` and Cancel may take their time; the callback needs this lock.
+    if (cancelled()) {
+      Cancel(ticket);
+      cancel_sent = true;
+    }
+    lock.lock();
+  }
+  return std::move(result->value);
+}
+
+uint64_t StagingPool::in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+uint32_t StagingPool::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<uint32_t>(waiters_.size());
+}
+
+absl::Duration StagingPool::oldest_wait() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (waiters_.empty()) return absl::ZeroDuration();
+  return absl::FromChrono(Clock::now() - waiters_.begin()->second.since);
+}
+
+absl::Status StagingPool::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t free_bytes = 0, largest = 0;
+  std::optional<uint64_t> previous_end;
+  for (const auto& [offset, size] : free_) {
+    const std::string region = absl::StrCat("free region [", offset, ", +", size, ")");
+    if (size == 0) return absl::InternalError(absl::StrCat(region, " is empty"));
+    if (offset > capacity_ || size > capacity_ - offset) {
+      return absl::InternalError(absl::StrCat(region, " ends past the capacity ", capacity_));
+    }
+    if (previous_end.has_value() && offset < *previous_end) {
+      return absl::InternalError(absl::StrCat(region, " overlaps the one before it"));
+    }
+    if (previous_end.has_value() && offset == *previous_end) {
+      return absl::InternalError(absl::StrCat(region, " is not merged with the one before it"));
+    }
+    previous_end = offset + size;
+    free_bytes += size;
+    largest = std::max(largest, size);
+  }
+  if (in_use_ > capacity_ || free_bytes != capacity_ - in_use_) {
+    return absl::InternalError(absl::StrCat("the free regions hold ", free_bytes,
+                                            " bytes, not the capacity ", capacity_, " less the ",
+                                            in_use_, " in use"));
+  }
+  for (const auto& [ticket, waiter] : waiters_) {
+    if (waiter.bytes <= largest) {
+      return absl::InternalError(absl::StrCat("request ", ticket, " waits for ", waiter.bytes,
+                                              " bytes, but a free region has ", largest));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StagingPool::Release(uint64_t offset, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > in_use_) {
+    Die(absl::StrCat("region [", offset, ", +", bytes, ") given back with only ", in_use_,
+                     " bytes in use"));
+  }
+  in_use_ -= bytes;
+  FreeLocked(offset, bytes);
+  ServeLocked();
+}
+
 std::optional<uint64_t> StagingPool::AllocateLocked(uint64_t bytes) {
+  if (bytes > capacity_ - in_use_) return std::nullopt;  // Saves the walk when it cannot fit.
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < bytes) continue;
     const uint64_t offset = it->first, size = it->second;
@@ -44,109 +219,70 @@ std::optional<uint64_t> StagingPool::AllocateLocked(uint64_t bytes) {
   return std::nullopt;
 }
 
-uint64_t StagingPool::ReserveAsync(uint64_t requested, Done done) {
-  const uint64_t bytes = Aligned(requested);
-  if (bytes > capacity_) {
-    done(absl::ResourceExhaustedError(absl::StrCat(
-        "the call needs ", bytes, " bytes of staging, more than the whole pool of ", capacity_,
-        " (--staging-pool-bytes); split it into smaller pushes")));
-    return 0;
+void StagingPool::FreeLocked(uint64_t offset, uint64_t bytes) {
+  const std::string region = absl::StrCat("region [", offset, ", +", bytes, ")");
+  if (bytes == 0 || offset > capacity_ || bytes > capacity_ - offset) {
+    Die(absl::StrCat(region, " given back lies outside the arena of ", capacity_, " bytes"));
   }
-  uint64_t offset;
-  {
-    absl::MutexLock lock(&mu_);
-    std::optional<uint64_t> region;
-    if (waiters_.empty()) region = AllocateLocked(bytes);
+  auto [it, inserted] = free_.emplace(offset, bytes);
+  if (!inserted) {
+    Die(absl::StrCat(region, " given back, but a free region already starts at ", offset,
+                     " (given back twice?); its bytes would be lost"));
+  }
+  auto next = std::next(it);
+  if (next != free_.end() && next->first < offset + bytes) {
+    Die(absl::StrCat(region, " given back overlaps the free region at ", next->first));
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second > offset) {
+      Die(absl::StrCat(region, " given back overlaps the free region at ", prev->first));
+    }
+  }
+  // Merge with the free neighbours.
+  if (next != free_.end() && offset + bytes == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == offset) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+void StagingPool::ServeLocked() {
+  for (auto it = waiters_.begin(); it != waiters_.end() && in_use_ < capacity_;) {
+    std::optional<uint64_t> region = AllocateLocked(it->second.bytes);
     if (!region.has_value()) {
-      waiters_.push_back({++last_ticket_, bytes, std::move(done)});
-      return last_ticket_;
+      ++it;
+      continue;
     }
-    offset = *region;
-    in_use_ += bytes;
+    in_use_ += it->second.bytes;
+    QueueLocked(std::move(it->second.done), Reservation(this, *region, it->second.bytes));
+    it = waiters_.erase(it);
   }
-  done(Reservation(this, offset, bytes));
-  return 0;
 }
 
-void StagingPool::Cancel(uint64_t ticket) {
-  Done cancelled;
-  std::vector<Served> served;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
-      if (it->ticket == ticket) {
-        cancelled = std::move(it->done);
-        waiters_.erase(it);
-        break;
-      }
-    }
-    served = ServeLocked();  // The line may have moved.
+void StagingPool::QueueLocked(Done done, absl::StatusOr<Reservation> result) {
+  grants_.push_back({std::move(done), std::move(result)});
+  grants_ready_.notify_one();
+}
+
+void StagingPool::RunGrants() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    grants_ready_.wait(lock, [&] { return !grants_.empty() || stopping_; });
+    if (grants_.empty()) return;  // Stopping, and every grant delivered.
+    std::deque<Grant> batch;
+    batch.swap(grants_);
+    lock.unlock();
+    for (Grant& grant : batch) grant.done(std::move(grant.result));
+    batch.clear();  // Reservations a callback did not take go back here, outside the lock.
+    lock.lock();
   }
-  if (cancelled) cancelled(absl::CancelledError("the call was cancelled while waiting for staging"));
-  for (Served& s : served) s.waiter.done(Reservation(this, s.offset, s.waiter.bytes));
-}
-
-absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
-    uint64_t bytes, const std::function<bool()>& cancelled) {
-  absl::Notification ready;
-  absl::StatusOr<Reservation> result;
-  const uint64_t ticket = ReserveAsync(bytes, [&](absl::StatusOr<Reservation> r) {
-    result = std::move(r);
-    ready.Notify();
-  });
-  bool cancel_sent = false;
-  while (!ready.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-    if (!cancel_sent && cancelled()) {
-      Cancel(ticket);
-      cancel_sent = true;
-    }
-  }
-  return result;
-}
-
-std::vector<StagingPool::Served> StagingPool::ServeLocked() {
-  std::vector<Served> served;
-  while (!waiters_.empty()) {
-    std::optional<uint64_t> region = AllocateLocked(waiters_.front().bytes);
-    if (!region.has_value()) break;
-    in_use_ += waiters_.front().bytes;
-    served.push_back({std::move(waiters_.front()), *region});
-    waiters_.pop_front();
-  }
-  return served;
-}
-
-void StagingPool::Release(uint64_t offset, uint64_t bytes) {
-  std::vector<Served> served;
-  {
-    absl::MutexLock lock(&mu_);
-    in_use_ -= bytes;
-    // Return the region and merge it with free neighbours.
-    auto it = free_.emplace(offset, bytes).first;
-    if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
-      it->second += next->second;
-      free_.erase(next);
-    }
-    if (it != free_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->first + prev->second == it->first) {
-        prev->second += it->second;
-        free_.erase(it);
-      }
-    }
-    served = ServeLocked();
-  }
-  for (Served& s : served) s.waiter.done(Reservation(this, s.offset, s.waiter.bytes));
-}
-
-uint64_t StagingPool::in_use() const {
-  absl::MutexLock lock(&mu_);
-  return in_use_;
-}
-
-uint32_t StagingPool::waiting() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<uint32_t>(waiters_.size());
 }
 
 }  // namespace fusedps

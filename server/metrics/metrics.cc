@@ -1,7 +1,14 @@
 #include "server/metrics/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <iterator>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +16,27 @@
 
 namespace fusedps {
 namespace {
+
+// Opens and closes a TCP connection to host:port (a wildcard host means this machine).
+void KnockOnce(std::string host, int port) {
+  if (host.empty() || host == "0.0.0.0" || host == "*") host = "127.0.0.1";
+  if (host == "[::]" || host == "::") host = "::1";
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
 
 constexpr const char* kStageNames[] = {"receive", "h2d", "apply", "ack"};
 
@@ -132,6 +160,23 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                    "Pushes and pulls waiting for their share of the staging "
                                    "pool (back-pressure: their streams are not read meanwhile).")
                            .Add({})),
+      staging_oldest_wait_(GaugeFamily(*registry_, "fusedps_staging_pool_oldest_wait_seconds",
+                                       "How long the call that has waited longest for its share "
+                                       "of the staging pool has waited, in seconds (0: none "
+                                       "waits).")
+                               .Add({})),
+      push_duplicates_(CounterFamily(*registry_, "fusedps_push_duplicates_total",
+                                     "PushGradients calls answered as retries of an earlier "
+                                     "push (duplicate = true): nothing applied.")
+                           .Add({})),
+      retry_table_clients_(GaugeFamily(*registry_, "fusedps_retry_table_clients",
+                                       "Clients whose recent pushes the retry table remembers "
+                                       "(at most --retry-table-clients).")
+                               .Add({})),
+      retry_table_evictions_(CounterFamily(*registry_, "fusedps_retry_table_evictions_total",
+                                           "Clients the retry table forgot to stay within "
+                                           "--retry-table-clients (least recently used first).")
+                                 .Add({})),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
     stage_[i] = &stage_duration_.Add({{"stage", kStageNames[i]}}, DurationBuckets());
@@ -146,7 +191,24 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       .Set(1);
 }
 
-Metrics::~Metrics() = default;
+// civetweb (under prometheus-cpp's Exposer) notices that it should stop only when its accept
+// loop's poll returns, which it does every 2 s when no connection comes: stopping took about
+// 1.5 s more than the gRPC drain. So the stop runs on a thread of its own while this one knocks
+// on the listening port (a connection that is closed at once) until the stop is done.
+Metrics::~Metrics() {
+  if (exposer_ == nullptr) return;
+  const int port = this->port();
+  std::atomic<bool> stopped{false};
+  std::thread stop([&] {
+    exposer_.reset();
+    stopped = true;
+  });
+  while (!stopped.load()) {
+    KnockOnce(listen_host_, port);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  stop.join();
+}
 
 absl::Status Metrics::Serve(const std::string& listen) {
   if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
@@ -158,6 +220,7 @@ absl::Status Metrics::Serve(const std::string& listen) {
         absl::StrCat("cannot serve metrics on '", listen, "': ", e.what()));
   }
   exposer_->RegisterCollectable(collector_);
+  listen_host_ = listen.substr(0, listen.rfind(':'));
   return absl::OkStatus();
 }
 
@@ -168,10 +231,14 @@ int Metrics::port() const {
 }
 
 void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
-                         const PushStageSeconds& stages) {
+                         const PushStageSeconds& stages, bool duplicate) {
   push_requests_.Add({{"code", StatusCodeName(code)}}).Increment();
   push_bytes_.Increment(static_cast<double>(grad_bytes));
   if (code != grpc::StatusCode::OK) return;
+  if (duplicate) {
+    push_duplicates_.Increment();
+    return;
+  }
   push_duration_.Observe(stages.receive + stages.h2d + stages.apply + stages.ack);
   const double seconds[4] = {stages.receive, stages.h2d, stages.apply, stages.ack};
   for (int i = 0; i < 4; ++i) stage_[i]->Observe(seconds[i]);
@@ -193,12 +260,19 @@ void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
 
 void Metrics::SyncShard() const {
   const ShardMetrics shard = shard_();
-  absl::MutexLock lock(&sync_mu_);
+  std::lock_guard<std::mutex> lock(sync_mu_);
   parameters_.Set(static_cast<double>(shard.parameters));
   model_version_.Set(static_cast<double>(shard.version));
   staging_capacity_.Set(static_cast<double>(shard.staging_capacity_bytes));
   staging_in_use_.Set(static_cast<double>(shard.staging_in_use_bytes));
   staging_waiters_.Set(static_cast<double>(shard.staging_waiters));
+  staging_oldest_wait_.Set(shard.staging_oldest_wait_seconds);
+  retry_table_clients_.Set(static_cast<double>(shard.retry_table_clients));
+  if (shard.retry_table_evictions > evictions_synced_) {
+    retry_table_evictions_.Increment(
+        static_cast<double>(shard.retry_table_evictions - evictions_synced_));
+    evictions_synced_ = shard.retry_table_evictions;
+  }
   for (const auto& [kind, bytes] : shard.memory_bytes) {
     memory_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));
   }

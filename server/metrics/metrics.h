@@ -25,8 +25,9 @@
 #include <string>
 #include <vector>
 
+#include <mutex>
+
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/status_code_enum.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -47,16 +48,21 @@ struct ShardMetrics {
   uint64_t staging_capacity_bytes = 0;
   uint64_t staging_in_use_bytes = 0;
   uint32_t staging_waiters = 0;  // Calls waiting for their share (back-pressure).
+  double staging_oldest_wait_seconds = 0;  // How long the longest waiter has waited.
+  // The retry table (server/store/retry_table.h): clients remembered, and forgotten so far.
+  uint64_t retry_table_clients = 0;
+  uint64_t retry_table_evictions = 0;  // Monotonic.
 };
 
 // How long each stage of one push took, in seconds. The four add up to the push's duration.
 struct PushStageSeconds {
   // From the call's arrival until every chunk was in and checked.
   double receive = 0;
-  // The backend step outside its kernels: checking the grads and copying them to the device
-  // (about 0 on the CPU backend, whose whole step counts as its kernels).
+  // How long the device waited for the push's gradient copies once it reached the step (from
+  // CUDA events; 0 on the CPU backend).
   double h2d = 0;
-  // Waiting for the update engine, then the step's kernels, until the outcome is back.
+  // From the push being complete until its step's kernels are done: the engine's queue, the
+  // steps queued before it, the kernels; less h2d.
   double apply = 0;
   // From the outcome until the acknowledgement is handed to gRPC.
   double ack = 0;
@@ -92,8 +98,10 @@ class Metrics {
   int port() const;
 
   // One PushGradients call that ended with `code`, having received `grad_bytes` of gradient
-  // payload. `stages` is observed only for a push that succeeded (code OK).
-  void RecordPush(grpc::StatusCode code, uint64_t grad_bytes, const PushStageSeconds& stages);
+  // payload. `stages` is observed only for a push that succeeded (code OK) and was not a
+  // `duplicate` (a retry answered with an earlier push's reply, counted apart).
+  void RecordPush(grpc::StatusCode code, uint64_t grad_bytes, const PushStageSeconds& stages,
+                  bool duplicate = false);
   // One optimizer step: applied, or skipped for `skip_reason` (e.g. "non_finite_grad").
   void RecordStep(bool skipped, const std::string& skip_reason);
   // One PullParameters call that ended with `code`, having sent `bytes` of tensor payload.
@@ -106,7 +114,7 @@ class Metrics {
   class Collector;
 
   // Copies the shard's values into the gauges and counters that mirror them.
-  void SyncShard() const ABSL_LOCKS_EXCLUDED(sync_mu_);
+  void SyncShard() const;
 
   const std::function<ShardMetrics()> shard_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -127,12 +135,18 @@ class Metrics {
   prometheus::Gauge& staging_capacity_;
   prometheus::Gauge& staging_in_use_;
   prometheus::Gauge& staging_waiters_;
+  prometheus::Gauge& staging_oldest_wait_;
+  prometheus::Counter& push_duplicates_;
+  prometheus::Gauge& retry_table_clients_;
+  prometheus::Counter& retry_table_evictions_;
 
-  mutable absl::Mutex sync_mu_;
-  // Launch counts already added to kernel_launches_, by kernel name.
-  mutable std::map<std::string, uint64_t> launches_synced_ ABSL_GUARDED_BY(sync_mu_);
+  mutable std::mutex sync_mu_;
+  // Launch counts already added to kernel_launches_, by kernel name. Guarded by sync_mu_.
+  mutable std::map<std::string, uint64_t> launches_synced_;
+  mutable uint64_t evictions_synced_ = 0;  // Guarded by sync_mu_.
 
   std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.
+  std::string listen_host_;               // The host part of Serve's address.
   // Last member: destroyed first, so no scrape runs while the rest goes away.
   std::unique_ptr<prometheus::Exposer> exposer_;
 };

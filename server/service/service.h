@@ -1,36 +1,33 @@
-// service.h: the gRPC ParameterService (proto/fusedps/v1) over a ShardStore and UpdateEngine.
+// service.h: the gRPC ParameterService (proto/fusedps/v1) over one shard's UpdateEngine.
 //
-// This is the one place where absl::Status becomes grpc::Status (same code, same message) and
-// where proto messages become the store's types. Every RPC checks its input first; a call that
-// fails leaves the shard unchanged. Pushes and pulls are counted in Metrics by the status code
-// they end with, in one place each (PushGradients, PullParameters).
+// Each RPC checks its input, converts the wire types into the server's (service/convert.h: the
+// one place absl::Status becomes grpc::Status, same code and message), and hands the work to
+// ingest/ and the engine. A call that fails leaves the shard unchanged. Once the shard has
+// faulted (engine/shard_fault.h) every RPC fails with UNAVAILABLE.
+//
+// Which thread does what:
+//   - PushGradients (raw) and PullParameters run on gRPC's callback API (push_reactor.h,
+//     pull_reactor.h): no gRPC thread waits for staging or for the device.
+//   - GetInfo and ListTensors read the engine's view and progress: they never wait for a job or
+//     a kernel. They are synchronous, on gRPC's sync thread pool, so that they do not queue
+//     behind the pushes and pulls that the callback threads are busy copying.
+//   - RegisterParamGroup, SetHyperparameters and RegisterTensors are synchronous: they wait for
+//     their engine jobs (which do not wait for queued steps' kernels, except a registration's
+//     writes) on gRPC's sync thread pool.
 #ifndef FUSEDPS_SERVER_SERVICE_SERVICE_H_
 #define FUSEDPS_SERVER_SERVICE_SERVICE_H_
 
-#include <string>
-
 #include "fusedps/v1/parameter_service.grpc.pb.h"
-#include "server/metrics/metrics.h"
-#include "server/service/push_reactor.h"
-#include "server/store/shard_store.h"
-#include "server/ingest/staging_pool.h"
-#include "server/engine/update_engine.h"
+#include "server/service/service_context.h"
 
 namespace fusedps {
 
-// PushGradients runs on gRPC's callback API (no gRPC thread waits for the device) as a raw
-// method, so that chunk payloads are copied once, from gRPC's buffer into staging; the other
-// RPCs are synchronous.
-class ParameterServiceImpl final
-    : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
-          v1::ParameterService::Service> {
+using ParameterServiceBase = v1::ParameterService::WithRawCallbackMethod_PushGradients<
+    v1::ParameterService::WithCallbackMethod_PullParameters<v1::ParameterService::Service>>;
+
+class ParameterServiceImpl final : public ParameterServiceBase {
  public:
-  // REQUIRES: store, engine and metrics outlive the service.
-  // Pushes and registrations reserve their staging in `staging` before reading their chunks.
-  // A push in parts fails when its parts have not all arrived within push_part_wait.
-  ParameterServiceImpl(ShardStore* store, UpdateEngine* engine, Metrics* metrics,
-                       StagingPool* staging, uint64_t max_message_bytes,
-                       absl::Duration push_part_wait);
+  explicit ParameterServiceImpl(const ServiceContext& services) : services_(services) {}
 
   grpc::Status RegisterParamGroup(grpc::ServerContext* context,
                                   const v1::RegisterParamGroupRequest* request,
@@ -40,11 +37,12 @@ class ParameterServiceImpl final
                                v1::RegisterTensorsResponse* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
       grpc::CallbackServerContext* context, grpc::ByteBuffer* response) override;
-  grpc::Status PullParameters(grpc::ServerContext* context,
-                              const v1::PullParametersRequest* request,
-                              grpc::ServerWriter<v1::PullParametersResponse>* writer) override;
+  grpc::ServerWriteReactor<v1::PullParametersResponse>* PullParameters(
+      grpc::CallbackServerContext* context, const v1::PullParametersRequest* request) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,
                        v1::GetInfoResponse* response) override;
+  // Pages of at most page_size tensors (0: as many as fit in a reply message); the page token
+  // is opaque ("t" and the next tensor's index). INVALID_ARGUMENT for a bad page_token.
   grpc::Status ListTensors(grpc::ServerContext* context, const v1::ListTensorsRequest* request,
                            v1::ListTensorsResponse* response) override;
   grpc::Status SetHyperparameters(grpc::ServerContext* context,
@@ -52,16 +50,11 @@ class ParameterServiceImpl final
                                   v1::SetHyperparametersResponse* response) override;
 
  private:
-  // The RPCs' work; the public methods above record what these did in metrics_.
-  grpc::Status Pull(grpc::ServerContext* context, const v1::PullParametersRequest* request,
-                    grpc::ServerWriter<v1::PullParametersResponse>* writer, uint64_t* bytes_sent);
+  absl::Status RegisterTensorsStatus(grpc::ServerContext* context,
+                                     grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
+                                     v1::RegisterTensorsResponse* response);
 
-  ShardStore* const store_;
-  UpdateEngine* const engine_;
-  Metrics* const metrics_;
-  StagingPool* const staging_;
-  PushAssemblies assemblies_;  // Pushes that travel in parts, while they are assembled.
-  const uint64_t max_message_bytes_;
+  const ServiceContext services_;
 };
 
 }  // namespace fusedps

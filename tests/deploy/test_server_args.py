@@ -235,7 +235,7 @@ def test_arguments_serve_and_drain(source):
     if "grace_period" in spec:
         assert spec["grace_period"] >= grace + 10, "the platform must wait out the drain"
     assert server.stop(timeout=grace + 10) == 0, server.output()
-    assert "fusedps-server: stopped" in server.output()
+    assert "fusedps-server stopped" in server.output()
 
 
 @pytest.mark.parametrize("source", ["k8s-base", "k8s-gpu", "k8s-cpu"])

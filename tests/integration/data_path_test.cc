@@ -75,7 +75,7 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
   WaitFor([&] { return server_->staging_pool().waiting() == 1; });
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_FALSE(b_done.load());  // Its chunks sit unread: back-pressure.
-  EXPECT_EQ(server_->store().version(), 0u);
+  EXPECT_EQ(server_->engine().version(), 0u);
   EXPECT_LE(server_->staging_pool().in_use(), kPushBytes);  // Never more than the pool.
   // What an operator sees meanwhile on /metrics.
   const std::string text = server_->metrics().ScrapeText();
@@ -89,7 +89,7 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
   ASSERT_TRUE(FinishPush(*a).ok());
   b_thread.join();
   ASSERT_TRUE(b_status.ok()) << b_status.error_message();
-  EXPECT_EQ(server_->store().version(), 2u);
+  EXPECT_EQ(server_->engine().version(), 2u);
   // Released when the server is done with each call, just after the client sees its status.
   WaitFor([&] { return server_->staging_pool().in_use() == 0; });
   // Applied in arrival order: a, then b.

@@ -271,6 +271,10 @@ Pulled ServiceTest::Pull(const v1::PullParametersRequest& request) {
     } else if (message.has_header()) {
       out.malformed = "a later message has a header";
     }
+    for (const v1::TensorInfo& t : message.tensors()) {  // Infos that did not fit the header.
+      *out.header.add_tensors() = t;
+      out.data[t.name()].assign(t.numel() * element_size, '\0');
+    }
     size_t payload = 0;
     for (const v1::TensorChunk& chunk : message.chunks()) {
       payload += chunk.data().size();

@@ -100,14 +100,18 @@ def test_metrics_pass_promtool_and_match_the_workload():
     assert m.value("fusedps_push_requests_total", code="OK") == len(ok_pushes)
     assert m.value("fusedps_push_requests_total", code="NOT_FOUND") == 1
     assert m.value("fusedps_push_requests_total", code="INVALID_ARGUMENT") == 1
-    sent = sum(r.grad_bytes for r in ok_pushes)
-    assert sent == 8 * numel * 4 + 2 * 300 * 257 * 2  # 8 full fp32 pushes, 2 of w in bf16.
-    assert m.value("fusedps_push_bytes_total") == sent + invalid_push_bytes
+    # A retry is answered from its header: its chunks are never read, so its bytes are not
+    # received (its reply repeats the first push's grad_bytes).
+    received = sum(r.grad_bytes for r in ok_pushes if not r.duplicate)
+    # 7 full fp32 pushes read (and the retry of the last, not read), 2 of w in bf16.
+    assert received == 7 * numel * 4 + 2 * 300 * 257 * 2
+    assert m.value("fusedps_push_bytes_total") == received + invalid_push_bytes
+    assert m.value("fusedps_push_duplicates_total") == 1
 
-    # Durations: one observation per successful push, in the histogram and in every stage; the
-    # stages add up to the push.
+    # Durations: one observation per successful push that was not a retry, in the histogram and
+    # in every stage; the stages add up to the push.
     count = m.value("fusedps_push_duration_seconds_count")
-    assert count == len(ok_pushes)
+    assert count == len(ok_pushes) - 1
     assert m.value("fusedps_push_duration_seconds_bucket", le="+Inf") == count
     total = m.value("fusedps_push_duration_seconds_sum")
     assert 0 < total < 60

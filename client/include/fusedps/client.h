@@ -11,8 +11,12 @@
 //
 // Errors: every call returns an absl::Status (or absl::StatusOr), never throws. Errors reported
 // by the server or by gRPC keep their code and message (for example UNAVAILABLE when the server
-// cannot be reached, DEADLINE_EXCEEDED after ClientOptions::timeout). Each call lists the codes
-// that mean something specific for it.
+// cannot be reached or stops answering keepalive pings, DEADLINE_EXCEEDED when a call outlives
+// its deadline; see ClientOptions). Each call lists the codes that mean something specific for it.
+//
+// Every call has a finite deadline by default, and the client's connections send keepalive
+// pings while calls are in flight, so a dead server or a network partition surfaces as an error
+// within about a minute instead of hanging a trainer (see ClientOptions for the values).
 //
 // Thread safety: a Client may be used by many threads at once.
 //
@@ -95,9 +99,38 @@ struct ClientOptions {
   // (PushHeader.part_index/part_count), which the server still applies as one atomic step.
   // REQUIRES: 1 <= streams <= 64.
   int streams = 1;
-  // Deadline of every call, from its start. Infinite by default.
-  absl::Duration timeout = absl::InfiniteDuration();
-  // When true, a call made while the server is unreachable waits for it (up to timeout)
+  // Deadlines. Each call must finish within `timeout` plus its payload bytes at
+  // `min_bytes_per_second`, counted from its start, or it fails with DEADLINE_EXCEEDED. The
+  // payload is the tensor data the call moves: the values or gradients it sends (each part's
+  // own share with streams > 1), or for a pull the data the server announces in its reply,
+  // so a pull's deadline grows as the reply describes its tensors. Other calls (GetInfo, each
+  // page of ListTensors, ...) get `timeout` alone.
+  //
+  // The defaults, 30 s plus 10 MB/s: a healthy server answers a small call in milliseconds;
+  // 30 s leaves room for connecting, for a push waiting its turn for the server's staging
+  // memory, and for applying a step to a large shard on the CPU backend, and it is about the
+  // time keepalive takes to find a dead connection (below). 10 MB/s is under a hundredth of
+  // what one connection moves on a healthy link (1.6 GB/s, docs/benchmarks.md) and under a
+  // tenth of 1 Gb/s Ethernet, so a call that is merely slow is not cut short, while one that
+  // has stopped moving fails: a bf16 push of GPT-2 small (248 MB) gets 30 + 25 s.
+  //
+  // timeout = absl::InfiniteDuration() gives calls no deadline at all (the old default);
+  // min_bytes_per_second = 0 gives every call `timeout` whatever its size.
+  // REQUIRES: timeout > 0.
+  absl::Duration timeout = absl::Seconds(30);
+  uint64_t min_bytes_per_second = 10'000'000;
+  // Keepalive: while a call is in flight, a connection sends an HTTP/2 ping every
+  // keepalive_time, and it is closed (its calls fail with UNAVAILABLE) when a ping is not
+  // answered within keepalive_timeout. A server that died without closing its sockets, or
+  // a network partition, is so found within about 40 s; TCP alone would take about two hours.
+  // Idle connections (no call in flight) send no pings. fusedps-server permits a ping every
+  // 10 s; a server that permits fewer may close connections that ping more often than it
+  // allows. absl::InfiniteDuration() as keepalive_time turns keepalive off. Applies to the
+  // channels Create makes, not to a channel given to CreateWithChannel.
+  // REQUIRES: keepalive_time > 0, keepalive_timeout > 0.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
+  // When true, a call made while the server is unreachable waits for it (up to its deadline)
   // instead of failing at once with UNAVAILABLE.
   bool wait_for_ready = false;
 };
@@ -130,7 +163,7 @@ struct RegisterParamGroupResult {
 
 // One tensor to register, with its initial values.
 struct TensorInit {
-  std::string name;                // 1..256 characters, unique on the server.
+  std::string name;                // 1..256 bytes of UTF-8, unique on the server.
   std::vector<int64_t> shape;      // {} for a 0-dim tensor. Each dim >= 0.
   std::string param_group;         // A registered group; empty means "default".
   absl::Span<const float> values;  // Product of shape elements, row-major.
@@ -144,10 +177,12 @@ struct RegisterTensorsResult {
 
 // The header of a push.
 struct PushOptions {
-  // Identifies the trainer for retry detection; empty disables it.
+  // Identifies the trainer for retry detection, at most 256 bytes; empty disables it.
   std::string client_id;
-  // Per client_id, increasing. A push whose sequence_number is not above the last applied one
-  // of its client_id is a retry: not applied again; the result says duplicate. 0 disables it.
+  // Per client_id, increasing. A push whose sequence_number is not above the highest the
+  // server has taken for its client_id is never applied: a retry of a push the server still
+  // remembers gets that push's result again with duplicate = true, any other fails with
+  // ABORTED. 0 disables retry detection.
   uint64_t sequence_number = 0;
   // The dtype gradients travel in; fp32 gradients are rounded to it (nearest even) on the
   // client, and the server computes in fp32. bf16 by default: half the bytes of fp32 on the
@@ -174,7 +209,7 @@ struct PushResult {
   std::string skip_reason;    // "non_finite_grad" when step_skipped.
   uint32_t tensors_updated = 0;
   uint64_t grad_bytes = 0;  // Gradient payload bytes the server received.
-  bool duplicate = false;   // A retry of an already applied push; nothing was applied.
+  bool duplicate = false;   // A retry of a push the server took; nothing more was applied.
 };
 
 struct PullOptions {
@@ -204,6 +239,8 @@ struct TensorInfo {
 };
 
 struct TensorList {
+  // The server's version when it read the first page. A large shard is listed a page at a
+  // time, and a push applied between pages shows in the steps of the later pages.
   uint64_t version = 0;
   std::vector<TensorInfo> tensors;  // In registration order.
 };
@@ -223,7 +260,7 @@ struct ServerInfo {
 class Client {
  public:
   // Connects (lazily, on the first call) to target, e.g. "localhost:50051", over an insecure
-  // channel whose max send and receive message sizes are 16 MiB.
+  // channel whose max send and receive message sizes are 16 MiB, with keepalive as in options.
   // Errors: INVALID_ARGUMENT for an empty target or options outside their REQUIRES.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
                                                         ClientOptions options = {});
@@ -244,7 +281,7 @@ class Client {
   // the server does not know, UNAVAILABLE when the server cannot be reached.
   absl::StatusOr<bool> CheckHealth(const std::string& service = "");
 
-  // Registers a param group under name (1..128 characters). Registering an identical group
+  // Registers a param group under name (1..128 bytes). Registering an identical group
   // again is a no-op (created is false).
   // Errors: ALREADY_EXISTS when a group of that name has other hyperparameters;
   // INVALID_ARGUMENT for a bad name or a hyperparameter out of range.
@@ -266,7 +303,8 @@ class Client {
   // of max_chunk_bytes over one call. A step with a non-finite gradient is skipped, which is not
   // an error: the result says step_skipped.
   // Errors: INVALID_ARGUMENT for an empty list, a tensor named twice, a grads size that is not
-  // the tensor's numel, or a bad grad_scale; NOT_FOUND for an unknown tensor.
+  // the tensor's numel, or a bad grad_scale; NOT_FOUND for an unknown tensor; ABORTED for a
+  // sequence_number not above the client's highest that is not a remembered retry.
   absl::StatusOr<PushResult> PushGradients(const PushOptions& options,
                                            absl::Span<const TensorGrad> grads);
 
@@ -276,13 +314,17 @@ class Client {
   // result is still one version.
   // Errors: NOT_FOUND for an unknown tensor; INVALID_ARGUMENT for an unsupported dtype;
   // FAILED_PRECONDITION for kMaxExpAvgSq of a tensor without amsgrad; INTERNAL when the server's
-  // reply is malformed (chunks that do not cover each tensor exactly).
+  // reply is malformed (chunks that do not cover each tensor exactly, a chunk before its
+  // tensor's TensorInfo, fewer or more TensorInfo than the reply's tensor count).
   absl::StatusOr<PullResult> PullParameters(const PullOptions& options);
 
   // Describes the server: version, backend, device, sizes and param groups.
   absl::StatusOr<ServerInfo> GetInfo();
 
-  // Lists every tensor with its shape, group and step.
+  // Lists every tensor with its shape, group and step. The server returns a large shard in
+  // pages (as many tensors as fit in one reply each); this asks for page after page, each a
+  // call of its own with its own deadline, and returns them all.
+  // Errors: INTERNAL when the server repeats a page token (a reply that would never end).
   absl::StatusOr<TensorList> ListTensors();
 
   // Changes the set fields of a group's hyperparameters (an lr schedule, for example); unset

@@ -39,8 +39,8 @@ _ALIASES = {
 # tensor name is counted separately.
 CHUNK_FRAMING_BYTES = 32
 
-# The smallest max_message_bytes the client accepts: enough for framing, a 256-character name
-# (the longest the server allows, up to 4 bytes per UTF-8 character) and some payload.
+# The smallest max_message_bytes the client accepts: enough for framing, a 256-byte name (the
+# longest the server allows) and some payload.
 MIN_MESSAGE_BYTES = 2048
 
 
@@ -129,7 +129,7 @@ def decode_into(dst: np.ndarray, offset: int, data: bytes) -> int:
 def elements_per_chunk(name: str, itemsize: int, max_message_bytes: int) -> int:
     """The most elements of tensor ``name`` that fit in one chunk of a message of the given size.
 
-    Always >= 1 for max_message_bytes >= MIN_MESSAGE_BYTES and names of <= 256 characters.
+    Always >= 1 for max_message_bytes >= MIN_MESSAGE_BYTES and names of <= 256 bytes.
     """
     budget = max_message_bytes - CHUNK_FRAMING_BYTES - len(name.encode("utf-8"))
     return max(1, budget // itemsize)

@@ -23,8 +23,12 @@ Conventions:
     ``max_chunk_bytes`` (keep that under the server's ``max_message_bytes``, 8 MiB by default).
   * Server errors surface as ``grpc.RpcError`` with the server's ``grpc.StatusCode``:
     NOT_FOUND (unknown tensor or param group), INVALID_ARGUMENT (bad sizes, dtypes, values),
-    ALREADY_EXISTS (a conflicting re-registration), UNAVAILABLE (no server), ...
+    ALREADY_EXISTS (a conflicting re-registration), UNAVAILABLE (no server, or a server that
+    stopped answering keepalive pings), DEADLINE_EXCEEDED (a call past its deadline), ...
     Mistakes the client can see before calling raise ValueError / TypeError / KeyError.
+  * Every call has a deadline by default (30 s plus its tensor data at 10 MB/s) and the
+    client's channel sends keepalive pings while calls are in flight, so a dead server or a
+    network partition raises an error instead of hanging a trainer; see Client.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, 
 import grpc
 import torch
 
-from fusedps import _chunks
+from fusedps import _chunks, _deadlines, _replies
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
 
 __all__ = [
@@ -52,6 +56,9 @@ __all__ = [
 
 # The largest max_chunk_bytes a PullParametersRequest may ask for (proto: at most 4 MiB).
 _MAX_PULL_CHUNK_BYTES = 4 << 20
+
+DEFAULT_TIMEOUT = _deadlines.DEFAULT_TIMEOUT
+DEFAULT_MIN_BYTES_PER_SECOND = _deadlines.DEFAULT_MIN_BYTES_PER_SECOND
 
 _DTYPE_TO_PB = {
     "float32": pb.DTYPE_FLOAT32,
@@ -146,8 +153,8 @@ class PushResult:
       skip_reason: "non_finite_grad" when step_skipped, else "".
       tensors_updated: number of tensors whose step advanced.
       grad_bytes: gradient payload bytes the server received.
-      duplicate: True when the server recognized a retry (same client_id, sequence_number not
-        above the last applied one) and applied nothing.
+      duplicate: True when the server recognized a retry of a push it took (same client_id
+        and sequence_number) and applied nothing more; the other fields repeat that push's.
     """
 
     version: int
@@ -176,7 +183,8 @@ class TensorInfo:
 
 
 class TensorList(list):
-    """A list of TensorInfo in the server's order, plus ``.version`` (the shard version)."""
+    """A list of TensorInfo in the server's order, plus ``.version`` (the shard version when
+    the first page was read; a push applied between pages shows in the later pages' steps)."""
 
     def __init__(self, items: Iterable[TensorInfo] = (), version: int = 0):
         super().__init__(items)
@@ -325,32 +333,52 @@ class Client:
       max_chunk_bytes: upper bound, in bytes, of every request message the client sends (chunk
         payloads plus framing) and the chunk size it asks for in pulls (capped at 4 MiB).
         Default 1 MiB; at least 2048. Must not exceed the server's max_message_bytes.
-      client_id: default client id of pushes ("" disables retry detection).
-      timeout: deadline in seconds for every call, or None for none.
+      client_id: default client id of pushes ("" disables retry detection; at most 256 bytes).
+      timeout: seconds; each call must finish within ``timeout`` plus its tensor data at
+        ``min_bytes_per_second``, counted from its start, or it raises grpc.RpcError with
+        DEADLINE_EXCEEDED. The data is what the call sends (register_model, push_gradients)
+        or, for a pull, what the server announces in its reply, so a pull's deadline grows
+        as the reply describes its tensors; other calls (info, each page of list_tensors, ...)
+        get ``timeout`` alone. None: no deadline at all.
+      min_bytes_per_second: the slowest transfer a call is allowed (0: ``timeout`` for every
+        call, whatever its size).
       channel: an existing grpc.Channel to use instead of creating one from ``target`` (the
-        client then does not close it).
-      options: extra grpc channel options, as for grpc.insecure_channel.
+        client then does not close it, nor set its options).
+      options: extra grpc channel options, as for grpc.insecure_channel; they override the
+        client's own (no message size limits, and keepalive, below).
+
+    The defaults, 30 s plus 10 MB/s, are the C++ client's (its ClientOptions says why): room
+    for connecting, back-pressure and a large step, yet a small call left unanswered fails in
+    30 s; a
+    bf16 push of GPT-2 small (248 MB) gets 30 + 25 s. While calls are in flight the channel
+    pings the server every 30 s and drops the connection (UNAVAILABLE) when a ping goes
+    unanswered for 10 s, so a dead server or a partition is found in about 40 s instead of
+    TCP's two hours ("grpc.keepalive_time_ms" and "grpc.keepalive_timeout_ms" in ``options``).
 
     The client is safe to use from one thread at a time; use one Client per thread otherwise.
     Use it as a context manager, or call close().
     """
 
     def __init__(self, target: str, max_chunk_bytes: int = 1 << 20, *, client_id: str = "",
-                 timeout: Optional[float] = None, channel: Optional[grpc.Channel] = None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT,
+                 min_bytes_per_second: float = DEFAULT_MIN_BYTES_PER_SECOND,
+                 channel: Optional[grpc.Channel] = None,
                  options: Sequence[Tuple[str, object]] = ()):
         if int(max_chunk_bytes) < _chunks.MIN_MESSAGE_BYTES:
             raise ValueError(
                 f"max_chunk_bytes must be >= {_chunks.MIN_MESSAGE_BYTES}, got {max_chunk_bytes}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        if not min_bytes_per_second >= 0:
+            raise ValueError(f"min_bytes_per_second must be >= 0, got {min_bytes_per_second}")
         self.target = target
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.client_id = client_id
         self.timeout = timeout
+        self.min_bytes_per_second = min_bytes_per_second
         self._owns_channel = channel is None
         if channel is None:
-            opts = [("grpc.max_receive_message_length", -1),
-                    ("grpc.max_send_message_length", -1)]
-            opts.extend(options)
-            channel = grpc.insecure_channel(target, options=opts)
+            channel = grpc.insecure_channel(target, options=_deadlines.channel_options(options))
         self._channel = channel
         self._stub = pb_grpc.ParameterServiceStub(channel)
         # The version of the most recent pull_parameters; the default base_version of pushes.
@@ -395,14 +423,14 @@ class Client:
         Returns:
           The group as stored, with defaults filled in (ParamGroup).
         Raises:
-          grpc.RpcError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 chars);
+          grpc.RpcError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 bytes);
             ALREADY_EXISTS when a different group of that name exists.
         """
         req = pb.RegisterParamGroupRequest(param_group=pb.ParamGroup(
             name=name,
             hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, amsgrad, maximize,
                                              decoupled_weight_decay)))
-        resp = self._stub.RegisterParamGroup(req, timeout=self.timeout)
+        resp = self._stub.RegisterParamGroup(req, timeout=self._timeout())
         return ParamGroup._from_pb(resp.param_group)
 
     def set_hyperparameters(self, group: str, *, lr: Optional[float] = None,
@@ -424,7 +452,7 @@ class Client:
             param_group=group,
             hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, None, maximize,
                                              decoupled_weight_decay))
-        resp = self._stub.SetHyperparameters(req, timeout=self.timeout)
+        resp = self._stub.SetHyperparameters(req, timeout=self._timeout())
         return ParamGroup._from_pb(resp.param_group)
 
     # -- tensors --------------------------------------------------------------------------------
@@ -464,13 +492,14 @@ class Client:
         version = 0
         for batch in _chunks.group_specs(specs, self.max_chunk_bytes - 64):
             batch_items = [(s.name, tensors[s.name]) for s in batch]
+            payload = sum(t.numel() for _, t in batch_items) * 4
 
             def requests(batch=batch, batch_items=batch_items):
                 yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(tensors=batch))
                 yield from _chunk_messages(pb.RegisterTensorsRequest, batch_items, "float32",
                                            self.max_chunk_bytes)
 
-            resp = self._stub.RegisterTensors(requests(), timeout=self.timeout)
+            resp = self._stub.RegisterTensors(requests(), timeout=self._timeout(payload))
             created += resp.tensors_created
             existing += resp.tensors_existing
             version = resp.version
@@ -503,8 +532,10 @@ class Client:
             in torch when ``p.grad is None``.
           client_id: identifies the trainer for retry detection; None uses the client's
             ``client_id``; "" disables it.
-          sequence_number: increasing per client_id; a push whose number is not above the last
-            applied one is not applied again (result.duplicate). 0 disables retry detection.
+          sequence_number: increasing per client_id. A push whose number is not above the
+            highest the server has taken for its client_id is never applied: a retry of a push
+            the server remembers returns that push's result with duplicate=True, any other
+            raises ABORTED. 0 disables retry detection.
           base_version: the model version the gradients were computed from; None sends the
             version of this client's last pull_parameters.
           prefix: prepended to the names taken from a module/pairs/mapping.
@@ -516,7 +547,7 @@ class Client:
           ValueError: no gradients to push, a named tensor without ``.grad``, bad grad_scale or
             grad_dtype. KeyError: a name in ``tensors`` that the model does not have.
           grpc.RpcError: NOT_FOUND for a tensor the server does not have; INVALID_ARGUMENT for a
-            wrong size.
+            wrong size; ABORTED for a stale sequence_number (above).
         """
         if grad_dtype is not None:
             wire = _chunks.wire_dtype_name(grad_dtype)
@@ -568,7 +599,8 @@ class Client:
             yield pb.PushGradientsRequest(header=header)
             yield from _chunk_messages(pb.PushGradientsRequest, items, wire, self.max_chunk_bytes)
 
-        r = self._stub.PushGradients(requests(), timeout=self.timeout)
+        payload = sum(g.numel() for _, g in items) * _chunks.element_size(wire)
+        r = self._stub.PushGradients(requests(), timeout=self._timeout(payload))
         return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
                           int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate))
 
@@ -595,7 +627,8 @@ class Client:
         Raises:
           grpc.RpcError: NOT_FOUND for an unknown name; INVALID_ARGUMENT for a bad dtype.
           ValueError: a local tensor whose shape differs from the server's.
-          RuntimeError: the server's reply did not cover every element exactly.
+          RuntimeError: the server's reply was malformed (it did not cover every element
+            exactly, or described its tensors wrongly).
         """
         wire = _chunks.wire_dtype_name(dtype)
         if wire == "float16":
@@ -639,7 +672,7 @@ class Client:
 
     def info(self) -> ServerInfo:
         """Server facts: version, backend, device, counts, param groups, limits (ServerInfo)."""
-        r = self._stub.GetInfo(pb.GetInfoRequest(), timeout=self.timeout)
+        r = self._stub.GetInfo(pb.GetInfoRequest(), timeout=self._timeout())
         return ServerInfo(
             version=int(r.version), backend=r.backend, device=r.device,
             tensor_count=int(r.tensor_count), parameter_count=int(r.parameter_count),
@@ -649,9 +682,15 @@ class Client:
 
     def list_tensors(self) -> TensorList:
         """Every registered tensor (TensorInfo: name, shape, group, step, numel), with
-        ``.version``."""
-        r = self._stub.ListTensors(pb.ListTensorsRequest(), timeout=self.timeout)
-        return TensorList((TensorInfo._from_pb(t) for t in r.tensors), int(r.version))
+        ``.version``. The server returns a large shard in pages; this reads them all, each page
+        a call with a deadline of its own.
+
+        Raises:
+          RuntimeError: the server repeated a page token (a listing that would never end).
+        """
+        version, infos = _replies.list_pages(
+            lambda request: self._stub.ListTensors(request, timeout=self._timeout()))
+        return TensorList((TensorInfo._from_pb(t) for t in infos), version)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -676,47 +715,29 @@ class Client:
             raise ValueError("nothing to pull (use None for every tensor)")
         return targets, [n for n, _ in targets]
 
+    def _timeout(self, payload_bytes: int = 0) -> Optional[float]:
+        """The deadline, in seconds, of a call that moves payload_bytes of tensor data."""
+        return _deadlines.call_timeout(self.timeout, self.min_bytes_per_second, payload_bytes)
+
     def _pull(self, names: List[str], wire: str, field: int) -> PulledTensors:
         req = pb.PullParametersRequest(
             tensors=names, dtype=_DTYPE_TO_PB[wire], field=field,
             max_chunk_bytes=min(self.max_chunk_bytes, _MAX_PULL_CHUNK_BYTES))
-        arrays: Dict[str, object] = {}
-        counts: Dict[str, int] = {}
-        infos: List[TensorInfo] = []
-        version = None
-        for resp in self._stub.PullParameters(req, timeout=self.timeout):
-            if resp.HasField("header"):
-                if version is not None:
-                    raise RuntimeError("pull: the server sent two headers")
-                h = resp.header
-                version = int(h.version)
-                if h.dtype not in (pb.DTYPE_UNSPECIFIED, _DTYPE_TO_PB[wire]):
-                    raise RuntimeError(f"pull: asked for {wire}, server sent dtype {h.dtype}")
-                for t in h.tensors:
-                    info = TensorInfo._from_pb(t)
-                    infos.append(info)
-                    arrays[info.name] = _chunks.empty_wire_array(info.numel, wire)
-                    counts[info.name] = 0
-            elif version is None and len(resp.chunks):
-                raise RuntimeError("pull: chunks arrived before the header")
-            for c in resp.chunks:
-                arr = arrays.get(c.tensor)
-                if arr is None:
-                    raise RuntimeError(f"pull: chunk for unexpected tensor {c.tensor!r}")
-                try:
-                    counts[c.tensor] += _chunks.decode_into(arr, int(c.offset), c.data)
-                except ValueError as e:
-                    raise RuntimeError(f"pull: tensor {c.tensor!r}: {e}") from None
-        if version is None:
-            raise RuntimeError("pull: the server sent no header")
-        for info in infos:
-            if counts[info.name] != info.numel:
-                raise RuntimeError(f"pull: tensor {info.name!r}: received {counts[info.name]} "
-                                   f"of {info.numel} elements")
-        if names:
-            missing = set(names) - set(arrays)
-            if missing:
-                raise RuntimeError(f"pull: the server did not return {sorted(missing)[:5]}")
-        return PulledTensors(
-            ((i.name, _chunks.from_wire_array(arrays[i.name], wire, i.shape)) for i in infos),
-            version=version, steps={i.name: i.step for i in infos}, dtype=wire)
+        assembler = _replies.PullAssembler(wire)
+        # The size is known from the reply only: the deadline grows as the reply announces it.
+        call = self._stub.PullParameters(req)
+        with _deadlines.GrowingDeadline(call, self.timeout, self.min_bytes_per_second) as deadline:
+            try:
+                for resp in call:
+                    assembler.add(resp)
+                    deadline.set_payload(assembler.announced_bytes)
+            except grpc.RpcError:
+                if deadline.expired:
+                    raise deadline.error() from None
+                raise
+            except RuntimeError:
+                call.cancel()
+                raise
+        reply = assembler.finish(names)
+        return PulledTensors(reply.tensors.items(), version=reply.version,
+                             steps={i.name: int(i.step) for i in reply.infos}, dtype=wire)

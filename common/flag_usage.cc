@@ -1,0 +1,92 @@
+#include "common/flag_usage.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace fusedps {
+namespace {
+
+constexpr size_t kLineWidth = 100;
+constexpr absl::string_view kHelpIndent = "      ";
+
+// absl records a flag's __FILE__ with its leading slashes removed; so do we.
+absl::string_view WithoutLeadingSlashes(absl::string_view path) {
+  while (absl::ConsumePrefix(&path, "/")) {
+  }
+  return path;
+}
+
+// The same file, whether either path is absolute, relative to the build, or to the source.
+bool SameFile(absl::string_view a, absl::string_view b) {
+  a = WithoutLeadingSlashes(a);
+  b = WithoutLeadingSlashes(b);
+  if (a.size() < b.size()) std::swap(a, b);
+  return absl::EndsWith(a, b) && (a.size() == b.size() || a[a.size() - b.size() - 1] == '/');
+}
+
+// Words of `text` on lines of at most kLineWidth columns, each line starting with kHelpIndent.
+std::string Wrap(absl::string_view text) {
+  std::string out;
+  std::string line(kHelpIndent);
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipWhitespace())) {
+    if (line.size() > kHelpIndent.size() && line.size() + 1 + word.size() > kLineWidth) {
+      absl::StrAppend(&out, line, "\n");
+      line = std::string(kHelpIndent);
+    }
+    if (line.size() > kHelpIndent.size()) line += ' ';
+    absl::StrAppend(&line, word);
+  }
+  if (line.size() > kHelpIndent.size()) absl::StrAppend(&out, line, "\n");
+  return out;
+}
+
+}  // namespace
+
+bool HelpRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpshort") return true;
+  }
+  return false;
+}
+
+std::string FlagsHelp(absl::string_view main_file) {
+  std::map<std::string, const absl::CommandLineFlag*> ours;  // sorted by kebab name
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!SameFile(flag->Filename(), main_file)) continue;
+    std::string kebab(name);
+    std::replace(kebab.begin(), kebab.end(), '_', '-');
+    ours.emplace(std::move(kebab), flag);
+  }
+  std::string out;
+  for (const auto& [name, flag] : ours) {
+    const std::string default_value = flag->IsOfType<std::string>()
+                                          ? absl::StrCat("\"", flag->DefaultValue(), "\"")
+                                          : flag->DefaultValue();
+    absl::StrAppend(&out, "  --", name, " (default: ", default_value, ")\n", Wrap(flag->Help()));
+  }
+  return out;
+}
+
+void PrintHelp(absl::string_view main_file) {
+  const std::string help =
+      absl::StrCat(absl::ProgramUsageMessage(),
+                   "\n\nFlags (--a-b and --a_b both work; --helpfull lists every library's "
+                   "flags too):\n",
+                   FlagsHelp(main_file));
+  std::fwrite(help.data(), 1, help.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace fusedps

@@ -1,0 +1,577 @@
+// cuda_backend.cu: the CUDA backend (kernels/backend.h): the device arenas and resident tables
+// of one shard, the streams and events that order its work, the staging mirror and the pull
+// snapshots. The step's kernel and its launcher are in adamw_kernel.cu.
+//
+// Streams. Everything that reads or changes the shard (steps, param writes, reads, table
+// uploads, snapshot allocation) is queued on one apply stream, in call order: that is the
+// backend's stream order. CopyStagingToDevice queues on a copy stream that the next Step waits
+// for on the device (cudaStreamWaitEvent), and CopyFromSnapshot copies on a snapshot stream of
+// its own, so it never waits for queued steps.
+//
+// No host round trip on a step's path: Step queues its chunk list upload (a partial push), its
+// gradient copy or the wait for the copy stream, its kernel and three events, and returns;
+// Wait(marker) blocks on the event after the kernel. The host waits for the device only on
+// rare paths: a buffer that must grow (registration, a larger push than any before:
+// GrowBuffers), WriteParams and StageGrads (which return once their source may be reused),
+// and an upload ring that wraps onto a copy still queued.
+//
+// What queued work reads stays valid until it is done:
+// - device buffers are freed only once the apply stream has drained (GrowBuffers), and a buffer
+//   that a queued kernel reads is rewritten only by work queued after it on the same stream;
+// - a partial push's chunk list and the group table are uploaded from page-locked ring slots
+//   (PinnedRing), each refilled only once the event after its copy has completed; their device
+//   copies are single buffers, rewritten in stream order, so a queued step keeps reading its
+//   own chunk list and hyperparameters while the next ones wait behind it;
+// - AddTensors uploads its host tables from pageable memory, which cudaMemcpyAsync has read
+//   before it returns (CUDA's API synchronization behavior: pageable host-to-device copies are
+//   staged at once);
+// - the caller keeps a step's grads and a read's destination valid until their marker is done
+//   (backend.h).
+//
+// Threads. The CUDA runtime's current device is per thread, so every method that calls CUDA
+// starts with UseDevice(device_ordinal) (cuda_check.h): registration, steps, waits and staging
+// copies each act on this backend's GPU whichever thread calls them. The thread-safe methods
+// share only the marker table and the snapshot store (markers.cuh, snapshots.cuh), the launch
+// counter, each with its own mutex, and buffer sizes (atomics).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/adamw_kernel.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_memory.cuh"
+#include "kernels/cuda/markers.cuh"
+#include "kernels/cuda/snapshots.cuh"
+#include "kernels/grad_check.h"
+#include "kernels/tensor_table.h"
+
+namespace fusedps {
+namespace gpu {
+namespace {
+
+// Slots of each upload ring: uploads that may be queued before the host waits for the oldest.
+constexpr int kUploadSlots = 4;
+
+class CudaBackend final : public OptimizerBackend {
+ public:
+  explicit CudaBackend(const BackendOptions& options) : options_(options) {}
+
+  ~CudaBackend() override {
+    // Free with this backend's device current, whatever thread destroys it.
+    if (UseDevice(options_.device_ordinal) != cudaSuccess) return;
+    for (cudaStream_t s : {stream_, copy_stream_}) {
+      if (s != nullptr) cudaStreamSynchronize(s);
+    }
+    snapshots_.Free(stream_);
+    markers_.Free();
+    if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
+    for (DeviceBuffer* b : AllBuffers()) b->Free();
+    chunk_ring_.Free();
+    hyper_ring_.Free();
+    if (arena_ != nullptr) cudaFreeHost(arena_);
+    for (cudaStream_t s : {stream_, copy_stream_}) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
+  }
+
+  absl::Status Init() {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    cudaDeviceProp prop;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device_ordinal));
+    device_name_ = absl::StrCat("cuda:", options_.device_ordinal, " ", prop.name, " (",
+                                prop.multiProcessorCount, " SMs)");
+    absl::StatusOr<int> grid = AdamWApplyGrid();
+    if (!grid.ok()) return grid.status();
+    apply_grid_ = *grid;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    if (absl::Status s = snapshots_.Init(); !s.ok()) return s;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
+    if (absl::Status s = chunk_ring_.Init(kUploadSlots); !s.ok()) return s;
+    return hyper_ring_.Init(kUploadSlots);
+  }
+
+  std::string name() const override { return "cuda"; }
+  std::string device() const override { return device_name_; }
+  ParamCopyDType param_copy_dtype() const override { return options_.param_copy_dtype; }
+
+  absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    std::vector<AdamWHyperparameters> groups = table_.groups();
+    if (group > groups.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param group index ", group, " skips ", groups.size()));
+    }
+    if (group == groups.size()) {
+      groups.push_back(hyper);
+    } else {
+      groups[group] = hyper;
+    }
+    // Everything that can fail comes before the host table changes.
+    std::vector<BufferGrowth> growths = {hyper_.ToHold(groups.size())};
+    if (hyper.amsgrad) growths.push_back(max_exp_avg_sq_.ToHold(table_.arena_numel()));
+    if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
+    const uint64_t bytes = groups.size() * sizeof(AdamWHyperparameters);
+    absl::StatusOr<PinnedRing::Slot*> slot = hyper_ring_.Acquire(bytes);
+    if (!slot.ok()) return slot.status();
+    std::memcpy((*slot)->host, groups.data(), bytes);
+    // In stream order: steps queued before read the old table, steps queued after the new one.
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(hyper_.data(), (*slot)->host, bytes, cudaMemcpyHostToDevice, stream_));
+    if (absl::Status s = hyper_ring_.Release(*slot, stream_); !s.ok()) return s;
+    return table_.SetGroup(group, hyper);
+  }
+
+  absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> tensors) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    absl::StatusOr<uint64_t> arena_numel = table_.ArenaNumelWith(tensors);
+    if (!arena_numel.ok()) return arena_numel.status();
+    const uint32_t first = table_.size();
+    if (tensors.empty()) return first;
+    const uint64_t count = first + tensors.size();
+    uint64_t chunk_count = full_chunks_host_.size();
+    for (const NewTensor& t : tensors) chunk_count += ChunksOf(t.numel);
+    std::vector<BufferGrowth> growths = {
+        params_.ToHold(*arena_numel),     exp_avg_.ToHold(*arena_numel),
+        exp_avg_sq_.ToHold(*arena_numel), step_dev_.ToHold(count),
+        remaining_.ToHold(count),         portions_of_dev_.ToHold(count),
+        full_chunks_.ToHold(chunk_count)};
+    if (table_.any_amsgrad()) growths.push_back(max_exp_avg_sq_.ToHold(*arena_numel));
+    if (options_.param_copy_dtype != ParamCopyDType::kNone) {
+      growths.push_back(copy_.ToHold(*arena_numel));
+    }
+    // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
+    if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
+    // The new tensors' chunks and portion counts, kept aside until everything has succeeded.
+    std::vector<Chunk> chunks;
+    std::vector<uint32_t> portions;
+    uint64_t offset = table_.arena_numel();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const NewTensor& t = tensors[i];
+      portions.push_back(kPortions * AppendChunks(static_cast<uint32_t>(first + i), t.param_group,
+                                                  t.numel, offset, offset, chunks));
+      offset += AlignedNumel(t.numel);
+    }
+    // The new tensors' rows of the device tables. Their arena ranges are zero already (fresh
+    // memory, or zeroed by TruncateTensors), but a truncated tensor may have left a step.
+    const std::vector<int64_t> zero_steps(tensors.size(), 0);
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + first, zero_steps.data(),
+                                                 tensors.size() * sizeof(int64_t),
+                                                 cudaMemcpyHostToDevice, stream_));
+    for (uint32_t* table : {remaining_.data(), portions_of_dev_.data()}) {
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table + first, portions.data(),
+                                                   portions.size() * sizeof(uint32_t),
+                                                   cudaMemcpyHostToDevice, stream_));
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_chunks_.data() + full_chunks_host_.size(),
+                                                 chunks.data(), chunks.size() * sizeof(Chunk),
+                                                 cudaMemcpyHostToDevice, stream_));
+    table_.Append(tensors);
+    portions_of_.insert(portions_of_.end(), portions.begin(), portions.end());
+    full_chunks_host_.insert(full_chunks_host_.end(), chunks.begin(), chunks.end());
+    return first;
+  }
+
+  absl::Status TruncateTensors(uint32_t count) override {
+    if (count > table_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot truncate ", table_.size(), " tensors to ", count));
+    }
+    if (count == table_.size()) return absl::OkStatus();
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    // Zero what the removed tensors held, after the work queued so far, so that tensors added
+    // later start from zero.
+    const uint64_t from = table_.offset(count), to = table_.arena_numel();
+    for (DeviceArray<float>* arena : {&params_, &exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_}) {
+      if (arena->capacity() <= from) continue;  // max_exp_avg_sq without amsgrad.
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          arena->data() + from, 0, (std::min(to, arena->capacity()) - from) * 4, stream_));
+    }
+    if (copy_.capacity() > from) {
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          copy_.data() + from, 0, (std::min(to, copy_.capacity()) - from) * 2, stream_));
+    }
+    uint64_t kept_chunks = 0;
+    for (uint32_t t = 0; t < count; ++t) kept_chunks += portions_of_[t] / kPortions;
+    full_chunks_host_.resize(kept_chunks);
+    portions_of_.resize(count);
+    table_.Truncate(count);
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteParams(uint32_t tensor, uint64_t offset,
+                           absl::Span<const float> values) override {
+    if (values.empty()) return absl::OkStatus();
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    const uint64_t at = table_.offset(tensor) + offset;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params_.data() + at, values.data(),
+                                                 values.size() * sizeof(float),
+                                                 cudaMemcpyHostToDevice, stream_));
+    std::vector<uint16_t> copy;
+    if (options_.param_copy_dtype != ParamCopyDType::kNone) {
+      copy.resize(values.size());
+      for (size_t i = 0; i < values.size(); ++i) {
+        copy[i] = options_.param_copy_dtype == ParamCopyDType::kBFloat16
+                      ? FloatToBFloat16(values[i])
+                      : FloatToFloat16(values[i]);
+      }
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_.data() + at, copy.data(),
+                                                   copy.size() * sizeof(uint16_t),
+                                                   cudaMemcpyHostToDevice, stream_));
+    }
+    // Registration is rare: wait, so that `values` (page-locked or not) may be reused.
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    // First everything that can fail with an expected error, so that such a failure changes
+    // nothing; then the finiteness check; then the queueing.
+    const char* host = static_cast<const char*>(request.grads);
+    const bool in_arena = arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_;
+    uint64_t grad_bytes = 0;  // The grads the kernel reads: never past a tensor's last element.
+    for (size_t r = 0; r < request.tensors.size(); ++r) {
+      grad_bytes =
+          std::max(grad_bytes, (request.grad_offsets[r] + table_.numel(request.tensors[r])) *
+                                   DTypeSize(request.grad_dtype));
+    }
+    if (in_arena && grad_bytes > static_cast<uint64_t>(arena_ + arena_bytes_ - host)) {
+      return absl::InvalidArgumentError("the step's grads run past the staging arena");
+    }
+    if (host == nullptr && grad_bytes > staged_bytes_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the step reads ", grad_bytes, " bytes of staged grads; ", staged_bytes_, " are staged"));
+    }
+    if (host != nullptr && !in_arena) {
+      if (absl::Status s = Reserve(grads_, (grad_bytes + 15) / 16); !s.ok()) return s;
+    }
+    const bool full = IsFullPush(request);
+    PinnedRing::Slot* chunk_slot = nullptr;
+    if (!full) {
+      push_chunks_host_.clear();
+      for (size_t r = 0; r < request.tensors.size(); ++r) {
+        const uint32_t t = request.tensors[r];
+        AppendChunks(t, table_.group_of(t), table_.numel(t), table_.offset(t),
+                     request.grad_offsets[r], push_chunks_host_);
+      }
+      if (absl::Status s = Reserve(push_chunks_, push_chunks_host_.size()); !s.ok()) return s;
+      absl::StatusOr<PinnedRing::Slot*> slot =
+          chunk_ring_.Acquire(push_chunks_host_.size() * sizeof(Chunk));
+      if (!slot.ok()) return slot.status();
+      chunk_slot = *slot;
+    }
+    const bool finite = StepGradsFinite(request, &staged_non_finite_,
+                                        [this](uint32_t t) { return table_.numel(t); });
+    if (!finite) return StepOutcome{true, 0, 0};  // Nothing queued.
+    const uint32_t chunk_count =
+        static_cast<uint32_t>(full ? full_chunks_host_.size() : push_chunks_host_.size());
+    if (chunk_count == 0) return StepOutcome{false, 0, 0};
+
+    absl::StatusOr<StepEvents> events = markers_.TakeStepEvents();
+    if (!events.ok()) return events.status();
+    if (absl::Status s = Queue(request, full, chunk_slot, in_arena, grad_bytes, *events); !s.ok()) {
+      markers_.Return(*events);
+      return s;
+    }
+    table_.AdvanceSteps(request.tensors);
+    return StepOutcome{false, static_cast<uint32_t>(request.tensors.size()), markers_.Add(*events)};
+  }
+
+  absl::Status Read(const ReadRequest& request) override {
+    if (request.param_copy && (request.field != TensorField::kParam ||
+                               options_.param_copy_dtype == ParamCopyDType::kNone)) {
+      return absl::FailedPreconditionError(
+          "a read of the param copy needs field param and a backend that keeps a copy");
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    const uint64_t element = request.param_copy ? 2 : 4;
+    // Check every tensor before queuing any copy.
+    std::vector<const char*> sources(request.tensors.size());
+    for (size_t i = 0; i < request.tensors.size(); ++i) {
+      const uint32_t t = request.tensors[i];
+      if (request.param_copy) {
+        sources[i] = reinterpret_cast<const char*>(copy_.data() + table_.offset(t));
+        continue;
+      }
+      absl::StatusOr<const float*> field_start = table_.FieldOf(
+          {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
+          request.field, t);
+      if (!field_start.ok()) return field_start.status();
+      sources[i] = reinterpret_cast<const char*>(*field_start);
+    }
+    if (request.dst_is_snapshot) {
+      uint64_t end = 0;
+      for (size_t i = 0; i < request.tensors.size(); ++i) {
+        end = std::max(end, request.dst_offsets[i] + table_.numel(request.tensors[i]) * element);
+      }
+      if (absl::Status s = snapshots_.CheckRange(request.dst, end); !s.ok()) return s;
+    }
+    // One copy per run of tensors that are adjacent both in the arena and in dst, with the same
+    // padding between them: the copy then also moves the padding (zero in the arenas, never
+    // written) into a gap of dst that no tensor uses.
+    const cudaMemcpyKind kind =
+        request.dst_is_snapshot ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
+    char* dst = static_cast<char*>(request.dst);
+    for (size_t i = 0; i < request.tensors.size();) {
+      size_t last = i;
+      while (last + 1 < request.tensors.size()) {
+        const uint64_t padded = AlignedNumel(table_.numel(request.tensors[last])) * element;
+        if (sources[last + 1] != sources[last] + padded ||
+            request.dst_offsets[last + 1] != request.dst_offsets[last] + padded) {
+          break;
+        }
+        ++last;
+      }
+      const uint64_t bytes = request.dst_offsets[last] - request.dst_offsets[i] +
+                             table_.numel(request.tensors[last]) * element;
+      if (bytes > 0) {
+        FUSEDPS_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst + request.dst_offsets[i], sources[i], bytes, kind, stream_));
+      }
+      i = last + 1;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    // Stream-ordered: ready for the reads queued after it, freed after them (FreeSnapshot).
+    return snapshots_.Allocate(bytes, stream_);
+  }
+
+  absl::Status FreeSnapshot(void* snapshot) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    return snapshots_.Release(snapshot, stream_);
+  }
+
+  absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
+                                void* dst) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    return snapshots_.CopyOut(snapshot, offset, bytes, dst);  // On its own stream.
+  }
+
+  absl::StatusOr<Marker> Mark() override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    return markers_.Mark(stream_);
+  }
+
+  absl::StatusOr<WorkDone> Wait(Marker marker) override {
+    if (marker == 0) return WorkDone{};
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    return markers_.Wait(marker);
+  }
+
+  int64_t step(uint32_t tensor) const override { return table_.step(tensor); }
+  uint32_t tensor_count() const override { return table_.size(); }
+  uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
+  uint64_t launches_total() const override { return launches_.total(); }
+  std::map<std::string, uint64_t> launch_counts() const override { return launches_.counts(); }
+
+  // Reads only atomics (DeviceBuffer::bytes) and the snapshot store (its own mutex): safe while
+  // the engine thread grows buffers.
+  std::map<std::string, uint64_t> memory_bytes() const override {
+    return {{"params", params_.bytes()},
+            {"exp_avg", exp_avg_.bytes()},
+            {"exp_avg_sq", exp_avg_sq_.bytes()},
+            {"max_exp_avg_sq", max_exp_avg_sq_.bytes()},
+            {"param_copy", copy_.bytes()},
+            {"grad_staging", grads_.bytes() + arena_mirror_.bytes()},
+            {"tables", full_chunks_.bytes() + push_chunks_.bytes() + step_dev_.bytes() +
+                           hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes()},
+            {"pull_snapshots", snapshots_.bytes()}};
+  }
+
+  absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
+    if (arena_ != nullptr) return absl::FailedPreconditionError("the arena exists already");
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    char* arena = nullptr;
+    if (const cudaError_t err = cudaHostAlloc(&arena, bytes, cudaHostAllocDefault);
+        err != cudaSuccess) {
+      cudaGetLastError();
+      if (err != cudaErrorMemoryAllocation) {
+        return absl::InternalError(absl::StrCat("cudaHostAlloc: ", cudaGetErrorString(err)));
+      }
+      return absl::ResourceExhaustedError(
+          absl::StrCat("page-locked host staging arena of ", bytes, " bytes"));
+    }
+    // The mirror is new, so GrowBuffers' wait on the apply stream also orders its zeroing
+    // before any copy on the copy stream.
+    if (absl::Status s = GrowBuffers({arena_mirror_.ToHold((bytes + 15) / 16)}, stream_); !s.ok()) {
+      cudaFreeHost(arena);
+      return s;
+    }
+    arena_ = arena;
+    arena_bytes_ = bytes;
+    return arena_;
+  }
+
+  absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override {
+    if (arena_ == nullptr || offset + bytes > arena_bytes_) {
+      return absl::InvalidArgumentError("the range is not in the staging arena");
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(reinterpret_cast<char*>(arena_mirror_.data()) + offset, arena_ + offset,
+                        bytes, cudaMemcpyHostToDevice, copy_stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count, GradDType dtype,
+                          float grad_scale) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    const uint64_t bytes = count * DTypeSize(dtype);
+    const uint64_t words = (byte_offset + bytes + 15) / 16;
+    if (absl::Status s = Reserve(grads_, words); !s.ok()) return s;
+    staged_non_finite_ |= !GradsAllFinite(data, dtype, count, grad_scale);
+    if (bytes == 0) return absl::OkStatus();
+    // After the steps queued so far, which may still read the staging.
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(reinterpret_cast<char*>(grads_.data()) + byte_offset, data, bytes,
+                        cudaMemcpyHostToDevice, stream_));
+    staged_bytes_ = std::max(staged_bytes_, byte_offset + bytes);
+    // Returns once `data` may be reused, page-locked or not (a benchmark's setup, not a path).
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  // Queues a checked step: its chunk list, the wait for (or the copy of) its grads, the kernel,
+  // and the events of its marker.
+  absl::Status Queue(const StepRequest& request, bool full, PinnedRing::Slot* chunk_slot,
+                     bool in_arena, uint64_t grad_bytes, const StepEvents& events) {
+    const Chunk* chunks = full_chunks_.data();
+    uint32_t chunk_count = static_cast<uint32_t>(full_chunks_host_.size());
+    if (!full) {
+      // From a page-locked slot that stays untouched until this copy is done; the device list
+      // is rewritten only by the next partial step's copy, queued after this kernel.
+      chunk_count = static_cast<uint32_t>(push_chunks_host_.size());
+      std::memcpy(chunk_slot->host, push_chunks_host_.data(), chunk_count * sizeof(Chunk));
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_chunks_.data(), chunk_slot->host,
+                                                   chunk_count * sizeof(Chunk),
+                                                   cudaMemcpyHostToDevice, stream_));
+      if (absl::Status s = chunk_ring_.Release(chunk_slot, stream_); !s.ok()) return s;
+      chunks = push_chunks_.data();
+    }
+    DeviceArenas arenas{params_.data(),         exp_avg_.data(), exp_avg_sq_.data(),
+                        max_exp_avg_sq_.data(), copy_.data(),    nullptr,
+                        step_dev_.data(),       hyper_.data(),   remaining_.data(),
+                        portions_of_dev_.data()};
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
+    const char* host = static_cast<const char*>(request.grads);
+    if (in_arena) {
+      // In the staging arena: its ranges are on their way on the copy stream; wait for them.
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done_, copy_stream_));
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, copies_done_, 0));
+      arenas.grads = reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_);
+    } else {
+      if (host != nullptr) {
+        // The caller keeps the grads valid until the marker (backend.h's StepRequest).
+        FUSEDPS_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(grads_.data(), host, grad_bytes, cudaMemcpyHostToDevice, stream_));
+      }
+      arenas.grads = grads_.data();
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
+    if (absl::Status s = LaunchAdamWApply(launches_, apply_grid_, stream_, request.grad_dtype,
+                                          options_.param_copy_dtype, arenas, chunks, chunk_count,
+                                          request.grad_scale);
+        !s.ok()) {
+      return s;
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
+    return absl::OkStatus();
+  }
+
+  // Grows a buffer of a step's path to hold n elements, by half again at least, so that a
+  // series of growing pushes (or a push staged tensor by tensor) makes few host waits.
+  template <typename T>
+  absl::Status Reserve(DeviceArray<T>& array, uint64_t n) {
+    if (array.capacity() >= n) return absl::OkStatus();
+    return GrowBuffers({array.ToHold(std::max(n, array.capacity() + array.capacity() / 2))},
+                       stream_);
+  }
+
+  bool IsFullPush(const StepRequest& request) const {
+    if (request.tensors.size() != table_.size()) return false;
+    for (size_t r = 0; r < request.tensors.size(); ++r) {
+      if (request.tensors[r] != r || request.grad_offsets[r] != table_.offset(r)) return false;
+    }
+    return true;
+  }
+
+  std::vector<DeviceBuffer*> AllBuffers() {
+    return {&params_,          &exp_avg_,      &exp_avg_sq_, &max_exp_avg_sq_, &copy_,
+            &grads_,           &arena_mirror_, &step_dev_,   &hyper_,          &remaining_,
+            &portions_of_dev_, &full_chunks_,  &push_chunks_};
+  }
+
+  const BackendOptions options_;
+  std::string device_name_;
+  int apply_grid_ = 0;
+  LaunchCounter launches_;
+  cudaStream_t stream_ = nullptr;       // The apply stream: the backend's stream order.
+  cudaStream_t copy_stream_ = nullptr;  // CopyStagingToDevice's copies.
+
+  // The staging arena (page-locked) and its device mirror, filled by CopyStagingToDevice on
+  // copy_stream_; a step waits for the copies queued before it through copies_done_.
+  char* arena_ = nullptr;
+  uint64_t arena_bytes_ = 0;
+  DeviceArray<uint4> arena_mirror_;
+  cudaEvent_t copies_done_ = nullptr;
+
+  // StageGrads' staging (also where a step's grads from other host memory land).
+  DeviceArray<uint4> grads_;
+  uint64_t staged_bytes_ = 0;
+  bool staged_non_finite_ = false;
+
+  // Host tables (the engine thread's).
+  TensorTable table_;
+  std::vector<uint32_t> portions_of_;
+  std::vector<Chunk> full_chunks_host_, push_chunks_host_;
+  PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
+
+  // Device memory.
+  DeviceArray<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+  DeviceArray<uint16_t> copy_;
+  DeviceArray<int64_t> step_dev_;
+  DeviceArray<AdamWHyperparameters> hyper_;
+  DeviceArray<uint32_t> remaining_, portions_of_dev_;
+  DeviceArray<Chunk> full_chunks_, push_chunks_;
+
+  // Thread-safe, each with its own mutex.
+  MarkerTable markers_;
+  SnapshotStore snapshots_;
+};
+
+}  // namespace
+}  // namespace gpu
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<OptimizerBackend>> MakeCudaBackend(const BackendOptions& options) {
+  if (options.device_ordinal < 0 || options.device_ordinal >= CudaDeviceCount()) {
+    return absl::UnavailableError(absl::StrCat("no CUDA device cuda:", options.device_ordinal, " (",
+                                               CudaDeviceCount(), " visible)"));
+  }
+  auto backend = std::make_unique<gpu::CudaBackend>(options);
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return std::unique_ptr<OptimizerBackend>(std::move(backend));
+}
+
+}  // namespace fusedps

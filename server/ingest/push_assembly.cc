@@ -1,0 +1,361 @@
+#include "server/ingest/push_assembly.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "kernels/grad_check.h"
+
+namespace fusedps {
+namespace {
+
+constexpr absl::Duration kFailedMemory = absl::Minutes(1);
+
+std::vector<ChunkAssembler::Expected> ExpectedOf(const ShardView& view,
+                                                 const std::vector<uint32_t>& tensors) {
+  std::vector<ChunkAssembler::Expected> expected;
+  expected.reserve(tensors.size());
+  for (uint32_t t : tensors) expected.push_back({view.tensor(t).name, view.tensor(t).numel});
+  return expected;
+}
+
+}  // namespace
+
+absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view field) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32:
+      return GradDType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return GradDType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return GradDType::kFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " = ", static_cast<int>(d), " must be FLOAT32, BFLOAT16 or FLOAT16"));
+  }
+}
+
+absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
+                                                  const ShardView& view) {
+  CheckedPushHeader checked;
+  absl::StatusOr<GradDType> dtype = GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
+  if (!dtype.ok()) return dtype.status();
+  checked.dtype = *dtype;
+  if (header.has_grad_scale() &&
+      !(std::isfinite(header.grad_scale()) && header.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("header.grad_scale = ", header.grad_scale(),
+                                                   " must be finite and > 0"));
+  }
+  if (header.worker_count() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "header.worker_count = ", header.worker_count(),
+        ": synchronous aggregation is not implemented; use 0 or 1"));
+  }
+  if (header.client_id().size() > RetryTable::kMaxClientIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("header.client_id has ",
+                                                   header.client_id().size(),
+                                                   " bytes; at most ",
+                                                   RetryTable::kMaxClientIdBytes));
+  }
+  checked.part_count = std::max<uint32_t>(1, header.part_count());
+  if (checked.part_count > kMaxPushParts || header.part_index() >= checked.part_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header.part_index = ", header.part_index(), " and header.part_count = ",
+        header.part_count(), " must satisfy part_index < part_count <= ", kMaxPushParts));
+  }
+  if (checked.part_count > 1 &&
+      !RetryTable::Tracked(header.client_id(), header.sequence_number())) {
+    return absl::InvalidArgumentError(
+        "a push in parts needs header.client_id and header.sequence_number");
+  }
+  absl::flat_hash_set<absl::string_view> seen;
+  for (int i = 0; i < header.tensors_size(); ++i) {
+    if (!seen.insert(header.tensors(i)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.tensors[", i, "] names tensor ", QuoteName(header.tensors(i)),
+          " a second time"));
+    }
+  }
+  const std::vector<std::string> names(header.tensors().begin(), header.tensors().end());
+  absl::StatusOr<std::vector<uint32_t>> tensors = view.Resolve(names);
+  if (!tensors.ok()) return tensors.status();
+  checked.tensors = *std::move(tensors);
+  return checked;
+}
+
+PushAssembly::PushAssembly(const IngestServices& services, std::string key,
+                           v1::PushHeader header, std::shared_ptr<const ShardView> view,
+                           CheckedPushHeader checked)
+    : services_(services),
+      key_(std::move(key)),
+      header_(std::move(header)),
+      view_(std::move(view)),
+      checked_(std::move(checked)),
+      expected_(ExpectedOf(*view_, checked_.tensors)),
+      parts_(checked_.part_count, nullptr) {}
+
+absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHeader& header) {
+  v1::PushHeader mine = header, first = header_;
+  mine.clear_part_index();
+  first.clear_part_index();
+  if (!google::protobuf::util::MessageDifferencer::Equals(mine, first)) {
+    const absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat("header of part ", index, " differs from the header of the push's first "
+                     "part (only part_index may differ)"));
+    Fail(nullptr, s);  // The parts that joined get ABORTED; this one answers for itself.
+    return s;
+  }
+  bool ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (over_) return absl::AbortedError("the push this part belongs to has failed or ended");
+    if (parts_[index] != nullptr) {
+      return absl::AbortedError(absl::StrCat(
+          "header.part_index = ", index, " of this push is being received on another call"));
+    }
+    parts_[index] = part;
+    ++joined_;
+    ready = ready_;
+    if (ready) part->BeginFirstMessage();
+  }
+  if (ready) part->OnStagingReady();
+  return absl::OkStatus();
+}
+
+void PushAssembly::Reserve() {
+  const uint64_t bytes = ChunkAssembler::StagingBytes(expected_, DTypeSize(checked_.dtype));
+  const uint64_t ticket = services_.staging->ReserveAsync(
+      bytes, [self = shared_from_this()](absl::StatusOr<StagingPool::Reservation> r) {
+        self->OnReserved(std::move(r));
+      });
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ready_ && !over_) ticket_ = ticket;
+}
+
+void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) {
+  if (!reservation.ok()) return FailAll(reservation.status());
+  std::vector<PushPart*> joined;
+  absl::Status failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (over_) return;  // Failed meanwhile; the reservation goes back now.
+    ticket_ = 0;
+    reservation_ = *std::move(reservation);
+    absl::StatusOr<ChunkAssembler> assembler =
+        ChunkAssembler::Create(expected_, DTypeSize(checked_.dtype), reservation_.data());
+    if (assembler.ok()) {
+      assembler_.emplace(*std::move(assembler));
+      ready_ = true;
+      for (PushPart* p : parts_) {
+        if (p == nullptr) continue;
+        p->BeginFirstMessage();  // Under mu_: no Fail can end the part before it adds it.
+        joined.push_back(p);
+      }
+    } else {
+      failed = assembler.status();
+    }
+  }
+  if (!failed.ok()) return FailAll(failed);
+  for (PushPart* p : joined) p->OnStagingReady();
+}
+
+absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint64_t* bytes_added) {
+  const float grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
+  char* staging = nullptr;  // reservation_'s memory, fixed once ready_.
+  uint64_t staging_offset = 0;
+  const auto claim = [&](absl::string_view tensor, uint64_t offset,
+                         uint64_t bytes) -> absl::StatusOr<char*> {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (over_) return absl::AbortedError("the push this part belongs to has failed");
+    absl::StatusOr<std::optional<uint64_t>> at =
+        ClaimChunk(*assembler_, *view_, tensor, offset, bytes);
+    if (!at.ok()) return at.status();
+    staging = reservation_.data();
+    staging_offset = reservation_.offset();
+    return at->has_value() ? staging + **at : nullptr;
+  };
+  // Outside mu_: this part's copy into staging (in ReadPushChunks), its check, and the device
+  // copy of what the message staged. The staging stays reserved while any part is in here (the
+  // parts hold the assembly), and a push is submitted only when every part has ended, after its
+  // last AddMessage.
+  uint64_t lowest = UINT64_MAX, highest = 0;  // The arena bytes this message staged.
+  const auto staged = [&](char* data, uint64_t bytes) -> absl::Status {
+    *bytes_added += bytes;
+    if (!GradsAllFinite(data, checked_.dtype, bytes / DTypeSize(checked_.dtype), grad_scale,
+                        /*parallel=*/false)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      grads_finite_ = false;
+    }
+    const uint64_t at = staging_offset + (data - staging);
+    lowest = std::min(lowest, at);
+    highest = std::max(highest, at + bytes);
+    return absl::OkStatus();
+  };
+  const absl::Time start = absl::Now();
+  absl::Status read = ReadPushChunks(message, first, claim, staged);
+  // One device copy per message, not per chunk (a message of many small tensors has hundreds).
+  // It may span bytes of this push that other messages or parts write meanwhile: each of those
+  // issues its own copy after writing, later on the same copy stream, so the last copy of every
+  // byte reads its final value.
+  if (read.ok() && highest > lowest) {
+    read = services_.engine->CopyStagingToDevice(lowest, highest - lowest);
+  }
+  ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
+                          std::memory_order_relaxed);
+  return read;
+}
+
+void PushAssembly::PartEnded() {
+  absl::Status complete;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (over_ || ++ended_ < checked_.part_count) return;
+    complete = assembler_->Finish();
+    if (complete.ok()) {
+      over_ = true;  // Submitted: no part can fail it any more.
+      received_ = absl::Now();
+      push_.client_id = header_.client_id();
+      push_.sequence_number = header_.sequence_number();
+      push_.tensors = checked_.tensors;
+      push_.grad_offsets = assembler_->staging_offsets();
+      push_.grads = assembler_->staging();
+      push_.grad_dtype = checked_.dtype;
+      push_.grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
+      push_.grads_finite = grads_finite_;
+      push_.grad_bytes = assembler_->bytes_received();
+    }
+  }
+  if (!complete.ok()) return FailAll(complete);
+  services_.engine->Step(&push_, [self = shared_from_this()](absl::StatusOr<StepResult> result) {
+    self->OnApplied(result);
+  });
+}
+
+void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
+  const absl::Time stepped = absl::Now();
+  std::vector<PushPart*> parts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parts = TakePartsLocked();
+  }
+  if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/!result.ok());
+  PushReply reply;
+  PushStageSeconds stages;
+  if (result.ok()) {
+    reply = result->reply;
+    if (!reply.duplicate) {
+      services_.metrics->RecordStep(reply.skipped, kSkipNonFiniteGrad);
+      // h2d is how long the device waited for the gradients' copies once it reached the step;
+      // apply is the rest until the step was back: the engine's queue and the kernels.
+      stages.receive = absl::ToDoubleSeconds(received_ - arrived_);
+      stages.h2d = result->copy_wait_seconds;
+      stages.apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received_) - stages.h2d);
+      stages.ack = absl::ToDoubleSeconds(absl::Now() - stepped);
+      stages.ingest = 1e-9 * static_cast<double>(ingest_nanos_.load(std::memory_order_relaxed));
+    }
+  }
+  for (PushPart* p : parts) p->Finish(result.status(), reply, stages);
+}
+
+void PushAssembly::Fail(const PushPart* part, const absl::Status& status, bool whole_push) {
+  std::vector<PushPart*> parts;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (over_) return;
+    over_ = true;
+    ticket = std::exchange(ticket_, 0);
+    parts = TakePartsLocked();
+  }
+  if (ticket != 0) services_.staging->Cancel(ticket);  // Its callback finds over_ set.
+  if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/true);
+  const absl::Status aborted = absl::AbortedError(
+      absl::StrCat("another part of this push failed: ", status.message()));
+  // A single call gets the error itself; in a push of parts, the part that failed gets it (or
+  // every part, when the push failed as a whole).
+  for (PushPart* p : parts) {
+    p->Finish(whole_push || p == part || checked_.part_count == 1 ? status : aborted, {}, {});
+  }
+}
+
+uint32_t PushAssembly::parts_joined() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return joined_;
+}
+
+std::vector<PushPart*> PushAssembly::TakePartsLocked() {
+  std::vector<PushPart*> taken;
+  for (PushPart*& p : parts_) {
+    if (p != nullptr) taken.push_back(std::exchange(p, nullptr));
+  }
+  return taken;
+}
+
+PushAssemblies::PushAssemblies(absl::Duration part_wait)
+    : part_wait_(part_wait), checker_([this] { FailLatePushes(); }) {}
+
+PushAssemblies::~PushAssemblies() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  checker_.join();
+}
+
+std::string PushAssemblies::Key(const v1::PushHeader& header) {
+  return absl::StrCat(header.client_id(), "\n", header.sequence_number());
+}
+
+void PushAssemblies::FailLatePushes() {
+  const absl::Duration period = std::min(absl::Seconds(1), part_wait_ / 4);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return stop_; })) {
+    const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<PushAssembly>> late;
+    for (const auto& [key, assembly] : assemblies_) {
+      if (now - assembly->arrived() > part_wait_ &&
+          assembly->parts_joined() < assembly->part_count()) {
+        late.push_back(assembly);
+      }
+    }
+    if (late.empty()) continue;
+    lock.unlock();  // FailAll calls Remove.
+    for (const std::shared_ptr<PushAssembly>& assembly : late) {
+      assembly->FailAll(absl::DeadlineExceededError(absl::StrCat(
+          "only ", assembly->parts_joined(), " of the push's ", assembly->part_count(),
+          " parts arrived within ", absl::FormatDuration(part_wait_),
+          " of its first (--push-part-wait-seconds)")));
+    }
+    late.clear();
+    lock.lock();
+  }
+}
+
+std::shared_ptr<PushAssembly> PushAssemblies::FindOrCreate(
+    const std::string& key, const std::function<std::shared_ptr<PushAssembly>()>& make,
+    bool* created) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = absl::Now();
+  absl::erase_if(failed_, [now](const auto& entry) { return now - entry.second > kFailedMemory; });
+  *created = false;
+  if (failed_.contains(key)) return nullptr;
+  auto [it, inserted] = assemblies_.try_emplace(key, nullptr);
+  if (inserted) it->second = make();
+  *created = inserted;
+  return it->second;
+}
+
+void PushAssemblies::Remove(const std::string& key, const PushAssembly* assembly, bool failed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = assemblies_.find(key);
+  if (it != assemblies_.end() && it->second.get() == assembly) assemblies_.erase(it);
+  if (failed) failed_[key] = absl::Now();
+}
+
+}  // namespace fusedps

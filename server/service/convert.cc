@@ -1,0 +1,98 @@
+#include "server/service/convert.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/ingest/push_assembly.h"
+
+namespace fusedps {
+namespace {
+
+// Whether weight decay is decoupled, for a field that is set.
+absl::StatusOr<bool> DecoupledFromProto(v1::WeightDecayMode mode) {
+  switch (mode) {
+    case v1::WEIGHT_DECAY_MODE_UNSPECIFIED:
+    case v1::WEIGHT_DECAY_MODE_DECOUPLED:
+      return true;
+    case v1::WEIGHT_DECAY_MODE_L2:
+      return false;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("hyperparameters.weight_decay_mode = ", static_cast<int>(mode),
+                       " must be DECOUPLED (1) or L2 (2)"));
+  }
+}
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(const v1::Hyperparameters& p) {
+  absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(p);
+  if (!update.ok()) return update.status();
+  AdamWHyperparameters h;  // torch.optim.AdamW's defaults.
+  h.lr = update->lr.value_or(h.lr);
+  h.beta1 = update->beta1.value_or(h.beta1);
+  h.beta2 = update->beta2.value_or(h.beta2);
+  h.eps = update->eps.value_or(h.eps);
+  h.weight_decay = update->weight_decay.value_or(h.weight_decay);
+  h.amsgrad = update->amsgrad.value_or(h.amsgrad);
+  h.maximize = update->maximize.value_or(h.maximize);
+  h.decoupled_weight_decay = update->decoupled_weight_decay.value_or(h.decoupled_weight_decay);
+  return h;
+}
+
+absl::StatusOr<HyperparameterUpdate> UpdateFromProto(const v1::Hyperparameters& p) {
+  HyperparameterUpdate u;
+  if (p.has_lr()) u.lr = p.lr();
+  if (p.has_beta1()) u.beta1 = p.beta1();
+  if (p.has_beta2()) u.beta2 = p.beta2();
+  if (p.has_eps()) u.eps = p.eps();
+  if (p.has_weight_decay()) u.weight_decay = p.weight_decay();
+  if (p.has_amsgrad()) u.amsgrad = p.amsgrad();
+  if (p.has_maximize()) u.maximize = p.maximize();
+  if (p.has_weight_decay_mode()) {
+    absl::StatusOr<bool> decoupled = DecoupledFromProto(p.weight_decay_mode());
+    if (!decoupled.ok()) return decoupled.status();
+    u.decoupled_weight_decay = *decoupled;
+  }
+  return u;
+}
+
+void ToProto(const ParamGroupSpec& g, v1::ParamGroup* p) {
+  p->set_name(g.name);
+  v1::Hyperparameters* h = p->mutable_hyperparameters();
+  const AdamWHyperparameters& a = g.hyperparameters;
+  h->set_lr(a.lr);
+  h->set_beta1(a.beta1);
+  h->set_beta2(a.beta2);
+  h->set_eps(a.eps);
+  h->set_weight_decay(a.weight_decay);
+  h->set_amsgrad(a.amsgrad);
+  h->set_maximize(a.maximize);
+  h->set_weight_decay_mode(a.decoupled_weight_decay ? v1::WEIGHT_DECAY_MODE_DECOUPLED
+                                                    : v1::WEIGHT_DECAY_MODE_L2);
+}
+
+void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInfo* p) {
+  const TensorMeta& t = view.tensor(tensor);
+  p->set_name(t.name);
+  for (int64_t d : t.shape) p->add_shape(d);
+  p->set_param_group(view.group_name_of(tensor));
+  p->set_step(step);
+  p->set_numel(t.numel);
+}
+
+void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {
+  p->set_version(reply.version);
+  p->set_step_skipped(reply.skipped);
+  if (reply.skipped) p->set_skip_reason(kSkipNonFiniteGrad);
+  p->set_tensors_updated(reply.tensors_updated);
+  p->set_grad_bytes(reply.grad_bytes);
+  p->set_duplicate(reply.duplicate);
+}
+
+}  // namespace fusedps

@@ -1,0 +1,30 @@
+// convert.h (server internal): the conversions between the wire API (proto/fusedps/v1) and the
+// server's own types, and the one place where absl::Status becomes grpc::Status.
+#ifndef FUSEDPS_SERVER_SERVICE_CONVERT_H_
+#define FUSEDPS_SERVER_SERVICE_CONVERT_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fusedps/v1/parameter_service.pb.h"
+#include "grpcpp/support/status.h"
+#include "server/store/retry_table.h"
+#include "server/store/shard_view.h"
+
+namespace fusedps {
+
+// The same code and message.
+grpc::Status ToGrpc(const absl::Status& s);
+
+// A registration's hyperparameters: unset fields take torch.optim.AdamW's defaults.
+// INVALID_ARGUMENT for a weight_decay_mode that is not a WeightDecayMode.
+absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(const v1::Hyperparameters& p);
+// A change: unset fields keep their value. INVALID_ARGUMENT as above.
+absl::StatusOr<HyperparameterUpdate> UpdateFromProto(const v1::Hyperparameters& p);
+
+void ToProto(const ParamGroupSpec& group, v1::ParamGroup* p);
+void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInfo* p);
+void ToProto(const PushReply& reply, v1::PushGradientsResponse* p);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_SERVICE_CONVERT_H_

@@ -1,0 +1,388 @@
+#include "server/service/pull_reactor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "common/tsan.h"
+#include "server/service/convert.h"
+
+namespace fusedps {
+namespace {
+
+constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
+constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
+constexpr uint32_t kMinPullChunkBytes = 16;
+// Room left in a message for its framing, beside the payload or the TensorInfo it carries.
+constexpr uint64_t kMessageMarginBytes = 64 << 10;
+
+class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResponse> {
+ public:
+  PullReactor(grpc::CallbackServerContext* context, const v1::PullParametersRequest& request,
+              const ServiceContext& services)
+      : context_(context),
+        services_(services),
+        watch_(services.watchdog->Watch([this] {
+          idle_ = true;
+          context_->TryCancel();  // The pending write ends with !ok; OnWriteDone finishes.
+        })) {
+    FUSEDPS_HAPPENS_BEFORE(this);
+    absl::Status ready = services_.fault->status();
+    if (ready.ok()) ready = Prepare(request);
+    if (!ready.ok()) {
+      FinishCall(ready);
+      return;
+    }
+    Hold();
+    window_limit_ = services_.window_bytes();
+    if (total_bytes_ <= window_limit_) {
+      Reserve(services_.staging, total_bytes_, [this](StagingPool::Reservation r) {
+        window_ = std::move(r);
+        window_end_ = total_bytes_;
+        Read(/*snapshot_bytes=*/0);
+      });
+    } else {
+      Reserve(services_.snapshot_budget, total_bytes_, [this](StagingPool::Reservation budget) {
+        budget_ = std::move(budget);
+        Hold();
+        Reserve(services_.staging, window_limit_,
+                [this](StagingPool::Reservation r) {
+                  window_ = std::move(r);
+                  Read(total_bytes_);
+                });
+      });
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    FUSEDPS_HAPPENS_AFTER(this);
+    watch_->Disarm();
+    if (!ok) {
+      return FinishCall(idle_ ? IdleError() : absl::CancelledError("the client left"));
+    }
+    bytes_sent_ += message_payload_;
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    FUSEDPS_HAPPENS_AFTER(this);
+    uint64_t ticket;
+    StagingPool* pool;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ticket = std::exchange(ticket_, 0);
+      pool = ticket_pool_;
+    }
+    if (ticket != 0) pool->Cancel(ticket);  // Its callback finishes the call.
+  }
+
+  void OnDone() override {
+    FUSEDPS_HAPPENS_AFTER(this);
+    watch_->Stop();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      if (holds_ > 0) return;
+    }
+    delete this;
+  }
+
+  ~PullReactor() override {
+    if (snapshot_ != nullptr) services_.engine->FreeSnapshot(snapshot_);
+  }
+
+ private:
+  absl::Status IdleError() const {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the client read nothing for ", absl::FormatDuration(services_.watchdog->idle_limit()),
+        " (--call-idle-seconds)"));
+  }
+
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++holds_;
+  }
+  void ReleaseHold() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--holds_ > 0 || !done_) return;
+    }
+    delete this;
+  }
+
+  // Checks the request and lays the tensors out in the window or snapshot (16-byte aligned).
+  absl::Status Prepare(const v1::PullParametersRequest& request) {
+    wire_dtype_ = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : request.dtype();
+    absl::StatusOr<GradDType> dtype = GradDTypeFromProto(wire_dtype_, "dtype");
+    if (!dtype.ok()) return dtype.status();
+    dtype_ = *dtype;
+    chunk_bytes_ =
+        request.max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request.max_chunk_bytes();
+    if (chunk_bytes_ < kMinPullChunkBytes || chunk_bytes_ > kMaxPullChunkBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_chunk_bytes = ", chunk_bytes_, " must be 0 or in [", kMinPullChunkBytes, ", ",
+          kMaxPullChunkBytes, "]"));
+    }
+    if (request.field() != v1::TENSOR_FIELD_UNSPECIFIED) {
+      if (request.field() < v1::TENSOR_FIELD_PARAM ||
+          request.field() > v1::TENSOR_FIELD_MAX_EXP_AVG_SQ) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "field = ", static_cast<int>(request.field()), " is not a TensorField"));
+      }
+      field_ = static_cast<TensorField>(request.field());
+    }
+    absl::flat_hash_set<absl::string_view> seen;
+    for (int i = 0; i < request.tensors_size(); ++i) {
+      if (!seen.insert(request.tensors(i)).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensors[", i, "] names tensor ", QuoteName(request.tensors(i)), " a second time"));
+      }
+    }
+    view_ = services_.engine->view();
+    const std::vector<std::string> names(request.tensors().begin(), request.tensors().end());
+    absl::StatusOr<std::vector<uint32_t>> tensors = view_->Resolve(names);
+    if (!tensors.ok()) return tensors.status();
+    tensors_ = *std::move(tensors);
+    for (uint32_t t : tensors_) {
+      if (field_ == TensorField::kMaxExpAvgSq &&
+          !view_->groups()[view_->tensor(t).group].hyperparameters.amsgrad) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor ", QuoteName(view_->tensor(t).name),
+            ": max_exp_avg_sq exists only in param groups with amsgrad"));
+      }
+    }
+    // A 16-bit pull of params is served from the server's copy when it keeps one in that dtype.
+    param_copy_ = field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
+                  static_cast<int>(dtype_) == static_cast<int>(services_.engine->param_copy_dtype());
+    stored_size_ = param_copy_ ? 2 : 4;
+    for (uint32_t t : tensors_) {
+      offsets_.push_back(total_bytes_);
+      total_bytes_ += AlignedNumel(view_->tensor(t).numel) * stored_size_;
+    }
+    return absl::OkStatus();
+  }
+
+  // Reserves `bytes` of `pool` asynchronously; `then` runs with the reservation (under a hold,
+  // released after it), or the call finishes with the error.
+  void Reserve(StagingPool* pool, uint64_t bytes,
+               std::function<void(StagingPool::Reservation)> then) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ticket_pool_ = pool;
+    }
+    const uint64_t ticket = pool->ReserveAsync(
+        bytes, [this, then = std::move(then)](absl::StatusOr<StagingPool::Reservation> r) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            ticket_ = 0;
+          }
+          if (!r.ok()) {
+            FinishCall(r.status());
+          } else if (context_->IsCancelled()) {
+            FinishCall(absl::CancelledError("cancelled"));
+          } else {
+            then(*std::move(r));
+          }
+          ReleaseHold();
+        });
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ticket != 0 && !finished_) ticket_ = ticket;
+  }
+
+  // The engine's read, in stream order: into the window, or into a snapshot.
+  void Read(uint64_t snapshot_bytes) {
+    ReadJob job;
+    job.field = field_;
+    job.param_copy = param_copy_;
+    job.tensors = tensors_;
+    job.dst_offsets = offsets_;
+    job.dst = window_.data();
+    job.snapshot_bytes = snapshot_bytes;
+    Hold();
+    services_.engine->Read(std::move(job), [this](absl::StatusOr<ReadResult> result) {
+      if (!result.ok()) {
+        FinishCall(result.status());
+      } else {
+        snapshot_ = result->snapshot;
+        version_ = result->version;
+        steps_ = std::move(result->steps);
+        if (context_->IsCancelled()) {
+          FinishCall(absl::CancelledError("cancelled"));
+        } else {
+          WriteHeader();
+        }
+      }
+      ReleaseHold();
+    });
+  }
+
+  void WriteHeader() {
+    message_.Clear();
+    v1::PullHeader* header = message_.mutable_header();
+    header->set_version(version_);
+    header->set_dtype(wire_dtype_);
+    header->set_tensor_count(static_cast<uint32_t>(tensors_.size()));
+    AddInfos(header->mutable_tensors());
+    message_payload_ = 0;
+    StartWriting();
+  }
+
+  // Adds TensorInfo from the next one on, as many as fit in a message.
+  void AddInfos(google::protobuf::RepeatedPtrField<v1::TensorInfo>* infos) {
+    const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
+    uint64_t bytes = 0;
+    while (next_info_ < tensors_.size()) {
+      v1::TensorInfo info;
+      ToProto(*view_, tensors_[next_info_], steps_[next_info_], &info);
+      const uint64_t size = info.ByteSizeLong() + 8;
+      if (bytes + size > budget && !infos->empty()) break;
+      bytes += size;
+      *infos->Add() = std::move(info);
+      ++next_info_;
+    }
+  }
+
+  void StartWriting() {
+    watch_->Arm();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    FUSEDPS_HAPPENS_BEFORE(this);
+    StartWrite(&message_);
+  }
+
+  // The next message: TensorInfo that did not fit, then chunks, then the end.
+  void WriteNext() {
+    message_.Clear();
+    message_payload_ = 0;
+    if (next_info_ < tensors_.size()) {
+      AddInfos(message_.mutable_tensors());
+      return StartWriting();
+    }
+    const uint32_t wire_size = DTypeSize(dtype_);
+    uint64_t room = chunk_bytes_ / wire_size;  // Elements left in this message.
+    // Names count too: many small tensors with long names must not outgrow a message.
+    const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
+    uint64_t message_bytes = 0;
+    while (room > 0 && cursor_tensor_ < tensors_.size()) {
+      const TensorMeta& meta = view_->tensor(tensors_[cursor_tensor_]);
+      if (cursor_element_ == meta.numel) {
+        ++cursor_tensor_;
+        cursor_element_ = 0;
+        continue;
+      }
+      const uint64_t overhead = meta.name.size() + 32;  // Name, offset and framing.
+      if (message_.chunks_size() > 0 && message_bytes + overhead + wire_size > budget) break;
+      const uint64_t position = offsets_[cursor_tensor_] + cursor_element_ * stored_size_;
+      if (position + stored_size_ > window_end_) {
+        if (absl::Status s = LoadWindow(position); !s.ok()) return FinishCall(s);
+      }
+      const uint64_t count = std::min({room, meta.numel - cursor_element_,
+                                       (window_end_ - position) / stored_size_});
+      const char* data = window_.data() + (position - window_begin_);
+      v1::TensorChunk* chunk = message_.add_chunks();
+      chunk->set_tensor(meta.name);
+      chunk->set_offset(cursor_element_);
+      if (stored_size_ == wire_size) {
+        chunk->set_data(data, count * wire_size);
+      } else {  // fp32 stored, 16-bit on the wire: rounded here.
+        std::string* out = chunk->mutable_data();
+        out->resize(count * wire_size);
+        StoreFloats(reinterpret_cast<const float*>(data), count, dtype_, out->data());
+      }
+      cursor_element_ += count;
+      room -= count;
+      message_payload_ += count * wire_size;
+      message_bytes += overhead + count * wire_size;
+    }
+    if (message_.chunks_size() == 0) return FinishCall(absl::OkStatus());
+    StartWriting();
+  }
+
+  // Copies the snapshot's bytes from `position` on into the window.
+  absl::Status LoadWindow(uint64_t position) {
+    if (snapshot_ == nullptr) {
+      return absl::InternalError(absl::StrCat("a pull read past its window at byte ", position));
+    }
+    const uint64_t bytes = std::min(window_.bytes(), total_bytes_ - position);
+    if (absl::Status s =
+            services_.engine->CopyFromSnapshot(snapshot_, position, bytes, window_.data());
+        !s.ok()) {
+      return s;
+    }
+    window_begin_ = position;
+    window_end_ = position + bytes;
+    return absl::OkStatus();
+  }
+
+  // The one place a call ends: metrics, then the status. Once.
+  void FinishCall(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    services_.metrics->RecordPull(static_cast<grpc::StatusCode>(status.code()), bytes_sent_);
+    if (!status.ok() && !absl::IsCancelled(status)) {
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
+          << "pull from " << context_->peer() << " failed: " << status;
+    }
+    FUSEDPS_HAPPENS_BEFORE(this);
+    Finish(ToGrpc(status));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  const ServiceContext services_;
+  const std::shared_ptr<CallWatchdog::Handle> watch_;
+
+  // The request, checked (Prepare).
+  v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;
+  GradDType dtype_ = GradDType::kFloat32;
+  uint32_t chunk_bytes_ = kDefaultPullChunkBytes;
+  TensorField field_ = TensorField::kParam;
+  bool param_copy_ = false;
+  uint32_t stored_size_ = 4;  // Bytes per element in the window and the snapshot.
+  std::shared_ptr<const ShardView> view_;
+  std::vector<uint32_t> tensors_;
+  std::vector<uint64_t> offsets_;  // Per tensor, bytes into the layout.
+  uint64_t total_bytes_ = 0;
+  uint64_t window_limit_ = 0;  // The most staging this pull holds.
+
+  // What the read saw, and where its bytes are. Written before the first write, by the thread
+  // that starts it; read by the writes that follow (each after the one before, as gRPC orders
+  // them).
+  uint64_t version_ = 0;
+  std::vector<int64_t> steps_;
+  void* snapshot_ = nullptr;
+  StagingPool::Reservation budget_;  // Of the snapshot budget.
+  StagingPool::Reservation window_;  // Of staging.
+  uint64_t window_begin_ = 0, window_end_ = 0;  // The layout's bytes the window holds.
+  size_t next_info_ = 0;       // The next TensorInfo to send.
+  size_t cursor_tensor_ = 0;   // The next chunk's tensor and first element.
+  uint64_t cursor_element_ = 0;
+  v1::PullParametersResponse message_;
+  uint64_t message_payload_ = 0;  // Tensor bytes in message_.
+  uint64_t bytes_sent_ = 0;
+  std::atomic<bool> idle_{false};
+
+  std::mutex mu_;
+  uint64_t ticket_ = 0;                  // Guarded by mu_: a staging wait to cancel.
+  StagingPool* ticket_pool_ = nullptr;   // Guarded by mu_.
+  int holds_ = 0;                        // Guarded by mu_: callbacks still to come.
+  bool finished_ = false;                // Guarded by mu_.
+  bool done_ = false;                    // Guarded by mu_.
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::PullParametersResponse>* NewPullReactor(
+    grpc::CallbackServerContext* context, const v1::PullParametersRequest* request,
+    const ServiceContext& services) {
+  return new PullReactor(context, *request, services);
+}
+
+}  // namespace fusedps

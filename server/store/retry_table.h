@@ -1,0 +1,123 @@
+// retry_table.h: which pushes each trainer has already had applied, so that a retry is applied
+// exactly once, in bounded memory.
+//
+// A push that carries a client_id and a sequence_number > 0 is tracked. Per client the table
+// keeps the highest sequence number taken and the replies of its last kRepliesPerClient pushes
+// (applied or skipped), and it keeps at most `max_clients` clients, forgetting the one used
+// least recently (never one with a push in flight). A push is classified as:
+//   kNew       above the client's highest: apply it (Begin marks it in flight);
+//   kInFlight  the same sequence number is being applied: its reply will be this one's too;
+//   kDone      a remembered push: answer with its reply, duplicate = true, apply nothing;
+//   kStale     not above the highest, and not remembered: apply nothing (ABORTED).
+// The update engine calls Begin when it queues a step and Finish or Abandon when the step is
+// done or failed; gRPC threads call Lookup and Await at header time, so that a retry is answered
+// before its payload is read. Exactly-once holds within the bounds: a client forgotten by the
+// LRU (max_clients others pushed since) can have an old push applied again.
+//
+// Thread-safe.
+//
+// Usage:
+//   RetryTable table(10000);
+//   RetryTable::Verdict v = table.Begin("trainer-0", 7);  // engine: kNew -> queue the step
+//   ... table.Finish("trainer-0", 7, reply)  -> runs the waiters Await added meanwhile
+#ifndef FUSEDPS_SERVER_STORE_RETRY_TABLE_H_
+#define FUSEDPS_SERVER_STORE_RETRY_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fusedps {
+
+// What a push's reply says (PushGradientsResponse).
+struct PushReply {
+  uint64_t version = 0;
+  bool skipped = false;
+  uint32_t tensors_updated = 0;
+  uint64_t grad_bytes = 0;
+  bool duplicate = false;
+};
+
+class RetryTable {
+ public:
+  static constexpr size_t kRepliesPerClient = 16;
+  static constexpr size_t kMaxClientIdBytes = 256;
+
+  enum class Kind { kUntracked, kNew, kInFlight, kDone, kStale };
+  struct Verdict {
+    Kind kind = Kind::kUntracked;
+    PushReply reply;             // kDone: the first reply, with duplicate = true.
+    uint64_t highest = 0;        // kStale: the client's highest sequence number.
+  };
+  // Runs with the reply of the push it waits for (duplicate = true), or its error.
+  using Waiter = std::function<void(absl::StatusOr<PushReply>)>;
+
+  explicit RetryTable(size_t max_clients);
+
+  // True when a push with these fields is tracked (client_id non-empty, sequence_number > 0).
+  static bool Tracked(absl::string_view client_id, uint64_t sequence_number) {
+    return !client_id.empty() && sequence_number != 0;
+  }
+
+  // Classifies a push without changing anything (but the client's recency).
+  Verdict Lookup(absl::string_view client_id, uint64_t sequence_number);
+
+  // Lookup, and for kInFlight registers `waiter`, which runs (once) when that push is finished
+  // or abandoned; for the other kinds `waiter` is dropped without running.
+  Verdict Await(absl::string_view client_id, uint64_t sequence_number, Waiter waiter);
+
+  // Lookup, and for kNew marks the push in flight (it becomes the client's highest).
+  Verdict Begin(absl::string_view client_id, uint64_t sequence_number);
+
+  // The push begun under these keys is done with `reply`: remembered, and its waiters run
+  // (outside the table's lock) with it, duplicate = true.
+  void Finish(absl::string_view client_id, uint64_t sequence_number, const PushReply& reply);
+
+  // The push begun under these keys failed: forgotten (a retry may apply it), and its waiters
+  // run with `error`.
+  void Abandon(absl::string_view client_id, uint64_t sequence_number, const absl::Status& error);
+
+  size_t clients() const;         // Clients remembered now.
+  uint64_t evictions() const;     // Clients forgotten by the LRU so far.
+
+ private:
+  struct Entry {
+    bool in_flight = false;
+    PushReply reply;
+    std::vector<Waiter> waiters;
+    uint64_t previous_highest = 0;  // The client's highest before this push began.
+  };
+  struct Client {
+    uint64_t highest = 0;
+    std::map<uint64_t, Entry> pushes;  // By sequence number; at most kRepliesPerClient done.
+    std::list<std::string>::iterator lru;  // Its place in lru_.
+  };
+
+  Verdict ClassifyLocked(Client* client, uint64_t sequence_number) const;
+  Client* FindLocked(absl::string_view client_id);  // Also marks it most recently used.
+  Client& FindOrAddLocked(absl::string_view client_id);
+  void EvictLocked();
+  std::vector<Waiter> TakeLocked(absl::string_view client_id, uint64_t sequence_number,
+                                 const PushReply* reply);
+
+  const size_t max_clients_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<std::string, Client> clients_;  // Guarded by mu_.
+  std::list<std::string> lru_;  // Client ids, most recently used first. Guarded by mu_.
+  uint64_t evictions_ = 0;      // Guarded by mu_.
+};
+
+// ABORTED for a push that RetryTable classified kStale.
+absl::Status StalePushError(uint64_t sequence_number, uint64_t highest);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_STORE_RETRY_TABLE_H_

@@ -1,0 +1,199 @@
+#include "server/store/shard_view.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fusedps {
+namespace {
+
+constexpr size_t kQuotedNameBytes = 64;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+}  // namespace
+
+std::string QuoteName(absl::string_view name) {
+  if (name.size() <= kQuotedNameBytes) return absl::StrCat("'", name, "'");
+  // Cut at a UTF-8 character boundary: never in front of a continuation byte.
+  size_t cut = kQuotedNameBytes;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat("'", name.substr(0, cut), "...' (", name.size(), " bytes)");
+}
+
+absl::Status CheckName(absl::string_view name, size_t max_bytes, absl::string_view field) {
+  if (name.empty() || name.size() > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must have 1 to ", max_bytes, " bytes, has ", name.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape) {
+  uint64_t numel = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape[", d, "] = ", shape[d], " must be >= 0"));
+    }
+    if (shape[d] != 0 && numel > kMaxTensorNumel / static_cast<uint64_t>(shape[d])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape ", ShapeString(shape), " has more than ", kMaxTensorNumel, " elements"));
+    }
+    numel *= static_cast<uint64_t>(shape[d]);
+  }
+  return numel;
+}
+
+absl::Status ValidateHyperparameters(const AdamWHyperparameters& h) {
+  auto out_of_range = [](absl::string_view field, double value, absl::string_view range) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hyperparameters.", field, " = ", value, " must be ", range));
+  };
+  if (!std::isfinite(h.lr) || h.lr < 0) return out_of_range("lr", h.lr, "finite and >= 0");
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) return out_of_range("beta1", h.beta1, "in [0, 1)");
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) return out_of_range("beta2", h.beta2, "in [0, 1)");
+  if (!std::isfinite(h.eps) || h.eps < 0) return out_of_range("eps", h.eps, "finite and >= 0");
+  if (!std::isfinite(h.weight_decay) || h.weight_decay < 0) {
+    return out_of_range("weight_decay", h.weight_decay, "finite and >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperparameters& old,
+                                                            const HyperparameterUpdate& update) {
+  if (update.amsgrad.has_value() && *update.amsgrad != old.amsgrad) {
+    return absl::InvalidArgumentError(
+        "hyperparameters.amsgrad is fixed at registration (max_exp_avg_sq would be missing)");
+  }
+  AdamWHyperparameters h = old;
+  h.lr = update.lr.value_or(h.lr);
+  h.beta1 = update.beta1.value_or(h.beta1);
+  h.beta2 = update.beta2.value_or(h.beta2);
+  h.eps = update.eps.value_or(h.eps);
+  h.weight_decay = update.weight_decay.value_or(h.weight_decay);
+  h.maximize = update.maximize.value_or(h.maximize);
+  h.decoupled_weight_decay = update.decoupled_weight_decay.value_or(h.decoupled_weight_decay);
+  if (absl::Status s = ValidateHyperparameters(h); !s.ok()) return s;
+  return h;
+}
+
+std::shared_ptr<const ShardView> ShardView::Initial() {
+  std::shared_ptr<ShardView> view(new ShardView());
+  view->tensors_ = std::make_shared<const std::vector<TensorMeta>>();
+  view->tensor_index_ = std::make_shared<const absl::flat_hash_map<absl::string_view, uint32_t>>();
+  view->groups_.push_back({kDefaultParamGroup, AdamWHyperparameters{}});
+  view->group_index_.emplace(kDefaultParamGroup, 0);
+  return view;
+}
+
+std::shared_ptr<const ShardView> ShardView::WithTensors(std::vector<TensorMeta> added) const {
+  std::shared_ptr<ShardView> view(new ShardView(*this));
+  auto tensors = std::make_shared<std::vector<TensorMeta>>();
+  tensors->reserve(tensors_->size() + added.size());
+  *tensors = *tensors_;
+  for (TensorMeta& meta : added) {
+    view->parameter_count_ += meta.numel;
+    tensors->push_back(std::move(meta));
+  }
+  view->tensors_ = std::move(tensors);
+  // Rebuilt, not copied: the keys must point into the new view's own names.
+  auto index = std::make_shared<absl::flat_hash_map<absl::string_view, uint32_t>>();
+  index->reserve(view->tensors_->size());
+  for (uint32_t i = 0; i < view->tensors_->size(); ++i) {
+    index->emplace((*view->tensors_)[i].name, i);
+  }
+  view->tensor_index_ = std::move(index);
+  return view;
+}
+
+std::shared_ptr<const ShardView> ShardView::WithGroup(uint32_t index,
+                                                      ParamGroupSpec group) const {
+  std::shared_ptr<ShardView> view(new ShardView(*this));
+  if (index == view->groups_.size()) {
+    view->group_index_.emplace(group.name, index);
+    view->groups_.push_back(std::move(group));
+  } else {
+    view->groups_[index] = std::move(group);
+  }
+  return view;
+}
+
+std::optional<uint32_t> ShardView::FindTensor(absl::string_view name) const {
+  auto it = tensor_index_->find(name);
+  if (it == tensor_index_->end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<uint32_t> ShardView::FindGroup(absl::string_view name) const {
+  auto it = group_index_.find(name);
+  if (it == group_index_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<std::vector<uint32_t>> ShardView::Resolve(
+    absl::Span<const std::string> names) const {
+  std::vector<uint32_t> indices;
+  if (names.empty()) {
+    indices.resize(tensor_count());
+    for (uint32_t i = 0; i < indices.size(); ++i) indices[i] = i;
+    return indices;
+  }
+  indices.reserve(names.size());
+  for (const std::string& name : names) {
+    std::optional<uint32_t> index = FindTensor(name);
+    if (!index.has_value()) {
+      return absl::NotFoundError(absl::StrCat("tensor ", QuoteName(name), " is not registered"));
+    }
+    indices.push_back(*index);
+  }
+  return indices;
+}
+
+absl::Status ShardView::CheckTensorSpecs(const std::vector<TensorSpec>& specs,
+                                         std::vector<bool>* is_new) const {
+  is_new->assign(specs.size(), false);
+  absl::flat_hash_set<absl::string_view> seen;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& spec = specs[i];
+    const std::string field = absl::StrCat("header.tensors[", i, "]");
+    if (absl::Status s = CheckName(spec.name, kMaxTensorNameBytes, field + ".name"); !s.ok()) {
+      return s;
+    }
+    if (!seen.insert(spec.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " names tensor ", QuoteName(spec.name), " a second time"));
+    }
+    if (absl::StatusOr<uint64_t> numel = NumelOf(spec.shape); !numel.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " (", QuoteName(spec.name), "): ", numel.status().message()));
+    }
+    const absl::string_view group =
+        spec.param_group.empty() ? absl::string_view(kDefaultParamGroup) : spec.param_group;
+    std::optional<uint32_t> group_index = FindGroup(group);
+    if (!group_index.has_value()) {
+      return absl::NotFoundError(absl::StrCat(field, ".param_group ", QuoteName(group),
+                                              " is not registered (RegisterParamGroup first)"));
+    }
+    std::optional<uint32_t> existing = FindTensor(spec.name);
+    if (!existing.has_value()) {
+      (*is_new)[i] = true;
+      continue;
+    }
+    const TensorMeta& old = tensor(*existing);
+    if (old.shape != spec.shape || old.group != *group_index) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "tensor ", QuoteName(spec.name), " is registered with shape ", ShapeString(old.shape),
+          " in group ", QuoteName(groups_[old.group].name), "; this spec has shape ",
+          ShapeString(spec.shape), " in group ", QuoteName(group)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusedps

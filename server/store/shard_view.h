@@ -1,0 +1,138 @@
+// shard_view.h: the immutable picture of a shard's names, specs and param groups, shared by
+// every reader.
+//
+// The update engine (server/engine) is the only writer of a shard. When a registration or a
+// hyperparameter change commits, it builds a new ShardView and swaps it in; readers (pulls,
+// GetInfo, ListTensors, metrics scrapes, the push-header check on gRPC's threads) take a
+// std::shared_ptr to the current one and read it without any lock and without waiting for the
+// device. A view never changes after it is built. Values that change at every step (steps, the
+// version) are not here: see UpdateEngine::Progress.
+//
+// This file also holds the checks of names, shapes and hyperparameters that registration and
+// SetHyperparameters share. Their errors (absl::Status) name the field and the limit:
+//   INVALID_ARGUMENT  a bad name, shape or hyperparameter
+//   NOT_FOUND         a tensor or param group that is not registered
+//   ALREADY_EXISTS    a spec that conflicts with a registered one
+//
+// Usage:
+//   std::shared_ptr<const ShardView> view = ShardView::Initial();
+//   std::vector<bool> is_new;
+//   RETURN_IF_ERROR(view->CheckTensorSpecs(specs, &is_new));
+//   view = view->WithTensors(new_metas);
+//   absl::StatusOr<std::vector<uint32_t>> indices = view->Resolve({"w", "b"});
+#ifndef FUSEDPS_SERVER_STORE_SHARD_VIEW_H_
+#define FUSEDPS_SERVER_STORE_SHARD_VIEW_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/adamw_math.h"
+
+namespace fusedps {
+
+inline constexpr char kDefaultParamGroup[] = "default";
+inline constexpr size_t kMaxTensorNameBytes = 256;
+inline constexpr size_t kMaxGroupNameBytes = 128;
+inline constexpr uint64_t kMaxTensorNumel = uint64_t{1} << 36;
+
+struct ParamGroupSpec {
+  std::string name;
+  AdamWHyperparameters hyperparameters;
+};
+
+// Hyperparameters to change; unset fields keep their value.
+struct HyperparameterUpdate {
+  std::optional<double> lr, beta1, beta2, eps, weight_decay;
+  std::optional<bool> amsgrad, maximize, decoupled_weight_decay;
+};
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // Empty: a 0-dim tensor of one element.
+  std::string param_group;     // Empty means "default".
+};
+
+// A registered tensor. Its index is its position in the view (and the backend's index).
+struct TensorMeta {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint32_t group = 0;  // Index into ShardView::groups().
+  uint64_t numel = 0;
+};
+
+class ShardView {
+ public:
+  // The empty shard: no tensors, and the group "default" with torch.optim.AdamW's defaults.
+  static std::shared_ptr<const ShardView> Initial();
+
+  // A copy of this view with `added` appended (indices tensor_count() onwards), or with group
+  // `index` created (index == groups().size()) or replaced.
+  // REQUIRES: added names are new and distinct, their groups exist; index <= groups().size().
+  std::shared_ptr<const ShardView> WithTensors(std::vector<TensorMeta> added) const;
+  std::shared_ptr<const ShardView> WithGroup(uint32_t index, ParamGroupSpec group) const;
+
+  uint32_t tensor_count() const { return static_cast<uint32_t>(tensors_->size()); }
+  const TensorMeta& tensor(uint32_t index) const { return (*tensors_)[index]; }
+  std::optional<uint32_t> FindTensor(absl::string_view name) const;
+  // Resolves names to indices, in the given order; no names means every tensor in registration
+  // order. NOT_FOUND names the first unknown tensor (QuoteName).
+  absl::StatusOr<std::vector<uint32_t>> Resolve(absl::Span<const std::string> names) const;
+
+  const std::vector<ParamGroupSpec>& groups() const { return groups_; }
+  std::optional<uint32_t> FindGroup(absl::string_view name) const;
+  const std::string& group_name_of(uint32_t index) const {
+    return groups_[tensor(index).group].name;
+  }
+
+  uint64_t parameter_count() const { return parameter_count_; }
+
+  // Checks registration specs against each other and this view, without registering.
+  // `is_new[i]` tells whether specs[i] would be created (false: an identical spec exists, which
+  // registration leaves as it is). Errors: INVALID_ARGUMENT for a bad name or shape or a name
+  // given twice; NOT_FOUND for an unregistered group; ALREADY_EXISTS for a spec that conflicts
+  // with a registered one (another shape or group).
+  absl::Status CheckTensorSpecs(const std::vector<TensorSpec>& specs,
+                                std::vector<bool>* is_new) const;
+
+ private:
+  ShardView() = default;
+  void IndexTensorsFrom(uint32_t first);
+
+  // Shared with earlier views when only groups changed.
+  std::shared_ptr<const std::vector<TensorMeta>> tensors_;
+  // Keys point into *tensors_, which this view keeps alive.
+  std::shared_ptr<const absl::flat_hash_map<absl::string_view, uint32_t>> tensor_index_;
+  std::vector<ParamGroupSpec> groups_;
+  absl::flat_hash_map<std::string, uint32_t> group_index_;
+  uint64_t parameter_count_ = 0;
+};
+
+// Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.
+absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape);
+
+// INVALID_ARGUMENT naming the field and its range for a hyperparameter out of range.
+absl::Status ValidateHyperparameters(const AdamWHyperparameters& h);
+
+// `h` changed by `update`; INVALID_ARGUMENT when the result is out of range or amsgrad would
+// change (it is fixed at registration: max_exp_avg_sq would be missing).
+absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperparameters& h,
+                                                            const HyperparameterUpdate& update);
+
+// INVALID_ARGUMENT unless `name` has 1 to max_bytes bytes; the message names `field`.
+absl::Status CheckName(absl::string_view name, size_t max_bytes, absl::string_view field);
+
+// A name for an error message: quoted, and cut to its first 64 bytes (with its length) when
+// longer, so that a hostile 20 KB name cannot make the status too large for gRPC's metadata.
+std::string QuoteName(absl::string_view name);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_STORE_SHARD_VIEW_H_
