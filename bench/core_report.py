@@ -55,8 +55,9 @@ def readers(out):
             probe = load(f"{out}/readers_probe_{v}_s{streams}.json")
             push = load(f"{out}/readers_push_{v}_s{streams}.json")
             docs[v] = (probe, push)
-            if not probe and streams == 0:
-                continue  # Not measured (an older script).
+            if not probe and not any(os.path.exists(f"{out}/readers_probe_{w}_s{streams}.log")
+                                     for w in ("new", "old")):
+                continue  # Not measured in this run (PARTS without readers, or no floor).
             if not probe:
                 rows.append(f"| {v} | {streams} | failed |")
                 continue
@@ -66,12 +67,12 @@ def readers(out):
                         f"{g['max']:.3f} | {p['p50']:.3f} | {p['p99']:.3f} | {g['count']} |")
         (np_, npush), (op, opush) = docs["new"], docs["old"]
         if np_ and op:
+            ng, og = np_["probe"]["get_info_ms"], op["probe"]["get_info_ms"]
+            npl, opl = np_["probe"]["pull_ms"], op["probe"]["pull_ms"]
             rows.append(f"| new/old | {streams} | "
                         f"{ratio(npush and npush['gbps'], opush and opush['gbps'])} | "
-                        f"{ratio(np_['probe']['get_info_ms']['p50'], op['probe']['get_info_ms']['p50'])} | "
-                        f"{ratio(np_['probe']['get_info_ms']['p99'], op['probe']['get_info_ms']['p99'])} | | "
-                        f"{ratio(np_['probe']['pull_ms']['p50'], op['probe']['pull_ms']['p50'])} | "
-                        f"{ratio(np_['probe']['pull_ms']['p99'], op['probe']['pull_ms']['p99'])} | |")
+                        f"{ratio(ng['p50'], og['p50'])} | {ratio(ng['p99'], og['p99'])} | | "
+                        f"{ratio(npl['p50'], opl['p50'])} | {ratio(npl['p99'], opl['p99'])} | |")
     if rows:
         print("\n| server | streams | push GB/s | GetInfo p50 ms | GetInfo p99 ms | GetInfo max ms "
               "| 1 MB pull p50 ms | 1 MB pull p99 ms | probe rounds |")

@@ -33,7 +33,8 @@ stop_servers() { kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; }
 
 if has tests; then
   echo "== cuda_backend_test"
-  .device-pack/run cuda_backend_test --gtest_brief=1 2>&1 | tee "$out/cuda_backend_test.log" | tail -4
+  .device-pack/run cuda_backend_test --gtest_brief=1 2>&1 | tee "$out/cuda_backend_test.log" \
+    | tail -4
   echo "== metrics_cupti_test"
   .device-pack/run metrics_cupti_test --gtest_brief=1 2>&1 | tee "$out/cupti.log" | tail -2
   printf '#!/usr/bin/env bash\nexec "%s/.device-pack/run" fusedps-server "$@"\n' "$here" \
@@ -41,7 +42,8 @@ if has tests; then
   chmod +x .device-pack/server-wrapper
   echo "== e2e on --device=$device (PyTorch oracle, contract tests)"
   FUSEDPS_SERVER=$here/.device-pack/server-wrapper FUSEDPS_TEST_DEVICE=$device \
-    timeout 500 python3 -m pytest -q -p no:cacheprovider tests/e2e 2>&1 | tee "$out/e2e.log" | tail -3
+    timeout 500 python3 -m pytest -q -p no:cacheprovider tests/e2e 2>&1 | tee "$out/e2e.log" \
+    | tail -3
 fi
 
 if has kernel; then
@@ -84,7 +86,8 @@ for v in "" -old; do
     start_server $name fusedps-server$v && for c in 1 4; do
       timeout 200 $bench --target=127.0.0.1:$(cat /tmp/$name.port) --model=t10000x1k \
         --dtype=bf16 --clients=$c --duration=${DURATION:-10s} \
-        >"$out/small_${name}_c$c.json" 2>"$out/small_${name}_c$c.log" || echo "small $name c$c failed"
+        >"$out/small_${name}_c$c.json" 2>"$out/small_${name}_c$c.log" \
+        || echo "small $name c$c failed"
     done
     stop_servers
   fi
