@@ -10,17 +10,10 @@ against this tree's ("new"), all measured in that one run on one GPU machine.
            pushes' throughput
   small    back-to-back pushes of 10,000 tensors x 1K (the whole model, bf16)
 """
-import json
 import os
 import sys
 
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+from push_report import load  # bench/push_report.py, beside this script
 
 
 def ratio(new, old):

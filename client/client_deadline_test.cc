@@ -10,7 +10,6 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/client_test_util.h"
 #include "client/fake_parameter_service.h"
 #include "fusedps/client.h"
 #include "grpcpp/grpcpp.h"
@@ -26,7 +26,7 @@
 namespace fusedps::client {
 namespace {
 
-using testing::FakeParameterService;
+using testing::Normal;
 
 // Forwards TCP connections from a loopback port of its own to backend_port, until Freeze():
 // from then on it moves no byte either way and closes nothing, as a partition would.
@@ -128,38 +128,7 @@ class FreezableProxy {
   std::vector<std::thread> threads_;
 };
 
-class ClientDeadlineTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    // As fusedps-server, accept keepalive pings; these tests send them often.
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-  }
-  void TearDown() override {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  }
-
-  std::unique_ptr<Client> Connect(const ClientOptions& options, int port = 0) {
-    return Client::Create(absl::StrCat("127.0.0.1:", port == 0 ? port_ : port), options).value();
-  }
-
-  FakeParameterService service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-};
-
-std::vector<float> Normal(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(n);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
+class ClientDeadlineTest : public testing::FakeServerTest {};
 
 TEST(ClientOptionsTest, DefaultsAreFinite) {
   const ClientOptions options;

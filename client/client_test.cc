@@ -3,12 +3,11 @@
 // client_deadline_test.cc; the real server's integration tests live in tests/.
 #include "fusedps/client.h"
 
-#include <chrono>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/client_test_util.h"
 #include "client/fake_parameter_service.h"
 #include "client/wire.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
@@ -20,39 +19,15 @@ namespace fusedps::client {
 namespace {
 
 using testing::FakeParameterService;
+using testing::Normal;
 
-class ClientTest : public ::testing::Test {
+class ClientTest : public testing::FakeServerTest {
  protected:
-  void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    builder.SetMaxReceiveMessageSize(static_cast<int>(internal::kMaxMessageBytes));
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_NE(port_, 0);
-  }
-  void TearDown() override {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  }
-
   std::unique_ptr<Client> Connect(ClientOptions options = {}) {
     options.timeout = absl::Seconds(30);
-    return Client::Create(absl::StrCat("127.0.0.1:", port_), options).value();
+    return FakeServerTest::Connect(options);
   }
-
-  FakeParameterService service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
 };
-
-std::vector<float> Normal(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(n);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
 
 float RoundTrip(float value, DType dtype) {
   if (dtype == DType::kBFloat16) return BFloat16ToFloat(FloatToBFloat16(value));
