@@ -287,14 +287,16 @@ def test_list_tensors_pages_by_page_size():
 
 # A device fault left a half-stepped shard serving: one push got INTERNAL, health stayed
 # SERVING, and later pushes computed on counters that no longer agreed. Now the shard stops:
-# health NOT_SERVING, every call UNAVAILABLE, and the process exits with status 3.
+# health NOT_SERVING, every call UNAVAILABLE, and the process exits with status 3. (The drain is
+# 5 s so that the checks below run inside it even on a loaded machine: with 1 s, a health call
+# once landed in the shutdown and was CANCELLED.)
 def test_a_device_fault_stops_the_shard_and_the_process_exits_3():
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
         proc = subprocess.Popen(
             [server_path(), "--listen=127.0.0.1:0", f"--port-file={port_file}",
              "--metrics-listen=", "--device=cpu", "--testing-fault-at-step=2",
-             "--fault-drain-seconds=1"], stderr=subprocess.PIPE)
+             "--fault-drain-seconds=5"], stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 30
             while not (os.path.exists(port_file) and open(port_file).read().strip()):
