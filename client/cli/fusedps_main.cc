@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -20,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "common/json_string.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -36,7 +34,9 @@
 #include "absl/time/time.h"
 #include "common/flag_usage.h"
 #include "common/kebab_flags.h"
+#include "common/safetensors.h"
 #include "fusedps/client.h"
+#include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
 ABSL_FLAG(absl::Duration, timeout, fusedps::client::ClientOptions().timeout,
@@ -298,35 +298,19 @@ absl::Status RunPush(Client& client) {
 // Writes a pull as a safetensors file (see kUsage).
 absl::Status WriteSafetensors(const PullResult& pull, const std::string& field,
                               const std::string& path) {
-  std::vector<std::string> entries;
-  std::vector<std::string> steps;
-  uint64_t offset = 0;
+  std::vector<safetensors::TensorView> tensors;
+  nlohmann::json steps = nlohmann::json::object();
   for (const auto& [name, tensor] : pull.tensors) {
-    const uint64_t bytes = tensor.values.size() * sizeof(float);
-    entries.push_back(absl::StrCat(JsonString(name), ":{\"dtype\":\"F32\",\"shape\":[",
-                                   absl::StrJoin(tensor.shape, ","), "],\"data_offsets\":[", offset,
-                                   ",", offset + bytes, "]}"));
-    steps.push_back(absl::StrCat(JsonString(name), ":", tensor.step));
-    offset += bytes;
+    tensors.push_back({name, safetensors::DType::kF32, tensor.shape,
+                       {reinterpret_cast<const uint8_t*>(tensor.values.data()),
+                        tensor.values.size() * sizeof(float)}});
+    steps[name] = tensor.step;
   }
-  const std::string steps_json = absl::StrCat("{", absl::StrJoin(steps, ","), "}");
-  std::string header = absl::StrCat(
-      "{\"__metadata__\":{\"fusedps.version\":", JsonString(absl::StrCat(pull.version)),
-      ",\"fusedps.field\":", JsonString(field), ",\"fusedps.steps\":", JsonString(steps_json), "}",
-      entries.empty() ? "" : ",", absl::StrJoin(entries, ","), "}");
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));
-  const uint64_t header_size = header.size();  // Little-endian on every host we build for.
-  file.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
-  file.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const auto& [name, tensor] : pull.tensors) {
-    file.write(reinterpret_cast<const char*>(tensor.values.data()),
-               static_cast<std::streamsize>(tensor.values.size() * sizeof(float)));
-  }
-  file.close();
-  if (!file) return absl::DataLossError(absl::StrCat("failed to write ", path));
-  return absl::OkStatus();
+  safetensors::WriteOptions options;
+  options.metadata = {{"fusedps.version", absl::StrCat(pull.version)},
+                      {"fusedps.field", field},
+                      {"fusedps.steps", steps.dump()}};
+  return safetensors::WriteFile(path, tensors, options).status();
 }
 
 absl::Status RunPull(Client& client) {

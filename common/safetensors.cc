@@ -1,0 +1,275 @@
+#include "common/safetensors.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace fusedps::safetensors {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // The reference loader's limit.
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
+}
+
+// SHA-256 over data fed in pieces (OpenSSL's EVP interface).
+class Sha256 {
+ public:
+  Sha256() : context_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+    EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr);
+  }
+  void Update(const void* data, size_t bytes) {
+    EVP_DigestUpdate(context_.get(), data, bytes);
+  }
+  std::string HexDigest() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(context_.get(), digest, &length);
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (unsigned int i = 0; i < length; ++i) {
+      out += kHex[digest[i] >> 4];
+      out += kHex[digest[i] & 15];
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context_;
+};
+
+// A file descriptor closed on every path.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int Release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot write", path);
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("dimension ", d, " < 0"));
+    if (d != 0 && n > (uint64_t{1} << 62) / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError("more than 2^62 elements");
+    }
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+absl::StatusOr<DType> ParseDType(const std::string& name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "BF16") return DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("dtype \"", name, "\" is not F32 or BF16"));
+}
+
+}  // namespace
+
+const char* DTypeName(DType dtype) { return dtype == DType::kF32 ? "F32" : "BF16"; }
+size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+absl::StatusOr<WriteResult> WriteFile(const std::string& path,
+                                      absl::Span<const TensorView> tensors,
+                                      const WriteOptions& options) {
+  json header = json::object();
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name \"", t.name, "\" is empty, reserved or repeated"));
+    }
+    absl::StatusOr<uint64_t> elements = Elements(t.shape);
+    if (!elements.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.name, "\": ", elements.status().message()));
+    }
+    const uint64_t bytes = *elements * DTypeSize(t.dtype);
+    if (bytes != t.data.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" has ",
+                                                     t.data.size(), " bytes of data, its shape "
+                                                     "and dtype need ", bytes));
+    }
+    header[t.name] = {{"dtype", DTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!options.metadata.empty()) header["__metadata__"] = options.metadata;
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception&) {  // Invalid UTF-8 (type_error 316).
+    return absl::InvalidArgumentError("a tensor name or metadata string is not valid UTF-8");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // The data starts 8-byte aligned.
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+
+  Fd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Errno("cannot create", path);
+  Sha256 sha;
+  const auto put = [&](const void* data, size_t bytes) {
+    sha.Update(data, bytes);
+    return WriteAll(fd.get(), data, bytes, path);
+  };
+  if (absl::Status s = put(length, sizeof(length)); !s.ok()) return s;
+  if (absl::Status s = put(text.data(), text.size()); !s.ok()) return s;
+  for (const TensorView& t : tensors) {
+    if (absl::Status s = put(t.data.data(), t.data.size()); !s.ok()) return s;
+  }
+  if (options.fsync && fsync(fd.get()) != 0) return Errno("cannot fsync", path);
+  if (close(fd.Release()) != 0) return Errno("cannot close", path);
+  return WriteResult{sizeof(length) + text.size() + offset, sha.HexDigest()};
+}
+
+absl::StatusOr<File> File::Read(const std::string& path) {
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno("cannot open", path);
+  const off_t size = lseek(fd.get(), 0, SEEK_END);
+  if (size < 0 || lseek(fd.get(), 0, SEEK_SET) != 0) return Errno("cannot seek", path);
+  std::string bytes(static_cast<size_t>(size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot read", path);
+    if (n == 0) break;  // Shrunk meanwhile: Parse reports what is missing.
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return Parse(std::move(bytes), path);
+}
+
+absl::StatusOr<File> File::Parse(std::string bytes, const std::string& what) {
+  const auto corrupt = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(what, " is not a valid safetensors file: ", why));
+  };
+  if (bytes.size() < 8) return corrupt(absl::StrCat("only ", bytes.size(), " bytes"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
+  if (n > kMaxHeaderBytes || n > bytes.size() - 8) {
+    return corrupt(absl::StrCat("a header of ", n, " bytes in a file of ", bytes.size()));
+  }
+  const json header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n),
+                                  /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) return corrupt("the header is not a JSON object");
+  File file;
+  file.data_start_ = 8 + n;
+  const uint64_t data_bytes = bytes.size() - file.data_start_;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) return corrupt("__metadata__ is not an object");
+      for (const auto& [key, v] : value.items()) {
+        if (!v.is_string()) return corrupt(absl::StrCat("__metadata__.", key, " not a string"));
+        file.metadata_[key] = v.get<std::string>();
+      }
+      continue;
+    }
+    const auto bad = [&](const std::string& why) { return corrupt(absl::StrCat(name, ": ", why)); };
+    if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
+        !value.contains("shape") || !value["shape"].is_array() ||
+        !value.contains("data_offsets") || !value["data_offsets"].is_array() ||
+        value["data_offsets"].size() != 2) {
+      return bad("needs dtype, shape and data_offsets [begin, end]");
+    }
+    Entry entry;
+    entry.name = name;
+    absl::StatusOr<DType> dtype = ParseDType(value["dtype"].get<std::string>());
+    if (!dtype.ok()) return bad(std::string(dtype.status().message()));
+    entry.dtype = *dtype;
+    for (const json& d : value["shape"]) {
+      if (!d.is_number_integer()) return bad("a dimension is not an integer");
+      entry.shape.push_back(d.get<int64_t>());
+    }
+    for (const json& o : value["data_offsets"]) {
+      if (!o.is_number_unsigned()) return bad("an offset is not an unsigned integer");
+    }
+    entry.begin = value["data_offsets"][0].get<uint64_t>();
+    entry.end = value["data_offsets"][1].get<uint64_t>();
+    absl::StatusOr<uint64_t> elements = Elements(entry.shape);
+    if (!elements.ok()) return bad(std::string(elements.status().message()));
+    if (entry.end < entry.begin || entry.end - entry.begin != *elements * DTypeSize(entry.dtype)) {
+      return bad("data_offsets disagree with the shape and dtype");
+    }
+    file.entries_.push_back(std::move(entry));
+  }
+  std::sort(file.entries_.begin(), file.entries_.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  uint64_t covered = 0;
+  for (const Entry& e : file.entries_) {
+    if (e.begin != covered) return corrupt(absl::StrCat(e.name, " leaves a gap or overlaps"));
+    covered = e.end;
+  }
+  if (covered != data_bytes) {
+    return corrupt(absl::StrCat("the tensors cover ", covered, " bytes of data, the file has ",
+                                data_bytes));
+  }
+  file.bytes_ = std::move(bytes);
+  return file;
+}
+
+const File::Entry* File::Find(const std::string& name) const {
+  for (const Entry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+absl::Span<const uint8_t> File::Data(const Entry& entry) const {
+  return {reinterpret_cast<const uint8_t*>(bytes_.data()) + data_start_ + entry.begin,
+          entry.end - entry.begin};
+}
+
+absl::StatusOr<std::string> Sha256File(const std::string& path) {
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno("cannot open", path);
+  Sha256 sha;
+  std::vector<char> buffer(size_t{1} << 20);
+  for (;;) {
+    const ssize_t n = read(fd.get(), buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot read", path);
+    if (n == 0) break;
+    sha.Update(buffer.data(), static_cast<size_t>(n));
+  }
+  return sha.HexDigest();
+}
+
+}  // namespace fusedps::safetensors

@@ -1,0 +1,95 @@
+// safetensors.h: reads and writes safetensors files, the format of `fusedps pull --out` and of
+// the tensor data in checkpoints. One module for both (tested in safetensors_test.cc).
+//
+// The format (https://huggingface.co/docs/safetensors; the reference loader is
+// safetensors.torch.load_file):
+//   8 bytes     N, the header's length, unsigned little-endian
+//   N bytes     a JSON object, UTF-8, padded at the end with spaces: each tensor's name maps to
+//               {"dtype": "F32"|"BF16", "shape": [d0, d1, ...], "data_offsets": [begin, end]},
+//               and "__metadata__" (optional) maps to an object of string values
+//   the data    every tensor's bytes, row-major, little-endian; offsets are relative to the
+//               data's start, and the tensors cover it exactly, with no gap and no overlap
+// The writer pads the header so that the data starts 8-byte aligned, and lays tensors out in
+// the order given. The JSON is made and parsed with nlohmann::json.
+#ifndef FUSEDPS_COMMON_SAFETENSORS_H_
+#define FUSEDPS_COMMON_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace fusedps::safetensors {
+
+// The element types fusedps writes: fp32 params and optimizer state, bf16 param copies.
+enum class DType { kF32, kBF16 };
+const char* DTypeName(DType dtype);  // "F32", "BF16": the format's spelling.
+size_t DTypeSize(DType dtype);       // Bytes per element: 4, 2.
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;        // Each dimension >= 0; {} is a scalar (one element).
+  absl::Span<const uint8_t> data;    // Exactly elements × DTypeSize(dtype) bytes.
+};
+
+struct WriteOptions {
+  std::map<std::string, std::string> metadata;  // "__metadata__"; omitted when empty.
+  bool fsync = false;  // fsync(2) the file before returning (durability, for checkpoints).
+};
+
+struct WriteResult {
+  uint64_t bytes = 0;   // The file's size.
+  std::string sha256;   // Of the whole file, lowercase hex: the checkpoint manifest's checksum.
+};
+
+// Writes `tensors`, in this order, to `path` (created or truncated).
+// Errors: INVALID_ARGUMENT for an empty or duplicate name, the name "__metadata__", a negative
+// dimension, or data whose size does not match the shape and dtype (nothing is written then);
+// the errno's status (e.g. RESOURCE_EXHAUSTED for ENOSPC, PERMISSION_DENIED) when the file
+// cannot be written, in which case the file may be partial: callers commit by renaming.
+absl::StatusOr<WriteResult> WriteFile(const std::string& path,
+                                      absl::Span<const TensorView> tensors,
+                                      const WriteOptions& options = {});
+
+// A file read whole into memory and validated.
+class File {
+ public:
+  struct Entry {
+    std::string name;
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // Byte offsets into the data.
+  };
+
+  // Errors: the errno's status when the file cannot be read (NOT_FOUND, ...); DATA_LOSS when it
+  // is not a valid safetensors file: shorter than its header says, a header that is not a JSON
+  // object of the form above, a dtype other than F32 and BF16, offsets that disagree with the
+  // shape, or tensors that do not cover the data exactly. The message names the file and what
+  // is wrong.
+  static absl::StatusOr<File> Read(const std::string& path);
+  // The same, from bytes already in memory; `what` names them in errors.
+  static absl::StatusOr<File> Parse(std::string bytes, const std::string& what);
+
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::vector<Entry>& entries() const { return entries_; }  // In data order.
+  const Entry* Find(const std::string& name) const;  // nullptr when absent.
+  absl::Span<const uint8_t> Data(const Entry& entry) const;
+
+ private:
+  std::string bytes_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, std::string> metadata_;
+  std::vector<Entry> entries_;
+};
+
+// SHA-256 of a file's contents, lowercase hex. Errors: the errno's status.
+absl::StatusOr<std::string> Sha256File(const std::string& path);
+
+}  // namespace fusedps::safetensors
+
+#endif  // FUSEDPS_COMMON_SAFETENSORS_H_
