@@ -1,0 +1,232 @@
+#include "server/checkpoint/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/safetensors.h"
+
+namespace fusedps::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr char kPrefix[] = "checkpoint-";
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
+}
+
+// fsync(2) of a file or a directory (a directory's fsync makes its entries durable).
+absl::Status SyncPath(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  const int rc = fsync(fd);
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+  return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", path);
+}
+
+// Writes `text` to path via path.tmp: write, fsync, rename, fsync of the directory.
+absl::Status WriteDurably(const std::string& directory, const std::string& name,
+                          const std::string& text) {
+  const std::string path = absl::StrCat(directory, "/", name);
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const absl::Status s = Errno("cannot write", tmp);
+      close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    const absl::Status s = Errno("cannot fsync", tmp);
+    close(fd);
+    return s;
+  }
+  if (close(fd) != 0) return Errno("cannot close", tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename to", path);
+  return SyncPath(directory);
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Errno("cannot open", path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool ParseDirectoryName(const std::string& name, uint64_t* version) {
+  return name.size() == sizeof(kPrefix) - 1 + 20 && absl::StartsWith(name, kPrefix) &&
+         absl::SimpleAtoi(name.substr(sizeof(kPrefix) - 1), version);
+}
+
+}  // namespace
+
+std::string DirectoryName(uint64_t version) { return absl::StrFormat("%s%020u", kPrefix, version); }
+
+PendingCheckpoint::PendingCheckpoint(std::string root, uint64_t version)
+    : root_(std::move(root)),
+      version_(version),
+      directory_(absl::StrCat(root_, "/", DirectoryName(version))) {}
+
+absl::StatusOr<PendingCheckpoint> PendingCheckpoint::Begin(const std::string& root,
+                                                           uint64_t version) {
+  PendingCheckpoint pending(root, version);
+  std::error_code error;
+  fs::create_directories(root, error);
+  if (error) return absl::ErrnoToStatus(error.value(), absl::StrCat("cannot create ", root));
+  const std::string manifest = pending.PathOf(kManifestName);
+  if (access(manifest.c_str(), F_OK) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("a checkpoint of version ", version,
+                                                 " exists: ", pending.directory_));
+  }
+  fs::remove_all(pending.directory_, error);  // An incomplete one, left by a crash.
+  if (error) {
+    return absl::ErrnoToStatus(error.value(), absl::StrCat("cannot remove ", pending.directory_));
+  }
+  if (mkdir(pending.directory_.c_str(), 0755) != 0) {
+    return Errno("cannot create", pending.directory_);
+  }
+  if (absl::Status s = SyncPath(root); !s.ok()) return s;
+  return pending;
+}
+
+std::string PendingCheckpoint::PathOf(const std::string& file) const {
+  return absl::StrCat(directory_, "/", file);
+}
+
+absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes,
+                                        const std::string& sha256) {
+  if (name.empty() || absl::StrContains(name, '/') || name == kManifestName ||
+      absl::StartsWith(name, kManifestName) || files_.contains(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint file name \"", name,
+                                                   "\" is empty, has '/', is the manifest's or "
+                                                   "was added already"));
+  }
+  files_[name] = {{"bytes", bytes}, {"sha256", sha256}};
+  return absl::OkStatus();
+}
+
+absl::Status PendingCheckpoint::Commit(json body, int keep) {
+  if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("keep ", keep, " < 1"));
+  if (!body.is_object()) return absl::InvalidArgumentError("the manifest body is not an object");
+  body["format"] = "fusedps-checkpoint";
+  body["format_version"] = kFormatVersion;
+  body["version"] = version_;
+  body["files"] = files_;
+  if (absl::Status s = WriteDurably(directory_, kManifestName, body.dump(1)); !s.ok()) return s;
+  if (absl::Status s = WriteDurably(root_, kLatestName, DirectoryName(version_)); !s.ok()) {
+    return s;
+  }
+  // Prune: the newest `keep` complete checkpoints stay, and anything newer than this one (none,
+  // with one writer). Incomplete ones older than this are dead.
+  int complete = 0;
+  for (const auto& [version, directory] : ListCheckpoints(root_)) {
+    if (version > version_) continue;
+    const bool done = access(absl::StrCat(directory, "/", kManifestName).c_str(), F_OK) == 0;
+    if (done && ++complete <= keep) continue;
+    std::error_code error;
+    fs::remove_all(directory, error);
+    if (error) {
+      LOG(WARNING) << "checkpoint: cannot remove " << directory << ": " << error.message();
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string& root) {
+  std::vector<std::pair<uint64_t, std::string>> found;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, error)) {
+    uint64_t version = 0;
+    if (entry.is_directory(error) && ParseDirectoryName(entry.path().filename(), &version)) {
+      found.emplace_back(version, entry.path().string());
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  return found;
+}
+
+absl::StatusOr<Loaded> Verify(const std::string& directory) {
+  struct stat info;
+  if (stat(directory.c_str(), &info) != 0) return Errno("no checkpoint at", directory);
+  const std::string manifest_path = absl::StrCat(directory, "/", kManifestName);
+  absl::StatusOr<std::string> text = ReadText(manifest_path);
+  if (!text.ok()) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": ", text.status().message(),
+                                            " (an incomplete checkpoint)"));
+  }
+  Loaded loaded;
+  loaded.directory = directory;
+  loaded.manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const json& m = loaded.manifest;
+  if (!m.is_object() || m.value("format", "") != "fusedps-checkpoint" ||
+      !m.contains("version") || !m["version"].is_number_unsigned() || !m.contains("files") ||
+      !m["files"].is_object()) {
+    return absl::DataLossError(absl::StrCat(manifest_path, " is not a complete manifest"));
+  }
+  if (m.value("format_version", 0) != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest_path, " has format_version ", m.value("format_version", 0), "; this server "
+        "reads ", kFormatVersion));
+  }
+  loaded.version = m["version"].get<uint64_t>();
+  for (const auto& [name, entry] : m["files"].items()) {
+    const std::string path = absl::StrCat(directory, "/", name);
+    if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() ||
+        !entry.contains("sha256") || !entry["sha256"].is_string()) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": a bad entry for ", name));
+    }
+    if (stat(path.c_str(), &info) != 0) {
+      return absl::DataLossError(absl::StrCat(path, " is missing"));
+    }
+    if (static_cast<uint64_t>(info.st_size) != entry["bytes"].get<uint64_t>()) {
+      return absl::DataLossError(absl::StrCat(path, " has ", info.st_size, " bytes, the "
+                                              "manifest says ", entry["bytes"].get<uint64_t>()));
+    }
+    absl::StatusOr<std::string> sha = safetensors::Sha256File(path);
+    if (!sha.ok()) return absl::DataLossError(sha.status().message());
+    if (*sha != entry["sha256"].get<std::string>()) {
+      return absl::DataLossError(absl::StrCat(path, " does not match its sha256 in the manifest"));
+    }
+  }
+  return loaded;
+}
+
+absl::StatusOr<Loaded> LoadLatestGood(
+    const std::string& root,
+    const std::function<void(const std::string& directory, const absl::Status& why)>& on_skip) {
+  std::vector<std::string> order;
+  for (const auto& [version, directory] : ListCheckpoints(root)) order.push_back(directory);
+  for (const std::string& directory : order) {
+    absl::StatusOr<Loaded> loaded = Verify(directory);
+    if (loaded.ok()) return loaded;
+    if (on_skip) on_skip(directory, loaded.status());
+  }
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root));
+}
+
+}  // namespace fusedps::checkpoint
