@@ -20,6 +20,15 @@ def ratio(new, old):
     return f"{new / old:.2f}x" if new and old else "-"
 
 
+def table(header, rows, left=1):
+    """Prints a markdown table: header cells, then rows (already formatted lines); the first
+    `left` columns left-aligned, the rest right-aligned. Nothing when there are no rows."""
+    if rows:
+        print("\n| " + " | ".join(header) + " |")
+        print("|---" * left + "|---:" * (len(header) - left) + "|")
+        print("\n".join(rows))
+
+
 def kernel(out):
     rows = []
     for dt in ("fp32", "bf16"):
@@ -34,10 +43,8 @@ def kernel(out):
             rows.append(f"| {r['workload']} | {dt} | {r['device_ms_median']:.3f} | {pct:.1f}% | "
                         f"{o['device_ms_median'] if o else float('nan'):.3f} | {opct:.1f}% | "
                         f"{r['launches_per_step']:.0f} |")
-    if rows:
-        print("\n| workload | grads | new ms | new % copy | old ms | old % copy | launches |")
-        print("|---|---|---:|---:|---:|---:|---:|")
-        print("\n".join(rows))
+    table(["workload", "grads", "new ms", "new % copy", "old ms", "old % copy", "launches"], rows,
+          left=2)
 
 
 def readers(out):
@@ -66,11 +73,8 @@ def readers(out):
                         f"{ratio(npush and npush['gbps'], opush and opush['gbps'])} | "
                         f"{ratio(ng['p50'], og['p50'])} | {ratio(ng['p99'], og['p99'])} | | "
                         f"{ratio(npl['p50'], opl['p50'])} | {ratio(npl['p99'], opl['p99'])} | |")
-    if rows:
-        print("\n| server | streams | push GB/s | GetInfo p50 ms | GetInfo p99 ms | GetInfo max ms "
-              "| 1 MB pull p50 ms | 1 MB pull p99 ms | probe rounds |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        print("\n".join(rows))
+    table(["server", "streams", "push GB/s", "GetInfo p50 ms", "GetInfo p99 ms", "GetInfo max ms",
+           "1 MB pull p50 ms", "1 MB pull p99 ms", "probe rounds"], rows)
 
 
 def small(out):
@@ -85,10 +89,8 @@ def small(out):
         ol = f"{o['latency_ms']['p50']:.2f}" if o else "-"
         rows.append(f"| {c} | {ns} | {os_} | "
                     f"{ratio(n and n['pushes_per_s'], o and o['pushes_per_s'])} | {nl} | {ol} |")
-    if rows:
-        print("\n| clients | new pushes/s | old pushes/s | new/old | new p50 ms | old p50 ms |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        print("\n".join(rows))
+    table(["clients", "new pushes/s", "old pushes/s", "new/old", "new p50 ms", "old p50 ms"],
+          rows, left=0)
 
 
 def main(out):

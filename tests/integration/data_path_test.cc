@@ -196,21 +196,13 @@ class PushPartsTest : public ServiceTest {
     header.set_part_count(count);
     return Push(Messages<v1::PushGradientsRequest>(header, chunks));
   }
-
-  // Splits chunks round-robin into `count` shares.
-  static std::vector<std::vector<v1::TensorChunk>> Share(const std::vector<v1::TensorChunk>& all,
-                                                         uint32_t count) {
-    std::vector<std::vector<v1::TensorChunk>> shares(count);
-    for (size_t i = 0; i < all.size(); ++i) shares[i % count].push_back(all[i]);
-    return shares;
-  }
 };
 
 TEST_F(PushPartsTest, PartsFromConcurrentCallsAreAppliedOnceWithOneReply) {
   ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
   const auto grads = RandomGrads({"w", "b"}, 50);
   constexpr uint32_t kParts = 3;
-  const auto shares = Share(GradChunks(GradDType::kFloat32, grads, 1024), kParts);
+  const auto shares = ShareChunks(GradChunks(GradDType::kFloat32, grads, 1024), kParts);
   std::vector<std::pair<grpc::Status, v1::PushGradientsResponse>> results(kParts);
   std::vector<std::thread> threads;
   for (uint32_t p = 0; p < kParts; ++p) {
@@ -252,7 +244,7 @@ TEST_F(PushPartsTest, ClientWithSeveralStreamsPushesInPartsAppliedOnce) {
 TEST_F(PushPartsTest, AFailingPartAbortsTheOthersAndAppliesNothing) {
   ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
   const ShardState before = Snapshot();
-  auto shares = Share(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 60), 1024), 2);
+  auto shares = ShareChunks(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 60), 1024), 2);
   shares[1].push_back(shares[1].front());  // An overlapping chunk in part 1.
   std::pair<grpc::Status, v1::PushGradientsResponse> first, second;
   std::thread t([&] { first = SendPart(0, 2, shares[0]); });
@@ -267,7 +259,7 @@ TEST_F(PushPartsTest, APartThatNeverComesFailsThePushAndFreesItsStaging) {
   ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
   const ShardState before = Snapshot();
   const auto shares =
-      Share(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 90), 1024), 3);
+      ShareChunks(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 90), 1024), 3);
   // Parts 0 and 1 of 3 come (their calls have no deadline); part 2 never does.
   std::pair<grpc::Status, v1::PushGradientsResponse> first, second;
   const absl::Time start = absl::Now();
@@ -302,9 +294,9 @@ TEST_F(PushPartsTest, PartHeadersMustAgreeAndNameThePush) {
   EXPECT_EQ(SendPart(0, 65, chunks).first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   // Part 1 says 3 parts where part 0 said 2: both fail, nothing is applied.
   std::pair<grpc::Status, v1::PushGradientsResponse> a;
-  std::thread t([&] { a = SendPart(0, 2, Share(chunks, 2)[0], "trainer", 9); });
+  std::thread t([&] { a = SendPart(0, 2, ShareChunks(chunks, 2)[0], "trainer", 9); });
   absl::SleepFor(absl::Milliseconds(100));
-  const auto b = SendPart(1, 3, Share(chunks, 2)[1], "trainer", 9);
+  const auto b = SendPart(1, 3, ShareChunks(chunks, 2)[1], "trainer", 9);
   t.join();
   EXPECT_EQ(b.first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(a.first.error_code(), grpc::StatusCode::ABORTED);

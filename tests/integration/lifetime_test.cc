@@ -79,15 +79,14 @@ TEST_F(LifetimeTest, APartFinishedWhileItsFirstMessageIsAddedIssuesNoMoreOperati
   std::unique_ptr<OpenCall> holder = Open(holder_messages, 2);
   WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });
 
-  const auto chunks = GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 2), 1024);
+  const auto shares =
+      ShareChunks(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 2), 1024), 2);
   std::vector<std::unique_ptr<OpenCall>> parts;
   for (uint32_t p = 0; p < 2; ++p) {
     v1::PushHeader header = MakePushHeader(v1::DTYPE_FLOAT32, "trainer", 9);
     header.set_part_index(p);
     header.set_part_count(2);
-    std::vector<v1::TensorChunk> share;
-    for (size_t i = p; i < chunks.size(); i += 2) share.push_back(chunks[i]);
-    parts.push_back(Open(Messages<v1::PushGradientsRequest>(header, share, 1), 1));
+    parts.push_back(Open(Messages<v1::PushGradientsRequest>(header, shares[p], 1), 1));
   }
   WaitFor([&] { return server_->staging_pool().waiting() == 1; });
   // The holder's rest: its step runs and its staging goes back; the pool grants the push in
@@ -125,15 +124,14 @@ TEST_F(LifetimeTest, APartCancelledBeforeItJoinsItsPushNeverJoinsIt) {
     held.Notify();
     release.WaitForNotification();
   });
-  const auto chunks = GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 3), 1024);
+  const auto shares =
+      ShareChunks(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 3), 1024), 2);
   std::vector<std::vector<v1::PushGradientsRequest>> messages;
   for (uint32_t p = 0; p < 2; ++p) {
     v1::PushHeader header = MakePushHeader(v1::DTYPE_FLOAT32, "trainer", 4);
     header.set_part_index(p);
     header.set_part_count(2);
-    std::vector<v1::TensorChunk> share;
-    for (size_t i = p; i < chunks.size(); i += 2) share.push_back(chunks[i]);
-    messages.push_back(Messages<v1::PushGradientsRequest>(header, share, 1));
+    messages.push_back(Messages<v1::PushGradientsRequest>(header, shares[p], 1));
   }
   std::unique_ptr<OpenCall> part0 = Open(messages[0], 1);
   WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });  // Joined, reserved.

@@ -66,6 +66,13 @@ void Shuffle(std::vector<v1::TensorChunk>& chunks, uint32_t seed) {
   std::shuffle(chunks.begin(), chunks.end(), rng);
 }
 
+std::vector<std::vector<v1::TensorChunk>> ShareChunks(const std::vector<v1::TensorChunk>& chunks,
+                                                      uint32_t count) {
+  std::vector<std::vector<v1::TensorChunk>> shares(count);
+  for (size_t i = 0; i < chunks.size(); ++i) shares[i % count].push_back(chunks[i]);
+  return shares;
+}
+
 v1::PushHeader MakePushHeader(v1::DType dtype, const std::string& client_id,
                               uint64_t sequence_number, const std::vector<std::string>& tensors) {
   v1::PushHeader header;

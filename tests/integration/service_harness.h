@@ -47,6 +47,9 @@ std::vector<v1::TensorChunk> SplitIntoChunks(const std::string& tensor, const st
                                              int element_size, size_t chunk_bytes);
 // Reorders chunks deterministically (so that they arrive out of order).
 void Shuffle(std::vector<v1::TensorChunk>& chunks, uint32_t seed);
+// Splits chunks round-robin into `count` shares: one per part of a push sent in parts.
+std::vector<std::vector<v1::TensorChunk>> ShareChunks(const std::vector<v1::TensorChunk>& chunks,
+                                                      uint32_t count);
 
 // A client stream: the first message carries header and the first chunks_in_first chunks, each
 // later message one chunk.

@@ -79,12 +79,12 @@ TEST_F(StressTest, EverythingAtOnceLeavesAConsistentShard) {
       for (int round = 0; round < kRounds; ++round) {
         const uint32_t parts = 1 + rng() % 3;
         const uint64_t sequence = round + 1;
-        const auto chunks = GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, rng()), 1024);
+        const auto shares = ShareChunks(
+            GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, rng()), 1024), parts);
         std::vector<std::thread> senders;
         const bool cancel_one = rng() % 4 == 0;
         for (uint32_t p = 0; p < parts; ++p) {
-          std::vector<v1::TensorChunk> share;
-          for (size_t i = p; i < chunks.size(); i += parts) share.push_back(chunks[i]);
+          const std::vector<v1::TensorChunk>& share = shares[p];
           // Named: the registrations below add tensors, which "every tensor" would include.
           v1::PushHeader header = MakePushHeader(v1::DTYPE_FLOAT32, absl::StrCat("parts-", t),
                                                  sequence, {"w", "b"});
