@@ -128,6 +128,16 @@ int main(int argc, char** argv) {
   options.call_idle = idle == 0 ? absl::InfiniteDuration() : absl::Seconds(idle);
   options.keepalive = absl::Seconds(keepalive);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  // A fault wakes the signal wait below.
+  options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
+  absl::StatusOr<fusedps::ParamCopyDType> copy =
+      fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
+  if (!copy.ok()) {
+    LOG(ERROR) << copy.status().message();
+    return 2;
+  }
+  options.backend.param_copy_dtype = *copy;
+  // After every backend option: the factory copies them.
   if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
     options.backend_factory = [device = options.device, backend = options.backend,
                                step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
@@ -139,15 +149,6 @@ int main(int argc, char** argv) {
       return fusedps::MakeFaultInjectingBackend(*std::move(inner), faults);
     };
   }
-  // A fault wakes the signal wait below.
-  options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
-  absl::StatusOr<fusedps::ParamCopyDType> copy =
-      fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
-  if (!copy.ok()) {
-    LOG(ERROR) << copy.status().message();
-    return 2;
-  }
-  options.backend.param_copy_dtype = *copy;
 
   absl::StatusOr<std::unique_ptr<fusedps::Server>> server = fusedps::Server::Start(options);
   if (!server.ok()) {

@@ -324,6 +324,16 @@ def test_a_device_fault_stops_the_shard_and_the_process_exits_3():
                 proc.wait()
 
 
+# The fault-injecting backend of --testing-fault-at-step was made before --param-copy-dtype was
+# read, so a server started with both kept no bf16 copy.
+def test_the_fault_injecting_backend_keeps_the_backend_options():
+    with running_server(["--testing-fault-at-step=100", "--param-copy-dtype=bf16"],
+                        device="cpu") as target:
+        with stub(target) as s:
+            info = s.GetInfo(pb.GetInfoRequest(), timeout=10)
+    assert info.param_copy_dtype == pb.DTYPE_BFLOAT16
+
+
 # Shutdown took about 1.5 s more than the drain, spent stopping the metrics endpoint (civetweb
 # polls for its stop flag every 2 s).
 def test_sigterm_with_nothing_in_flight_exits_at_once():
