@@ -173,15 +173,18 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   // released after it), or the call finishes with the error.
   void Reserve(StagingPool* pool, uint64_t bytes,
                std::function<void(StagingPool::Reservation)> then) {
+    uint64_t reserve;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ticket_pool_ = pool;
+      reserve = ++reserves_;
     }
     const uint64_t ticket = pool->ReserveAsync(
         bytes, [this, then = std::move(then)](absl::StatusOr<StagingPool::Reservation> r) {
           {
             std::lock_guard<std::mutex> lock(mu_);
             ticket_ = 0;
+            ++reserves_;  // This wait is over: its ticket must not be stored below.
           }
           if (!r.ok()) {
             FinishCall(r.status());
@@ -192,8 +195,9 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
           }
           ReleaseHold();
         });
+    // Unless the grant ran meanwhile (and maybe began the next wait, on this pool or another).
     std::lock_guard<std::mutex> lock(mu_);
-    if (ticket != 0 && !finished_) ticket_ = ticket;
+    if (ticket != 0 && !finished_ && reserves_ == reserve) ticket_ = ticket;
   }
 
   // The engine's read, in stream order: into the window, or into a snapshot.
@@ -372,6 +376,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   std::mutex mu_;
   uint64_t ticket_ = 0;                  // Guarded by mu_: a staging wait to cancel.
   StagingPool* ticket_pool_ = nullptr;   // Guarded by mu_.
+  uint64_t reserves_ = 0;  // Guarded by mu_: counts Reserve calls and grants (a stale ticket).
   int holds_ = 0;                        // Guarded by mu_: callbacks still to come.
   bool finished_ = false;                // Guarded by mu_.
   bool done_ = false;                    // Guarded by mu_.
