@@ -63,9 +63,11 @@ class CpuBackend final : public OptimizerBackend {
   ParamCopyDType param_copy_dtype() const override { return copy_dtype_; }
 
   absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
-    if (absl::Status s = table_.SetGroup(group, hyper); !s.ok()) return s;
-    if (hyper.amsgrad) return Resize(params_.size());  // Adds max_exp_avg_sq.
-    return absl::OkStatus();
+    // max_exp_avg_sq first: when its memory cannot be had, the group stays as it was.
+    if (hyper.amsgrad) {
+      if (absl::Status s = Resize(params_.size(), /*amsgrad=*/true); !s.ok()) return s;
+    }
+    return table_.SetGroup(group, hyper);
   }
 
   absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> tensors) override {
@@ -277,13 +279,15 @@ class CpuBackend final : public OptimizerBackend {
                        .tensors_updated = static_cast<uint32_t>(request.tensors.size())};
   }
 
-  absl::Status Resize(uint64_t numel) {
+  // Sizes every arena for `numel` parameters; max_exp_avg_sq too when a group uses amsgrad or
+  // `amsgrad` says one is about to.
+  absl::Status Resize(uint64_t numel, bool amsgrad = false) {
     std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacities.
     try {
       params_.resize(numel, 0.0f);
       exp_avg_.resize(numel, 0.0f);
       exp_avg_sq_.resize(numel, 0.0f);
-      if (table_.any_amsgrad()) max_exp_avg_sq_.resize(numel, 0.0f);
+      if (amsgrad || table_.any_amsgrad()) max_exp_avg_sq_.resize(numel, 0.0f);
       if (copy_dtype_ != ParamCopyDType::kNone) copy_.resize(numel, 0);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(

@@ -1,5 +1,9 @@
 // Tests of the CPU backend: arenas, all-or-nothing steps, dtypes, reads, the param copy.
+#include <sys/resource.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -157,6 +161,44 @@ TEST(CpuBackendTest, MaxExpAvgSqNeedsAmsgrad) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(backend->AddTensors({{4, 3}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend->tensor_count(), 1u);
+}
+
+// A group switched to amsgrad needs max_exp_avg_sq for every parameter. When that memory cannot
+// be had, SetParamGroup must fail and change nothing; it used to commit the group first, and
+// the next step wrote max_exp_avg_sq through an empty vector. Run in a child process (the
+// death-test machinery) under an address-space limit just above what the backend holds.
+void AmsgradSwitchWithoutMemory() {
+  auto backend = MakeCpuBackend({.threads = 1});
+  if (!backend->SetParamGroup(0, {}).ok()) std::exit(10);
+  constexpr uint64_t kLarge = uint64_t{64} << 20;  // 256 MiB per field.
+  if (!backend->AddTensors({{kLarge, 0}, {1000, 0}}).ok()) std::exit(11);
+  unsigned long pages = 0;
+  FILE* statm = std::fopen("/proc/self/statm", "r");
+  if (statm == nullptr || std::fscanf(statm, "%lu", &pages) != 1) std::exit(12);
+  std::fclose(statm);
+  const rlim_t limit = pages * 4096 + (rlim_t{64} << 20);  // max_exp_avg_sq needs 256 MiB.
+  const rlimit rl = {limit, limit};
+  if (setrlimit(RLIMIT_AS, &rl) != 0) std::exit(13);
+  AdamWHyperparameters amsgrad;
+  amsgrad.amsgrad = true;
+  const absl::Status set = backend->SetParamGroup(0, amsgrad);
+  if (set.code() != absl::StatusCode::kResourceExhausted) std::exit(14);
+  const std::vector<uint32_t> tensors = {1};
+  const std::vector<uint64_t> offsets = {0};
+  const std::vector<float> grads(1000, 0.5f);
+  absl::StatusOr<StepOutcome> step =
+      backend->Step({tensors, offsets, grads.data(), GradDType::kFloat32, 0});
+  if (!step.ok() || !backend->Wait(step->marker).ok()) std::exit(15);
+  std::exit(0);
+}
+
+TEST(CpuBackendTest, AnAmsgradSwitchWithoutMemoryChangesNothing) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve address space: an RLIMIT_AS cannot bound the backend";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // A fresh process: no OpenMP threads.
+  EXPECT_EXIT(AmsgradSwitchWithoutMemory(), ::testing::ExitedWithCode(0), "");
+#endif
 }
 
 TEST(CpuBackendTest, AddTensorsReturnsTheFirstIndexAndTruncateUndoesIt) {
