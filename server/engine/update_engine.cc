@@ -22,8 +22,8 @@ absl::Status ShuttingDown() {
 UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault* fault,
                            RetryTable* retries)
     : backend_(std::move(backend)), fault_(fault), retries_(retries), view_(ShardView::Initial()) {
-  // "default" exists from the start, with torch.optim.AdamW's defaults.
-  if (absl::Status s = backend_->SetParamGroup(0, AdamWHyperparameters{}); !s.ok()) {
+  // "default" exists from the start, as the initial view says (torch.optim.AdamW's defaults).
+  if (absl::Status s = backend_->SetParamGroup(0, view_->groups()[0].hyperparameters); !s.ok()) {
     fault_->Report(absl::InternalError(
         absl::StrCat("cannot create the default param group: ", s.ToString())));
   }
@@ -129,20 +129,17 @@ void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done) {
           Complete({0, [done, s](absl::StatusOr<WorkDone>) { done(s); }});
         };
         if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
-        RetryTable::Verdict verdict = retries_->Begin(push->client_id, push->sequence_number);
-        if (verdict.kind == RetryTable::Kind::kInFlight) {
-          // Its reply is this one's, once that push is done (the waiter runs in Finish).
-          verdict = retries_->Await(push->client_id, push->sequence_number,
-                                    [done](absl::StatusOr<PushReply> reply) {
-                                      if (!reply.ok()) return done(reply.status());
-                                      done(StepResult{*reply, 0, 0});
-                                    });
-          if (verdict.kind == RetryTable::Kind::kInFlight) return;
-          if (verdict.kind == RetryTable::Kind::kNew) {  // Abandoned meanwhile: a fault.
-            return fail(fault_->faulted() ? fault_->status()
-                                          : absl::AbortedError("the push was abandoned"));
-          }
+        RetryTable::Waiter waiter;  // Only for a tracked push: most are not.
+        if (RetryTable::Tracked(push->client_id, push->sequence_number)) {
+          waiter = [done](absl::StatusOr<PushReply> reply) {
+            if (!reply.ok()) return done(reply.status());
+            done(StepResult{*reply, 0, 0});
+          };
         }
+        const RetryTable::Verdict verdict =
+            retries_->Begin(push->client_id, push->sequence_number, std::move(waiter));
+        // The same push is being applied: its reply is this one's (the waiter runs in Finish).
+        if (verdict.kind == RetryTable::Kind::kInFlight) return;
         if (verdict.kind == RetryTable::Kind::kDone) {
           const StepResult result{verdict.reply, 0, 0};
           return Complete({0, [done, result](absl::StatusOr<WorkDone>) { done(result); }});
@@ -213,8 +210,10 @@ void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
             !s.ok()) {
           return done(s);
         }
-        std::lock_guard<std::mutex> lock(view_mu_);
-        view_ = view_->WithGroup(index, std::move(group));
+        {
+          std::lock_guard<std::mutex> lock(view_mu_);
+          view_ = view_->WithGroup(index, std::move(group));
+        }
         done(true);
       },
       [done](const absl::Status& s) { done(s); });
@@ -381,22 +380,12 @@ void UpdateEngine::FreeSnapshot(void* snapshot) {
 }
 
 absl::Status UpdateEngine::CopyStagingToDevice(uint64_t offset, uint64_t bytes) {
-  absl::Status s = backend_->CopyStagingToDevice(offset, bytes);
-  if (!s.ok()) {
-    fault_->Report(s);
-    return absl::InternalError(absl::StrCat("device fault: ", s.message()));
-  }
-  return s;
+  return Checked(backend_->CopyStagingToDevice(offset, bytes));
 }
 
 absl::Status UpdateEngine::CopyFromSnapshot(const void* snapshot, uint64_t offset,
                                             uint64_t bytes, void* dst) {
-  absl::Status s = backend_->CopyFromSnapshot(snapshot, offset, bytes, dst);
-  if (!s.ok()) {
-    fault_->Report(s);
-    return absl::InternalError(absl::StrCat("device fault: ", s.message()));
-  }
-  return s;
+  return Checked(backend_->CopyFromSnapshot(snapshot, offset, bytes, dst));
 }
 
 }  // namespace fusedps

@@ -48,6 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/notification.h"
 #include "kernels/backend.h"
 #include "server/engine/shard_fault.h"
 #include "server/store/retry_table.h"
@@ -148,18 +149,13 @@ class UpdateEngine {
   // (synchronous handlers).
   template <typename T, typename Submit>
   static absl::StatusOr<T> Wait(Submit submit) {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool ready = false;
+    Notification ready;
     absl::StatusOr<T> result;
     submit([&](absl::StatusOr<T> r) {
-      std::lock_guard<std::mutex> lock(mu);
       result = std::move(r);
-      ready = true;
-      cv.notify_one();
+      ready.Notify();
     });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return ready; });
+    ready.WaitForNotification();
     return result;
   }
 
@@ -187,7 +183,7 @@ class UpdateEngine {
 
   void Submit(Work work, const std::function<void(const absl::Status&)>& fail);
   void Complete(Completion completion);
-  // A backend error on the engine thread: a fault unless it is an expected code.
+  // A backend error (on any thread): a fault unless expected_ok and it is an expected code.
   absl::Status Checked(absl::Status status, bool expected_ok = false);
   void RunJobs();
   void RunCompletions();

@@ -7,9 +7,11 @@
 // are never stale and nothing on the push path has to copy them.
 //
 // Usage:
-//   Metrics metrics({"0.1.0", "cpu", "cpu (8 threads)"}, [&store] {
-//     return ShardMetrics{store.parameter_count(), store.version(), store.launch_counts(),
-//                         store.memory_bytes()};
+//   Metrics metrics({"0.1.0", "cpu", "cpu (8 threads)"}, [&engine] {
+//     ShardMetrics shard;
+//     shard.parameters = engine.view()->parameter_count();
+//     shard.version = engine.version();  // ... as server.cc fills it
+//     return shard;
 //   });
 //   absl::Status serving = metrics.Serve("0.0.0.0:9464");  // then metrics.port()
 //   metrics.RecordPush(grpc::StatusCode::OK, grad_bytes, stage_seconds);

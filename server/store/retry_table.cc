@@ -43,8 +43,7 @@ RetryTable::Client* RetryTable::FindLocked(absl::string_view client_id) {
   return &it->second;
 }
 
-RetryTable::Client& RetryTable::FindOrAddLocked(absl::string_view client_id) {
-  if (Client* client = FindLocked(client_id)) return *client;
+RetryTable::Client& RetryTable::AddLocked(absl::string_view client_id) {
   lru_.emplace_front(client_id);
   Client& client = clients_[client_id];
   client.lru = lru_.begin();
@@ -74,24 +73,30 @@ RetryTable::Verdict RetryTable::Lookup(absl::string_view client_id, uint64_t seq
   return ClassifyLocked(FindLocked(client_id), sequence_number);
 }
 
-RetryTable::Verdict RetryTable::Await(absl::string_view client_id, uint64_t sequence_number,
-                                      Waiter waiter) {
-  if (!Tracked(client_id, sequence_number)) return Verdict{};
-  std::lock_guard<std::mutex> lock(mu_);
-  Client* client = FindLocked(client_id);
+RetryTable::Verdict RetryTable::AwaitLocked(Client* client, uint64_t sequence_number,
+                                            Waiter* waiter) {
   Verdict verdict = ClassifyLocked(client, sequence_number);
-  if (verdict.kind == Kind::kInFlight) {
-    client->pushes[sequence_number].waiters.push_back(std::move(waiter));
+  if (verdict.kind == Kind::kInFlight && *waiter) {
+    client->pushes[sequence_number].waiters.push_back(std::move(*waiter));
   }
   return verdict;
 }
 
-RetryTable::Verdict RetryTable::Begin(absl::string_view client_id, uint64_t sequence_number) {
+RetryTable::Verdict RetryTable::Await(absl::string_view client_id, uint64_t sequence_number,
+                                      Waiter waiter) {
   if (!Tracked(client_id, sequence_number)) return Verdict{};
   std::lock_guard<std::mutex> lock(mu_);
-  Verdict verdict = ClassifyLocked(FindLocked(client_id), sequence_number);
+  return AwaitLocked(FindLocked(client_id), sequence_number, &waiter);
+}
+
+RetryTable::Verdict RetryTable::Begin(absl::string_view client_id, uint64_t sequence_number,
+                                      Waiter waiter) {
+  if (!Tracked(client_id, sequence_number)) return Verdict{};
+  std::lock_guard<std::mutex> lock(mu_);
+  Client* found = FindLocked(client_id);
+  Verdict verdict = AwaitLocked(found, sequence_number, &waiter);
   if (verdict.kind != Kind::kNew) return verdict;
-  Client& client = FindOrAddLocked(client_id);
+  Client& client = found != nullptr ? *found : AddLocked(client_id);
   Entry& entry = client.pushes[sequence_number];
   entry.in_flight = true;
   entry.previous_highest = client.highest;

@@ -10,8 +10,8 @@
 //   kDone      a remembered push: answer with its reply, duplicate = true, apply nothing;
 //   kStale     not above the highest, and not remembered: apply nothing (ABORTED).
 // The update engine calls Begin when it queues a step and Finish or Abandon when the step is
-// done or failed; gRPC threads call Lookup and Await at header time, so that a retry is answered
-// before its payload is read. Exactly-once holds within the bounds: a client forgotten by the
+// done or failed; gRPC threads call Await at header time, so that a retry is answered before its
+// payload is read (Lookup is for tests and tools). Exactly-once holds within the bounds: a client forgotten by the
 // LRU (max_clients others pushed since) can have an old push applied again.
 //
 // Thread-safe.
@@ -74,8 +74,9 @@ class RetryTable {
   // or abandoned; for the other kinds `waiter` is dropped without running.
   Verdict Await(absl::string_view client_id, uint64_t sequence_number, Waiter waiter);
 
-  // Lookup, and for kNew marks the push in flight (it becomes the client's highest).
-  Verdict Begin(absl::string_view client_id, uint64_t sequence_number);
+  // Lookup, and for kNew marks the push in flight (it becomes the client's highest); for
+  // kInFlight registers `waiter` (when given) as Await does, under the same lock.
+  Verdict Begin(absl::string_view client_id, uint64_t sequence_number, Waiter waiter = nullptr);
 
   // The push begun under these keys is done with `reply`: remembered, and its waiters run
   // (outside the table's lock) with it, duplicate = true.
@@ -103,7 +104,9 @@ class RetryTable {
 
   Verdict ClassifyLocked(Client* client, uint64_t sequence_number) const;
   Client* FindLocked(absl::string_view client_id);  // Also marks it most recently used.
-  Client& FindOrAddLocked(absl::string_view client_id);
+  Client& AddLocked(absl::string_view client_id);  // REQUIRES: not present.
+  // Classifies; for kInFlight moves *waiter (when set) into that push's waiters.
+  Verdict AwaitLocked(Client* client, uint64_t sequence_number, Waiter* waiter);
   void EvictLocked();
   std::vector<Waiter> TakeLocked(absl::string_view client_id, uint64_t sequence_number,
                                  const PushReply* reply);

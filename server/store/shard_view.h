@@ -6,7 +6,7 @@
 // GetInfo, ListTensors, metrics scrapes, the push-header check on gRPC's threads) take a
 // std::shared_ptr to the current one and read it without any lock and without waiting for the
 // device. A view never changes after it is built. Values that change at every step (steps, the
-// version) are not here: see UpdateEngine::Progress.
+// version) are not here: see UpdateEngine::version() and Steps().
 //
 // This file also holds the checks of names, shapes and hyperparameters that registration and
 // SetHyperparameters share. Their errors (absl::Status) name the field and the limit:
