@@ -96,14 +96,21 @@ PushAssembly::PushAssembly(const IngestServices& services, std::string key,
       header_(std::move(header)),
       view_(std::move(view)),
       checked_(std::move(checked)),
-      expected_(ExpectedOf(*view_, checked_.tensors)),
-      parts_(checked_.part_count, nullptr) {}
+      parts_(checked_.part_count, nullptr),
+      expected_(ExpectedOf(*view_, checked_.tensors)) {}
 
-absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHeader& header) {
+// Whether a part's header equals the push's first (but for part_index). A push in one call has
+// one header, which made the assembly: nothing to compare.
+bool PushAssembly::SameHeader(const v1::PushHeader& header) const {
+  if (checked_.part_count == 1) return true;
   v1::PushHeader mine = header, first = header_;
   mine.clear_part_index();
   first.clear_part_index();
-  if (!google::protobuf::util::MessageDifferencer::Equals(mine, first)) {
+  return google::protobuf::util::MessageDifferencer::Equals(mine, first);
+}
+
+absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHeader& header) {
+  if (!SameHeader(header)) {
     const absl::Status s = absl::InvalidArgumentError(
         absl::StrCat("header of part ", index, " differs from the header of the push's first "
                      "part (only part_index may differ)"));
@@ -121,7 +128,7 @@ absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHe
     parts_[index] = part;
     ++joined_;
     ready = ready_;
-    if (ready) part->BeginFirstMessage();
+    if (ready) part->BeginMessage();
   }
   if (ready) part->OnStagingReady();
   return absl::OkStatus();
@@ -147,13 +154,14 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
     ticket_ = 0;
     reservation_ = *std::move(reservation);
     absl::StatusOr<ChunkAssembler> assembler =
-        ChunkAssembler::Create(expected_, DTypeSize(checked_.dtype), reservation_.data());
+        ChunkAssembler::Create(std::move(expected_), DTypeSize(checked_.dtype),
+                               reservation_.data());
     if (assembler.ok()) {
       assembler_.emplace(*std::move(assembler));
       ready_ = true;
       for (PushPart* p : parts_) {
         if (p == nullptr) continue;
-        p->BeginFirstMessage();  // Under mu_: no Fail can end the part before it adds it.
+        p->BeginMessage();  // Under mu_: no Fail can end the part before it adds it.
         joined.push_back(p);
       }
     } else {

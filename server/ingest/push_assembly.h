@@ -59,9 +59,10 @@ inline constexpr char kSkipNonFiniteGrad[] = "non_finite_grad";
 class PushPart {
  public:
   virtual ~PushPart() = default;
-  // Called under the assembly's lock, right before OnStagingReady: the part must stay alive
-  // until it has added the first message (the reactor counts a message in flight).
-  virtual void BeginFirstMessage() = 0;
+  // A message is about to be added (AddMessage): the part must stay alive until it has been
+  // (the reactor counts a message in flight). For the first message the assembly calls it under
+  // its lock, right before OnStagingReady; the part calls it itself for each later one.
+  virtual void BeginMessage() = 0;
   // The push's staging is reserved: the part adds its first message now (AddMessage with
   // first = true), then reads on. At most once per part, never under the assembly's lock.
   virtual void OnStagingReady() = 0;
@@ -133,19 +134,21 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   void OnApplied(const absl::StatusOr<StepResult>& result);
   void Fail(const PushPart* part, const absl::Status& status, bool whole_push);
   std::vector<PushPart*> TakePartsLocked();
+  bool SameHeader(const v1::PushHeader& header) const;
 
   const IngestServices services_;
   const std::string key_;
   const v1::PushHeader header_;
   const std::shared_ptr<const ShardView> view_;  // The view its tensors were resolved in.
   const CheckedPushHeader checked_;
-  const std::vector<ChunkAssembler::Expected> expected_;
   const absl::Time arrived_ = absl::Now();
 
   mutable std::mutex mu_;
   std::vector<PushPart*> parts_;  // By part index; null: not joined, or finished.
   uint32_t joined_ = 0;
   uint32_t ended_ = 0;
+  // Guarded by mu_ once Reserve ran: moved into the assembler when the staging is granted.
+  std::vector<ChunkAssembler::Expected> expected_;
   bool ready_ = false;  // The staging is reserved and the assembler exists.
   bool over_ = false;   // Failed, or submitted.
   uint64_t ticket_ = 0;  // The staging pool's, while waiting.

@@ -220,23 +220,24 @@ std::optional<uint64_t> StagingPool::AllocateLocked(uint64_t bytes) {
 }
 
 void StagingPool::FreeLocked(uint64_t offset, uint64_t bytes) {
-  const std::string region = absl::StrCat("region [", offset, ", +", bytes, ")");
+  // Only for the messages of broken invariants: this runs at every release.
+  const auto region = [&] { return absl::StrCat("region [", offset, ", +", bytes, ")"); };
   if (bytes == 0 || offset > capacity_ || bytes > capacity_ - offset) {
-    Die(absl::StrCat(region, " given back lies outside the arena of ", capacity_, " bytes"));
+    Die(absl::StrCat(region(), " given back lies outside the arena of ", capacity_, " bytes"));
   }
   auto [it, inserted] = free_.emplace(offset, bytes);
   if (!inserted) {
-    Die(absl::StrCat(region, " given back, but a free region already starts at ", offset,
+    Die(absl::StrCat(region(), " given back, but a free region already starts at ", offset,
                      " (given back twice?); its bytes would be lost"));
   }
   auto next = std::next(it);
   if (next != free_.end() && next->first < offset + bytes) {
-    Die(absl::StrCat(region, " given back overlaps the free region at ", next->first));
+    Die(absl::StrCat(region(), " given back overlaps the free region at ", next->first));
   }
   if (it != free_.begin()) {
     auto prev = std::prev(it);
     if (prev->first + prev->second > offset) {
-      Die(absl::StrCat(region, " given back overlaps the free region at ", prev->first));
+      Die(absl::StrCat(region(), " given back overlaps the free region at ", prev->first));
     }
   }
   // Merge with the free neighbours.

@@ -60,7 +60,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       return;
     }
     if (assembly == nullptr) return OnHeader();
-    BeginFirstMessage();  // Any message: counted until it is added.
+    BeginMessage();  // Any message: counted until it is added.
     AddMessage(*assembly, request_, /*first=*/false);
   }
 
@@ -81,7 +81,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   }
 
   // PushPart.
-  void BeginFirstMessage() override {
+  void BeginMessage() override {
     std::lock_guard<std::mutex> lock(mu_);
     ++messages_in_flight_;
     ++holds_;
@@ -164,7 +164,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     FailPart(idle);
   }
 
-  // Adds a message after BeginFirstMessage and reads the next. The stream's end waits for it,
+  // Adds a message after BeginMessage and reads the next. The stream's end waits for it,
   // and so does the reactor's deletion (OnStagingReady runs on the staging pool's thread, so a
   // Fail from another part could otherwise end the call under it).
   void AddMessage(PushAssembly& assembly, grpc::ByteBuffer& message, bool first) {
