@@ -116,14 +116,11 @@ absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const Stag
   if (!before.ok()) return before.status();
 
   const StepRequest request = grads.Request();
-  absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+  absl::StatusOr<StepOutcome> outcome = StepNow(optimizer, request);
   if (!outcome.ok()) return outcome.status();
   if (outcome->skipped || outcome->tensors_updated != optimizer.tensor_count()) {
     return absl::InternalError(absl::StrCat("step of finite gradients skipped or partial: ",
                                             outcome->tensors_updated, " tensors updated"));
-  }
-  if (absl::StatusOr<WorkDone> done = optimizer.Wait(outcome->marker); !done.ok()) {
-    return done.status();
   }
   for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) {
     if (optimizer.step(t) != steps_before[t] + 1) {

@@ -217,9 +217,15 @@ class OptimizerBackend {
 // Queues `request` and waits for it: a synchronous read, for tests and tools.
 absl::Status ReadNow(OptimizerBackend& backend, const ReadRequest& request);
 
+// Queues a step and waits for it (a skipped step has nothing to wait for): for tests and tools.
+absl::StatusOr<StepOutcome> StepNow(OptimizerBackend& backend, const StepRequest& request);
+
 // Reads one field of one tensor as fp32 into `out` (numel floats) and waits for it.
 absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor,
                         float* out);
+// Reads one tensor's 16-bit param copy into `out` (numel values) and waits for it.
+// FAILED_PRECONDITION when the backend keeps no copy (as Read).
+absl::Status ReadParamCopy(OptimizerBackend& backend, uint32_t tensor, uint16_t* out);
 
 // Rounds an element count up so that the next tensor starts on a 16-byte boundary in every
 // arena of any element size (2 or 4 bytes).

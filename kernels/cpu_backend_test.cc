@@ -141,14 +141,7 @@ TEST(CpuBackendTest, Bfloat16CopyFollowsParamsAndServesBf16Reads) {
   ASSERT_TRUE(backend->Step({tensors, offsets, grads.data(), GradDType::kFloat32, 0}).ok());
   const auto params = ReadField(*backend, TensorField::kParam, 0);
   std::vector<uint16_t> copy(1000);
-  const uint32_t tensor = 0;
-  const uint64_t offset = 0;
-  ReadRequest read;
-  read.param_copy = true;
-  read.tensors = absl::MakeConstSpan(&tensor, 1);
-  read.dst_offsets = absl::MakeConstSpan(&offset, 1);
-  read.dst = copy.data();
-  ASSERT_TRUE(ReadNow(*backend, read).ok());
+  ASSERT_TRUE(ReadParamCopy(*backend, 0, copy.data()).ok());
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(copy[i], FloatToBFloat16(params[i])) << i;
 }
 

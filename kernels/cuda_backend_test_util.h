@@ -173,16 +173,6 @@ inline void StepReference(const Case& c, const Staged& staged, const OptimizerBa
   }
 }
 
-// Queues a step and waits for it.
-inline absl::StatusOr<StepOutcome> StepNow(OptimizerBackend& backend, const StepRequest& request) {
-  absl::StatusOr<StepOutcome> outcome = backend.Step(request);
-  if (!outcome.ok()) return outcome;
-  if (absl::StatusOr<WorkDone> done = backend.Wait(outcome->marker); !done.ok()) {
-    return done.status();
-  }
-  return outcome;
-}
-
 inline std::vector<float> ReadAll(OptimizerBackend& b, TensorField f, uint32_t t) {
   std::vector<float> out(b.numel(t));
   EXPECT_TRUE(ReadTensor(b, f, t, out.data()).ok());
@@ -192,13 +182,7 @@ inline std::vector<float> ReadAll(OptimizerBackend& b, TensorField f, uint32_t t
 // The 16-bit param copy of one tensor.
 inline std::vector<uint16_t> ReadCopy(OptimizerBackend& b, uint32_t t) {
   std::vector<uint16_t> out(b.numel(t));
-  const uint64_t offset = 0;
-  ReadRequest read;
-  read.param_copy = true;
-  read.tensors = absl::MakeConstSpan(&t, 1);
-  read.dst_offsets = absl::MakeConstSpan(&offset, 1);
-  read.dst = out.data();
-  EXPECT_TRUE(ReadNow(b, read).ok());
+  EXPECT_TRUE(ReadParamCopy(b, t, out.data()).ok());
   return out;
 }
 

@@ -20,8 +20,6 @@ struct InjectedFaults {
   int64_t step = 0;         // The n-th Step call (1-based) fails: a launch failure.
   int64_t step_wait = 0;    // Waiting for the n-th queued step fails: a fault in its kernel.
   int64_t add_tensors = 0;  // The n-th AddTensors call runs out of memory (nothing added).
-  int64_t write_params = 0;  // The n-th WriteParams call fails: a device fault.
-  int64_t read = 0;         // The n-th Read call fails: a device fault.
 };
 
 // REQUIRES: inner != nullptr.

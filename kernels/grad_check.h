@@ -15,7 +15,7 @@
 
 namespace fusedps {
 
-// True when all `count` elements at `grads` are finite once multiplied by 1 / grad_scale
+// True when all `count` elements at `grads` are finite once divided by grad_scale
 // (grad_scale <= 0: none), as AdamWUpdate will use them. With `parallel`, OpenMP threads share
 // large counts; without, the calling thread checks alone (many callers at once, e.g. per chunk).
 bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale,
