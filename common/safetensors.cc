@@ -12,18 +12,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "nlohmann/json.hpp"
 
 namespace fusedps::safetensors {
 namespace {
 
+using file_io::Errno;
+using file_io::Fd;
+using file_io::WriteAll;
 using nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // The reference loader's limit.
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
-}
 
 // SHA-256 over data fed in pieces (OpenSSL's EVP interface).
 class Sha256 {
@@ -50,36 +50,6 @@ class Sha256 {
  private:
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context_;
 };
-
-// A file descriptor closed on every path.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int Release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno("cannot write", path);
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<uint64_t> Elements(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
@@ -155,7 +125,7 @@ absl::StatusOr<WriteResult> WriteFile(const std::string& path,
     if (absl::Status s = put(t.data.data(), t.data.size()); !s.ok()) return s;
   }
   if (options.fsync && fsync(fd.get()) != 0) return Errno("cannot fsync", path);
-  if (close(fd.Release()) != 0) return Errno("cannot close", path);
+  if (absl::Status s = fd.Close(path); !s.ok()) return s;
   return WriteResult{sizeof(length) + text.size() + offset, sha.HexDigest()};
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_io.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
 
@@ -23,49 +24,24 @@ namespace fusedps::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using file_io::Errno;
+using file_io::Fd;
+using file_io::SyncPath;
+using file_io::WriteAll;
 using nlohmann::json;
 
 constexpr char kPrefix[] = "checkpoint-";
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
-}
-
-// fsync(2) of a file or a directory (a directory's fsync makes its entries durable).
-absl::Status SyncPath(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
-  const int rc = fsync(fd);
-  const int saved = errno;
-  close(fd);
-  errno = saved;
-  return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", path);
-}
 
 // Writes `text` to path via path.tmp: write, fsync, rename, fsync of the directory.
 absl::Status WriteDurably(const std::string& directory, const std::string& name,
                           const std::string& text) {
   const std::string path = absl::StrCat(directory, "/", name);
   const std::string tmp = absl::StrCat(path, ".tmp");
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", tmp);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const absl::Status s = Errno("cannot write", tmp);
-      close(fd);
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0) {
-    const absl::Status s = Errno("cannot fsync", tmp);
-    close(fd);
-    return s;
-  }
-  if (close(fd) != 0) return Errno("cannot close", tmp);
+  Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Errno("cannot create", tmp);
+  if (absl::Status s = WriteAll(fd.get(), text.data(), text.size(), tmp); !s.ok()) return s;
+  if (fsync(fd.get()) != 0) return Errno("cannot fsync", tmp);
+  if (absl::Status s = fd.Close(tmp); !s.ok()) return s;
   if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename to", path);
   return SyncPath(directory);
 }
@@ -120,8 +96,8 @@ std::string PendingCheckpoint::PathOf(const std::string& file) const {
 
 absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes,
                                         const std::string& sha256) {
-  if (name.empty() || absl::StrContains(name, '/') || name == kManifestName ||
-      absl::StartsWith(name, kManifestName) || files_.contains(name)) {
+  if (name.empty() || absl::StrContains(name, '/') || absl::StartsWith(name, kManifestName) ||
+      files_.contains(name)) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint file name \"", name,
                                                    "\" is empty, has '/', is the manifest's or "
                                                    "was added already"));
@@ -219,9 +195,7 @@ absl::StatusOr<Loaded> Verify(const std::string& directory) {
 absl::StatusOr<Loaded> LoadLatestGood(
     const std::string& root,
     const std::function<void(const std::string& directory, const absl::Status& why)>& on_skip) {
-  std::vector<std::string> order;
-  for (const auto& [version, directory] : ListCheckpoints(root)) order.push_back(directory);
-  for (const std::string& directory : order) {
+  for (const auto& [version, directory] : ListCheckpoints(root)) {
     absl::StatusOr<Loaded> loaded = Verify(directory);
     if (loaded.ok()) return loaded;
     if (on_skip) on_skip(directory, loaded.status());

@@ -1,0 +1,68 @@
+// file_io.h: the few POSIX file operations durable writes need (write all, fsync, close), with
+// errors as absl statuses carrying errno's code and the path: ENOSPC is RESOURCE_EXHAUSTED,
+// ENOENT NOT_FOUND, EACCES PERMISSION_DENIED. Used by common/safetensors and server/checkpoint.
+#ifndef FUSEDPS_COMMON_FILE_IO_H_
+#define FUSEDPS_COMMON_FILE_IO_H_
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace fusedps::file_io {
+
+// errno's status, the message "<what> <path>: <strerror>".
+inline absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
+}
+
+// A file descriptor, closed on every path that does not Close() it.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // close(2), reporting its error (NFS and full disks report write errors there).
+  absl::Status Close(const std::string& path) {
+    return close(std::exchange(fd_, -1)) == 0 ? absl::OkStatus() : Errno("cannot close", path);
+  }
+
+ private:
+  int fd_;
+};
+
+// Writes all `bytes` (retrying short writes and EINTR).
+inline absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot write", path);
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// fsync(2) of a file or a directory (a directory's fsync makes its entries durable).
+inline absl::Status SyncPath(const std::string& path) {
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno("cannot open", path);
+  if (fsync(fd.get()) != 0) return Errno("cannot fsync", path);
+  return fd.Close(path);
+}
+
+}  // namespace fusedps::file_io
+
+#endif  // FUSEDPS_COMMON_FILE_IO_H_
