@@ -21,13 +21,7 @@ namespace {
 using testing::FakeParameterService;
 using testing::Normal;
 
-class ClientTest : public testing::FakeServerTest {
- protected:
-  std::unique_ptr<Client> Connect(ClientOptions options = {}) {
-    options.timeout = absl::Seconds(30);
-    return FakeServerTest::Connect(options);
-  }
-};
+class ClientTest : public testing::FakeServerTest {};
 
 float RoundTrip(float value, DType dtype) {
   if (dtype == DType::kBFloat16) return BFloat16ToFloat(FloatToBFloat16(value));

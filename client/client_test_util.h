@@ -40,7 +40,7 @@ class FakeServerTest : public ::testing::Test {
   }
 
   // A client of the fake (or of `port`, e.g. a proxy in front of it).
-  std::unique_ptr<Client> Connect(const ClientOptions& options, int port = 0) {
+  std::unique_ptr<Client> Connect(const ClientOptions& options = {}, int port = 0) {
     return Client::Create(absl::StrCat("127.0.0.1:", port == 0 ? port_ : port), options).value();
   }
 

@@ -4,19 +4,16 @@
 # in alternation, ROUNDS times, so that drift on a shared host hits both alike (the servers of
 # device_push_bench.sh run one after the other). Prints each load's throughput, latency and the
 # server's CPU time per push (utime + stime from /proc; round 1 includes the registration).
-# Env: LOADS ("16x8 4x8": clients x streams), ROUNDS (3), DURATION (6s).
+# Env: LOADS ("16x8 4x8": clients x streams), ROUNDS (3), DURATION (6s), DEVICE (cuda:0).
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}; mkdir -p "$out"
+source scripts/device_lib.sh
 declare -A pid port
 for v in new old; do
   bin=fusedps-server; [[ $v == old ]] && bin=fusedps-server-old
-  rm -f /tmp/ab_$v.port
-  .device-pack/run $bin --listen=127.0.0.1:0 --port-file=/tmp/ab_$v.port --metrics-listen= \
-    --device=cuda:0 --staging-pool-bytes=$((4 << 30)) >"$out/server_$v.log" 2>&1 &
-  pid[$v]=$!
-done
-for v in new old; do
-  for _ in $(seq 1 120); do [[ -s /tmp/ab_$v.port ]] && break; sleep 0.25; done
+  start_server "ab_$v" $bin --metrics-listen= --device=${DEVICE:-cuda:0} \
+    --staging-pool-bytes=$((4 << 30)) || exit 1
+  pid[$v]=$server_pid
   port[$v]=$(cat /tmp/ab_$v.port)
 done
 cpu() { awk '{print $14 + $15}' /proc/$1/stat; }

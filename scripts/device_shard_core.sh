@@ -3,7 +3,8 @@
 # and measurements of the shard-core issue, old binary against new in the same run. Packed
 # executables: the new ones under their names, the base commit's with the suffix -old
 # (fusedps-server-old, fusedps-kernel-bench-old). Logs and JSON go to $OUT; tables print last.
-#   PARTS="tests kernel readers small push"   which sections run (default: all)
+#   PARTS="tests kernel readers small"   which sections run (default: all; pushes old against
+#   new: scripts/ab_push.sh)
 #   DEVICE=cuda:0, DURATION=10s (small steps), SECONDS_PER_LOAD=10 (readers)
 #   PIN=1 (readers): the server on cores 0-9, the pushing client on 10-13, the probe on 14-15,
 #   as when trainers run on other hosts: the load generator cannot starve the server or probe.
@@ -13,21 +14,19 @@ mkdir -p "$out"
 here=$(pwd)
 export PYTHONPATH=$here/build/python
 device=${DEVICE:-cuda:0}
-parts=" ${PARTS:-tests kernel readers small push} "
+parts=" ${PARTS:-tests kernel readers small} "
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv \
   | tee "$out/gpu.txt"
 has() { [[ $parts == *" $1 "* ]]; }
 pin() { [[ ${PIN:-0} == 1 ]] && echo "taskset -c $1"; }
 
+source scripts/device_lib.sh
+SERVER_PREFIX=$(pin 0-9)
 # A server (new or old) on the GPU in the background; its port in /tmp/$1.port.
-start_server() {  # name binary [flags...]
+start_gpu_server() {  # name binary [flags...]
   local name=$1 binary=$2
   shift 2
-  rm -f "/tmp/$name.port"
-  $(pin 0-9) .device-pack/run "$binary" --listen=127.0.0.1:0 --port-file="/tmp/$name.port" \
-    --metrics-listen= --device="$device" "$@" >"$out/server_$name.log" 2>&1 &
-  for _ in $(seq 1 120); do [[ -s /tmp/$name.port ]] && return 0; sleep 0.25; done
-  echo "server $name did not start"; tail -5 "$out/server_$name.log"; return 1
+  start_server "$name" "$binary" --metrics-listen= --device="$device" "$@"
 }
 stop_servers() { kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; }
 
@@ -62,7 +61,7 @@ for v in "" -old; do
   name=new; [[ $v == -old ]] && name=old
   if has readers; then  # GetInfo and a 1 MB pull, from a process of their own, while one
     # client streams GPT-2 small pushes (in 1 or 8 parts), and with no pushes.
-    start_server $name fusedps-server$v --staging-pool-bytes=$((4 << 30)) && {
+    start_gpu_server $name fusedps-server$v --staging-pool-bytes=$((4 << 30)) && {
       t=127.0.0.1:$(cat /tmp/$name.port)
       $bench --target=$t --model=gpt2 --dtype=bf16 --steps=1 >/dev/null 2>&1  # Registers.
       for s in ${READER_STREAMS:-0 1 8}; do  # 0: no pushes, the probe's floor on this host.
@@ -83,7 +82,7 @@ for v in "" -old; do
     stop_servers
   fi
   if has small; then  # Back-to-back pushes of 10000 x 1K, the whole model, bf16.
-    start_server $name fusedps-server$v && for c in 1 4; do
+    start_gpu_server $name fusedps-server$v && for c in 1 4; do
       timeout 200 $bench --target=127.0.0.1:$(cat /tmp/$name.port) --model=t10000x1k \
         --dtype=bf16 --clients=$c --duration=${DURATION:-10s} \
         >"$out/small_${name}_c$c.json" 2>"$out/small_${name}_c$c.log" \

@@ -86,7 +86,7 @@ def running_server(extra_args: Sequence[str] = (), *, device: Optional[str] = No
                 return ""
 
         try:
-            port = _wait_for_port(proc, port_file, start_timeout, log_tail)
+            port = wait_for_port(proc, port_file, start_timeout, log_tail)
         except BaseException:
             _kill(proc)
             raise
@@ -106,7 +106,9 @@ def running_server(extra_args: Sequence[str] = (), *, device: Optional[str] = No
                                       f"(expected 0); log:\n{log_tail()}")
 
 
-def _wait_for_port(proc: subprocess.Popen, port_file: str, timeout: float, log_tail) -> int:
+def wait_for_port(proc: subprocess.Popen, port_file: str, timeout: float, log_tail) -> int:
+    """The port `proc` (a fusedps-server) writes to port_file; ServerError, with log_tail(),
+    when it exits first or writes none within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         if os.path.exists(port_file):

@@ -20,7 +20,7 @@ import torch
 
 from contract_helpers import (SlowPull, in_thread, pull, push, push_messages, register, stub)
 from fusedps.v1 import parameter_service_pb2 as pb
-from server_fixture import running_server, server_path
+from server_fixture import running_server, server_path, wait_for_port
 
 MiB = 1 << 20
 
@@ -298,12 +298,9 @@ def test_a_device_fault_stops_the_shard_and_the_process_exits_3():
              "--metrics-listen=", "--device=cpu", "--testing-fault-at-step=2",
              "--fault-drain-seconds=5"], stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + 30
-            while not (os.path.exists(port_file) and open(port_file).read().strip()):
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            target = "127.0.0.1:" + open(port_file).read().strip()
+            port = wait_for_port(proc, port_file, 30, lambda: "" if proc.poll() is None
+                                 else proc.stderr.read().decode())
+            target = f"127.0.0.1:{port}"
             with stub(target) as s:
                 register(s, {"w": floats(8)})
                 assert push(s, {"w": floats(8, 1)}).version == 1
@@ -343,10 +340,7 @@ def test_sigterm_with_nothing_in_flight_exits_at_once():
                                  "--metrics-listen=127.0.0.1:0", "--device=cpu"],
                                 stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 30
-            while not (os.path.exists(port_file) and open(port_file).read().strip()):
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.02)
+            wait_for_port(proc, port_file, 30, lambda: "")
             start = time.monotonic()
             proc.terminate()
             assert proc.wait(timeout=10) == 0

@@ -51,11 +51,6 @@ class DataPathTest : public ServiceTest {
     push.writer->WritesDone();
     return push.writer->Finish();
   }
-  void WaitFor(const std::function<bool()>& condition) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (!condition() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-    ASSERT_TRUE(condition());
-  }
 };
 
 TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
@@ -63,7 +58,7 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
   const auto grads_a = RandomGrads({"w", "b"}, 10);
   const auto grads_b = RandomGrads({"w", "b"}, 20);
   std::unique_ptr<OpenPush> a = StartPush(grads_a, 3);  // Holds the whole pool, half sent.
-  WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == kPushBytes; }));
 
   std::atomic<bool> b_done{false};
   grpc::Status b_status;
@@ -72,7 +67,7 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
     b_status = FinishPush(*b);
     b_done = true;
   });
-  WaitFor([&] { return server_->staging_pool().waiting() == 1; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().waiting() == 1; }));
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_FALSE(b_done.load());  // Its chunks sit unread: back-pressure.
   EXPECT_EQ(server_->engine().version(), 0u);
@@ -91,7 +86,7 @@ TEST_F(DataPathTest, FullPoolHoldsTheNextPushBackUntilStagingIsReleased) {
   ASSERT_TRUE(b_status.ok()) << b_status.error_message();
   EXPECT_EQ(server_->engine().version(), 2u);
   // Released when the server is done with each call, just after the client sees its status.
-  WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
   // Applied in arrival order: a, then b.
   for (const auto& grads : {grads_a, grads_b}) {
     for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
@@ -120,10 +115,10 @@ TEST_F(DataPathTest, CancelledPushAppliesNothingAndReleasesItsStaging) {
   // Cancelled after the header (and its first chunk), and after a few more chunks.
   for (size_t sent : {size_t{1}, size_t{3}}) {
     std::unique_ptr<OpenPush> push = StartPush(RandomGrads({"w", "b"}, 30), sent);
-    WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });
+    ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == kPushBytes; }));
     push->context.TryCancel();
     EXPECT_EQ(push->writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
-    WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+    ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
     ExpectSameState(before, Snapshot());
   }
   // The pool is whole again: the next push goes through.
@@ -273,10 +268,7 @@ TEST_F(PushPartsTest, APartThatNeverComesFailsThePushAndFreesItsStaging) {
             "only 2 of the push's 3 parts arrived within 400ms of its first "
             "(--push-part-wait-seconds)");
   EXPECT_GE(waited, kPartWait);
-  const absl::Time freed_by = absl::Now() + absl::Seconds(10);
-  while (server_->staging_pool().in_use() != 0 && absl::Now() < freed_by) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitUntil([&] { return server_->staging_pool().in_use() == 0; });
   EXPECT_EQ(server_->staging_pool().in_use(), 0u);
   // Late, part 2 is ABORTED: the push under that name failed.
   EXPECT_EQ(SendPart(2, 3, shares[2], "trainer", 11).first.error_code(),

@@ -17,12 +17,6 @@ namespace {
 const std::vector<TensorDef> kModel = {{"w", {64, 64}, ""}, {"b", {64}, ""}};
 constexpr uint64_t kPushBytes = (4096 + 64) * 4;
 
-void WaitFor(const std::function<bool()>& condition) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!condition() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_TRUE(condition());
-}
-
 class LifetimeTest : public ServiceTest {
  protected:
   ServerOptions Options() const override {
@@ -77,7 +71,7 @@ TEST_F(LifetimeTest, APartFinishedWhileItsFirstMessageIsAddedIssuesNoMoreOperati
     release.WaitForNotification();
   });
   std::unique_ptr<OpenCall> holder = Open(holder_messages, 2);
-  WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == kPushBytes; }));
 
   const auto shares =
       ShareChunks(GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 2), 1024), 2);
@@ -88,7 +82,7 @@ TEST_F(LifetimeTest, APartFinishedWhileItsFirstMessageIsAddedIssuesNoMoreOperati
     header.set_part_count(2);
     parts.push_back(Open(Messages<v1::PushGradientsRequest>(header, shares[p], 1), 1));
   }
-  WaitFor([&] { return server_->staging_pool().waiting() == 1; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().waiting() == 1; }));
   // The holder's rest: its step runs and its staging goes back; the pool grants the push in
   // parts on its own thread, which starts adding part 0's first message and stops in the hook.
   for (size_t i = 2; i < holder_messages.size(); ++i) holder->writer->Write(holder_messages[i]);
@@ -102,7 +96,7 @@ TEST_F(LifetimeTest, APartFinishedWhileItsFirstMessageIsAddedIssuesNoMoreOperati
   absl::SleepFor(absl::Milliseconds(100));  // Time for gRPC to wind the finished call down.
   release.Notify();
   hooks_->Set(&BackendHooks::before_staging_copy, nullptr);
-  WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
   // Nothing of the push in parts was applied; the holder's step was.
   EXPECT_EQ(Snapshot().version, before.version + 1);
   ASSERT_TRUE(server_->staging_pool().CheckInvariants().ok());
@@ -134,22 +128,23 @@ TEST_F(LifetimeTest, APartCancelledBeforeItJoinsItsPushNeverJoinsIt) {
     messages.push_back(Messages<v1::PushGradientsRequest>(header, shares[p], 1));
   }
   std::unique_ptr<OpenCall> part0 = Open(messages[0], 1);
-  WaitFor([&] { return server_->staging_pool().in_use() == kPushBytes; });  // Joined, reserved.
+  // Joined, reserved.
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == kPushBytes; }));
   std::unique_ptr<OpenCall> part1 = Open(messages[1], 1);
   ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(10)));
   part1->context.TryCancel();
   EXPECT_EQ(part1->writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  WaitFor([&] {  // The server's OnCancel has answered part 1.
+  ASSERT_TRUE(WaitUntil([&] {  // The server's OnCancel has answered part 1.
     return server_->metrics().ScrapeText().find(
                "fusedps_push_requests_total{code=\"CANCELLED\"} 1") != std::string::npos;
-  });
+  }));
   release.Notify();
   for (size_t i = 1; i < messages[0].size(); ++i) part0->writer->Write(messages[0][i]);
   part0->writer->WritesDone();
   const grpc::Status part0_status = part0->writer->Finish();
   EXPECT_EQ(part0_status.error_code(), grpc::StatusCode::ABORTED) << part0_status.error_message();
   hooks_->Set(&BackendHooks::before_push_join, nullptr);
-  WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
   EXPECT_EQ(Snapshot().version, before.version);
   ASSERT_TRUE(server_->staging_pool().CheckInvariants().ok());
 }
@@ -172,7 +167,7 @@ TEST_F(WindowTest, RegistrationAndPullsLargerThanTheirWindow) {
                                       GradDType::kFloat32, RandomGrads({"small"}, 4)));
   ExpectMatchesHost(1);
   // A pull's window goes back when its call is done, just after the client has its status.
-  WaitFor([&] { return server_->staging_pool().in_use() == 0; });
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
 }
 
 // A pull larger than its window is read at one version (a snapshot) while steps keep going: its

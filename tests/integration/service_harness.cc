@@ -227,6 +227,12 @@ void SetDeadline(grpc::ClientContext& context) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
 }
 
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!condition() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  return condition();
+}
+
 namespace {
 
 // Writes a client stream; stops early when the server has already answered.

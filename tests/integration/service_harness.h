@@ -16,12 +16,14 @@
 #define FUSEDPS_TESTS_INTEGRATION_SERVICE_HARNESS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -134,6 +136,9 @@ void ExpectSameState(const ShardState& before, const ShardState& after);
 
 // Gives a call a deadline, so that a hung server fails the test instead of hanging it.
 void SetDeadline(grpc::ClientContext& context);
+// Polls `condition` every few milliseconds until it holds or `timeout` has passed; returns its
+// last value (for server state that settles after a call returns, e.g. staging given back).
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(10));
 
 class ServiceTest : public ::testing::Test {
  protected:

@@ -166,10 +166,7 @@ TEST_F(StressTest, EverythingAtOnceLeavesAConsistentShard) {
   EXPECT_EQ(failures.load(), 0);
 
   // Everything given back; the version counts exactly the pushes acknowledged as applied.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (server_->staging_pool().in_use() != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntil([&] { return server_->staging_pool().in_use() == 0; }, absl::Seconds(20));
   EXPECT_EQ(server_->staging_pool().in_use(), 0u);
   EXPECT_TRUE(server_->staging_pool().CheckInvariants().ok());
   EXPECT_FALSE(server_->fault().faulted());

@@ -60,11 +60,7 @@ _MAX_PULL_CHUNK_BYTES = 4 << 20
 DEFAULT_TIMEOUT = _deadlines.DEFAULT_TIMEOUT
 DEFAULT_MIN_BYTES_PER_SECOND = _deadlines.DEFAULT_MIN_BYTES_PER_SECOND
 
-_DTYPE_TO_PB = {
-    "float32": pb.DTYPE_FLOAT32,
-    "bfloat16": pb.DTYPE_BFLOAT16,
-    "float16": pb.DTYPE_FLOAT16,
-}
+_DTYPE_TO_PB = _replies._WIRE_TO_PB  # Wire dtype name -> proto enum, one table.
 _PB_TO_DTYPE = {v: k for k, v in _DTYPE_TO_PB.items()}
 
 _FIELDS = {
