@@ -8,9 +8,8 @@
 // --shutdown-grace-seconds), apply every complete push, exit 0.
 //
 // Exit status: 0 after SIGTERM/SIGINT; 1 when the server cannot start; 2 for a bad flag; 3 when
-// the shard faulted (a device error, docs/errors.md): health turned NOT_SERVING, calls in
-// flight got UNAVAILABLE for up to --fault-drain-seconds, and the orchestrator should restart
-// the server.
+// the shard faulted (a device error, docs/errors.md): health turned NOT_SERVING, every call got
+// UNAVAILABLE for --fault-drain-seconds, and the orchestrator should restart the server.
 #include <unistd.h>
 
 #include <chrono>
@@ -26,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/flag_usage.h"
 #include "common/kebab_flags.h"
@@ -183,15 +183,18 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "the shard faulted (" << (*server)->fault().cause()
                << "); exiting with status 3";
     const int drain = absl::GetFlag(FLAGS_fault_drain_seconds);
-    // A failed device may never answer, so the drain gets a deadline of its own, and the
+    // The server keeps serving for the drain, so that every call, in flight or new, gets the
+    // fault's UNAVAILABLE (a gRPC shutdown would refuse or cancel new ones instead). Then it
+    // stops; a failed device may never answer, so the stop gets a deadline of its own, and the
     // process leaves without destroying the engine.
-    std::promise<void> drained;
-    std::thread([&server, &drained, drain] {
-      (*server)->Shutdown(absl::Seconds(drain));
+    absl::SleepFor(absl::Seconds(drain));
+    std::promise<void> stopped;
+    std::thread([&server, &stopped] {
+      (*server)->Shutdown(absl::Seconds(1));
       (*server)->Wait();
-      drained.set_value();
+      stopped.set_value();
     }).detach();
-    drained.get_future().wait_for(std::chrono::seconds(drain + 5));
+    stopped.get_future().wait_for(std::chrono::seconds(5));
     std::_Exit(3);
   }
   LOG(INFO) << strsignal(signal) << ", draining for up to "
