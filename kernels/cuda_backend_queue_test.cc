@@ -17,12 +17,7 @@ namespace fusedps {
 namespace cuda_test {
 namespace {
 
-class CudaQueueTest : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaQueueTest : public NeedsCuda<::testing::TestWithParam<int>> {};
 
 // Pushes of different tensor sets, queued one after another on the CUDA backend with no wait
 // in between (more partial pushes than the chunk-list upload ring has slots), equal the same
@@ -139,12 +134,7 @@ TEST_P(CudaQueueTest, StepFromTheStagingArenaWaitsForItsCopies) {
 
 INSTANTIATE_TEST_SUITE_P(TensorCounts, CudaQueueTest, ::testing::Values(1, 37, 424, 10000));
 
-class CudaReadTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaReadTest : public NeedsCuda<> {};
 
 // The tensors of the read tests: tensors 1, 2 and 3 lie side by side in the arenas.
 const std::vector<uint64_t> kReadSizes = {100, 9, 2049, 4099, 7, 0, 70001};

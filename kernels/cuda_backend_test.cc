@@ -28,12 +28,7 @@ namespace fusedps {
 namespace cuda_test {
 namespace {
 
-class CudaBackendTest : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaBackendTest : public NeedsCuda<::testing::TestWithParam<int>> {};
 
 TEST_P(CudaBackendTest, MatchesCpuBackendAndFloat64ForEveryOption) {
   const int tensor_count = GetParam();

@@ -17,6 +17,16 @@
 namespace fusedps {
 namespace cuda_test {
 
+// A test that needs a CUDA device: skipped without one. Base is ::testing::Test or
+// ::testing::TestWithParam<...>.
+template <typename Base = ::testing::Test>
+class NeedsCuda : public Base {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
 struct Case {
   std::string name;
   std::vector<AdamWHyperparameters> groups;
