@@ -101,6 +101,20 @@ struct WorkDone {
   double copy_wait_seconds = 0;
 };
 
+// One tensor's whole state, for a restore from a checkpoint (RestoreTensor). Each array holds
+// the tensor's numel values, host memory the caller owns.
+struct TensorState {
+  const float* params = nullptr;
+  const float* exp_avg = nullptr;
+  const float* exp_avg_sq = nullptr;
+  // Read only when the tensor's group has amsgrad; then required.
+  const float* max_exp_avg_sq = nullptr;
+  // The 16-bit param copy's values (bf16 or fp16 bits, as param_copy_dtype()); nullptr: computed
+  // from params, as WriteParams does. Ignored by a backend that keeps no copy.
+  const uint16_t* param_copy = nullptr;
+  int64_t step = 0;
+};
+
 // A read of one field of some tensors, for pulls.
 struct ReadRequest {
   TensorField field = TensorField::kParam;
@@ -146,6 +160,12 @@ class OptimizerBackend {
   virtual absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                                    absl::Span<const float> values) = 0;
 
+  // Sets every array and the step of a tensor, in stream order, and returns once `state`'s
+  // memory may be reused. For a restore, before the tensor's first step.
+  // Errors: INVALID_ARGUMENT for an unknown tensor, a negative step, or a missing array
+  // (max_exp_avg_sq in an amsgrad group).
+  virtual absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) = 0;
+
   // Queues one AdamW step (kernels/adamw_math.h) of every tensor of the request, all or
   // nothing: if any gradient is non-finite (after conversion to fp32 and division by
   // grad_scale), nothing is queued, nothing changes and the outcome says skipped. Each updated
@@ -169,6 +189,12 @@ class OptimizerBackend {
   // done (a marker after it was waited for), and FreeSnapshot was not called yet.
   virtual absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
                                         void* dst) = 0;
+
+  // Thread-safe. Host memory for checkpoint snapshots (a Read's dst): page-locked on a GPU
+  // backend, so that the device copies into it at full speed; plain memory on the CPU backend.
+  // Errors: RESOURCE_EXHAUSTED. FreeHostBuffer frees one; REQUIRES: no queued work uses it.
+  virtual absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) = 0;
+  virtual void FreeHostBuffer(void* buffer) = 0;
 
   // A marker after all the work queued so far (see Marker).
   virtual absl::StatusOr<Marker> Mark() = 0;

@@ -102,6 +102,35 @@ class CpuBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
+  absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) override {
+    if (absl::Status s = table_.CheckRestore(tensor, state); !s.ok()) return s;
+    const uint64_t o = table_.offset(tensor);
+    const uint64_t n = table_.numel(tensor);
+    std::copy_n(state.params, n, params_.data() + o);
+    std::copy_n(state.exp_avg, n, exp_avg_.data() + o);
+    std::copy_n(state.exp_avg_sq, n, exp_avg_sq_.data() + o);
+    if (table_.hyper_of(tensor).amsgrad) {
+      std::copy_n(state.max_exp_avg_sq, n, max_exp_avg_sq_.data() + o);
+    }
+    if (copy_dtype_ != ParamCopyDType::kNone && state.param_copy != nullptr) {
+      std::copy_n(state.param_copy, n, copy_.data() + o);
+    } else {
+      WriteCopy(o, n);
+    }
+    table_.SetStep(tensor, state.step);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) override {
+    void* buffer = std::aligned_alloc(64, (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64);
+    if (buffer == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host buffer of ", bytes, " bytes"));
+    }
+    return buffer;
+  }
+
+  void FreeHostBuffer(void* buffer) override { std::free(buffer); }
+
   absl::Status Read(const ReadRequest& request) override {
     char* dst = static_cast<char*>(request.dst);
     for (size_t i = 0; i < request.tensors.size(); ++i) {

@@ -31,6 +31,13 @@ class ForwardingBackend : public OptimizerBackend {
                            absl::Span<const float> values) override {
     return inner_->WriteParams(tensor, offset, values);
   }
+  absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) override {
+    return inner_->RestoreTensor(tensor, state);
+  }
+  absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) override {
+    return inner_->AllocateHostBuffer(bytes);
+  }
+  void FreeHostBuffer(void* buffer) override { inner_->FreeHostBuffer(buffer); }
   absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
     return inner_->Step(request);
   }

@@ -54,6 +54,21 @@ void TensorTable::AdvanceSteps(absl::Span<const uint32_t> tensors) {
   for (uint32_t t : tensors) ++steps_[t];
 }
 
+absl::Status TensorTable::CheckRestore(uint32_t tensor, const TensorState& state) const {
+  if (tensor >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat("restore of tensor ", tensor, " of ", size()));
+  }
+  if (state.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " step ", state.step, " < 0"));
+  }
+  if (state.params == nullptr || state.exp_avg == nullptr || state.exp_avg_sq == nullptr ||
+      (hyper_of(tensor).amsgrad && state.max_exp_avg_sq == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restore of tensor ", tensor, " lacks an array of its state"));
+  }
+  return absl::OkStatus();
+}
+
 bool TensorTable::any_amsgrad() const {
   return std::any_of(groups_.begin(), groups_.end(),
                      [](const AdamWHyperparameters& h) { return h.amsgrad; });

@@ -52,6 +52,11 @@ class TensorTable {
 
   // One more step for each of the tensors.
   void AdvanceSteps(absl::Span<const uint32_t> tensors);
+  // A restored tensor's step. REQUIRES: tensor < size().
+  void SetStep(uint32_t tensor, int64_t step) { steps_[tensor] = step; }
+
+  // INVALID_ARGUMENT unless `state` may restore `tensor` (backend.h's RestoreTensor).
+  absl::Status CheckRestore(uint32_t tensor, const TensorState& state) const;
 
   uint32_t size() const { return static_cast<uint32_t>(offsets_.size()); }
   uint64_t arena_numel() const { return arena_numel_; }

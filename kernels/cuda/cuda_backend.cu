@@ -232,6 +232,66 @@ class CudaBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
+  absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) override {
+    if (absl::Status s = table_.CheckRestore(tensor, state); !s.ok()) return s;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    const uint64_t at = table_.offset(tensor);
+    const uint64_t bytes = table_.numel(tensor) * sizeof(float);
+    std::vector<std::pair<float*, const float*>> copies = {
+        {params_.data() + at, state.params},
+        {exp_avg_.data() + at, state.exp_avg},
+        {exp_avg_sq_.data() + at, state.exp_avg_sq}};
+    if (table_.hyper_of(tensor).amsgrad) {
+      copies.push_back({max_exp_avg_sq_.data() + at, state.max_exp_avg_sq});
+    }
+    for (const auto& [dst, src] : copies) {
+      if (bytes > 0) {
+        FUSEDPS_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+      }
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + tensor, &state.step,
+                                                 sizeof(int64_t), cudaMemcpyHostToDevice,
+                                                 stream_));
+    // Waits, so that `state` (page-locked or not) may be reused: a restore runs once, at start.
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (options_.param_copy_dtype != ParamCopyDType::kNone) {
+      if (state.param_copy == nullptr) {
+        // WriteParams derives the copy (and rewrites the same params).
+        if (absl::Status s = WriteParams(tensor, 0, absl::MakeConstSpan(
+                                                        state.params, table_.numel(tensor)));
+            !s.ok()) {
+          return s;
+        }
+      } else if (bytes > 0) {
+        FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(copy_.data() + at, state.param_copy, bytes / 2,
+                                                cudaMemcpyHostToDevice));
+      }
+    }
+    table_.SetStep(tensor, state.step);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    void* buffer = nullptr;
+    if (const cudaError_t err = cudaHostAlloc(&buffer, std::max<uint64_t>(bytes, 1),
+                                              cudaHostAllocDefault);
+        err != cudaSuccess) {
+      cudaGetLastError();
+      if (err != cudaErrorMemoryAllocation) {
+        return absl::InternalError(absl::StrCat("cudaHostAlloc: ", cudaGetErrorString(err)));
+      }
+      return absl::ResourceExhaustedError(
+          absl::StrCat("page-locked host buffer of ", bytes, " bytes"));
+    }
+    return buffer;
+  }
+
+  void FreeHostBuffer(void* buffer) override {
+    if (UseDevice(options_.device_ordinal) == cudaSuccess) cudaFreeHost(buffer);
+  }
+
   absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     // First everything that can fail with an expected error, so that such a failure changes
