@@ -1,4 +1,5 @@
-// file_io.h: the few POSIX file operations durable writes need (write all, fsync, close), with
+// file_io.h: the few POSIX file operations durable files need (write all, read all, fsync,
+// close), with
 // errors as absl statuses carrying errno's code and the path: ENOSPC is RESOURCE_EXHAUSTED,
 // ENOENT NOT_FOUND, EACCES PERMISSION_DENIED. Used by common/safetensors and server/checkpoint.
 #ifndef FUSEDPS_COMMON_FILE_IO_H_
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace fusedps::file_io {
@@ -31,6 +33,10 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
+  void Reset(int fd) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
   // close(2), reporting its error (NFS and full disks report write errors there).
   absl::Status Close(const std::string& path) {
     return close(std::exchange(fd_, -1)) == 0 ? absl::OkStatus() : Errno("cannot close", path);
@@ -53,6 +59,25 @@ inline absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::
     bytes -= static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+// A whole file's bytes (retrying short reads and EINTR). Errors: the errno's status.
+inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno("cannot open", path);
+  const off_t size = lseek(fd.get(), 0, SEEK_END);
+  if (size < 0 || lseek(fd.get(), 0, SEEK_SET) != 0) return Errno("cannot seek", path);
+  std::string bytes(static_cast<size_t>(size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot read", path);
+    if (n == 0) break;  // Shrunk meanwhile: the caller sees fewer bytes.
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
 }
 
 // fsync(2) of a file or a directory (a directory's fsync makes its entries durable).

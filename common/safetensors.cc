@@ -66,15 +66,47 @@ absl::StatusOr<uint64_t> Elements(const std::vector<int64_t>& shape) {
 absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "F32") return DType::kF32;
   if (name == "BF16") return DType::kBF16;
-  return absl::InvalidArgumentError(absl::StrCat("dtype \"", name, "\" is not F32 or BF16"));
+  if (name == "F16") return DType::kF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype \"", name, "\" is not F32, BF16 or F16"));
 }
 
 }  // namespace
 
-const char* DTypeName(DType dtype) { return dtype == DType::kF32 ? "F32" : "BF16"; }
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+  }
+  return "?";
+}
 size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
-absl::StatusOr<WriteResult> WriteFile(const std::string& path,
+std::string Sha256Hex(absl::string_view bytes) {
+  Sha256 sha;
+  sha.Update(bytes.data(), bytes.size());
+  return sha.HexDigest();
+}
+
+struct Writer::State {
+  std::string path;
+  Fd fd{-1};
+  Sha256 sha;
+  bool fsync = false;
+  uint64_t bytes = 0;      // Written so far.
+  uint64_t expected = 0;   // The file's size once every tensor's data is appended.
+};
+
+Writer::Writer() = default;
+Writer::~Writer() = default;
+Writer::Writer(Writer&&) noexcept = default;
+Writer& Writer::operator=(Writer&&) noexcept = default;
+
+absl::StatusOr<Writer> Writer::Create(const std::string& path,
                                       absl::Span<const TensorView> tensors,
                                       const WriteOptions& options) {
   json header = json::object();
@@ -91,7 +123,7 @@ absl::StatusOr<WriteResult> WriteFile(const std::string& path,
           absl::StrCat("tensor \"", t.name, "\": ", elements.status().message()));
     }
     const uint64_t bytes = *elements * DTypeSize(t.dtype);
-    if (bytes != t.data.size()) {
+    if (!options.data_appended && bytes != t.data.size()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" has ",
                                                      t.data.size(), " bytes of data, its shape "
                                                      "and dtype need ", bytes));
@@ -112,39 +144,60 @@ absl::StatusOr<WriteResult> WriteFile(const std::string& path,
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
 
-  Fd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return Errno("cannot create", path);
-  Sha256 sha;
-  const auto put = [&](const void* data, size_t bytes) {
-    sha.Update(data, bytes);
-    return WriteAll(fd.get(), data, bytes, path);
-  };
-  if (absl::Status s = put(length, sizeof(length)); !s.ok()) return s;
-  if (absl::Status s = put(text.data(), text.size()); !s.ok()) return s;
-  for (const TensorView& t : tensors) {
-    if (absl::Status s = put(t.data.data(), t.data.size()); !s.ok()) return s;
+  Writer writer;
+  writer.state_ = std::make_unique<State>();
+  State& state = *writer.state_;
+  state.path = path;
+  state.fsync = options.fsync;
+  state.expected = sizeof(length) + text.size() + offset;
+  state.fd.Reset(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (state.fd.get() < 0) return Errno("cannot create", path);
+  if (absl::Status s = writer.Append(length, sizeof(length)); !s.ok()) return s;
+  if (absl::Status s = writer.Append(text.data(), text.size()); !s.ok()) return s;
+  return writer;
+}
+
+absl::Status Writer::Append(const void* data, size_t bytes) {
+  State& state = *state_;
+  if (state.bytes + bytes > state.expected) {
+    return absl::InternalError(absl::StrCat(state.path, ": ", state.bytes + bytes,
+                                            " bytes appended, the header holds ",
+                                            state.expected));
   }
-  if (options.fsync && fsync(fd.get()) != 0) return Errno("cannot fsync", path);
-  if (absl::Status s = fd.Close(path); !s.ok()) return s;
-  return WriteResult{sizeof(length) + text.size() + offset, sha.HexDigest()};
+  state.sha.Update(data, bytes);
+  state.bytes += bytes;
+  return WriteAll(state.fd.get(), data, bytes, state.path);
+}
+
+absl::StatusOr<WriteResult> Writer::Finish() {
+  State& state = *state_;
+  if (state.bytes != state.expected) {
+    return absl::InternalError(absl::StrCat(state.path, ": ", state.bytes,
+                                            " bytes appended, the header holds ",
+                                            state.expected));
+  }
+  if (state.fsync && fsync(state.fd.get()) != 0) return Errno("cannot fsync", state.path);
+  if (absl::Status s = state.fd.Close(state.path); !s.ok()) return s;
+  return WriteResult{state.bytes, state.sha.HexDigest()};
+}
+
+absl::StatusOr<WriteResult> WriteFile(const std::string& path,
+                                      absl::Span<const TensorView> tensors,
+                                      const WriteOptions& options) {
+  WriteOptions with_data = options;
+  with_data.data_appended = false;
+  absl::StatusOr<Writer> writer = Writer::Create(path, tensors, with_data);
+  if (!writer.ok()) return writer.status();
+  for (const TensorView& t : tensors) {
+    if (absl::Status s = writer->Append(t.data.data(), t.data.size()); !s.ok()) return s;
+  }
+  return writer->Finish();
 }
 
 absl::StatusOr<File> File::Read(const std::string& path) {
-  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno("cannot open", path);
-  const off_t size = lseek(fd.get(), 0, SEEK_END);
-  if (size < 0 || lseek(fd.get(), 0, SEEK_SET) != 0) return Errno("cannot seek", path);
-  std::string bytes(static_cast<size_t>(size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot read", path);
-    if (n == 0) break;  // Shrunk meanwhile: Parse reports what is missing.
-    done += static_cast<size_t>(n);
-  }
-  bytes.resize(done);
-  return Parse(std::move(bytes), path);
+  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  return Parse(*std::move(bytes), path);
 }
 
 absl::StatusOr<File> File::Parse(std::string bytes, const std::string& what) {

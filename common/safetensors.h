@@ -5,7 +5,8 @@
 // safetensors.torch.load_file):
 //   8 bytes     N, the header's length, unsigned little-endian
 //   N bytes     a JSON object, UTF-8, padded at the end with spaces: each tensor's name maps to
-//               {"dtype": "F32"|"BF16", "shape": [d0, d1, ...], "data_offsets": [begin, end]},
+//               {"dtype": "F32"|"BF16"|"F16", "shape": [d0, d1, ...],
+//               "data_offsets": [begin, end]},
 //               and "__metadata__" (optional) maps to an object of string values
 //   the data    every tensor's bytes, row-major, little-endian; offsets are relative to the
 //               data's start, and the tensors cover it exactly, with no gap and no overlap
@@ -16,19 +17,21 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace fusedps::safetensors {
 
-// The element types fusedps writes: fp32 params and optimizer state, bf16 param copies.
-enum class DType { kF32, kBF16 };
-const char* DTypeName(DType dtype);  // "F32", "BF16": the format's spelling.
-size_t DTypeSize(DType dtype);       // Bytes per element: 4, 2.
+// The element types fusedps writes: fp32 params and optimizer state, bf16 or fp16 param copies.
+enum class DType { kF32, kBF16, kF16 };
+const char* DTypeName(DType dtype);  // "F32", "BF16", "F16": the format's spelling.
+size_t DTypeSize(DType dtype);       // Bytes per element: 4, 2, 2.
 
 struct TensorView {
   std::string name;
@@ -40,11 +43,36 @@ struct TensorView {
 struct WriteOptions {
   std::map<std::string, std::string> metadata;  // "__metadata__"; omitted when empty.
   bool fsync = false;  // fsync(2) the file before returning (durability, for checkpoints).
+  // Writer::Create only: the tensors' data comes later through Append (TensorView::data is
+  // not looked at).
+  bool data_appended = false;
 };
 
 struct WriteResult {
   uint64_t bytes = 0;   // The file's size.
   std::string sha256;   // Of the whole file, lowercase hex: the checkpoint manifest's checksum.
+};
+
+// A file written in order: Create writes the header, Append the tensors' data (in the order
+// given, in pieces of any size), Finish checks that all of it came and syncs. For data that is
+// not in memory all at once (a checkpoint written tensor by tensor). Errors as WriteFile's;
+// INTERNAL for more or less data than the header holds. Not thread-safe.
+class Writer {
+ public:
+  static absl::StatusOr<Writer> Create(const std::string& path,
+                                       absl::Span<const TensorView> tensors,
+                                       const WriteOptions& options);
+  absl::Status Append(const void* data, size_t bytes);
+  absl::StatusOr<WriteResult> Finish();
+
+  Writer(Writer&&) noexcept;
+  Writer& operator=(Writer&&) noexcept;
+  ~Writer();
+
+ private:
+  Writer();
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // Writes `tensors`, in this order, to `path` (created or truncated).
@@ -68,7 +96,7 @@ class File {
 
   // Errors: the errno's status when the file cannot be read (NOT_FOUND, ...); DATA_LOSS when it
   // is not a valid safetensors file: shorter than its header says, a header that is not a JSON
-  // object of the form above, a dtype other than F32 and BF16, offsets that disagree with the
+  // object of the form above, a dtype other than F32, BF16 and F16, offsets that disagree with the
   // shape, or tensors that do not cover the data exactly. The message names the file and what
   // is wrong.
   static absl::StatusOr<File> Read(const std::string& path);
@@ -89,6 +117,8 @@ class File {
 
 // SHA-256 of a file's contents, lowercase hex. Errors: the errno's status.
 absl::StatusOr<std::string> Sha256File(const std::string& path);
+// SHA-256 of bytes in memory, lowercase hex.
+std::string Sha256Hex(absl::string_view bytes);
 
 }  // namespace fusedps::safetensors
 
