@@ -161,6 +161,44 @@ void RetryTable::Abandon(absl::string_view client_id, uint64_t sequence_number,
   for (Waiter& waiter : waiters) waiter(error);
 }
 
+std::vector<RetryTable::ClientRecord> RetryTable::Export() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ClientRecord> records;
+  for (const std::string& id : lru_) {
+    const Client& client = clients_.find(id)->second;
+    ClientRecord record{id, client.highest, {}};
+    bool in_flight_seen = false;
+    for (const auto& [sequence_number, entry] : client.pushes) {
+      if (!entry.in_flight) {
+        record.replies.emplace_back(sequence_number, entry.reply);
+      } else if (!in_flight_seen) {
+        // The first push in flight (they begin in ascending order): the highest before it.
+        record.highest = entry.previous_highest;
+        in_flight_seen = true;
+      }
+    }
+    if (record.highest > 0) records.push_back(std::move(record));
+  }
+  return records;
+}
+
+void RetryTable::Import(const std::vector<ClientRecord>& records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  clients_.clear();
+  lru_.clear();
+  for (const ClientRecord& record : records) {
+    if (clients_.size() >= max_clients_) break;
+    if (clients_.contains(record.client_id)) continue;
+    lru_.push_back(record.client_id);
+    Client& client = clients_[record.client_id];
+    client.lru = std::prev(lru_.end());
+    client.highest = record.highest;
+    for (const auto& [sequence_number, reply] : record.replies) {
+      client.pushes[sequence_number] = Entry{false, reply, {}, 0};
+    }
+  }
+}
+
 size_t RetryTable::clients() const {
   std::lock_guard<std::mutex> lock(mu_);
   return clients_.size();

@@ -29,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -85,6 +86,22 @@ class RetryTable {
   // The push begun under these keys failed: forgotten (a retry may apply it), and its waiters
   // run with `error`.
   void Abandon(absl::string_view client_id, uint64_t sequence_number, const absl::Status& error);
+
+  // What a checkpoint keeps of one client: its highest sequence number and its remembered
+  // replies (by sequence number), as of the pushes done so far.
+  struct ClientRecord {
+    std::string client_id;
+    uint64_t highest = 0;
+    std::vector<std::pair<uint64_t, PushReply>> replies;  // Ascending sequence numbers.
+  };
+  // Every client's record, most recently used first, leaving out the pushes in flight (as if
+  // they had not begun): the table as of the last push finished. The checkpoint takes it when
+  // every push before its cut is finished and none after it is, so that the records match the
+  // cut exactly.
+  std::vector<ClientRecord> Export() const;
+  // Replaces the contents with `records` (most recently used first), keeping the first
+  // max_clients. For a restore, before any push. REQUIRES: no push in flight.
+  void Import(const std::vector<ClientRecord>& records);
 
   size_t clients() const;         // Clients remembered now.
   uint64_t evictions() const;     // Clients forgotten by the LRU so far.
