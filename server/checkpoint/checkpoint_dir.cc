@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -46,43 +44,28 @@ absl::Status WriteDurably(const std::string& directory, const std::string& name,
   return SyncPath(directory);
 }
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Errno("cannot open", path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-bool ParseDirectoryName(const std::string& name, uint64_t* version) {
+bool ParseDirectoryName(const std::string& name, uint64_t* serial) {
   return name.size() == sizeof(kPrefix) - 1 + 20 && absl::StartsWith(name, kPrefix) &&
-         absl::SimpleAtoi(name.substr(sizeof(kPrefix) - 1), version);
+         absl::SimpleAtoi(name.substr(sizeof(kPrefix) - 1), serial);
 }
 
 }  // namespace
 
-std::string DirectoryName(uint64_t version) { return absl::StrFormat("%s%020u", kPrefix, version); }
+std::string DirectoryName(uint64_t serial) { return absl::StrFormat("%s%020u", kPrefix, serial); }
 
-PendingCheckpoint::PendingCheckpoint(std::string root, uint64_t version)
+PendingCheckpoint::PendingCheckpoint(std::string root, uint64_t serial, uint64_t version)
     : root_(std::move(root)),
+      serial_(serial),
       version_(version),
-      directory_(absl::StrCat(root_, "/", DirectoryName(version))) {}
+      directory_(absl::StrCat(root_, "/", DirectoryName(serial))) {}
 
 absl::StatusOr<PendingCheckpoint> PendingCheckpoint::Begin(const std::string& root,
                                                            uint64_t version) {
-  PendingCheckpoint pending(root, version);
   std::error_code error;
   fs::create_directories(root, error);
   if (error) return absl::ErrnoToStatus(error.value(), absl::StrCat("cannot create ", root));
-  const std::string manifest = pending.PathOf(kManifestName);
-  if (access(manifest.c_str(), F_OK) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat("a checkpoint of version ", version,
-                                                 " exists: ", pending.directory_));
-  }
-  fs::remove_all(pending.directory_, error);  // An incomplete one, left by a crash.
-  if (error) {
-    return absl::ErrnoToStatus(error.value(), absl::StrCat("cannot remove ", pending.directory_));
-  }
+  const std::vector<std::pair<uint64_t, std::string>> existing = ListCheckpoints(root);
+  PendingCheckpoint pending(root, existing.empty() ? 1 : existing.front().first + 1, version);
   if (mkdir(pending.directory_.c_str(), 0755) != 0) {
     return Errno("cannot create", pending.directory_);
   }
@@ -106,22 +89,24 @@ absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes,
   return absl::OkStatus();
 }
 
-absl::Status PendingCheckpoint::Commit(json body, int keep) {
+absl::StatusOr<uint64_t> PendingCheckpoint::Commit(json body, int keep) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("keep ", keep, " < 1"));
   if (!body.is_object()) return absl::InvalidArgumentError("the manifest body is not an object");
   body["format"] = "fusedps-checkpoint";
   body["format_version"] = kFormatVersion;
+  body["serial"] = serial_;
   body["version"] = version_;
   body["files"] = files_;
-  if (absl::Status s = WriteDurably(directory_, kManifestName, body.dump(1)); !s.ok()) return s;
-  if (absl::Status s = WriteDurably(root_, kLatestName, DirectoryName(version_)); !s.ok()) {
+  const std::string manifest = body.dump(1);
+  if (absl::Status s = WriteDurably(directory_, kManifestName, manifest); !s.ok()) return s;
+  if (absl::Status s = WriteDurably(root_, kLatestName, DirectoryName(serial_)); !s.ok()) {
     return s;
   }
   // Prune: the newest `keep` complete checkpoints stay, and anything newer than this one (none,
   // with one writer). Incomplete ones older than this are dead.
   int complete = 0;
-  for (const auto& [version, directory] : ListCheckpoints(root_)) {
-    if (version > version_) continue;
+  for (const auto& [serial, directory] : ListCheckpoints(root_)) {
+    if (serial > serial_) continue;
     const bool done = access(absl::StrCat(directory, "/", kManifestName).c_str(), F_OK) == 0;
     if (done && ++complete <= keep) continue;
     std::error_code error;
@@ -130,27 +115,27 @@ absl::Status PendingCheckpoint::Commit(json body, int keep) {
       LOG(WARNING) << "checkpoint: cannot remove " << directory << ": " << error.message();
     }
   }
-  return absl::OkStatus();
+  return manifest.size();
 }
 
 std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string& root) {
   std::vector<std::pair<uint64_t, std::string>> found;
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, error)) {
-    uint64_t version = 0;
-    if (entry.is_directory(error) && ParseDirectoryName(entry.path().filename(), &version)) {
-      found.emplace_back(version, entry.path().string());
+    uint64_t serial = 0;
+    if (entry.is_directory(error) && ParseDirectoryName(entry.path().filename(), &serial)) {
+      found.emplace_back(serial, entry.path().string());
     }
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
   return found;
 }
 
-absl::StatusOr<Loaded> Verify(const std::string& directory) {
+absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
   struct stat info;
   if (stat(directory.c_str(), &info) != 0) return Errno("no checkpoint at", directory);
   const std::string manifest_path = absl::StrCat(directory, "/", kManifestName);
-  absl::StatusOr<std::string> text = ReadText(manifest_path);
+  absl::StatusOr<std::string> text = file_io::ReadFile(manifest_path);
   if (!text.ok()) {
     return absl::DataLossError(absl::StrCat(manifest_path, ": ", text.status().message(),
                                             " (an incomplete checkpoint)"));
@@ -160,8 +145,8 @@ absl::StatusOr<Loaded> Verify(const std::string& directory) {
   loaded.manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   const json& m = loaded.manifest;
   if (!m.is_object() || m.value("format", "") != "fusedps-checkpoint" ||
-      !m.contains("version") || !m["version"].is_number_unsigned() || !m.contains("files") ||
-      !m["files"].is_object()) {
+      !m.contains("version") || !m["version"].is_number_unsigned() || !m.contains("serial") ||
+      !m["serial"].is_number_unsigned() || !m.contains("files") || !m["files"].is_object()) {
     return absl::DataLossError(absl::StrCat(manifest_path, " is not a complete manifest"));
   }
   if (m.value("format_version", 0) != kFormatVersion) {
@@ -170,6 +155,7 @@ absl::StatusOr<Loaded> Verify(const std::string& directory) {
         "reads ", kFormatVersion));
   }
   loaded.version = m["version"].get<uint64_t>();
+  loaded.serial = m["serial"].get<uint64_t>();
   for (const auto& [name, entry] : m["files"].items()) {
     const std::string path = absl::StrCat(directory, "/", name);
     if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() ||
@@ -183,6 +169,32 @@ absl::StatusOr<Loaded> Verify(const std::string& directory) {
       return absl::DataLossError(absl::StrCat(path, " has ", info.st_size, " bytes, the "
                                               "manifest says ", entry["bytes"].get<uint64_t>()));
     }
+  }
+  return loaded;
+}
+
+absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::string& name) {
+  const std::string path = absl::StrCat(checkpoint.directory, "/", name);
+  const json* entry = checkpoint.manifest["files"].contains(name)
+                          ? &checkpoint.manifest["files"][name]
+                          : nullptr;
+  if (entry == nullptr) {
+    return absl::DataLossError(absl::StrCat(path, " is not in the manifest"));
+  }
+  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
+  if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
+  if (bytes->size() != (*entry)["bytes"].get<uint64_t>() ||
+      safetensors::Sha256Hex(*bytes) != (*entry)["sha256"].get<std::string>()) {
+    return absl::DataLossError(absl::StrCat(path, " does not match its sha256 in the manifest"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<Loaded> Verify(const std::string& directory) {
+  absl::StatusOr<Loaded> loaded = ReadManifest(directory);
+  if (!loaded.ok()) return loaded;
+  for (const auto& [name, entry] : loaded->manifest["files"].items()) {
+    const std::string path = absl::StrCat(directory, "/", name);
     absl::StatusOr<std::string> sha = safetensors::Sha256File(path);
     if (!sha.ok()) return absl::DataLossError(sha.status().message());
     if (*sha != entry["sha256"].get<std::string>()) {
@@ -192,15 +204,24 @@ absl::StatusOr<Loaded> Verify(const std::string& directory) {
   return loaded;
 }
 
-absl::StatusOr<Loaded> LoadLatestGood(
-    const std::string& root,
-    const std::function<void(const std::string& directory, const absl::Status& why)>& on_skip) {
-  for (const auto& [version, directory] : ListCheckpoints(root)) {
-    absl::StatusOr<Loaded> loaded = Verify(directory);
-    if (loaded.ok()) return loaded;
+absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,
+                                      const SkipObserver& on_skip) {
+  for (const auto& [serial, directory] : ListCheckpoints(root)) {
+    absl::StatusOr<Loaded> loaded = ReadManifest(directory);
+    if (loaded.ok()) {
+      const absl::Status s = load(*loaded);
+      if (s.ok()) return loaded;
+      if (!absl::IsDataLoss(s)) return s;
+      loaded = s;
+    }
     if (on_skip) on_skip(directory, loaded.status());
   }
   return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root));
+}
+
+absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const SkipObserver& on_skip) {
+  return LoadLatestGood(
+      root, [](const Loaded& c) { return Verify(c.directory).status(); }, on_skip);
 }
 
 }  // namespace fusedps::checkpoint

@@ -4,12 +4,15 @@
 // snapshot); this layer sees files, their checksums and a JSON manifest.
 //
 // Layout under the checkpoint root (--checkpoint-dir):
-//   checkpoint-<version>/     one checkpoint (version: 20 digits, zero-padded)
+//   checkpoint-<serial>/      one checkpoint (serial: 20 digits, zero-padded; one more than the
+//                             highest under the root, so that the newest written is the newest
+//                             loaded, also after a rollback to an older shard version)
 //     <data files>            written and fsynced first
 //     manifest.json           written last: manifest.json.tmp, fsync, rename, fsync of the dir
 //   latest                    the newest complete checkpoint's directory name, for tools and
 //                             people; moved (tmp, fsync, rename, fsync of the root) only after
 //                             its manifest is synced
+// The manifest records the serial and the shard version the checkpoint holds.
 // A directory without manifest.json is incomplete (the writer died) and is never loaded. The
 // manifest lists every data file with its size and sha256; a checkpoint whose files disagree
 // is skipped at load, and the next older one is tried. This is the commit rule of
@@ -33,35 +36,39 @@ inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kLatestName[] = "latest";
 inline constexpr int kFormatVersion = 1;
 
-// "checkpoint-00000000000000000042" for version 42.
-std::string DirectoryName(uint64_t version);
+// "checkpoint-00000000000000000042" for serial 42.
+std::string DirectoryName(uint64_t serial);
 
 // One checkpoint being written. Not thread-safe; one at a time per root (the engine's
 // checkpoint job holds it).
 class PendingCheckpoint {
  public:
-  // Creates <root>/checkpoint-<version>/ (and root), removing an incomplete directory of that
-  // name left by a crash. Errors: ALREADY_EXISTS when a complete checkpoint of this version
-  // exists; the errno's status when the directories cannot be made.
+  // Creates <root>/checkpoint-<serial>/ (and root) for a checkpoint of shard version `version`,
+  // serial one more than the highest directory under root. Errors: the errno's status when the
+  // directories cannot be made.
   static absl::StatusOr<PendingCheckpoint> Begin(const std::string& root, uint64_t version);
 
   const std::string& directory() const { return directory_; }
+  uint64_t serial() const { return serial_; }
   std::string PathOf(const std::string& file) const;  // directory()/file.
 
   // Records a data file the caller wrote, fsynced and checksummed (safetensors::WriteFile with
   // fsync). INVALID_ARGUMENT for a name with '/', "manifest.json" or one added twice.
   absl::Status AddFile(const std::string& name, uint64_t bytes, const std::string& sha256);
 
-  // Writes the manifest (`body`'s keys plus "format", "format_version", "version" and "files"),
+  // Writes the manifest (`body`'s keys plus "format", "format_version", "serial", "version" and
+  // "files"),
   // makes it durable, moves `latest` here, then removes all but the newest `keep` complete
-  // checkpoints (keep >= 1) and any incomplete one older than this. After an error the
-  // checkpoint is incomplete and `latest` is unchanged; a failed prune is only logged.
-  absl::Status Commit(nlohmann::json body, int keep);
+  // checkpoints (keep >= 1) and any incomplete one older than this. Returns the manifest's
+  // size. After an error the checkpoint is incomplete and `latest` is unchanged; a failed prune
+  // is only logged.
+  absl::StatusOr<uint64_t> Commit(nlohmann::json body, int keep);
 
  private:
-  PendingCheckpoint(std::string root, uint64_t version);
+  PendingCheckpoint(std::string root, uint64_t serial, uint64_t version);
 
   std::string root_;
+  uint64_t serial_;
   uint64_t version_;
   std::string directory_;
   nlohmann::json files_ = nlohmann::json::object();
@@ -70,22 +77,38 @@ class PendingCheckpoint {
 // A complete checkpoint, verified: every file the manifest lists has its size and sha256.
 struct Loaded {
   std::string directory;
+  uint64_t serial = 0;
   uint64_t version = 0;
   nlohmann::json manifest;
 };
 
-// Checks one checkpoint directory. DATA_LOSS naming the file for a missing or unparsable
-// manifest, a missing file, or a size or checksum that differs; NOT_FOUND for no directory.
+// Reads one checkpoint's manifest and checks that every file it lists exists with its size.
+// DATA_LOSS naming the file for a missing or unparsable manifest, or a missing file or one of
+// another size; FAILED_PRECONDITION for a format_version this server does not read; NOT_FOUND
+// for no directory.
+absl::StatusOr<Loaded> ReadManifest(const std::string& directory);
+
+// Reads a file the manifest lists, whole, and checks its sha256: DATA_LOSS naming the file when
+// it differs (or its size does).
+absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::string& name);
+
+// ReadManifest, and every file's sha256 checked (DATA_LOSS naming the file).
 absl::StatusOr<Loaded> Verify(const std::string& directory);
 
-// The newest checkpoint under root that verifies, trying them by version, newest first (the
-// manifest is the commit point: a crash between it and `latest`'s move loses nothing). `on_skip` hears of each one passed over, and why (for the log). NOT_FOUND when
-// none verifies (or root has none).
-absl::StatusOr<Loaded> LoadLatestGood(
-    const std::string& root,
-    const std::function<void(const std::string& directory, const absl::Status& why)>& on_skip);
+// Loads the newest checkpoint under root that `load` accepts, trying them by serial, newest
+// first (the manifest is the commit point: a crash between it and `latest`'s move loses
+// nothing). `load` gets each complete checkpoint's manifest (ReadManifest) and returns OK when
+// it loaded it, DATA_LOSS to pass it over, or another error to stop the search with (e.g. a
+// load that failed half-way). `on_skip` hears of each checkpoint passed over, and why (for the
+// log). NOT_FOUND when none loads (or root has none).
+using Loader = std::function<absl::Status(const Loaded& checkpoint)>;
+using SkipObserver = std::function<void(const std::string& directory, const absl::Status& why)>;
+absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,
+                                      const SkipObserver& on_skip);
+// The same, with Verify's checks as the loader.
+absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const SkipObserver& on_skip);
 
-// The checkpoint directories under root (complete or not), newest version first.
+// The checkpoint directories under root (complete or not), newest (highest serial) first.
 std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string& root);
 
 }  // namespace fusedps::checkpoint
