@@ -4,12 +4,19 @@
 //
 // Prometheus metrics (docs/metrics.md) are served at http://<--metrics-listen>/metrics.
 //
-// SIGTERM or SIGINT: stop accepting calls, finish the calls in flight (at most
-// --shutdown-grace-seconds), apply every complete push, exit 0.
+// Checkpoints (docs/checkpoints.md): with --checkpoint-dir the server restores the newest good
+// checkpoint there at start (--restore), writes one every --checkpoint-interval-seconds and/or
+// --checkpoint-every-versions, on the Checkpoint RPC (`fusedps checkpoint`), and on SIGTERM.
 //
-// Exit status: 0 after SIGTERM/SIGINT; 1 when the server cannot start; 2 for a bad flag; 3 when
-// the shard faulted (a device error, docs/errors.md): health turned NOT_SERVING, every call got
-// UNAVAILABLE for --fault-drain-seconds, and the orchestrator should restart the server.
+// SIGTERM or SIGINT: stop accepting calls, finish the calls in flight (at most
+// --shutdown-grace-seconds), apply every complete push, write a checkpoint (with
+// --checkpoint-dir), exit 0.
+//
+// Exit status: 0 after SIGTERM/SIGINT; 1 when the server cannot start (also: a checkpoint that
+// --restore names does not load); 2 for a bad flag; 3 when the shard faulted (a device error,
+// docs/errors.md): health turned NOT_SERVING, every call got UNAVAILABLE for
+// --fault-drain-seconds, and the orchestrator should restart the server; 4 when the checkpoint
+// on SIGTERM failed (the last good one stays).
 #include <unistd.h>
 
 #include <chrono>
@@ -76,6 +83,21 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "HTTP address of Prometheus /metrics, HOST:PORT; port 0 picks one; empty disables");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "once serving, write the bound /metrics port to this file (atomically)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where checkpoints go (docs/checkpoints.md); empty: none are written");
+ABSL_FLAG(double, checkpoint_interval_seconds, 0,
+          "write a checkpoint this often (when the shard changed); 0: no timer");
+ABSL_FLAG(uint64_t, checkpoint_every_versions, 0,
+          "write a checkpoint when the version has advanced by this many pushes; 0: never");
+ABSL_FLAG(int, checkpoint_keep, 3, "how many complete checkpoints to keep (>= 1)");
+ABSL_FLAG(uint64_t, checkpoint_host_buffer_bytes, 0,
+          "the most page-locked host memory a checkpoint's snapshot may take; a larger shard is "
+          "checkpointed tensor by tensor while steps wait; 0: as much as the shard needs");
+ABSL_FLAG(bool, checkpoint_on_sigterm, true,
+          "with --checkpoint-dir, write a checkpoint after the SIGTERM drain, before exiting");
+ABSL_FLAG(std::string, restore, "latest",
+          "what the shard starts from: latest (the newest good checkpoint in --checkpoint-dir, "
+          "else empty), none, or a checkpoint directory's path (which must load)");
 ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
@@ -128,6 +150,24 @@ int main(int argc, char** argv) {
   options.call_idle = idle == 0 ? absl::InfiniteDuration() : absl::Seconds(idle);
   options.keepalive = absl::Seconds(keepalive);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.checkpoint.root = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint.keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  options.checkpoint.every_versions = absl::GetFlag(FLAGS_checkpoint_every_versions);
+  options.checkpoint.host_buffer_bytes = absl::GetFlag(FLAGS_checkpoint_host_buffer_bytes);
+  const double interval = absl::GetFlag(FLAGS_checkpoint_interval_seconds);
+  options.restore = absl::GetFlag(FLAGS_restore);
+  if (interval < 0 || options.checkpoint.keep < 1 || options.restore.empty()) {
+    LOG(ERROR) << "--checkpoint-interval-seconds must be >= 0, --checkpoint-keep >= 1, and "
+                  "--restore latest, none or a path";
+    return 2;
+  }
+  if (options.checkpoint.root.empty() &&
+      (interval > 0 || options.checkpoint.every_versions > 0)) {
+    LOG(ERROR) << "--checkpoint-interval-seconds and --checkpoint-every-versions need "
+                  "--checkpoint-dir";
+    return 2;
+  }
+  options.checkpoint.interval = absl::Seconds(interval);
   // A fault wakes the signal wait below.
   options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
   absl::StatusOr<fusedps::ParamCopyDType> copy =
@@ -201,7 +241,18 @@ int main(int argc, char** argv) {
             << absl::GetFlag(FLAGS_shutdown_grace_seconds) << " s";
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
   (*server)->Wait();
+  int status = 0;
+  if (!options.checkpoint.root.empty() && absl::GetFlag(FLAGS_checkpoint_on_sigterm)) {
+    // Every push acknowledged was applied in the drain; the checkpoint holds them all.
+    absl::StatusOr<fusedps::checkpoint::CheckpointResult> written = (*server)->Checkpoint();
+    if (written.ok()) {
+      LOG(INFO) << "checkpoint on exit: version " << written->version << " in " << written->path;
+    } else {
+      LOG(ERROR) << "the checkpoint on exit failed: " << written.status();
+      status = 4;
+    }
+  }
   server->reset();
   LOG(INFO) << "fusedps-server stopped";
-  return 0;
+  return status;
 }

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +9,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend_factory.h"
+#include "server/checkpoint/shard_files.h"
 
 #ifndef FUSEDPS_VERSION
 #define FUSEDPS_VERSION "dev"
@@ -78,6 +81,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
   }
 
+  if (!options.checkpoint.root.empty()) {
+    checkpoint::CheckpointerOptions checkpoint = options.checkpoint;
+    if (checkpoint.server_version.empty()) checkpoint.server_version = FUSEDPS_VERSION;
+    server->checkpointer_ =
+        std::make_unique<checkpoint::Checkpointer>(engine, server->metrics_.get(), checkpoint);
+  }
+
   ServiceContext context;
   context.engine = engine;
   context.fault = server->fault_.get();
@@ -88,6 +98,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   context.assemblies = server->assemblies_.get();
   context.watchdog = server->watchdog_.get();
   context.registration_gate = &server->registration_gate_;
+  context.checkpointer = server->checkpointer_.get();
+  context.restoring = &server->restoring_;
   server->testing_before_push_join_ = options.testing_before_push_join;
   if (server->testing_before_push_join_) {
     context.testing_before_push_join = &server->testing_before_push_join_;
@@ -113,12 +125,79 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen, "'"));
   }
+  server->SetServing(false);  // Until the restore is done.
+  if (absl::Status s = server->Restore(options); !s.ok()) return s;
+  server->restoring_.store(false, std::memory_order_release);
+  if (server->checkpointer_ != nullptr) server->checkpointer_->Start();
   server->SetServing(true);
   server->fault_->OnFault([self, on_fault = options.on_fault](const absl::Status& cause) {
     self->SetServing(false);
     if (on_fault) on_fault(cause);
   });
   return server;
+}
+
+absl::Status Server::Restore(const ServerOptions& options) {
+  const std::string& root = options.checkpoint.root;
+  if (options.restore == "none" || (options.restore == "latest" && root.empty())) {
+    return absl::OkStatus();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
+  const auto load = [&](const checkpoint::Loaded& c) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<checkpoint::LoadedShard>> shard =
+        checkpoint::ReadCheckpoint(c, engine_->param_copy_dtype());
+    if (!shard.ok()) return shard.status();
+    absl::StatusOr<uint64_t> version = UpdateEngine::Wait<uint64_t>(
+        [&](UpdateEngine::Done<uint64_t> done) { engine_->Restore(&(*shard)->shard, done); });
+    if (!version.ok()) {
+      // Never DATA_LOSS: the engine may hold half of it, so no older checkpoint is tried.
+      return absl::Status(absl::IsDataLoss(version.status()) ? absl::StatusCode::kInternal
+                                                             : version.status().code(),
+                          absl::StrCat("restoring ", c.directory, ": ",
+                                       version.status().message()));
+    }
+    bytes = (*shard)->bytes;
+    return absl::OkStatus();
+  };
+  absl::StatusOr<checkpoint::Loaded> loaded;
+  if (options.restore == "latest") {
+    loaded = checkpoint::LoadLatestGood(
+        root, load, [](const std::string& directory, const absl::Status& why) {
+          LOG(ERROR) << "checkpoint " << directory << " is skipped: " << why;
+        });
+    if (absl::IsNotFound(loaded.status())) {
+      LOG(INFO) << "no complete checkpoint under " << root << ": the shard starts empty";
+      return absl::OkStatus();
+    }
+  } else {
+    loaded = checkpoint::ReadManifest(options.restore);
+    if (loaded.ok()) {
+      if (absl::Status s = load(*loaded); !s.ok()) loaded = s;
+    }
+  }
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat("--restore=", options.restore, ": ",
+                                     loaded.status().message()));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics_->RecordCheckpointPhase("restore", seconds);
+  LOG(INFO) << "restored version " << loaded->version << " from " << loaded->directory << ": "
+            << bytes << " bytes in " << seconds << " s (" << bytes / std::max(seconds, 1e-9) / 1e9
+            << " GB/s)";
+  if (checkpointer_ != nullptr && options.restore == "latest") {
+    checkpointer_->Restored({loaded->version, loaded->directory});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<checkpoint::CheckpointResult> Server::Checkpoint() {
+  if (checkpointer_ == nullptr) {
+    return absl::FailedPreconditionError("the server has no --checkpoint-dir");
+  }
+  return checkpointer_->CheckpointNow();
 }
 
 void Server::SetServing(bool serving) {
@@ -151,6 +230,7 @@ Server::~Server() {
     grpc_server_.reset();
   }
   service_.reset();
+  checkpointer_.reset();  // Its checkpoint in progress finishes (the engine still runs).
   metrics_.reset();
   watchdog_.reset();
   assemblies_.reset();

@@ -19,6 +19,7 @@
 #ifndef FUSEDPS_SERVER_SERVER_H_
 #define FUSEDPS_SERVER_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
+#include "server/checkpoint/checkpointer.h"
 #include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
 #include "server/ingest/push_assembly.h"
@@ -66,6 +68,12 @@ struct ServerOptions {
   // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
   // metrics are still kept, see Server::metrics()).
   std::string metrics_listen;
+  // Checkpoints (docs/checkpoints.md); checkpoint.root empty: none are written.
+  checkpoint::CheckpointerOptions checkpoint;
+  // What the shard starts from: "latest" (the newest good checkpoint under checkpoint.root, or
+  // empty when there is none), "none" (empty), or a checkpoint directory's path (which must
+  // load). Health is NOT_SERVING and every call UNAVAILABLE until the restore is done.
+  std::string restore = "latest";
   // Tests: makes the backend instead of `device` (e.g. one that injects faults).
   std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()> backend_factory;
   // Runs once if the shard faults, after health has turned NOT_SERVING (on the thread that
@@ -91,6 +99,10 @@ class Server {
   StagingPool& staging_pool() { return *staging_; }
   const ShardFault& fault() const { return *fault_; }
 
+  // A checkpoint holding every push acknowledged so far (Checkpointer::CheckpointNow), e.g.
+  // after Shutdown's drain. FAILED_PRECONDITION without checkpoint.root.
+  absl::StatusOr<checkpoint::CheckpointResult> Checkpoint();
+
   // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
   // them), and applies every push already complete. Idempotent.
   void Shutdown(absl::Duration grace);
@@ -101,6 +113,8 @@ class Server {
  private:
   Server() = default;
   void SetServing(bool serving);
+  // Loads the shard as options.restore says (Start's).
+  absl::Status Restore(const ServerOptions& options);
 
   std::unique_ptr<ShardFault> fault_;
   std::unique_ptr<RetryTable> retries_;
@@ -112,6 +126,8 @@ class Server {
   std::timed_mutex registration_gate_;
   std::function<void()> testing_before_push_join_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  std::atomic<bool> restoring_{true};
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -48,10 +48,10 @@ class CheckpointDirTest : public ::testing::Test {
         !s.ok()) {
       return s;
     }
-    return pending->Commit({{"shard", "test"}}, keep);
+    return pending->Commit({{"shard", "test"}}, keep).status();
   }
 
-  std::string DirOf(uint64_t version) const { return root_ + "/" + DirectoryName(version); }
+  std::string DirOf(uint64_t serial) const { return root_ + "/" + DirectoryName(serial); }
 
   absl::StatusOr<Loaded> Load(std::vector<std::string>* skipped = nullptr) {
     return LoadLatestGood(root_, [&](const std::string& dir, const absl::Status& why) {
@@ -72,17 +72,30 @@ TEST_F(CheckpointDirTest, CommitsAManifestWithChecksumsAndMovesLatest) {
   absl::StatusOr<Loaded> loaded = Load();
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->version, 7u);
-  EXPECT_EQ(loaded->directory, DirOf(7));
+  EXPECT_EQ(loaded->directory, DirOf(1)) << "the first serial";
   EXPECT_EQ(loaded->manifest["shard"], "test");
   EXPECT_EQ(loaded->manifest["format_version"], kFormatVersion);
-  const std::string file = DirOf(7) + "/params.safetensors";
+  const std::string file = DirOf(1) + "/params.safetensors";
   EXPECT_EQ(loaded->manifest["files"]["params.safetensors"]["sha256"],
             *safetensors::Sha256File(file));
   EXPECT_EQ(loaded->manifest["files"]["params.safetensors"]["bytes"], fs::file_size(file));
-  EXPECT_EQ(Slurp(root_ + "/latest"), DirectoryName(7));
-  EXPECT_FALSE(fs::exists(DirOf(7) + "/manifest.json.tmp"));
-  EXPECT_EQ(PendingCheckpoint::Begin(root_, 7).status().code(),
-            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Slurp(root_ + "/latest"), DirectoryName(1));
+  EXPECT_FALSE(fs::exists(DirOf(1) + "/manifest.json.tmp"));
+}
+
+TEST_F(CheckpointDirTest, DirectoriesAreNumberedBySerialAndTheManifestHoldsTheVersion) {
+  // A rollback: version 9, then 5 (a server restored from an older checkpoint), then 5 again
+  // (a registration without a step). The newest written is the newest loaded.
+  ASSERT_TRUE(Write(9).ok());
+  ASSERT_TRUE(Write(5).ok());
+  ASSERT_TRUE(Write(5).ok());
+  absl::StatusOr<Loaded> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->serial, 3u);
+  EXPECT_EQ(loaded->version, 5u);
+  EXPECT_EQ(loaded->directory, root_ + "/" + DirectoryName(3));
+  EXPECT_EQ(loaded->manifest["serial"], 3u);
+  EXPECT_EQ(Slurp(root_ + "/latest"), DirectoryName(3));
 }
 
 TEST_F(CheckpointDirTest, KeepsTheNewestN) {
@@ -106,8 +119,9 @@ TEST_F(CheckpointDirTest, AnIncompleteCheckpointIsSkippedAndReplaced) {
   EXPECT_EQ(loaded->version, 1u);
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_NE(skipped[0].find(DirOf(2) + "/manifest.json"), std::string::npos) << skipped[0];
-  ASSERT_TRUE(Write(2).ok()) << "Begin removes the incomplete directory";
-  EXPECT_EQ(Load()->version, 2u);
+  ASSERT_TRUE(Write(2).ok());
+  EXPECT_EQ(Load()->directory, DirOf(3)) << "the next checkpoint takes the next serial";
+  EXPECT_FALSE(fs::exists(DirOf(2))) << "and its commit removes the incomplete one";
 }
 
 TEST_F(CheckpointDirTest, AFlippedByteIsDetectedNamingTheFileAndTheOlderOneIsUsed) {

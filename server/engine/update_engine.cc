@@ -162,6 +162,7 @@ void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done) {
           return fail(s);
         }
         if (!outcome->skipped) ++queued_version_;
+        ++generation_;
         PushReply reply;
         reply.version = queued_version_;
         reply.skipped = outcome->skipped;
@@ -214,6 +215,7 @@ void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
           std::lock_guard<std::mutex> lock(view_mu_);
           view_ = view_->WithGroup(index, std::move(group));
         }
+        ++generation_;
         done(true);
       },
       [done](const absl::Status& s) { done(s); });
@@ -243,6 +245,7 @@ void UpdateEngine::SetHyperparameters(std::string group, HyperparameterUpdate up
           std::lock_guard<std::mutex> lock(view_mu_);
           view_ = view_->WithGroup(*index, changed);
         }
+        ++generation_;
         done(changed);
       },
       [done](const absl::Status& s) { done(s); });
@@ -315,6 +318,7 @@ void UpdateEngine::CommitRegistration(Done<uint64_t> done) {
           view_ = view_->WithTensors(std::move(pending_tensors_));
         }
         pending_tensors_.clear();
+        ++generation_;
         done(queued_version_);
       },
       [done](const absl::Status& s) { done(s); });

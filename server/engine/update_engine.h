@@ -33,6 +33,7 @@
 #ifndef FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
 #define FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -101,6 +102,63 @@ struct ReadResult {
   void* snapshot = nullptr;    // The snapshot read into (free it with FreeSnapshot), or null.
 };
 
+// One field of the shard in a checkpoint snapshot: where each tensor's values lie in the host
+// buffer. Tensors are indices of the cut's view, in registration order.
+struct SnapshotField {
+  std::string name;  // The checkpoint's file stem: "params", "exp_avg", "exp_avg_sq",
+                     // "max_exp_avg_sq" or "param_copy".
+  TensorField field = TensorField::kParam;
+  bool param_copy = false;       // The 16-bit copy (2-byte elements), else fp32.
+  std::vector<uint32_t> tensors;
+  std::vector<uint64_t> offsets;  // Bytes into the buffer, 16-byte aligned.
+};
+
+// The fields a checkpoint of `view` holds, laid out one after the other; *bytes is the buffer
+// they need. max_exp_avg_sq holds the tensors of amsgrad groups (absent when none is),
+// param_copy every tensor when the backend keeps a copy.
+std::vector<SnapshotField> SnapshotLayout(const ShardView& view, ParamCopyDType copy,
+                                          uint64_t* bytes);
+
+// The state of a shard at one point of its stream order, but for the tensors' values.
+struct ShardCut {
+  uint64_t version = 0;
+  std::shared_ptr<const ShardView> view;
+  std::vector<int64_t> steps;  // By tensor index of the view.
+  std::vector<RetryTable::ClientRecord> retries;
+  // Counts the jobs that changed the shard (steps, skipped steps, registrations, group
+  // changes, a restore): equal generations mean equal shards.
+  uint64_t generation = 0;
+};
+
+// Reads the shard's values at the cut while the engine is held (the fenced snapshot); and
+// releases the engine when done with, or destroyed.
+class SnapshotFence {
+ public:
+  // Reads `field` of its tensors [begin, end) into dst, at offsets[i] - offsets[begin], and
+  // waits for the copy. Errors: INTERNAL (a device fault, also reported to the ShardFault).
+  virtual absl::Status Read(const SnapshotField& field, size_t begin, size_t end, void* dst) = 0;
+  virtual ~SnapshotFence() = default;
+};
+
+struct CheckpointSnapshot {
+  ShardCut cut;
+  std::vector<SnapshotField> fields;
+  // Full snapshot: the values, at fields' offsets, in the caller's buffer; null when fenced.
+  const char* data = nullptr;
+  // Fenced snapshot: read the values through it; no job runs until it is destroyed.
+  std::unique_ptr<SnapshotFence> fence;
+};
+
+// A whole shard to restore: what a checkpoint holds, its arrays in host memory that stays
+// valid until the restore's `done` has run.
+struct RestoredShard {
+  uint64_t version = 0;
+  std::vector<ParamGroupSpec> groups;  // By index; groups[0] replaces "default".
+  std::vector<TensorMeta> tensors;     // In registration order.
+  std::vector<TensorState> states;     // Of tensors[i].
+  std::vector<RetryTable::ClientRecord> retries;
+};
+
 class UpdateEngine {
  public:
   template <typename T>
@@ -116,6 +174,9 @@ class UpdateEngine {
   std::shared_ptr<const ShardView> view() const;
   // The version as of the last completed step.
   uint64_t version() const;
+  // ShardCut::generation as of the jobs run so far (a checkpoint of this generation holds the
+  // shard as it is).
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   // The version and the steps of `tensors` (indices of the current view), read together.
   uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
 
@@ -144,6 +205,28 @@ class UpdateEngine {
   void Read(ReadJob job, Done<ReadResult> done);
   // Frees a snapshot of an earlier Read, after the work queued before.
   void FreeSnapshot(void* snapshot);
+
+  // A checkpoint's snapshot, at the point of this job in stream order (engine_checkpoint.cc).
+  // Without `fenced`, the values of SnapshotLayout(the view, param_copy_dtype()) are copied
+  // into `buffer` (host memory, AllocateHostBuffer), on the stream between two steps, and
+  // `done` runs once they are there; later steps go on meanwhile. OUT_OF_RANGE when the view
+  // needs more than `buffer_bytes` (a registration came in between). With `fenced`, nothing is
+  // copied: `done` gets a fence through which the caller reads the values piece by piece,
+  // and the engine runs no job until the fence is destroyed. `done` runs on the completion
+  // thread; it may hand the snapshot to another thread.
+  void Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
+                Done<CheckpointSnapshot> done);
+  // Loads a whole shard into an engine that has none yet (no tensors, only "default" group):
+  // groups, tensors, values, steps, version and the retry table, then publishes it. `done`
+  // runs on the engine thread with the version. FAILED_PRECONDITION when the shard is not
+  // empty; INVALID_ARGUMENT or RESOURCE_EXHAUSTED from the backend, which leaves the engine
+  // unusable (the caller stops: a restore that failed half-way is never served).
+  void Restore(const RestoredShard* shard, Done<uint64_t> done);
+  // Page-locked host memory for Snapshot's buffer (thread-safe; RESOURCE_EXHAUSTED).
+  absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) {
+    return backend_->AllocateHostBuffer(bytes);
+  }
+  void FreeHostBuffer(void* buffer) { backend_->FreeHostBuffer(buffer); }
 
   // Calls submit(done) and blocks until the job runs `done`, for the callers that may block
   // (synchronous handlers).
@@ -193,8 +276,11 @@ class UpdateEngine {
   ShardFault* const fault_;
   RetryTable* const retries_;
 
+  class Fence;
+
   // Engine thread only.
   uint64_t queued_version_ = 0;
+  std::atomic<uint64_t> generation_{0};  // ShardCut::generation; written by the engine thread.
   uint32_t pending_first_ = 0;              // The registration in progress: its first index,
   std::vector<TensorMeta> pending_tensors_;  // and its tensors.
 

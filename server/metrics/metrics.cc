@@ -177,6 +177,26 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                            "Clients the retry table forgot to stay within "
                                            "--retry-table-clients (least recently used first).")
                                  .Add({})),
+      checkpoint_duration_(HistogramFamily(*registry_, "fusedps_checkpoint_duration_seconds",
+                                           "Checkpoint phases, in seconds: snapshot (the cut "
+                                           "that steps wait for), write (files and commit), "
+                                           "restore (at start).")),
+      checkpoint_bytes_(CounterFamily(*registry_, "fusedps_checkpoint_written_bytes_total",
+                                      "Bytes of committed checkpoints (data files and "
+                                      "manifests).")
+                            .Add({})),
+      checkpoint_last_success_(GaugeFamily(*registry_,
+                                           "fusedps_checkpoint_last_success_timestamp_seconds",
+                                           "When the shard was last known to be checkpointed, "
+                                           "in Unix seconds: the last commit, or a checkpoint "
+                                           "skipped because nothing changed (0: none yet).")
+                                   .Add({})),
+      checkpoint_interval_(GaugeFamily(*registry_, "fusedps_checkpoint_interval_seconds",
+                                       "--checkpoint-interval-seconds (0: no timer).")
+                               .Add({})),
+      checkpoint_failures_(CounterFamily(*registry_, "fusedps_checkpoint_failures_total",
+                                         "Checkpoints that failed, by reason: disk_full, io, "
+                                         "snapshot, stopping.")),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
     stage_[i] = &stage_duration_.Add({{"stage", kStageNames[i]}}, DurationBuckets());
@@ -185,6 +205,9 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
   push_requests_.Add({{"code", "OK"}});
   pull_requests_.Add({{"code", "OK"}});
   steps_skipped_.Add({{"reason", "non_finite_grad"}});
+  for (const char* reason : {"disk_full", "io", "snapshot", "stopping"}) {
+    checkpoint_failures_.Add({{"reason", reason}});
+  }
   GaugeFamily(*registry_, "fusedps_build_info",
               "Always 1; the labels say which fusedps build serves, on which backend and device.")
       .Add({{"version", build.version}, {"backend", build.backend}, {"device", build.device}})
@@ -251,6 +274,25 @@ void Metrics::RecordStep(bool skipped, const std::string& skip_reason) {
   } else {
     steps_.Increment();
   }
+}
+
+void Metrics::RecordCheckpointPhase(const std::string& phase, double seconds) {
+  // Phases run from milliseconds to minutes: DurationBuckets' range, and beyond.
+  static const std::vector<double> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                               0.25,  0.5,    1,     2.5,  5,     10,   25,
+                                               50,    100,    250,   500,  1000};
+  checkpoint_duration_.Add({{"phase", phase}}, kBuckets).Observe(seconds);
+}
+
+void Metrics::RecordCheckpointSuccess(uint64_t bytes, double unix_seconds) {
+  checkpoint_bytes_.Increment(static_cast<double>(bytes));
+  checkpoint_last_success_.Set(unix_seconds);
+}
+
+void Metrics::SetCheckpointInterval(double seconds) { checkpoint_interval_.Set(seconds); }
+
+void Metrics::RecordCheckpointFailure(const std::string& reason) {
+  checkpoint_failures_.Add({{"reason", reason}}).Increment();
 }
 
 void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {

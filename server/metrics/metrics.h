@@ -109,6 +109,21 @@ class Metrics {
   // One PullParameters call that ended with `code`, having sent `bytes` of tensor payload.
   void RecordPull(grpc::StatusCode code, uint64_t bytes);
 
+  // Checkpoints (server/checkpoint). `phase` is "snapshot" (the cut: the device's copy into
+  // host memory, or for a fenced snapshot the whole write), "write" (files and commit) or
+  // "restore" (read, check and load at start).
+  void RecordCheckpointPhase(const std::string& phase, double seconds);
+  // A checkpoint committed: its bytes, and when (Unix seconds). bytes = 0: the shard was found
+  // checkpointed already (nothing changed since the last one, or it was just restored or
+  // started empty); the timestamp moves all the same: it says when the shard was last known to
+  // be durable.
+  void RecordCheckpointSuccess(uint64_t bytes, double unix_seconds);
+  // --checkpoint-interval-seconds (0: none), for the staleness alert.
+  void SetCheckpointInterval(double seconds);
+  // A checkpoint that failed: "disk_full", "io", "snapshot" (the shard could not be read) or
+  // "stopping".
+  void RecordCheckpointFailure(const std::string& reason);
+
   // Every metric in Prometheus's text format, exactly as /metrics serves it.
   std::string ScrapeText() const;
 
@@ -141,6 +156,11 @@ class Metrics {
   prometheus::Counter& push_duplicates_;
   prometheus::Gauge& retry_table_clients_;
   prometheus::Counter& retry_table_evictions_;
+  prometheus::Family<prometheus::Histogram>& checkpoint_duration_;
+  prometheus::Counter& checkpoint_bytes_;
+  prometheus::Gauge& checkpoint_last_success_;
+  prometheus::Gauge& checkpoint_interval_;
+  prometheus::Family<prometheus::Counter>& checkpoint_failures_;
 
   mutable std::mutex sync_mu_;
   // Launch counts already added to kernel_launches_, by kernel name. Guarded by sync_mu_.

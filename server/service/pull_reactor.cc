@@ -34,7 +34,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
           context_->TryCancel();  // The pending write ends with !ok; OnWriteDone finishes.
         })) {
     FUSEDPS_HAPPENS_BEFORE(this);
-    absl::Status ready = services_.fault->status();
+    absl::Status ready = services_.Admit();
     if (ready.ok()) ready = Prepare(request);
     if (!ready.ok()) {
       FinishCall(ready);

@@ -29,7 +29,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
         services_(services),
         watch_(services.watchdog->Watch([this] { OnIdle(); })) {
     FUSEDPS_HAPPENS_BEFORE(this);
-    if (absl::Status s = services_.fault->status(); !s.ok()) {
+    if (absl::Status s = services_.Admit(); !s.ok()) {
       FinishCall(s, {}, {});
       return;
     }

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "server/checkpoint/checkpointer.h"
 #include "common/logging.h"
 #include "server/ingest/registration.h"
 #include "server/service/convert.h"
@@ -29,7 +30,7 @@ constexpr uint64_t kReplyMarginBytes = 64 << 10;
 grpc::Status ParameterServiceImpl::RegisterParamGroup(
     grpc::ServerContext*, const v1::RegisterParamGroupRequest* request,
     v1::RegisterParamGroupResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
   absl::StatusOr<AdamWHyperparameters> h =
       HyperparametersFromProto(request->param_group().hyperparameters());
   if (!h.ok()) return ToGrpc(h.status());
@@ -45,7 +46,7 @@ grpc::Status ParameterServiceImpl::RegisterParamGroup(
 grpc::Status ParameterServiceImpl::SetHyperparameters(
     grpc::ServerContext*, const v1::SetHyperparametersRequest* request,
     v1::SetHyperparametersResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
   absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(request->hyperparameters());
   if (!update.ok()) return ToGrpc(update.status());
   absl::StatusOr<ParamGroupSpec> group = UpdateEngine::Wait<ParamGroupSpec>(
@@ -71,7 +72,7 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
 absl::Status ParameterServiceImpl::RegisterTensorsStatus(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return s;
+  if (absl::Status s = services_.Admit(); !s.ok()) return s;
   // A client that stops sending is cancelled after the idle limit (Read then returns false).
   std::shared_ptr<CallWatchdog::Handle> watch =
       services_.watchdog->Watch([context] { context->TryCancel(); });
@@ -130,7 +131,7 @@ grpc::ServerWriteReactor<v1::PullParametersResponse>* ParameterServiceImpl::Pull
 
 grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
                                            v1::GetInfoResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
   std::shared_ptr<const ShardView> view = services_.engine->view();
   response->set_version(services_.engine->version());
   response->set_backend(services_.engine->backend_name());
@@ -144,10 +145,25 @@ grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetIn
   return grpc::Status::OK;
 }
 
+grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext*,
+                                              const v1::CheckpointRequest*,
+                                              v1::CheckpointResponse* response) {
+  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
+  if (services_.checkpointer == nullptr) {
+    return ToGrpc(absl::FailedPreconditionError(
+        "the server has no --checkpoint-dir, so it cannot write a checkpoint"));
+  }
+  absl::StatusOr<checkpoint::CheckpointResult> result = services_.checkpointer->CheckpointNow();
+  if (!result.ok()) return ToGrpc(result.status());
+  response->set_version(result->version);
+  response->set_path(result->path);
+  return grpc::Status::OK;
+}
+
 grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext*,
                                                const v1::ListTensorsRequest* request,
                                                v1::ListTensorsResponse* response) {
-  if (absl::Status s = services_.fault->status(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
   std::shared_ptr<const ShardView> view = services_.engine->view();
   uint32_t first = 0;
   if (!request->page_token().empty()) {

@@ -41,6 +41,9 @@ class ParameterServiceImpl final : public ParameterServiceBase {
       grpc::CallbackServerContext* context, const v1::PullParametersRequest* request) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,
                        v1::GetInfoResponse* response) override;
+  // Blocks this handler's thread until the checkpoint is durable (Checkpointer::CheckpointNow).
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
   // Pages of at most page_size tensors (0: as many as fit in a reply message); the page token
   // is opaque ("t" and the next tensor's index). INVALID_ARGUMENT for a bad page_token.
   grpc::Status ListTensors(grpc::ServerContext* context, const v1::ListTensorsRequest* request,

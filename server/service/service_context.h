@@ -4,6 +4,7 @@
 #define FUSEDPS_SERVER_SERVICE_SERVICE_CONTEXT_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -17,6 +18,9 @@
 #include "server/store/retry_table.h"
 
 namespace fusedps {
+namespace checkpoint {
+class Checkpointer;
+}  // namespace checkpoint
 
 struct ServiceLimits {
   uint64_t max_message_bytes = 8 << 20;  // gRPC's max send and receive message size.
@@ -36,11 +40,23 @@ struct ServiceContext {
   PushAssemblies* assemblies;
   CallWatchdog* watchdog;
   std::timed_mutex* registration_gate;  // One registration at a time.
+  // Checkpoints on demand (the Checkpoint RPC); null without --checkpoint-dir.
+  checkpoint::Checkpointer* checkpointer = nullptr;
+  // True while the server restores a checkpoint at start: every call is UNAVAILABLE.
+  const std::atomic<bool>* restoring = nullptr;
   // ServerOptions::testing_before_push_join, or null.
   const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;
 
   IngestServices ingest() const { return {engine, staging, metrics, assemblies}; }
+
+  // OK when a call may proceed: UNAVAILABLE while restoring, or after a fault.
+  absl::Status Admit() const {
+    if (restoring != nullptr && restoring->load(std::memory_order_acquire)) {
+      return absl::UnavailableError("the server is restoring its checkpoint; try again soon");
+    }
+    return fault->status();
+  }
 
   // The staging one pull or registration may hold at a time: the configured window, but never
   // more than a quarter of the pool, so that a few slow readers cannot starve pushes.

@@ -1,0 +1,200 @@
+#include "server/checkpoint/shard_files.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+#include "nlohmann/json.hpp"
+
+namespace fusedps::checkpoint {
+namespace {
+
+using nlohmann::json;
+
+std::string FileOf(const std::string& field) { return absl::StrCat(field, ".safetensors"); }
+
+safetensors::DType DTypeOf(const SnapshotField& field, ParamCopyDType copy) {
+  if (!field.param_copy) return safetensors::DType::kF32;
+  return copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16 : safetensors::DType::kBF16;
+}
+
+json HyperparametersJson(const ParamGroupSpec& g) {
+  const AdamWHyperparameters& h = g.hyperparameters;
+  return {{"name", g.name},
+          {"lr", h.lr},
+          {"beta1", h.beta1},
+          {"beta2", h.beta2},
+          {"eps", h.eps},
+          {"weight_decay", h.weight_decay},
+          {"amsgrad", h.amsgrad},
+          {"maximize", h.maximize},
+          {"decoupled_weight_decay", h.decoupled_weight_decay}};
+}
+
+json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& settings) {
+  const ShardCut& cut = snapshot.cut;
+  json groups = json::array();
+  for (const ParamGroupSpec& g : cut.view->groups()) groups.push_back(HyperparametersJson(g));
+  json tensors = json::array();
+  for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {
+    const TensorMeta& m = cut.view->tensor(t);
+    tensors.push_back({{"name", m.name},
+                       {"shape", m.shape},
+                       {"param_group", cut.view->groups()[m.group].name},
+                       {"step", cut.steps[t]}});
+  }
+  json retries = json::array();
+  for (const RetryTable::ClientRecord& r : cut.retries) {
+    json replies = json::array();
+    for (const auto& [sequence_number, reply] : r.replies) {
+      replies.push_back({{"sequence_number", sequence_number},
+                         {"version", reply.version},
+                         {"skipped", reply.skipped},
+                         {"tensors_updated", reply.tensors_updated},
+                         {"grad_bytes", reply.grad_bytes}});
+    }
+    retries.push_back({{"client_id", r.client_id}, {"highest", r.highest}, {"replies", replies}});
+  }
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return {{"server_version", settings.server_version},
+          {"created_unix_seconds", now},
+          {"param_copy_dtype", ParamCopyName(settings.param_copy_dtype)},
+          {"param_groups", groups},
+          {"tensors", tensors},
+          {"retry_table", retries}};
+}
+
+// The tensors of one field as safetensors views; their data from a full snapshot, if any.
+std::vector<safetensors::TensorView> ViewsOf(const CheckpointSnapshot& snapshot,
+                                             const SnapshotField& field, ParamCopyDType copy) {
+  std::vector<safetensors::TensorView> views;
+  const uint64_t element = field.param_copy ? 2 : 4;
+  for (size_t i = 0; i < field.tensors.size(); ++i) {
+    const TensorMeta& m = snapshot.cut.view->tensor(field.tensors[i]);
+    safetensors::TensorView v{m.name, DTypeOf(field, copy), m.shape, {}};
+    if (snapshot.data != nullptr) {
+      v.data = absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(snapshot.data + field.offsets[i]), m.numel * element);
+    }
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+// One field's file from a fenced snapshot: tensors read through the fence a buffer at a time.
+absl::StatusOr<safetensors::WriteResult> WriteFenced(const CheckpointSnapshot& snapshot,
+                                                     const SnapshotField& field,
+                                                     const WriteSettings& settings,
+                                                     const std::string& path) {
+  const std::vector<safetensors::TensorView> views =
+      ViewsOf(snapshot, field, settings.param_copy_dtype);
+  absl::StatusOr<safetensors::Writer> writer =
+      safetensors::Writer::Create(path, views, {{}, /*fsync=*/true, /*data_appended=*/true});
+  if (!writer.ok()) return writer.status();
+  const uint64_t element = field.param_copy ? 2 : 4;
+  const auto padded_end = [&](size_t i) {
+    return field.offsets[i] + AlignedNumel(snapshot.cut.view->tensor(field.tensors[i]).numel) *
+                                  element;
+  };
+  for (size_t begin = 0; begin < field.tensors.size();) {
+    size_t end = begin + 1;
+    while (end < field.tensors.size() &&
+           padded_end(end) - field.offsets[begin] <= settings.fence_buffer_bytes) {
+      ++end;
+    }
+    if (padded_end(end - 1) - field.offsets[begin] > settings.fence_buffer_bytes) {
+      return absl::InternalError(absl::StrCat("tensor ", views[begin].name, " does not fit the ",
+                                              settings.fence_buffer_bytes,
+                                              "-byte snapshot buffer"));
+    }
+    if (absl::Status s = snapshot.fence->Read(field, begin, end, settings.fence_buffer);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const uint64_t bytes = snapshot.cut.view->tensor(field.tensors[i]).numel * element;
+      if (absl::Status s = writer->Append(
+              settings.fence_buffer + (field.offsets[i] - field.offsets[begin]), bytes);
+          !s.ok()) {
+        return s;
+      }
+    }
+    begin = end;
+  }
+  return writer->Finish();
+}
+
+}  // namespace
+
+const char* ParamCopyName(ParamCopyDType copy) {
+  switch (copy) {
+    case ParamCopyDType::kBFloat16:
+      return "bf16";
+    case ParamCopyDType::kFloat16:
+      return "fp16";
+    case ParamCopyDType::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
+                                        const WriteSettings& settings) {
+  absl::StatusOr<PendingCheckpoint> pending =
+      PendingCheckpoint::Begin(settings.root, snapshot.cut.version);
+  if (!pending.ok()) return pending.status();
+  const size_t n = snapshot.fields.size();
+  std::vector<absl::StatusOr<safetensors::WriteResult>> results(
+      n, absl::UnknownError("not written"));
+  const auto write = [&](size_t i) {
+    const SnapshotField& field = snapshot.fields[i];
+    const std::string path = pending->PathOf(FileOf(field.name));
+    if (snapshot.fence != nullptr) {
+      results[i] = WriteFenced(snapshot, field, settings, path);
+    } else {
+      results[i] = safetensors::WriteFile(path, ViewsOf(snapshot, field, settings.param_copy_dtype),
+                                          {{}, /*fsync=*/true});
+    }
+  };
+  if (snapshot.fence != nullptr) {
+    for (size_t i = 0; i < n; ++i) write(i);  // One buffer: one file at a time.
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < n; ++i) threads.emplace_back(write, i);
+    for (std::thread& t : threads) t.join();
+  }
+  Written written{pending->directory(), pending->serial(), snapshot.cut.version, 0};
+  // A failed checkpoint gives its space back (a full disk stays usable for the next one).
+  const auto abandon = [&](const absl::Status& s) {
+    std::error_code error;
+    std::filesystem::remove_all(pending->directory(), error);
+    return s;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (!results[i].ok()) return abandon(results[i].status());
+    if (absl::Status s = pending->AddFile(FileOf(snapshot.fields[i].name), results[i]->bytes,
+                                          results[i]->sha256);
+        !s.ok()) {
+      return s;
+    }
+    written.bytes += results[i]->bytes;
+  }
+  absl::StatusOr<uint64_t> manifest_bytes =
+      pending->Commit(ManifestBody(snapshot, settings), settings.keep);
+  // A commit that failed after its manifest's rename leaves a complete checkpoint: keep it.
+  if (!manifest_bytes.ok()) {
+    if (access(pending->PathOf(kManifestName).c_str(), F_OK) == 0) return manifest_bytes.status();
+    return abandon(manifest_bytes.status());
+  }
+  written.bytes += *manifest_bytes;
+  return written;
+}
+
+}  // namespace fusedps::checkpoint

@@ -1,0 +1,173 @@
+// The update engine's checkpoint jobs: Snapshot (a consistent cut of the shard, for a checkpoint
+// to write) and Restore (a whole shard loaded into an empty engine). See update_engine.h.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/update_engine.h"
+
+namespace fusedps {
+
+std::vector<SnapshotField> SnapshotLayout(const ShardView& view, ParamCopyDType copy,
+                                          uint64_t* bytes) {
+  std::vector<SnapshotField> fields = {{"params", TensorField::kParam, false, {}, {}},
+                                       {"exp_avg", TensorField::kExpAvg, false, {}, {}},
+                                       {"exp_avg_sq", TensorField::kExpAvgSq, false, {}, {}},
+                                       {"max_exp_avg_sq", TensorField::kMaxExpAvgSq, false, {}, {}},
+                                       {"param_copy", TensorField::kParam, true, {}, {}}};
+  uint64_t offset = 0;
+  for (SnapshotField& f : fields) {
+    const uint64_t element = f.param_copy ? 2 : 4;
+    for (uint32_t t = 0; t < view.tensor_count(); ++t) {
+      if (f.field == TensorField::kMaxExpAvgSq &&
+          !view.groups()[view.tensor(t).group].hyperparameters.amsgrad) {
+        continue;
+      }
+      if (f.param_copy && copy == ParamCopyDType::kNone) break;
+      f.tensors.push_back(t);
+      f.offsets.push_back(offset);
+      // The arena's own padding: one copy per field moves the whole run (backend.h's Read).
+      offset += AlignedNumel(view.tensor(t).numel) * element;
+    }
+  }
+  // Fields of no tensors are left out (no max_exp_avg_sq without amsgrad, no copy without one).
+  std::vector<SnapshotField> kept;
+  for (SnapshotField& f : fields) {
+    if (!f.tensors.empty() || (f.field != TensorField::kMaxExpAvgSq && !f.param_copy)) {
+      kept.push_back(std::move(f));
+    }
+  }
+  *bytes = offset;
+  return kept;
+}
+
+// The fenced snapshot's access to the backend: the engine thread waits in the Snapshot job
+// until this is destroyed, so the caller's thread is the only one that queues work meanwhile.
+class UpdateEngine::Fence final : public SnapshotFence {
+ public:
+  Fence(UpdateEngine* engine, std::shared_ptr<Notification> released)
+      : engine_(engine), released_(std::move(released)) {}
+  ~Fence() override { released_->Notify(); }
+
+  absl::Status Read(const SnapshotField& field, size_t begin, size_t end, void* dst) override {
+    std::vector<uint64_t> offsets;
+    for (size_t i = begin; i < end; ++i) offsets.push_back(field.offsets[i] - field.offsets[begin]);
+    ReadRequest request;
+    request.field = field.field;
+    request.param_copy = field.param_copy;
+    request.tensors = absl::MakeConstSpan(field.tensors).subspan(begin, end - begin);
+    request.dst_offsets = offsets;
+    request.dst = dst;
+    if (absl::Status s = engine_->Checked(engine_->backend_->Read(request)); !s.ok()) return s;
+    absl::StatusOr<Marker> marker = engine_->backend_->Mark();
+    if (!marker.ok()) return engine_->Checked(marker.status());
+    return engine_->Checked(engine_->backend_->Wait(*marker).status());
+  }
+
+ private:
+  UpdateEngine* const engine_;
+  const std::shared_ptr<Notification> released_;
+};
+
+void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
+                            Done<CheckpointSnapshot> done) {
+  Submit(
+      [this, buffer, buffer_bytes, fenced, done] {
+        const auto fail = [this, done](absl::Status s) {
+          Complete({0, [done, s](absl::StatusOr<WorkDone>) { done(s); }});
+        };
+        if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+        auto snapshot = std::make_shared<CheckpointSnapshot>();
+        ShardCut& cut = snapshot->cut;
+        cut.view = view();
+        cut.version = queued_version_;
+        cut.generation = generation_;
+        for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {
+          cut.steps.push_back(backend_->step(t));
+        }
+        uint64_t bytes = 0;
+        snapshot->fields = SnapshotLayout(*cut.view, backend_->param_copy_dtype(), &bytes);
+        if (!fenced) {
+          if (bytes > buffer_bytes) {
+            return fail(absl::OutOfRangeError(absl::StrCat(
+                "the snapshot needs ", bytes, " bytes, the buffer has ", buffer_bytes)));
+          }
+          for (const SnapshotField& f : snapshot->fields) {
+            ReadRequest request;
+            request.field = f.field;
+            request.param_copy = f.param_copy;
+            request.tensors = f.tensors;
+            request.dst_offsets = f.offsets;
+            request.dst = buffer;
+            if (absl::Status s = Checked(backend_->Read(request)); !s.ok()) return fail(s);
+          }
+          snapshot->data = static_cast<const char*>(buffer);
+        }
+        absl::StatusOr<Marker> marker = backend_->Mark();
+        if (!marker.ok()) return fail(Checked(marker.status()));
+        std::shared_ptr<Notification> released;
+        if (fenced) {
+          released = std::make_shared<Notification>();
+          snapshot->fence = std::make_unique<Fence>(this, released);
+        }
+        // The retry table once every push before the cut has finished, and none after it has
+        // (completions run in stream order): it matches the cut.
+        Complete({*marker, [this, snapshot, done](absl::StatusOr<WorkDone> work) {
+                    if (!work.ok()) return done(work.status());
+                    snapshot->cut.retries = retries_->Export();
+                    done(std::move(*snapshot));
+                  }});
+        // Fenced: hold the engine thread (no step, no registration) until the fence goes.
+        if (released != nullptr) released->WaitForNotification();
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+void UpdateEngine::Restore(const RestoredShard* shard, Done<uint64_t> done) {
+  Submit(
+      [this, shard, done] {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        std::shared_ptr<const ShardView> restored = view();
+        if (restored->tensor_count() != 0 || restored->groups().size() != 1 ||
+            queued_version_ != 0 || !pending_tensors_.empty()) {
+          return done(absl::FailedPreconditionError(
+              "a restore needs an empty shard: no tensors, no param groups but \"default\""));
+        }
+        for (uint32_t g = 0; g < shard->groups.size(); ++g) {
+          const ParamGroupSpec& group = shard->groups[g];
+          if (absl::Status s = Checked(backend_->SetParamGroup(g, group.hyperparameters), true);
+              !s.ok()) {
+            return done(s);
+          }
+          restored = restored->WithGroup(g, group);
+        }
+        std::vector<NewTensor> added;
+        for (const TensorMeta& t : shard->tensors) added.push_back({t.numel, t.group});
+        absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
+        if (!first.ok()) return done(Checked(first.status(), true));
+        std::vector<int64_t> steps;
+        for (uint32_t i = 0; i < shard->tensors.size(); ++i) {
+          if (absl::Status s = Checked(backend_->RestoreTensor(*first + i, shard->states[i]), true);
+              !s.ok()) {
+            return done(s);
+          }
+          steps.push_back(shard->states[i].step);
+        }
+        restored = restored->WithTensors(shard->tensors);
+        retries_->Import(shard->retries);
+        queued_version_ = shard->version;
+        ++generation_;
+        {
+          std::unique_lock<std::shared_mutex> lock(progress_mu_);
+          version_ = shard->version;
+          steps_ = std::move(steps);
+        }
+        {
+          std::lock_guard<std::mutex> lock(view_mu_);
+          view_ = std::move(restored);
+        }
+        done(shard->version);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+}  // namespace fusedps
