@@ -594,4 +594,15 @@ absl::StatusOr<ParamGroup> Client::SetHyperparameters(const std::string& param_g
   return internal::FromProtoParamGroup(response.param_group());
 }
 
+absl::StatusOr<Client::CheckpointWritten> Client::Checkpoint(absl::Duration timeout) {
+  v1::CheckpointResponse response;
+  grpc::ClientContext context;
+  if (options_.wait_for_ready) context.set_wait_for_ready(true);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  absl::Status status = ToAbslStatus(
+      connection(0).stub->Checkpoint(&context, v1::CheckpointRequest(), &response));
+  if (!status.ok()) return status;
+  return CheckpointWritten{response.version(), response.path()};
+}
+
 }  // namespace fusedps::client

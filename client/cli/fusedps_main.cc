@@ -84,6 +84,9 @@ Commands:
             was skipped.
   pull      Pull --field of every tensor or of --tensors and write them to --out.
   set-lr    Set the lr of param group --group to --lr.
+  checkpoint  Have the server write a checkpoint of its shard now (it needs --checkpoint-dir;
+            docs/checkpoints.md) holding every push acknowledged before; prints its version
+            and directory once it is durable.
   health    Ask grpc.health.v1 about the server (or --service); exit 0 only when SERVING.
   help      Print this text.
 
@@ -352,6 +355,13 @@ absl::Status RunSetLr(Client& client) {
   return absl::OkStatus();
 }
 
+absl::Status RunCheckpoint(Client& client) {
+  absl::StatusOr<Client::CheckpointWritten> written = client.Checkpoint();
+  if (!written.ok()) return written.status();
+  std::cout << "version " << written->version << " " << written->path << "\n";
+  return absl::OkStatus();
+}
+
 // Exits 0 only when the server (or --service) is SERVING: for container health checks.
 absl::Status RunHealth(Client& client) {
   const std::string service = absl::GetFlag(FLAGS_service);
@@ -363,7 +373,8 @@ absl::Status RunHealth(Client& client) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fusedps [flags] info|list|register|push|pull|set-lr|health|help");
+  absl::SetProgramUsageMessage(
+      "fusedps [flags] info|list|register|push|pull|set-lr|checkpoint|health|help");
   if (HelpRequested(argc, argv)) {
     PrintHelp();
     return 0;
@@ -383,7 +394,8 @@ int Main(int argc, char** argv) {
   const std::string command = args[1];
   const std::map<std::string, absl::Status (*)(Client&)> commands = {
       {"info", RunInfo}, {"list", RunList}, {"register", RunRegister},
-      {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}, {"health", RunHealth}};
+      {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}, {"health", RunHealth},
+      {"checkpoint", RunCheckpoint}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "fusedps: unknown command " << command << " (see fusedps help)\n";

@@ -334,6 +334,18 @@ class Client {
   absl::StatusOr<ParamGroup> SetHyperparameters(const std::string& param_group,
                                                 const ParamGroupOptions& changes);
 
+  // What Checkpoint wrote: the shard version it holds, and its directory on the server.
+  struct CheckpointWritten {
+    uint64_t version = 0;
+    std::string path;
+  };
+  // Has the server write a checkpoint holding every push acknowledged before the call
+  // (docs/checkpoints.md), and waits until it is durable, at most `timeout` (a large shard
+  // takes a while; the client's usual deadline does not apply). Errors: FAILED_PRECONDITION
+  // when the server has no --checkpoint-dir; RESOURCE_EXHAUSTED when its disk is full;
+  // DEADLINE_EXCEEDED; UNAVAILABLE.
+  absl::StatusOr<CheckpointWritten> Checkpoint(absl::Duration timeout = absl::Minutes(10));
+
  private:
   struct Connection;  // A gRPC stub over one channel.
 

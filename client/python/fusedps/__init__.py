@@ -5,6 +5,10 @@ gradients (one atomic AdamW step per push) and pull parameters back. See fusedps
 
 The generated gRPC stubs live in fusedps.v1 (parameter_service_pb2, parameter_service_pb2_grpc),
 produced at build time beside this package in build/python: use PYTHONPATH=build/python.
+
+fusedps.checkpoint converts server checkpoints to and from PyTorch state dicts
+(docs/checkpoints.md); it is imported on first use (``fusedps.checkpoint`` or
+``import fusedps.checkpoint``).
 """
 
 from fusedps.client import (
@@ -20,6 +24,16 @@ from fusedps.client import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # Submodules imported on first access, so that `import fusedps` stays light.
+    if name == "checkpoint":
+        import importlib
+
+        return importlib.import_module("fusedps.checkpoint")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Client",
     "ParamGroup",
@@ -29,4 +43,5 @@ __all__ = [
     "ServerInfo",
     "TensorInfo",
     "TensorList",
+    "checkpoint",
 ]

@@ -676,6 +676,18 @@ class Client:
             server_version=r.server_version, max_message_bytes=int(r.max_message_bytes),
             param_copy_dtype=_PB_TO_DTYPE.get(r.param_copy_dtype))
 
+    def checkpoint(self, timeout: Optional[float] = 600.0) -> Tuple[int, str]:
+        """Has the server write a checkpoint holding every push acknowledged before this call,
+        and returns ``(version, path)``: the shard version it holds and its directory on the
+        server. Blocks until the checkpoint is durable (``timeout`` seconds at most).
+
+        Raises:
+          grpc.RpcError: FAILED_PRECONDITION (the server has no --checkpoint-dir),
+            RESOURCE_EXHAUSTED (its disk is full), UNAVAILABLE, DEADLINE_EXCEEDED.
+        """
+        r = self._stub.Checkpoint(pb.CheckpointRequest(), timeout=timeout)
+        return int(r.version), r.path
+
     def list_tensors(self) -> TensorList:
         """Every registered tensor (TensorInfo: name, shape, group, step, numel), with
         ``.version``. The server returns a large shard in pages; this reads them all, each page

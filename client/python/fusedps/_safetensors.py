@@ -1,0 +1,183 @@
+"""The safetensors codec of fusedps checkpoints (fusedps.checkpoint; docs/checkpoints.md).
+
+The format: a u64 little-endian header length, a JSON header
+{name: {"dtype", "shape", "data_offsets"}} with an optional "__metadata__", then the data.
+Files are written here as the server writes them (common/safetensors.cc): header keys sorted,
+the data in registration order, the header padded with spaces so the data starts 8-byte
+aligned. They are read with the ``safetensors`` package when it is importable, else with the
+small decoder here (F32, BF16 and F16).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+try:  # Optional: not in Debian 12. The decoder below is the fallback.
+    import safetensors.torch as _safetensors_torch
+except ImportError:  # pragma: no cover - depends on the environment
+    _safetensors_torch = None
+
+__all__ = ["decode_safetensors", "read_safetensors", "write_safetensors"]
+
+_MAX_HEADER_BYTES = 100 << 20  # The safetensors package's limit.
+
+# safetensors dtype -> (torch dtype, element size); the integer type of the same size is used to
+# move raw bits through numpy, which has no bfloat16.
+_DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2)}
+_TORCH_TO_ST = {dt: name for name, (dt, _) in _DTYPES.items()}
+_BITS = {4: torch.int32, 2: torch.int16}
+
+
+def _check_little_endian() -> None:
+    if sys.byteorder != "little":  # pragma: no cover - no such host in use
+        raise RuntimeError("fusedps.checkpoint supports little-endian hosts only")
+
+
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    """The little-endian bytes of a CPU tensor of a _DTYPES dtype, row-major."""
+    if t.numel() == 0:
+        return b""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(_BITS[flat.element_size()]).numpy().tobytes()
+
+
+def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
+                      metadata: Optional[Mapping[str, str]] = None, *,
+                      fsync: bool = True) -> Tuple[int, str]:
+    """Writes ``tensors`` (name -> tensor of dtype float32, bfloat16 or float16, any shape,
+    any device) to a safetensors file at ``path``, the data in the mapping's order, and
+    returns ``(size in bytes, lowercase hex sha256 of the whole file)``.
+
+    The layout is the server's (common/safetensors.cc): the header JSON with sorted keys and
+    no spaces, padded with spaces so that the data starts at a multiple of 8 bytes; readable by
+    ``safetensors.torch.load_file``. ``fsync``: flush the file to disk before returning.
+
+    Raises:
+      TypeError: a value that is not a tensor, or of another dtype.
+      ValueError: an empty name, or "__metadata__".
+      OSError: the file cannot be written.
+    """
+    _check_little_endian()
+    header: Dict[str, Any] = {}
+    blobs: List[bytes] = []
+    offset = 0
+    for name, t in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"safetensors tensor name {name!r} is empty or reserved")
+        if not isinstance(t, torch.Tensor) or t.dtype not in _TORCH_TO_ST:
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name}: expected a float32, bfloat16 or float16 tensor, got {got}")
+        blob = _raw_bytes(t)
+        header[name] = {"dtype": _TORCH_TO_ST[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    head = text.encode("utf-8")
+    head += b" " * ((8 - len(head) % 8) % 8)
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "wb") as f:
+        for part in [struct.pack("<Q", len(head)), head, *blobs]:
+            f.write(part)
+            sha.update(part)
+            size += len(part)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    return size, sha.hexdigest()
+
+
+def _decode_builtin(data: bytes, what: str) -> Dict[str, torch.Tensor]:
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{what} is not a valid safetensors file: {why}")
+
+    _check_little_endian()
+    if len(data) < 8:
+        raise bad(f"only {len(data)} bytes")
+    (n,) = struct.unpack_from("<Q", data, 0)
+    if n > _MAX_HEADER_BYTES or n > len(data) - 8:
+        raise bad(f"a header of {n} bytes in a file of {len(data)}")
+    try:
+        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"the header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise bad("__metadata__ is not an object of strings")
+    start, size = 8 + n, len(data) - 8 - n
+    entries = []
+    for name, e in header.items():
+        if not (isinstance(e, dict) and isinstance(e.get("shape"), list)
+                and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2):
+            raise bad(f"{name}: needs dtype, shape and data_offsets [begin, end]")
+        if e.get("dtype") not in _DTYPES:
+            raise bad(f"{name}: dtype {e.get('dtype')!r} is not F32, BF16 or F16")
+        dims = e["shape"] + e["data_offsets"]
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise bad(f"{name}: a dimension or offset is not a non-negative integer")
+        begin, end = e["data_offsets"]
+        dtype, itemsize = _DTYPES[e["dtype"]]
+        if end < begin or end - begin != math.prod(e["shape"]) * itemsize:
+            raise bad(f"{name}: data_offsets disagree with the shape and dtype")
+        entries.append((begin, end, name, dtype, tuple(e["shape"])))
+    entries.sort(key=lambda x: (x[0], x[1]))
+    covered = 0
+    for begin, end, name, _, _ in entries:
+        if begin != covered:
+            raise bad(f"{name} leaves a gap or overlaps")
+        covered = end
+    if covered != size:
+        raise bad(f"the tensors cover {covered} bytes of data, the file has {size}")
+    view = memoryview(data)
+    out: Dict[str, torch.Tensor] = {}
+    for begin, end, name, dtype, shape in entries:
+        if begin == end:
+            out[name] = torch.empty(shape, dtype=dtype)
+        else:  # A buffer of its own (aligned, writable) that the tensor keeps alive.
+            buf = bytearray(view[start + begin:start + end])
+            out[name] = torch.frombuffer(buf, dtype=dtype).reshape(shape)
+    return out
+
+
+def decode_safetensors(data: bytes, what: str = "<bytes>", *,
+                       use_package: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+    """The tensors (name -> CPU tensor, shapes as stored) of safetensors file contents.
+
+    ``use_package``: None uses the ``safetensors`` package when importable, else the codec
+    here; True requires the package; False always uses the codec here (which accepts F32,
+    BF16 and F16 and checks that the data offsets cover the data exactly). ``what`` names the
+    data in errors.
+
+    Raises:
+      ValueError: the data is not a valid safetensors file (naming ``what``).
+      ImportError: use_package=True without the package.
+    """
+    if use_package is None:
+        use_package = _safetensors_torch is not None
+    if not use_package:
+        return _decode_builtin(data, what)
+    if _safetensors_torch is None:
+        raise ImportError("the safetensors package is not installed")
+    try:
+        return dict(_safetensors_torch.load(bytes(data)))
+    except Exception as e:  # The package raises its own SafetensorError.
+        raise ValueError(f"{what} is not a valid safetensors file: {e}") from None
+
+
+def read_safetensors(path: str) -> Dict[str, torch.Tensor]:
+    """The tensors of the safetensors file at ``path`` (see decode_safetensors)."""
+    with open(path, "rb") as f:
+        return decode_safetensors(f.read(), path)
