@@ -1,0 +1,152 @@
+"""A fusedps-server process that checkpoint tests start, SIGKILL and start again on one
+--checkpoint-dir, and the independent checks they make of the shard and the files.
+
+The independent references:
+  * shard_digest: sha256 of every tensor's params, exp_avg, exp_avg_sq (max_exp_avg_sq for
+    amsgrad tensors), its step, and the version, read through the public API;
+  * newest_complete / read_safetensors: the checkpoint directory read by the format's
+    definition (docs/checkpoints.md), without the server's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import fusedps
+
+from server_fixture import server_path, wait_for_port
+from test_cli import read_safetensors
+
+
+class ServerProcess:
+    """One fusedps-server (CPU backend unless $FUSEDPS_TEST_DEVICE), logging to a file."""
+
+    def __init__(self, args: Sequence[str], preexec_fn=None, start_timeout: float = 60.0):
+        self._tmp = tempfile.TemporaryDirectory(prefix="fusedps-ckpt-")
+        port_file = os.path.join(self._tmp.name, "port")
+        self.log_path = os.path.join(self._tmp.name, "server.log")
+        cmd = [server_path(), "--listen=127.0.0.1:0", f"--port-file={port_file}",
+               "--metrics-listen=127.0.0.1:0",
+               f"--metrics-port-file={port_file}.metrics",
+               f"--device={os.environ.get('FUSEDPS_TEST_DEVICE', 'cpu')}", *args]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+        try:
+            port = wait_for_port(self.proc, port_file, start_timeout, self.log)
+        except BaseException:
+            self.kill()
+            raise
+        self.target = f"127.0.0.1:{port}"
+        with open(f"{port_file}.metrics") as f:
+            self.metrics_port = int(f.read().strip())
+
+    def log(self, n: int = 20000) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-n:]
+
+    def metrics(self) -> str:
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+            return r.read().decode()
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no checkpoint."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def terminate(self, timeout: float = 120.0) -> int:
+        """SIGTERM; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        self.kill()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def shard_digest(client: "fusedps.Client") -> Tuple[str, int]:
+    """(sha256 hex, version) of the whole shard's state as the server serves it.
+
+    Hashes, per tensor in registration order: its name, step, and the fp32 bytes of params,
+    exp_avg, exp_avg_sq, and max_exp_avg_sq for tensors of amsgrad groups; then the version.
+    Raises when the version moves while it reads (callers read a quiet server).
+    """
+    listing = client.list_tensors()
+    amsgrad = {g.name for g in client.info().param_groups if g.amsgrad}
+    names = [t.name for t in listing]
+    fields = {"param": client.pull_parameters(names)}
+    for field in ("exp_avg", "exp_avg_sq"):
+        fields[field] = client.pull_state(field, names)[0]
+    ams_names = [t.name for t in listing if t.param_group in amsgrad]
+    if ams_names:
+        fields["max_exp_avg_sq"] = client.pull_state("max_exp_avg_sq", ams_names)[0]
+    h = hashlib.sha256()
+    for t in listing:
+        h.update(t.name.encode())
+        h.update(int(t.step).to_bytes(8, "little"))
+        for field, values in fields.items():
+            if t.name in values:
+                h.update(values[t.name].contiguous().numpy().tobytes())
+    version = client.list_tensors().version
+    if version != listing.version:
+        raise RuntimeError(f"the version moved from {listing.version} to {version}")
+    h.update(int(version).to_bytes(8, "little"))
+    return h.hexdigest(), version
+
+
+def complete_checkpoints(root: str) -> List[Tuple[int, str]]:
+    """(serial, directory) of every directory with a manifest.json, newest first."""
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        path = os.path.join(root, name)
+        if name.startswith("checkpoint-") and os.path.exists(os.path.join(path, "manifest.json")):
+            found.append((int(name[len("checkpoint-"):]), path))
+    return sorted(found, reverse=True)
+
+
+def manifest_of(directory: str) -> Dict:
+    with open(os.path.join(directory, "manifest.json")) as f:
+        return json.load(f)
+
+
+def params_of(directory: str) -> Dict:
+    """The params file's tensors (name -> torch tensor), read by the format's definition."""
+    import torch
+    tensors, _ = read_safetensors(os.path.join(directory, "params.safetensors"))
+    return {name: torch.from_numpy(values.copy()) for name, values in tensors.items()}
+
+
+def fsize_limit(max_bytes: int):
+    """A preexec_fn: the child's files may not grow past max_bytes (writes fail with EFBIG, and
+    SIGXFSZ, which would kill it, is ignored)."""
+    def apply() -> None:
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return apply
+
+
+def metric_value(text: str, name: str, labels: Optional[str] = None) -> float:
+    """The value of one series in Prometheus text (labels: the exact {...} text, or None)."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == name or (labels is not None and key == f"{name}{{{labels}}}"):
+            return float(value)
+    raise KeyError(f"{name}{{{labels}}} not in the metrics")
