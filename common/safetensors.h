@@ -70,7 +70,11 @@ class Writer {
   ~Writer();
 
  private:
+  friend absl::StatusOr<WriteResult> WriteFile(const std::string&, absl::Span<const TensorView>,
+                                               const WriteOptions&);
   Writer();
+  // Append without hashing (WriteFile hashes on another thread).
+  absl::Status AppendUnhashed(const void* data, size_t bytes);
   struct State;
   std::unique_ptr<State> state_;
 };
@@ -119,6 +123,9 @@ class File {
 absl::StatusOr<std::string> Sha256File(const std::string& path);
 // SHA-256 of bytes in memory, lowercase hex.
 std::string Sha256Hex(absl::string_view bytes);
+// A whole file's bytes, and their SHA-256 in *sha256 (lowercase hex), hashed on a second
+// thread as they are read. Errors: the errno's status.
+absl::StatusOr<std::string> ReadFileHashed(const std::string& path, std::string* sha256);
 
 }  // namespace fusedps::safetensors
 

@@ -168,6 +168,28 @@ TEST(SafetensorsTest, ChecksumIsTheFilesSha256) {
   std::remove(sample.c_str());
 }
 
+TEST(SafetensorsTest, LargeFilesAreHashedOnASecondThreadAlike) {
+  // Over the 8 MiB chunks of ReadFileHashed, and several tensors for WriteFile's hasher.
+  std::vector<float> a(3 << 20), b(1 << 20 | 3);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 9973);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 13);
+  const std::string path = TempPath("large");
+  absl::StatusOr<WriteResult> written =
+      WriteFile(path, {{"a", DType::kF32, {static_cast<int64_t>(a.size())}, Bytes(a)},
+                       {"b", DType::kF32, {static_cast<int64_t>(b.size())}, Bytes(b)}});
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->sha256, *Sha256File(path));
+  std::string sha;
+  absl::StatusOr<std::string> bytes = ReadFileHashed(path, &sha);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(bytes->size(), written->bytes);
+  EXPECT_EQ(sha, written->sha256);
+  EXPECT_EQ(Sha256Hex(*bytes), sha);
+  EXPECT_EQ(ReadFileHashed(TempPath("missing"), &sha).status().code(),
+            absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
 TEST(SafetensorsTest, AFullDiskIsResourceExhausted) {
   if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
   const std::vector<float> values(1 << 16, 1.0f);

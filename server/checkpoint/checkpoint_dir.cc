@@ -181,10 +181,11 @@ absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::st
   if (entry == nullptr) {
     return absl::DataLossError(absl::StrCat(path, " is not in the manifest"));
   }
-  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
+  std::string sha256;
+  absl::StatusOr<std::string> bytes = safetensors::ReadFileHashed(path, &sha256);
   if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
   if (bytes->size() != (*entry)["bytes"].get<uint64_t>() ||
-      safetensors::Sha256Hex(*bytes) != (*entry)["sha256"].get<std::string>()) {
+      sha256 != (*entry)["sha256"].get<std::string>()) {
     return absl::DataLossError(absl::StrCat(path, " does not match its sha256 in the manifest"));
   }
   return bytes;
@@ -208,6 +209,9 @@ absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& loa
                                       const SkipObserver& on_skip) {
   for (const auto& [serial, directory] : ListCheckpoints(root)) {
     absl::StatusOr<Loaded> loaded = ReadManifest(directory);
+    // A format this server cannot read (a newer server wrote it): never pass it over for an
+    // older checkpoint, which would drop the newer state without a word.
+    if (absl::IsFailedPrecondition(loaded.status())) return loaded.status();
     if (loaded.ok()) {
       const absl::Status s = load(*loaded);
       if (s.ok()) return loaded;

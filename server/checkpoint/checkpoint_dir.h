@@ -99,8 +99,10 @@ absl::StatusOr<Loaded> Verify(const std::string& directory);
 // first (the manifest is the commit point: a crash between it and `latest`'s move loses
 // nothing). `load` gets each complete checkpoint's manifest (ReadManifest) and returns OK when
 // it loaded it, DATA_LOSS to pass it over, or another error to stop the search with (e.g. a
-// load that failed half-way). `on_skip` hears of each checkpoint passed over, and why (for the
-// log). NOT_FOUND when none loads (or root has none).
+// load that failed half-way). A manifest of a format_version this server does not read stops
+// the search too (FAILED_PRECONDITION): the operator decides (docs/operations.md). `on_skip`
+// hears of each checkpoint passed over, and why (for the log). NOT_FOUND when none loads (or
+// root has none).
 using Loader = std::function<absl::Status(const Loaded& checkpoint)>;
 using SkipObserver = std::function<void(const std::string& directory, const absl::Status& why)>;
 absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,

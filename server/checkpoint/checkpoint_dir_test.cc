@@ -158,6 +158,20 @@ TEST_F(CheckpointDirTest, ATruncatedManifestOrAMissingFileIsDetected) {
       << skipped[1];
 }
 
+TEST_F(CheckpointDirTest, AnUnknownFormatVersionStopsTheSearchInsteadOfFallingBack) {
+  ASSERT_TRUE(Write(1).ok());
+  ASSERT_TRUE(Write(2).ok());
+  const std::string manifest = DirOf(2) + "/manifest.json";
+  std::string text = Slurp(manifest);
+  const size_t at = text.find("\"format_version\": 1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 19, "\"format_version\": 2");
+  std::ofstream(manifest, std::ios::trunc) << text;
+  absl::StatusOr<Loaded> loaded = Load();
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("format_version 2"), std::string::npos);
+}
+
 TEST_F(CheckpointDirTest, NothingLoadableIsNotFound) {
   EXPECT_EQ(Load().status().code(), absl::StatusCode::kNotFound);
   fs::create_directories(DirOf(4));
