@@ -116,7 +116,8 @@ void Checkpointer::Run() {
   }
 }
 
-absl::StatusOr<CheckpointSnapshot> Checkpointer::Snapshot(bool* fenced) {
+absl::StatusOr<CheckpointSnapshot> Checkpointer::Snapshot(
+    bool* fenced, std::chrono::steady_clock::time_point* started) {
   for (int attempt = 0;; ++attempt) {
     uint64_t needed = 0;
     const std::shared_ptr<const ShardView> view = engine_->view();
@@ -148,6 +149,7 @@ absl::StatusOr<CheckpointSnapshot> Checkpointer::Snapshot(bool* fenced) {
       buffer_ = *buffer;
       buffer_bytes_ = bytes;
     }
+    *started = std::chrono::steady_clock::now();  // The cut's time, not the allocation's.
     absl::StatusOr<CheckpointSnapshot> snapshot =
         UpdateEngine::Wait<CheckpointSnapshot>([&](UpdateEngine::Done<CheckpointSnapshot> done) {
           engine_->Snapshot(buffer_, buffer_bytes_, *fenced, done);
@@ -167,9 +169,9 @@ absl::StatusOr<CheckpointResult> Checkpointer::TakeOne() {
       return *last_;
     }
   }
-  const auto start = std::chrono::steady_clock::now();
+  auto start = std::chrono::steady_clock::now();
   bool fenced = false;
-  absl::StatusOr<CheckpointSnapshot> snapshot = Snapshot(&fenced);
+  absl::StatusOr<CheckpointSnapshot> snapshot = Snapshot(&fenced, &start);
   if (!snapshot.ok()) {
     RecordFailure(snapshot.status(), /*snapshot=*/true);
     return snapshot.status();

@@ -22,6 +22,7 @@
 #ifndef FUSEDPS_SERVER_CHECKPOINT_CHECKPOINTER_H_
 #define FUSEDPS_SERVER_CHECKPOINT_CHECKPOINTER_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -75,7 +76,9 @@ class Checkpointer {
 
   void Run();
   absl::StatusOr<CheckpointResult> TakeOne();
-  absl::StatusOr<CheckpointSnapshot> Snapshot(bool* fenced);
+  // The snapshot, and in *started when its job was submitted (after any allocation).
+  absl::StatusOr<CheckpointSnapshot> Snapshot(bool* fenced,
+                                              std::chrono::steady_clock::time_point* started);
   void RecordFailure(const absl::Status& status, bool snapshot);
 
   UpdateEngine* const engine_;

@@ -208,6 +208,7 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
   for (const char* reason : {"disk_full", "io", "snapshot", "stopping"}) {
     checkpoint_failures_.Add({{"reason", reason}});
   }
+  for (const char* phase : {"snapshot", "write", "restore"}) RecordCheckpointPhase(phase, -1);
   GaugeFamily(*registry_, "fusedps_build_info",
               "Always 1; the labels say which fusedps build serves, on which backend and device.")
       .Add({{"version", build.version}, {"backend", build.backend}, {"device", build.device}})
@@ -281,7 +282,8 @@ void Metrics::RecordCheckpointPhase(const std::string& phase, double seconds) {
   static const std::vector<double> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                0.25,  0.5,    1,     2.5,  5,     10,   25,
                                                50,    100,    250,   500,  1000};
-  checkpoint_duration_.Add({{"phase", phase}}, kBuckets).Observe(seconds);
+  prometheus::Histogram& histogram = checkpoint_duration_.Add({{"phase", phase}}, kBuckets);
+  if (seconds >= 0) histogram.Observe(seconds);  // < 0: only make the series (at start).
 }
 
 void Metrics::RecordCheckpointSuccess(uint64_t bytes, double unix_seconds) {

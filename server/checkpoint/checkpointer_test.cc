@@ -1,0 +1,159 @@
+// The checkpointer under concurrency (also run under ASan and TSan): steps from several threads,
+// checkpoints on demand from several others, the timer and the version trigger all at once, in
+// full and fenced mode; the last checkpoint, restored into a fresh engine, is the shard bit for
+// bit, retry table included.
+#include "server/checkpoint/checkpointer.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint/shard_files.h"
+
+namespace fusedps::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <typename T, typename Submit>
+absl::StatusOr<T> Wait(Submit submit) {
+  return UpdateEngine::Wait<T>(submit);
+}
+
+constexpr uint64_t kSizes[] = {1000, 37, 4096};
+
+void Register(UpdateEngine& engine) {
+  ParamGroupSpec group{"ams", AdamWHyperparameters{}};
+  group.hyperparameters.amsgrad = true;
+  ASSERT_TRUE(Wait<bool>([&](auto done) { engine.RegisterParamGroup(group, done); }).ok());
+  std::vector<TensorMeta> metas;
+  for (size_t i = 0; i < 3; ++i) {
+    metas.push_back({absl::StrCat("t", i), {static_cast<int64_t>(kSizes[i])},
+                     static_cast<uint32_t>(i % 2), kSizes[i]});
+  }
+  ASSERT_TRUE(Wait<uint32_t>([&](auto done) { engine.BeginRegistration(metas, done); }).ok());
+  std::vector<std::vector<float>> values;
+  std::vector<ParamWrite> writes;
+  for (uint32_t i = 0; i < 3; ++i) {
+    values.emplace_back(kSizes[i], 0.5f + static_cast<float>(i));
+    writes.push_back({i, 0, values.back().data(), kSizes[i]});
+  }
+  ASSERT_TRUE(Wait<bool>([&](auto done) { engine.WriteParams(writes, done); }).ok());
+  ASSERT_TRUE(Wait<uint64_t>([&](auto done) { engine.CommitRegistration(done); }).ok());
+}
+
+// Every field of every tensor, and the steps, as one byte string.
+std::string StateOf(UpdateEngine& engine) {
+  std::string state;
+  const std::shared_ptr<const ShardView> view = engine.view();
+  for (TensorField field : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq,
+                            TensorField::kMaxExpAvgSq}) {
+    for (uint32_t t = 0; t < view->tensor_count(); ++t) {
+      if (field == TensorField::kMaxExpAvgSq && view->tensor(t).group != 1) continue;
+      std::vector<float> values(view->tensor(t).numel);
+      ReadJob job{field, false, {t}, {0}, values.data(), 0};
+      absl::StatusOr<ReadResult> read =
+          Wait<ReadResult>([&](auto done) { engine.Read(job, done); });
+      EXPECT_TRUE(read.ok()) << read.status();
+      state.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+      state.append(absl::StrCat("|step ", read->steps[0], "|"));
+    }
+  }
+  return absl::StrCat(state, "version ", engine.version());
+}
+
+class CheckpointerStressTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
+  const bool fenced = GetParam();
+  const std::string root = absl::StrCat(fs::temp_directory_path().string(),
+                                        "/checkpointer_test_", getpid(), "_", fenced);
+  fs::remove_all(root);
+  ShardFault fault;
+  RetryTable retries(100);
+  UpdateEngine engine(MakeCpuBackend({.threads = 2}), &fault, &retries);
+  Metrics metrics({"test", "cpu", "cpu"}, [] { return ShardMetrics{}; });
+  Register(engine);
+  CheckpointerOptions options;
+  options.root = root;
+  options.keep = 2;
+  options.interval = absl::Milliseconds(5);
+  options.every_versions = 3;
+  options.host_buffer_bytes = fenced ? 20000 : 0;  // Fenced: smaller than the shard.
+  {
+    Checkpointer checkpointer(&engine, &metrics, options);
+    checkpointer.Start();
+    constexpr int kPushers = 2, kSteps = 60;
+    std::vector<float> grads(AlignedNumel(kSizes[0]) + AlignedNumel(kSizes[1]) +
+                                 AlignedNumel(kSizes[2]),
+                             0.25f);
+    std::atomic<int> pushing{kPushers};
+    std::vector<std::thread> threads;
+    for (int p = 0; p < kPushers; ++p) {
+      threads.emplace_back([&, p] {
+        for (int s = 1; s <= kSteps; ++s) {
+          ReadyPush push;
+          push.client_id = absl::StrCat("trainer-", p);
+          push.sequence_number = static_cast<uint64_t>(s);
+          push.tensors = {0, 1, 2};
+          push.grad_offsets = {0, AlignedNumel(kSizes[0]),
+                               AlignedNumel(kSizes[0]) + AlignedNumel(kSizes[1])};
+          push.grads = grads.data();
+          absl::StatusOr<StepResult> r =
+              Wait<StepResult>([&](auto done) { engine.Step(&push, done); });
+          EXPECT_TRUE(r.ok()) << r.status();
+        }
+        --pushing;
+      });
+    }
+    for (int c = 0; c < 2; ++c) {
+      threads.emplace_back([&] {
+        uint64_t last = 0;
+        while (pushing > 0) {
+          absl::StatusOr<CheckpointResult> r = checkpointer.CheckpointNow();
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_GE(r->version, last);
+          last = r->version;
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    absl::StatusOr<CheckpointResult> last = checkpointer.CheckpointNow();
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_EQ(last->version, uint64_t{kPushers * kSteps});
+
+    // The last checkpoint, into a fresh engine.
+    absl::StatusOr<Loaded> loaded = ReadManifest(last->path);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    absl::StatusOr<std::unique_ptr<LoadedShard>> shard =
+        ReadCheckpoint(*loaded, ParamCopyDType::kNone);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ShardFault fault2;
+    RetryTable retries2(100);
+    UpdateEngine restored(MakeCpuBackend({.threads = 2}), &fault2, &retries2);
+    ASSERT_TRUE(
+        Wait<uint64_t>([&](auto done) { restored.Restore(&(*shard)->shard, done); }).ok());
+    EXPECT_EQ(StateOf(restored), StateOf(engine));
+    for (int p = 0; p < kPushers; ++p) {
+      const std::string id = absl::StrCat("trainer-", p);
+      EXPECT_EQ(retries2.Lookup(id, kSteps).kind, RetryTable::Kind::kDone);
+      EXPECT_EQ(retries2.Lookup(id, kSteps).reply.version,
+                retries.Lookup(id, kSteps).reply.version);
+      EXPECT_EQ(retries2.Lookup(id, kSteps + 1).kind, RetryTable::Kind::kNew);
+    }
+    EXPECT_LE(ListCheckpoints(root).size(), 3u) << "keep 2, and at most one being written";
+  }
+  fs::remove_all(root);
+}
+
+INSTANTIATE_TEST_SUITE_P(FullAndFenced, CheckpointerStressTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "fenced" : "full"; });
+
+}  // namespace
+}  // namespace fusedps::checkpoint
