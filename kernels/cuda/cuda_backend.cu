@@ -60,6 +60,20 @@ namespace {
 // Slots of each upload ring: uploads that may be queued before the host waits for the oldest.
 constexpr int kUploadSlots = 4;
 
+// cudaHostAlloc: RESOURCE_EXHAUSTED ("<what> of N bytes") when memory runs out, else INTERNAL.
+absl::StatusOr<void*> HostAlloc(uint64_t bytes, const char* what) {
+  void* memory = nullptr;
+  if (const cudaError_t err = cudaHostAlloc(&memory, bytes, cudaHostAllocDefault);
+      err != cudaSuccess) {
+    cudaGetLastError();
+    if (err != cudaErrorMemoryAllocation) {
+      return absl::InternalError(absl::StrCat("cudaHostAlloc: ", cudaGetErrorString(err)));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(what, " of ", bytes, " bytes"));
+  }
+  return memory;
+}
+
 class CudaBackend final : public OptimizerBackend {
  public:
   explicit CudaBackend(const BackendOptions& options) : options_(options) {}
@@ -274,18 +288,7 @@ class CudaBackend final : public OptimizerBackend {
 
   absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    void* buffer = nullptr;
-    if (const cudaError_t err = cudaHostAlloc(&buffer, std::max<uint64_t>(bytes, 1),
-                                              cudaHostAllocDefault);
-        err != cudaSuccess) {
-      cudaGetLastError();
-      if (err != cudaErrorMemoryAllocation) {
-        return absl::InternalError(absl::StrCat("cudaHostAlloc: ", cudaGetErrorString(err)));
-      }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("page-locked host buffer of ", bytes, " bytes"));
-    }
-    return buffer;
+    return HostAlloc(std::max<uint64_t>(bytes, 1), "page-locked host buffer");
   }
 
   void FreeHostBuffer(void* buffer) override {
@@ -453,16 +456,9 @@ class CudaBackend final : public OptimizerBackend {
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
     if (arena_ != nullptr) return absl::FailedPreconditionError("the arena exists already");
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    char* arena = nullptr;
-    if (const cudaError_t err = cudaHostAlloc(&arena, bytes, cudaHostAllocDefault);
-        err != cudaSuccess) {
-      cudaGetLastError();
-      if (err != cudaErrorMemoryAllocation) {
-        return absl::InternalError(absl::StrCat("cudaHostAlloc: ", cudaGetErrorString(err)));
-      }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("page-locked host staging arena of ", bytes, " bytes"));
-    }
+    absl::StatusOr<void*> allocated = HostAlloc(bytes, "page-locked host staging arena");
+    if (!allocated.ok()) return allocated.status();
+    char* arena = static_cast<char*>(*allocated);
     // The mirror is new, so GrowBuffers' wait on the apply stream also orders its zeroing
     // before any copy on the copy stream.
     if (absl::Status s = GrowBuffers({arena_mirror_.ToHold((bytes + 15) / 16)}, stream_); !s.ok()) {
