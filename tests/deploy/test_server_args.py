@@ -131,13 +131,16 @@ def port_of(address):
 
 
 def local_argv(argv, tmp):
-    """argv with only the listen addresses moved to free loopback ports, plus port files."""
+    """argv with the listen addresses moved to free loopback ports and the checkpoint directory
+    (the manifests' volume) to a temporary one, plus port files."""
     out = [SERVER]
     for arg in argv[1:]:
         if arg.startswith("--listen="):
             arg = "--listen=127.0.0.1:0"
         elif arg.startswith("--metrics-listen="):
             arg = "--metrics-listen=127.0.0.1:0"
+        elif arg.startswith("--checkpoint-dir="):
+            arg = f"--checkpoint-dir={tmp}/checkpoints"
         out.append(arg)
     return out + [f"--port-file={tmp}/grpc.port", f"--metrics-port-file={tmp}/metrics.port"]
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import tempfile
 import time
 
 import grpc
@@ -114,7 +115,10 @@ def test_every_dashboard_query_and_recording_rule_has_data():
     records, alerts = recording_rules()
     assert len(queries) >= 20 and len(records) >= 10 and len(alerts) >= 6
 
-    with metrics_server() as server, \
+    # Checkpoints every few versions and every second, so that the checkpoint row has data.
+    with tempfile.TemporaryDirectory(prefix="fusedps-ckpt-") as checkpoints, \
+            metrics_server([f"--checkpoint-dir={checkpoints}", "--checkpoint-every-versions=5",
+                            "--checkpoint-interval-seconds=1"]) as server, \
             running_prometheus(prometheus_config(server.metrics_address)) as prom:
         instance = server.metrics_address
         prom.wait_for("the first scrape", lambda: [
