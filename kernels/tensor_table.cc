@@ -59,7 +59,8 @@ absl::Status TensorTable::CheckRestore(uint32_t tensor, const TensorState& state
     return absl::InvalidArgumentError(absl::StrCat("restore of tensor ", tensor, " of ", size()));
   }
   if (state.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " step ", state.step, " < 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", tensor, " step ", state.step, " < 0"));
   }
   if (state.params == nullptr || state.exp_avg == nullptr || state.exp_avg_sq == nullptr ||
       (hyper_of(tensor).amsgrad && state.max_exp_avg_sq == nullptr)) {
