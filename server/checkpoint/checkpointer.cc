@@ -106,8 +106,11 @@ void Checkpointer::Run() {
         }
       }
     }
+    const uint64_t attempted = engine_->version();
     absl::StatusOr<CheckpointResult> result = TakeOne();
-    if (result.ok()) last_version = result->version;
+    // After a failure too: the next try waits for the next trigger (a full disk is not retried
+    // in a loop, each try taking its snapshot on the step path).
+    last_version = result.ok() ? result->version : attempted;
     due = Clock::now() + interval;
     for (const std::shared_ptr<Request>& request : batch) {
       request->result = result;

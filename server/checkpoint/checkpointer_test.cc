@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -150,6 +152,44 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
     EXPECT_LE(ListCheckpoints(root).size(), 3u) << "keep 2, and at most one being written";
   }
   fs::remove_all(root);
+}
+
+// The failures of a checkpoint directory that cannot be written, counted in the metrics.
+double IoFailures(const Metrics& metrics) {
+  const std::string text = metrics.ScrapeText();
+  const std::string key = "fusedps_checkpoint_failures_total{reason=\"io\"} ";
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + key.size()));
+}
+
+TEST(CheckpointerTest, AFailingCheckpointWaitsForTheNextTriggerInsteadOfRetryingInALoop) {
+  const std::string root = absl::StrCat(fs::temp_directory_path().string(),
+                                        "/checkpointer_test_file_", getpid());
+  { std::ofstream(root) << "a file, not a directory"; }
+  ShardFault fault;
+  RetryTable retries(100);
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault, &retries);
+  Metrics metrics({"test", "cpu", "cpu"}, [] { return ShardMetrics{}; });
+  Register(engine);
+  CheckpointerOptions options;
+  options.root = root;
+  options.every_versions = 2;
+  Checkpointer checkpointer(&engine, &metrics, options);
+  checkpointer.Start();
+  std::vector<float> grads(8192, 0.25f);
+  ReadyPush push;
+  push.tensors = {0};
+  push.grad_offsets = {0};
+  push.grads = grads.data();
+  for (int s = 0; s < 4; ++s) {
+    ASSERT_TRUE(Wait<StepResult>([&](auto done) { engine.Step(&push, done); }).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Versions 2 and 4 triggered one try each.
+  EXPECT_GE(IoFailures(metrics), 1);
+  EXPECT_LE(IoFailures(metrics), 2);
+  fs::remove(root);
 }
 
 INSTANTIATE_TEST_SUITE_P(FullAndFenced, CheckpointerStressTest, ::testing::Bool(),
