@@ -8,7 +8,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -61,22 +63,39 @@ inline absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::
   return absl::OkStatus();
 }
 
-// A whole file's bytes (retrying short reads and EINTR). Errors: the errno's status.
-inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
+// Hears of a read's progress: the first `done` bytes of the output are read.
+using ReadProgress = std::function<void(size_t done)>;
+
+// Reads a whole file into *bytes (resized to the file; retrying short reads and EINTR). With
+// `progress`, the file is read in pieces of at most 8 MiB and `progress` runs after each; the
+// bytes read so far may be used meanwhile (*bytes is not moved until this returns).
+// Errors: the errno's status.
+inline absl::Status ReadFileInto(const std::string& path, std::string* bytes,
+                                 const ReadProgress& progress = nullptr) {
   Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return Errno("cannot open", path);
   const off_t size = lseek(fd.get(), 0, SEEK_END);
   if (size < 0 || lseek(fd.get(), 0, SEEK_SET) != 0) return Errno("cannot seek", path);
-  std::string bytes(static_cast<size_t>(size), '\0');
+  posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  bytes->assign(static_cast<size_t>(size), '\0');
+  const size_t piece = progress ? size_t{8} << 20 : bytes->size();
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
+  while (done < bytes->size()) {
+    const ssize_t n = read(fd.get(), bytes->data() + done, std::min(piece, bytes->size() - done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno("cannot read", path);
     if (n == 0) break;  // Shrunk meanwhile: the caller sees fewer bytes.
     done += static_cast<size_t>(n);
+    if (progress) progress(done);
   }
-  bytes.resize(done);
+  bytes->resize(done);
+  return absl::OkStatus();
+}
+
+// A whole file's bytes (ReadFileInto).
+inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::string bytes;
+  if (absl::Status s = ReadFileInto(path, &bytes); !s.ok()) return s;
   return bytes;
 }
 

@@ -89,12 +89,6 @@ const char* DTypeName(DType dtype) {
 }
 size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
-std::string Sha256Hex(absl::string_view bytes) {
-  Sha256 sha;
-  sha.Update(bytes.data(), bytes.size());
-  return sha.HexDigest();
-}
-
 struct Writer::State {
   std::string path;
   Fd fd{-1};
@@ -298,67 +292,33 @@ absl::Span<const uint8_t> File::Data(const Entry& entry) const {
           entry.end - entry.begin};
 }
 
-absl::StatusOr<std::string> Sha256File(const std::string& path) {
-  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno("cannot open", path);
-  Sha256 sha;
-  std::vector<char> buffer(size_t{1} << 20);
-  for (;;) {
-    const ssize_t n = read(fd.get(), buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot read", path);
-    if (n == 0) break;
-    sha.Update(buffer.data(), static_cast<size_t>(n));
-  }
-  return sha.HexDigest();
-}
-
 absl::StatusOr<std::string> ReadFileHashed(const std::string& path, std::string* sha256) {
-  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno("cannot open", path);
-  const off_t size = lseek(fd.get(), 0, SEEK_END);
-  if (size < 0 || lseek(fd.get(), 0, SEEK_SET) != 0) return Errno("cannot seek", path);
-  posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::string bytes(static_cast<size_t>(size), '\0');
-  // This thread reads; another hashes what has been read, a chunk behind.
-  constexpr size_t kChunk = size_t{8} << 20;
+  // file_io::ReadFileInto reads; another thread hashes what has been read, a piece behind.
+  std::string bytes;
   std::mutex mu;
   std::condition_variable cv;
-  size_t readable = 0;  // Guarded by mu: bytes read so far.
+  size_t readable = 0;    // Guarded by mu: bytes read so far.
   bool finished = false;  // Guarded by mu: no more will be read.
   Sha256 sha;
   std::thread hasher([&] {
     size_t hashed = 0;
-    for (;;) {
+    for (bool last = false; !last;) {
       size_t until = 0;
-      bool last = false;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return finished || readable >= hashed + kChunk; });
+        cv.wait(lock, [&] { return finished || readable > hashed; });
         until = readable;
         last = finished;
       }
-      sha.Update(bytes.data() + hashed, until - hashed);
+      if (until > hashed) sha.Update(bytes.data() + hashed, until - hashed);
       hashed = until;
-      if (last) return;
     }
   });
-  absl::Status status;
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n =
-        read(fd.get(), bytes.data() + done, std::min(kChunk, bytes.size() - done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      status = Errno("cannot read", path);
-      break;
-    }
-    if (n == 0) break;  // Shrunk meanwhile: the caller sees fewer bytes.
-    done += static_cast<size_t>(n);
+  const absl::Status status = file_io::ReadFileInto(path, &bytes, [&](size_t done) {
     std::lock_guard<std::mutex> lock(mu);
     readable = done;
     cv.notify_one();
-  }
+  });
   {
     std::lock_guard<std::mutex> lock(mu);
     finished = true;
@@ -366,7 +326,6 @@ absl::StatusOr<std::string> ReadFileHashed(const std::string& path, std::string*
   }
   hasher.join();
   if (!status.ok()) return status;
-  bytes.resize(done);
   *sha256 = sha.HexDigest();
   return bytes;
 }

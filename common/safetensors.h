@@ -119,10 +119,6 @@ class File {
   std::vector<Entry> entries_;
 };
 
-// SHA-256 of a file's contents, lowercase hex. Errors: the errno's status.
-absl::StatusOr<std::string> Sha256File(const std::string& path);
-// SHA-256 of bytes in memory, lowercase hex.
-std::string Sha256Hex(absl::string_view bytes);
 // A whole file's bytes, and their SHA-256 in *sha256 (lowercase hex), hashed on a second
 // thread as they are read. Errors: the errno's status.
 absl::StatusOr<std::string> ReadFileHashed(const std::string& path, std::string* sha256);

@@ -191,20 +191,6 @@ absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::st
   return bytes;
 }
 
-absl::StatusOr<Loaded> Verify(const std::string& directory) {
-  absl::StatusOr<Loaded> loaded = ReadManifest(directory);
-  if (!loaded.ok()) return loaded;
-  for (const auto& [name, entry] : loaded->manifest["files"].items()) {
-    const std::string path = absl::StrCat(directory, "/", name);
-    absl::StatusOr<std::string> sha = safetensors::Sha256File(path);
-    if (!sha.ok()) return absl::DataLossError(sha.status().message());
-    if (*sha != entry["sha256"].get<std::string>()) {
-      return absl::DataLossError(absl::StrCat(path, " does not match its sha256 in the manifest"));
-    }
-  }
-  return loaded;
-}
-
 absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,
                                       const SkipObserver& on_skip) {
   for (const auto& [serial, directory] : ListCheckpoints(root)) {
@@ -221,11 +207,6 @@ absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& loa
     if (on_skip) on_skip(directory, loaded.status());
   }
   return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root));
-}
-
-absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const SkipObserver& on_skip) {
-  return LoadLatestGood(
-      root, [](const Loaded& c) { return Verify(c.directory).status(); }, on_skip);
 }
 
 }  // namespace fusedps::checkpoint

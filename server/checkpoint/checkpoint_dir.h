@@ -92,9 +92,6 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory);
 // it differs (or its size does).
 absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::string& name);
 
-// ReadManifest, and every file's sha256 checked (DATA_LOSS naming the file).
-absl::StatusOr<Loaded> Verify(const std::string& directory);
-
 // Loads the newest checkpoint under root that `load` accepts, trying them by serial, newest
 // first (the manifest is the commit point: a crash between it and `latest`'s move loses
 // nothing). `load` gets each complete checkpoint's manifest (ReadManifest) and returns OK when
@@ -107,8 +104,6 @@ using Loader = std::function<absl::Status(const Loaded& checkpoint)>;
 using SkipObserver = std::function<void(const std::string& directory, const absl::Status& why)>;
 absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,
                                       const SkipObserver& on_skip);
-// The same, with Verify's checks as the loader.
-absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const SkipObserver& on_skip);
 
 // The checkpoint directories under root (complete or not), newest (highest serial) first.
 std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string& root);

@@ -70,6 +70,18 @@ std::string StateOf(UpdateEngine& engine) {
   return absl::StrCat(state, "version ", engine.version());
 }
 
+// A shard on the CPU backend (registered, or empty for a restore), and the metrics a
+// checkpointer records into.
+struct Shard {
+  explicit Shard(bool registered = true) {
+    if (registered) Register(engine);
+  }
+  ShardFault fault;
+  RetryTable retries{100};
+  UpdateEngine engine{MakeCpuBackend({.threads = 2}), &fault, &retries};
+  Metrics metrics{{"test", "cpu", "cpu"}, [] { return ShardMetrics{}; }};
+};
+
 class CheckpointerStressTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
@@ -77,11 +89,8 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
   const std::string root = absl::StrCat(fs::temp_directory_path().string(),
                                         "/checkpointer_test_", getpid(), "_", fenced);
   fs::remove_all(root);
-  ShardFault fault;
-  RetryTable retries(100);
-  UpdateEngine engine(MakeCpuBackend({.threads = 2}), &fault, &retries);
-  Metrics metrics({"test", "cpu", "cpu"}, [] { return ShardMetrics{}; });
-  Register(engine);
+  Shard shard;
+  UpdateEngine& engine = shard.engine;
   CheckpointerOptions options;
   options.root = root;
   options.keep = 2;
@@ -89,7 +98,7 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
   options.every_versions = 3;
   options.host_buffer_bytes = fenced ? 20000 : 0;  // Fenced: smaller than the shard.
   {
-    Checkpointer checkpointer(&engine, &metrics, options);
+    Checkpointer checkpointer(&engine, &shard.metrics, options);
     checkpointer.Start();
     constexpr int kPushers = 2, kSteps = 60;
     std::vector<float> grads(AlignedNumel(kSizes[0]) + AlignedNumel(kSizes[1]) +
@@ -133,21 +142,20 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
     // The last checkpoint, into a fresh engine.
     absl::StatusOr<Loaded> loaded = ReadManifest(last->path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
-    absl::StatusOr<std::unique_ptr<LoadedShard>> shard =
+    absl::StatusOr<std::unique_ptr<LoadedShard>> files =
         ReadCheckpoint(*loaded, ParamCopyDType::kNone);
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    ShardFault fault2;
-    RetryTable retries2(100);
-    UpdateEngine restored(MakeCpuBackend({.threads = 2}), &fault2, &retries2);
-    ASSERT_TRUE(
-        Wait<uint64_t>([&](auto done) { restored.Restore(&(*shard)->shard, done); }).ok());
-    EXPECT_EQ(StateOf(restored), StateOf(engine));
+    ASSERT_TRUE(files.ok()) << files.status();
+    Shard restored(/*registered=*/false);
+    ASSERT_TRUE(Wait<uint64_t>([&](auto done) {
+                  restored.engine.Restore(&(*files)->shard, done);
+                }).ok());
+    EXPECT_EQ(StateOf(restored.engine), StateOf(engine));
     for (int p = 0; p < kPushers; ++p) {
       const std::string id = absl::StrCat("trainer-", p);
-      EXPECT_EQ(retries2.Lookup(id, kSteps).kind, RetryTable::Kind::kDone);
-      EXPECT_EQ(retries2.Lookup(id, kSteps).reply.version,
-                retries.Lookup(id, kSteps).reply.version);
-      EXPECT_EQ(retries2.Lookup(id, kSteps + 1).kind, RetryTable::Kind::kNew);
+      EXPECT_EQ(restored.retries.Lookup(id, kSteps).kind, RetryTable::Kind::kDone);
+      EXPECT_EQ(restored.retries.Lookup(id, kSteps).reply.version,
+                shard.retries.Lookup(id, kSteps).reply.version);
+      EXPECT_EQ(restored.retries.Lookup(id, kSteps + 1).kind, RetryTable::Kind::kNew);
     }
     EXPECT_LE(ListCheckpoints(root).size(), 3u) << "keep 2, and at most one being written";
   }
@@ -166,15 +174,12 @@ TEST(CheckpointerTest, AFailingCheckpointWaitsForTheNextTriggerInsteadOfRetrying
   const std::string root = absl::StrCat(fs::temp_directory_path().string(),
                                         "/checkpointer_test_file_", getpid());
   { std::ofstream(root) << "a file, not a directory"; }
-  ShardFault fault;
-  RetryTable retries(100);
-  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault, &retries);
-  Metrics metrics({"test", "cpu", "cpu"}, [] { return ShardMetrics{}; });
-  Register(engine);
+  Shard shard;
+  UpdateEngine& engine = shard.engine;
   CheckpointerOptions options;
   options.root = root;
   options.every_versions = 2;
-  Checkpointer checkpointer(&engine, &metrics, options);
+  Checkpointer checkpointer(&engine, &shard.metrics, options);
   checkpointer.Start();
   std::vector<float> grads(8192, 0.25f);
   ReadyPush push;
@@ -187,8 +192,8 @@ TEST(CheckpointerTest, AFailingCheckpointWaitsForTheNextTriggerInsteadOfRetrying
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   // Versions 2 and 4 triggered one try each.
-  EXPECT_GE(IoFailures(metrics), 1);
-  EXPECT_LE(IoFailures(metrics), 2);
+  EXPECT_GE(IoFailures(shard.metrics), 1);
+  EXPECT_LE(IoFailures(shard.metrics), 2);
   fs::remove(root);
 }
 

@@ -40,6 +40,24 @@ std::vector<SnapshotField> SnapshotLayout(const ShardView& view, ParamCopyDType 
   return kept;
 }
 
+namespace {
+
+// A read of `field`'s tensors [begin, end) into dst, at their offsets less the first's.
+ReadRequest ReadOf(const SnapshotField& field, size_t begin, size_t end, void* dst,
+                   std::vector<uint64_t>* offsets) {
+  offsets->clear();
+  for (size_t i = begin; i < end; ++i) offsets->push_back(field.offsets[i] - field.offsets[begin]);
+  ReadRequest request;
+  request.field = field.field;
+  request.param_copy = field.param_copy;
+  request.tensors = absl::MakeConstSpan(field.tensors).subspan(begin, end - begin);
+  request.dst_offsets = *offsets;
+  request.dst = dst;
+  return request;
+}
+
+}  // namespace
+
 // The fenced snapshot's access to the backend: the engine thread waits in the Snapshot job
 // until this is destroyed, so the caller's thread is the only one that queues work meanwhile.
 class UpdateEngine::Fence final : public SnapshotFence {
@@ -50,13 +68,7 @@ class UpdateEngine::Fence final : public SnapshotFence {
 
   absl::Status Read(const SnapshotField& field, size_t begin, size_t end, void* dst) override {
     std::vector<uint64_t> offsets;
-    for (size_t i = begin; i < end; ++i) offsets.push_back(field.offsets[i] - field.offsets[begin]);
-    ReadRequest request;
-    request.field = field.field;
-    request.param_copy = field.param_copy;
-    request.tensors = absl::MakeConstSpan(field.tensors).subspan(begin, end - begin);
-    request.dst_offsets = offsets;
-    request.dst = dst;
+    const ReadRequest request = ReadOf(field, begin, end, dst, &offsets);
     if (absl::Status s = engine_->Checked(engine_->backend_->Read(request)); !s.ok()) return s;
     absl::StatusOr<Marker> marker = engine_->backend_->Mark();
     if (!marker.ok()) return engine_->Checked(marker.status());
@@ -91,13 +103,12 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
             return fail(absl::OutOfRangeError(absl::StrCat(
                 "the snapshot needs ", bytes, " bytes, the buffer has ", buffer_bytes)));
           }
+          std::vector<uint64_t> offsets;
           for (const SnapshotField& f : snapshot->fields) {
-            ReadRequest request;
-            request.field = f.field;
-            request.param_copy = f.param_copy;
-            request.tensors = f.tensors;
-            request.dst_offsets = f.offsets;
-            request.dst = buffer;
+            if (f.tensors.empty()) continue;  // An empty shard's fields.
+            // Whole fields, at their own offsets in the buffer (the first field's is 0).
+            const ReadRequest request = ReadOf(f, 0, f.tensors.size(),
+                                               static_cast<char*>(buffer) + f.offsets[0], &offsets);
             if (absl::Status s = Checked(backend_->Read(request)); !s.ok()) return fail(s);
           }
           snapshot->data = static_cast<const char*>(buffer);

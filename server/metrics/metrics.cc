@@ -40,6 +40,14 @@ void KnockOnce(std::string host, int port) {
 
 constexpr const char* kStageNames[] = {"receive", "h2d", "apply", "ack"};
 
+// Checkpoint phases run from milliseconds to minutes: DurationBuckets' range, and beyond.
+const std::vector<double>& CheckpointBuckets() {
+  static const std::vector<double> buckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                              0.25,  0.5,    1,     2.5,  5,     10,   25,
+                                              50,    100,    250,   500,  1000};
+  return buckets;
+}
+
 prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& registry,
                                                        const std::string& name,
                                                        const std::string& help) {
@@ -208,7 +216,9 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
   for (const char* reason : {"disk_full", "io", "snapshot", "stopping"}) {
     checkpoint_failures_.Add({{"reason", reason}});
   }
-  for (const char* phase : {"snapshot", "write", "restore"}) RecordCheckpointPhase(phase, -1);
+  for (const char* phase : {"snapshot", "write", "restore"}) {
+    checkpoint_duration_.Add({{"phase", phase}}, CheckpointBuckets());
+  }
   GaugeFamily(*registry_, "fusedps_build_info",
               "Always 1; the labels say which fusedps build serves, on which backend and device.")
       .Add({{"version", build.version}, {"backend", build.backend}, {"device", build.device}})
@@ -278,12 +288,7 @@ void Metrics::RecordStep(bool skipped, const std::string& skip_reason) {
 }
 
 void Metrics::RecordCheckpointPhase(const std::string& phase, double seconds) {
-  // Phases run from milliseconds to minutes: DurationBuckets' range, and beyond.
-  static const std::vector<double> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                               0.25,  0.5,    1,     2.5,  5,     10,   25,
-                                               50,    100,    250,   500,  1000};
-  prometheus::Histogram& histogram = checkpoint_duration_.Add({{"phase", phase}}, kBuckets);
-  if (seconds >= 0) histogram.Observe(seconds);  // < 0: only make the series (at start).
+  checkpoint_duration_.Add({{"phase", phase}}, CheckpointBuckets()).Observe(seconds);
 }
 
 void Metrics::RecordCheckpointSuccess(uint64_t bytes, double unix_seconds) {

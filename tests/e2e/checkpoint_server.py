@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import fusedps
 
-from server_fixture import server_path, wait_for_port
+from server_fixture import server_command, server_path, wait_for_port
 from test_cli import read_safetensors
 
 
@@ -31,10 +31,8 @@ class ServerProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="fusedps-ckpt-")
         port_file = os.path.join(self._tmp.name, "port")
         self.log_path = os.path.join(self._tmp.name, "server.log")
-        cmd = [server_path(), "--listen=127.0.0.1:0", f"--port-file={port_file}",
-               "--metrics-listen=127.0.0.1:0",
-               f"--metrics-port-file={port_file}.metrics",
-               f"--device={os.environ.get('FUSEDPS_TEST_DEVICE', 'cpu')}", *args]
+        cmd = server_command(server_path(), port_file,
+                             [f"--metrics-port-file={port_file}.metrics", *args])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=preexec_fn)

@@ -70,10 +70,7 @@ def running_server(extra_args: Sequence[str] = (), *, device: Optional[str] = No
     with tempfile.TemporaryDirectory(prefix="fusedps-e2e-") as tmp:
         port_file = os.path.join(tmp, "port")
         log_path = os.path.join(tmp, "server.log")
-        # Metrics on a free port too, so that servers running side by side never collide.
-        cmd = [binary, "--listen=127.0.0.1:0", f"--port-file={port_file}",
-               "--metrics-listen=127.0.0.1:0",
-               f"--device={device or os.environ.get('FUSEDPS_TEST_DEVICE', 'cpu')}", *extra_args]
+        cmd = server_command(binary, port_file, extra_args, device)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT)
@@ -104,6 +101,16 @@ def running_server(extra_args: Sequence[str] = (), *, device: Optional[str] = No
                 if code != 0:
                     raise ServerError(f"fusedps-server exited with {code} after SIGTERM "
                                       f"(expected 0); log:\n{log_tail()}")
+
+
+def server_command(binary: str, port_file: str, extra_args: Sequence[str] = (),
+                   device: Optional[str] = None) -> list:
+    """The command line of a test server: loopback, a free port written to port_file, metrics on
+    a free port too (so that servers running side by side never collide), `device` (default
+    $FUSEDPS_TEST_DEVICE, else "cpu"), then extra_args."""
+    return [binary, "--listen=127.0.0.1:0", f"--port-file={port_file}",
+            "--metrics-listen=127.0.0.1:0",
+            f"--device={device or os.environ.get('FUSEDPS_TEST_DEVICE', 'cpu')}", *extra_args]
 
 
 def wait_for_port(proc: subprocess.Popen, port_file: str, timeout: float, log_tail) -> int:

@@ -20,7 +20,7 @@ import torch
 
 from contract_helpers import (SlowPull, in_thread, pull, push, push_messages, register, stub)
 from fusedps.v1 import parameter_service_pb2 as pb
-from server_fixture import running_server, server_path, wait_for_port
+from server_fixture import running_server, server_command, server_path, wait_for_port
 
 MiB = 1 << 20
 
@@ -294,9 +294,10 @@ def test_a_device_fault_stops_the_shard_and_the_process_exits_3():
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
         proc = subprocess.Popen(
-            [server_path(), "--listen=127.0.0.1:0", f"--port-file={port_file}",
-             "--metrics-listen=", "--device=cpu", "--testing-fault-at-step=2",
-             "--fault-drain-seconds=5"], stderr=subprocess.PIPE)
+            server_command(server_path(), port_file, ["--metrics-listen=",
+                                                      "--testing-fault-at-step=2",
+                                                      "--fault-drain-seconds=5"], device="cpu"),
+            stderr=subprocess.PIPE)
         try:
             port = wait_for_port(proc, port_file, 30, lambda: "" if proc.poll() is None
                                  else proc.stderr.read().decode())
@@ -337,8 +338,7 @@ def test_the_fault_injecting_backend_keeps_the_backend_options():
 def test_sigterm_with_nothing_in_flight_exits_at_once():
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
-        proc = subprocess.Popen([server_path(), "--listen=127.0.0.1:0", f"--port-file={port_file}",
-                                 "--metrics-listen=127.0.0.1:0", "--device=cpu"],
+        proc = subprocess.Popen(server_command(server_path(), port_file, device="cpu"),
                                 stderr=subprocess.DEVNULL)
         try:
             wait_for_port(proc, port_file, 30, lambda: "")
