@@ -1,7 +1,7 @@
 // file_io.h: the few POSIX file operations durable files need (write all, read all, fsync,
-// close), with
-// errors as absl statuses carrying errno's code and the path: ENOSPC is RESOURCE_EXHAUSTED,
-// ENOENT NOT_FOUND, EACCES PERMISSION_DENIED. Used by common/safetensors and server/checkpoint.
+// close), with errors as absl statuses carrying errno's code and the path: ENOSPC is
+// RESOURCE_EXHAUSTED, ENOENT NOT_FOUND, EACCES PERMISSION_DENIED. Used by common/safetensors
+// and server/checkpoint.
 #ifndef FUSEDPS_COMMON_FILE_IO_H_
 #define FUSEDPS_COMMON_FILE_IO_H_
 
@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <functional>
 #include <string>
 #include <utility>
 
@@ -63,39 +62,37 @@ inline absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::
   return absl::OkStatus();
 }
 
-// Hears of a read's progress: the first `done` bytes of the output are read.
-using ReadProgress = std::function<void(size_t done)>;
+// Reads exactly `bytes` into dst (retrying short reads and EINTR). Errors: the errno's status;
+// DATA_LOSS when the file ends first.
+inline absl::Status ReadAll(int fd, void* dst, size_t bytes, const std::string& path) {
+  char* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = read(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot read", path);
+    if (n == 0) return absl::DataLossError(absl::StrCat(path, " ends ", bytes, " bytes early"));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
 
-// Reads a whole file into *bytes (resized to the file; retrying short reads and EINTR). With
-// `progress`, the file is read in pieces of at most 8 MiB and `progress` runs after each; the
-// bytes read so far may be used meanwhile (*bytes is not moved until this returns).
-// Errors: the errno's status.
-inline absl::Status ReadFileInto(const std::string& path, std::string* bytes,
-                                 const ReadProgress& progress = nullptr) {
+// A whole file's bytes. Errors: the errno's status.
+inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
   Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return Errno("cannot open", path);
   const off_t size = lseek(fd.get(), 0, SEEK_END);
   if (size < 0 || lseek(fd.get(), 0, SEEK_SET) != 0) return Errno("cannot seek", path);
-  posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  bytes->assign(static_cast<size_t>(size), '\0');
-  const size_t piece = progress ? size_t{8} << 20 : bytes->size();
+  std::string bytes(static_cast<size_t>(size), '\0');
   size_t done = 0;
-  while (done < bytes->size()) {
-    const ssize_t n = read(fd.get(), bytes->data() + done, std::min(piece, bytes->size() - done));
+  while (done < bytes.size()) {
+    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno("cannot read", path);
     if (n == 0) break;  // Shrunk meanwhile: the caller sees fewer bytes.
     done += static_cast<size_t>(n);
-    if (progress) progress(done);
   }
-  bytes->resize(done);
-  return absl::OkStatus();
-}
-
-// A whole file's bytes (ReadFileInto).
-inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::string bytes;
-  if (absl::Status s = ReadFileInto(path, &bytes); !s.ok()) return s;
+  bytes.resize(done);
   return bytes;
 }
 

@@ -1,14 +1,12 @@
 #include "common/safetensors.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
+#include <libdeflate.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -27,32 +25,6 @@ using file_io::WriteAll;
 using nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // The reference loader's limit.
-
-// SHA-256 over data fed in pieces (OpenSSL's EVP interface).
-class Sha256 {
- public:
-  Sha256() : context_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-    EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr);
-  }
-  void Update(const void* data, size_t bytes) {
-    EVP_DigestUpdate(context_.get(), data, bytes);
-  }
-  std::string HexDigest() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    EVP_DigestFinal_ex(context_.get(), digest, &length);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string out;
-    for (unsigned int i = 0; i < length; ++i) {
-      out += kHex[digest[i] >> 4];
-      out += kHex[digest[i] & 15];
-    }
-    return out;
-  }
-
- private:
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context_;
-};
 
 absl::StatusOr<uint64_t> Elements(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
@@ -89,10 +61,14 @@ const char* DTypeName(DType dtype) {
 }
 size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
+uint32_t Crc32(uint32_t crc, const void* data, size_t bytes) {
+  return libdeflate_crc32(crc, data, bytes);
+}
+
 struct Writer::State {
   std::string path;
   Fd fd{-1};
-  Sha256 sha;
+  uint32_t crc = 0;
   bool fsync = false;
   uint64_t bytes = 0;      // Written so far.
   uint64_t expected = 0;   // The file's size once every tensor's data is appended.
@@ -155,12 +131,6 @@ absl::StatusOr<Writer> Writer::Create(const std::string& path,
 }
 
 absl::Status Writer::Append(const void* data, size_t bytes) {
-  if (absl::Status s = AppendUnhashed(data, bytes); !s.ok()) return s;
-  state_->sha.Update(data, bytes);
-  return absl::OkStatus();
-}
-
-absl::Status Writer::AppendUnhashed(const void* data, size_t bytes) {
   State& state = *state_;
   if (state.bytes + bytes > state.expected) {
     return absl::InternalError(absl::StrCat(state.path, ": ", state.bytes + bytes,
@@ -168,6 +138,7 @@ absl::Status Writer::AppendUnhashed(const void* data, size_t bytes) {
                                             state.expected));
   }
   state.bytes += bytes;
+  state.crc = Crc32(state.crc, data, bytes);
   return WriteAll(state.fd.get(), data, bytes, state.path);
 }
 
@@ -180,7 +151,7 @@ absl::StatusOr<WriteResult> Writer::Finish() {
   }
   if (state.fsync && fsync(state.fd.get()) != 0) return Errno("cannot fsync", state.path);
   if (absl::Status s = state.fd.Close(state.path); !s.ok()) return s;
-  return WriteResult{state.bytes, state.sha.HexDigest()};
+  return WriteResult{state.bytes, state.crc};
 }
 
 absl::StatusOr<WriteResult> WriteFile(const std::string& path,
@@ -190,19 +161,9 @@ absl::StatusOr<WriteResult> WriteFile(const std::string& path,
   with_data.data_appended = false;
   absl::StatusOr<Writer> writer = Writer::Create(path, tensors, with_data);
   if (!writer.ok()) return writer.status();
-  // The data is all in memory: another thread hashes it while this one writes (SHA-256 runs at
-  // about a disk's speed, so one after the other would halve the rate).
-  Sha256& sha = writer->state_->sha;  // Has the header; goes on with the data.
-  std::thread hasher([&] {
-    for (const TensorView& t : tensors) sha.Update(t.data.data(), t.data.size());
-  });
-  absl::Status status;
   for (const TensorView& t : tensors) {
-    status = writer->AppendUnhashed(t.data.data(), t.data.size());
-    if (!status.ok()) break;
+    if (absl::Status s = writer->Append(t.data.data(), t.data.size()); !s.ok()) return s;
   }
-  hasher.join();
-  if (!status.ok()) return status;
   return writer->Finish();
 }
 
@@ -213,21 +174,33 @@ absl::StatusOr<File> File::Read(const std::string& path) {
 }
 
 absl::StatusOr<File> File::Parse(std::string bytes, const std::string& what) {
+  uint64_t data_start = 0;
+  absl::StatusOr<File> file = ParseHeader(bytes, bytes.size(), what, &data_start);
+  if (!file.ok()) return file.status();
+  file->data_start_ = data_start;
+  file->bytes_ = std::move(bytes);
+  return file;
+}
+
+absl::StatusOr<File> File::ParseHeader(absl::string_view head, uint64_t file_bytes,
+                                       const std::string& what, uint64_t* data_start) {
   const auto corrupt = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(what, " is not a valid safetensors file: ", why));
   };
-  if (bytes.size() < 8) return corrupt(absl::StrCat("only ", bytes.size(), " bytes"));
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
-  if (n > kMaxHeaderBytes || n > bytes.size() - 8) {
-    return corrupt(absl::StrCat("a header of ", n, " bytes in a file of ", bytes.size()));
+  if (file_bytes < 8 || head.size() < 8) {
+    return corrupt(absl::StrCat("only ", file_bytes, " bytes"));
   }
-  const json header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n),
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(head[static_cast<size_t>(i)]);
+  if (n > kMaxHeaderBytes || n > file_bytes - 8 || n > head.size() - 8) {
+    return corrupt(absl::StrCat("a header of ", n, " bytes in a file of ", file_bytes));
+  }
+  const json header = json::parse(head.begin() + 8, head.begin() + 8 + static_cast<long>(n),
                                   /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (!header.is_object()) return corrupt("the header is not a JSON object");
   File file;
-  file.data_start_ = 8 + n;
-  const uint64_t data_bytes = bytes.size() - file.data_start_;
+  *data_start = 8 + n;
+  const uint64_t data_bytes = file_bytes - *data_start;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) return corrupt("__metadata__ is not an object");
@@ -276,11 +249,10 @@ absl::StatusOr<File> File::Parse(std::string bytes, const std::string& what) {
     return corrupt(absl::StrCat("the tensors cover ", covered, " bytes of data, the file has ",
                                 data_bytes));
   }
-  file.bytes_ = std::move(bytes);
   return file;
 }
 
-const File::Entry* File::Find(const std::string& name) const {
+const Entry* File::Find(const std::string& name) const {
   for (const Entry& e : entries_) {
     if (e.name == name) return &e;
   }
@@ -292,42 +264,45 @@ absl::Span<const uint8_t> File::Data(const Entry& entry) const {
           entry.end - entry.begin};
 }
 
-absl::StatusOr<std::string> ReadFileHashed(const std::string& path, std::string* sha256) {
-  // file_io::ReadFileInto reads; another thread hashes what has been read, a piece behind.
-  std::string bytes;
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t readable = 0;    // Guarded by mu: bytes read so far.
-  bool finished = false;  // Guarded by mu: no more will be read.
-  Sha256 sha;
-  std::thread hasher([&] {
-    size_t hashed = 0;
-    for (bool last = false; !last;) {
-      size_t until = 0;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return finished || readable > hashed; });
-        until = readable;
-        last = finished;
-      }
-      if (until > hashed) sha.Update(bytes.data() + hashed, until - hashed);
-      hashed = until;
-    }
-  });
-  const absl::Status status = file_io::ReadFileInto(path, &bytes, [&](size_t done) {
-    std::lock_guard<std::mutex> lock(mu);
-    readable = done;
-    cv.notify_one();
-  });
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    finished = true;
-    cv.notify_one();
+Reader::Reader() = default;
+Reader::~Reader() = default;
+Reader::Reader(Reader&&) noexcept = default;
+Reader& Reader::operator=(Reader&&) noexcept = default;
+
+absl::StatusOr<Reader> Reader::Open(const std::string& path) {
+  Reader reader;
+  reader.path_ = path;
+  reader.fd_ = std::make_unique<Fd>(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const int fd = reader.fd_->get();
+  if (fd < 0) return Errno("cannot open", path);
+  struct stat info;
+  if (fstat(fd, &info) != 0) return Errno("cannot stat", path);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
+  // The length, then the header it names (bounded by the format's limit).
+  std::string head(std::min<uint64_t>(file_bytes, 8), '\0');
+  if (absl::Status s = file_io::ReadAll(fd, head.data(), head.size(), path); !s.ok()) return s;
+  uint64_t n = 0;
+  for (size_t i = head.size(); i-- > 0;) n = (n << 8) | static_cast<uint8_t>(head[i]);
+  if (head.size() == 8 && n <= std::min(kMaxHeaderBytes, file_bytes - 8)) {
+    head.resize(8 + n);
+    if (absl::Status s = file_io::ReadAll(fd, head.data() + 8, n, path); !s.ok()) return s;
   }
-  hasher.join();
-  if (!status.ok()) return status;
-  *sha256 = sha.HexDigest();
-  return bytes;
+  uint64_t data_start = 0;
+  absl::StatusOr<File> header = File::ParseHeader(head, file_bytes, path, &data_start);
+  if (!header.ok()) return header.status();
+  reader.header_ = *std::move(header);
+  reader.data_left_ = file_bytes - data_start;
+  reader.crc_ = Crc32(0, head.data(), head.size());
+  return reader;
+}
+
+absl::Status Reader::Read(void* dst, size_t bytes) {
+  bytes = static_cast<size_t>(std::min<uint64_t>(bytes, data_left_));
+  if (absl::Status s = file_io::ReadAll(fd_->get(), dst, bytes, path_); !s.ok()) return s;
+  data_left_ -= bytes;
+  crc_ = Crc32(crc_, dst, bytes);
+  return absl::OkStatus();
 }
 
 }  // namespace fusedps::safetensors

@@ -11,7 +11,8 @@
 //   the data    every tensor's bytes, row-major, little-endian; offsets are relative to the
 //               data's start, and the tensors cover it exactly, with no gap and no overlap
 // The writer pads the header so that the data starts 8-byte aligned, and lays tensors out in
-// the order given. The JSON is made and parsed with nlohmann::json.
+// the order given. The JSON is made and parsed with nlohmann::json. Checksums are CRC-32 (the
+// zlib/gzip polynomial: Python's zlib.crc32), computed with libdeflate.
 #ifndef FUSEDPS_COMMON_SAFETENSORS_H_
 #define FUSEDPS_COMMON_SAFETENSORS_H_
 
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/file_io.h"
 
 namespace fusedps::safetensors {
 
@@ -50,13 +52,17 @@ struct WriteOptions {
 
 struct WriteResult {
   uint64_t bytes = 0;   // The file's size.
-  std::string sha256;   // Of the whole file, lowercase hex: the checkpoint manifest's checksum.
+  uint32_t crc32 = 0;   // Of the whole file: the checkpoint manifest's checksum.
 };
+
+// CRC-32 of `bytes` at `data`, continuing from `crc` (0 to start): zlib's crc32().
+uint32_t Crc32(uint32_t crc, const void* data, size_t bytes);
 
 // A file written in order: Create writes the header, Append the tensors' data (in the order
 // given, in pieces of any size), Finish checks that all of it came and syncs. For data that is
-// not in memory all at once (a checkpoint written tensor by tensor). Errors as WriteFile's;
-// INTERNAL for more or less data than the header holds. Not thread-safe.
+// not in memory all at once (a checkpoint written tensor by tensor). The checksum is computed
+// as the data is appended. Errors as WriteFile's; INTERNAL for more or less data than the
+// header holds. Not thread-safe.
 class Writer {
  public:
   static absl::StatusOr<Writer> Create(const std::string& path,
@@ -70,11 +76,7 @@ class Writer {
   ~Writer();
 
  private:
-  friend absl::StatusOr<WriteResult> WriteFile(const std::string&, absl::Span<const TensorView>,
-                                               const WriteOptions&);
   Writer();
-  // Append without hashing (WriteFile hashes on another thread).
-  absl::Status AppendUnhashed(const void* data, size_t bytes);
   struct State;
   std::unique_ptr<State> state_;
 };
@@ -88,15 +90,17 @@ absl::StatusOr<WriteResult> WriteFile(const std::string& path,
                                       absl::Span<const TensorView> tensors,
                                       const WriteOptions& options = {});
 
+// One tensor of a file's header.
+struct Entry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // Byte offsets into the data.
+};
+
 // A file read whole into memory and validated.
 class File {
  public:
-  struct Entry {
-    std::string name;
-    DType dtype = DType::kF32;
-    std::vector<int64_t> shape;
-    uint64_t begin = 0, end = 0;  // Byte offsets into the data.
-  };
 
   // Errors: the errno's status when the file cannot be read (NOT_FOUND, ...); DATA_LOSS when it
   // is not a valid safetensors file: shorter than its header says, a header that is not a JSON
@@ -106,6 +110,11 @@ class File {
   static absl::StatusOr<File> Read(const std::string& path);
   // The same, from bytes already in memory; `what` names them in errors.
   static absl::StatusOr<File> Parse(std::string bytes, const std::string& what);
+  // The same, from a file's first bytes (at least its 8-byte length and the header it names)
+  // and its size. Sets *data_start to where the data begins. For Reader, and tools that read
+  // headers alone.
+  static absl::StatusOr<File> ParseHeader(absl::string_view head, uint64_t file_bytes,
+                                          const std::string& what, uint64_t* data_start);
 
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<Entry>& entries() const { return entries_; }  // In data order.
@@ -119,9 +128,37 @@ class File {
   std::vector<Entry> entries_;
 };
 
-// A whole file's bytes, and their SHA-256 in *sha256 (lowercase hex), hashed on a second
-// thread as they are read. Errors: the errno's status.
-absl::StatusOr<std::string> ReadFileHashed(const std::string& path, std::string* sha256);
+// A file read in order, for data too large to hold at once (a checkpoint's restore): Open reads
+// and validates the header (as File::Read, against the file's size), Read hands out the data
+// piece by piece, and crc32() is the CRC-32 of what was read so far, header included (the whole
+// file's once data_left() is 0). Not thread-safe.
+class Reader {
+ public:
+  // Errors as File::Read's.
+  static absl::StatusOr<Reader> Open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<Entry>& entries() const { return header_.entries(); }  // In data order.
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata(); }
+  uint64_t data_left() const { return data_left_; }
+  uint32_t crc32() const { return crc_; }
+
+  // Reads the next min(bytes, data_left()) bytes of the data into dst. Errors: the errno's
+  // status; DATA_LOSS when the file ends early (it shrank since Open).
+  absl::Status Read(void* dst, size_t bytes);
+
+  Reader(Reader&&) noexcept;
+  Reader& operator=(Reader&&) noexcept;
+  ~Reader();
+
+ private:
+  Reader();
+  std::string path_;
+  std::unique_ptr<file_io::Fd> fd_;
+  File header_;
+  uint64_t data_left_ = 0;
+  uint32_t crc_ = 0;
+};
 
 }  // namespace fusedps::safetensors
 

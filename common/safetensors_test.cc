@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "zlib.h"
 
 namespace fusedps::safetensors {
 namespace {
@@ -103,7 +104,7 @@ TEST(SafetensorsTest, ReadsBackWhatItWrote) {
   EXPECT_EQ(file->metadata().at("fusedps.version"), "42");
   EXPECT_EQ(file->metadata().at("note"), "\"quoted\" \xc3\xa9");
   ASSERT_EQ(file->entries().size(), 2u);
-  const File::Entry* w = file->Find("w");
+  const Entry* w = file->Find("w");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->dtype, DType::kF32);
   EXPECT_EQ(w->shape, (std::vector<int64_t>{2, 3}));
@@ -111,7 +112,7 @@ TEST(SafetensorsTest, ReadsBackWhatItWrote) {
   ASSERT_EQ(file->Data(*w).size(), 24u);
   std::memcpy(values.data(), file->Data(*w).data(), 24);
   EXPECT_EQ(values, (std::vector<float>{1.0f, -2.5f, 3.25f, 0.0f, 1e-30f, -7.0f}));
-  const File::Entry* b = file->Find("b");
+  const Entry* b = file->Find("b");
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->dtype, DType::kBF16);
   EXPECT_EQ(file->Find("nope"), nullptr);
@@ -155,27 +156,24 @@ TEST(SafetensorsTest, BadInputIsInvalidArgumentAndWritesNothing) {
   }
 }
 
-std::string Sha256Of(const std::string& path) {
-  std::string sha;
-  EXPECT_TRUE(ReadFileHashed(path, &sha).ok()) << path;
-  return sha;
+uint32_t ZlibCrc32(const std::string& bytes) {  // The reference implementation.
+  return static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
 }
 
-TEST(SafetensorsTest, ChecksumIsTheFilesSha256) {
-  const std::string path = TempPath("sha");
-  Spit(path, "abc");  // FIPS 180-2's first example.
-  EXPECT_EQ(Sha256Of(path), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  Spit(path, std::string(1000000, 'a'));  // And its third.
-  EXPECT_EQ(Sha256Of(path), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+TEST(SafetensorsTest, ChecksumIsZlibsCrc32OfTheWholeFile) {
+  const std::string check = "123456789";  // The CRC-32 catalogue's check input.
+  EXPECT_EQ(Crc32(0, check.data(), check.size()), 0xcbf43926u);
+  EXPECT_EQ(Crc32(Crc32(0, check.data(), 4), check.data() + 4, 5), 0xcbf43926u);  // In pieces.
   WriteResult result;
-  const std::string sample = WriteSample("sha_sample", &result);
-  EXPECT_EQ(result.sha256, Sha256Of(sample));
-  std::remove(path.c_str());
+  const std::string sample = WriteSample("crc_sample", &result);
+  const std::string bytes = Slurp(sample);
+  EXPECT_EQ(result.bytes, bytes.size());
+  EXPECT_EQ(result.crc32, ZlibCrc32(bytes));
   std::remove(sample.c_str());
 }
 
-TEST(SafetensorsTest, LargeFilesAreHashedOnASecondThreadAlike) {
-  // Over the 8 MiB chunks of ReadFileHashed, and several tensors for WriteFile's hasher.
+TEST(SafetensorsTest, ReaderStreamsTheDataWithTheFilesChecksum) {
   std::vector<float> a(3 << 20), b(1 << 20 | 3);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 9973);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 13);
@@ -184,14 +182,31 @@ TEST(SafetensorsTest, LargeFilesAreHashedOnASecondThreadAlike) {
       WriteFile(path, {{"a", DType::kF32, {static_cast<int64_t>(a.size())}, Bytes(a)},
                        {"b", DType::kF32, {static_cast<int64_t>(b.size())}, Bytes(b)}});
   ASSERT_TRUE(written.ok()) << written.status();
-  // The writer hashed from memory on a second thread; the reader hashes what it reads.
-  std::string sha;
-  absl::StatusOr<std::string> bytes = ReadFileHashed(path, &sha);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  EXPECT_EQ(bytes->size(), written->bytes);
-  EXPECT_EQ(sha, written->sha256);
-  EXPECT_EQ(ReadFileHashed(TempPath("missing"), &sha).status().code(),
-            absl::StatusCode::kNotFound);
+  absl::StatusOr<Reader> reader = Reader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_EQ(reader->entries().size(), 2u);
+  EXPECT_EQ(reader->entries()[1].name, "b");
+  EXPECT_EQ(reader->entries()[1].begin, a.size() * 4);
+  std::string data(reader->data_left(), '\0');
+  for (size_t at = 0, piece = 1000003; at < data.size(); at += piece) {  // Odd-sized pieces.
+    ASSERT_TRUE(reader->Read(data.data() + at, piece).ok());
+  }
+  EXPECT_EQ(reader->data_left(), 0u);
+  EXPECT_EQ(std::memcmp(data.data(), a.data(), a.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(data.data() + a.size() * 4, b.data(), b.size() * 4), 0);
+  EXPECT_EQ(reader->crc32(), written->crc32);
+  EXPECT_EQ(reader->crc32(), ZlibCrc32(Slurp(path)));
+
+  // A file shorter than its header says is refused at Open; one that shrinks later, by Read.
+  const std::string whole = Slurp(path);
+  Spit(path, whole.substr(0, whole.size() - 4));
+  EXPECT_EQ(Reader::Open(path).status().code(), absl::StatusCode::kDataLoss);
+  Spit(path, whole);
+  reader = Reader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+  EXPECT_EQ(reader->Read(data.data(), data.size()).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Reader::Open(TempPath("missing")).status().code(), absl::StatusCode::kNotFound);
   std::remove(path.c_str());
 }
 
@@ -244,6 +259,10 @@ TEST(SafetensorsTest, EveryKindOfCorruptionIsDataLossNamingTheFile) {
     absl::StatusOr<File> file = File::Read(path);
     EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss) << what << ": " << file.status();
     EXPECT_NE(file.status().message().find(path), std::string::npos) << what;
+    // The streaming reader checks the header against the file alike.
+    absl::StatusOr<Reader> reader = Reader::Open(path);
+    EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss) << what << ": "
+                                                                   << reader.status();
     std::remove(path.c_str());
   }
   // The unmodified bytes parse: the cases above fail for their own reason.

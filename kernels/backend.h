@@ -101,18 +101,19 @@ struct WorkDone {
   double copy_wait_seconds = 0;
 };
 
-// One tensor's whole state, for a restore from a checkpoint (RestoreTensor). Each array holds
-// the tensor's numel values, host memory the caller owns.
-struct TensorState {
-  const float* params = nullptr;
-  const float* exp_avg = nullptr;
-  const float* exp_avg_sq = nullptr;
-  // Read only when the tensor's group has amsgrad; then required.
-  const float* max_exp_avg_sq = nullptr;
-  // The 16-bit param copy's values (bf16 or fp16 bits, as param_copy_dtype()); nullptr: computed
-  // from params, as WriteParams does. Ignored by a backend that keeps no copy.
-  const uint16_t* param_copy = nullptr;
-  int64_t step = 0;
+// A write of host values into one field of one tensor, for a restore from a checkpoint (Write).
+struct WriteRequest {
+  TensorField field = TensorField::kParam;
+  // Write the 16-bit param copy (bf16 or fp16 bits, as param_copy_dtype()) instead of fp32
+  // params: field must be kParam and the backend must keep a copy. Elements are then 2 bytes,
+  // else 4.
+  bool param_copy = false;
+  uint32_t tensor = 0;
+  uint64_t offset = 0;  // The first element written.
+  uint64_t count = 0;   // Elements.
+  // count elements of host memory (on a GPU backend best page-locked: AllocateHostBuffer),
+  // unchanged until a marker taken after the Write is done.
+  const void* src = nullptr;
 };
 
 // A read of one field of some tensors, for pulls.
@@ -160,11 +161,16 @@ class OptimizerBackend {
   virtual absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                                    absl::Span<const float> values) = 0;
 
-  // Sets every array and the step of a tensor, in stream order, and returns once `state`'s
-  // memory may be reused. For a restore, before the tensor's first step.
-  // Errors: INVALID_ARGUMENT for an unknown tensor, a negative step, or a missing array
-  // (max_exp_avg_sq in an amsgrad group).
-  virtual absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) = 0;
+  // Queues a copy of host values into [offset, offset + count) of one field of a tensor (see
+  // WriteRequest), for a restore, before the tensor's first step. Params written this way leave
+  // the param copy as it was: write the copy too (param_copy), or use WriteParams.
+  // Errors: INVALID_ARGUMENT for an unknown tensor or a range outside it; FAILED_PRECONDITION
+  // for max_exp_avg_sq of a tensor whose group has no amsgrad, or param_copy without a copy.
+  virtual absl::Status Write(const WriteRequest& request) = 0;
+
+  // Sets a tensor's step, for a restore, in stream order (later steps count on from it).
+  // Errors: INVALID_ARGUMENT for an unknown tensor or a negative step.
+  virtual absl::Status SetStep(uint32_t tensor, int64_t step) = 0;
 
   // Queues one AdamW step (kernels/adamw_math.h) of every tensor of the request, all or
   // nothing: if any gradient is non-finite (after conversion to fp32 and division by

@@ -102,22 +102,24 @@ class CpuBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
-  absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) override {
-    if (absl::Status s = table_.CheckRestore(tensor, state); !s.ok()) return s;
-    const uint64_t o = table_.offset(tensor);
-    const uint64_t n = table_.numel(tensor);
-    std::copy_n(state.params, n, params_.data() + o);
-    std::copy_n(state.exp_avg, n, exp_avg_.data() + o);
-    std::copy_n(state.exp_avg_sq, n, exp_avg_sq_.data() + o);
-    if (table_.hyper_of(tensor).amsgrad) {
-      std::copy_n(state.max_exp_avg_sq, n, max_exp_avg_sq_.data() + o);
+  absl::Status Write(const WriteRequest& request) override {
+    absl::StatusOr<uint64_t> at = table_.CheckWrite(request, copy_dtype_);
+    if (!at.ok()) return at.status();
+    if (request.param_copy) {
+      std::copy_n(static_cast<const uint16_t*>(request.src), request.count, copy_.data() + *at);
+      return absl::OkStatus();
     }
-    if (copy_dtype_ != ParamCopyDType::kNone && state.param_copy != nullptr) {
-      std::copy_n(state.param_copy, n, copy_.data() + o);
-    } else {
-      WriteCopy(o, n);
-    }
-    table_.SetStep(tensor, state.step);
+    float* arena = request.field == TensorField::kParam      ? params_.data()
+                   : request.field == TensorField::kExpAvg   ? exp_avg_.data()
+                   : request.field == TensorField::kExpAvgSq ? exp_avg_sq_.data()
+                                                             : max_exp_avg_sq_.data();
+    std::copy_n(static_cast<const float*>(request.src), request.count, arena + *at);
+    return absl::OkStatus();
+  }
+
+  absl::Status SetStep(uint32_t tensor, int64_t step) override {
+    if (absl::Status s = table_.CheckStep(tensor, step); !s.ok()) return s;
+    table_.SetStep(tensor, step);
     return absl::OkStatus();
   }
 

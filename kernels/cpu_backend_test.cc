@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/adamw_reference.h"
 #include "kernels/backend.h"
+#include "kernels/backend_write_test.h"
 
 namespace fusedps {
 namespace {
@@ -215,6 +216,11 @@ TEST(CpuBackendTest, AddTensorsReturnsTheFirstIndexAndTruncateUndoesIt) {
   EXPECT_EQ(*backend->AddTensors({{30, 0}}), 2u);
   EXPECT_EQ(ReadField(*backend, TensorField::kParam, 2), std::vector<float>(30, 0.0f));
   EXPECT_FALSE(backend->TruncateTensors(4).ok());
+}
+
+TEST(CpuBackendTest, RestoreWritesLandExactly) {
+  auto backend = MakeCpuBackend({.param_copy_dtype = ParamCopyDType::kBFloat16});
+  ExpectRestoreWritesLandExactly(*backend);
 }
 
 TEST(CpuBackendTest, SnapshotHoldsTheValuesOfItsReadWhileStepsGoOn) {

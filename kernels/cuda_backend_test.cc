@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/backend_write_test.h"
 #include "kernels/cuda_backend_test_util.h"
 #ifdef FUSEDPS_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -249,6 +250,14 @@ int64_t FreeBytes(int device) {
 // does (registration, the engine, the completion thread, gRPC threads). The CUDA current device
 // is per thread, so a backend that set its device only when created would allocate its arenas
 // and launch from device 0 on those threads. Its memory must come from device 1.
+TEST(CudaBackendWriteTest, RestoreWritesLandExactly) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend =
+      MakeBackend("cuda:0", {.param_copy_dtype = ParamCopyDType::kBFloat16});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  ExpectRestoreWritesLandExactly(**backend);
+}
+
 TEST(CudaBackendDeviceTest, CallsFromOtherThreadsUseTheBackendsDevice) {
   if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   constexpr uint64_t kNumel = uint64_t{64} << 20;  // 256 MiB of fp32 params.

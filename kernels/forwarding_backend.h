@@ -31,8 +31,9 @@ class ForwardingBackend : public OptimizerBackend {
                            absl::Span<const float> values) override {
     return inner_->WriteParams(tensor, offset, values);
   }
-  absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) override {
-    return inner_->RestoreTensor(tensor, state);
+  absl::Status Write(const WriteRequest& request) override { return inner_->Write(request); }
+  absl::Status SetStep(uint32_t tensor, int64_t step) override {
+    return inner_->SetStep(tensor, step);
   }
   absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) override {
     return inner_->AllocateHostBuffer(bytes);

@@ -54,18 +54,35 @@ void TensorTable::AdvanceSteps(absl::Span<const uint32_t> tensors) {
   for (uint32_t t : tensors) ++steps_[t];
 }
 
-absl::Status TensorTable::CheckRestore(uint32_t tensor, const TensorState& state) const {
+absl::StatusOr<uint64_t> TensorTable::CheckWrite(const WriteRequest& request,
+                                                 ParamCopyDType copy) const {
+  if (request.tensor >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write of tensor ", request.tensor, " of ", size()));
+  }
+  if (request.offset > numel(request.tensor) ||
+      request.count > numel(request.tensor) - request.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "write of elements [", request.offset, ", +", request.count, ") of tensor ",
+        request.tensor, ", which has ", numel(request.tensor)));
+  }
+  if (request.param_copy &&
+      (request.field != TensorField::kParam || copy == ParamCopyDType::kNone)) {
+    return absl::FailedPreconditionError(
+        "a write of the param copy needs field param and a backend that keeps a copy");
+  }
+  if (request.field == TensorField::kMaxExpAvgSq && !hyper_of(request.tensor).amsgrad) {
+    return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
+  }
+  return offset(request.tensor) + request.offset;
+}
+
+absl::Status TensorTable::CheckStep(uint32_t tensor, int64_t step) const {
   if (tensor >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat("restore of tensor ", tensor, " of ", size()));
+    return absl::InvalidArgumentError(absl::StrCat("step of tensor ", tensor, " of ", size()));
   }
-  if (state.step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", tensor, " step ", state.step, " < 0"));
-  }
-  if (state.params == nullptr || state.exp_avg == nullptr || state.exp_avg_sq == nullptr ||
-      (hyper_of(tensor).amsgrad && state.max_exp_avg_sq == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("restore of tensor ", tensor, " lacks an array of its state"));
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " step ", step, " < 0"));
   }
   return absl::OkStatus();
 }

@@ -55,8 +55,11 @@ class TensorTable {
   // A restored tensor's step. REQUIRES: tensor < size().
   void SetStep(uint32_t tensor, int64_t step) { steps_[tensor] = step; }
 
-  // INVALID_ARGUMENT unless `state` may restore `tensor` (backend.h's RestoreTensor).
-  absl::Status CheckRestore(uint32_t tensor, const TensorState& state) const;
+  // Checks a Write (backend.h) against the table, and returns the arena offset of its first
+  // element. Errors as Write's.
+  absl::StatusOr<uint64_t> CheckWrite(const WriteRequest& request, ParamCopyDType copy) const;
+  // INVALID_ARGUMENT unless `step` may be SetStep's for `tensor` (backend.h).
+  absl::Status CheckStep(uint32_t tensor, int64_t step) const;
 
   uint32_t size() const { return static_cast<uint32_t>(offsets_.size()); }
   uint64_t arena_numel() const { return arena_numel_; }

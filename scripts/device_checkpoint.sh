@@ -7,7 +7,8 @@
 #      Each checkpoint's snapshot (the cut steps wait for) and write come from the server's log.
 #   2. Restore: the checkpointing server restarted on its directory, the files' pages dropped
 #      from the page cache first (posix_fadvise DONTNEED), so that the restore reads the disk.
-#   3. dd on the same disk, same size: sequential write (conv=fsync) and read (cache dropped).
+#   3. dd on the same disk, same size: sequential write (conv=fsync; and O_DIRECT) and read
+#      (cache dropped), idle; and the writes again under the bench's load (no checkpoints).
 # Env: PARTS ("tests bench"), ROUNDS (2), DURATION (30s), LOAD (16x8), DEVICE (cuda:0),
 # CKPT_DIR (/tmp/fusedps-ckpt: the disk measured).
 set -uo pipefail
@@ -55,7 +56,8 @@ if [[ " ${PARTS:-tests bench} " == *" bench "* ]]; then
   echo "| round | server | pushes/s | GB/s | p50 ms | p99 ms | max ms |"
   echo "|---|---|---:|---:|---:|---:|---:|"
   for r in $(seq 1 "${ROUNDS:-2}"); do
-    for v in off on; do
+    order="off on"; (( r % 2 == 0 )) && order="on off"  # Neither always goes first.
+    for v in $order; do
       port=$port_off; [[ $v == on ]] && port=$port_on
       .device-pack/run fusedps-bench --json --warmup-steps=1 --target=127.0.0.1:$port \
         --model=gpt2 --dtype=bf16 --clients="$c" --streams="$s" --duration="${DURATION:-30s}" \
@@ -68,6 +70,21 @@ print(f"| {sys.argv[2]} | checkpoints {sys.argv[3]} | {d['pushes_per_s']:.2f} | 
 PY
     done
   done
+  # The disk's write rate under the same load: dd (buffered, and O_DIRECT) while the bench
+  # pushes to the server without checkpoints.
+  mb=$(( $(du -sb "$(ls -d "$ckpt"/checkpoint-* | tail -1)" | cut -f1) / (1 << 20) + 1 ))
+  .device-pack/run fusedps-bench --json --warmup-steps=1 --target=127.0.0.1:$port_off \
+    --model=gpt2 --dtype=bf16 --clients="$c" --streams="$s" --duration=40s \
+    >"$out/ckpt_ddload.json" 2>>"$out/ckpt_bench.log" &
+  bench_pid=$!
+  sleep 12
+  echo "== dd under the load, buffered (conv=fsync), then O_DIRECT:"
+  dd if=/dev/zero of="$ckpt/dd.bin" bs=1M count=$mb conv=fsync 2>&1 | tail -1
+  rm -f "$ckpt/dd.bin"; sleep 2
+  dd if=/dev/zero of="$ckpt/dd.bin" bs=64M count=$(( mb / 64 + 1 )) oflag=direct conv=fsync \
+    2>&1 | tail -1
+  rm -f "$ckpt/dd.bin"
+  wait $bench_pid
   kill -TERM "$pid_on" "$pid_off"; wait "$pid_on" "$pid_off"
   echo "== checkpoints written (server log):"
   grep -o "checkpoint: version.*\|checkpoint on exit.*" "$out/server_ckpt_on.log"
@@ -81,6 +98,9 @@ PY
   echo "== dd on $ckpt, $bytes bytes"
   mb=$(( bytes / (1 << 20) + 1 ))
   dd if=/dev/zero of="$ckpt/dd.bin" bs=1M count=$mb conv=fsync 2>&1 | tail -1
+  rm -f "$ckpt/dd.bin"
+  dd if=/dev/zero of="$ckpt/dd.bin" bs=64M count=$(( mb / 64 + 1 )) oflag=direct conv=fsync \
+    2>&1 | tail -1
   drop_cache "$ckpt"
   dd if="$ckpt/dd.bin" of=/dev/null bs=1M 2>&1 | tail -1
   rm -f "$ckpt/dd.bin"

@@ -144,20 +144,24 @@ absl::Status Server::Restore(const ServerOptions& options) {
   }
   const auto start = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
+  const checkpoint::HostMemory memory{
+      [this](uint64_t n) { return engine_->AllocateHostBuffer(n); },
+      [this](void* buffer) { engine_->FreeHostBuffer(buffer); }};
   const auto load = [&](const checkpoint::Loaded& c) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<checkpoint::LoadedShard>> shard =
-        checkpoint::ReadCheckpoint(c, engine_->param_copy_dtype());
-    if (!shard.ok()) return shard.status();
-    absl::StatusOr<uint64_t> version = UpdateEngine::Wait<uint64_t>(
-        [&](UpdateEngine::Done<uint64_t> done) { engine_->Restore(&(*shard)->shard, done); });
+    absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> reader =
+        checkpoint::ShardReader::Open(c, engine_->param_copy_dtype(), memory);
+    if (!reader.ok()) return reader.status();
+    absl::StatusOr<uint64_t> version =
+        UpdateEngine::Wait<uint64_t>([&](UpdateEngine::Done<uint64_t> done) {
+          engine_->Restore(&(*reader)->shard(), reader->get(), done);
+        });
     if (!version.ok()) {
-      // Never DATA_LOSS: the engine may hold half of it, so no older checkpoint is tried.
-      return absl::Status(absl::IsDataLoss(version.status()) ? absl::StatusCode::kInternal
-                                                             : version.status().code(),
-                          absl::StrCat("restoring ", c.directory, ": ",
-                                       version.status().message()));
+      // A restore that failed is undone (DATA_LOSS: the next older checkpoint is tried), but
+      // after a device fault, which stops the server.
+      return absl::Status(version.status().code(), absl::StrCat("restoring ", c.directory, ": ",
+                                                                version.status().message()));
     }
-    bytes = (*shard)->bytes;
+    bytes = (*reader)->bytes();
     return absl::OkStatus();
   };
   absl::StatusOr<checkpoint::Loaded> loaded;

@@ -246,43 +246,30 @@ class CudaBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
-  absl::Status RestoreTensor(uint32_t tensor, const TensorState& state) override {
-    if (absl::Status s = table_.CheckRestore(tensor, state); !s.ok()) return s;
+  absl::Status Write(const WriteRequest& request) override {
+    absl::StatusOr<uint64_t> at = table_.CheckWrite(request, options_.param_copy_dtype);
+    if (!at.ok()) return at.status();
+    if (request.count == 0) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    const uint64_t at = table_.offset(tensor);
-    const uint64_t bytes = table_.numel(tensor) * sizeof(float);
-    std::vector<std::pair<float*, const float*>> copies = {
-        {params_.data() + at, state.params},
-        {exp_avg_.data() + at, state.exp_avg},
-        {exp_avg_sq_.data() + at, state.exp_avg_sq}};
-    if (table_.hyper_of(tensor).amsgrad) {
-      copies.push_back({max_exp_avg_sq_.data() + at, state.max_exp_avg_sq});
-    }
-    for (const auto& [dst, src] : copies) {
-      if (bytes > 0) {
-        FUSEDPS_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
-      }
-    }
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + tensor, &state.step,
+    void* dst = request.param_copy ? static_cast<void*>(copy_.data() + *at)
+                : request.field == TensorField::kParam    ? params_.data() + *at
+                : request.field == TensorField::kExpAvg   ? exp_avg_.data() + *at
+                : request.field == TensorField::kExpAvgSq ? exp_avg_sq_.data() + *at
+                                                          : max_exp_avg_sq_.data() + *at;
+    const uint64_t bytes = request.count * (request.param_copy ? 2 : 4);
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, request.src, bytes, cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status SetStep(uint32_t tensor, int64_t step) override {
+    if (absl::Status s = table_.CheckStep(tensor, step); !s.ok()) return s;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    // From pageable memory: staged before cudaMemcpyAsync returns (see the top of this file).
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + tensor, &step,
                                                  sizeof(int64_t), cudaMemcpyHostToDevice,
                                                  stream_));
-    // Waits, so that `state` (page-locked or not) may be reused: a restore runs once, at start.
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    if (options_.param_copy_dtype != ParamCopyDType::kNone) {
-      if (state.param_copy == nullptr) {
-        // WriteParams derives the copy (and rewrites the same params).
-        if (absl::Status s = WriteParams(tensor, 0, absl::MakeConstSpan(
-                                                        state.params, table_.numel(tensor)));
-            !s.ok()) {
-          return s;
-        }
-      } else if (bytes > 0) {
-        FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(copy_.data() + at, state.param_copy, bytes / 2,
-                                                cudaMemcpyHostToDevice));
-      }
-    }
-    table_.SetStep(tensor, state.step);
+    table_.SetStep(tensor, step);
     return absl::OkStatus();
   }
 

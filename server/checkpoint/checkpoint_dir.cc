@@ -78,14 +78,14 @@ std::string PendingCheckpoint::PathOf(const std::string& file) const {
 }
 
 absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes,
-                                        const std::string& sha256) {
+                                        uint32_t crc32) {
   if (name.empty() || absl::StrContains(name, '/') || absl::StartsWith(name, kManifestName) ||
       files_.contains(name)) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint file name \"", name,
                                                    "\" is empty, has '/', is the manifest's or "
                                                    "was added already"));
   }
-  files_[name] = {{"bytes", bytes}, {"sha256", sha256}};
+  files_[name] = {{"bytes", bytes}, {"crc32", crc32}};
   return absl::OkStatus();
 }
 
@@ -159,7 +159,8 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
   for (const auto& [name, entry] : m["files"].items()) {
     const std::string path = absl::StrCat(directory, "/", name);
     if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() ||
-        !entry.contains("sha256") || !entry["sha256"].is_string()) {
+        !entry.contains("crc32") || !entry["crc32"].is_number_unsigned() ||
+        entry["crc32"].get<uint64_t>() > 0xffffffffu) {
       return absl::DataLossError(absl::StrCat(manifest_path, ": a bad entry for ", name));
     }
     if (stat(path.c_str(), &info) != 0) {
@@ -173,22 +174,13 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
   return loaded;
 }
 
-absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::string& name) {
-  const std::string path = absl::StrCat(checkpoint.directory, "/", name);
-  const json* entry = checkpoint.manifest["files"].contains(name)
-                          ? &checkpoint.manifest["files"][name]
-                          : nullptr;
-  if (entry == nullptr) {
-    return absl::DataLossError(absl::StrCat(path, " is not in the manifest"));
+absl::StatusOr<uint32_t> ExpectedCrc32(const Loaded& checkpoint, const std::string& name) {
+  const json& files = checkpoint.manifest["files"];
+  if (!files.contains(name)) {
+    return absl::DataLossError(
+        absl::StrCat(checkpoint.directory, "/", name, " is not in the manifest"));
   }
-  std::string sha256;
-  absl::StatusOr<std::string> bytes = safetensors::ReadFileHashed(path, &sha256);
-  if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
-  if (bytes->size() != (*entry)["bytes"].get<uint64_t>() ||
-      sha256 != (*entry)["sha256"].get<std::string>()) {
-    return absl::DataLossError(absl::StrCat(path, " does not match its sha256 in the manifest"));
-  }
-  return bytes;
+  return files[name]["crc32"].get<uint32_t>();  // ReadManifest checked it.
 }
 
 absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,

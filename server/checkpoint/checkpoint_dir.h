@@ -14,7 +14,7 @@
 //                             its manifest is synced
 // The manifest records the serial and the shard version the checkpoint holds.
 // A directory without manifest.json is incomplete (the writer died) and is never loaded. The
-// manifest lists every data file with its size and sha256; a checkpoint whose files disagree
+// manifest lists every data file with its size and CRC-32; a checkpoint whose files disagree
 // is skipped at load, and the next older one is tried. This is the commit rule of
 // torch.distributed.checkpoint (metadata last), with the directory fsyncs it leaves to the
 // filesystem.
@@ -34,7 +34,7 @@ namespace fusedps::checkpoint {
 
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kLatestName[] = "latest";
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;  // 1: sha256 checksums (no longer read).
 
 // "checkpoint-00000000000000000042" for serial 42.
 std::string DirectoryName(uint64_t serial);
@@ -54,7 +54,7 @@ class PendingCheckpoint {
 
   // Records a data file the caller wrote, fsynced and checksummed (safetensors::WriteFile with
   // fsync). INVALID_ARGUMENT for a name with '/', "manifest.json" or one added twice.
-  absl::Status AddFile(const std::string& name, uint64_t bytes, const std::string& sha256);
+  absl::Status AddFile(const std::string& name, uint64_t bytes, uint32_t crc32);
 
   // Writes the manifest (`body`'s keys plus "format", "format_version", "serial", "version" and
   // "files"),
@@ -74,7 +74,7 @@ class PendingCheckpoint {
   nlohmann::json files_ = nlohmann::json::object();
 };
 
-// A complete checkpoint, verified: every file the manifest lists has its size and sha256.
+// A complete checkpoint: every file the manifest lists is there with its size (ReadManifest).
 struct Loaded {
   std::string directory;
   uint64_t serial = 0;
@@ -82,15 +82,16 @@ struct Loaded {
   nlohmann::json manifest;
 };
 
-// Reads one checkpoint's manifest and checks that every file it lists exists with its size.
-// DATA_LOSS naming the file for a missing or unparsable manifest, or a missing file or one of
-// another size; FAILED_PRECONDITION for a format_version this server does not read; NOT_FOUND
-// for no directory.
+// Reads one checkpoint's manifest and checks that every file it lists exists with its size and
+// has a crc32 (its contents are checked as they are read: ExpectedCrc32). DATA_LOSS naming the
+// file for a missing or unparsable manifest, or a missing file or one of another size;
+// FAILED_PRECONDITION for a format_version this server does not read; NOT_FOUND for no
+// directory.
 absl::StatusOr<Loaded> ReadManifest(const std::string& directory);
 
-// Reads a file the manifest lists, whole, and checks its sha256: DATA_LOSS naming the file when
-// it differs (or its size does).
-absl::StatusOr<std::string> ReadVerified(const Loaded& checkpoint, const std::string& name);
+// The CRC-32 that the manifest lists for file `name` (its whole contents must have it).
+// DATA_LOSS naming the file when the manifest does not list it.
+absl::StatusOr<uint32_t> ExpectedCrc32(const Loaded& checkpoint, const std::string& name);
 
 // Loads the newest checkpoint under root that `load` accepts, trying them by serial, newest
 // first (the manifest is the commit point: a crash between it and `latest`'s move loses

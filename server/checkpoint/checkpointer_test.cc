@@ -82,6 +82,19 @@ struct Shard {
   Metrics metrics{{"test", "cpu", "cpu"}, [] { return ShardMetrics{}; }};
 };
 
+// Restores a checkpoint through ShardReader, in small buffers (many batches, tensors split
+// across them).
+absl::Status RestoreFrom(const Loaded& checkpoint, UpdateEngine& engine) {
+  const HostMemory memory{[&](uint64_t n) { return engine.AllocateHostBuffer(n); },
+                          [&](void* buffer) { engine.FreeHostBuffer(buffer); }};
+  absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+      ShardReader::Open(checkpoint, ParamCopyDType::kNone, memory, /*slot_bytes=*/1000);
+  if (!reader.ok()) return reader.status();
+  return Wait<uint64_t>([&](auto done) {
+           engine.Restore(&(*reader)->shard(), reader->get(), done);
+         }).status();
+}
+
 class CheckpointerStressTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
@@ -142,13 +155,8 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
     // The last checkpoint, into a fresh engine.
     absl::StatusOr<Loaded> loaded = ReadManifest(last->path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
-    absl::StatusOr<std::unique_ptr<LoadedShard>> files =
-        ReadCheckpoint(*loaded, ParamCopyDType::kNone);
-    ASSERT_TRUE(files.ok()) << files.status();
     Shard restored(/*registered=*/false);
-    ASSERT_TRUE(Wait<uint64_t>([&](auto done) {
-                  restored.engine.Restore(&(*files)->shard, done);
-                }).ok());
+    ASSERT_TRUE(RestoreFrom(*loaded, restored.engine).ok());
     EXPECT_EQ(StateOf(restored.engine), StateOf(engine));
     for (int p = 0; p < kPushers; ++p) {
       const std::string id = absl::StrCat("trainer-", p);
@@ -195,6 +203,56 @@ TEST(CheckpointerTest, AFailingCheckpointWaitsForTheNextTriggerInsteadOfRetrying
   EXPECT_GE(IoFailures(shard.metrics), 1);
   EXPECT_LE(IoFailures(shard.metrics), 2);
   fs::remove(root);
+}
+
+// A restore streams values into the engine before the last file's checksum is known: one that
+// fails it is undone, and the engine restores an older checkpoint as if nothing had happened.
+TEST(CheckpointerTest, ARestoreThatFailsItsChecksumIsUndoneAndAnOlderOneLoads) {
+  const std::string root = absl::StrCat(fs::temp_directory_path().string(),
+                                        "/checkpointer_test_undo_", getpid());
+  fs::remove_all(root);
+  Shard shard;
+  UpdateEngine& engine = shard.engine;
+  CheckpointerOptions options;
+  options.root = root;
+  Checkpointer checkpointer(&engine, &shard.metrics, options);
+  checkpointer.Start();
+  std::vector<float> grads(8192, 0.25f);
+  ReadyPush push;
+  push.tensors = {0, 2};
+  push.grad_offsets = {0, AlignedNumel(kSizes[0])};
+  push.grads = grads.data();
+  ASSERT_TRUE(Wait<StepResult>([&](auto done) { engine.Step(&push, done); }).ok());
+  absl::StatusOr<CheckpointResult> older = checkpointer.CheckpointNow();
+  ASSERT_TRUE(older.ok()) << older.status();
+  const std::string older_state = StateOf(engine);
+  ASSERT_TRUE(Wait<StepResult>([&](auto done) { engine.Step(&push, done); }).ok());
+  absl::StatusOr<CheckpointResult> newer = checkpointer.CheckpointNow();
+  ASSERT_TRUE(newer.ok()) << newer.status();
+
+  // The last byte of the newer checkpoint's exp_avg_sq: its other values upload first.
+  const std::string file = newer->path + "/exp_avg_sq.safetensors";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(last ^ 0x10));
+  }
+  Shard restored(/*registered=*/false);
+  absl::StatusOr<Loaded> bad = ReadManifest(newer->path);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  const absl::Status failed = RestoreFrom(*bad, restored.engine);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_NE(failed.message().find(file), std::string::npos) << failed;
+  EXPECT_EQ(restored.engine.view()->tensor_count(), 0u);
+  EXPECT_EQ(restored.engine.version(), 0u);
+
+  absl::StatusOr<Loaded> good = ReadManifest(older->path);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE(RestoreFrom(*good, restored.engine).ok());
+  EXPECT_EQ(StateOf(restored.engine), older_state);
+  fs::remove_all(root);
 }
 
 INSTANTIATE_TEST_SUITE_P(FullAndFenced, CheckpointerStressTest, ::testing::Bool(),

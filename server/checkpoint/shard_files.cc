@@ -180,7 +180,7 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
   for (size_t i = 0; i < n; ++i) {
     if (!results[i].ok()) return abandon(results[i].status());
     if (absl::Status s = pending->AddFile(FileOf(snapshot.fields[i].name), results[i]->bytes,
-                                          results[i]->sha256);
+                                          results[i]->crc32);
         !s.ok()) {
       return s;
     }

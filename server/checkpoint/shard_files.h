@@ -7,18 +7,26 @@
 // F16, when the server keeps a copy), each "<field>.safetensors"; the manifest holds the param
 // groups, the tensors with their steps, the shard version and the retry table.
 //
+// Lifetimes: a ShardReader owns its threads and buffers; it must outlive the Restore it feeds
+// (its `done`), and its destructor joins the threads.
+//
 // Usage:
 //   absl::StatusOr<Written> w = WriteCheckpoint(snapshot, settings);       // a writer thread
 //   checkpoint::LoadLatestGood(root, [&](const checkpoint::Loaded& c) {
-//     absl::StatusOr<std::unique_ptr<LoadedShard>> shard = ReadCheckpoint(c, copy_dtype);
-//     ...  engine.Restore(&(*shard)->shard, ...)
+//     absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(c, copy, memory);
+//     ...  engine.Restore(&(*reader)->shard(), reader->get(), ...)
 //   }, on_skip);
 #ifndef FUSEDPS_SERVER_CHECKPOINT_SHARD_FILES_H_
 #define FUSEDPS_SERVER_CHECKPOINT_SHARD_FILES_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,22 +62,57 @@ struct Written {
 absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
                                         const WriteSettings& settings);
 
-// A checkpoint read into memory and checked, ready for UpdateEngine::Restore: `shard`'s arrays
-// point into `files`.
-struct LoadedShard {
-  RestoredShard shard;
-  std::vector<safetensors::File> files;
-  uint64_t bytes = 0;  // Of the data files read.
+// Host memory for a restore's buffers: UpdateEngine::AllocateHostBuffer and FreeHostBuffer
+// (page-locked on a GPU, so that uploads run at the bus's speed).
+struct HostMemory {
+  std::function<absl::StatusOr<void*>(uint64_t bytes)> allocate;
+  std::function<void(void*)> free;
 };
 
-// Reads every file of a complete checkpoint (ReadManifest's) and checks it all before anything
-// is restored: each file's sha256, the manifest's groups, tensors and retry table (the names,
-// shapes and hyperparameters that registration would accept), and that each file holds exactly
-// the tensors it must, with their shapes and dtypes. A param copy of another dtype than
-// `copy` (the server's --param-copy-dtype) is not used; the copy is then computed from params.
-// Errors: DATA_LOSS naming the file and what is wrong.
-absl::StatusOr<std::unique_ptr<LoadedShard>> ReadCheckpoint(const Loaded& checkpoint,
-                                                            ParamCopyDType copy);
+// A complete checkpoint (ReadManifest's) opened for UpdateEngine::Restore: its manifest checked
+// under the rules registration holds a client to (names, shapes, hyperparameters, retry table),
+// and each data file's header checked to hold exactly the tensors it must, with their shapes
+// and dtypes. As a RestoreSource, it reads the files' data with one thread per file into a few
+// page-locked buffers, and checks each file's CRC-32 once it is read whole (a file that fails
+// the check is DATA_LOSS from Next, naming it). A param copy of another dtype than `copy` (the
+// server's --param-copy-dtype) is not read; the copy is then computed from params.
+class ShardReader final : public RestoreSource {
+ public:
+  // Reads go into buffers of `slot_bytes` (a multiple of 4), three per file.
+  // Errors: DATA_LOSS naming the file and what is wrong; RESOURCE_EXHAUSTED for the buffers.
+  static constexpr uint64_t kSlotBytes = uint64_t{4} << 20;
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(const Loaded& checkpoint,
+                                                          ParamCopyDType copy, HostMemory memory,
+                                                          uint64_t slot_bytes = kSlotBytes);
+  ~ShardReader() override;  // Stops the reader threads (a restore may end early).
+
+  const RestoredShard& shard() const { return shard_; }
+  uint64_t bytes() const { return bytes_; }  // The data files' sizes.
+
+  absl::StatusOr<bool> Next(Batch* batch) override;
+  void Release(int slot) override;
+
+ private:
+  struct Part;
+  ShardReader() = default;
+  void ReadPart(Part* part);  // A reader thread.
+
+  RestoredShard shard_;
+  uint64_t bytes_ = 0;
+  HostMemory memory_;
+  char* buffers_ = nullptr;
+  uint64_t buffer_bytes_ = 0;  // Of each of the slots in buffers_.
+  std::vector<std::unique_ptr<Part>> parts_;
+  std::vector<std::thread> threads_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> free_slots_;   // Guarded by mu_.
+  std::deque<Batch> ready_;       // Guarded by mu_.
+  size_t parts_done_ = 0;         // Guarded by mu_: files read whole and checked.
+  absl::Status error_;            // Guarded by mu_: the first reader's error.
+  bool stopping_ = false;         // Guarded by mu_.
+};
 
 // "none", "bf16", "fp16": the manifest's param_copy_dtype.
 const char* ParamCopyName(ParamCopyDType copy);

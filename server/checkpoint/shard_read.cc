@@ -1,10 +1,9 @@
-// ReadCheckpoint (shard_files.h): a checkpoint's files read, checked and turned into the shard
-// that UpdateEngine::Restore loads. Everything is checked before anything is restored; a
-// manifest may come from another tool (fusedps.checkpoint.from_torch), so it is held to the
-// rules registration holds a client to.
-#include <optional>
+// ShardReader (shard_files.h): a checkpoint's manifest and file headers checked, then its data
+// read by one thread per file into page-locked buffers that UpdateEngine::Restore uploads as
+// they fill. A manifest may come from another tool (fusedps.checkpoint.from_torch), so it is
+// held to the rules registration holds a client to.
+#include <algorithm>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -80,8 +79,8 @@ absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, 
   return out;
 }
 
-absl::Status ReadTensors(const ManifestReader& m, const json& root, LoadedShard* loaded) {
-  RestoredShard& shard = loaded->shard;
+absl::Status ReadTensors(const ManifestReader& m, const json& root, RestoredShard* out) {
+  RestoredShard& shard = *out;
   absl::flat_hash_map<std::string, uint32_t> groups;
   for (uint32_t g = 0; g < shard.groups.size(); ++g) groups[shard.groups[g].name] = g;
   FUSEDPS_ASSIGN(tensors, m.Get(root, "tensors", json::value_t::array, "manifest"));
@@ -110,9 +109,7 @@ absl::Status ReadTensors(const ManifestReader& m, const json& root, LoadedShard*
     meta.group = g->second;
     if (!names.insert(meta.name).second) return m.Bad(where, "repeats the name " + meta.name);
     shard.tensors.push_back(std::move(meta));
-    TensorState state;
-    state.step = step.get<int64_t>();
-    shard.states.push_back(state);
+    shard.steps.push_back(step.get<int64_t>());
   }
   return absl::OkStatus();
 }
@@ -145,42 +142,38 @@ absl::Status ReadRetries(const ManifestReader& m, const json& root, RestoredShar
   return absl::OkStatus();
 }
 
-// Points each tensor's `slot` at its values in `file`, which must hold exactly `expected`
-// (indices into the shard's tensors) with their shapes, in `dtype`.
-using Setter = void (*)(TensorState& state, const uint8_t* values);
-
-absl::Status Bind(const safetensors::File& file, const std::string& path,
-                  const std::vector<uint32_t>& expected, safetensors::DType dtype,
-                  RestoredShard* shard, Setter set) {
-  if (file.entries().size() != expected.size()) {
-    return absl::DataLossError(absl::StrCat(path, " holds ", file.entries().size(),
-                                            " tensors, the manifest ", expected.size()));
-  }
-  for (uint32_t t : expected) {
-    const TensorMeta& meta = shard->tensors[t];
-    const safetensors::File::Entry* e = file.Find(meta.name);
-    if (e == nullptr || e->dtype != dtype || e->shape != meta.shape) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor ", QuoteName(meta.name),
-                                              " is missing or has another dtype or shape"));
-    }
-    set(shard->states[t], file.Data(*e).data());
-  }
-  return absl::OkStatus();
-}
+constexpr int kSlotsPerFile = 3;  // Buffers in flight per data file.
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LoadedShard>> ReadCheckpoint(const Loaded& checkpoint,
-                                                            ParamCopyDType copy) {
+// One data file: its reader, and which tensor each of its entries is (in data order).
+struct ShardReader::Part {
+  std::string field;
+  TensorField tensor_field = TensorField::kParam;
+  bool param_copy = false;
+  uint64_t element = 4;
+  safetensors::Reader reader;
+  std::vector<uint32_t> tensors;  // Of reader.entries(), by position.
+  uint32_t crc32 = 0;             // The manifest's.
+};
+
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& checkpoint,
+                                                               ParamCopyDType copy,
+                                                               HostMemory memory,
+                                                               uint64_t slot_bytes) {
+  if (slot_bytes == 0 || slot_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("slot_bytes ", slot_bytes,
+                                                   " is not a positive multiple of 4"));
+  }
   const ManifestReader m(checkpoint);
   const json& root = checkpoint.manifest;
-  auto loaded = std::make_unique<LoadedShard>();
-  RestoredShard& shard = loaded->shard;
+  std::unique_ptr<ShardReader> reader(new ShardReader());
+  RestoredShard& shard = reader->shard_;
   shard.version = checkpoint.version;
   absl::StatusOr<std::vector<ParamGroupSpec>> groups = ReadGroups(m, root);
   if (!groups.ok()) return groups.status();
   shard.groups = *std::move(groups);
-  if (absl::Status s = ReadTensors(m, root, loaded.get()); !s.ok()) return s;
+  if (absl::Status s = ReadTensors(m, root, &shard); !s.ok()) return s;
   if (absl::Status s = ReadRetries(m, root, &shard); !s.ok()) return s;
   FUSEDPS_ASSIGN(copy_name, m.Get(root, "param_copy_dtype", json::value_t::string, "manifest"));
 
@@ -190,70 +183,156 @@ absl::StatusOr<std::unique_ptr<LoadedShard>> ReadCheckpoint(const Loaded& checkp
     all.push_back(t);
     if (shard.groups[shard.tensors[t].group].hyperparameters.amsgrad) amsgrad.push_back(t);
   }
-  struct Part {
-    std::string field;
+  struct Want {
+    const char* field;
+    TensorField tensor_field;
+    bool param_copy;
     const std::vector<uint32_t>* tensors;
     safetensors::DType dtype;
-    Setter set;
   };
-  std::vector<Part> parts = {
-      {"params", &all, safetensors::DType::kF32,
-       [](TensorState& s, const uint8_t* v) { s.params = reinterpret_cast<const float*>(v); }},
-      {"exp_avg", &all, safetensors::DType::kF32,
-       [](TensorState& s, const uint8_t* v) { s.exp_avg = reinterpret_cast<const float*>(v); }},
-      {"exp_avg_sq", &all, safetensors::DType::kF32, [](TensorState& s, const uint8_t* v) {
-         s.exp_avg_sq = reinterpret_cast<const float*>(v);
-       }}};
+  std::vector<Want> wants = {
+      {"params", TensorField::kParam, false, &all, safetensors::DType::kF32},
+      {"exp_avg", TensorField::kExpAvg, false, &all, safetensors::DType::kF32},
+      {"exp_avg_sq", TensorField::kExpAvgSq, false, &all, safetensors::DType::kF32}};
   if (!amsgrad.empty()) {
-    parts.push_back({"max_exp_avg_sq", &amsgrad, safetensors::DType::kF32,
-                     [](TensorState& s, const uint8_t* v) {
-                       s.max_exp_avg_sq = reinterpret_cast<const float*>(v);
-                     }});
+    wants.push_back({"max_exp_avg_sq", TensorField::kMaxExpAvgSq, false, &amsgrad,
+                     safetensors::DType::kF32});
   }
-  const std::string server_copy = ParamCopyName(copy);
-  if (copy != ParamCopyDType::kNone && copy_name.get<std::string>() == server_copy) {
-    parts.push_back({"param_copy", &all,
+  if (copy != ParamCopyDType::kNone && copy_name.get<std::string>() == ParamCopyName(copy)) {
+    wants.push_back({"param_copy", TensorField::kParam, true, &all,
                      copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16
-                                                      : safetensors::DType::kBF16,
-                     [](TensorState& s, const uint8_t* v) {
-                       s.param_copy = reinterpret_cast<const uint16_t*>(v);
-                     }});
+                                                      : safetensors::DType::kBF16});
+    shard.param_copy = true;
   }
-  // Read and check the files in parallel (sha256 and parsing run at memory speed per thread).
-  std::vector<absl::StatusOr<safetensors::File>> files(parts.size(),
-                                                       absl::UnknownError("not read"));
+  absl::flat_hash_map<std::string, uint32_t> by_name;
+  for (uint32_t t = 0; t < shard.tensors.size(); ++t) by_name[shard.tensors[t].name] = t;
+  for (const Want& want : wants) {
+    const std::string name = absl::StrCat(want.field, ".safetensors");
+    absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, name);
+    if (!crc32.ok()) return crc32.status();
+    absl::StatusOr<safetensors::Reader> file =
+        safetensors::Reader::Open(absl::StrCat(checkpoint.directory, "/", name));
+    if (!file.ok()) return absl::DataLossError(file.status().message());
+    auto part = std::make_unique<Part>(Part{want.field, want.tensor_field, want.param_copy,
+                                            safetensors::DTypeSize(want.dtype),
+                                            *std::move(file), {}, *crc32});
+    // Exactly the tensors the manifest says, with its shapes, in the field's dtype.
+    const std::string& path = part->reader.path();
+    if (part->reader.entries().size() != want.tensors->size()) {
+      return absl::DataLossError(absl::StrCat(path, " holds ", part->reader.entries().size(),
+                                              " tensors, the manifest ", want.tensors->size()));
+    }
+    std::vector<bool> seen(shard.tensors.size());
+    for (const safetensors::Entry& e : part->reader.entries()) {
+      const auto t = by_name.find(e.name);
+      const bool wanted = t != by_name.end() && !seen[t->second] &&
+                          (want.tensors == &all ||
+                           shard.groups[shard.tensors[t->second].group].hyperparameters.amsgrad);
+      if (!wanted || e.dtype != want.dtype || e.shape != shard.tensors[t->second].shape) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor ", QuoteName(e.name),
+                                                " is not the manifest's, or has another dtype "
+                                                "or shape"));
+      }
+      seen[t->second] = true;
+      part->tensors.push_back(t->second);
+    }
+    reader->bytes_ += part->reader.data_left();
+    reader->parts_.push_back(std::move(part));
+  }
+
+  const int slots = kSlotsPerFile * static_cast<int>(reader->parts_.size());
+  absl::StatusOr<void*> buffers = memory.allocate(slot_bytes * static_cast<uint64_t>(slots));
+  if (!buffers.ok()) return buffers.status();
+  reader->memory_ = std::move(memory);
+  reader->buffers_ = static_cast<char*>(*buffers);
+  reader->buffer_bytes_ = slot_bytes;
+  for (int i = 0; i < slots; ++i) reader->free_slots_.push_back(i);
+  for (const std::unique_ptr<Part>& part : reader->parts_) {
+    reader->threads_.emplace_back(&ShardReader::ReadPart, reader.get(), part.get());
+  }
+  return reader;
+}
+
+ShardReader::~ShardReader() {
   {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      threads.emplace_back([&, i] {
-        const std::string name = parts[i].field + ".safetensors";
-        absl::StatusOr<std::string> bytes = ReadVerified(checkpoint, name);
-        if (!bytes.ok()) {
-          files[i] = bytes.status();
-          return;
-        }
-        files[i] = safetensors::File::Parse(*std::move(bytes),
-                                            absl::StrCat(checkpoint.directory, "/", name));
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
   }
-  loaded->files.reserve(parts.size());  // No reallocation: states point into the files.
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (!files[i].ok()) return absl::DataLossError(files[i].status().message());
-    loaded->files.push_back(*std::move(files[i]));
-    const std::string path = absl::StrCat(checkpoint.directory, "/", parts[i].field,
-                                          ".safetensors");
-    if (absl::Status s = Bind(loaded->files.back(), path, *parts[i].tensors, parts[i].dtype,
-                              &shard, parts[i].set);
-        !s.ok()) {
-      return s;
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+  if (buffers_ != nullptr) memory_.free(buffers_);
+}
+
+void ShardReader::ReadPart(Part* part) {
+  const std::vector<safetensors::Entry>& entries = part->reader.entries();
+  uint64_t at = 0;  // Bytes of the data read so far.
+  size_t entry = 0;  // The first entry not read whole.
+  const auto fail = [&](absl::Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = std::move(s);
+    cv_.notify_all();
+  };
+  while (part->reader.data_left() > 0) {
+    Batch batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !error_.ok() || !free_slots_.empty(); });
+      if (stopping_ || !error_.ok()) return;
+      batch.slot = free_slots_.back();
+      free_slots_.pop_back();
     }
-    for (const safetensors::File::Entry& e : loaded->files.back().entries()) {
-      loaded->bytes += e.end - e.begin;
+    char* data = buffers_ + static_cast<uint64_t>(batch.slot) * buffer_bytes_;
+    const uint64_t n = std::min(buffer_bytes_, part->reader.data_left());
+    if (absl::Status s = part->reader.Read(data, n); !s.ok()) {
+      return fail(absl::DataLossError(s.message()));
     }
+    // The pieces of the tensors in [at, at + n): whole elements (offsets are multiples of the
+    // element size, and so is n but at the end).
+    for (; entry < entries.size() && entries[entry].begin < at + n; ++entry) {
+      const safetensors::Entry& e = entries[entry];
+      const uint64_t begin = std::max(e.begin, at), end = std::min(e.end, at + n);
+      if (end > begin) {
+        WriteRequest w;
+        w.field = part->tensor_field;
+        w.param_copy = part->param_copy;
+        w.tensor = part->tensors[entry];
+        w.offset = (begin - e.begin) / part->element;
+        w.count = (end - begin) / part->element;
+        w.src = data + (begin - at);
+        batch.writes.push_back(w);
+      }
+      if (e.end > at + n) break;  // Goes on in the next slot.
+    }
+    at += n;
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.push_back(std::move(batch));
+    cv_.notify_all();
   }
-  return loaded;
+  if (part->reader.crc32() != part->crc32) {
+    return fail(absl::DataLossError(
+        absl::StrCat(part->reader.path(), " does not match its crc32 in the manifest")));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++parts_done_;
+  cv_.notify_all();
+}
+
+absl::StatusOr<bool> ShardReader::Next(Batch* batch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    return !error_.ok() || !ready_.empty() || parts_done_ == parts_.size();
+  });
+  if (!error_.ok()) return error_;
+  if (ready_.empty()) return false;  // Every file read whole, and checked.
+  *batch = std::move(ready_.front());
+  ready_.pop_front();
+  return true;
+}
+
+void ShardReader::Release(int slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_slots_.push_back(slot);
+  cv_.notify_all();
 }
 
 #undef FUSEDPS_ASSIGN

@@ -1,5 +1,5 @@
 // The update engine's checkpoint jobs: Snapshot (a consistent cut of the shard, for a checkpoint
-// to write) and Restore (a whole shard loaded into an empty engine). See update_engine.h.
+// to write) and Restore (a whole shard streamed into an empty engine). See update_engine.h.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -133,9 +133,70 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
       [done](const absl::Status& s) { done(s); });
 }
 
-void UpdateEngine::Restore(const RestoredShard* shard, Done<uint64_t> done) {
+absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, RestoreSource* source,
+                                         uint32_t first) {
+  // Values expected and written, by field (TensorField's value; 0: the param copy).
+  uint64_t expected[5] = {}, written[5] = {};
+  const bool derive_copy = backend_->param_copy_dtype() != ParamCopyDType::kNone &&
+                           !shard.param_copy;
+  for (const TensorMeta& t : shard.tensors) {
+    for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+      expected[static_cast<int>(f)] += t.numel;
+    }
+    if (shard.groups[t.group].hyperparameters.amsgrad) {
+      expected[static_cast<int>(TensorField::kMaxExpAvgSq)] += t.numel;
+    }
+    if (shard.param_copy) expected[0] += t.numel;
+  }
+  for (;;) {
+    RestoreSource::Batch batch;
+    absl::StatusOr<bool> more = source->Next(&batch);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    absl::Status status;
+    for (WriteRequest w : batch.writes) {
+      if (w.tensor >= shard.tensors.size()) {
+        status = absl::DataLossError(absl::StrCat("a restore wrote tensor ", w.tensor, " of ",
+                                                  shard.tensors.size()));
+        break;
+      }
+      w.tensor += first;
+      if (derive_copy && w.field == TensorField::kParam) {  // The copy comes with the params.
+        status = backend_->WriteParams(
+            w.tensor, w.offset, absl::MakeConstSpan(static_cast<const float*>(w.src), w.count));
+      } else {
+        status = backend_->Write(w);
+      }
+      if (!(status = Checked(status, true)).ok()) break;
+      written[w.param_copy ? 0 : static_cast<int>(w.field)] += w.count;
+    }
+    // Wait for the copies before the memory goes back (whatever happened).
+    absl::StatusOr<Marker> marker = backend_->Mark();
+    if (!marker.ok()) return Checked(marker.status());
+    if (absl::Status s = Checked(backend_->Wait(*marker).status()); !s.ok()) return s;
+    source->Release(batch.slot);
+    if (!status.ok()) return status;
+  }
+  static constexpr const char* kNames[] = {"param_copy", "params", "exp_avg", "exp_avg_sq",
+                                           "max_exp_avg_sq"};
+  for (int f = 0; f < 5; ++f) {
+    if (written[f] != expected[f]) {
+      return absl::DataLossError(absl::StrCat("a restore wrote ", written[f], " values of ",
+                                              kNames[f], ", the shard has ", expected[f]));
+    }
+  }
+  for (uint32_t i = 0; i < shard.tensors.size(); ++i) {
+    if (absl::Status s = Checked(backend_->SetStep(first + i, shard.steps[i]), true); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
+                           Done<uint64_t> done) {
   Submit(
-      [this, shard, done] {
+      [this, shard, source, done] {
         if (absl::Status s = fault_->status(); !s.ok()) return done(s);
         std::shared_ptr<const ShardView> restored = view();
         if (restored->tensor_count() != 0 || restored->groups().size() != 1 ||
@@ -143,26 +204,28 @@ void UpdateEngine::Restore(const RestoredShard* shard, Done<uint64_t> done) {
           return done(absl::FailedPreconditionError(
               "a restore needs an empty shard: no tensors, no param groups but \"default\""));
         }
+        // Undoes a restore that failed: no tensors, and "default" as the view has it (a later
+        // group replaces any other the backend kept).
+        const AdamWHyperparameters initial = restored->groups()[0].hyperparameters;
+        const auto undo = [&](absl::Status cause) {
+          if (!fault_->status().ok()) return done(cause);  // Nothing more runs on the device.
+          absl::Status s = Checked(backend_->TruncateTensors(0));
+          if (s.ok()) s = Checked(backend_->SetParamGroup(0, initial));
+          done(s.ok() ? cause : s);
+        };
         for (uint32_t g = 0; g < shard->groups.size(); ++g) {
           const ParamGroupSpec& group = shard->groups[g];
           if (absl::Status s = Checked(backend_->SetParamGroup(g, group.hyperparameters), true);
               !s.ok()) {
-            return done(s);
+            return undo(s);
           }
           restored = restored->WithGroup(g, group);
         }
         std::vector<NewTensor> added;
         for (const TensorMeta& t : shard->tensors) added.push_back({t.numel, t.group});
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
-        if (!first.ok()) return done(Checked(first.status(), true));
-        std::vector<int64_t> steps;
-        for (uint32_t i = 0; i < shard->tensors.size(); ++i) {
-          if (absl::Status s = Checked(backend_->RestoreTensor(*first + i, shard->states[i]), true);
-              !s.ok()) {
-            return done(s);
-          }
-          steps.push_back(shard->states[i].step);
-        }
+        if (!first.ok()) return undo(Checked(first.status(), true));
+        if (absl::Status s = RestoreValues(*shard, source, *first); !s.ok()) return undo(s);
         restored = restored->WithTensors(shard->tensors);
         retries_->Import(shard->retries);
         queued_version_ = shard->version;
@@ -170,7 +233,7 @@ void UpdateEngine::Restore(const RestoredShard* shard, Done<uint64_t> done) {
         {
           std::unique_lock<std::shared_mutex> lock(progress_mu_);
           version_ = shard->version;
-          steps_ = std::move(steps);
+          steps_ = shard->steps;
         }
         {
           std::lock_guard<std::mutex> lock(view_mu_);

@@ -149,14 +149,36 @@ struct CheckpointSnapshot {
   std::unique_ptr<SnapshotFence> fence;
 };
 
-// A whole shard to restore: what a checkpoint holds, its arrays in host memory that stays
-// valid until the restore's `done` has run.
+// A whole shard to restore, but for the tensors' values (a RestoreSource's).
 struct RestoredShard {
   uint64_t version = 0;
   std::vector<ParamGroupSpec> groups;  // By index; groups[0] replaces "default".
   std::vector<TensorMeta> tensors;     // In registration order.
-  std::vector<TensorState> states;     // Of tensors[i].
+  std::vector<int64_t> steps;          // Of tensors[i], each >= 0.
   std::vector<RetryTable::ClientRecord> retries;
+  // The source holds the param copy. When it does not and the backend keeps one, the copy is
+  // computed from the params (as registration computes it).
+  bool param_copy = false;
+};
+
+// Where a restore's values come from: host memory that other threads fill (a checkpoint's
+// files, read from disk and checked) while the engine uploads what is ready. Every value of
+// every field the shard has must come exactly once: params, exp_avg and exp_avg_sq of every
+// tensor, max_exp_avg_sq of those in amsgrad groups, and the param copy when param_copy.
+class RestoreSource {
+ public:
+  struct Batch {
+    // Tensor indices are RestoredShard::tensors'; the memory stays as it is until Release.
+    std::vector<WriteRequest> writes;
+    int slot = 0;  // For Release.
+  };
+  // Blocks until a batch is ready (true), or every value has been handed out and checked
+  // (false). Errors: DATA_LOSS naming the file for values that fail their check, which may come
+  // after some of their batches were handed out (the restore then stops and is undone).
+  virtual absl::StatusOr<bool> Next(Batch* batch) = 0;
+  // The batch's writes are done: its memory may be refilled.
+  virtual void Release(int slot) = 0;
+  virtual ~RestoreSource() = default;
 };
 
 class UpdateEngine {
@@ -217,12 +239,18 @@ class UpdateEngine {
   void Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
                 Done<CheckpointSnapshot> done);
   // Loads a whole shard into an engine that has none yet (no tensors, only "default" group):
-  // groups, tensors, values, steps, version and the retry table, then publishes it. `done`
-  // runs on the engine thread with the version. FAILED_PRECONDITION when the shard is not
-  // empty; INVALID_ARGUMENT or RESOURCE_EXHAUSTED from the backend, which leaves the engine
-  // unusable (the caller stops: a restore that failed half-way is never served).
-  void Restore(const RestoredShard* shard, Done<uint64_t> done);
-  // Page-locked host memory for Snapshot's buffer (thread-safe; RESOURCE_EXHAUSTED).
+  // groups and tensors, then the values batch by batch as `source` has them ready, then steps,
+  // version and the retry table; only then is the shard published. `done` runs on the engine
+  // thread with the version. The engine thread waits on `source` meanwhile (a restore runs
+  // before serving). FAILED_PRECONDITION when the shard is not empty. When the source fails
+  // (its error, e.g. DATA_LOSS), or hands out more or fewer values than the shard has
+  // (DATA_LOSS), or the backend refuses a write or runs out of memory (INVALID_ARGUMENT,
+  // FAILED_PRECONDITION, RESOURCE_EXHAUSTED), the restore is undone: the engine is empty again
+  // and may restore another checkpoint. INTERNAL for a device fault (the engine is unusable).
+  // REQUIRES: shard and source outlive `done`.
+  void Restore(const RestoredShard* shard, RestoreSource* source, Done<uint64_t> done);
+  // Page-locked host memory for Snapshot's buffer and a restore's batches (thread-safe;
+  // RESOURCE_EXHAUSTED).
   absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) {
     return backend_->AllocateHostBuffer(bytes);
   }
@@ -268,6 +296,9 @@ class UpdateEngine {
   void Complete(Completion completion);
   // A backend error (on any thread): a fault unless expected_ok and it is an expected code.
   absl::Status Checked(absl::Status status, bool expected_ok = false);
+  // Restore's part on the engine thread once the tensors exist (from `first`): every value
+  // from `source`, checked for completeness, then the steps (engine_checkpoint.cc).
+  absl::Status RestoreValues(const RestoredShard& shard, RestoreSource* source, uint32_t first);
   void RunJobs();
   void RunCompletions();
   void Publish(uint64_t version, absl::Span<const uint32_t> stepped);

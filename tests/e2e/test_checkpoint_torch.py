@@ -1,7 +1,7 @@
 """Offline tests of fusedps.checkpoint (no server): torch state dicts -> checkpoint -> torch state
 dicts is bit-exact, a torch optimizer loaded from a checkpoint continues exactly as the original,
 the files are plain safetensors (read back by test_cli's independent reader and, where it is
-installed, by the safetensors package) whose sizes and sha256 match the manifest, corruption is
+installed, by the safetensors package) whose sizes and crc32 match the manifest, corruption is
 caught, bad inputs are refused naming the field, and the manifest has the keys
 docs/checkpoints.md lists.
 """
@@ -9,12 +9,12 @@ docs/checkpoints.md lists.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import re
 import struct
 import time
+import zlib
 
 import pytest
 import torch
@@ -169,7 +169,7 @@ def test_files_are_safetensors_that_match_the_manifest(tmp_path):
         with open(os.path.join(path, name), "rb") as f:
             raw = f.read()
         assert len(raw) == entry["bytes"], name
-        assert hashlib.sha256(raw).hexdigest() == entry["sha256"], name
+        assert zlib.crc32(raw) == entry["crc32"], name
         (n,) = struct.unpack("<Q", raw[:8])
         assert n % 8 == 0, name  # the data starts 8-byte aligned, as the server writes it
         field = name[:-len(".safetensors")]
@@ -221,10 +221,10 @@ def test_codec_round_trip(tmp_path):
         "half": torch.randn(2, 3, generator=g).to(torch.float16),
     }
     path = str(tmp_path / "t.safetensors")
-    size, sha = checkpoint.write_safetensors(path, tensors, metadata={"k": "v"})
+    size, crc = checkpoint.write_safetensors(path, tensors, metadata={"k": "v"})
     with open(path, "rb") as f:
         raw = f.read()
-    assert size == len(raw) and sha == hashlib.sha256(raw).hexdigest()
+    assert size == len(raw) and crc == zlib.crc32(raw)
     assert struct.unpack("<Q", raw[:8])[0] % 8 == 0
     decoded = checkpoint.decode_safetensors(raw, use_package=False)
     assert list(decoded) == list(tensors)  # data in the order given
@@ -296,7 +296,7 @@ def test_corruption_is_reported(tmp_path):
         raw = f.read()
     with open(target, "wb") as f:
         f.write(raw[:-1] + bytes([raw[-1] ^ 0x01]))
-    with pytest.raises(ValueError, match=r"/exp_avg\.safetensors does not match its sha256"):
+    with pytest.raises(ValueError, match=r"/exp_avg\.safetensors does not match its crc32"):
         checkpoint.to_torch(path)
     with open(target, "wb") as f:
         f.write(raw[:-4])
@@ -316,7 +316,8 @@ def test_corruption_is_reported(tmp_path):
         f.write(text[:len(text) // 2])
     with pytest.raises(ValueError, match=r"manifest\.json is not valid JSON"):
         checkpoint.to_torch(path)
-    for key, value, match in [("format_version", 2, "format_version 2 is unknown"),
+    for key, value, match in [("format_version", 3, "format_version 3 is unknown"),
+                              ("format_version", 1, "format_version 1 is unknown"),
                               ("format", "other", "format 'other'"),
                               ("version", -1, "'version'")]:
         m = json.loads(text)
@@ -324,6 +325,15 @@ def test_corruption_is_reported(tmp_path):
         with open(manifest_path, "w", encoding="utf-8") as f:
             json.dump(m, f)
         with pytest.raises(ValueError, match=match):
+            checkpoint.to_torch(path)
+    # crc32: an unsigned 32-bit JSON integer (never a bool, a string or the old sha256).
+    crc = zlib.crc32(raw)
+    for value in [True, -1, 1 << 32, float(crc), str(crc), format(crc, "08x"), None]:
+        m = json.loads(text)
+        m["files"]["exp_avg.safetensors"]["crc32"] = value
+        with open(manifest_path, "w", encoding="utf-8") as f:
+            json.dump(m, f)
+        with pytest.raises(ValueError, match=r"a bad entry in 'files' for 'exp_avg\.safetensors'"):
             checkpoint.to_torch(path)
 
 
@@ -433,7 +443,7 @@ def test_manifest_has_the_documented_keys(tmp_path):
     path = _write(tmp_path, model, opt)
     m = _manifest(path)
     assert list(m) == keys
-    assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 1
+    assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 2
     assert m["serial"] == 1 and m["version"] == 3 and m["server_version"] == "python"
     assert before <= m["created_unix_seconds"] <= time.time() + 1
     assert m["param_copy_dtype"] == "none" and m["retry_table"] == []

@@ -10,12 +10,12 @@ small decoder here (F32, BF16 and F16).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import struct
 import sys
+import zlib
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -51,10 +51,11 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
 
 def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
                       metadata: Optional[Mapping[str, str]] = None, *,
-                      fsync: bool = True) -> Tuple[int, str]:
+                      fsync: bool = True) -> Tuple[int, int]:
     """Writes ``tensors`` (name -> tensor of dtype float32, bfloat16 or float16, any shape,
     any device) to a safetensors file at ``path``, the data in the mapping's order, and
-    returns ``(size in bytes, lowercase hex sha256 of the whole file)``.
+    returns ``(size in bytes, CRC-32 of the whole file)``: the CRC as ``zlib.crc32`` computes
+    it over the file's bytes (an int in 0..2**32-1), the checksum a checkpoint manifest lists.
 
     The layout is the server's (common/safetensors.cc): the header JSON with sorted keys and
     no spaces, padded with spaces so that the data starts at a multiple of 8 bytes; readable by
@@ -85,17 +86,17 @@ def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     head = text.encode("utf-8")
     head += b" " * ((8 - len(head) % 8) % 8)
-    sha = hashlib.sha256()
+    crc = 0
     size = 0
     with open(path, "wb") as f:
         for part in [struct.pack("<Q", len(head)), head, *blobs]:
             f.write(part)
-            sha.update(part)
+            crc = zlib.crc32(part, crc)
             size += len(part)
         f.flush()
         if fsync:
             os.fsync(f.fileno())
-    return size, sha.hexdigest()
+    return size, crc
 
 
 def _decode_builtin(data: bytes, what: str) -> Dict[str, torch.Tensor]:

@@ -32,13 +32,13 @@ them, read with the ``safetensors`` package when it is importable.
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import math
 import numbers
 import os
 import re
 import time
+import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -49,7 +49,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "decode_safetensors", "from_torch", "read
            "resolve_checkpoint", "to_torch", "write_safetensors"]
 
 FORMAT = "fusedps-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 LATEST = "latest"
 PARAMS = "params.safetensors"
@@ -59,7 +59,6 @@ MAX_EXP_AVG_SQ = "max_exp_avg_sq.safetensors"
 PARAM_COPY = "param_copy.safetensors"
 
 _DIR_RE = re.compile(r"checkpoint-([0-9]{20})\Z")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 _PARAM_COPY_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
 # The server's group 0, with torch.optim.AdamW's defaults; its name and limits on names.
@@ -124,6 +123,11 @@ def _is_count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
+def _is_crc32(x) -> bool:
+    """Whether ``x`` is a manifest file checksum: a CRC-32 (zlib.crc32's), 0..2**32-1."""
+    return _is_count(x) and x <= 0xFFFFFFFF
+
+
 def _read_manifest(directory: str) -> Dict[str, Any]:
     """The manifest of ``directory``, checked for the keys and types to_torch uses."""
     path = os.path.join(directory, MANIFEST)
@@ -176,8 +180,7 @@ def _read_manifest(directory: str) -> Dict[str, Any]:
             raise bad(f"tensors[{i}] ({t['name']!r}): step is not a non-negative integer")
     for name, e in m["files"].items():
         if "/" in name or name in (".", "..", MANIFEST) or not isinstance(e, dict) or \
-                not _is_count(e.get("bytes")) or \
-                not (isinstance(e.get("sha256"), str) and _SHA256_RE.match(e["sha256"])):
+                not _is_count(e.get("bytes")) or not _is_crc32(e.get("crc32")):
             raise bad(f"a bad entry in 'files' for {name!r}")
     return m
 
@@ -191,8 +194,8 @@ def _read_verified(directory: str, name: str, entry: Mapping[str, Any]) -> bytes
         raise ValueError(f"{path} is missing (listed in {MANIFEST})") from None
     if len(data) != entry["bytes"]:
         raise ValueError(f"{path} has {len(data)} bytes, {MANIFEST} says {entry['bytes']}")
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise ValueError(f"{path} does not match its sha256 in {MANIFEST}")
+    if zlib.crc32(data) != entry["crc32"]:
+        raise ValueError(f"{path} does not match its crc32 in {MANIFEST}")
     return data
 
 
@@ -238,7 +241,7 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
       FileNotFoundError: no checkpoint at ``path``.
       ValueError: a manifest that does not parse, of another format or an unknown
         format_version, or without a key it needs; a file the manifest lists that is missing
-        or whose size or sha256 differs (the message names the file); a data file that is not
+        or whose size or crc32 differs (the message names the file); a data file that is not
         valid safetensors or whose tensors, dtypes or shapes disagree with the manifest.
     """
     directory = resolve_checkpoint(path)
@@ -547,8 +550,8 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
     _fsync_dir(root)
     listed = {}
     for file, content in files.items():
-        size, sha = write_safetensors(os.path.join(directory, file), content, fsync=True)
-        listed[file] = {"bytes": size, "sha256": sha}
+        size, crc = write_safetensors(os.path.join(directory, file), content, fsync=True)
+        listed[file] = {"bytes": size, "crc32": crc}
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
