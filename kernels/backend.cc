@@ -2,6 +2,18 @@
 
 namespace fusedps {
 
+const char* ParamCopyDTypeName(ParamCopyDType copy) {
+  switch (copy) {
+    case ParamCopyDType::kBFloat16:
+      return "bf16";
+    case ParamCopyDType::kFloat16:
+      return "fp16";
+    case ParamCopyDType::kNone:
+      break;
+  }
+  return "none";
+}
+
 absl::Status ReadNow(OptimizerBackend& backend, const ReadRequest& request) {
   if (absl::Status s = backend.Read(request); !s.ok()) return s;
   absl::StatusOr<Marker> marker = backend.Mark();

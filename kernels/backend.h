@@ -48,6 +48,8 @@ enum class TensorField : uint8_t { kParam = 1, kExpAvg = 2, kExpAvgSq = 3, kMaxE
 
 // The low-precision copy of the params that a backend may keep for pulls.
 enum class ParamCopyDType : uint8_t { kNone = 0, kBFloat16 = 2, kFloat16 = 3 };
+// "none", "bf16", "fp16": the spelling of --param-copy-dtype and of checkpoint manifests.
+const char* ParamCopyDTypeName(ParamCopyDType copy);
 
 struct BackendOptions {
   ParamCopyDType param_copy_dtype = ParamCopyDType::kNone;

@@ -103,17 +103,18 @@ class CpuBackend final : public OptimizerBackend {
   }
 
   absl::Status Write(const WriteRequest& request) override {
-    absl::StatusOr<uint64_t> at = table_.CheckWrite(request, copy_dtype_);
-    if (!at.ok()) return at.status();
+    if (absl::Status s = table_.CheckWrite(request, copy_dtype_); !s.ok()) return s;
     if (request.param_copy) {
-      std::copy_n(static_cast<const uint16_t*>(request.src), request.count, copy_.data() + *at);
+      std::copy_n(static_cast<const uint16_t*>(request.src), request.count,
+                  copy_.data() + table_.offset(request.tensor) + request.offset);
       return absl::OkStatus();
     }
-    float* arena = request.field == TensorField::kParam      ? params_.data()
-                   : request.field == TensorField::kExpAvg   ? exp_avg_.data()
-                   : request.field == TensorField::kExpAvgSq ? exp_avg_sq_.data()
-                                                             : max_exp_avg_sq_.data();
-    std::copy_n(static_cast<const float*>(request.src), request.count, arena + *at);
+    absl::StatusOr<const float*> field_start = table_.FieldOf(
+        {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
+        request.field, request.tensor);
+    if (!field_start.ok()) return field_start.status();
+    std::copy_n(static_cast<const float*>(request.src), request.count,
+                const_cast<float*>(*field_start) + request.offset);
     return absl::OkStatus();
   }
 

@@ -55,9 +55,9 @@ class TensorTable {
   // A restored tensor's step. REQUIRES: tensor < size().
   void SetStep(uint32_t tensor, int64_t step) { steps_[tensor] = step; }
 
-  // Checks a Write (backend.h) against the table, and returns the arena offset of its first
-  // element. Errors as Write's.
-  absl::StatusOr<uint64_t> CheckWrite(const WriteRequest& request, ParamCopyDType copy) const;
+  // Checks a Write (backend.h) against the table: the tensor, the range, the param copy
+  // (FieldOf checks max_exp_avg_sq). Errors as Write's.
+  absl::Status CheckWrite(const WriteRequest& request, ParamCopyDType copy) const;
   // INVALID_ARGUMENT unless `step` may be SetStep's for `tensor` (backend.h).
   absl::Status CheckStep(uint32_t tensor, int64_t step) const;
 

@@ -23,9 +23,10 @@ int Millis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds
 }  // namespace
 
 absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
-  if (name == "none") return ParamCopyDType::kNone;
-  if (name == "bf16") return ParamCopyDType::kBFloat16;
-  if (name == "fp16") return ParamCopyDType::kFloat16;
+  for (ParamCopyDType copy :
+       {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
+    if (name == ParamCopyDTypeName(copy)) return copy;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("--param-copy-dtype = '", name, "' must be none, bf16 or fp16"));
 }
@@ -144,12 +145,9 @@ absl::Status Server::Restore(const ServerOptions& options) {
   }
   const auto start = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
-  const checkpoint::HostMemory memory{
-      [this](uint64_t n) { return engine_->AllocateHostBuffer(n); },
-      [this](void* buffer) { engine_->FreeHostBuffer(buffer); }};
   const auto load = [&](const checkpoint::Loaded& c) -> absl::Status {
     absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> reader =
-        checkpoint::ShardReader::Open(c, engine_->param_copy_dtype(), memory);
+        checkpoint::ShardReader::Open(c, engine_.get());
     if (!reader.ok()) return reader.status();
     absl::StatusOr<uint64_t> version =
         UpdateEngine::Wait<uint64_t>([&](UpdateEngine::Done<uint64_t> done) {

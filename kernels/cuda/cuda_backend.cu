@@ -247,15 +247,19 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   absl::Status Write(const WriteRequest& request) override {
-    absl::StatusOr<uint64_t> at = table_.CheckWrite(request, options_.param_copy_dtype);
-    if (!at.ok()) return at.status();
+    if (absl::Status s = table_.CheckWrite(request, options_.param_copy_dtype); !s.ok()) return s;
+    void* dst = nullptr;
+    if (request.param_copy) {
+      dst = copy_.data() + table_.offset(request.tensor) + request.offset;
+    } else {
+      absl::StatusOr<const float*> field_start = table_.FieldOf(
+          {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
+          request.field, request.tensor);
+      if (!field_start.ok()) return field_start.status();
+      dst = const_cast<float*>(*field_start) + request.offset;
+    }
     if (request.count == 0) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    void* dst = request.param_copy ? static_cast<void*>(copy_.data() + *at)
-                : request.field == TensorField::kParam    ? params_.data() + *at
-                : request.field == TensorField::kExpAvg   ? exp_avg_.data() + *at
-                : request.field == TensorField::kExpAvgSq ? exp_avg_sq_.data() + *at
-                                                          : max_exp_avg_sq_.data() + *at;
     const uint64_t bytes = request.count * (request.param_copy ? 2 : 4);
     FUSEDPS_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, request.src, bytes, cudaMemcpyHostToDevice, stream_));

@@ -85,10 +85,8 @@ struct Shard {
 // Restores a checkpoint through ShardReader, in small buffers (many batches, tensors split
 // across them).
 absl::Status RestoreFrom(const Loaded& checkpoint, UpdateEngine& engine) {
-  const HostMemory memory{[&](uint64_t n) { return engine.AllocateHostBuffer(n); },
-                          [&](void* buffer) { engine.FreeHostBuffer(buffer); }};
   absl::StatusOr<std::unique_ptr<ShardReader>> reader =
-      ShardReader::Open(checkpoint, ParamCopyDType::kNone, memory, /*slot_bytes=*/1000);
+      ShardReader::Open(checkpoint, &engine, /*slot_bytes=*/1000);
   if (!reader.ok()) return reader.status();
   return Wait<uint64_t>([&](auto done) {
            engine.Restore(&(*reader)->shard(), reader->get(), done);

@@ -17,12 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string FileOf(const std::string& field) { return absl::StrCat(field, ".safetensors"); }
-
-safetensors::DType DTypeOf(const SnapshotField& field, ParamCopyDType copy) {
-  if (!field.param_copy) return safetensors::DType::kF32;
-  return copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16 : safetensors::DType::kBF16;
-}
 
 json HyperparametersJson(const ParamGroupSpec& g) {
   const AdamWHyperparameters& h = g.hyperparameters;
@@ -65,7 +59,7 @@ json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& setti
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   return {{"server_version", settings.server_version},
           {"created_unix_seconds", now},
-          {"param_copy_dtype", ParamCopyName(settings.param_copy_dtype)},
+          {"param_copy_dtype", ParamCopyDTypeName(settings.param_copy_dtype)},
           {"param_groups", groups},
           {"tensors", tensors},
           {"retry_table", retries}};
@@ -133,16 +127,13 @@ absl::StatusOr<safetensors::WriteResult> WriteFenced(const CheckpointSnapshot& s
 
 }  // namespace
 
-const char* ParamCopyName(ParamCopyDType copy) {
-  switch (copy) {
-    case ParamCopyDType::kBFloat16:
-      return "bf16";
-    case ParamCopyDType::kFloat16:
-      return "fp16";
-    case ParamCopyDType::kNone:
-      break;
-  }
-  return "none";
+std::string FileOf(const SnapshotField& field) {
+  return absl::StrCat(field.name, ".safetensors");
+}
+
+safetensors::DType DTypeOf(const SnapshotField& field, ParamCopyDType copy) {
+  if (!field.param_copy) return safetensors::DType::kF32;
+  return copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16 : safetensors::DType::kBF16;
 }
 
 absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
@@ -155,7 +146,7 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
       n, absl::UnknownError("not written"));
   const auto write = [&](size_t i) {
     const SnapshotField& field = snapshot.fields[i];
-    const std::string path = pending->PathOf(FileOf(field.name));
+    const std::string path = pending->PathOf(FileOf(field));
     if (snapshot.fence != nullptr) {
       results[i] = WriteFenced(snapshot, field, settings, path);
     } else {
@@ -179,7 +170,7 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
   };
   for (size_t i = 0; i < n; ++i) {
     if (!results[i].ok()) return abandon(results[i].status());
-    if (absl::Status s = pending->AddFile(FileOf(snapshot.fields[i].name), results[i]->bytes,
+    if (absl::Status s = pending->AddFile(FileOf(snapshot.fields[i]), results[i]->bytes,
                                           results[i]->crc32);
         !s.ok()) {
       return s;

@@ -13,7 +13,7 @@
 // Usage:
 //   absl::StatusOr<Written> w = WriteCheckpoint(snapshot, settings);       // a writer thread
 //   checkpoint::LoadLatestGood(root, [&](const checkpoint::Loaded& c) {
-//     absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(c, copy, memory);
+//     absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(c, &engine);
 //     ...  engine.Restore(&(*reader)->shard(), reader->get(), ...)
 //   }, on_skip);
 #ifndef FUSEDPS_SERVER_CHECKPOINT_SHARD_FILES_H_
@@ -22,7 +22,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,27 +61,27 @@ struct Written {
 absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
                                         const WriteSettings& settings);
 
-// Host memory for a restore's buffers: UpdateEngine::AllocateHostBuffer and FreeHostBuffer
-// (page-locked on a GPU, so that uploads run at the bus's speed).
-struct HostMemory {
-  std::function<absl::StatusOr<void*>(uint64_t bytes)> allocate;
-  std::function<void(void*)> free;
-};
+// A field's file in a checkpoint ("params.safetensors"), and its dtype there: the writer's and
+// the reader's.
+std::string FileOf(const SnapshotField& field);
+safetensors::DType DTypeOf(const SnapshotField& field, ParamCopyDType copy);
 
 // A complete checkpoint (ReadManifest's) opened for UpdateEngine::Restore: its manifest checked
 // under the rules registration holds a client to (names, shapes, hyperparameters, retry table),
-// and each data file's header checked to hold exactly the tensors it must, with their shapes
-// and dtypes. As a RestoreSource, it reads the files' data with one thread per file into a few
-// page-locked buffers, and checks each file's CRC-32 once it is read whole (a file that fails
-// the check is DATA_LOSS from Next, naming it). A param copy of another dtype than `copy` (the
-// server's --param-copy-dtype) is not read; the copy is then computed from params.
+// and each data file's header checked to hold exactly the tensors it must (the fields of
+// SnapshotLayout, as the writer made them), with their shapes and dtypes. As a RestoreSource,
+// it reads the files' data with one thread per file into a few page-locked buffers (the
+// engine's AllocateHostBuffer), and checks each file's CRC-32 once it is read whole (a file
+// that fails the check is DATA_LOSS from Next, naming it). A param copy of another dtype than
+// the engine's (--param-copy-dtype) is not read; the copy is then computed from params.
 class ShardReader final : public RestoreSource {
  public:
   // Reads go into buffers of `slot_bytes` (a multiple of 4), three per file.
   // Errors: DATA_LOSS naming the file and what is wrong; RESOURCE_EXHAUSTED for the buffers.
   static constexpr uint64_t kSlotBytes = uint64_t{4} << 20;
+  // REQUIRES: engine outlives the reader.
   static absl::StatusOr<std::unique_ptr<ShardReader>> Open(const Loaded& checkpoint,
-                                                          ParamCopyDType copy, HostMemory memory,
+                                                          UpdateEngine* engine,
                                                           uint64_t slot_bytes = kSlotBytes);
   ~ShardReader() override;  // Stops the reader threads (a restore may end early).
 
@@ -94,12 +93,12 @@ class ShardReader final : public RestoreSource {
 
  private:
   struct Part;
-  ShardReader() = default;
+  explicit ShardReader(UpdateEngine* engine);
   void ReadPart(Part* part);  // A reader thread.
 
+  UpdateEngine* const engine_;
   RestoredShard shard_;
   uint64_t bytes_ = 0;
-  HostMemory memory_;
   char* buffers_ = nullptr;
   uint64_t buffer_bytes_ = 0;  // Of each of the slots in buffers_.
   std::vector<std::unique_ptr<Part>> parts_;
@@ -113,9 +112,6 @@ class ShardReader final : public RestoreSource {
   absl::Status error_;            // Guarded by mu_: the first reader's error.
   bool stopping_ = false;         // Guarded by mu_.
 };
-
-// "none", "bf16", "fp16": the manifest's param_copy_dtype.
-const char* ParamCopyName(ParamCopyDType copy);
 
 }  // namespace fusedps::checkpoint
 

@@ -148,18 +148,16 @@ constexpr int kSlotsPerFile = 3;  // Buffers in flight per data file.
 
 // One data file: its reader, and which tensor each of its entries is (in data order).
 struct ShardReader::Part {
-  std::string field;
-  TensorField tensor_field = TensorField::kParam;
-  bool param_copy = false;
+  SnapshotField field;  // Its tensors: those of reader.entries(), by position.
   uint64_t element = 4;
   safetensors::Reader reader;
-  std::vector<uint32_t> tensors;  // Of reader.entries(), by position.
-  uint32_t crc32 = 0;             // The manifest's.
+  uint32_t crc32 = 0;  // The manifest's.
 };
 
+ShardReader::ShardReader(UpdateEngine* engine) : engine_(engine) {}
+
 absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& checkpoint,
-                                                               ParamCopyDType copy,
-                                                               HostMemory memory,
+                                                               UpdateEngine* engine,
                                                                uint64_t slot_bytes) {
   if (slot_bytes == 0 || slot_bytes % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("slot_bytes ", slot_bytes,
@@ -167,7 +165,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   }
   const ManifestReader m(checkpoint);
   const json& root = checkpoint.manifest;
-  std::unique_ptr<ShardReader> reader(new ShardReader());
+  std::unique_ptr<ShardReader> reader(new ShardReader(engine));
   RestoredShard& shard = reader->shard_;
   shard.version = checkpoint.version;
   absl::StatusOr<std::vector<ParamGroupSpec>> groups = ReadGroups(m, root);
@@ -177,73 +175,56 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   if (absl::Status s = ReadRetries(m, root, &shard); !s.ok()) return s;
   FUSEDPS_ASSIGN(copy_name, m.Get(root, "param_copy_dtype", json::value_t::string, "manifest"));
 
-  // Which tensors each file holds, by the manifest.
-  std::vector<uint32_t> all, amsgrad;
-  for (uint32_t t = 0; t < shard.tensors.size(); ++t) {
-    all.push_back(t);
-    if (shard.groups[shard.tensors[t].group].hyperparameters.amsgrad) amsgrad.push_back(t);
-  }
-  struct Want {
-    const char* field;
-    TensorField tensor_field;
-    bool param_copy;
-    const std::vector<uint32_t>* tensors;
-    safetensors::DType dtype;
-  };
-  std::vector<Want> wants = {
-      {"params", TensorField::kParam, false, &all, safetensors::DType::kF32},
-      {"exp_avg", TensorField::kExpAvg, false, &all, safetensors::DType::kF32},
-      {"exp_avg_sq", TensorField::kExpAvgSq, false, &all, safetensors::DType::kF32}};
-  if (!amsgrad.empty()) {
-    wants.push_back({"max_exp_avg_sq", TensorField::kMaxExpAvgSq, false, &amsgrad,
-                     safetensors::DType::kF32});
-  }
-  if (copy != ParamCopyDType::kNone && copy_name.get<std::string>() == ParamCopyName(copy)) {
-    wants.push_back({"param_copy", TensorField::kParam, true, &all,
-                     copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16
-                                                      : safetensors::DType::kBF16});
-    shard.param_copy = true;
-  }
+  // The files the writer made of this shard (SnapshotLayout's fields), less a param copy of
+  // another dtype than the server's.
+  const ParamCopyDType copy = engine->param_copy_dtype();
+  shard.param_copy = copy != ParamCopyDType::kNone &&
+                     copy_name.get<std::string>() == ParamCopyDTypeName(copy);
+  std::shared_ptr<const ShardView> view = ShardView::Initial();
+  for (uint32_t g = 0; g < shard.groups.size(); ++g) view = view->WithGroup(g, shard.groups[g]);
+  view = view->WithTensors(shard.tensors);
+  uint64_t snapshot_bytes = 0;
+  const ParamCopyDType file_copy = shard.param_copy ? copy : ParamCopyDType::kNone;
   absl::flat_hash_map<std::string, uint32_t> by_name;
   for (uint32_t t = 0; t < shard.tensors.size(); ++t) by_name[shard.tensors[t].name] = t;
-  for (const Want& want : wants) {
-    const std::string name = absl::StrCat(want.field, ".safetensors");
+  for (SnapshotField& field : SnapshotLayout(*view, file_copy, &snapshot_bytes)) {
+    const std::string name = FileOf(field);
+    const safetensors::DType dtype = DTypeOf(field, file_copy);
     absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, name);
     if (!crc32.ok()) return crc32.status();
     absl::StatusOr<safetensors::Reader> file =
         safetensors::Reader::Open(absl::StrCat(checkpoint.directory, "/", name));
     if (!file.ok()) return absl::DataLossError(file.status().message());
-    auto part = std::make_unique<Part>(Part{want.field, want.tensor_field, want.param_copy,
-                                            safetensors::DTypeSize(want.dtype),
-                                            *std::move(file), {}, *crc32});
-    // Exactly the tensors the manifest says, with its shapes, in the field's dtype.
-    const std::string& path = part->reader.path();
-    if (part->reader.entries().size() != want.tensors->size()) {
-      return absl::DataLossError(absl::StrCat(path, " holds ", part->reader.entries().size(),
-                                              " tensors, the manifest ", want.tensors->size()));
+    // Exactly the field's tensors, with the manifest's shapes, in the field's dtype; in the
+    // file's order.
+    const std::string& path = file->path();
+    if (file->entries().size() != field.tensors.size()) {
+      return absl::DataLossError(absl::StrCat(path, " holds ", file->entries().size(),
+                                              " tensors, the manifest ", field.tensors.size()));
     }
-    std::vector<bool> seen(shard.tensors.size());
-    for (const safetensors::Entry& e : part->reader.entries()) {
+    std::vector<bool> wanted(shard.tensors.size());
+    for (uint32_t t : field.tensors) wanted[t] = true;
+    field.tensors.clear();
+    for (const safetensors::Entry& e : file->entries()) {
       const auto t = by_name.find(e.name);
-      const bool wanted = t != by_name.end() && !seen[t->second] &&
-                          (want.tensors == &all ||
-                           shard.groups[shard.tensors[t->second].group].hyperparameters.amsgrad);
-      if (!wanted || e.dtype != want.dtype || e.shape != shard.tensors[t->second].shape) {
+      if (t == by_name.end() || !wanted[t->second] || e.dtype != dtype ||
+          e.shape != shard.tensors[t->second].shape) {
         return absl::DataLossError(absl::StrCat(path, ": tensor ", QuoteName(e.name),
                                                 " is not the manifest's, or has another dtype "
                                                 "or shape"));
       }
-      seen[t->second] = true;
-      part->tensors.push_back(t->second);
+      wanted[t->second] = false;  // Once.
+      field.tensors.push_back(t->second);
     }
-    reader->bytes_ += part->reader.data_left();
-    reader->parts_.push_back(std::move(part));
+    reader->bytes_ += file->data_left();
+    reader->parts_.push_back(std::make_unique<Part>(
+        Part{std::move(field), safetensors::DTypeSize(dtype), *std::move(file), *crc32}));
   }
 
   const int slots = kSlotsPerFile * static_cast<int>(reader->parts_.size());
-  absl::StatusOr<void*> buffers = memory.allocate(slot_bytes * static_cast<uint64_t>(slots));
+  absl::StatusOr<void*> buffers =
+      engine->AllocateHostBuffer(slot_bytes * static_cast<uint64_t>(slots));
   if (!buffers.ok()) return buffers.status();
-  reader->memory_ = std::move(memory);
   reader->buffers_ = static_cast<char*>(*buffers);
   reader->buffer_bytes_ = slot_bytes;
   for (int i = 0; i < slots; ++i) reader->free_slots_.push_back(i);
@@ -260,7 +241,7 @@ ShardReader::~ShardReader() {
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
-  if (buffers_ != nullptr) memory_.free(buffers_);
+  if (buffers_ != nullptr) engine_->FreeHostBuffer(buffers_);
 }
 
 void ShardReader::ReadPart(Part* part) {
@@ -293,9 +274,9 @@ void ShardReader::ReadPart(Part* part) {
       const uint64_t begin = std::max(e.begin, at), end = std::min(e.end, at + n);
       if (end > begin) {
         WriteRequest w;
-        w.field = part->tensor_field;
-        w.param_copy = part->param_copy;
-        w.tensor = part->tensors[entry];
+        w.field = part->field.field;
+        w.param_copy = part->field.param_copy;
+        w.tensor = part->field.tensors[entry];
         w.offset = (begin - e.begin) / part->element;
         w.count = (end - begin) / part->element;
         w.src = data + (begin - at);

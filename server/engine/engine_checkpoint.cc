@@ -1,5 +1,6 @@
 // The update engine's checkpoint jobs: Snapshot (a consistent cut of the shard, for a checkpoint
 // to write) and Restore (a whole shard streamed into an empty engine). See update_engine.h.
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -133,20 +134,17 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
       [done](const absl::Status& s) { done(s); });
 }
 
-absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, RestoreSource* source,
-                                         uint32_t first) {
-  // Values expected and written, by field (TensorField's value; 0: the param copy).
-  uint64_t expected[5] = {}, written[5] = {};
+absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const ShardView& view,
+                                         RestoreSource* source, uint32_t first) {
+  // The fields a checkpoint of this shard holds, and the values each must get.
   const bool derive_copy = backend_->param_copy_dtype() != ParamCopyDType::kNone &&
                            !shard.param_copy;
-  for (const TensorMeta& t : shard.tensors) {
-    for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
-      expected[static_cast<int>(f)] += t.numel;
-    }
-    if (shard.groups[t.group].hyperparameters.amsgrad) {
-      expected[static_cast<int>(TensorField::kMaxExpAvgSq)] += t.numel;
-    }
-    if (shard.param_copy) expected[0] += t.numel;
+  uint64_t bytes = 0;
+  const std::vector<SnapshotField> fields = SnapshotLayout(
+      view, shard.param_copy ? backend_->param_copy_dtype() : ParamCopyDType::kNone, &bytes);
+  std::vector<uint64_t> expected(fields.size()), written(fields.size());
+  for (size_t f = 0; f < fields.size(); ++f) {
+    for (uint32_t t : fields[f].tensors) expected[f] += view.tensor(t).numel;
   }
   for (;;) {
     RestoreSource::Batch batch;
@@ -155,9 +153,13 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, RestoreSour
     if (!*more) break;
     absl::Status status;
     for (WriteRequest w : batch.writes) {
-      if (w.tensor >= shard.tensors.size()) {
+      const auto f = std::find_if(fields.begin(), fields.end(), [&](const SnapshotField& x) {
+        return x.field == w.field && x.param_copy == w.param_copy;
+      });
+      if (w.tensor >= shard.tensors.size() || f == fields.end()) {
         status = absl::DataLossError(absl::StrCat("a restore wrote tensor ", w.tensor, " of ",
-                                                  shard.tensors.size()));
+                                                  shard.tensors.size(), ", or a field the "
+                                                  "checkpoint does not hold"));
         break;
       }
       w.tensor += first;
@@ -168,7 +170,7 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, RestoreSour
         status = backend_->Write(w);
       }
       if (!(status = Checked(status, true)).ok()) break;
-      written[w.param_copy ? 0 : static_cast<int>(w.field)] += w.count;
+      written[static_cast<size_t>(f - fields.begin())] += w.count;
     }
     // Wait for the copies before the memory goes back (whatever happened).
     absl::StatusOr<Marker> marker = backend_->Mark();
@@ -177,12 +179,11 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, RestoreSour
     source->Release(batch.slot);
     if (!status.ok()) return status;
   }
-  static constexpr const char* kNames[] = {"param_copy", "params", "exp_avg", "exp_avg_sq",
-                                           "max_exp_avg_sq"};
-  for (int f = 0; f < 5; ++f) {
+  for (size_t f = 0; f < fields.size(); ++f) {
     if (written[f] != expected[f]) {
       return absl::DataLossError(absl::StrCat("a restore wrote ", written[f], " values of ",
-                                              kNames[f], ", the shard has ", expected[f]));
+                                              fields[f].name, ", the shard has ",
+                                              expected[f]));
     }
   }
   for (uint32_t i = 0; i < shard.tensors.size(); ++i) {
@@ -225,8 +226,10 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
         for (const TensorMeta& t : shard->tensors) added.push_back({t.numel, t.group});
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
         if (!first.ok()) return undo(Checked(first.status(), true));
-        if (absl::Status s = RestoreValues(*shard, source, *first); !s.ok()) return undo(s);
         restored = restored->WithTensors(shard->tensors);
+        if (absl::Status s = RestoreValues(*shard, *restored, source, *first); !s.ok()) {
+          return undo(s);
+        }
         retries_->Import(shard->retries);
         queued_version_ = shard->version;
         ++generation_;

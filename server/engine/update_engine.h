@@ -296,9 +296,11 @@ class UpdateEngine {
   void Complete(Completion completion);
   // A backend error (on any thread): a fault unless expected_ok and it is an expected code.
   absl::Status Checked(absl::Status status, bool expected_ok = false);
-  // Restore's part on the engine thread once the tensors exist (from `first`): every value
-  // from `source`, checked for completeness, then the steps (engine_checkpoint.cc).
-  absl::Status RestoreValues(const RestoredShard& shard, RestoreSource* source, uint32_t first);
+  // Restore's part on the engine thread once the tensors exist (from `first`; `view` has them
+  // as the shard's first ones): every value from `source`, checked against SnapshotLayout's
+  // fields for completeness, then the steps (engine_checkpoint.cc).
+  absl::Status RestoreValues(const RestoredShard& shard, const ShardView& view,
+                             RestoreSource* source, uint32_t first);
   void RunJobs();
   void RunCompletions();
   void Publish(uint64_t version, absl::Span<const uint32_t> stepped);
