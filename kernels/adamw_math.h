@@ -66,20 +66,22 @@ struct AdamWStepScalars {
   bool decoupled_weight_decay;
 };
 
-// REQUIRES: step >= 1 (the step count after this update). grad_scale <= 0 means none.
+// REQUIRES: step >= 1 (the step count after this update). grad_scale <= 0 means none. The lr
+// used is h.lr / lr_divisor, in float64 (as torch computes a group's lr set to lr / (1 + tau)).
 FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters& h, int64_t step,
-                                                     float grad_scale) {
+                                                     float grad_scale, double lr_divisor = 1.0) {
   AdamWStepScalars s;
   const double bias_correction1 = 1.0 - pow(h.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - pow(h.beta2, static_cast<double>(step));
-  s.lr = static_cast<float>(h.lr);
+  const double lr = lr_divisor == 1.0 ? h.lr : h.lr / lr_divisor;
+  s.lr = static_cast<float>(lr);
   s.weight_decay = static_cast<float>(h.weight_decay);
   s.beta1 = static_cast<float>(h.beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   s.beta2 = static_cast<float>(h.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   s.eps = static_cast<float>(h.eps);
-  s.step_size = static_cast<float>(h.lr / bias_correction1);
+  s.step_size = static_cast<float>(lr / bias_correction1);
   s.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
   s.has_grad_scale = grad_scale > 0.0f;
   s.grad_scale = s.has_grad_scale ? grad_scale : 1.0f;

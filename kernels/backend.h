@@ -81,6 +81,13 @@ struct StepRequest {
   // backend then uses grads_finite instead of reading them again.
   bool grads_checked = false;
   bool grads_finite = true;
+  // Read the gradients from the accumulator (Accumulate's sums: fp32, laid out as the params)
+  // instead of grads; grads, grad_offsets and grad_dtype are then ignored, and grad_scale is
+  // the number of pushes summed, so that the step uses their mean. grads_checked must be set.
+  bool from_accumulator = false;
+  // The step uses lr / lr_divisor of each tensor's group, computed in float64 (bounded
+  // staleness scales the lr of a stale push's step by 1 / (1 + tau)). >= 1.
+  double lr_divisor = 1.0;
 };
 
 // A point in the backend's stream order: Wait(marker) returns once everything queued before it
@@ -180,6 +187,19 @@ class OptimizerBackend {
   // tensor's step advances by one (step() reports it at once).
   virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
 
+  // Queues a sum of gradients into the accumulator, for a synchronous round: an fp32 arena laid
+  // out as the params (allocated on first use, reported as "grad_accumulator"). For each tensor
+  // of the request, acc = (first ? 0 : acc) + grad / grad_scale (grad_scale <= 0: none), in
+  // fp32, the division as AdamWUpdate's. The grads are read as Step reads them (the staging
+  // arena's mirror, or other host memory) and may be reused once the returned marker is done;
+  // grads_checked/grads_finite are ignored (non-finite values are summed as they are: the
+  // caller knows them and decides whether the round's step runs). A later Step with
+  // from_accumulator reads the sums. One launch ("fusedps_grad_accumulate" on CUDA,
+  // "cpu_grad_accumulate" on the CPU backend).
+  // Errors: RESOURCE_EXHAUSTED for the accumulator's memory; INVALID_ARGUMENT for grads past
+  // the staging arena. Nothing is queued on an error.
+  virtual absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) = 0;
+
   // Queues a copy of one field of whole tensors (see ReadRequest), as fp32 or as the param
   // copy's 16-bit values. The data is there once a marker taken after this call is done.
   // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad, or
@@ -242,9 +262,9 @@ class OptimizerBackend {
   virtual uint64_t launches_total() const = 0;
 
   // Bytes allocated for each arena, for metrics: "params", "exp_avg", "exp_avg_sq",
-  // "max_exp_avg_sq", "param_copy", "grad_staging", and on the CUDA backend "tables" and
-  // "pull_snapshots" (device memory on a GPU backend, host memory on the CPU backend; 0 for an
-  // arena not in use).
+  // "max_exp_avg_sq", "param_copy", "grad_staging", "grad_accumulator", and on the CUDA backend
+  // "tables" and "pull_snapshots" (device memory on a GPU backend, host memory on the CPU
+  // backend; 0 for an arena not in use).
   virtual std::map<std::string, uint64_t> memory_bytes() const = 0;
 };
 

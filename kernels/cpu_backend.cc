@@ -206,7 +206,10 @@ class CpuBackend final : public OptimizerBackend {
   uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
   uint64_t launches_total() const override { return launches_.load(std::memory_order_relaxed); }
   std::map<std::string, uint64_t> launch_counts() const override {
-    return {{"cpu_adamw_apply", launches_total()}};
+    const uint64_t accumulates = accumulate_launches_.load(std::memory_order_relaxed);
+    std::map<std::string, uint64_t> counts = {{"cpu_adamw_apply", launches_total() - accumulates}};
+    if (accumulates > 0) counts["cpu_grad_accumulate"] = accumulates;
+    return counts;
   }
   std::map<std::string, uint64_t> memory_bytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,6 +219,7 @@ class CpuBackend final : public OptimizerBackend {
             {"max_exp_avg_sq", max_exp_avg_sq_.capacity() * sizeof(float)},
             {"param_copy", copy_.capacity() * sizeof(uint16_t)},
             {"grad_staging", staging_.capacity() * sizeof(uint64_t)},
+            {"grad_accumulator", accumulator_.capacity() * sizeof(float)},
             {"pull_snapshots", snapshot_bytes_}};
   }
 
@@ -251,6 +255,16 @@ class CpuBackend final : public OptimizerBackend {
     const bool finite = StepGradsFinite(request, &staged_non_finite_,
                                         [this](uint32_t t) { return table_.numel(t); });
     if (!finite) return StepOutcome{.skipped = true, .tensors_updated = 0, .marker = 0};
+    std::vector<uint64_t> offsets;
+    if (request.from_accumulator) {
+      if (accumulator_.size() < table_.arena_numel()) {
+        return absl::FailedPreconditionError("a step from the accumulator before Accumulate");
+      }
+      for (uint32_t t : request.tensors) offsets.push_back(table_.offset(t));
+      request.grads = accumulator_.data();
+      request.grad_offsets = offsets;
+      request.grad_dtype = GradDType::kFloat32;
+    }
     if (request.grads == nullptr) request.grads = staging_.data();
     absl::StatusOr<StepOutcome> outcome = StepOn(request);
     if (!outcome.ok()) return outcome;
@@ -262,8 +276,44 @@ class CpuBackend final : public OptimizerBackend {
     return outcome;
   }
 
+  absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override {
+    const auto start = std::chrono::steady_clock::now();
+    if (accumulator_.size() < table_.arena_numel()) {
+      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacity.
+      try {
+        accumulator_.resize(table_.arena_numel(), 0.0f);
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "host memory for the gradient accumulator (", table_.arena_numel() * 4, " bytes)"));
+      }
+    }
+    const void* grads = request.grads == nullptr ? staging_.data() : request.grads;
+    const std::vector<Piece> pieces = PiecesOf(request);
+    const float scale = request.grad_scale > 0.0f ? request.grad_scale : 1.0f;
+    const bool divide = request.grad_scale > 0.0f;
+    launches_.fetch_add(1, std::memory_order_relaxed);
+    accumulate_launches_.fetch_add(1, std::memory_order_relaxed);
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
+    for (int64_t k = 0; k < static_cast<int64_t>(pieces.size()); ++k) {
+      const Piece& p = pieces[k];
+      float* acc = accumulator_.data() + table_.offset(request.tensors[p.request_index]);
+      const uint64_t g = request.grad_offsets[p.request_index];
+      for (uint64_t i = p.begin; i < p.end; ++i) {
+        const float grad = LoadGrad(grads, request.grad_dtype, g + i);
+        const float value = divide ? grad / scale : grad;
+        acc[i] = first ? value : acc[i] + value;
+      }
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    step_seconds_[++last_marker_] = seconds;
+    return last_marker_;
+  }
+
  private:
-  absl::StatusOr<StepOutcome> StepOn(const StepRequest& request) {
+  // The request's tensors cut into pieces of at most kPieceNumel elements.
+  std::vector<Piece> PiecesOf(const StepRequest& request) const {
     std::vector<Piece> pieces;
     for (uint32_t r = 0; r < request.tensors.size(); ++r) {
       const uint64_t n = table_.numel(request.tensors[r]);
@@ -271,12 +321,18 @@ class CpuBackend final : public OptimizerBackend {
         pieces.push_back({r, begin, std::min(n, begin + kPieceNumel)});
       }
     }
+    return pieces;
+  }
+
+  absl::StatusOr<StepOutcome> StepOn(const StepRequest& request) {
+    const std::vector<Piece> pieces = PiecesOf(request);
     const int64_t piece_count = static_cast<int64_t>(pieces.size());
 
     std::vector<AdamWStepScalars> scalars(request.tensors.size());
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
-      scalars[r] = MakeStepScalars(table_.hyper_of(t), table_.step(t) + 1, request.grad_scale);
+      scalars[r] = MakeStepScalars(table_.hyper_of(t), table_.step(t) + 1, request.grad_scale,
+                                   request.lr_divisor);
     }
     launches_.fetch_add(1, std::memory_order_relaxed);
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
@@ -342,6 +398,8 @@ class CpuBackend final : public OptimizerBackend {
   std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params_.
   std::atomic<uint64_t> launches_{0};
   std::vector<uint64_t> staging_;  // StageGrads' buffer, 8-byte words.
+  std::vector<float> accumulator_;  // Accumulate's sums, laid out as params_.
+  std::atomic<uint64_t> accumulate_launches_{0};
   // Guards what the thread-safe methods read (Mark, Wait, memory_bytes, the snapshots).
   mutable std::mutex mu_;
   Marker last_marker_ = 0;

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/adamw_reference.h"
 #include "kernels/backend.h"
+#include "kernels/backend_accumulate_test.h"
 #include "kernels/backend_write_test.h"
 
 namespace fusedps {
@@ -221,6 +222,11 @@ TEST(CpuBackendTest, AddTensorsReturnsTheFirstIndexAndTruncateUndoesIt) {
 TEST(CpuBackendTest, RestoreWritesLandExactly) {
   auto backend = MakeCpuBackend({.param_copy_dtype = ParamCopyDType::kBFloat16});
   ExpectRestoreWritesLandExactly(*backend);
+}
+
+TEST(CpuBackendTest, RoundsAverageIntoOneStep) {
+  auto backend = MakeCpuBackend({.threads = 3});
+  ExpectRoundsAverageIntoOneStep(*backend, "cpu_grad_accumulate");
 }
 
 TEST(CpuBackendTest, SnapshotHoldsTheValuesOfItsReadWhileStepsGoOn) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/backend_accumulate_test.h"
 #include "kernels/backend_write_test.h"
 #include "kernels/cuda_backend_test_util.h"
 #ifdef FUSEDPS_HAVE_CUDA
@@ -256,6 +257,13 @@ TEST(CudaBackendWriteTest, RestoreWritesLandExactly) {
       MakeBackend("cuda:0", {.param_copy_dtype = ParamCopyDType::kBFloat16});
   ASSERT_TRUE(backend.ok()) << backend.status();
   ExpectRestoreWritesLandExactly(**backend);
+}
+
+TEST(CudaBackendRoundTest, RoundsAverageIntoOneStep) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend = MakeBackend("cuda:0", {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  ExpectRoundsAverageIntoOneStep(**backend, "fusedps_grad_accumulate");
 }
 
 TEST(CudaBackendDeviceTest, CallsFromOtherThreadsUseTheBackendsDevice) {

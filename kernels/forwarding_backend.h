@@ -42,6 +42,9 @@ class ForwardingBackend : public OptimizerBackend {
   absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
     return inner_->Step(request);
   }
+  absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override {
+    return inner_->Accumulate(request, first);
+  }
   absl::Status Read(const ReadRequest& request) override { return inner_->Read(request); }
   absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) override {
     return inner_->AllocateSnapshot(bytes);

@@ -102,6 +102,7 @@ bool PushGradsAllFinite(const StepRequest& request,
 
 bool StepGradsFinite(const StepRequest& request, bool* staged_non_finite,
                      const std::function<uint64_t(uint32_t tensor)>& numel) {
+  if (request.from_accumulator) return request.grads_finite;  // The pushes' checks.
   if (request.grads == nullptr) {
     const bool finite = !*staged_non_finite;
     *staged_non_finite = false;

@@ -28,7 +28,8 @@ bool PushGradsAllFinite(const StepRequest& request,
 
 // Whether a step's gradients are all finite, as a backend's Step decides it: for grads staged
 // earlier (request.grads == nullptr) from *staged_non_finite, which StageGrads accumulated and
-// this clears; from the caller's check when request.grads_checked; else by reading them.
+// this clears; from the caller's check when request.grads_checked (always so for a step from
+// the accumulator); else by reading them.
 bool StepGradsFinite(const StepRequest& request, bool* staged_non_finite,
                      const std::function<uint64_t(uint32_t tensor)>& numel);
 

@@ -98,6 +98,21 @@ ABSL_FLAG(bool, checkpoint_on_sigterm, true,
 ABSL_FLAG(std::string, restore, "latest",
           "what the shard starts from: latest (the newest good checkpoint in --checkpoint-dir, "
           "else empty), none, or a checkpoint directory's path (which must load)");
+ABSL_FLAG(std::string, mode, "async",
+          "how pushes become optimizer steps: async (each push is a step), sync (K of N pushes "
+          "averaged per version) or bounded (a push at most --max-staleness versions behind is "
+          "a step); docs/consistency.md");
+ABSL_FLAG(uint32_t, total_replicas, 1, "sync: N, the trainers pushing to this shard");
+ABSL_FLAG(uint32_t, replicas_to_aggregate, 0,
+          "sync: K, the pushes from distinct client_ids averaged per round (the other N - K are "
+          "backups); 0 means N");
+ABSL_FLAG(double, round_timeout_seconds, 30,
+          "sync: a round with fewer than K pushes this long after its first is applied with the "
+          "pushes it has; 0 waits for ever");
+ABSL_FLAG(uint64_t, max_staleness, 0,
+          "bounded: the most versions a push's base_version may be behind the shard's");
+ABSL_FLAG(bool, staleness_lr_scaling, false,
+          "bounded: the step of a push with staleness tau uses lr / (1 + tau)");
 ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
@@ -177,6 +192,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.backend.param_copy_dtype = *copy;
+  absl::StatusOr<fusedps::ConsistencyMode> mode =
+      fusedps::ParseConsistencyMode(absl::GetFlag(FLAGS_mode));
+  if (!mode.ok()) {
+    LOG(ERROR) << mode.status().message();
+    return 2;
+  }
+  options.consistency.mode = *mode;
+  options.consistency.total_replicas = absl::GetFlag(FLAGS_total_replicas);
+  options.consistency.replicas_to_aggregate = absl::GetFlag(FLAGS_replicas_to_aggregate);
+  if (options.consistency.replicas_to_aggregate == 0) {
+    options.consistency.replicas_to_aggregate = options.consistency.total_replicas;
+  }
+  const double round_timeout = absl::GetFlag(FLAGS_round_timeout_seconds);
+  options.consistency.round_timeout =
+      round_timeout >= 0 ? absl::Seconds(round_timeout) : absl::InfiniteDuration();
+  options.consistency.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  options.consistency.staleness_lr_scaling = absl::GetFlag(FLAGS_staleness_lr_scaling);
+  if (absl::Status s = fusedps::ValidateConsistency(options.consistency); !s.ok()) {
+    LOG(ERROR) << s.message();
+    return 2;
+  }
   // After every backend option: the factory copies them.
   if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
     options.backend_factory = [device = options.device, backend = options.backend,

@@ -36,12 +36,32 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       options.backend_factory ? options.backend_factory()
                               : MakeBackend(options.device, options.backend);
   if (!backend.ok()) return backend.status();
+  if (absl::Status s = ValidateConsistency(options.consistency); !s.ok()) return s;
   std::unique_ptr<Server> server(new Server());
   Server* self = server.get();
   server->fault_ = std::make_unique<ShardFault>();
   server->retries_ = std::make_unique<RetryTable>(options.retry_table_clients);
+  // The metrics before the engine, which reports to them; they read the engine only on a
+  // scrape, once serving.
+  server->metrics_ = std::make_unique<Metrics>(
+      Metrics::BuildInfo{FUSEDPS_VERSION, (*backend)->name(), (*backend)->device()}, [self] {
+        ShardMetrics shard;
+        shard.parameters = self->engine_->view()->parameter_count();
+        shard.version = self->engine_->version();
+        shard.kernel_launches = self->engine_->launch_counts();
+        shard.memory_bytes = self->engine_->memory_bytes();
+        shard.staging_capacity_bytes = self->staging_->capacity();
+        shard.staging_in_use_bytes = self->staging_->in_use();
+        shard.staging_waiters = self->staging_->waiting();
+        shard.staging_oldest_wait_seconds =
+            absl::ToDoubleSeconds(self->staging_->oldest_wait());
+        shard.retry_table_clients = self->retries_->clients();
+        shard.retry_table_evictions = self->retries_->evictions();
+        return shard;
+      });
   server->engine_ = std::make_unique<UpdateEngine>(*std::move(backend), server->fault_.get(),
-                                                   server->retries_.get());
+                                                   server->retries_.get(), options.consistency,
+                                                   server->metrics_->consistency());
   if (absl::Status s = server->fault_->status(); !s.ok()) return s;
   absl::StatusOr<char*> arena = server->engine_->AllocateStagingArena(options.staging_pool_bytes);
   if (!arena.ok()) return arena.status();
@@ -62,22 +82,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   });
 
   UpdateEngine* engine = server->engine_.get();
-  server->metrics_ = std::make_unique<Metrics>(
-      Metrics::BuildInfo{FUSEDPS_VERSION, engine->backend_name(), engine->device()}, [self] {
-        ShardMetrics shard;
-        shard.parameters = self->engine_->view()->parameter_count();
-        shard.version = self->engine_->version();
-        shard.kernel_launches = self->engine_->launch_counts();
-        shard.memory_bytes = self->engine_->memory_bytes();
-        shard.staging_capacity_bytes = self->staging_->capacity();
-        shard.staging_in_use_bytes = self->staging_->in_use();
-        shard.staging_waiters = self->staging_->waiting();
-        shard.staging_oldest_wait_seconds =
-            absl::ToDoubleSeconds(self->staging_->oldest_wait());
-        shard.retry_table_clients = self->retries_->clients();
-        shard.retry_table_evictions = self->retries_->evictions();
-        return shard;
-      });
   if (!options.metrics_listen.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
   }
@@ -224,7 +228,7 @@ void Server::Wait() {
 Server::~Server() {
   // In the order that keeps every pointer valid: no calls, then no scrapes, then no watchdog
   // or part-wait callbacks, then the engine finishes what was submitted (its callbacks release
-  // staging into the pools), then the pools.
+  // staging into the pools and report to the metrics), then the metrics and the pools.
   Shutdown(absl::ZeroDuration());
   Wait();
   {
@@ -233,10 +237,11 @@ Server::~Server() {
   }
   service_.reset();
   checkpointer_.reset();  // Its checkpoint in progress finishes (the engine still runs).
-  metrics_.reset();
+  metrics_->StopServing();  // No scrape reads the engine from here on.
   watchdog_.reset();
   assemblies_.reset();
   engine_.reset();
+  metrics_.reset();  // After the engine, which reports its last rounds to them.
   snapshot_budget_.reset();
   staging_.reset();
 }

@@ -63,6 +63,9 @@ struct ServerOptions {
   // HTTP/2 keepalive pings on idle connections, and how long to wait for their answer.
   absl::Duration keepalive = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
+  // How pushes become steps: async, sync rounds or bounded staleness (server/engine/
+  // consistency.h). Start fails with INVALID_ARGUMENT for options ValidateConsistency refuses.
+  ConsistencyOptions consistency;
   // Clients whose recent pushes the retry table remembers (LRU).
   size_t retry_table_clients = 10000;
   // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the

@@ -100,7 +100,8 @@ __device__ __forceinline__ void FinishPortions(const DeviceArenas& a, uint32_t t
 // The dtypes are template parameters, so that each pair gets a loop with no dtype branches.
 template <GradDType dtype, ParamCopyDType copy_dtype>
 __global__ void __launch_bounds__(kThreads)
-    AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, float grad_scale) {
+    AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, float grad_scale,
+               double lr_divisor) {
   const uint32_t lane = threadIdx.x % 32;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
   const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
       if (lane == 0) step = a.step[tensor] + 1;
       step = __shfl_sync(0xffffffffu, step, 0);
       if (step != scalars_step || chunk.group != scalars_group) {
-        s = MakeStepScalars(a.hyper[chunk.group], step, grad_scale);
+        s = MakeStepScalars(a.hyper[chunk.group], step, grad_scale, lr_divisor);
         scalars_step = step;
         scalars_group = chunk.group;
       }
@@ -178,7 +179,45 @@ __global__ void __launch_bounds__(kThreads)
   if (pending > 0 && lane == 0) FinishPortions(a, tensor, pending);
 }
 
-using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, float);
+using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, float, double);
+
+// A synchronous round's sum: each warp takes every W-th 256-element portion of the chunks and
+// adds 8 gradients per lane (converted to fp32 and divided by grad_scale, as AdamWUpdate
+// divides) into the accumulator, or writes them for the round's first push.
+template <GradDType dtype>
+__global__ void __launch_bounds__(kThreads)
+    GradAccumulate(float* accumulator, const void* grads, const Chunk* chunks,
+                   uint32_t chunk_count, float grad_scale, bool first) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
+  const uint64_t portions = static_cast<uint64_t>(chunk_count) * kPortions;
+  const bool divide = grad_scale > 0.0f;
+  for (uint64_t q = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+       q < portions; q += warps) {
+    const Chunk chunk = chunks[q / kPortions];
+    const uint32_t first_element =
+        static_cast<uint32_t>(q % kPortions) * kPortionNumel + lane * kVec;
+    if (first_element >= chunk.count) continue;
+    float* acc = accumulator + chunk.arena_offset;
+    if (first_element + kVec <= chunk.count) {
+      float g[kVec], sum[kVec];
+      LoadGrads8(grads, dtype, chunk.grad_offset + first_element, g);
+      if (!first) Load8(acc + first_element, sum);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float v = divide ? g[k] / grad_scale : g[k];
+        sum[k] = first ? v : sum[k] + v;
+      }
+      Store8(acc + first_element, sum);
+    } else {
+      for (uint32_t i = first_element; i < chunk.count && i < first_element + kVec; ++i) {
+        const float g = GradAt(grads, dtype, chunk.grad_offset + i);
+        const float v = divide ? g / grad_scale : g;
+        acc[i] = first ? v : acc[i] + v;
+      }
+    }
+  }
+}
 
 template <GradDType dtype>
 ApplyKernelFn ApplyKernelFor(ParamCopyDType copy) {
@@ -245,10 +284,23 @@ absl::StatusOr<int> AdamWApplyGrid() {
 absl::Status LaunchAdamWApply(LaunchCounter& launches, int grid, cudaStream_t stream,
                               GradDType grad_dtype, ParamCopyDType copy_dtype,
                               const DeviceArenas& arenas, const Chunk* chunks,
-                              uint32_t chunk_count, float grad_scale) {
+                              uint32_t chunk_count, float grad_scale, double lr_divisor) {
   return launches.Launch("fusedps_adamw_apply", ApplyKernel(grad_dtype, copy_dtype),
                          static_cast<int>(std::min<uint32_t>(grid, chunk_count)), stream, arenas,
-                         chunks, chunk_count, grad_scale);
+                         chunks, chunk_count, grad_scale, lr_divisor);
+}
+
+absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,
+                                  GradDType grad_dtype, float* accumulator, const void* grads,
+                                  const Chunk* chunks, uint32_t chunk_count, float grad_scale,
+                                  bool first) {
+  void (*kernel)(float*, const void*, const Chunk*, uint32_t, float, bool) =
+      grad_dtype == GradDType::kBFloat16 ? GradAccumulate<GradDType::kBFloat16>
+      : grad_dtype == GradDType::kFloat16 ? GradAccumulate<GradDType::kFloat16>
+                                          : GradAccumulate<GradDType::kFloat32>;
+  return launches.Launch("fusedps_grad_accumulate", kernel,
+                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), stream,
+                         accumulator, grads, chunks, chunk_count, grad_scale, first);
 }
 
 }  // namespace gpu

@@ -109,10 +109,20 @@ absl::StatusOr<int> AdamWApplyGrid();
 // Launches one step, AdamWApply over `chunk_count` chunks, on `stream` with at most `grid`
 // blocks, checks the launch and counts it in `launches` as "fusedps_adamw_apply".
 // REQUIRES: the stream's device is current; chunk_count > 0.
+// Each step's lr is its group's lr / lr_divisor (float64, MakeStepScalars).
 absl::Status LaunchAdamWApply(LaunchCounter& launches, int grid, cudaStream_t stream,
                               GradDType grad_dtype, ParamCopyDType copy_dtype,
                               const DeviceArenas& arenas, const Chunk* chunks, uint32_t chunk_count,
-                              float grad_scale);
+                              float grad_scale, double lr_divisor);
+
+// Launches GradAccumulate over `chunk_count` chunks: for each element of each chunk,
+// accumulator[arena_offset + i] = (first ? 0 : itself) + grads[grad_offset + i] / grad_scale
+// (grad_scale <= 0: none), in fp32; counted as "fusedps_grad_accumulate".
+// REQUIRES: as LaunchAdamWApply's.
+absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,
+                                  GradDType grad_dtype, float* accumulator, const void* grads,
+                                  const Chunk* chunks, uint32_t chunk_count, float grad_scale,
+                                  bool first);
 
 }  // namespace gpu
 }  // namespace fusedps

@@ -290,54 +290,50 @@ class CudaBackend final : public OptimizerBackend {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     // First everything that can fail with an expected error, so that such a failure changes
     // nothing; then the finiteness check; then the queueing.
-    const char* host = static_cast<const char*>(request.grads);
-    const bool in_arena = arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_;
-    uint64_t grad_bytes = 0;  // The grads the kernel reads: never past a tensor's last element.
-    for (size_t r = 0; r < request.tensors.size(); ++r) {
-      grad_bytes =
-          std::max(grad_bytes, (request.grad_offsets[r] + table_.numel(request.tensors[r])) *
-                                   DTypeSize(request.grad_dtype));
+    if (request.from_accumulator && accumulator_.capacity() < table_.arena_numel()) {
+      return absl::FailedPreconditionError("a step from the accumulator before Accumulate");
     }
-    if (in_arena && grad_bytes > static_cast<uint64_t>(arena_ + arena_bytes_ - host)) {
-      return absl::InvalidArgumentError("the step's grads run past the staging arena");
-    }
-    if (host == nullptr && grad_bytes > staged_bytes_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the step reads ", grad_bytes, " bytes of staged grads; ", staged_bytes_, " are staged"));
-    }
-    if (host != nullptr && !in_arena) {
-      if (absl::Status s = Reserve(grads_, (grad_bytes + 15) / 16); !s.ok()) return s;
-    }
-    const bool full = IsFullPush(request);
-    PinnedRing::Slot* chunk_slot = nullptr;
-    if (!full) {
-      push_chunks_host_.clear();
-      for (size_t r = 0; r < request.tensors.size(); ++r) {
-        const uint32_t t = request.tensors[r];
-        AppendChunks(t, table_.group_of(t), table_.numel(t), table_.offset(t),
-                     request.grad_offsets[r], push_chunks_host_);
-      }
-      if (absl::Status s = Reserve(push_chunks_, push_chunks_host_.size()); !s.ok()) return s;
-      absl::StatusOr<PinnedRing::Slot*> slot =
-          chunk_ring_.Acquire(push_chunks_host_.size() * sizeof(Chunk));
-      if (!slot.ok()) return slot.status();
-      chunk_slot = *slot;
-    }
+    absl::StatusOr<GradSource> source = CheckGrads(request);
+    if (!source.ok()) return source.status();
+    absl::StatusOr<ChunkList> chunks = PrepareChunks(request);
+    if (!chunks.ok()) return chunks.status();
     const bool finite = StepGradsFinite(request, &staged_non_finite_,
                                         [this](uint32_t t) { return table_.numel(t); });
     if (!finite) return StepOutcome{true, 0, 0};  // Nothing queued.
-    const uint32_t chunk_count =
-        static_cast<uint32_t>(full ? full_chunks_host_.size() : push_chunks_host_.size());
-    if (chunk_count == 0) return StepOutcome{false, 0, 0};
+    if (chunks->count == 0) return StepOutcome{false, 0, 0};
 
     absl::StatusOr<StepEvents> events = markers_.TakeStepEvents();
     if (!events.ok()) return events.status();
-    if (absl::Status s = Queue(request, full, chunk_slot, in_arena, grad_bytes, *events); !s.ok()) {
+    if (absl::Status s = Queue(request, *chunks, *source, *events); !s.ok()) {
       markers_.Return(*events);
       return s;
     }
     table_.AdvanceSteps(request.tensors);
     return StepOutcome{false, static_cast<uint32_t>(request.tensors.size()), markers_.Add(*events)};
+  }
+
+  absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    if (absl::Status s = Reserve(accumulator_, table_.arena_numel()); !s.ok()) return s;
+    StepRequest grads = request;
+    grads.from_accumulator = false;
+    absl::StatusOr<GradSource> source = CheckGrads(grads);
+    if (!source.ok()) return source.status();
+    absl::StatusOr<ChunkList> chunks = PrepareChunks(grads);
+    if (!chunks.ok()) return chunks.status();
+    if (chunks->count > 0) {
+      absl::StatusOr<const Chunk*> device_chunks = QueueChunks(*chunks);
+      if (!device_chunks.ok()) return device_chunks.status();
+      absl::StatusOr<const void*> device_grads = QueueGrads(grads, *source);
+      if (!device_grads.ok()) return device_grads.status();
+      if (absl::Status s = LaunchGradAccumulate(launches_, apply_grid_, stream_, grads.grad_dtype,
+                                                accumulator_.data(), *device_grads, *device_chunks,
+                                                chunks->count, grads.grad_scale, first);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return markers_.Mark(stream_);
   }
 
   absl::Status Read(const ReadRequest& request) override {
@@ -439,6 +435,7 @@ class CudaBackend final : public OptimizerBackend {
             {"max_exp_avg_sq", max_exp_avg_sq_.bytes()},
             {"param_copy", copy_.bytes()},
             {"grad_staging", grads_.bytes() + arena_mirror_.bytes()},
+            {"grad_accumulator", accumulator_.bytes()},
             {"tables", full_chunks_.bytes() + push_chunks_.bytes() + step_dev_.bytes() +
                            hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes()},
             {"pull_snapshots", snapshots_.bytes()}};
@@ -491,46 +488,120 @@ class CudaBackend final : public OptimizerBackend {
   }
 
  private:
-  // Queues a checked step: its chunk list, the wait for (or the copy of) its grads, the kernel,
-  // and the events of its marker.
-  absl::Status Queue(const StepRequest& request, bool full, PinnedRing::Slot* chunk_slot,
-                     bool in_arena, uint64_t grad_bytes, const StepEvents& events) {
-    const Chunk* chunks = full_chunks_.data();
-    uint32_t chunk_count = static_cast<uint32_t>(full_chunks_host_.size());
-    if (!full) {
-      // From a page-locked slot that stays untouched until this copy is done; the device list
-      // is rewritten only by the next partial step's copy, queued after this kernel.
-      chunk_count = static_cast<uint32_t>(push_chunks_host_.size());
-      std::memcpy(chunk_slot->host, push_chunks_host_.data(), chunk_count * sizeof(Chunk));
-      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_chunks_.data(), chunk_slot->host,
-                                                   chunk_count * sizeof(Chunk),
-                                                   cudaMemcpyHostToDevice, stream_));
-      if (absl::Status s = chunk_ring_.Release(chunk_slot, stream_); !s.ok()) return s;
-      chunks = push_chunks_.data();
-    }
-    DeviceArenas arenas{params_.data(),         exp_avg_.data(), exp_avg_sq_.data(),
-                        max_exp_avg_sq_.data(), copy_.data(),    nullptr,
-                        step_dev_.data(),       hyper_.data(),   remaining_.data(),
-                        portions_of_dev_.data()};
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
+  // Where a step's (or an accumulation's) grads come from, once checked (CheckGrads).
+  struct GradSource {
+    bool in_arena = false;    // The staging arena (its mirror on the device).
+    uint64_t grad_bytes = 0;  // The bytes the kernel reads: never past a tensor's last element.
+  };
+  // The chunk list a launch walks: the resident full list, or a partial one to upload from
+  // `slot` (PrepareChunks; QueueChunks).
+  struct ChunkList {
+    bool full = true;
+    uint32_t count = 0;
+    PinnedRing::Slot* slot = nullptr;
+  };
+
+  // Checks where the grads lie and makes room for a copy from other host memory.
+  absl::StatusOr<GradSource> CheckGrads(const StepRequest& request) {
+    GradSource source;
+    if (request.from_accumulator) return source;
     const char* host = static_cast<const char*>(request.grads);
-    if (in_arena) {
+    source.in_arena = arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_;
+    for (size_t r = 0; r < request.tensors.size(); ++r) {
+      source.grad_bytes = std::max(
+          source.grad_bytes, (request.grad_offsets[r] + table_.numel(request.tensors[r])) *
+                                 DTypeSize(request.grad_dtype));
+    }
+    if (source.in_arena &&
+        source.grad_bytes > static_cast<uint64_t>(arena_ + arena_bytes_ - host)) {
+      return absl::InvalidArgumentError("the step's grads run past the staging arena");
+    }
+    if (host == nullptr && source.grad_bytes > staged_bytes_) {
+      return absl::FailedPreconditionError(absl::StrCat("the step reads ", source.grad_bytes,
+                                                        " bytes of staged grads; ",
+                                                        staged_bytes_, " are staged"));
+    }
+    if (host != nullptr && !source.in_arena) {
+      if (absl::Status s = Reserve(grads_, (source.grad_bytes + 15) / 16); !s.ok()) return s;
+    }
+    return source;
+  }
+
+  // The resident list for a full push, else a partial list built in push_chunks_host_, with a
+  // slot to upload it from. From the accumulator, each tensor's grads are at its arena offset.
+  absl::StatusOr<ChunkList> PrepareChunks(const StepRequest& request) {
+    ChunkList list;
+    list.full = IsFullPush(request);
+    if (list.full) {
+      list.count = static_cast<uint32_t>(full_chunks_host_.size());
+      return list;
+    }
+    push_chunks_host_.clear();
+    for (size_t r = 0; r < request.tensors.size(); ++r) {
+      const uint32_t t = request.tensors[r];
+      const uint64_t grad_offset =
+          request.from_accumulator ? table_.offset(t) : request.grad_offsets[r];
+      AppendChunks(t, table_.group_of(t), table_.numel(t), table_.offset(t), grad_offset,
+                   push_chunks_host_);
+    }
+    list.count = static_cast<uint32_t>(push_chunks_host_.size());
+    if (absl::Status s = Reserve(push_chunks_, push_chunks_host_.size()); !s.ok()) return s;
+    absl::StatusOr<PinnedRing::Slot*> slot =
+        chunk_ring_.Acquire(push_chunks_host_.size() * sizeof(Chunk));
+    if (!slot.ok()) return slot.status();
+    list.slot = *slot;
+    return list;
+  }
+
+  // Queues the upload of a partial list; returns the device list the launch walks.
+  absl::StatusOr<const Chunk*> QueueChunks(const ChunkList& list) {
+    if (list.full) return full_chunks_.data();
+    // From a page-locked slot that stays untouched until this copy is done; the device list
+    // is rewritten only by the next partial launch's copy, queued after this one's kernel.
+    std::memcpy(list.slot->host, push_chunks_host_.data(), list.count * sizeof(Chunk));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_chunks_.data(), list.slot->host,
+                                                 list.count * sizeof(Chunk),
+                                                 cudaMemcpyHostToDevice, stream_));
+    if (absl::Status s = chunk_ring_.Release(list.slot, stream_); !s.ok()) return s;
+    return push_chunks_.data();
+  }
+
+  // Queues the wait for (or the copy of) the grads; returns where the kernel reads them.
+  absl::StatusOr<const void*> QueueGrads(const StepRequest& request, const GradSource& source) {
+    if (request.from_accumulator) return accumulator_.data();
+    const char* host = static_cast<const char*>(request.grads);
+    if (source.in_arena) {
       // In the staging arena: its ranges are on their way on the copy stream; wait for them.
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done_, copy_stream_));
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, copies_done_, 0));
-      arenas.grads = reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_);
-    } else {
-      if (host != nullptr) {
-        // The caller keeps the grads valid until the marker (backend.h's StepRequest).
-        FUSEDPS_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(grads_.data(), host, grad_bytes, cudaMemcpyHostToDevice, stream_));
-      }
-      arenas.grads = grads_.data();
+      return reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_);
     }
+    if (host != nullptr) {
+      // The caller keeps the grads valid until the marker (backend.h's StepRequest).
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(grads_.data(), host, source.grad_bytes,
+                                                   cudaMemcpyHostToDevice, stream_));
+    }
+    return grads_.data();
+  }
+
+  // Queues a checked step: its chunk list, the wait for (or the copy of) its grads, the kernel,
+  // and the events of its marker.
+  absl::Status Queue(const StepRequest& request, const ChunkList& list, const GradSource& source,
+                     const StepEvents& events) {
+    absl::StatusOr<const Chunk*> chunks = QueueChunks(list);
+    if (!chunks.ok()) return chunks.status();
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
+    absl::StatusOr<const void*> grads = QueueGrads(request, source);
+    if (!grads.ok()) return grads.status();
+    DeviceArenas arenas{params_.data(),         exp_avg_.data(), exp_avg_sq_.data(),
+                        max_exp_avg_sq_.data(), copy_.data(),    *grads,
+                        step_dev_.data(),       hyper_.data(),   remaining_.data(),
+                        portions_of_dev_.data()};
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
-    if (absl::Status s = LaunchAdamWApply(launches_, apply_grid_, stream_, request.grad_dtype,
-                                          options_.param_copy_dtype, arenas, chunks, chunk_count,
-                                          request.grad_scale);
+    const GradDType dtype = request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype;
+    if (absl::Status s = LaunchAdamWApply(launches_, apply_grid_, stream_, dtype,
+                                          options_.param_copy_dtype, arenas, *chunks,
+                                          list.count, request.grad_scale, request.lr_divisor);
         !s.ok()) {
       return s;
     }
@@ -547,10 +618,12 @@ class CudaBackend final : public OptimizerBackend {
                        stream_);
   }
 
+  // Every tensor in order, with its grads at its arena offset (always so from the accumulator).
   bool IsFullPush(const StepRequest& request) const {
     if (request.tensors.size() != table_.size()) return false;
     for (size_t r = 0; r < request.tensors.size(); ++r) {
-      if (request.tensors[r] != r || request.grad_offsets[r] != table_.offset(r)) return false;
+      if (request.tensors[r] != r) return false;
+      if (!request.from_accumulator && request.grad_offsets[r] != table_.offset(r)) return false;
     }
     return true;
   }
@@ -558,7 +631,7 @@ class CudaBackend final : public OptimizerBackend {
   std::vector<DeviceBuffer*> AllBuffers() {
     return {&params_,          &exp_avg_,      &exp_avg_sq_, &max_exp_avg_sq_, &copy_,
             &grads_,           &arena_mirror_, &step_dev_,   &hyper_,          &remaining_,
-            &portions_of_dev_, &full_chunks_,  &push_chunks_};
+            &portions_of_dev_, &full_chunks_,  &push_chunks_, &accumulator_};
   }
 
   const BackendOptions options_;
@@ -588,6 +661,7 @@ class CudaBackend final : public OptimizerBackend {
 
   // Device memory.
   DeviceArray<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+  DeviceArray<float> accumulator_;  // Accumulate's sums, laid out as params_.
   DeviceArray<uint16_t> copy_;
   DeviceArray<int64_t> step_dev_;
   DeviceArray<AdamWHyperparameters> hyper_;

@@ -29,6 +29,7 @@ absl::StatusOr<T> Wait(Submit submit) {
 }
 
 constexpr uint64_t kSizes[] = {1000, 37, 4096};
+constexpr char kPlanHash[] = "0123456789abcdef0123456789abcdef";  // A sharded shard's.
 
 void Register(UpdateEngine& engine) {
   ParamGroupSpec group{"ams", AdamWHyperparameters{}};
@@ -47,7 +48,8 @@ void Register(UpdateEngine& engine) {
     writes.push_back({i, 0, values.back().data(), kSizes[i]});
   }
   ASSERT_TRUE(Wait<bool>([&](auto done) { engine.WriteParams(writes, done); }).ok());
-  ASSERT_TRUE(Wait<uint64_t>([&](auto done) { engine.CommitRegistration(done); }).ok());
+  ASSERT_TRUE(
+      Wait<uint64_t>([&](auto done) { engine.CommitRegistration(kPlanHash, done); }).ok());
 }
 
 // Every field of every tensor, and the steps, as one byte string.
@@ -156,6 +158,7 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
     Shard restored(/*registered=*/false);
     ASSERT_TRUE(RestoreFrom(*loaded, restored.engine).ok());
     EXPECT_EQ(StateOf(restored.engine), StateOf(engine));
+    EXPECT_EQ(restored.engine.view()->plan_hash(), kPlanHash);
     for (int p = 0; p < kPushers; ++p) {
       const std::string id = absl::StrCat("trainer-", p);
       EXPECT_EQ(restored.retries.Lookup(id, kSteps).kind, RetryTable::Kind::kDone);

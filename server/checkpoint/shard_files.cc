@@ -60,6 +60,7 @@ json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& setti
   return {{"server_version", settings.server_version},
           {"created_unix_seconds", now},
           {"param_copy_dtype", ParamCopyDTypeName(settings.param_copy_dtype)},
+          {"plan_hash", cut.view->plan_hash()},
           {"param_groups", groups},
           {"tensors", tensors},
           {"retry_table", retries}};

@@ -173,6 +173,14 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   shard.groups = *std::move(groups);
   if (absl::Status s = ReadTensors(m, root, &shard); !s.ok()) return s;
   if (absl::Status s = ReadRetries(m, root, &shard); !s.ok()) return s;
+  // Optional: checkpoints from before sharding have none.
+  if (root.contains("plan_hash")) {
+    FUSEDPS_ASSIGN(plan_hash, m.Get(root, "plan_hash", json::value_t::string, "manifest"));
+    shard.plan_hash = plan_hash.get<std::string>();
+    if (shard.plan_hash.size() > kMaxPlanHashBytes) {
+      return m.Bad("plan_hash", absl::StrCat("has more than ", kMaxPlanHashBytes, " bytes"));
+    }
+  }
   FUSEDPS_ASSIGN(copy_name, m.Get(root, "param_copy_dtype", json::value_t::string, "manifest"));
 
   // The files the writer made of this shard (SnapshotLayout's fields), less a param copy of

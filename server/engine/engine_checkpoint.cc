@@ -227,6 +227,7 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
         if (!first.ok()) return undo(Checked(first.status(), true));
         restored = restored->WithTensors(shard->tensors);
+        if (!shard->plan_hash.empty()) restored = restored->WithPlanHash(shard->plan_hash);
         if (absl::Status s = RestoreValues(*shard, *restored, source, *first); !s.ok()) {
           return undo(s);
         }

@@ -20,8 +20,14 @@ absl::Status ShuttingDown() {
 }  // namespace
 
 UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault* fault,
-                           RetryTable* retries)
-    : backend_(std::move(backend)), fault_(fault), retries_(retries), view_(ShardView::Initial()) {
+                           RetryTable* retries, ConsistencyOptions consistency,
+                           ConsistencyObserver* observer)
+    : backend_(std::move(backend)),
+      fault_(fault),
+      retries_(retries),
+      consistency_(consistency),
+      observer_(observer),
+      view_(ShardView::Initial()) {
   // "default" exists from the start, as the initial view says (torch.optim.AdamW's defaults).
   if (absl::Status s = backend_->SetParamGroup(0, view_->groups()[0].hyperparameters); !s.ok()) {
     fault_->Report(absl::InternalError(
@@ -29,9 +35,20 @@ UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault
   }
   completion_thread_ = std::thread([this] { RunCompletions(); });
   engine_thread_ = std::thread([this] { RunJobs(); });
+  if (consistency_.mode == ConsistencyMode::kSync &&
+      consistency_.round_timeout > absl::ZeroDuration()) {
+    timer_thread_ = std::thread([this] { RunRoundTimer(); });
+  }
 }
 
 UpdateEngine::~UpdateEngine() {
+  {
+    // First the timer, which submits jobs.
+    std::lock_guard<std::mutex> lock(timer_mu_);
+    timer_stop_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_thread_.joinable()) timer_thread_.join();
   {
     std::lock_guard<std::mutex> lock(jobs_mu_);
     stopping_ = true;
@@ -101,6 +118,7 @@ void UpdateEngine::RunJobs() {
     }
     work();
   }
+  FailRound(ShuttingDown());
   std::lock_guard<std::mutex> lock(completions_mu_);
   jobs_done_ = true;
   completions_cv_.notify_one();
@@ -122,63 +140,141 @@ void UpdateEngine::RunCompletions() {
   }
 }
 
-void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done) {
+void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done,
+                        std::function<void()> consumed) {
   Submit(
-      [this, push, done] {
-        const auto fail = [this, done](absl::Status s) {
-          Complete({0, [done, s](absl::StatusOr<WorkDone>) { done(s); }});
-        };
-        if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
-        RetryTable::Waiter waiter;  // Only for a tracked push: most are not.
-        if (RetryTable::Tracked(push->client_id, push->sequence_number)) {
-          waiter = [done](absl::StatusOr<PushReply> reply) {
-            if (!reply.ok()) return done(reply.status());
-            done(StepResult{*reply, 0, 0});
-          };
-        }
-        const RetryTable::Verdict verdict =
-            retries_->Begin(push->client_id, push->sequence_number, std::move(waiter));
-        // The same push is being applied: its reply is this one's (the waiter runs in Finish).
-        if (verdict.kind == RetryTable::Kind::kInFlight) return;
-        if (verdict.kind == RetryTable::Kind::kDone) {
-          const StepResult result{verdict.reply, 0, 0};
-          return Complete({0, [done, result](absl::StatusOr<WorkDone>) { done(result); }});
-        }
-        if (verdict.kind == RetryTable::Kind::kStale) {
-          return fail(StalePushError(push->sequence_number, verdict.highest));
-        }
-        StepRequest request;
-        request.tensors = push->tensors;
-        request.grad_offsets = push->grad_offsets;
-        request.grads = push->grads;
-        request.grad_dtype = push->grad_dtype;
-        request.grad_scale = push->grad_scale;
-        request.grads_checked = true;
-        request.grads_finite = push->grads_finite;
-        absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
-        if (!outcome.ok()) {
-          const absl::Status s = Checked(outcome.status());
-          retries_->Abandon(push->client_id, push->sequence_number, s);
-          return fail(s);
-        }
-        if (!outcome->skipped) ++queued_version_;
-        ++generation_;
-        PushReply reply;
-        reply.version = queued_version_;
-        reply.skipped = outcome->skipped;
-        reply.tensors_updated = outcome->tensors_updated;
-        reply.grad_bytes = push->grad_bytes;
-        Complete({outcome->marker, [this, push, done, reply](absl::StatusOr<WorkDone> work) {
-                    if (!work.ok()) {
-                      retries_->Abandon(push->client_id, push->sequence_number, work.status());
-                      return done(work.status());
-                    }
-                    if (!reply.skipped) Publish(reply.version, push->tensors);
-                    retries_->Finish(push->client_id, push->sequence_number, reply);
-                    done(StepResult{reply, work->device_seconds, work->copy_wait_seconds});
-                  }});
+      [this, push, done, consumed] {
+        if (consistency_.mode == ConsistencyMode::kSync) return Contribute(push, done, consumed);
+        StepJob(push, done, consumed);
       },
-      [done](const absl::Status& s) { done(s); });
+      [done, consumed](const absl::Status& s) {
+        if (consumed) consumed();
+        done(s);
+      });
+}
+
+void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
+                           const std::function<void()>& consumed) {
+  const auto finish = [done, consumed](absl::StatusOr<StepResult> result) {
+    if (consumed) consumed();
+    done(std::move(result));
+  };
+  const auto fail = [this, finish](absl::Status s) {
+    Complete({0, [finish, s](absl::StatusOr<WorkDone>) { finish(s); }});
+  };
+  if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+  RetryTable::Waiter waiter;  // Only for a tracked push: most are not.
+  if (RetryTable::Tracked(push->client_id, push->sequence_number)) {
+    waiter = [finish](absl::StatusOr<PushReply> reply) {
+      if (!reply.ok()) return finish(reply.status());
+      finish(StepResult{*reply, 0, 0});
+    };
+  }
+  const RetryTable::Verdict verdict =
+      retries_->Begin(push->client_id, push->sequence_number, std::move(waiter));
+  // The same push is being applied: its reply is this one's (the waiter runs in Finish).
+  if (verdict.kind == RetryTable::Kind::kInFlight) return;
+  if (verdict.kind == RetryTable::Kind::kDone) {
+    const StepResult result{verdict.reply, 0, 0};
+    return Complete({0, [finish, result](absl::StatusOr<WorkDone>) { finish(result); }});
+  }
+  if (verdict.kind == RetryTable::Kind::kStale) {
+    return fail(StalePushError(push->sequence_number, verdict.highest));
+  }
+  StepRequest request;
+  request.tensors = push->tensors;
+  request.grad_offsets = push->grad_offsets;
+  request.grads = push->grads;
+  request.grad_dtype = push->grad_dtype;
+  request.grad_scale = push->grad_scale;
+  request.grads_checked = true;
+  request.grads_finite = push->grads_finite;
+  // Staleness against the version the queue has reached: the one this step applies on.
+  const uint64_t tau =
+      push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;
+  if (consistency_.mode == ConsistencyMode::kBounded) {
+    absl::Status refused;
+    if (push->base_version > queued_version_) {
+      refused = StaleVersionError("base_version is ahead of the shard", push->base_version,
+                                  queued_version_);
+    } else if (tau > consistency_.max_staleness) {
+      refused = StaleVersionError(
+          absl::StrCat("staleness ", tau, " exceeds --max-staleness=", consistency_.max_staleness),
+          push->base_version, queued_version_);
+    }
+    if (!refused.ok()) {
+      Dropped(tau, kDropStalenessExceeded);
+      retries_->Abandon(push->client_id, push->sequence_number, refused);
+      return fail(refused);
+    }
+    if (consistency_.staleness_lr_scaling) request.lr_divisor = 1.0 + static_cast<double>(tau);
+  }
+  if (observer_ != nullptr) observer_->OnStaleness(tau);
+  absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
+  if (!outcome.ok()) {
+    const absl::Status s = Checked(outcome.status());
+    retries_->Abandon(push->client_id, push->sequence_number, s);
+    return fail(s);
+  }
+  if (!outcome->skipped) ++queued_version_;
+  ++generation_;
+  PushReply reply;
+  reply.version = queued_version_;
+  reply.skipped = outcome->skipped;
+  reply.tensors_updated = outcome->tensors_updated;
+  reply.grad_bytes = push->grad_bytes;
+  Complete({outcome->marker, [this, push, finish, reply](absl::StatusOr<WorkDone> work) {
+              if (!work.ok()) {
+                retries_->Abandon(push->client_id, push->sequence_number, work.status());
+                return finish(work.status());
+              }
+              if (!reply.skipped) Publish(reply.version, push->tensors);
+              retries_->Finish(push->client_id, push->sequence_number, reply);
+              finish(StepResult{reply, work->device_seconds, work->copy_wait_seconds});
+            }});
+}
+
+void UpdateEngine::Dropped(uint64_t tau, absl::string_view reason) const {
+  if (observer_ == nullptr) return;
+  observer_->OnStaleness(tau);
+  observer_->OnDropped(reason);
+}
+
+absl::Status UpdateEngine::AdmitPush(absl::string_view client_id, size_t tensors,
+                                     uint64_t base_version) const {
+  const uint64_t published = version();
+  switch (consistency_.mode) {
+    case ConsistencyMode::kSync: {
+      if (client_id.empty()) {
+        return absl::InvalidArgumentError(
+            "header.client_id is empty: a sync-mode push needs one (rounds count distinct "
+            "client_ids)");
+      }
+      const size_t shard_tensors = view()->tensor_count();
+      if (tensors != shard_tensors) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "header.tensors names ", tensors, " tensors: a sync-mode push names every tensor of "
+            "the shard (", shard_tensors, ")"));
+      }
+      if (base_version < published) {
+        Dropped(published - base_version, kDropStaleVersion);
+        return StaleVersionError("sync round closed", base_version, published);
+      }
+      return absl::OkStatus();
+    }
+    case ConsistencyMode::kBounded:
+      if (base_version < published && published - base_version > consistency_.max_staleness) {
+        Dropped(published - base_version, kDropStalenessExceeded);
+        return StaleVersionError(
+            absl::StrCat("staleness ", published - base_version, " exceeds --max-staleness=",
+                         consistency_.max_staleness),
+            base_version, published);
+      }
+      return absl::OkStatus();
+    case ConsistencyMode::kAsync:
+    default:
+      return absl::OkStatus();
+  }
 }
 
 void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
@@ -304,9 +400,9 @@ void UpdateEngine::WriteParams(std::vector<ParamWrite> writes, Done<bool> done) 
       [done](const absl::Status& s) { done(s); });
 }
 
-void UpdateEngine::CommitRegistration(Done<uint64_t> done) {
+void UpdateEngine::CommitRegistration(std::string plan_hash, Done<uint64_t> done) {
   Submit(
-      [this, done] {
+      [this, plan_hash = std::move(plan_hash), done] {
         if (absl::Status s = fault_->status(); !s.ok()) return done(s);
         {
           // Steps first: a reader that finds the new tensors in the view finds their steps.
@@ -316,6 +412,9 @@ void UpdateEngine::CommitRegistration(Done<uint64_t> done) {
         {
           std::lock_guard<std::mutex> lock(view_mu_);
           view_ = view_->WithTensors(std::move(pending_tensors_));
+          if (view_->plan_hash().empty() && !plan_hash.empty()) {
+            view_ = view_->WithPlanHash(plan_hash);
+          }
         }
         pending_tensors_.clear();
         ++generation_;

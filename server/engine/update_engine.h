@@ -17,6 +17,11 @@
 // step is about to be queued (the authoritative check); the service also checks it when the
 // push's header arrives, so that most retries are answered before their payload is read.
 //
+// Consistency (consistency.h): in async mode every push is its own step; bounded mode refuses
+// a push whose staleness exceeds the bound, and may scale its step's lr; sync mode sums each
+// push into the round of its base_version (engine_rounds.cc) and steps once per round. Staleness
+// is measured against the version the job queue has reached (steps queued, not yet published).
+//
 // Faults: an error from the backend that is not an expected one (INTERNAL: the device failed)
 // is reported to the ShardFault; the job gets INTERNAL, and every job after it gets the fault's
 // UNAVAILABLE without touching the backend (docs/errors.md).
@@ -50,7 +55,9 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/notification.h"
+#include "absl/time/time.h"
 #include "kernels/backend.h"
+#include "server/engine/consistency.h"
 #include "server/engine/shard_fault.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
@@ -68,6 +75,9 @@ struct ReadyPush {
   float grad_scale = 0.0f;             // <= 0: none.
   bool grads_finite = true;            // Checked for non-finite values as they arrived.
   uint64_t grad_bytes = 0;             // Payload received, for the reply.
+  uint64_t base_version = 0;           // PushHeader.base_version.
+  absl::Time arrived;                  // Its first header arrived (for sync round timings).
+  absl::Time received;                 // Its last byte arrived.
 };
 
 struct StepResult {
@@ -76,6 +86,9 @@ struct StepResult {
   // its gradient copies once it got to it (WorkDone). 0 for a skipped step or a duplicate.
   double device_seconds = 0;
   double copy_wait_seconds = 0;
+  // Whether this push's reply accounts for the step (fusedps_optimizer_steps_total): every
+  // push's in async and bounded modes, one pusher's per sync round.
+  bool counts_step = true;
 };
 
 // A write of fp32 initial values into a tensor that a registration is adding.
@@ -159,6 +172,7 @@ struct RestoredShard {
   // The source holds the param copy. When it does not and the backend keeps one, the copy is
   // computed from the params (as registration computes it).
   bool param_copy = false;
+  std::string plan_hash;  // ShardView::plan_hash; empty when unsharded.
 };
 
 // Where a restore's values come from: host memory that other threads fill (a checkpoint's
@@ -186,8 +200,10 @@ class UpdateEngine {
   template <typename T>
   using Done = std::function<void(absl::StatusOr<T>)>;
 
-  // REQUIRES: fault and retries outlive the engine.
-  UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault* fault, RetryTable* retries);
+  // REQUIRES: fault, retries and observer (may be null) outlive the engine; consistency is
+  // valid (ValidateConsistency).
+  UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault* fault, RetryTable* retries,
+               ConsistencyOptions consistency = {}, ConsistencyObserver* observer = nullptr);
   ~UpdateEngine();
   UpdateEngine(const UpdateEngine&) = delete;
   UpdateEngine& operator=(const UpdateEngine&) = delete;
@@ -202,10 +218,26 @@ class UpdateEngine {
   // The version and the steps of `tensors` (indices of the current view), read together.
   uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
 
+  const ConsistencyOptions& consistency() const { return consistency_; }
+  // The checks a push's header can pass or fail before its payload is read, against the
+  // published version (which only grows, so a refusal here is final): in sync mode a client_id
+  // and every tensor of the shard (INVALID_ARGUMENT) and a base_version not below the version
+  // (ABORTED); in bounded mode a staleness within the bound (ABORTED). Thread-safe.
+  absl::Status AdmitPush(absl::string_view client_id, size_t tensors,
+                         uint64_t base_version) const;
+
   // --- Jobs, run in submission order. ---
-  // One optimizer step of a push (or its retry's reply). Errors: ABORTED for a stale sequence
-  // number; INTERNAL for a device fault; UNAVAILABLE after one.
-  void Step(const ReadyPush* push, Done<StepResult> done);
+  // A push (or its retry's reply): one optimizer step in async and bounded modes; in sync mode
+  // a share of its round's step (done runs once the round's step ran). `consumed` (may be
+  // null) runs on the completion thread, before `done`, once the push's grads are no longer
+  // read: the caller may reuse their memory then (in sync mode long before the round ends).
+  // Errors: ABORTED for a stale sequence number, or a base_version the mode refuses (sync: not
+  // the round's version, or a second push of one client_id in a round; bounded: too stale);
+  // INVALID_ARGUMENT for a sync push without client_id or not naming every tensor;
+  // FAILED_PRECONDITION for a sync round whose tensors were registered during it; INTERNAL for
+  // a device fault; UNAVAILABLE after one, and for a round still open when the engine stops.
+  void Step(const ReadyPush* push, Done<StepResult> done,
+            std::function<void()> consumed = nullptr);
   // `done` runs on the engine thread once the change is queued (later steps use it).
   // RegisterParamGroup's value is true when created, false when an identical group existed;
   // ALREADY_EXISTS for a group with other hyperparameters.
@@ -220,7 +252,8 @@ class UpdateEngine {
   // out (nothing added). Commit's value is the version.
   void BeginRegistration(std::vector<TensorMeta> tensors, Done<uint32_t> done);
   void WriteParams(std::vector<ParamWrite> writes, Done<bool> done);
-  void CommitRegistration(Done<uint64_t> done);
+  // Commit also takes `plan_hash` as the shard's when it has none (ShardView::plan_hash).
+  void CommitRegistration(std::string plan_hash, Done<uint64_t> done);
   void AbortRegistration(Done<bool> done);
   // A pull's read, in stream order after the steps submitted before it. RESOURCE_EXHAUSTED
   // when a snapshot cannot be allocated; FAILED_PRECONDITION as OptimizerBackend::Read.
@@ -301,6 +334,35 @@ class UpdateEngine {
   // fields for completeness, then the steps (engine_checkpoint.cc).
   absl::Status RestoreValues(const RestoredShard& shard, const ShardView& view,
                              RestoreSource* source, uint32_t first);
+  // The sync round being gathered (engine_rounds.cc); engine thread only.
+  struct RoundMember {
+    const ReadyPush* push;
+    Done<StepResult> done;
+  };
+  struct Round {
+    uint64_t id = 0;  // Counts rounds; the timer names the round it closes.
+    std::vector<RoundMember> members;
+    uint32_t tensor_count = 0;  // The shard's when the round opened.
+    bool finite = true;         // Every member's gradients are finite.
+  };
+  // Times a round's members' accumulations finished; completion thread only.
+  struct RoundClock {
+    absl::Time last_accumulated;
+  };
+  // Step's job in async and bounded modes, and for every retry.
+  void StepJob(const ReadyPush* push, const Done<StepResult>& done,
+               const std::function<void()>& consumed);
+  // Sync mode's job: adds the push to the round (engine_rounds.cc).
+  void Contribute(const ReadyPush* push, const Done<StepResult>& done,
+                  const std::function<void()>& consumed);
+  // Queues the round's step with the members it has and answers them once it ran.
+  void CloseRound(bool timed_out);
+  // Fails the members of the open round with `status` (the engine stops).
+  void FailRound(const absl::Status& status);
+  // Reports a push refused for its version to the observer: its staleness, and why.
+  void Dropped(uint64_t tau, absl::string_view reason) const;
+  void RunRoundTimer();
+  void ArmRoundTimer(uint64_t round, absl::Time deadline);
   void RunJobs();
   void RunCompletions();
   void Publish(uint64_t version, absl::Span<const uint32_t> stepped);
@@ -308,6 +370,8 @@ class UpdateEngine {
   const std::unique_ptr<OptimizerBackend> backend_;
   ShardFault* const fault_;
   RetryTable* const retries_;
+  const ConsistencyOptions consistency_;
+  ConsistencyObserver* const observer_;  // May be null.
 
   class Fence;
 
@@ -316,6 +380,18 @@ class UpdateEngine {
   std::atomic<uint64_t> generation_{0};  // ShardCut::generation; written by the engine thread.
   uint32_t pending_first_ = 0;              // The registration in progress: its first index,
   std::vector<TensorMeta> pending_tensors_;  // and its tensors.
+  Round round_;
+
+  RoundClock round_clock_;  // Completion thread only.
+
+  // The round timer (sync mode with a round timeout): closes round timer_round_ at
+  // timer_deadline_ through a job.
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+  uint64_t timer_round_ = 0;             // Guarded by timer_mu_; 0: none armed.
+  absl::Time timer_deadline_;            // Guarded by timer_mu_.
+  bool timer_stop_ = false;              // Guarded by timer_mu_.
+  std::thread timer_thread_;             // Runs only in sync mode with a timeout.
 
   mutable std::mutex view_mu_;  // Guards view_ (the pointer; views are immutable).
   std::shared_ptr<const ShardView> view_;

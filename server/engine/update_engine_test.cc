@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/fault_injection.h"
 #include "kernels/forwarding_backend.h"
+#include "server/engine/engine_test_util.h"
 
 namespace fusedps {
 namespace {
@@ -52,52 +53,6 @@ class GatedBackend final : public ForwardingBackend {
   bool open_ = false;
   std::atomic<int> steps_queued_{0}, waiting_{0};
 };
-
-template <typename T>
-absl::StatusOr<T> Sync(const std::function<void(UpdateEngine::Done<T>)>& submit) {
-  return UpdateEngine::Wait<T>(submit);
-}
-
-// Registers float tensors of the given sizes (values 1.0) and returns their indices.
-std::vector<uint32_t> Register(UpdateEngine& engine, const std::vector<uint64_t>& sizes,
-                               const std::string& prefix = "t") {
-  std::vector<TensorMeta> metas;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    metas.push_back({prefix + std::to_string(i), {static_cast<int64_t>(sizes[i])}, 0, sizes[i]});
-  }
-  absl::StatusOr<uint32_t> first = Sync<uint32_t>(
-      [&](UpdateEngine::Done<uint32_t> done) { engine.BeginRegistration(metas, done); });
-  EXPECT_TRUE(first.ok()) << first.status();
-  std::vector<std::vector<float>> values;
-  std::vector<ParamWrite> writes;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    values.emplace_back(sizes[i], 1.0f);
-    writes.push_back({*first + static_cast<uint32_t>(i), 0, values.back().data(), sizes[i]});
-  }
-  EXPECT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) { engine.WriteParams(writes, d); }).ok());
-  EXPECT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) { engine.CommitRegistration(d); })
-                  .ok());
-  std::vector<uint32_t> indices;
-  for (size_t i = 0; i < sizes.size(); ++i) indices.push_back(*first + static_cast<uint32_t>(i));
-  return indices;
-}
-
-ReadyPush PushOf(const std::vector<uint32_t>& tensors, const std::vector<uint64_t>& sizes,
-                 const std::vector<float>& grads, std::string client = "",
-                 uint64_t sequence_number = 0) {
-  ReadyPush push;
-  push.client_id = std::move(client);
-  push.sequence_number = sequence_number;
-  push.tensors = tensors;
-  uint64_t offset = 0;
-  for (uint64_t n : sizes) {
-    push.grad_offsets.push_back(offset);
-    offset += AlignedNumel(n);
-  }
-  push.grads = grads.data();
-  push.grad_bytes = offset * 4;
-  return push;
-}
 
 class EngineTest : public ::testing::Test {
  protected:

@@ -81,6 +81,11 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
           " a second time"));
     }
   }
+  if (absl::Status s =
+          CheckPlanHash(view, header.plan_hash(), "header.plan_hash", /*registering=*/false);
+      !s.ok()) {
+    return s;
+  }
   const std::vector<std::string> names(header.tensors().begin(), header.tensors().end());
   absl::StatusOr<std::vector<uint32_t>> tensors = view.Resolve(names);
   if (!tensors.ok()) return tensors.status();
@@ -236,12 +241,22 @@ void PushAssembly::PartEnded() {
       push_.grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
       push_.grads_finite = grads_finite_;
       push_.grad_bytes = assembler_->bytes_received();
+      push_.base_version = header_.base_version();
+      push_.arrived = arrived_;
+      push_.received = received_;
     }
   }
   if (!complete.ok()) return FailAll(complete);
-  services_.engine->Step(&push_, [self = shared_from_this()](absl::StatusOr<StepResult> result) {
-    self->OnApplied(result);
-  });
+  // The staging goes back once the engine no longer reads the grads: in sync mode when they
+  // are summed into the round, long before the round's step.
+  services_.engine->Step(
+      &push_,
+      [self = shared_from_this()](absl::StatusOr<StepResult> result) { self->OnApplied(result); },
+      [self = shared_from_this()] {
+        StagingPool::Reservation released;
+        std::lock_guard<std::mutex> lock(self->mu_);
+        released = std::move(self->reservation_);
+      });
 }
 
 void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
@@ -257,7 +272,7 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
   if (result.ok()) {
     reply = result->reply;
     if (!reply.duplicate) {
-      services_.metrics->RecordStep(reply.skipped, kSkipNonFiniteGrad);
+      if (result->counts_step) services_.metrics->RecordStep(reply.skipped, kSkipNonFiniteGrad);
       // h2d is how long the device waited for the gradients' copies once it reached the step;
       // apply is the rest until the step was back: the engine's queue and the kernels.
       stages.receive = absl::ToDoubleSeconds(received_ - arrived_);

@@ -16,7 +16,7 @@ Registration::Registration(UpdateEngine* engine, std::unique_lock<std::timed_mut
 absl::StatusOr<std::unique_ptr<Registration>> Registration::Begin(
     UpdateEngine* engine, StagingPool* staging, std::timed_mutex* gate,
     const std::vector<TensorSpec>& specs, uint64_t window_bytes,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, std::string plan_hash) {
   std::unique_lock<std::timed_mutex> turn(*gate, std::defer_lock);
   while (!turn.try_lock_for(std::chrono::milliseconds(50))) {
     if (cancelled()) {
@@ -25,6 +25,12 @@ absl::StatusOr<std::unique_ptr<Registration>> Registration::Begin(
   }
   std::unique_ptr<Registration> r(new Registration(engine, std::move(turn)));
   r->view_ = engine->view();
+  if (absl::Status s = CheckPlanHash(*r->view_, plan_hash, "header.plan_hash",
+                                     /*registering=*/true);
+      !s.ok()) {
+    return s;
+  }
+  r->plan_hash_ = std::move(plan_hash);
   if (absl::Status s = r->view_->CheckTensorSpecs(specs, &r->is_new_); !s.ok()) return s;
 
   std::vector<ChunkAssembler::Expected> expected;
@@ -119,7 +125,7 @@ absl::StatusOr<RegistrationOutcome> Registration::Commit() {
     return outcome;
   }
   absl::StatusOr<uint64_t> version = UpdateEngine::Wait<uint64_t>(
-      [&](UpdateEngine::Done<uint64_t> done) { engine_->CommitRegistration(done); });
+      [&](UpdateEngine::Done<uint64_t> done) { engine_->CommitRegistration(plan_hash_, done); });
   if (!version.ok()) return version.status();
   committed_ = true;
   outcome.version = *version;

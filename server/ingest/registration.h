@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -51,13 +52,14 @@ struct RegistrationOutcome {
 
 class Registration {
  public:
-  // Steps 1 and 2. `cancelled` is polled while waiting for the gate and for staging.
+  // Steps 1 and 2. `plan_hash` is RegisterTensorsHeader.plan_hash (CheckPlanHash: an empty
+  // shard takes it at Commit). `cancelled` is polled while waiting for the gate and for staging.
   // Errors: those of ShardView::CheckTensorSpecs; RESOURCE_EXHAUSTED when the tensors do not fit
   // in memory; CANCELLED when the call was cancelled while waiting.
   static absl::StatusOr<std::unique_ptr<Registration>> Begin(
       UpdateEngine* engine, StagingPool* staging, std::timed_mutex* gate,
       const std::vector<TensorSpec>& specs, uint64_t window_bytes,
-      const std::function<bool()>& cancelled);
+      const std::function<bool()>& cancelled, std::string plan_hash = "");
   ~Registration();  // Aborts an uncommitted registration.
 
   // Step 3 for one message's chunks. Errors: INVALID_ARGUMENT or NOT_FOUND for a bad chunk
@@ -84,6 +86,7 @@ class Registration {
   StagingPool::Reservation window_;
   uint64_t window_used_ = 0;                // Bytes of window_ holding values not yet written.
   std::vector<ParamWrite> writes_;          // What those bytes are.
+  std::string plan_hash_;
 };
 
 }  // namespace fusedps

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
+#include "server/metrics/consistency_metrics.h"
 
 namespace fusedps {
 namespace {
@@ -205,6 +206,7 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       checkpoint_failures_(CounterFamily(*registry_, "fusedps_checkpoint_failures_total",
                                          "Checkpoints that failed, by reason: disk_full, io, "
                                          "snapshot, stopping.")),
+      consistency_(std::make_unique<ConsistencyMetrics>(*registry_, DurationBuckets())),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
     stage_[i] = &stage_duration_.Add({{"stage", kStageNames[i]}}, DurationBuckets());
@@ -229,7 +231,11 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
 // loop's poll returns, which it does every 2 s when no connection comes: stopping took about
 // 1.5 s more than the gRPC drain. So the stop runs on a thread of its own while this one knocks
 // on the listening port (a connection that is closed at once) until the stop is done.
-Metrics::~Metrics() {
+Metrics::~Metrics() { StopServing(); }
+
+ConsistencyObserver* Metrics::consistency() { return consistency_.get(); }
+
+void Metrics::StopServing() {
   if (exposer_ == nullptr) return;
   const int port = this->port();
   std::atomic<bool> stopped{false};

@@ -40,6 +40,9 @@
 
 namespace fusedps {
 
+class ConsistencyMetrics;
+class ConsistencyObserver;
+
 // The values of the shard that metrics export, read on each scrape.
 struct ShardMetrics {
   uint64_t parameters = 0;
@@ -96,6 +99,8 @@ class Metrics {
   // Errors: UNAVAILABLE when the address cannot be bound; FAILED_PRECONDITION when already
   // serving.
   absl::Status Serve(const std::string& listen);
+  // Stops serving /metrics (and so calling `shard`); the metrics still record. Idempotent.
+  void StopServing();
   // The bound HTTP port, or 0 when not serving.
   int port() const;
 
@@ -123,6 +128,9 @@ class Metrics {
   // A checkpoint that failed: "disk_full", "io", "snapshot" (the shard could not be read) or
   // "stopping".
   void RecordCheckpointFailure(const std::string& reason);
+
+  // The consistency modes' metrics (consistency_metrics.h), for the engine to report to.
+  ConsistencyObserver* consistency();
 
   // Every metric in Prometheus's text format, exactly as /metrics serves it.
   std::string ScrapeText() const;
@@ -167,6 +175,7 @@ class Metrics {
   mutable std::map<std::string, uint64_t> launches_synced_;
   mutable uint64_t evictions_synced_ = 0;  // Guarded by sync_mu_.
 
+  std::unique_ptr<ConsistencyMetrics> consistency_;
   std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.
   std::string listen_host_;               // The host part of Serve's address.
   // Last member: destroyed first, so no scrape runs while the rest goes away.

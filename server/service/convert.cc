@@ -93,6 +93,7 @@ void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {
   p->set_tensors_updated(reply.tensors_updated);
   p->set_grad_bytes(reply.grad_bytes);
   p->set_duplicate(reply.duplicate);
+  p->set_round_workers(reply.round_workers);
 }
 
 }  // namespace fusedps

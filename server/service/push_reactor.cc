@@ -229,6 +229,13 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       return FinishCall(StalePushError(header.sequence_number(), verdict.highest), {}, {});
     }
 
+    // What the shard's consistency mode refuses from the header alone (after the retries,
+    // which are answered whatever their version).
+    if (absl::Status s = services_.engine->AdmitPush(header.client_id(), checked->tensors.size(),
+                                                     header.base_version());
+        !s.ok()) {
+      return FinishCall(s, {}, {});
+    }
     first_.Swap(&request_);
     if (services_.testing_before_push_join != nullptr) (*services_.testing_before_push_join)();
     const bool parts = checked->part_count > 1;

@@ -96,7 +96,8 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
   }
   absl::StatusOr<std::unique_ptr<Registration>> registration =
       Registration::Begin(services_.engine, services_.staging, services_.registration_gate,
-                          specs, services_.window_bytes(), cancelled);
+                          specs, services_.window_bytes(), cancelled,
+                          message.header().plan_hash());
   if (!registration.ok()) return registration.status();
   if (absl::Status s = (*registration)->AddChunks(message.chunks()); !s.ok()) return s;
   for (;;) {
@@ -142,6 +143,19 @@ grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetIn
   response->set_server_version(FUSEDPS_VERSION);
   response->set_max_message_bytes(services_.limits.max_message_bytes);
   response->set_param_copy_dtype(static_cast<v1::DType>(services_.engine->param_copy_dtype()));
+  const ConsistencyOptions& c = services_.engine->consistency();
+  v1::Consistency* consistency = response->mutable_consistency();
+  consistency->set_mode(static_cast<v1::ConsistencyMode>(c.mode));
+  if (c.mode == ConsistencyMode::kSync) {
+    consistency->set_replicas_to_aggregate(c.replicas_to_aggregate);
+    consistency->set_total_replicas(c.total_replicas);
+    consistency->set_round_timeout_seconds(absl::ToDoubleSeconds(c.round_timeout));
+  }
+  if (c.mode == ConsistencyMode::kBounded) {
+    consistency->set_max_staleness(c.max_staleness);
+    consistency->set_staleness_lr_scaling(c.staleness_lr_scaling);
+  }
+  response->set_plan_hash(view->plan_hash());
   return grpc::Status::OK;
 }
 

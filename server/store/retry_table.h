@@ -45,6 +45,7 @@ struct PushReply {
   uint32_t tensors_updated = 0;
   uint64_t grad_bytes = 0;
   bool duplicate = false;
+  uint32_t round_workers = 0;  // sync mode: the pushes the round's step averaged.
 };
 
 class RetryTable {

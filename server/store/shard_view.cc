@@ -124,6 +124,30 @@ std::shared_ptr<const ShardView> ShardView::WithGroup(uint32_t index,
   return view;
 }
 
+std::shared_ptr<const ShardView> ShardView::WithPlanHash(std::string plan_hash) const {
+  std::shared_ptr<ShardView> view(new ShardView(*this));
+  view->plan_hash_ = std::move(plan_hash);
+  return view;
+}
+
+absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
+                           absl::string_view field, bool registering) {
+  if (plan_hash.size() > kMaxPlanHashBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", plan_hash.size(),
+                                                   " bytes; at most ", kMaxPlanHashBytes));
+  }
+  if (plan_hash == view.plan_hash()) return absl::OkStatus();
+  if (registering && view.plan_hash().empty() && view.tensor_count() == 0) {
+    return absl::OkStatus();
+  }
+  const auto name = [](absl::string_view h) {
+    return h.empty() ? std::string("none") : absl::StrCat("\"", h, "\"");
+  };
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, " ", name(plan_hash), " is not the shard's sharding plan ", name(view.plan_hash()),
+      ": the client computed another plan (docs/sharding.md)"));
+}
+
 std::optional<uint32_t> ShardView::FindTensor(absl::string_view name) const {
   auto it = tensor_index_->find(name);
   if (it == tensor_index_->end()) return std::nullopt;

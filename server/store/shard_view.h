@@ -78,6 +78,11 @@ class ShardView {
   // REQUIRES: added names are new and distinct, their groups exist; index <= groups().size().
   std::shared_ptr<const ShardView> WithTensors(std::vector<TensorMeta> added) const;
   std::shared_ptr<const ShardView> WithGroup(uint32_t index, ParamGroupSpec group) const;
+  std::shared_ptr<const ShardView> WithPlanHash(std::string plan_hash) const;
+
+  // The sharding plan's hash the shard was registered with (docs/sharding.md); empty when
+  // unsharded.
+  const std::string& plan_hash() const { return plan_hash_; }
 
   uint32_t tensor_count() const { return static_cast<uint32_t>(tensors_->size()); }
   const TensorMeta& tensor(uint32_t index) const { return (*tensors_)[index]; }
@@ -113,7 +118,16 @@ class ShardView {
   std::vector<ParamGroupSpec> groups_;
   absl::flat_hash_map<std::string, uint32_t> group_index_;
   uint64_t parameter_count_ = 0;
+  std::string plan_hash_;
 };
+
+inline constexpr size_t kMaxPlanHashBytes = 64;
+
+// Checks a registration's or a push's plan_hash (`field`) against the shard's: OK when equal,
+// or for a registration (`registering`) of a shard with no tensors and no plan yet.
+// Errors: INVALID_ARGUMENT over kMaxPlanHashBytes; FAILED_PRECONDITION naming both hashes.
+absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
+                           absl::string_view field, bool registering);
 
 // Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.
 absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape);

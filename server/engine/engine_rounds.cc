@@ -1,0 +1,226 @@
+// engine_rounds.cc: sync mode's rounds (consistency.h), on the engine's threads.
+//
+// A round lives in round_ on the engine thread. Each push that joins it is summed into the
+// backend's accumulator at once (Accumulate, one launch), and its staging is handed back when
+// that sum has run: staging holds one push per pusher in flight, never a round's K. The push's
+// reply waits in the round. The K-th distinct client_id closes the round: one Step from the
+// accumulator with grad_scale = the member count (their mean), and every member is answered
+// from that step's completion. The round timer closes a round that waited round_timeout since
+// its first push, with the members it has, through a job (so in stream order like any other).
+//
+// Lifetimes: a member's ReadyPush and `done` stay with the round until it is answered (the
+// caller keeps the push alive until `done`, update_engine.h). The round's step completion owns
+// the members from CloseRound on. A round still open when the engine stops is failed with
+// UNAVAILABLE after the last job (RunJobs).
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/engine/update_engine.h"
+
+namespace fusedps {
+
+void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& done,
+                              const std::function<void()>& consumed) {
+  const auto fail = [this, done, consumed](absl::Status s) {
+    Complete({0, [done, consumed, s](absl::StatusOr<WorkDone>) {
+                if (consumed) consumed();
+                done(s);
+              }});
+  };
+  if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+  RetryTable::Waiter waiter;
+  if (RetryTable::Tracked(push->client_id, push->sequence_number)) {
+    waiter = [done, consumed](absl::StatusOr<PushReply> reply) {
+      if (consumed) consumed();
+      if (!reply.ok()) return done(reply.status());
+      StepResult result{*reply, 0, 0};
+      result.counts_step = false;
+      done(result);
+    };
+  }
+  const RetryTable::Verdict verdict =
+      retries_->Begin(push->client_id, push->sequence_number, std::move(waiter));
+  if (verdict.kind == RetryTable::Kind::kInFlight) return;  // Answered with that push.
+  if (verdict.kind == RetryTable::Kind::kDone) {
+    StepResult result{verdict.reply, 0, 0};
+    result.counts_step = false;
+    return Complete({0, [done, consumed, result](absl::StatusOr<WorkDone>) {
+                       if (consumed) consumed();
+                       done(result);
+                     }});
+  }
+  if (verdict.kind == RetryTable::Kind::kStale) {
+    return fail(StalePushError(push->sequence_number, verdict.highest));
+  }
+  const auto refuse = [&](absl::Status s) {
+    retries_->Abandon(push->client_id, push->sequence_number, s);
+    fail(std::move(s));
+  };
+  const uint32_t tensor_count = view()->tensor_count();
+  if (push->client_id.empty() || push->tensors.size() != tensor_count) {
+    return refuse(absl::InvalidArgumentError(
+        "a sync-mode push needs header.client_id and names every tensor of the shard"));
+  }
+  const uint64_t tau =
+      push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;
+  if (push->base_version != queued_version_) {
+    Dropped(tau, kDropStaleVersion);
+    return refuse(StaleVersionError(
+        push->base_version < queued_version_ ? "sync round closed" : "no sync round yet",
+        push->base_version, queued_version_));
+  }
+  for (const RoundMember& m : round_.members) {
+    if (m.push->client_id == push->client_id) {
+      Dropped(tau, kDropClientInRound);
+      return refuse(absl::AbortedError(absl::StrCat(
+          "client_id ", push->client_id, " already pushed to the sync round at version ",
+          queued_version_, " (sequence_number ", m.push->sequence_number,
+          "); one push per client_id per round")));
+    }
+  }
+  if (!round_.members.empty() && round_.tensor_count != tensor_count) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "tensors were registered during the sync round at version ", queued_version_)));
+  }
+  if (observer_ != nullptr) observer_->OnStaleness(tau);
+
+  StepRequest request;
+  request.tensors = push->tensors;
+  request.grad_offsets = push->grad_offsets;
+  request.grads = push->grads;
+  request.grad_dtype = push->grad_dtype;
+  request.grad_scale = push->grad_scale;
+  const bool first = round_.members.empty();
+  absl::StatusOr<Marker> summed = backend_->Accumulate(request, first);
+  if (!summed.ok()) return refuse(Checked(summed.status(), /*expected_ok=*/true));
+  Complete({*summed, [this, consumed](absl::StatusOr<WorkDone>) {
+              // A device error here fails the round's step too (the fault stops the shard).
+              round_clock_.last_accumulated = absl::Now();
+              if (consumed) consumed();
+            }});
+  if (first) {
+    round_.tensor_count = tensor_count;
+    if (consistency_.round_timeout > absl::ZeroDuration()) {
+      ArmRoundTimer(round_.id, push->arrived + consistency_.round_timeout);
+    }
+  }
+  round_.finite = round_.finite && push->grads_finite;
+  round_.members.push_back({push, done});
+  if (round_.members.size() >= consistency_.replicas_to_aggregate) CloseRound(false);
+}
+
+void UpdateEngine::CloseRound(bool timed_out) {
+  std::vector<RoundMember> members = std::move(round_.members);
+  const bool finite = round_.finite;
+  const uint32_t tensor_count = round_.tensor_count;
+  round_ = Round{round_.id + 1, {}, 0, true};
+  if (members.empty()) return;
+  auto tensors = std::make_shared<std::vector<uint32_t>>(tensor_count);
+  for (uint32_t t = 0; t < tensor_count; ++t) (*tensors)[t] = t;
+  StepRequest request;
+  request.tensors = *tensors;
+  request.from_accumulator = true;
+  request.grad_scale = static_cast<float>(members.size());
+  request.grads_checked = true;
+  request.grads_finite = finite;
+  const absl::Time closed = absl::Now();
+  absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
+  if (!outcome.ok()) {
+    const absl::Status s = Checked(outcome.status(), /*expected_ok=*/true);
+    for (RoundMember& m : members) {
+      retries_->Abandon(m.push->client_id, m.push->sequence_number, s);
+      Complete({0, [done = std::move(m.done), s](absl::StatusOr<WorkDone>) { done(s); }});
+    }
+    return;
+  }
+  if (!outcome->skipped) ++queued_version_;
+  ++generation_;
+  PushReply reply;
+  reply.version = queued_version_;
+  reply.skipped = outcome->skipped;
+  reply.tensors_updated = outcome->tensors_updated;
+  reply.round_workers = static_cast<uint32_t>(members.size());
+  absl::Time opened = members.front().push->arrived, received = opened;
+  for (const RoundMember& m : members) {
+    opened = std::min(opened, m.push->arrived);
+    received = std::max(received, m.push->received);
+  }
+  Complete({outcome->marker, [this, members = std::move(members), reply, tensors, timed_out,
+                              opened, received, closed](absl::StatusOr<WorkDone> work) {
+              const absl::Time applied = absl::Now();
+              if (work.ok() && !reply.skipped) Publish(reply.version, *tensors);
+              for (size_t i = 0; i < members.size(); ++i) {
+                const ReadyPush& push = *members[i].push;
+                if (!work.ok()) {
+                  retries_->Abandon(push.client_id, push.sequence_number, work.status());
+                  members[i].done(work.status());
+                  continue;
+                }
+                PushReply mine = reply;
+                mine.grad_bytes = push.grad_bytes;
+                retries_->Finish(push.client_id, push.sequence_number, mine);
+                StepResult result{mine, work->device_seconds, work->copy_wait_seconds};
+                result.counts_step = i == 0;
+                members[i].done(result);
+              }
+              if (!work.ok() || observer_ == nullptr) return;
+              const absl::Time acked = absl::Now();
+              const absl::Time summed = std::max(round_clock_.last_accumulated, received);
+              RoundStats stats;
+              stats.workers = reply.round_workers;
+              stats.timed_out = timed_out;
+              stats.skipped = reply.skipped;
+              stats.duration = absl::ToDoubleSeconds(acked - opened);
+              stats.receive = absl::ToDoubleSeconds(received - opened);
+              stats.accumulate = absl::ToDoubleSeconds(summed - received);
+              stats.apply = absl::ToDoubleSeconds(applied - std::max(summed, closed));
+              stats.ack = absl::ToDoubleSeconds(acked - applied);
+              observer_->OnRound(stats);
+            }});
+}
+
+void UpdateEngine::FailRound(const absl::Status& status) {
+  std::vector<RoundMember> members = std::move(round_.members);
+  round_ = Round{round_.id + 1, {}, 0, true};
+  for (RoundMember& m : members) {
+    retries_->Abandon(m.push->client_id, m.push->sequence_number, status);
+    Complete({0, [done = std::move(m.done), status](absl::StatusOr<WorkDone>) { done(status); }});
+  }
+}
+
+void UpdateEngine::ArmRoundTimer(uint64_t round, absl::Time deadline) {
+  {
+    std::lock_guard<std::mutex> lock(timer_mu_);
+    timer_round_ = round + 1;  // 0 means none armed.
+    timer_deadline_ = deadline;
+  }
+  timer_cv_.notify_all();
+}
+
+void UpdateEngine::RunRoundTimer() {
+  std::unique_lock<std::mutex> lock(timer_mu_);
+  while (!timer_stop_) {
+    if (timer_round_ == 0) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    if (now < timer_deadline_) {
+      timer_cv_.wait_for(lock, absl::ToChronoNanoseconds(timer_deadline_ - now));
+      continue;
+    }
+    const uint64_t round = timer_round_ - 1;
+    timer_round_ = 0;
+    lock.unlock();
+    // A job, so that the round closes in stream order; a no-op if it closed meanwhile.
+    Submit(
+        [this, round] {
+          if (round_.id == round && !round_.members.empty()) CloseRound(/*timed_out=*/true);
+        },
+        [](const absl::Status&) {});
+    lock.lock();
+  }
+}
+
+}  // namespace fusedps
