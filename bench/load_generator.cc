@@ -12,9 +12,11 @@
 // Usage:
 //   fusedps-bench --target=localhost:50051 --clients=4 --model=gpt2 --duration=30s
 //   fusedps-bench --target=localhost:50051 --model=synthetic --numel=1000000 --steps=200 --json
+//   fusedps-bench --targets=ps0:50051,ps1:50051 --clients=4 --model=gpt2  # a sharded model
 //
 // Exit status: 0 on success, 1 when a call fails (the status goes to stderr), 2 for a usage
 // error.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -28,6 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "bench/load_runner.h"
@@ -37,6 +41,10 @@
 #include "fusedps/client.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
+ABSL_FLAG(std::string, targets, "",
+          "HOST:PORT,HOST:PORT,...: several servers, each one shard of the model (docs/"
+          "sharding.md); overrides --target. Each client pushes the whole model through a "
+          "ShardedClient, to every server at once; throughput counts every shard's bytes.");
 ABSL_FLAG(int32_t, clients, 1,
           "Concurrent trainers, each its own client and connection, pushing from its own thread; "
           "0 with --probe-interval runs the reader probe alone for --duration.");
@@ -95,6 +103,8 @@ absl::StatusOr<Run> RunFromFlags() {
 
   LoadConfig& config = run.config;
   config.target = absl::GetFlag(FLAGS_target);
+  config.targets = absl::StrSplit(absl::GetFlag(FLAGS_targets), ',', absl::SkipEmpty());
+  if (!config.targets.empty()) config.target = absl::StrJoin(config.targets, ",");
   config.clients = absl::GetFlag(FLAGS_clients);
   config.streams = absl::GetFlag(FLAGS_streams);
   config.grad_dtype = *dtype;
@@ -109,6 +119,9 @@ absl::StatusOr<Run> RunFromFlags() {
   config.probe_pull_bytes = absl::GetFlag(FLAGS_probe_pull_bytes);
   const int64_t chunk = absl::GetFlag(FLAGS_max_chunk_bytes);
   if (config.target.empty()) return absl::InvalidArgumentError("--target is empty");
+  if (!config.targets.empty() && config.probe_interval > absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--probe-interval needs one --target, not --targets");
+  }
   if (config.clients < 0 ||
       (config.clients == 0 && config.probe_interval <= absl::ZeroDuration())) {
     return absl::InvalidArgumentError(
@@ -170,6 +183,10 @@ void PrintTable(const Run& run, const LoadResult& result) {
   const uint64_t push_bytes = run.model.push_bytes(run.config.grad_dtype);
   absl::PrintF("fusedps-bench against %s: backend %s, device %s\n", run.config.target,
                result.backend, result.device);
+  if (!run.config.targets.empty()) {
+    absl::PrintF("shards %d servers, a push is one step on each; versions are the lowest shard's\n",
+                 run.config.targets.size());
+  }
   absl::PrintF("model  %s: %s; %d tensors, %d params\n", run.model.name, run.model.description,
                run.model.numels.size(), run.model.total_numel());
   absl::PrintF("push   all tensors, %s gradients: %.3f MB per push, %d-byte chunks\n",
@@ -215,12 +232,21 @@ std::string JsonLatency(const LatencySummary& s) {
       s.count, s.min_ms, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms);
 }
 
+// The servers as a JSON list's items: --targets, or --target alone.
+std::string JsonTargets(const LoadConfig& config) {
+  if (config.targets.empty()) return JsonString(config.target);
+  return absl::StrJoin(config.targets, ", ", [](std::string* out, const std::string& target) {
+    out->append(JsonString(target));
+  });
+}
+
 void PrintJson(const Run& run, const LoadResult& result) {
   const LoadConfig& config = run.config;
   const uint64_t pushes = TotalPushes(result);
   const uint64_t bytes = TotalGradBytes(result);
   absl::PrintF(
-      "{\"tool\": \"fusedps-bench\", \"target\": %s, \"backend\": %s, \"device\": %s,\n"
+      "{\"tool\": \"fusedps-bench\", \"target\": %s, \"targets\": [%s], \"shards\": %d,\n"
+      " \"backend\": %s, \"device\": %s,\n"
       " \"model\": %s, \"description\": %s, \"scale\": %.17g, \"tensors\": %d, \"params\": %d,\n"
       " \"dtype\": \"%s\", \"push_bytes\": %d, \"max_chunk_bytes\": %d, \"clients\": %d,\n"
       " \"streams\": %d,\n"
@@ -233,7 +259,8 @@ void PrintJson(const Run& run, const LoadResult& result) {
       " \"probe\": {\"interval_s\": %.6f, \"pull_bytes\": %d, \"errors\": %d,\n"
       "  \"get_info_ms\": %s,\n  \"pull_ms\": %s},\n"
       " \"per_client\": [",
-      JsonString(config.target), JsonString(result.backend), JsonString(result.device),
+      JsonString(config.target), JsonTargets(config), std::max<size_t>(config.targets.size(), 1),
+      JsonString(result.backend), JsonString(result.device),
       JsonString(run.model.name), JsonString(run.model.description), run.scale,
       run.model.numels.size(), run.model.total_numel(), DTypeName(config.grad_dtype),
       run.model.push_bytes(config.grad_dtype), config.max_chunk_bytes,
@@ -275,7 +302,8 @@ int Main(int argc, char** argv) {
       "GB/s, pushes/s and latency percentiles (flags: --a-b and --a_b both work).\n"
       "  fusedps-bench --target=HOST:PORT --clients=4 --model=gpt2 --scale=0.1 --duration=10s\n"
       "  fusedps-bench --target=HOST:PORT --model=synthetic --tensors=3 --numel=1000 "
-      "--steps=5 --json");
+      "--steps=5 --json\n"
+      "  fusedps-bench --targets=HOST:PORT,HOST:PORT --clients=4 --model=gpt2 --steps=20");
   if (HelpRequested(argc, argv)) {
     PrintHelp(__FILE__);
     return 0;

@@ -18,6 +18,8 @@
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "bench/workloads.h"
+#include "fusedps/plan.h"
+#include "fusedps/sharded_client.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -45,33 +47,126 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
 }
 
-// A Client on a channel of its own: GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL keeps gRPC from sharing
+client::ClientOptions ClientOptionsOf(const LoadConfig& config) {
+  client::ClientOptions options;
+  options.max_chunk_bytes = config.max_chunk_bytes;
+  options.timeout = config.timeout;
+  options.streams = config.streams;
+  options.wait_for_ready = true;
+  return options;
+}
+
+// A channel of its own to target: GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL keeps gRPC from sharing
 // one TCP connection between channels to the same target, so each trainer has its own, as
-// trainers in separate processes would. With several streams the client library opens that
-// many connections of its own, the same way. Calls wait for their connection (up to
-// --timeout): on the GPU host a connect among hundreds at once failed now and then, which
-// would otherwise end the run.
-absl::StatusOr<std::unique_ptr<client::Client>> Connect(const LoadConfig& config) {
-  if (config.streams > 1) {
-    client::ClientOptions options;
-    options.max_chunk_bytes = config.max_chunk_bytes;
-    options.timeout = config.timeout;
-    options.streams = config.streams;
-    options.wait_for_ready = true;
-    return client::Client::Create(config.target, options);
-  }
+// trainers in separate processes would.
+std::shared_ptr<grpc::Channel> OwnChannel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(config.target, grpc::InsecureChannelCredentials(), args);
-  client::ClientOptions options;
-  options.max_chunk_bytes = config.max_chunk_bytes;
-  options.timeout = config.timeout;
-  options.wait_for_ready = true;
-  return client::Client::CreateWithChannel(std::move(channel), options);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
+
+// What a trainer's push did, over one server or every shard.
+struct PushSummary {
+  uint64_t version = 0;       // The server's version afterwards (one server only).
+  uint64_t grad_bytes = 0;    // The servers' grad_bytes replies, summed.
+  bool step_skipped = false;  // On any shard.
+  bool duplicate = false;     // On any shard.
+};
+
+// A trainer's (or the run's own) link to the servers: a Client of config.target, or with
+// config.targets a ShardedClient following `plan`. Each has a channel of its own per server
+// (OwnChannel); with several streams the client library opens that many connections of its
+// own, the same way. Calls wait for their connection (up to --timeout): on the GPU host a
+// connect among hundreds at once failed now and then, which would otherwise end the run.
+class Connection {
+ public:
+  static absl::StatusOr<Connection> Open(const LoadConfig& config, const client::ShardPlan* plan) {
+    Connection connection;
+    const client::ClientOptions options = ClientOptionsOf(config);
+    if (config.targets.empty()) {
+      absl::StatusOr<std::unique_ptr<client::Client>> single =
+          config.streams > 1
+              ? client::Client::Create(config.target, options)
+              : client::Client::CreateWithChannel(OwnChannel(config.target), options);
+      if (!single.ok()) return single.status();
+      connection.single_ = *std::move(single);
+      return connection;
+    }
+    absl::StatusOr<std::unique_ptr<client::ShardedClient>> sharded;
+    if (config.streams > 1) {
+      sharded = client::ShardedClient::Create(config.targets, options);
+    } else {
+      std::vector<std::shared_ptr<grpc::Channel>> channels;
+      for (const std::string& target : config.targets) channels.push_back(OwnChannel(target));
+      sharded = client::ShardedClient::CreateWithChannels(std::move(channels), options);
+    }
+    if (!sharded.ok()) return sharded.status();
+    if (absl::Status status = (*sharded)->SetPlan(*plan); !status.ok()) return status;
+    connection.sharded_ = *std::move(sharded);
+    return connection;
+  }
+
+  // The first server's GetInfo, with the lowest version of any shard.
+  absl::StatusOr<client::ServerInfo> Info() {
+    if (single_) return single_->GetInfo();
+    client::ServerInfo info;
+    for (size_t i = 0; i < sharded_->shard_count(); ++i) {
+      absl::StatusOr<client::ServerInfo> shard = sharded_->shard(i).GetInfo();
+      if (!shard.ok()) return WithContext(shard.status(), absl::StrCat("shard ", i));
+      if (i == 0) {
+        info = *std::move(shard);
+      } else {
+        info.version = std::min(info.version, shard->version);
+      }
+    }
+    return info;
+  }
+
+  absl::Status Register(absl::Span<const client::TensorInit> inits, LoadResult& result) {
+    if (single_) {
+      absl::StatusOr<client::RegisterTensorsResult> registered = single_->RegisterTensors(inits);
+      if (!registered.ok()) return registered.status();
+      result.tensors_created += registered->tensors_created;
+      result.tensors_existing += registered->tensors_existing;
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<client::RegisterTensorsResult>> registered =
+        sharded_->RegisterTensors(inits);
+    if (!registered.ok()) return registered.status();
+    for (const client::RegisterTensorsResult& shard : *registered) {
+      result.tensors_created += shard.tensors_created;
+      result.tensors_existing += shard.tensors_existing;
+    }
+    return absl::OkStatus();
+  }
+
+  // One push of `grads`; a ShardedClient sends each shard the version it last saw as base.
+  absl::StatusOr<PushSummary> Push(const client::PushOptions& options,
+                                   absl::Span<const client::TensorGrad> grads) {
+    PushSummary summary;
+    if (single_) {
+      absl::StatusOr<client::PushResult> result = single_->PushGradients(options, grads);
+      if (!result.ok()) return result.status();
+      return PushSummary{result->version, result->grad_bytes, result->step_skipped,
+                         result->duplicate};
+    }
+    absl::StatusOr<std::vector<client::PushResult>> results =
+        sharded_->PushGradients(options, grads);
+    if (!results.ok()) return results.status();
+    for (const client::PushResult& shard : *results) {
+      summary.grad_bytes += shard.grad_bytes;
+      summary.step_skipped = summary.step_skipped || shard.step_skipped;
+      summary.duplicate = summary.duplicate || shard.duplicate;
+    }
+    return summary;
+  }
+
+ private:
+  std::unique_ptr<client::Client> single_;
+  std::unique_ptr<client::ShardedClient> sharded_;
+};
 
 std::vector<std::vector<float>> NormalValues(const LoadModel& model, size_t first, size_t last,
                                              double stddev, std::mt19937_64& rng) {
@@ -84,7 +179,7 @@ std::vector<std::vector<float>> NormalValues(const LoadModel& model, size_t firs
   return values;
 }
 
-absl::Status Register(client::Client& client, const LoadModel& model, uint64_t seed,
+absl::Status Register(Connection& connection, const LoadModel& model, uint64_t seed,
                       LoadResult& result) {
   std::mt19937_64 rng(seed);
   size_t first = 0;
@@ -103,10 +198,9 @@ absl::Status Register(client::Client& client, const LoadModel& model, uint64_t s
                        "default",
                        values[i - first]});
     }
-    absl::StatusOr<client::RegisterTensorsResult> registered = client.RegisterTensors(inits);
-    if (!registered.ok()) return WithContext(registered.status(), "registering the model");
-    result.tensors_created += registered->tensors_created;
-    result.tensors_existing += registered->tensors_existing;
+    if (absl::Status status = connection.Register(inits, result); !status.ok()) {
+      return WithContext(status, "registering the model");
+    }
     first = last;
   }
   return absl::OkStatus();
@@ -198,9 +292,9 @@ class RunState {
 
 // One trainer: connect, generate gradients, warm up, wait for the window, push timed steps.
 absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& model,
-                        RunState& state, ClientLoadResult& out) {
-  absl::StatusOr<std::unique_ptr<client::Client>> client = Connect(config);
-  if (!client.ok()) return WithContext(client.status(), absl::StrCat("client ", index));
+                        const client::ShardPlan* plan, RunState& state, ClientLoadResult& out) {
+  absl::StatusOr<Connection> connection = Connection::Open(config, plan);
+  if (!connection.ok()) return WithContext(connection.status(), absl::StrCat("client ", index));
   std::mt19937_64 rng(config.seed + 1 + static_cast<uint64_t>(index));
   const std::vector<std::vector<float>> grads =
       NormalValues(model, 0, model.numels.size(), 1.0, rng);
@@ -219,12 +313,12 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
   out.client = index;
   out.client_id = options.client_id;
 
-  auto push = [&](absl::string_view what, int64_t step) -> absl::StatusOr<client::PushResult> {
+  auto push = [&](absl::string_view what, int64_t step) -> absl::StatusOr<PushSummary> {
     if (!options.client_id.empty()) {
       options.sequence_number =
           std::max<uint64_t>(options.sequence_number + 1, absl::ToUnixMicros(absl::Now()));
     }
-    absl::StatusOr<client::PushResult> result = (*client)->PushGradients(options, pushed);
+    absl::StatusOr<PushSummary> result = connection->Push(options, pushed);
     const std::string context = absl::StrCat("client ", index, ", ", what, " push ", step + 1);
     if (!result.ok()) return WithContext(result.status(), context);
     if (result->duplicate) {
@@ -245,11 +339,11 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
   };
 
   for (int64_t step = 0; step < config.warmup_steps && !state.failed(); ++step) {
-    absl::StatusOr<client::PushResult> result = push("warmup", step);
+    absl::StatusOr<PushSummary> result = push("warmup", step);
     if (!result.ok()) return result.status();
   }
   if (state.Arrive()) {
-    absl::StatusOr<client::ServerInfo> info = (*client)->GetInfo();
+    absl::StatusOr<client::ServerInfo> info = connection->Info();
     if (!info.ok()) return WithContext(info.status(), "GetInfo before the timed window");
     state.Open(info->version);
   }
@@ -262,7 +356,7 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
   for (int64_t step = 0; !state.failed(); ++step) {
     if (config.steps > 0 ? step >= config.steps : Clock::now() >= deadline) break;
     const Clock::time_point sent = Clock::now();
-    absl::StatusOr<client::PushResult> result = push("timed", step);
+    absl::StatusOr<PushSummary> result = push("timed", step);
     last_reply = Clock::now();
     if (!result.ok()) return result.status();
     out.latencies_ms.push_back(SecondsBetween(sent, last_reply) * 1e3);
@@ -325,15 +419,31 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
         "need clients >= 1 (0 only with a probe), warmup steps >= 0, and steps >= 1 or a "
         "positive duration");
   }
+  if (!config.targets.empty() && config.probe_interval > absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the reader probe needs one target, not several");
+  }
+  // With several targets: the model's plan, the same for every trainer.
+  std::optional<client::ShardPlan> plan;
+  if (!config.targets.empty()) {
+    std::vector<client::PlanTensor> tensors;
+    for (size_t i = 0; i < model.numels.size(); ++i) {
+      tensors.push_back({model.tensor_names[i], {static_cast<int64_t>(model.numels[i])}});
+    }
+    absl::StatusOr<client::ShardPlan> made =
+        client::ShardPlan::Make(tensors, static_cast<uint32_t>(config.targets.size()));
+    if (!made.ok()) return made.status();
+    plan = *std::move(made);
+  }
+  const client::ShardPlan* plan_ptr = plan ? &*plan : nullptr;
   LoadResult result;
-  absl::StatusOr<std::unique_ptr<client::Client>> admin = Connect(config);
+  absl::StatusOr<Connection> admin = Connection::Open(config, plan_ptr);
   if (!admin.ok()) return admin.status();
-  absl::StatusOr<client::ServerInfo> info = (*admin)->GetInfo();
+  absl::StatusOr<client::ServerInfo> info = admin->Info();
   if (!info.ok()) return WithContext(info.status(), "GetInfo");
   result.backend = info->backend;
   result.device = info->device;
   if (config.register_tensors) {
-    if (absl::Status status = Register(**admin, model, config.seed, result); !status.ok()) {
+    if (absl::Status status = Register(*admin, model, config.seed, result); !status.ok()) {
       return status;
     }
   }
@@ -360,7 +470,7 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
   threads.reserve(static_cast<size_t>(config.clients));
   for (int i = 0; i < config.clients; ++i) {
     threads.emplace_back([&, i] {
-      absl::Status status = RunTrainer(i, config, model, state, result.clients[i]);
+      absl::Status status = RunTrainer(i, config, model, plan_ptr, state, result.clients[i]);
       if (!status.ok()) state.Fail(std::move(status));
       state.Finish();
     });
@@ -382,7 +492,7 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
   for (const ClientLoadResult& c : result.clients) {
     result.seconds = std::max(result.seconds, c.seconds);
   }
-  info = (*admin)->GetInfo();
+  info = admin->Info();
   if (!info.ok()) return WithContext(info.status(), "GetInfo after the timed window");
   result.version_after = info->version;
   return result;

@@ -2,7 +2,8 @@
 // fusedps-bench (bench/load_generator.cc).
 //
 // Each simulated trainer is its own fusedps::client::Client on its own gRPC channel and TCP
-// connection, pushing from its own thread. Every push carries gradients for every tensor of the
+// connection (or, with several targets, its own ShardedClient with a connection to each),
+// pushing from its own thread. Every push carries gradients for every tensor of the
 // model, so the server applies it as one AdamW step of the whole model. Gradients are standard
 // normal, generated once per trainer from a fixed seed and rounded to the wire dtype by the
 // client library on every push, as a trainer's fp32 gradients would be.
@@ -59,7 +60,12 @@ absl::StatusOr<LoadModel> MakeLoadModel(absl::string_view name, double scale,
 
 struct LoadConfig {
   std::string target;  // HOST:PORT of the server.
-  int clients = 1;     // Concurrent trainers. REQUIRES: >= 1.
+  // HOST:PORT of several servers, each one shard of the model. When not empty, `target` is not
+  // used: the model is planned over them (fusedps/plan.h, the default slice size) and every
+  // trainer pushes it whole through a client::ShardedClient, one push of its slices to each
+  // server at once; a push's bytes are those of every shard. The reader probe needs one target.
+  std::vector<std::string> targets;
+  int clients = 1;  // Concurrent trainers. REQUIRES: >= 1.
   // Connections per trainer; with more than one, each push travels as that many parts at once
   // (client::ClientOptions::streams). REQUIRES: 1 <= streams <= 64.
   int streams = 1;
@@ -94,11 +100,13 @@ struct ClientLoadResult {
 };
 
 struct LoadResult {
-  std::string backend;  // The server's GetInfo at the start.
+  std::string backend;  // The server's (the first shard's) GetInfo at the start.
   std::string device;
   uint64_t tensors_created = 0;  // By the registration (0 without one).
   uint64_t tensors_existing = 0;
-  uint64_t version_before = 0;  // Server model version when the window opened, and afterwards.
+  // Server model version when the window opened, and afterwards; with several targets, the
+  // lowest of the shards' versions.
+  uint64_t version_before = 0;
   uint64_t version_after = 0;
   double seconds = 0.0;  // The timed window: its opening to the last reply of any trainer.
   // CPU time this process (every trainer: rounding to the wire dtype, serialization, gRPC) used
@@ -120,7 +128,8 @@ struct LoadProgress {
 // Errors: the first failed call's status, its code kept and its message prefixed with the
 // trainer and push (ToString() reads "UNAVAILABLE: client 1, timed push 3: Socket closed");
 // FAILED_PRECONDITION when the server treats a push as a retry (another run using the same
-// client ids at the same time); INVALID_ARGUMENT for a config outside its REQUIRES.
+// client ids at the same time); INVALID_ARGUMENT for a config outside its REQUIRES, or a
+// reader probe with several targets.
 absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& model,
                                    const std::function<void(const LoadProgress&)>& progress);
 

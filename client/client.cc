@@ -301,6 +301,11 @@ absl::StatusOr<RegisterParamGroupResult> Client::RegisterParamGroup(
 
 absl::StatusOr<RegisterTensorsResult> Client::RegisterTensors(
     absl::Span<const TensorInit> tensors) {
+  return RegisterTensors(tensors, std::string());
+}
+
+absl::StatusOr<RegisterTensorsResult> Client::RegisterTensors(absl::Span<const TensorInit> tensors,
+                                                              const std::string& plan_hash) {
   if (tensors.empty()) return absl::InvalidArgumentError("RegisterTensors needs a tensor");
   std::vector<uint64_t> numels;
   numels.reserve(tensors.size());
@@ -327,7 +332,7 @@ absl::StatusOr<RegisterTensorsResult> Client::RegisterTensors(
   std::vector<RegisterTensorsResult> results(groups.size());
   absl::Status status = RunConcurrently(groups.size(), [&](size_t i) {
     absl::StatusOr<RegisterTensorsResult> result =
-        RegisterTensorsOnce(connection(i), tensors, groups[i]);
+        RegisterTensorsOnce(connection(i), tensors, groups[i], plan_hash);
     if (!result.ok()) return result.status();
     results[i] = *result;
     return absl::OkStatus();
@@ -343,9 +348,10 @@ absl::StatusOr<RegisterTensorsResult> Client::RegisterTensors(
 }
 
 absl::StatusOr<RegisterTensorsResult> Client::RegisterTensorsOnce(
-    Connection& connection, absl::Span<const TensorInit> tensors,
-    absl::Span<const size_t> indices) {
+    Connection& connection, absl::Span<const TensorInit> tensors, absl::Span<const size_t> indices,
+    const std::string& plan_hash) {
   v1::RegisterTensorsRequest message;
+  message.mutable_header()->set_plan_hash(plan_hash);
   std::vector<TensorExtent> extents;
   std::vector<const std::string*> names;
   for (size_t index : indices) {
@@ -390,6 +396,7 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
   header->set_grad_dtype(internal::ToProtoDType(options.grad_dtype));
   if (options.grad_scale) header->set_grad_scale(*options.grad_scale);
   header->set_base_version(options.base_version);
+  header->set_plan_hash(options.plan_hash);
   std::vector<TensorExtent> extents;
   std::vector<const std::string*> names;
   extents.reserve(grads.size());
@@ -450,6 +457,7 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
   result.tensors_updated = response.tensors_updated();
   result.grad_bytes = response.grad_bytes();
   result.duplicate = response.duplicate();
+  result.round_workers = response.round_workers();
   return result;
 }
 
@@ -554,6 +562,16 @@ absl::StatusOr<ServerInfo> Client::GetInfo() {
       dtype.ok()) {
     info.param_copy_dtype = *dtype;
   }
+  const v1::Consistency& consistency = response.consistency();
+  static constexpr const char* kModes[] = {"", "async", "sync", "bounded"};
+  const int mode = consistency.mode();
+  info.consistency.mode = mode >= 0 && mode < 4 ? kModes[mode] : absl::StrCat("mode ", mode);
+  info.consistency.replicas_to_aggregate = consistency.replicas_to_aggregate();
+  info.consistency.total_replicas = consistency.total_replicas();
+  info.consistency.round_timeout = absl::Seconds(consistency.round_timeout_seconds());
+  info.consistency.max_staleness = consistency.max_staleness();
+  info.consistency.staleness_lr_scaling = consistency.staleness_lr_scaling();
+  info.plan_hash = response.plan_hash();
   return info;
 }
 

@@ -111,11 +111,13 @@ grpc::Status FakeParameterService::RegisterTensors(
   NotePeer(context);
   std::map<std::string, Tensor> incoming;
   std::vector<std::string> order;
+  std::string plan_hash;
   Received received;
   v1::RegisterTensorsRequest request;
   for (bool first = true; reader->Read(&request); first = false) {
     NoteRequest(request.ByteSizeLong());
     if (first != request.has_header()) return Invalid("header must come first, once");
+    if (first) plan_hash = request.header().plan_hash();
     for (const v1::TensorSpec& spec : request.header().tensors()) {
       Tensor& tensor = incoming[spec.name()];
       order.push_back(spec.name());
@@ -130,6 +132,7 @@ grpc::Status FakeParameterService::RegisterTensors(
   }
   if (grpc::Status s = received.Finish(); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
+  register_plan_hashes_.push_back(plan_hash);
   for (const std::string& name : order) {
     if (tensors_.count(name) == 0) registration_order_.push_back(name);
     tensors_[name] = std::move(incoming[name]);
@@ -178,6 +181,7 @@ grpc::Status FakeParameterService::PushGradients(
   response->set_version(++version_);
   response->set_tensors_updated(static_cast<uint32_t>(grads.size()));
   response->set_grad_bytes(received.bytes);
+  response->set_round_workers(round_workers_);
   return grpc::Status::OK;
 }
 
@@ -254,6 +258,8 @@ grpc::Status FakeParameterService::GetInfo(grpc::ServerContext* context, const v
   response->set_version(version_);
   response->set_backend("fake");
   response->set_tensor_count(static_cast<uint32_t>(tensors_.size()));
+  *response->mutable_consistency() = consistency_;
+  if (!register_plan_hashes_.empty()) response->set_plan_hash(register_plan_hashes_.front());
   return grpc::Status::OK;
 }
 
@@ -309,6 +315,16 @@ size_t FakeParameterService::peer_count() {
 v1::PushHeader FakeParameterService::last_push_header() {
   std::lock_guard<std::mutex> lock(mu_);
   return last_push_header_;
+}
+
+std::vector<std::string> FakeParameterService::register_plan_hashes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return register_plan_hashes_;
+}
+
+void FakeParameterService::set_consistency(const v1::Consistency& consistency) {
+  std::lock_guard<std::mutex> lock(mu_);
+  consistency_ = consistency;
 }
 
 void FakeParameterService::NoteRequest(size_t bytes) {

@@ -71,6 +71,8 @@ class FakeParameterService final : public v1::ParameterService::Service {
   int list_calls() { return list_calls_; }
   int max_pull_infos_per_message() { return max_pull_infos_per_message_; }
   v1::PushHeader last_push_header();
+  // The plan_hash of each RegisterTensors call, in order.
+  std::vector<std::string> register_plan_hashes();
 
   // Knobs, each for the calls that start after it is set.
   // Pulls lose the first chunk of every tensor.
@@ -89,6 +91,10 @@ class FakeParameterService final : public v1::ParameterService::Service {
   void hang_pull_after_header() { hang_pull_after_header_ = true; }
   // GetInfo answers nothing until the call is cancelled.
   void hang_get_info() { hang_get_info_ = true; }
+  // GetInfo reports this consistency (and the plan_hash of the first registration).
+  void set_consistency(const v1::Consistency& consistency);
+  // Pushes answer with this round_workers.
+  void set_round_workers(uint32_t workers) { round_workers_ = workers; }
 
  private:
   std::mutex mu_;
@@ -102,6 +108,9 @@ class FakeParameterService final : public v1::ParameterService::Service {
   std::atomic<int> list_calls_{0};
   std::atomic<int> max_pull_infos_per_message_{0};
   v1::PushHeader last_push_header_;
+  std::vector<std::string> register_plan_hashes_;
+  v1::Consistency consistency_;
+  std::atomic<uint32_t> round_workers_{0};
   std::atomic<bool> drop_first_pull_chunk_{false};
   std::atomic<bool> legacy_pull_{false};
   std::atomic<bool> pull_chunk_before_info_{false};

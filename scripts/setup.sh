@@ -6,7 +6,7 @@ packages=(
   build-essential cmake make pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libgoogle-glog-dev
-  nlohmann-json3-dev libdeflate-dev zlib1g-dev
+  nlohmann-json3-dev libdeflate-dev zlib1g-dev libssl-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-sklearn
   python3-pytest
   # deploy/ checks (tests/deploy): compose config, YAML, node for the schema validators

@@ -5,6 +5,7 @@
 //   fusedps push --steps=10 --dtype=bf16
 //   fusedps pull --out=params.safetensors
 //   fusedps set-lr --group=default --lr=3e-4
+//   fusedps plan --shards=4 --tensors-file=model.json
 //
 // Exit status: 0 on success, 1 when a call fails, 2 for a usage error.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -36,6 +38,7 @@
 #include "common/kebab_flags.h"
 #include "common/safetensors.h"
 #include "fusedps/client.h"
+#include "fusedps/plan.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
@@ -65,6 +68,12 @@ ABSL_FLAG(std::string, client_id, "",
 ABSL_FLAG(std::string, field, "param", "pull: param|exp_avg|exp_avg_sq|max_exp_avg_sq.");
 ABSL_FLAG(std::string, out, "", "pull: the output file (safetensors, see help).");
 ABSL_FLAG(double, lr, -1.0, "set-lr: the new learning rate (>= 0).");
+ABSL_FLAG(int32_t, shards, 0, "plan: the number of servers (>= 1).");
+ABSL_FLAG(uint64_t, slice_elements, fusedps::client::ShardPlan::kDefaultSliceElements,
+          "plan: the largest slice of a tensor, in elements.");
+ABSL_FLAG(std::string, tensors_file, "",
+          "plan: a JSON list of the model's tensors, each {\"name\": ..., \"shape\": [...]} "
+          "with an optional \"param_group\".");
 
 namespace fusedps::client {
 namespace {
@@ -88,6 +97,10 @@ Commands:
             docs/checkpoints.md) holding every push acknowledged before; prints its version
             and directory once it is durable.
   health    Ask grpc.health.v1 about the server (or --service); exit 0 only when SERVING.
+  plan      Print the sharding plan (docs/sharding.md) of the tensors of --tensors-file over
+            --shards servers in slices of at most --slice-elements, as one line of JSON:
+            {"hash", "shards", "slice_elements", "slices": [[tensor, begin, end, shard], ...]}.
+            Calls no server.
   help      Print this text.
 
 pull's output is a safetensors file (https://huggingface.co/docs/safetensors): 8 bytes of
@@ -148,6 +161,18 @@ std::string DescribeGroup(const ParamGroup& group) {
       ") amsgrad=", OptionalString(h.amsgrad), " maximize=", OptionalString(h.maximize));
 }
 
+std::string DescribeConsistency(const Consistency& c) {
+  if (c.mode == "sync") {
+    return absl::StrFormat("sync (%d of %d per round, round timeout %s)", c.replicas_to_aggregate,
+                           c.total_replicas, absl::FormatDuration(c.round_timeout));
+  }
+  if (c.mode == "bounded") {
+    return absl::StrFormat("bounded (max staleness %d%s)", c.max_staleness,
+                           c.staleness_lr_scaling ? ", lr / (1 + staleness)" : "");
+  }
+  return c.mode.empty() ? "async (not reported)" : c.mode;
+}
+
 absl::Status RunInfo(Client& client) {
   absl::StatusOr<ServerInfo> info = client.GetInfo();
   if (!info.ok()) return info.status();
@@ -156,9 +181,10 @@ absl::Status RunInfo(Client& client) {
   std::cout << absl::StrFormat(
       "server       %s\nversion      %d\nbackend      %s\ndevice       %s\n"
       "tensors      %d\nparams       %d\nmax message  %d bytes\nparam copy   %s\n"
-      "groups       %d\n",
+      "consistency  %s\nplan hash    %s\ngroups       %d\n",
       info->server_version, info->version, info->backend, info->device, info->tensor_count,
-      info->parameter_count, info->max_message_bytes, copy, info->param_groups.size());
+      info->parameter_count, info->max_message_bytes, copy, DescribeConsistency(info->consistency),
+      info->plan_hash.empty() ? "none" : info->plan_hash, info->param_groups.size());
   for (const ParamGroup& group : info->param_groups) {
     std::cout << "  " << DescribeGroup(group) << "\n";
   }
@@ -372,9 +398,56 @@ absl::Status RunHealth(Client& client) {
   return absl::OkStatus();
 }
 
+// Reads --tensors-file: [{"name": ..., "shape": [...], "param_group": ...}, ...].
+absl::StatusOr<std::vector<PlanTensor>> ReadPlanTensors(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("plan needs --tensors-file=FILE");
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  const nlohmann::json json = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON list"));
+  }
+  std::vector<PlanTensor> tensors;
+  for (const nlohmann::json& entry : json) {
+    const bool ok = entry.is_object() && entry.contains("name") && entry["name"].is_string() &&
+                    entry.contains("shape") && entry["shape"].is_array() &&
+                    (!entry.contains("param_group") || entry["param_group"].is_string());
+    PlanTensor& tensor = tensors.emplace_back();
+    bool dims_ok = ok;
+    if (ok) {
+      tensor.name = entry["name"].get<std::string>();
+      for (const nlohmann::json& dim : entry["shape"]) {
+        dims_ok = dims_ok && dim.is_number_integer();
+        if (dims_ok) tensor.shape.push_back(dim.get<int64_t>());
+      }
+      tensor.param_group = entry.value("param_group", std::string("default"));
+    }
+    if (!dims_ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": entry ", tensors.size() - 1,
+          " is not {\"name\": string, \"shape\": [int, ...], \"param_group\": string}"));
+    }
+  }
+  return tensors;
+}
+
+// Needs no server: prints the plan of --tensors-file.
+absl::Status RunPlan() {
+  absl::StatusOr<std::vector<PlanTensor>> tensors =
+      ReadPlanTensors(absl::GetFlag(FLAGS_tensors_file));
+  if (!tensors.ok()) return tensors.status();
+  const int32_t shards = absl::GetFlag(FLAGS_shards);
+  if (shards < 1) return absl::InvalidArgumentError("plan needs --shards >= 1");
+  absl::StatusOr<ShardPlan> plan =
+      ShardPlan::Make(*tensors, static_cast<uint32_t>(shards), absl::GetFlag(FLAGS_slice_elements));
+  if (!plan.ok()) return plan.status();
+  std::cout << plan->ToJson() << "\n";
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "fusedps [flags] info|list|register|push|pull|set-lr|checkpoint|health|help");
+      "fusedps [flags] info|list|register|push|pull|set-lr|checkpoint|health|plan|help");
   if (HelpRequested(argc, argv)) {
     PrintHelp();
     return 0;
@@ -392,6 +465,12 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  if (command == "plan") {
+    absl::Status status = RunPlan();
+    if (status.ok()) return 0;
+    std::cerr << "fusedps plan: " << status << "\n";
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
   const std::map<std::string, absl::Status (*)(Client&)> commands = {
       {"info", RunInfo}, {"list", RunList}, {"register", RunRegister},
       {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}, {"health", RunHealth},

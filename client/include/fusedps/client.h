@@ -193,8 +193,14 @@ struct PushOptions {
   DType grad_dtype = DType::kBFloat16;
   // When set, the server divides the gradients by it (loss scaling). > 0 and finite.
   std::optional<float> grad_scale;
-  // The model version the gradients were computed from.
+  // The model version the gradients were computed from: the version of the pull they start
+  // from. A server in sync mode takes a push only when it is the version of the round it is
+  // gathering, one in bounded mode only when it is at most max_staleness behind (see
+  // Consistency); either answers ABORTED, naming its version, to a push it refuses for it.
   uint64_t base_version = 0;
+  // The hash of the sharding plan of the server's shard (ShardPlan::hash() in fusedps/plan.h),
+  // as given to RegisterTensors; empty for a server that is not a shard of a plan.
+  std::string plan_hash;
 };
 
 // The gradients of one tensor.
@@ -210,6 +216,8 @@ struct PushResult {
   uint32_t tensors_updated = 0;
   uint64_t grad_bytes = 0;  // Gradient payload bytes the server received.
   bool duplicate = false;   // A retry of a push the server took; nothing more was applied.
+  // sync mode: how many pushes (distinct client_ids) the round's step averaged; 0 elsewhere.
+  uint32_t round_workers = 0;
 };
 
 struct PullOptions {
@@ -245,6 +253,24 @@ struct TensorList {
   std::vector<TensorInfo> tensors;  // In registration order.
 };
 
+// How a server turns pushes into optimizer steps (its --mode; docs/consistency.md).
+struct Consistency {
+  // "async": every push is its own step, whatever its base_version.
+  // "sync": K of N; a round at version v averages the gradients of the first K pushes from
+  //   distinct client_ids whose base_version is v into one step; other pushes get ABORTED.
+  // "bounded": a push is its own step when version - base_version <= max_staleness.
+  // Empty from a server that predates consistency modes (they all were async); "mode N" for a
+  // mode this client does not know.
+  std::string mode;
+  uint32_t replicas_to_aggregate = 0;  // sync: K, the pushes averaged per round.
+  uint32_t total_replicas = 0;         // sync: N, the trainers (N - K are backups).
+  // sync: a round that has some pushes but not K this long after its first is applied with the
+  // pushes it has; zero waits for ever.
+  absl::Duration round_timeout = absl::ZeroDuration();
+  uint64_t max_staleness = 0;         // bounded: the most versions a push may be behind.
+  bool staleness_lr_scaling = false;  // bounded: a push tau versions behind uses lr / (1 + tau).
+};
+
 struct ServerInfo {
   uint64_t version = 0;  // Pushes applied so far.
   std::string backend;   // "cpu" or "cuda".
@@ -255,6 +281,8 @@ struct ServerInfo {
   std::string server_version;
   uint64_t max_message_bytes = 0;         // The server's max receive message size.
   std::optional<DType> param_copy_dtype;  // The low-precision copy kept for pulls, if any.
+  Consistency consistency;
+  std::string plan_hash;  // The plan hash of the server's shard; empty when it has none.
 };
 
 class Client {
@@ -298,13 +326,24 @@ class Client {
   // another shape or group; NOT_FOUND for an unknown param group.
   absl::StatusOr<RegisterTensorsResult> RegisterTensors(absl::Span<const TensorInit> tensors);
 
+  // The same, for a server that is one shard of a sharding plan: registers tensors under the
+  // plan's hash (ShardPlan::hash() in fusedps/plan.h; fusedps/sharded_client.h does this for
+  // every shard). A server takes the hash of its first registration; every later registration
+  // and push must carry the same hash.
+  // Errors: as above; FAILED_PRECONDITION when the server holds tensors under another plan
+  // hash, or under none. The overload without a hash registers under none.
+  absl::StatusOr<RegisterTensorsResult> RegisterTensors(absl::Span<const TensorInit> tensors,
+                                                        const std::string& plan_hash);
+
   // Pushes gradients for the named tensors, which the server applies as one AdamW step of those
   // tensors: all of them or none. Gradients are rounded to options.grad_dtype and sent in chunks
   // of max_chunk_bytes over one call. A step with a non-finite gradient is skipped, which is not
   // an error: the result says step_skipped.
   // Errors: INVALID_ARGUMENT for an empty list, a tensor named twice, a grads size that is not
   // the tensor's numel, or a bad grad_scale; NOT_FOUND for an unknown tensor; ABORTED for a
-  // sequence_number not above the client's highest that is not a remembered retry.
+  // sequence_number not above the client's highest that is not a remembered retry, and for a
+  // base_version the server's consistency mode refuses (pull, then push again);
+  // FAILED_PRECONDITION when options.plan_hash is not the server's.
   absl::StatusOr<PushResult> PushGradients(const PushOptions& options,
                                            absl::Span<const TensorGrad> grads);
 
@@ -353,7 +392,8 @@ class Client {
 
   absl::StatusOr<RegisterTensorsResult> RegisterTensorsOnce(Connection& connection,
                                                             absl::Span<const TensorInit> tensors,
-                                                            absl::Span<const size_t> indices);
+                                                            absl::Span<const size_t> indices,
+                                                            const std::string& plan_hash);
   absl::StatusOr<PullResult> PullOnce(Connection& connection, const PullOptions& options);
   Connection& connection(size_t i) { return *connections_[i % connections_.size()]; }
 
