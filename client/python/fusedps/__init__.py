@@ -9,10 +9,14 @@ produced at build time beside this package in build/python: use PYTHONPATH=build
 fusedps.checkpoint converts server checkpoints to and from PyTorch state dicts
 (docs/checkpoints.md); it is imported on first use (``fusedps.checkpoint`` or
 ``import fusedps.checkpoint``).
+
+A model can be split over several servers: fusedps.plan computes which slice of which tensor
+each server holds (docs/sharding.md), and fusedps.sharded.ShardedClient drives the servers.
 """
 
 from fusedps.client import (
     Client,
+    Consistency,
     ParamGroup,
     PulledTensors,
     PushResult,
@@ -21,6 +25,8 @@ from fusedps.client import (
     TensorInfo,
     TensorList,
 )
+from fusedps.plan import PlanSlice, ShardPlan, make_plan
+from fusedps.sharded import PulledShards, ShardedClient, ShardedPushResult
 
 __version__ = "0.1.0"
 
@@ -36,12 +42,19 @@ def __getattr__(name):
 
 __all__ = [
     "Client",
+    "Consistency",
     "ParamGroup",
+    "PlanSlice",
+    "PulledShards",
     "PulledTensors",
     "PushResult",
     "RegisterResult",
     "ServerInfo",
+    "ShardPlan",
+    "ShardedClient",
+    "ShardedPushResult",
     "TensorInfo",
     "TensorList",
+    "make_plan",
     "checkpoint",
 ]

@@ -52,6 +52,7 @@ __all__ = [
     "TensorList",
     "PulledTensors",
     "ServerInfo",
+    "Consistency",
 ]
 
 # The largest max_chunk_bytes a PullParametersRequest may ask for (proto: at most 4 MiB).
@@ -151,6 +152,8 @@ class PushResult:
       grad_bytes: gradient payload bytes the server received.
       duplicate: True when the server recognized a retry of a push it took (same client_id
         and sequence_number) and applied nothing more; the other fields repeat that push's.
+      round_workers: sync mode: the pushes (distinct client_ids) the round's step averaged;
+        0 in the other modes.
     """
 
     version: int
@@ -159,6 +162,7 @@ class PushResult:
     tensors_updated: int
     grad_bytes: int
     duplicate: bool
+    round_workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,29 @@ class PulledTensors(dict):
 
 
 @dataclass(frozen=True)
+class Consistency:
+    """How a shard turns pushes into steps (docs/consistency.md): mode "async", "sync" (K of N
+    rounds: replicas_to_aggregate K, total_replicas N, round_timeout_seconds, 0 for none) or
+    "bounded" (max_staleness, staleness_lr_scaling); "unspecified" from a server that left it
+    unset."""
+
+    mode: str
+    replicas_to_aggregate: int
+    total_replicas: int
+    round_timeout_seconds: float
+    max_staleness: int
+    staleness_lr_scaling: bool
+
+    @classmethod
+    def _from_pb(cls, c: "pb.Consistency") -> "Consistency":
+        mode = {pb.CONSISTENCY_MODE_ASYNC: "async", pb.CONSISTENCY_MODE_SYNC: "sync",
+                pb.CONSISTENCY_MODE_BOUNDED: "bounded"}.get(c.mode, "unspecified")
+        return cls(mode, int(c.replicas_to_aggregate), int(c.total_replicas),
+                   float(c.round_timeout_seconds), int(c.max_staleness),
+                   bool(c.staleness_lr_scaling))
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What GetInfo reports.
 
@@ -218,6 +245,8 @@ class ServerInfo:
       max_message_bytes: the server's max receive message size in bytes.
       param_copy_dtype: "bfloat16" / "float16" when the server keeps a low-precision copy of
         the params for pulls, else None.
+      consistency: the shard's Consistency, or None from a server that does not report it.
+      plan_hash: the hash of the sharding plan the shard belongs to ("" when unsharded).
     """
 
     version: int
@@ -229,6 +258,8 @@ class ServerInfo:
     server_version: str
     max_message_bytes: int
     param_copy_dtype: Optional[str]
+    consistency: Optional[Consistency] = None
+    plan_hash: str = ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -454,7 +485,7 @@ class Client:
     # -- tensors --------------------------------------------------------------------------------
 
     def register_model(self, model_or_named_params: ModelLike, param_group: str = "default",
-                       prefix: str = "") -> RegisterResult:
+                       prefix: str = "", *, plan_hash: str = "") -> RegisterResult:
         """Registers tensors and streams their initial values (as float32) to the server.
 
         Args:
@@ -463,6 +494,8 @@ class Client:
             floating dtype and device; they are sent as float32 (fp32 master copy on the server).
           param_group: the (registered) group of every tensor given.
           prefix: prepended to every name (e.g. "encoder." to share one server among models).
+          plan_hash: the sharding plan's hash when this server is one shard of a model
+            (fusedps.plan, docs/sharding.md); "" for an unsharded server.
 
         Tensors already registered with the same shape and group are left as they are on the
         server (the values sent are ignored), so re-registering after a trainer restart is safe.
@@ -473,7 +506,8 @@ class Client:
           RegisterResult (created / existing counts, version).
         Raises:
           grpc.RpcError: NOT_FOUND for an unknown param group; ALREADY_EXISTS when a name is
-            registered with another shape or group; INVALID_ARGUMENT for a bad name.
+            registered with another shape or group; INVALID_ARGUMENT for a bad name;
+            FAILED_PRECONDITION when the shard belongs to another plan_hash.
           TypeError / ValueError: for non-float or sparse tensors, repeated names.
         """
         items = _named_tensors(model_or_named_params, prefix)
@@ -491,7 +525,8 @@ class Client:
             payload = sum(t.numel() for _, t in batch_items) * 4
 
             def requests(batch=batch, batch_items=batch_items):
-                yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(tensors=batch))
+                yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(
+                    tensors=batch, plan_hash=plan_hash))
                 yield from _chunk_messages(pb.RegisterTensorsRequest, batch_items, "float32",
                                            self.max_chunk_bytes)
 
@@ -505,7 +540,8 @@ class Client:
                        grad_scale: Optional[float] = None,
                        tensors: Optional[Iterable[str]] = None, *,
                        client_id: Optional[str] = None, sequence_number: int = 0,
-                       base_version: Optional[int] = None, prefix: str = "") -> PushResult:
+                       base_version: Optional[int] = None, prefix: str = "",
+                       plan_hash: str = "") -> PushResult:
         """Pushes gradients: the server applies them as one AdamW step, atomically.
 
         Args:
@@ -535,6 +571,7 @@ class Client:
           base_version: the model version the gradients were computed from; None sends the
             version of this client's last pull_parameters.
           prefix: prepended to the names taken from a module/pairs/mapping.
+          plan_hash: the shard's sharding plan hash, as given to register_model.
 
         Returns:
           PushResult: the new version, whether the step was skipped (non-finite gradient: then
@@ -543,7 +580,8 @@ class Client:
           ValueError: no gradients to push, a named tensor without ``.grad``, bad grad_scale or
             grad_dtype. KeyError: a name in ``tensors`` that the model does not have.
           grpc.RpcError: NOT_FOUND for a tensor the server does not have; INVALID_ARGUMENT for a
-            wrong size; ABORTED for a stale sequence_number (above).
+            wrong size; ABORTED for a stale sequence_number (above) or a base_version the
+            consistency mode refuses; FAILED_PRECONDITION for another plan_hash.
         """
         if grad_dtype is not None:
             wire = _chunks.wire_dtype_name(grad_dtype)
@@ -587,6 +625,7 @@ class Client:
             grad_dtype=_DTYPE_TO_PB[wire],
             base_version=self.last_pulled_version if base_version is None else int(base_version),
             tensors=names,  # always explicit: an empty list would mean "every tensor"
+            plan_hash=plan_hash,
         )
         if grad_scale is not None:
             header.grad_scale = grad_scale
@@ -598,7 +637,8 @@ class Client:
         payload = sum(g.numel() for _, g in items) * _chunks.element_size(wire)
         r = self._stub.PushGradients(requests(), timeout=self._timeout(payload))
         return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
-                          int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate))
+                          int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
+                          int(r.round_workers))
 
     def pull_parameters(self, model_or_names=None, dtype="float32", *,
                         prefix: str = "") -> PulledTensors:
@@ -674,7 +714,10 @@ class Client:
             tensor_count=int(r.tensor_count), parameter_count=int(r.parameter_count),
             param_groups=tuple(ParamGroup._from_pb(g) for g in r.param_groups),
             server_version=r.server_version, max_message_bytes=int(r.max_message_bytes),
-            param_copy_dtype=_PB_TO_DTYPE.get(r.param_copy_dtype))
+            param_copy_dtype=_PB_TO_DTYPE.get(r.param_copy_dtype),
+            consistency=(Consistency._from_pb(r.consistency) if r.HasField("consistency")
+                         else None),
+            plan_hash=r.plan_hash)
 
     def checkpoint(self, timeout: Optional[float] = 600.0) -> Tuple[int, str]:
         """Has the server write a checkpoint holding every push acknowledged before this call,
