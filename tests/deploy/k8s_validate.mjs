@@ -1,12 +1,14 @@
-// Validates the rendered manifests of deploy/k8s (render.sh's OUTDIR/{base,gpu,cpu}.yaml):
-// every object against the Kubernetes API schemas (npm kubernetes-models) or the
-// Prometheus-operator CRD schemas (npm @kubernetes-models/prometheus-operator), then what the
-// schemas cannot say: names the API server would refuse, and how the objects must agree with
-// each other and with fusedps-server (ports, probes, drain time, flags, security, volumes).
+// Validates the rendered manifests of deploy/k8s (render.sh's OUTDIR/NAME.yaml for base, gpu,
+// cpu and sharded-4): every object against the Kubernetes API schemas (npm kubernetes-models)
+// or the Prometheus-operator CRD schemas (npm @kubernetes-models/prometheus-operator), then
+// what the schemas cannot say: names the API server would refuse, how the objects must agree
+// with each other and with fusedps-server (ports, probes, drain time, flags, security,
+// volumes), and that the sharded example is what docs/operations.md says: 4 shards in sync
+// mode, reached at the headless Service's stable names.
 //
 //   node --test k8s_validate.mjs      with FUSEDPS_RENDERED=OUTDIR and FUSEDPS_SOURCE_DIR=repo
 import assert from "node:assert/strict";
-import { readFileSync, readdirSync } from "node:fs";
+import { readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { isDeepStrictEqual } from "node:util";
@@ -113,7 +115,7 @@ function readRuleFiles() {
     .map((f) => ({ file: f, rules: parseYaml(readFileSync(join(dir, f), "utf8")) }));
 }
 
-for (const variant of ["base", "gpu", "cpu"]) {
+for (const variant of ["base", "gpu", "cpu", "sharded-4"]) {
   const objects = loadObjects(variant);
 
   test(`${variant}: every object validates against its API schema`, async () => {
@@ -220,9 +222,10 @@ for (const variant of ["base", "gpu", "cpu"]) {
     const container = pod.containers[0];
     const args = resolvedArgs(objects, container);
     const gpus = container.resources.limits?.["nvidia.com/gpu"];
-    const expected = { base: "auto", gpu: "cuda:0", cpu: "cpu" }[variant];
+    // sharded-4 builds on the gpu overlay.
+    const expected = { base: "auto", gpu: "cuda:0", cpu: "cpu", "sharded-4": "cuda:0" }[variant];
     assert.equal(flagValue(args, "device"), expected);
-    if (variant === "gpu") {
+    if (expected === "cuda:0") {
       assert.equal(gpus, 1, "one GPU per shard");
       assert.ok(pod.tolerations.some((t) => t.key === "nvidia.com/gpu"));
       assert.match(container.image, /cuda/);
@@ -289,4 +292,101 @@ test("docs/operations.md says what to do for every alert in deploy/prometheus/ru
   for (const alert of alerts) {
     assert.match(docs, new RegExp(`^### ${alert}$`, "m"), `no section "### ${alert}"`);
   }
+});
+
+// ------------------------------------------------ the sharded example (overlays/sharded-4)
+
+// What the trainers are given, in shard order (docs/operations.md, "Many trainers, many
+// shards"): pod N of the StatefulSet is shard N, named under the headless Service.
+const SHARD_TARGETS = [0, 1, 2, 3].map((i) => `fusedps-${i}.fusedps-headless:50051`);
+const MODE_FLAGS = ["mode", "total-replicas", "replicas-to-aggregate", "round-timeout-seconds",
+  "max-staleness", "staleness-lr-scaling"];
+
+test("sharded-4: 4 shards, each at a stable DNS name of the headless Service", () => {
+  const objects = loadObjects("sharded-4");
+  const sts = only(objects, "StatefulSet");
+  const service = only(objects, "Service");
+  assert.equal(sts.spec.replicas, 4);
+  assert.equal(sts.spec.serviceName, service.metadata.name);
+  assert.equal(service.spec.clusterIP, "None", "headless: one DNS name per pod, no virtual IP");
+  const grpc = service.spec.ports.find((p) => p.name === "grpc");
+  assert.ok(grpc, "the Service names port grpc");
+  // A pod of a StatefulSet is NAME-ORDINAL, and resolves as NAME-ORDINAL.SERVICE in its
+  // namespace (and .NAMESPACE.svc.cluster.local in any).
+  const names = [...Array(sts.spec.replicas).keys()].map(
+    (i) => `${sts.metadata.name}-${i}.${service.metadata.name}:${grpc.port}`,
+  );
+  assert.deepEqual(names, SHARD_TARGETS);
+  // Every shard keeps its own checkpoints: one claim per pod, from the template.
+  assert.deepEqual(sts.spec.volumeClaimTemplates.map((t) => t.metadata.name), ["checkpoints"]);
+  assert.equal(sts.spec.persistentVolumeClaimRetentionPolicy.whenScaled, "Retain");
+});
+
+test("sharded-4: every shard runs sync mode, K of N with a backup, and a round timeout", () => {
+  const objects = loadObjects("sharded-4");
+  const container = only(objects, "StatefulSet").spec.template.spec.containers[0];
+  const args = resolvedArgs(objects, container);
+  assert.equal(flagValue(args, "mode"), "sync");
+  const total = Number(flagValue(args, "total-replicas"));
+  const aggregate = Number(flagValue(args, "replicas-to-aggregate"));
+  const timeout = Number(flagValue(args, "round-timeout-seconds"));
+  assert.equal(total, 8);
+  assert.equal(aggregate, 7);
+  assert.ok(Number.isInteger(aggregate) && aggregate >= 1 && aggregate <= total, "1 <= K <= N");
+  assert.equal(timeout, 30);
+  // bounded mode's flags have no place in sync mode.
+  assert.equal(flagValue(args, "max-staleness"), undefined);
+  assert.ok(!args.some((a) => a.startsWith("--staleness-lr-scaling")));
+  // The values come from the one ConfigMap that every pod reads, so all shards agree.
+  for (const flag of ["mode", "total-replicas", "replicas-to-aggregate", "round-timeout-seconds"]) {
+    const raw = container.args.find((a) => a.startsWith(`--${flag}=`));
+    assert.match(raw, /^--[-a-z]+=\$\(FUSEDPS_[A-Z_]+\)$/, `--${flag} from fusedps-flags`);
+  }
+});
+
+test("sharded-4: apart from the replicas and the mode flags, it is the gpu overlay", () => {
+  const normalized = (variant) => {
+    const objects = loadObjects(variant);
+    const sts = structuredClone(only(objects, "StatefulSet"));
+    const container = sts.spec.template.spec.containers[0];
+    const args = resolvedArgs(objects, container).filter(
+      (a) => !MODE_FLAGS.some((f) => a === `--${f}` || a.startsWith(`--${f}=`)),
+    );
+    delete sts.spec.replicas;
+    delete container.args;
+    delete container.command;
+    delete container.envFrom; // The ConfigMap's name carries a hash of its content.
+    return { sts, args, kinds: objects.map((o) => `${o.kind} ${o.metadata.name}`).sort() };
+  };
+  const sharded = normalized("sharded-4");
+  const gpu = normalized("gpu");
+  assert.deepEqual(sharded.args, gpu.args);
+  assert.deepEqual(sharded.sts, gpu.sts);
+  const unhashed = (kinds) => kinds.map((k) => k.replace(/^(ConfigMap fusedps-flags)-.*/, "$1"));
+  assert.deepEqual(unhashed(sharded.kinds), unhashed(gpu.kinds));
+});
+
+// Clients are configured by hand from these names: a doc or manifest comment that names a
+// shard under another domain (fusedps-0.fusedps, say) sends trainers to a name that does not
+// resolve.
+test("the docs and manifests name the shards under the headless Service", () => {
+  const service = only(loadObjects("sharded-4"), "Service").metadata.name;
+  const files = [
+    "README.md",
+    ...readdirSync(join(sourceDir, "docs"))
+      .filter((f) => f.endsWith(".md"))
+      .map((f) => `docs/${f}`),
+    ...readdirSync(join(sourceDir, "deploy/k8s"), { recursive: true })
+      .filter((f) => /\.ya?ml$/.test(f) && statSync(join(sourceDir, "deploy/k8s", f)).isFile())
+      .map((f) => `deploy/k8s/${f}`),
+  ];
+  let seen = 0;
+  for (const file of files) {
+    const text = readFileSync(join(sourceDir, file), "utf8");
+    for (const match of text.matchAll(/(?<![-\w])fusedps-(\d+|N|i)\.([a-z][-a-z0-9]*)/g)) {
+      seen += 1;
+      assert.equal(match[2], service, `${file}: ${match[0]} is not under Service ${service}`);
+    }
+  }
+  assert.ok(seen >= 4, "the docs name the shards somewhere");
 });

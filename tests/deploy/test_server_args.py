@@ -8,9 +8,9 @@ resolved docker-compose file, and each Dockerfile's ENTRYPOINT + CMD. The only c
 check's port is the --listen port and its gRPC health service is SERVING, /metrics answers,
 and SIGTERM ends it with exit status 0.
 
-The gpu overlay's --device=cuda:0 on a machine without a GPU: the server must refuse to start
-with an error that names CUDA, and then the same arguments with --device=cpu must serve. With
-a GPU (FUSEDPS_TEST_CUDA=1), they run as they are.
+The --device=cuda:0 of the gpu overlay (and of sharded-4, built on it) on a machine without a
+GPU: the server must refuse to start with an error that names CUDA, and then the same arguments
+with --device=cpu must serve. With a GPU (FUSEDPS_TEST_CUDA=1), they run as they are.
 
 Environment: FUSEDPS_SERVER, FUSEDPS_CLI (the executables), FUSEDPS_RENDERED (render.sh's and
 compose_config.sh's output folder), FUSEDPS_SOURCE_DIR (the repository).
@@ -111,6 +111,9 @@ SPECS = {
     "k8s-base": lambda: k8s_spec("base"),
     "k8s-gpu": lambda: k8s_spec("gpu"),
     "k8s-cpu": lambda: k8s_spec("cpu"),
+    # The gpu overlay with 4 replicas and sync mode's flags (--mode=sync, K of N, the round
+    # timeout): one server of it is one shard.
+    "k8s-sharded-4": lambda: k8s_spec("sharded-4"),
     "compose": compose_spec,
     "docker-cuda": lambda: docker_spec("Dockerfile"),
     "docker-cpu": lambda: docker_spec("Dockerfile.cpu"),
@@ -241,7 +244,7 @@ def test_arguments_serve_and_drain(source):
     assert "fusedps-server stopped" in server.output()
 
 
-@pytest.mark.parametrize("source", ["k8s-base", "k8s-gpu", "k8s-cpu"])
+@pytest.mark.parametrize("source", ["k8s-base", "k8s-gpu", "k8s-cpu", "k8s-sharded-4"])
 def test_k8s_probes_name_the_servers_port_and_services(source):
     spec = SPECS[source]()
     listen_port = port_of(flag(spec["argv"], "listen"))
