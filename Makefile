@@ -3,7 +3,7 @@ PYTHON ?= /usr/bin/python3
 BUILD_DIR ?= build
 export PYTHON BUILD_DIR
 
-.PHONY: all build test demo bench clean
+.PHONY: all build test demo demo-sync bench clean
 all: build
 build:
 	scripts/build.sh
@@ -11,6 +11,8 @@ test:
 	scripts/test.sh
 demo:
 	scripts/demo.sh
+demo-sync:
+	scripts/demo_sync.sh
 bench:
 	scripts/bench.sh
 clean:

@@ -1,7 +1,9 @@
-"""A live Prometheus (Debian's package) scrapes a live fusedps-server during a short training-like
-run. Then every query of the Grafana dashboard (deploy/grafana/fusedps.json) and every recording
-rule (deploy/prometheus/rules/) is evaluated through Prometheus's HTTP API and must return data:
-a panel or rule without data fails the test. The alerting rules must evaluate without error."""
+"""A live Prometheus (Debian's package) scrapes two live fusedps-servers during a short
+training-like run: one in async mode (pushes, pulls, skipped steps, failed pushes, checkpoints)
+and one in sync mode (rounds, dropped stale pushes). Then every query of the Grafana dashboard
+(deploy/grafana/fusedps.json) and every recording rule (deploy/prometheus/rules/) is evaluated
+through Prometheus's HTTP API and must return data: a panel or rule without data fails the test.
+The alerting rules must evaluate without error."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 import time
 
 import grpc
@@ -64,8 +67,8 @@ def recording_rules():
     return records, alerts
 
 
-def prometheus_config(metrics_address: str) -> dict:
-    """deploy/prometheus/prometheus.yml, pointed at this server, scraping every second."""
+def prometheus_config(*metrics_addresses: str) -> dict:
+    """deploy/prometheus/prometheus.yml, pointed at these servers, scraping every second."""
     with open(os.path.join(PROMETHEUS_DIR, "prometheus.yml")) as f:
         config = yaml.safe_load(f)
     config = copy.deepcopy(config)
@@ -73,7 +76,7 @@ def prometheus_config(metrics_address: str) -> dict:
     config["rule_files"] = [os.path.join(PROMETHEUS_DIR, path) for path in config["rule_files"]]
     jobs = [job for job in config["scrape_configs"] if job["job_name"] == "fusedps"]
     assert len(jobs) == 1, "the example config must have one job named fusedps"
-    jobs[0]["static_configs"] = [{"targets": [metrics_address]}]
+    jobs[0]["static_configs"] = [{"targets": list(metrics_addresses)}]
     return config
 
 
@@ -108,6 +111,52 @@ def run_workload(target: str, seconds: float) -> dict:
     return counts
 
 
+def run_sync_workload(target: str, seconds: float) -> dict:
+    """Two trainers (threads, client_ids "a" and "b") push the whole model to a sync server
+    with K = 1 of N = 2, each pulling after every push, for `seconds`: every push that finds its
+    version is a round; the other's, for the version before, is ABORTED (stale_version).
+    Returns counts of both."""
+    counts = {"rounds": 0, "dropped": 0}
+    lock = threading.Lock()
+    params = {f"layer{i}.weight": torch.randn(32, 32) for i in range(2)}
+    with fusedps.Client(target) as client:
+        client.wait_ready(timeout=10)
+        client.register_model(params)
+
+    def trainer(client_id: str) -> None:
+        with fusedps.Client(target, client_id=client_id) as client:
+            client.pull_parameters(list(params))
+            deadline = time.monotonic() + seconds
+            sequence_number = 0
+            while time.monotonic() < deadline:
+                sequence_number += 1
+                grads = {n: torch.randn_like(t) for n, t in params.items()}
+                try:
+                    result = client.push_gradients(grads, "float32",
+                                                   sequence_number=sequence_number)
+                    assert result.round_workers == 1, result
+                    outcome = "rounds"
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.ABORTED, e
+                    outcome = "dropped"
+                with lock:
+                    counts[outcome] += 1
+                client.pull_parameters(list(params))
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=trainer, args=(c,)) for c in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return counts
+
+
+def has_data_somewhere(prom, expr: str, instance_regexes) -> bool:
+    """Whether the query has data for one of the instance regexes."""
+    return any(finite_values(prom.query(substitute(expr, regex))) for regex in instance_regexes)
+
+
 def test_every_dashboard_query_and_recording_rule_has_data():
     with open(DASHBOARD) as f:
         dashboard = json.load(f)
@@ -115,21 +164,36 @@ def test_every_dashboard_query_and_recording_rule_has_data():
     records, alerts = recording_rules()
     assert len(queries) >= 20 and len(records) >= 10 and len(alerts) >= 6
 
-    # Checkpoints every few versions and every second, so that the checkpoint row has data.
+    # Checkpoints every few versions and every second, so that the checkpoint row has data; a
+    # sync server beside it, so that the round panels have data.
+    sync_args = ["--mode=sync", "--total-replicas=2", "--replicas-to-aggregate=1"]
     with tempfile.TemporaryDirectory(prefix="fusedps-ckpt-") as checkpoints, \
             metrics_server([f"--checkpoint-dir={checkpoints}", "--checkpoint-every-versions=5",
                             "--checkpoint-interval-seconds=1"]) as server, \
-            running_prometheus(prometheus_config(server.metrics_address)) as prom:
+            metrics_server(sync_args) as sync_server, \
+            running_prometheus(prometheus_config(server.metrics_address,
+                                                 sync_server.metrics_address)) as prom:
         instance = server.metrics_address
-        prom.wait_for("the first scrape", lambda: [
-            s for s in prom.query('up{job="fusedps"}') if s["value"][1] == "1"])
+        sync_instance = sync_server.metrics_address
+        prom.wait_for("the first scrape of both", lambda: len([
+            s for s in prom.query('up{job="fusedps"}') if s["value"][1] == "1"]) == 2)
+        sync_counts = {}
+        sync_thread = threading.Thread(
+            target=lambda: sync_counts.update(run_sync_workload(sync_server.target,
+                                                                RUN_SECONDS)))
+        sync_thread.start()
         counts = run_workload(server.target, RUN_SECONDS)
+        sync_thread.join()
         assert counts["applied"] > 10 and counts["skipped"] > 0 and counts["errors"] > 0
+        assert sync_counts["rounds"] > 10 and sync_counts["dropped"] > 0, sync_counts
 
         # Wait until Prometheus has scraped the final counters, and the rules have run since.
         prom.wait_for("the final step count", lambda: [
-            s for s in prom.query("fusedps_optimizer_steps_total")
+            s for s in prom.query(f'fusedps_optimizer_steps_total{{instance="{instance}"}}')
             if float(s["value"][1]) == counts["applied"]])
+        prom.wait_for("the final round count", lambda: [
+            s for s in prom.query(f'sum(fusedps_rounds_total{{instance="{sync_instance}"}})')
+            if float(s["value"][1]) == sync_counts["rounds"]])
         prom.wait_for("the recording rules", lambda: all(
             prom.query(record) for _, record, _ in records))
 
@@ -137,14 +201,16 @@ def test_every_dashboard_query_and_recording_rule_has_data():
         variable = [v for v in dashboard["templating"]["list"] if v["name"] == "instance"][0]
         assert variable["query"]["query"] == "label_values(fusedps_build_info, instance)"
         instances = prom.api("/api/v1/label/instance/values", **{"match[]": "fusedps_build_info"})
-        assert instance in instances, instances
+        assert instance in instances and sync_instance in instances, instances
 
+        # Each panel has data for All, and for one server chosen alone (Grafana's escaping):
+        # the async one or the sync one (the round panels have data for the sync one only).
+        one_server = [re.escape(i).replace("\\", "\\\\") for i in (instance, sync_instance)]
         failures = []
-        for regex in (re.escape(instance).replace("\\", "\\\\"), ".*"):  # One server, and All.
-            for title, ref, expr in queries:
-                query = substitute(expr, regex)
-                if not finite_values(prom.query(query)):
-                    failures.append(f"panel {title!r} ({ref}): no data for {query}")
+        for title, ref, expr in queries:
+            for regexes, which in ((one_server, "either server alone"), ([".*"], "All")):
+                if not has_data_somewhere(prom, expr, regexes):
+                    failures.append(f"panel {title!r} ({ref}): no data for {which}: {expr}")
         for name, record, expr in records:
             if not finite_values(prom.query(expr)):
                 failures.append(f"{name}: recording rule {record}: no data for {expr}")
@@ -160,6 +226,14 @@ def test_every_dashboard_query_and_recording_rule_has_data():
         errors = prom.query(f'fusedps_push_requests_total{{instance="{instance}", '
                             f'code="NOT_FOUND"}}')
         assert float(errors[0]["value"][1]) == counts["errors"]
+        rounds = prom.query(f'fusedps_rounds_total{{instance="{sync_instance}", '
+                            f'closed_by="quorum"}}')
+        assert float(rounds[0]["value"][1]) == sync_counts["rounds"]
+        dropped = prom.query(f'fusedps_pushes_dropped_total{{instance="{sync_instance}", '
+                             f'reason="stale_version"}}')
+        assert float(dropped[0]["value"][1]) == sync_counts["dropped"]
+        workers = prom.query(f'fusedps_round_workers_sum{{instance="{sync_instance}"}}')
+        assert float(workers[0]["value"][1]) == sync_counts["rounds"]
 
         # Every rule, alerting ones included, evaluates without error.
         def evaluated_rules():
@@ -198,5 +272,7 @@ def test_dashboard_is_portable_and_complete():
                    "by (le, stage)", "fusedps_push_bytes_total", "fusedps_optimizer_steps_total",
                    "fusedps_optimizer_steps_skipped_total", "fusedps_kernel_launches_total",
                    "fusedps_parameters", "fusedps_device_memory_bytes", "fusedps_model_version",
-                   "fusedps_build_info", "up{"):
+                   "fusedps_build_info", "up{", "fusedps_round_duration_seconds",
+                   "fusedps_round_stage_duration_seconds", "fusedps_round_workers",
+                   "fusedps_rounds_total", "fusedps_push_staleness"):
         assert needed in exprs, needed

@@ -1,0 +1,496 @@
+"""End-to-end tests of the consistency modes (issue 12): sync rounds against PyTorch, K of N
+with a trainer killed mid-run, bounded staleness and its metrics, and shards of another plan.
+
+Servers are child processes on the CPU backend (server_fixture.running_server), each with its
+/metrics on a free port. The oracle of the sync tests is one torch.optim.AdamW (foreach=False)
+stepping on the mean of the trainers' gradients, computed here from the same data; tolerances
+are test_parity.py's.
+
+Run as a script, this file is one trainer process of test_k_of_n_survives_a_killed_trainer:
+
+    test_sync.py TARGET[,TARGET...] CLIENT_ID SEED
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import grpc
+import pytest
+import torch
+
+import fusedps
+from server_fixture import running_server
+
+RTOL = 1.3e-6  # test_parity.py's: PyTorch's own for fused vs for-loop AdamW.
+ATOL = 1e-5
+SLICE_ELEMENTS = 64  # 0.weight (144 elements) and 2.weight (72) are cut into slices.
+GROUP = "sync"
+LR, WEIGHT_DECAY = 0.01, 0.1
+# Seconds; the partial round of the parity test waits this long. Long enough that a full round
+# (its pushes start together) never times out on a loaded machine.
+ROUND_TIMEOUT = 2.0
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, math.inf)
+
+
+# -- servers and their metrics -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shard:
+    target: str  # gRPC, "127.0.0.1:<port>"
+    metrics_port: int
+
+
+@contextlib.contextmanager
+def running_shards(count: int, args: Sequence[str]):
+    """`count` servers with the same flags; yields their Shards."""
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusedps-sync-"))
+        shards = []
+        for i in range(count):
+            port_file = os.path.join(tmp, f"metrics-port-{i}")
+            # The server writes its metrics port file before its gRPC one.
+            target = stack.enter_context(
+                running_server([f"--metrics-port-file={port_file}", *args]))
+            with open(port_file) as f:
+                shards.append(Shard(target, int(f.read())))
+        yield shards
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$')
+
+
+def scrape(shard: Shard) -> Dict:
+    """(name, frozenset of label pairs) -> value of every sample of the shard's /metrics."""
+    url = f"http://127.0.0.1:{shard.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode("utf-8")
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, labels, value = _SAMPLE.match(line).groups()
+            samples[(name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels or "")))] = \
+                float(value)
+    return samples
+
+
+def metric(samples: Dict, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def staleness_buckets(samples: Dict) -> Dict[float, float]:
+    """le -> cumulative count of fusedps_push_staleness."""
+    return {float(dict(labels)["le"]): v for (name, labels), v in samples.items()
+            if name == "fusedps_push_staleness_bucket"}
+
+
+# -- the model, its data and the oracle --------------------------------------------------------
+
+def make_mlp() -> torch.nn.Module:
+    """The same small MLP in every trainer and in the oracle: 4 tensors, 2 cut into slices."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 24), torch.nn.Tanh(), torch.nn.Linear(24, 3))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def trainer_loss(model: torch.nn.Module, step: int, rank: int) -> torch.Tensor:
+    """The loss of trainer `rank` at `step`, on its own slice of (deterministic) data."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def oracle_step(model: torch.nn.Module, opt, step: int, ranks: Sequence[int]) -> None:
+    """One AdamW step on the mean of the gradients of trainers `ranks` at `step`."""
+    grads = []
+    for rank in ranks:
+        model.zero_grad(set_to_none=True)
+        trainer_loss(model, step, rank).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for i, p in enumerate(model.parameters()):
+        p.grad = torch.stack([g[i] for g in grads]).mean(0)
+    opt.step()
+
+
+def assert_params_close(model: torch.nn.Module, oracle: torch.nn.Module, msg: str) -> None:
+    for (name, p), q in zip(model.named_parameters(), oracle.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=RTOL, atol=ATOL,
+                                   msg=lambda m: f"{msg} {name}: {m}")
+
+
+class Trainer:
+    """One trainer of the parity test: its model, its ShardedClient, the versions it pulled."""
+
+    def __init__(self, targets: Sequence[str], plan, rank: int):
+        self.rank = rank
+        self.model = make_mlp()
+        self.ps = fusedps.ShardedClient(targets, plan, client_id=f"trainer-{rank}")
+        self.pull()
+
+    def push(self, step: int, barrier: threading.Barrier) -> fusedps.ShardedPushResult:
+        """Computes the gradient at the pulled params, then pushes it once every trainer of
+        the round is ready (so that only a round meant to time out does)."""
+        self.model.zero_grad(set_to_none=True)
+        trainer_loss(self.model, step, self.rank).backward()
+        barrier.wait(timeout=30)
+        return self.ps.push_gradients(self.model, grad_dtype="float32",
+                                      sequence_number=step + 1, base_versions=self.versions)
+
+    def pull(self) -> None:
+        self.versions = self.ps.pull_parameters(self.model).versions
+
+
+# -- a: sync rounds are one AdamW step on the mean gradient ------------------------------------
+
+@pytest.mark.parametrize("trainers,shards", [(2, 2), (2, 3), (4, 2), (4, 3)])
+def test_sync_rounds_match_torch_adamw_on_the_mean_gradient(trainers, shards):
+    """N trainer threads, each with its own ShardedClient and data, push every step with the
+    versions they pulled; each round must be torch's AdamW step on the mean of their gradients,
+    with an lr change at lr_step and, at partial_step, a round of N - 1 that closes by timeout.
+    Every trainer's params are compared with the oracle's after every step."""
+    steps, lr_step, new_lr, partial_step = 20, 8, 0.003, 13
+    args = ["--mode=sync", f"--total-replicas={trainers}",
+            f"--round-timeout-seconds={ROUND_TIMEOUT}"]
+    with running_shards(shards, args) as servers, contextlib.ExitStack() as stack:
+        targets = [s.target for s in servers]
+        admin = stack.enter_context(fusedps.ShardedClient(targets))
+        admin.wait_ready()
+        assert {(i.consistency.mode, i.consistency.total_replicas,
+                 i.consistency.replicas_to_aggregate) for i in admin.info()} == {
+            ("sync", trainers, trainers)}
+        admin.register_param_group(GROUP, lr=LR, weight_decay=WEIGHT_DECAY)
+        oracle = make_mlp()
+        admin.register_model(oracle, param_group=GROUP, slice_elements=SLICE_ELEMENTS)
+        assert len(admin.plan.tensor_slices("0.weight")) == 3
+        assert all(admin.plan.shard_slices(i) for i in range(shards))
+        opt = torch.optim.AdamW(oracle.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                                foreach=False)
+        team = [Trainer(targets, admin.plan, rank) for rank in range(trainers)]
+        for t in team:
+            stack.callback(t.ps.close)
+        pool = stack.enter_context(ThreadPoolExecutor(trainers))
+        version = team[0].versions[0]
+        assert all(t.versions == [version] * shards for t in team)
+
+        for step in range(steps):
+            if step == lr_step:
+                admin.set_hyperparameters(GROUP, lr=new_lr)
+                opt.param_groups[0]["lr"] = new_lr
+            # At partial_step the last trainer skips: the round closes by timeout without it.
+            ranks = list(range(trainers - 1 if step == partial_step else trainers))
+            barrier = threading.Barrier(len(ranks))
+            started = time.monotonic()
+            results = list(pool.map(lambda r: team[r].push(step, barrier), ranks))
+            if step == partial_step:
+                assert time.monotonic() - started >= ROUND_TIMEOUT, "answered before timeout"
+            version += 1
+            for rank, result in zip(ranks, results):
+                where = f"step {step} trainer {rank}"
+                assert result.versions == [version] * shards, where
+                assert [r.round_workers for r in result.results] == [len(ranks)] * shards, where
+                assert not result.step_skipped, where
+            oracle_step(oracle, opt, step, ranks)
+            for t in team:
+                t.pull()
+                assert t.versions == [version] * shards
+                assert_params_close(t.model, oracle, f"step {step} trainer {t.rank}")
+
+        for server in servers:
+            m = scrape(server)
+            assert metric(m, "fusedps_rounds_total", closed_by="timeout") == 1
+            assert metric(m, "fusedps_rounds_total", closed_by="quorum") == steps - 1
+            assert metric(m, "fusedps_round_workers_count") == steps
+            assert metric(m, "fusedps_round_workers_sum") == trainers * steps - 1
+            assert metric(m, "fusedps_push_staleness_count") == trainers * steps - 1
+            assert metric(m, "fusedps_push_staleness_sum") == 0
+
+
+def test_sync_round_refusals_skips_and_grad_scale():
+    """One shard, N = 2: what a round refuses, that its pushers wait for its step, that each
+    push is divided by its own grad_scale, and that a non-finite gradient skips the round."""
+    gen = torch.Generator().manual_seed(7)
+    init = {"w": torch.randn(10, generator=gen), "v": torch.randn(2, 3, generator=gen)}
+    params = {n: torch.nn.Parameter(t.clone()) for n, t in init.items()}
+    opt = torch.optim.AdamW(params.values(), lr=LR, weight_decay=WEIGHT_DECAY, foreach=False)
+    args = ["--mode=sync", "--total-replicas=2", "--round-timeout-seconds=0"]
+    with running_shards(1, args) as (server,), contextlib.ExitStack() as stack:
+        a, a_again, b = (stack.enter_context(fusedps.Client(server.target, client_id=cid))
+                         for cid in ("a", "a", "b"))
+        pool = stack.enter_context(ThreadPoolExecutor(2))
+        a.register_param_group(GROUP, lr=LR, weight_decay=WEIGHT_DECAY)
+        a.register_model(init, param_group=GROUP)
+
+        def grads():
+            return {n: torch.randn(t.shape, generator=gen) for n, t in init.items()}
+
+        def refused(client, code, grads_, **kw):
+            with pytest.raises(grpc.RpcError) as e:
+                client.push_gradients(grads_, "float32", **kw)
+            assert e.value.code() == code, e.value.details()
+            return e.value.details()
+
+        g = grads()
+        refused(a, grpc.StatusCode.INVALID_ARGUMENT, g, client_id="", base_version=0)
+        refused(a, grpc.StatusCode.INVALID_ARGUMENT, {"w": g["w"]}, base_version=0)
+
+        # a joins the round at version 0, with its gradient sent 4x and grad_scale=4.
+        ga, gb = grads(), grads()
+        pending = pool.submit(a.push_gradients, {n: 4 * t for n, t in ga.items()}, "float32",
+                              grad_scale=4.0, sequence_number=1, base_version=0)
+        deadline = time.monotonic() + 10
+        while metric(scrape(server), "fusedps_push_staleness_count") < 1:
+            assert time.monotonic() < deadline, "a's push never joined the round"
+            time.sleep(0.02)
+        refused(a_again, grpc.StatusCode.ABORTED, ga, sequence_number=2, base_version=0)
+        # A retry of a's push (its reply lost, say) waits for the same round.
+        retried = pool.submit(a_again.push_gradients, {n: 4 * t for n, t in ga.items()},
+                              "float32", grad_scale=4.0, sequence_number=1, base_version=0)
+        details = refused(b, grpc.StatusCode.ABORTED, gb, sequence_number=1, base_version=5)
+        assert "shard version 0" in details, details
+        assert not pending.done(), "a was answered before its round's step ran"
+        result = b.push_gradients(gb, "float32", sequence_number=2, base_version=0)
+        assert (result.version, result.round_workers, result.step_skipped) == (1, 2, False)
+        assert pending.result(timeout=10) == result
+        again = retried.result(timeout=10)
+        assert again.duplicate and (again.version, again.round_workers) == (1, 2), again
+        # So does a retry of b's after the round closed: its reply, not a stale refusal.
+        again = b.push_gradients(gb, "float32", sequence_number=2, base_version=0)
+        assert again.duplicate and (again.version, again.round_workers) == (1, 2), again
+        for n, p in params.items():
+            p.grad = (ga[n] + gb[n]) / 2
+        opt.step()
+        details = refused(b, grpc.StatusCode.ABORTED, gb, sequence_number=3, base_version=0)
+        assert "shard version 1" in details, details
+
+        # A NaN in a's push skips the whole round: both are answered, version unchanged.
+        bad = grads()
+        bad["v"][1, 2] = math.nan
+        pending = pool.submit(a.push_gradients, bad, "float32", sequence_number=4,
+                              base_version=1)
+        result = b.push_gradients(grads(), "float32", sequence_number=4, base_version=1)
+        assert (result.version, result.round_workers, result.step_skipped) == (1, 2, True)
+        assert pending.result(timeout=10).step_skipped
+
+        # The next round, at the same version, is the second step.
+        ga, gb = grads(), grads()
+        pending = pool.submit(a.push_gradients, ga, "float32", sequence_number=5,
+                              base_version=1)
+        result = b.push_gradients(gb, "float32", sequence_number=5, base_version=1)
+        assert (result.version, result.round_workers, result.step_skipped) == (2, 2, False)
+        assert pending.result(timeout=10).version == 2
+        for n, p in params.items():
+            p.grad = (ga[n] + gb[n]) / 2
+        opt.step()
+        pulled = a.pull_parameters(list(params))
+        assert pulled.version == 2 and pulled.steps == {n: 2 for n in params}
+        for n, p in params.items():
+            torch.testing.assert_close(pulled[n], p.detach(), rtol=RTOL, atol=ATOL)
+
+        m = scrape(server)
+        assert metric(m, "fusedps_pushes_dropped_total", reason="client_in_round") == 1
+        assert metric(m, "fusedps_pushes_dropped_total", reason="stale_version") == 2
+        assert metric(m, "fusedps_rounds_total", closed_by="quorum") == 3
+
+
+# -- b: K of N with a backup, one trainer killed ------------------------------------------------
+
+def trainer_main(argv: Sequence[str]) -> int:
+    """A trainer process of the K-of-N test: pull, gradient, push with the pulled versions;
+    ABORTED (its round closed without it): pull and go on. Runs until killed (at most 120 s)."""
+    targets, client_id, seed = argv[0].split(","), argv[1], int(argv[2])
+    model = make_mlp()
+    deadline = time.monotonic() + 120
+    with fusedps.ShardedClient(targets, client_id=client_id) as ps:
+        ps.wait_ready(timeout=30)
+        ps.register_model(model, param_group=GROUP, slice_elements=SLICE_ELEMENTS)
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            versions = ps.pull_parameters(model).versions
+            model.zero_grad(set_to_none=True)
+            trainer_loss(model, step, seed).backward()
+            try:
+                ps.push_gradients(model, grad_dtype="float32", sequence_number=step,
+                                  base_versions=versions)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.ABORTED:
+                    raise
+            if step == 1:
+                print("pushed", flush=True)  # The test waits for this from every trainer.
+    return 1  # Not killed in time.
+
+
+def test_k_of_n_survives_a_killed_trainer(tmp_path):
+    """K = 3 of N = 4 trainer processes over 2 shards: one is SIGKILLed once rounds run, and
+    the other three keep closing rounds by quorum."""
+    args = ["--mode=sync", "--total-replicas=4", "--replicas-to-aggregate=3",
+            "--round-timeout-seconds=2"]
+    with running_shards(2, args) as servers, fusedps.ShardedClient(
+            [s.target for s in servers]) as admin:
+        admin.register_param_group(GROUP, lr=LR, weight_decay=WEIGHT_DECAY)
+        admin.register_model(make_mlp(), param_group=GROUP, slice_elements=SLICE_ELEMENTS)
+        procs: List[subprocess.Popen] = []
+        logs = [tmp_path / f"trainer-{rank}.log" for rank in range(4)]
+
+        def wait_until(what: str, predicate, timeout: float = 60):
+            deadline = time.monotonic() + timeout
+            while not predicate():
+                for log, p in zip(logs, procs):
+                    if p.poll() is not None and p.returncode != -9:
+                        pytest.fail(f"{log.name}: exit {p.returncode}\n{log.read_text()[-3000:]}")
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                time.sleep(0.05)
+
+        def backups_dropped() -> bool:
+            return all(metric(scrape(s), "fusedps_pushes_dropped_total", reason="stale_version")
+                       for s in servers)
+
+        try:
+            for rank, path in enumerate(logs):
+                with open(path, "wb") as log:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, os.path.abspath(__file__),
+                         ",".join(s.target for s in servers), f"trainer-{rank}", str(rank)],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+            # Every trainer pushed (process start-up, torch's import, is most of the wait), the
+            # backups' late pushes were dropped, and a few rounds ran.
+            wait_until("every trainer's first push",
+                       lambda: all("pushed" in log.read_text() for log in logs))
+            wait_until("a dropped backup push on every shard", backups_dropped)
+            wait_until("5 rounds", lambda: min(admin.versions()) >= 5)
+            procs[3].kill()
+            assert procs[3].wait(timeout=10) == -9
+            at_kill = [scrape(s) for s in servers]
+            target = max(30, max(admin.versions()) + 10)
+            wait_until(f"version {target}", lambda: min(admin.versions()) >= target)
+            assert all(p.poll() is None for p in procs[:3]), "a trainer exited"
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+
+        for server, before in zip(servers, at_kill):
+            after = scrape(server)
+            quorum = [metric(m, "fusedps_rounds_total", closed_by="quorum")
+                      for m in (before, after)]
+            assert quorum[1] >= quorum[0] + 5, quorum
+            assert metric(after, "fusedps_pushes_dropped_total", reason="stale_version") > 0
+            # Every round took at least K = 3 pushes, but for timed-out ones.
+            timeouts = metric(after, "fusedps_rounds_total", closed_by="timeout")
+            rounds = metric(after, "fusedps_round_workers_count")
+            assert rounds == quorum[1] + timeouts
+            assert metric(after, "fusedps_round_workers_sum") >= 3 * quorum[1]
+
+
+# -- c: bounded staleness ----------------------------------------------------------------------
+
+def test_bounded_staleness_is_enforced_and_measured():
+    """--max-staleness=2: pushes with tau = 0, 1, 2 are steps, tau = 3 and 5 are ABORTED, and
+    fusedps_push_staleness holds exactly those taus."""
+    with running_shards(1, ["--mode=bounded", "--max-staleness=2"]) as (server,), \
+            fusedps.Client(server.target, client_id="bounded") as ps:
+        ps.register_model({"w": torch.zeros(16)})
+        # (base_version, tau): the shard's version before each push is base_version + tau.
+        schedule = [(0, 0), (0, 1), (0, 2), (0, 3), (3, 0), (4, 0), (0, 5)]
+        version = 0
+        for seq, (base, tau) in enumerate(schedule, start=1):
+            assert version == base + tau
+            push = dict(grad_dtype="float32", sequence_number=seq, base_version=base)
+            if tau <= 2:
+                result = ps.push_gradients({"w": torch.ones(16)}, **push)
+                version += 1
+                assert (result.version, result.step_skipped) == (version, False)
+                continue
+            with pytest.raises(grpc.RpcError) as e:
+                ps.push_gradients({"w": torch.ones(16)}, **push)
+            assert e.value.code() == grpc.StatusCode.ABORTED, e.value.details()
+            assert f"shard version {version}" in e.value.details(), e.value.details()
+        assert ps.info().version == version == 5
+
+        m = scrape(server)
+        taus = [tau for _, tau in schedule]
+        expected = {le: sum(t <= le for t in taus) for le in STALENESS_BUCKETS}
+        assert staleness_buckets(m) == expected
+        assert metric(m, "fusedps_push_staleness_count") == len(taus)
+        assert metric(m, "fusedps_push_staleness_sum") == sum(taus)
+        assert metric(m, "fusedps_pushes_dropped_total", reason="staleness_exceeded") == 2
+        assert metric(m, "fusedps_pushes_dropped_total", reason="stale_version") == 0
+
+
+def test_bounded_staleness_lr_scaling_matches_torch():
+    """--staleness-lr-scaling: a push with staleness tau is torch's AdamW step with
+    lr / (1 + tau)."""
+    gen = torch.Generator().manual_seed(3)
+    init = {"w": torch.randn(33, generator=gen), "m": torch.randn(4, 5, generator=gen)}
+    params = {n: torch.nn.Parameter(t.clone()) for n, t in init.items()}
+    opt = torch.optim.AdamW(params.values(), lr=0.05, weight_decay=WEIGHT_DECAY, foreach=False)
+    args = ["--mode=bounded", "--max-staleness=2", "--staleness-lr-scaling"]
+    with running_shards(1, args) as (server,), fusedps.Client(server.target) as ps:
+        ps.register_param_group("scaled", lr=0.05, weight_decay=WEIGHT_DECAY)
+        ps.register_model(init, param_group="scaled")
+        for version, (base, tau) in enumerate([(0, 0), (0, 1), (1, 1), (1, 2)]):
+            grads = {n: torch.randn(t.shape, generator=gen) for n, t in init.items()}
+            result = ps.push_gradients(grads, "float32", base_version=base)
+            assert (result.version, result.step_skipped) == (version + 1, False)
+            opt.param_groups[0]["lr"] = 0.05 / (1 + tau)
+            for n, p in params.items():
+                p.grad = grads[n]
+            opt.step()
+            pulled = ps.pull_parameters(list(params))
+            for n, p in params.items():
+                torch.testing.assert_close(pulled[n], p.detach(), rtol=RTOL, atol=ATOL,
+                                           msg=lambda m: f"push {version} (tau {tau}) {n}: {m}")
+        for field in ("exp_avg", "exp_avg_sq"):
+            state, _, _ = ps.pull_state(field, list(params))
+            for n, p in params.items():
+                torch.testing.assert_close(state[n], opt.state[p][field], rtol=RTOL, atol=ATOL)
+
+
+# -- d: a shard of another plan ----------------------------------------------------------------
+
+def test_a_shard_of_another_plan_is_refused():
+    with running_shards(2, []) as servers, contextlib.ExitStack() as stack:
+        targets = [s.target for s in servers]
+        ps = stack.enter_context(fusedps.ShardedClient(targets))
+        model = make_mlp()
+        ps.register_model(model, slice_elements=SLICE_ELEMENTS)
+        on_shard_0 = {s.server_tensor: torch.zeros(s.shape_on_server)
+                      for s in ps.plan.shard_slices(0)}
+        shard_0 = stack.enter_context(fusedps.Client(targets[0]))
+        other_hash = "0" * 32
+        assert ps.plan.hash != other_hash
+        for call in (lambda: shard_0.push_gradients(on_shard_0, "float32", plan_hash=other_hash),
+                     lambda: shard_0.register_model({"extra": torch.zeros(3)},
+                                                    plan_hash=other_hash)):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+        # Another plan of the same model (another slice size) is refused as a whole.
+        with fusedps.ShardedClient(targets) as other:
+            with pytest.raises(grpc.RpcError) as e:
+                other.register_model(model, slice_elements=2 * SLICE_ELEMENTS)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+            assert other.plan.hash != ps.plan.hash
+        # The shard's own plan still works.
+        model(torch.randn(2, 6)).sum().backward()
+        assert ps.push_gradients(model, grad_dtype="float32").versions == [1, 1]
+        assert shard_0.info().plan_hash == ps.plan.hash
+
+
+if __name__ == "__main__":
+    sys.exit(trainer_main(sys.argv[1:]))
