@@ -22,40 +22,10 @@ namespace fusedps {
 
 void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& done,
                               const std::function<void()>& consumed) {
-  const auto fail = [this, done, consumed](absl::Status s) {
-    Complete({0, [done, consumed, s](absl::StatusOr<WorkDone>) {
-                if (consumed) consumed();
-                done(s);
-              }});
-  };
-  if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
-  RetryTable::Waiter waiter;
-  if (RetryTable::Tracked(push->client_id, push->sequence_number)) {
-    waiter = [done, consumed](absl::StatusOr<PushReply> reply) {
-      if (consumed) consumed();
-      if (!reply.ok()) return done(reply.status());
-      StepResult result{*reply, 0, 0};
-      result.counts_step = false;
-      done(result);
-    };
-  }
-  const RetryTable::Verdict verdict =
-      retries_->Begin(push->client_id, push->sequence_number, std::move(waiter));
-  if (verdict.kind == RetryTable::Kind::kInFlight) return;  // Answered with that push.
-  if (verdict.kind == RetryTable::Kind::kDone) {
-    StepResult result{verdict.reply, 0, 0};
-    result.counts_step = false;
-    return Complete({0, [done, consumed, result](absl::StatusOr<WorkDone>) {
-                       if (consumed) consumed();
-                       done(result);
-                     }});
-  }
-  if (verdict.kind == RetryTable::Kind::kStale) {
-    return fail(StalePushError(push->sequence_number, verdict.highest));
-  }
+  if (!BeginPush(push, done, consumed)) return;
   const auto refuse = [&](absl::Status s) {
     retries_->Abandon(push->client_id, push->sequence_number, s);
-    fail(std::move(s));
+    Answer(done, consumed, std::move(s));
   };
   const uint32_t tensor_count = view()->tensor_count();
   if (push->client_id.empty() || push->tensors.size() != tensor_count) {
@@ -85,12 +55,7 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
   }
   if (observer_ != nullptr) observer_->OnStaleness(tau);
 
-  StepRequest request;
-  request.tensors = push->tensors;
-  request.grad_offsets = push->grad_offsets;
-  request.grads = push->grads;
-  request.grad_dtype = push->grad_dtype;
-  request.grad_scale = push->grad_scale;
+  const StepRequest request = GradsOf(*push);
   const bool first = round_.members.empty();
   absl::StatusOr<Marker> summed = backend_->Accumulate(request, first);
   if (!summed.ok()) return refuse(Checked(summed.status(), /*expected_ok=*/true));

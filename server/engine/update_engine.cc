@@ -153,42 +153,65 @@ void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done,
       });
 }
 
-void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
-                           const std::function<void()>& consumed) {
-  const auto finish = [done, consumed](absl::StatusOr<StepResult> result) {
-    if (consumed) consumed();
-    done(std::move(result));
-  };
-  const auto fail = [this, finish](absl::Status s) {
-    Complete({0, [finish, s](absl::StatusOr<WorkDone>) { finish(s); }});
-  };
-  if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+StepRequest GradsOf(const ReadyPush& push) {
+  StepRequest request;
+  request.tensors = push.tensors;
+  request.grad_offsets = push.grad_offsets;
+  request.grads = push.grads;
+  request.grad_dtype = push.grad_dtype;
+  request.grad_scale = push.grad_scale;
+  request.grads_checked = true;
+  request.grads_finite = push.grads_finite;
+  return request;
+}
+
+void UpdateEngine::Answer(const Done<StepResult>& done, const std::function<void()>& consumed,
+                          absl::StatusOr<StepResult> result) {
+  Complete({0, [done, consumed, result](absl::StatusOr<WorkDone>) {
+              if (consumed) consumed();
+              done(result);
+            }});
+}
+
+bool UpdateEngine::BeginPush(const ReadyPush* push, const Done<StepResult>& done,
+                             const std::function<void()>& consumed) {
+  if (absl::Status s = fault_->status(); !s.ok()) {
+    Answer(done, consumed, s);
+    return false;
+  }
   RetryTable::Waiter waiter;  // Only for a tracked push: most are not.
   if (RetryTable::Tracked(push->client_id, push->sequence_number)) {
-    waiter = [finish](absl::StatusOr<PushReply> reply) {
-      if (!reply.ok()) return finish(reply.status());
-      finish(StepResult{*reply, 0, 0});
+    waiter = [done, consumed](absl::StatusOr<PushReply> reply) {
+      if (consumed) consumed();
+      if (!reply.ok()) return done(reply.status());
+      done(StepResult{*reply, 0, 0});
     };
   }
   const RetryTable::Verdict verdict =
       retries_->Begin(push->client_id, push->sequence_number, std::move(waiter));
-  // The same push is being applied: its reply is this one's (the waiter runs in Finish).
-  if (verdict.kind == RetryTable::Kind::kInFlight) return;
-  if (verdict.kind == RetryTable::Kind::kDone) {
-    const StepResult result{verdict.reply, 0, 0};
-    return Complete({0, [finish, result](absl::StatusOr<WorkDone>) { finish(result); }});
+  switch (verdict.kind) {
+    case RetryTable::Kind::kInFlight:
+      return false;  // The same push is being applied: the waiter answers with its reply.
+    case RetryTable::Kind::kDone:
+      Answer(done, consumed, StepResult{verdict.reply, 0, 0});
+      return false;
+    case RetryTable::Kind::kStale:
+      Answer(done, consumed, StalePushError(push->sequence_number, verdict.highest));
+      return false;
+    default:
+      return true;
   }
-  if (verdict.kind == RetryTable::Kind::kStale) {
-    return fail(StalePushError(push->sequence_number, verdict.highest));
-  }
-  StepRequest request;
-  request.tensors = push->tensors;
-  request.grad_offsets = push->grad_offsets;
-  request.grads = push->grads;
-  request.grad_dtype = push->grad_dtype;
-  request.grad_scale = push->grad_scale;
-  request.grads_checked = true;
-  request.grads_finite = push->grads_finite;
+}
+
+void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
+                           const std::function<void()>& consumed) {
+  if (!BeginPush(push, done, consumed)) return;
+  const auto finish = [done, consumed](absl::StatusOr<StepResult> result) {
+    if (consumed) consumed();
+    done(std::move(result));
+  };
+  const auto fail = [this, done, consumed](absl::Status s) { Answer(done, consumed, s); };
+  StepRequest request = GradsOf(*push);
   // Staleness against the version the queue has reached: the one this step applies on.
   const uint64_t tau =
       push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;

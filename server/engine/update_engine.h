@@ -195,6 +195,9 @@ class RestoreSource {
   virtual ~RestoreSource() = default;
 };
 
+// A push's gradients as a StepRequest (checked for finiteness as they arrived).
+StepRequest GradsOf(const ReadyPush& push);
+
 class UpdateEngine {
  public:
   template <typename T>
@@ -349,7 +352,15 @@ class UpdateEngine {
   struct RoundClock {
     absl::Time last_accumulated;
   };
-  // Step's job in async and bounded modes, and for every retry.
+  // The retry table's verdict on a push, in its job: true when the push is new (the caller
+  // applies it); else it was answered (an earlier reply, a stale sequence number's ABORTED, or
+  // the fault's error), `consumed` first.
+  bool BeginPush(const ReadyPush* push, const Done<StepResult>& done,
+                 const std::function<void()>& consumed);
+  // Answers a push through the completion path: `consumed`, then `done`.
+  void Answer(const Done<StepResult>& done, const std::function<void()>& consumed,
+              absl::StatusOr<StepResult> result);
+  // Step's job in async and bounded modes.
   void StepJob(const ReadyPush* push, const Done<StepResult>& done,
                const std::function<void()>& consumed);
   // Sync mode's job: adds the push to the round (engine_rounds.cc).
