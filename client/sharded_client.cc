@@ -140,6 +140,18 @@ absl::Status ShardedClient::RegisterParamGroup(const std::string& name,
   return absl::OkStatus();
 }
 
+template <typename T, typename Call>
+absl::Status ShardedClient::CallShards(const std::vector<size_t>& shards, std::vector<T>* results,
+                                       Call call) {
+  return FirstError(ForEachShard(shards_.size(), shards, [&](size_t i) -> absl::Status {
+    absl::StatusOr<T> result = call(i);
+    if (!result.ok()) return result.status();
+    (*results)[i] = *std::move(result);
+    SetVersion(i, (*results)[i].version);
+    return absl::OkStatus();
+  }));
+}
+
 absl::StatusOr<std::vector<RegisterTensorsResult>> ShardedClient::Register(
     absl::Span<const TensorInit> tensors, uint64_t slice_elements) {
   if (tensors.empty()) return absl::InvalidArgumentError("Register needs a tensor");
@@ -241,16 +253,12 @@ absl::StatusOr<std::vector<RegisterTensorsResult>> ShardedClient::RegisterTensor
                                   values[s].subspan(slice.begin, slice.numel())});
   }
   std::vector<RegisterTensorsResult> results(shards_.size());
-  const std::vector<absl::Status> statuses =
-      ForEachShard(shards_.size(), Busy(inits), [&](size_t i) -> absl::Status {
-        absl::StatusOr<RegisterTensorsResult> result =
-            shards_[i].client->RegisterTensors(inits[i], plan.hash());
-        if (!result.ok()) return result.status();
-        results[i] = *result;
-        SetVersion(i, result->version);
-        return absl::OkStatus();
+  if (absl::Status status = CallShards(Busy(inits), &results, [&](size_t i) {
+        return shards_[i].client->RegisterTensors(inits[i], plan.hash());
       });
-  if (absl::Status status = FirstError(statuses); !status.ok()) return status;
+      !status.ok()) {
+    return status;
+  }
   return results;
 }
 
@@ -283,19 +291,15 @@ absl::StatusOr<std::vector<PushResult>> ShardedClient::PushGradients(
   if (base_versions.empty()) base_versions = seen;
   std::vector<PushResult> results(shards_.size());
   for (size_t i = 0; i < results.size(); ++i) results[i].version = seen[i];
-  const std::vector<absl::Status> statuses =
-      ForEachShard(shards_.size(), Busy(per_shard), [&](size_t i) -> absl::Status {
+  if (absl::Status status = CallShards(Busy(per_shard), &results, [&](size_t i) {
         PushOptions shard_options = options;
         shard_options.base_version = base_versions[i];
         shard_options.plan_hash = plan.hash();
-        absl::StatusOr<PushResult> result =
-            shards_[i].client->PushGradients(shard_options, per_shard[i]);
-        if (!result.ok()) return result.status();
-        results[i] = *result;
-        SetVersion(i, result->version);
-        return absl::OkStatus();
+        return shards_[i].client->PushGradients(shard_options, per_shard[i]);
       });
-  if (absl::Status status = FirstError(statuses); !status.ok()) return status;
+      !status.ok()) {
+    return status;
+  }
   return results;
 }
 
@@ -325,17 +329,14 @@ absl::StatusOr<ShardedPullResult> ShardedClient::PullParameters(const PullOption
   ShardedPullResult result;
   result.versions = versions();
   std::vector<PullResult> pulled(shards_.size());
-  const std::vector<absl::Status> statuses =
-      ForEachShard(shards_.size(), Busy(names), [&](size_t i) -> absl::Status {
+  if (absl::Status status = CallShards(Busy(names), &pulled, [&](size_t i) {
         PullOptions shard_options = options;
         shard_options.tensors = names[i];
-        absl::StatusOr<PullResult> shard_result = shards_[i].client->PullParameters(shard_options);
-        if (!shard_result.ok()) return shard_result.status();
-        pulled[i] = *std::move(shard_result);
-        SetVersion(i, pulled[i].version);
-        return absl::OkStatus();
+        return shards_[i].client->PullParameters(shard_options);
       });
-  if (absl::Status status = FirstError(statuses); !status.ok()) return status;
+      !status.ok()) {
+    return status;
+  }
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (!names[i].empty()) result.versions[i] = pulled[i].version;
   }

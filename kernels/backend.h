@@ -197,7 +197,7 @@ class OptimizerBackend {
   // from_accumulator reads the sums. One launch ("fusedps_grad_accumulate" on CUDA,
   // "cpu_grad_accumulate" on the CPU backend).
   // Errors: RESOURCE_EXHAUSTED for the accumulator's memory; INVALID_ARGUMENT for grads past
-  // the staging arena. Nothing is queued on an error.
+  // the staging arena. Nothing is queued on an error. REQUIRES: !request.from_accumulator.
   virtual absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) = 0;
 
   // Queues a copy of one field of whole tensors (see ReadRequest), as fp32 or as the param

@@ -315,20 +315,18 @@ class CudaBackend final : public OptimizerBackend {
   absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     if (absl::Status s = Reserve(accumulator_, table_.arena_numel()); !s.ok()) return s;
-    StepRequest grads = request;
-    grads.from_accumulator = false;
-    absl::StatusOr<GradSource> source = CheckGrads(grads);
+    absl::StatusOr<GradSource> source = CheckGrads(request);
     if (!source.ok()) return source.status();
-    absl::StatusOr<ChunkList> chunks = PrepareChunks(grads);
+    absl::StatusOr<ChunkList> chunks = PrepareChunks(request);
     if (!chunks.ok()) return chunks.status();
     if (chunks->count > 0) {
       absl::StatusOr<const Chunk*> device_chunks = QueueChunks(*chunks);
       if (!device_chunks.ok()) return device_chunks.status();
-      absl::StatusOr<const void*> device_grads = QueueGrads(grads, *source);
+      absl::StatusOr<const void*> device_grads = QueueGrads(request, *source);
       if (!device_grads.ok()) return device_grads.status();
-      if (absl::Status s = LaunchGradAccumulate(launches_, apply_grid_, stream_, grads.grad_dtype,
-                                                accumulator_.data(), *device_grads, *device_chunks,
-                                                chunks->count, grads.grad_scale, first);
+      if (absl::Status s = LaunchGradAccumulate(
+              launches_, apply_grid_, stream_, request.grad_dtype, accumulator_.data(),
+              *device_grads, *device_chunks, chunks->count, request.grad_scale, first);
           !s.ok()) {
         return s;
       }

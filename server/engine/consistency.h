@@ -58,7 +58,6 @@ inline constexpr char kDropStalenessExceeded[] = "staleness_exceeded";  // bound
 struct RoundStats {
   uint32_t workers = 0;     // Pushes averaged.
   bool timed_out = false;   // Closed by round_timeout rather than K pushes.
-  bool skipped = false;     // A non-finite gradient: no step.
   double duration = 0;      // The first push's arrival until its pushers were answered.
   double receive = 0;       // The first push's arrival until the last push had arrived whole.
   double accumulate = 0;    // Then until the last push's gradients were summed on the device.
@@ -80,6 +79,14 @@ class ConsistencyObserver {
 
 // The ABORTED a push gets when its base_version does not fit the shard's `version`.
 absl::Status StaleVersionError(absl::string_view why, uint64_t base_version, uint64_t version);
+
+// INVALID_ARGUMENT unless a sync-mode push has a client_id and names all `shard_tensors`.
+absl::Status CheckSyncPush(absl::string_view client_id, size_t tensors, size_t shard_tensors);
+
+// Bounded mode: ABORTED when a push of `base_version` is more than max_staleness behind
+// `version` (a base_version ahead is not judged here).
+absl::Status CheckStaleness(const ConsistencyOptions& options, uint64_t base_version,
+                            uint64_t version);
 
 }  // namespace fusedps
 

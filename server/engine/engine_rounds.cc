@@ -27,10 +27,10 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
     retries_->Abandon(push->client_id, push->sequence_number, s);
     Answer(done, consumed, std::move(s));
   };
-  const uint32_t tensor_count = view()->tensor_count();
-  if (push->client_id.empty() || push->tensors.size() != tensor_count) {
-    return refuse(absl::InvalidArgumentError(
-        "a sync-mode push needs header.client_id and names every tensor of the shard"));
+  const size_t tensor_count = view()->tensor_count();
+  if (absl::Status s = CheckSyncPush(push->client_id, push->tensors.size(), tensor_count);
+      !s.ok()) {
+    return refuse(s);
   }
   const uint64_t tau =
       push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;
@@ -49,7 +49,7 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
           "); one push per client_id per round")));
     }
   }
-  if (!round_.members.empty() && round_.tensor_count != tensor_count) {
+  if (!round_.members.empty() && round_.members.front().push->tensors.size() != tensor_count) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "tensors were registered during the sync round at version ", queued_version_)));
   }
@@ -61,28 +61,25 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
   if (!summed.ok()) return refuse(Checked(summed.status(), /*expected_ok=*/true));
   Complete({*summed, [this, consumed](absl::StatusOr<WorkDone>) {
               // A device error here fails the round's step too (the fault stops the shard).
-              round_clock_.last_accumulated = absl::Now();
+              last_accumulated_ = absl::Now();
               if (consumed) consumed();
             }});
-  if (first) {
-    round_.tensor_count = tensor_count;
-    if (consistency_.round_timeout > absl::ZeroDuration()) {
-      ArmRoundTimer(round_.id, push->arrived + consistency_.round_timeout);
-    }
+  if (first && consistency_.round_timeout > absl::ZeroDuration()) {
+    ArmRoundTimer(round_.id, push->arrived + consistency_.round_timeout);
   }
-  round_.finite = round_.finite && push->grads_finite;
   round_.members.push_back({push, done});
   if (round_.members.size() >= consistency_.replicas_to_aggregate) CloseRound(false);
 }
 
 void UpdateEngine::CloseRound(bool timed_out) {
   std::vector<RoundMember> members = std::move(round_.members);
-  const bool finite = round_.finite;
-  const uint32_t tensor_count = round_.tensor_count;
-  round_ = Round{round_.id + 1, {}, 0, true};
+  round_ = Round{round_.id + 1, {}};
   if (members.empty()) return;
-  auto tensors = std::make_shared<std::vector<uint32_t>>(tensor_count);
-  for (uint32_t t = 0; t < tensor_count; ++t) (*tensors)[t] = t;
+  // Every tensor the shard had when the round opened (each member names them all).
+  auto tensors = std::make_shared<std::vector<uint32_t>>(members.front().push->tensors.size());
+  for (uint32_t t = 0; t < tensors->size(); ++t) (*tensors)[t] = t;
+  bool finite = true;
+  for (const RoundMember& m : members) finite = finite && m.push->grads_finite;
   StepRequest request;
   request.tensors = *tensors;
   request.from_accumulator = true;
@@ -99,12 +96,7 @@ void UpdateEngine::CloseRound(bool timed_out) {
     }
     return;
   }
-  if (!outcome->skipped) ++queued_version_;
-  ++generation_;
-  PushReply reply;
-  reply.version = queued_version_;
-  reply.skipped = outcome->skipped;
-  reply.tensors_updated = outcome->tensors_updated;
+  PushReply reply = Advance(*outcome);
   reply.round_workers = static_cast<uint32_t>(members.size());
   absl::Time opened = members.front().push->arrived, received = opened;
   for (const RoundMember& m : members) {
@@ -131,11 +123,10 @@ void UpdateEngine::CloseRound(bool timed_out) {
               }
               if (!work.ok() || observer_ == nullptr) return;
               const absl::Time acked = absl::Now();
-              const absl::Time summed = std::max(round_clock_.last_accumulated, received);
+              const absl::Time summed = std::max(last_accumulated_, received);
               RoundStats stats;
               stats.workers = reply.round_workers;
               stats.timed_out = timed_out;
-              stats.skipped = reply.skipped;
               stats.duration = absl::ToDoubleSeconds(acked - opened);
               stats.receive = absl::ToDoubleSeconds(received - opened);
               stats.accumulate = absl::ToDoubleSeconds(summed - received);
@@ -147,7 +138,7 @@ void UpdateEngine::CloseRound(bool timed_out) {
 
 void UpdateEngine::FailRound(const absl::Status& status) {
   std::vector<RoundMember> members = std::move(round_.members);
-  round_ = Round{round_.id + 1, {}, 0, true};
+  round_ = Round{round_.id + 1, {}};
   for (RoundMember& m : members) {
     retries_->Abandon(m.push->client_id, m.push->sequence_number, status);
     Complete({0, [done = std::move(m.done), status](absl::StatusOr<WorkDone>) { done(status); }});

@@ -70,7 +70,8 @@ std::vector<float> Params(UpdateEngine& engine, uint32_t tensor, uint64_t numel)
 
 class RoundsTest : public ::testing::Test {
  protected:
-  ConsistencyOptions Sync(uint32_t k, uint32_t n, absl::Duration timeout = absl::ZeroDuration()) {
+  static ConsistencyOptions SyncMode(uint32_t k, uint32_t n,
+                                     absl::Duration timeout = absl::ZeroDuration()) {
     ConsistencyOptions c;
     c.mode = ConsistencyMode::kSync;
     c.replicas_to_aggregate = k;
@@ -84,7 +85,7 @@ class RoundsTest : public ::testing::Test {
 };
 
 TEST_F(RoundsTest, KPushesAreAveragedIntoOneStepAndAnsweredTogether) {
-  UpdateEngine engine(MakeCpuBackend({.threads = 2}), &fault_, &retries_, Sync(3, 3),
+  UpdateEngine engine(MakeCpuBackend({.threads = 2}), &fault_, &retries_, SyncMode(3, 3),
                       &observer_);
   const std::vector<uint64_t> sizes = {37};
   const std::vector<uint32_t> tensors = Register(engine, sizes);
@@ -137,7 +138,7 @@ TEST_F(RoundsTest, KPushesAreAveragedIntoOneStepAndAnsweredTogether) {
 }
 
 TEST_F(RoundsTest, StalePushesAndASecondPushOfOneClientAreAborted) {
-  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, Sync(2, 3),
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 3),
                       &observer_);
   const std::vector<uint64_t> sizes = {8};
   const std::vector<uint32_t> tensors = Register(engine, sizes);
@@ -159,10 +160,11 @@ TEST_F(RoundsTest, StalePushesAndASecondPushOfOneClientAreAborted) {
   EXPECT_TRUE(absl::IsAborted(olate.result.status()));
   EXPECT_NE(olate.result.status().message().find("shard version 1"), std::string::npos)
       << olate.result.status();
-  EXPECT_TRUE(absl::IsAborted(engine.AdmitPush("c", 1, 0)));
-  EXPECT_TRUE(engine.AdmitPush("c", 1, 1).ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(engine.AdmitPush("", 1, 1)));
-  EXPECT_TRUE(absl::IsInvalidArgument(engine.AdmitPush("c", 0, 1)));
+  const std::shared_ptr<const ShardView> view = engine.view();
+  EXPECT_TRUE(absl::IsAborted(engine.AdmitPush("c", 1, 0, *view)));
+  EXPECT_TRUE(engine.AdmitPush("c", 1, 1, *view).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(engine.AdmitPush("", 1, 1, *view)));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine.AdmitPush("c", 0, 1, *view)));
   // The retry of a push answered already gets its reply, whatever its version.
   Outcome retry;
   Push(engine, &b, &retry);
@@ -176,7 +178,7 @@ TEST_F(RoundsTest, StalePushesAndASecondPushOfOneClientAreAborted) {
 
 TEST_F(RoundsTest, ARoundThatTimesOutAppliesThePushesItHas) {
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_,
-                      Sync(2, 2, absl::Milliseconds(200)), &observer_);
+                      SyncMode(2, 2, absl::Milliseconds(200)), &observer_);
   const std::vector<uint64_t> sizes = {5};
   const std::vector<uint32_t> tensors = Register(engine, sizes);
   std::vector<float> grads = {0.5f, -1, 2, 0, 3, 0, 0, 0};
@@ -201,7 +203,7 @@ TEST_F(RoundsTest, ARoundThatTimesOutAppliesThePushesItHas) {
 }
 
 TEST_F(RoundsTest, ANonFiniteGradientSkipsTheWholeRound) {
-  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, Sync(2, 2),
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 2),
                       &observer_);
   const std::vector<uint64_t> sizes = {8};
   const std::vector<uint32_t> tensors = Register(engine, sizes);
@@ -233,7 +235,7 @@ TEST_F(RoundsTest, AnOpenRoundFailsWhenTheEngineStops) {
   std::vector<float> grads(8, 0.5f);
   ReadyPush a;
   {
-    UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, Sync(2, 2));
+    UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 2));
     const std::vector<uint64_t> sizes = {8};
     a = PushOf(Register(engine, sizes), sizes, grads, "a", 1);
     Push(engine, &a, &oa);
@@ -248,7 +250,7 @@ TEST_F(RoundsTest, AnOpenRoundFailsWhenTheEngineStops) {
 TEST_F(RoundsTest, TrainersRacingRoundsAndTimeoutsAreEachAnsweredOnce) {
   constexpr int kTrainers = 8, kPushes = 40;
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_,
-                      Sync(6, kTrainers, absl::Milliseconds(2)), &observer_);
+                      SyncMode(6, kTrainers, absl::Milliseconds(2)), &observer_);
   const std::vector<uint64_t> sizes = {64, 3};
   const std::vector<uint32_t> tensors = Register(engine, sizes);
   const std::vector<float> grads(AlignedNumel(64) + AlignedNumel(3), 0.01f);

@@ -216,15 +216,11 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
   const uint64_t tau =
       push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;
   if (consistency_.mode == ConsistencyMode::kBounded) {
-    absl::Status refused;
-    if (push->base_version > queued_version_) {
-      refused = StaleVersionError("base_version is ahead of the shard", push->base_version,
-                                  queued_version_);
-    } else if (tau > consistency_.max_staleness) {
-      refused = StaleVersionError(
-          absl::StrCat("staleness ", tau, " exceeds --max-staleness=", consistency_.max_staleness),
-          push->base_version, queued_version_);
-    }
+    absl::Status refused =
+        push->base_version > queued_version_
+            ? StaleVersionError("base_version is ahead of the shard", push->base_version,
+                                queued_version_)
+            : CheckStaleness(consistency_, push->base_version, queued_version_);
     if (!refused.ok()) {
       Dropped(tau, kDropStalenessExceeded);
       retries_->Abandon(push->client_id, push->sequence_number, refused);
@@ -239,12 +235,7 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     retries_->Abandon(push->client_id, push->sequence_number, s);
     return fail(s);
   }
-  if (!outcome->skipped) ++queued_version_;
-  ++generation_;
-  PushReply reply;
-  reply.version = queued_version_;
-  reply.skipped = outcome->skipped;
-  reply.tensors_updated = outcome->tensors_updated;
+  PushReply reply = Advance(*outcome);
   reply.grad_bytes = push->grad_bytes;
   Complete({outcome->marker, [this, push, finish, reply](absl::StatusOr<WorkDone> work) {
               if (!work.ok()) {
@@ -257,6 +248,16 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
             }});
 }
 
+PushReply UpdateEngine::Advance(const StepOutcome& outcome) {
+  if (!outcome.skipped) ++queued_version_;
+  ++generation_;
+  PushReply reply;
+  reply.version = queued_version_;
+  reply.skipped = outcome.skipped;
+  reply.tensors_updated = outcome.tensors_updated;
+  return reply;
+}
+
 void UpdateEngine::Dropped(uint64_t tau, absl::string_view reason) const {
   if (observer_ == nullptr) return;
   observer_->OnStaleness(tau);
@@ -264,40 +265,24 @@ void UpdateEngine::Dropped(uint64_t tau, absl::string_view reason) const {
 }
 
 absl::Status UpdateEngine::AdmitPush(absl::string_view client_id, size_t tensors,
-                                     uint64_t base_version) const {
+                                     uint64_t base_version, const ShardView& view) const {
   const uint64_t published = version();
-  switch (consistency_.mode) {
-    case ConsistencyMode::kSync: {
-      if (client_id.empty()) {
-        return absl::InvalidArgumentError(
-            "header.client_id is empty: a sync-mode push needs one (rounds count distinct "
-            "client_ids)");
-      }
-      const size_t shard_tensors = view()->tensor_count();
-      if (tensors != shard_tensors) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "header.tensors names ", tensors, " tensors: a sync-mode push names every tensor of "
-            "the shard (", shard_tensors, ")"));
-      }
-      if (base_version < published) {
-        Dropped(published - base_version, kDropStaleVersion);
-        return StaleVersionError("sync round closed", base_version, published);
-      }
-      return absl::OkStatus();
+  if (consistency_.mode == ConsistencyMode::kSync) {
+    if (absl::Status s = CheckSyncPush(client_id, tensors, view.tensor_count()); !s.ok()) {
+      return s;
     }
-    case ConsistencyMode::kBounded:
-      if (base_version < published && published - base_version > consistency_.max_staleness) {
-        Dropped(published - base_version, kDropStalenessExceeded);
-        return StaleVersionError(
-            absl::StrCat("staleness ", published - base_version, " exceeds --max-staleness=",
-                         consistency_.max_staleness),
-            base_version, published);
-      }
-      return absl::OkStatus();
-    case ConsistencyMode::kAsync:
-    default:
-      return absl::OkStatus();
+    if (base_version < published) {
+      Dropped(published - base_version, kDropStaleVersion);
+      return StaleVersionError("sync round closed", base_version, published);
+    }
   }
+  if (consistency_.mode == ConsistencyMode::kBounded) {
+    if (absl::Status s = CheckStaleness(consistency_, base_version, published); !s.ok()) {
+      Dropped(published - base_version, kDropStalenessExceeded);
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {

@@ -222,12 +222,13 @@ class UpdateEngine {
   uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
 
   const ConsistencyOptions& consistency() const { return consistency_; }
-  // The checks a push's header can pass or fail before its payload is read, against the
-  // published version (which only grows, so a refusal here is final): in sync mode a client_id
-  // and every tensor of the shard (INVALID_ARGUMENT) and a base_version not below the version
-  // (ABORTED); in bounded mode a staleness within the bound (ABORTED). Thread-safe.
-  absl::Status AdmitPush(absl::string_view client_id, size_t tensors,
-                         uint64_t base_version) const;
+  // The checks a push's header can pass or fail before its payload is read (`view`: the one
+  // its tensors were resolved in), against the published version (which only grows, so a
+  // refusal here is final): in sync mode a client_id and every tensor of the shard
+  // (INVALID_ARGUMENT) and a base_version not below the version (ABORTED); in bounded mode a
+  // staleness within the bound (ABORTED). Thread-safe.
+  absl::Status AdmitPush(absl::string_view client_id, size_t tensors, uint64_t base_version,
+                         const ShardView& view) const;
 
   // --- Jobs, run in submission order. ---
   // A push (or its retry's reply): one optimizer step in async and bounded modes; in sync mode
@@ -344,13 +345,8 @@ class UpdateEngine {
   };
   struct Round {
     uint64_t id = 0;  // Counts rounds; the timer names the round it closes.
+    // Every member names every tensor the shard had when the round opened, in order.
     std::vector<RoundMember> members;
-    uint32_t tensor_count = 0;  // The shard's when the round opened.
-    bool finite = true;         // Every member's gradients are finite.
-  };
-  // Times a round's members' accumulations finished; completion thread only.
-  struct RoundClock {
-    absl::Time last_accumulated;
   };
   // The retry table's verdict on a push, in its job: true when the push is new (the caller
   // applies it); else it was answered (an earlier reply, a stale sequence number's ABORTED, or
@@ -370,6 +366,9 @@ class UpdateEngine {
   void CloseRound(bool timed_out);
   // Fails the members of the open round with `status` (the engine stops).
   void FailRound(const absl::Status& status);
+  // The reply of a push's or a round's step once it is queued: advances the queued version
+  // (unless skipped) and the generation.
+  PushReply Advance(const StepOutcome& outcome);
   // Reports a push refused for its version to the observer: its staleness, and why.
   void Dropped(uint64_t tau, absl::string_view reason) const;
   void RunRoundTimer();
@@ -393,7 +392,8 @@ class UpdateEngine {
   std::vector<TensorMeta> pending_tensors_;  // and its tensors.
   Round round_;
 
-  RoundClock round_clock_;  // Completion thread only.
+  // When the last accumulation's work was done: completion thread only.
+  absl::Time last_accumulated_;
 
   // The round timer (sync mode with a round timeout): closes round timer_round_ at
   // timer_deadline_ through a job.

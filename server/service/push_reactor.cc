@@ -232,7 +232,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     // What the shard's consistency mode refuses from the header alone (after the retries,
     // which are answered whatever their version).
     if (absl::Status s = services_.engine->AdmitPush(header.client_id(), checked->tensors.size(),
-                                                     header.base_version());
+                                                     header.base_version(), *view);
         !s.ok()) {
       return FinishCall(s, {}, {});
     }

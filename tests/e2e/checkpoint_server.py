@@ -16,10 +16,11 @@ import os
 import signal
 import subprocess
 import tempfile
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import fusedps
 
+from prometheus_text import Samples, scrape_samples
 from server_fixture import server_command, server_path, wait_for_port
 from test_cli import read_safetensors
 
@@ -49,10 +50,8 @@ class ServerProcess:
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")[-n:]
 
-    def metrics(self) -> str:
-        import urllib.request
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-            return r.read().decode()
+    def metrics(self) -> Samples:
+        return scrape_samples(self.metrics_port)
 
     def kill(self) -> None:
         """SIGKILL: no drain, no checkpoint."""
@@ -137,14 +136,3 @@ def fsize_limit(max_bytes: int):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
     return apply
-
-
-def metric_value(text: str, name: str, labels: Optional[str] = None) -> float:
-    """The value of one series in Prometheus text (labels: the exact {...} text, or None)."""
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key == name or (labels is not None and key == f"{name}{{{labels}}}"):
-            return float(value)
-    raise KeyError(f"{name}{{{labels}}} not in the metrics")

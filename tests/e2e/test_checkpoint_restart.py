@@ -23,7 +23,7 @@ import torch
 import fusedps
 
 from checkpoint_server import (ServerProcess, complete_checkpoints, fsize_limit, manifest_of,
-                               metric_value, params_of, shard_digest)
+                               params_of, shard_digest)
 
 SHAPES = {"w": (64, 33), "b": (33,), "e": (1000,), "s": ()}
 GROUPS = {"w": "ams", "b": "ams", "e": "plain", "s": "plain"}
@@ -228,10 +228,9 @@ def test_a_full_disk_fails_the_checkpoint_cleanly_and_training_goes_on(tmp_path)
                                            grpc.StatusCode.OUT_OF_RANGE), failed.value
             r = client.push_gradients({"a": torch.ones(50_000), "b": torch.ones(600_000)})
             assert r.version == version + 1 and not r.step_skipped
-            text = server.metrics()
-            assert metric_value(text, "fusedps_checkpoint_failures_total",
-                                'reason="disk_full"') == 1
-            assert metric_value(text, "fusedps_checkpoint_last_success_timestamp_seconds") > 0
+            m = server.metrics()
+            assert m.value("fusedps_checkpoint_failures_total", reason="disk_full") == 1
+            assert m.value("fusedps_checkpoint_last_success_timestamp_seconds") > 0
             assert [d for _, d in complete_checkpoints(root)] == [good]
             assert sorted(os.listdir(root)) == [os.path.basename(good), "latest"], \
                 "the failed checkpoint's files were not removed"

@@ -16,13 +16,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
@@ -32,6 +30,7 @@ import pytest
 import torch
 
 import fusedps
+from prometheus_text import Samples, scrape_samples
 from server_fixture import running_server
 
 RTOL = 1.3e-6  # test_parity.py's: PyTorch's own for fused vs for-loop AdamW.
@@ -69,28 +68,11 @@ def running_shards(count: int, args: Sequence[str]):
         yield shards
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$')
+def scrape(shard: Shard) -> Samples:
+    return scrape_samples(shard.metrics_port)
 
 
-def scrape(shard: Shard) -> Dict:
-    """(name, frozenset of label pairs) -> value of every sample of the shard's /metrics."""
-    url = f"http://127.0.0.1:{shard.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode("utf-8")
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, labels, value = _SAMPLE.match(line).groups()
-            samples[(name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels or "")))] = \
-                float(value)
-    return samples
-
-
-def metric(samples: Dict, name: str, **labels: str) -> float:
-    return samples[(name, frozenset(labels.items()))]
-
-
-def staleness_buckets(samples: Dict) -> Dict[float, float]:
+def staleness_buckets(samples: Samples) -> Dict[float, float]:
     """le -> cumulative count of fusedps_push_staleness."""
     return {float(dict(labels)["le"]): v for (name, labels), v in samples.items()
             if name == "fusedps_push_staleness_bucket"}
@@ -212,12 +194,12 @@ def test_sync_rounds_match_torch_adamw_on_the_mean_gradient(trainers, shards):
 
         for server in servers:
             m = scrape(server)
-            assert metric(m, "fusedps_rounds_total", closed_by="timeout") == 1
-            assert metric(m, "fusedps_rounds_total", closed_by="quorum") == steps - 1
-            assert metric(m, "fusedps_round_workers_count") == steps
-            assert metric(m, "fusedps_round_workers_sum") == trainers * steps - 1
-            assert metric(m, "fusedps_push_staleness_count") == trainers * steps - 1
-            assert metric(m, "fusedps_push_staleness_sum") == 0
+            assert m.value("fusedps_rounds_total", closed_by="timeout") == 1
+            assert m.value("fusedps_rounds_total", closed_by="quorum") == steps - 1
+            assert m.value("fusedps_round_workers_count") == steps
+            assert m.value("fusedps_round_workers_sum") == trainers * steps - 1
+            assert m.value("fusedps_push_staleness_count") == trainers * steps - 1
+            assert m.value("fusedps_push_staleness_sum") == 0
 
 
 def test_sync_round_refusals_skips_and_grad_scale():
@@ -253,7 +235,7 @@ def test_sync_round_refusals_skips_and_grad_scale():
         pending = pool.submit(a.push_gradients, {n: 4 * t for n, t in ga.items()}, "float32",
                               grad_scale=4.0, sequence_number=1, base_version=0)
         deadline = time.monotonic() + 10
-        while metric(scrape(server), "fusedps_push_staleness_count") < 1:
+        while scrape(server).value("fusedps_push_staleness_count") < 1:
             assert time.monotonic() < deadline, "a's push never joined the round"
             time.sleep(0.02)
         refused(a_again, grpc.StatusCode.ABORTED, ga, sequence_number=2, base_version=0)
@@ -302,9 +284,9 @@ def test_sync_round_refusals_skips_and_grad_scale():
             torch.testing.assert_close(pulled[n], p.detach(), rtol=RTOL, atol=ATOL)
 
         m = scrape(server)
-        assert metric(m, "fusedps_pushes_dropped_total", reason="client_in_round") == 1
-        assert metric(m, "fusedps_pushes_dropped_total", reason="stale_version") == 2
-        assert metric(m, "fusedps_rounds_total", closed_by="quorum") == 3
+        assert m.value("fusedps_pushes_dropped_total", reason="client_in_round") == 1
+        assert m.value("fusedps_pushes_dropped_total", reason="stale_version") == 2
+        assert m.value("fusedps_rounds_total", closed_by="quorum") == 3
 
 
 # -- b: K of N with a backup, one trainer killed ------------------------------------------------
@@ -357,7 +339,7 @@ def test_k_of_n_survives_a_killed_trainer(tmp_path):
                 time.sleep(0.05)
 
         def backups_dropped() -> bool:
-            return all(metric(scrape(s), "fusedps_pushes_dropped_total", reason="stale_version")
+            return all(scrape(s).value("fusedps_pushes_dropped_total", reason="stale_version")
                        for s in servers)
 
         try:
@@ -386,15 +368,15 @@ def test_k_of_n_survives_a_killed_trainer(tmp_path):
 
         for server, before in zip(servers, at_kill):
             after = scrape(server)
-            quorum = [metric(m, "fusedps_rounds_total", closed_by="quorum")
+            quorum = [m.value("fusedps_rounds_total", closed_by="quorum")
                       for m in (before, after)]
             assert quorum[1] >= quorum[0] + 5, quorum
-            assert metric(after, "fusedps_pushes_dropped_total", reason="stale_version") > 0
+            assert after.value("fusedps_pushes_dropped_total", reason="stale_version") > 0
             # Every round took at least K = 3 pushes, but for timed-out ones.
-            timeouts = metric(after, "fusedps_rounds_total", closed_by="timeout")
-            rounds = metric(after, "fusedps_round_workers_count")
+            timeouts = after.value("fusedps_rounds_total", closed_by="timeout")
+            rounds = after.value("fusedps_round_workers_count")
             assert rounds == quorum[1] + timeouts
-            assert metric(after, "fusedps_round_workers_sum") >= 3 * quorum[1]
+            assert after.value("fusedps_round_workers_sum") >= 3 * quorum[1]
 
 
 # -- c: bounded staleness ----------------------------------------------------------------------
@@ -426,10 +408,10 @@ def test_bounded_staleness_is_enforced_and_measured():
         taus = [tau for _, tau in schedule]
         expected = {le: sum(t <= le for t in taus) for le in STALENESS_BUCKETS}
         assert staleness_buckets(m) == expected
-        assert metric(m, "fusedps_push_staleness_count") == len(taus)
-        assert metric(m, "fusedps_push_staleness_sum") == sum(taus)
-        assert metric(m, "fusedps_pushes_dropped_total", reason="staleness_exceeded") == 2
-        assert metric(m, "fusedps_pushes_dropped_total", reason="stale_version") == 0
+        assert m.value("fusedps_push_staleness_count") == len(taus)
+        assert m.value("fusedps_push_staleness_sum") == sum(taus)
+        assert m.value("fusedps_pushes_dropped_total", reason="staleness_exceeded") == 2
+        assert m.value("fusedps_pushes_dropped_total", reason="stale_version") == 0
 
 
 def test_bounded_staleness_lr_scaling_matches_torch():

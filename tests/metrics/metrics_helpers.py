@@ -19,7 +19,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -29,13 +28,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence
 
 import yaml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "e2e"))
 
+from prometheus_text import Samples, parse_metrics  # noqa: E402,F401
 from server_fixture import running_server  # noqa: E402
 
 PROMETHEUS = os.environ.get("PROMETHEUS") or "/usr/bin/prometheus"
@@ -76,38 +76,6 @@ def scrape(url: str, timeout: float = 10.0) -> str:
         content_type = response.headers.get("Content-Type", "")
         assert content_type.startswith("text/plain"), content_type
         return response.read().decode("utf-8")
-
-
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-class Samples(dict):
-    """(name, frozenset of label pairs) -> value, from Prometheus's text format."""
-
-    def value(self, name: str, **labels: str) -> float:
-        """The value of the one series with exactly these labels; KeyError when absent."""
-        key = (name, frozenset(labels.items()))
-        if key not in self:
-            have = sorted(dict(k[1]) for k in self if k[0] == name)
-            raise KeyError(f"no sample {name}{labels}; series of {name}: {have}")
-        return self[key]
-
-    def series(self, name: str) -> List[Tuple[Dict[str, str], float]]:
-        return [(dict(k[1]), v) for k, v in self.items() if k[0] == name]
-
-
-def parse_metrics(text: str) -> Samples:
-    samples = Samples()
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        name, labels, value = m.groups()
-        pairs = frozenset(_LABEL.findall(labels or ""))
-        samples[(name, pairs)] = float(value)
-    return samples
 
 
 def promtool(*args: str, stdin: Optional[str] = None) -> subprocess.CompletedProcess:

@@ -150,6 +150,11 @@ class ShardedClient {
   void SetVersion(size_t shard, uint64_t version);
   // The first failed shard's status, its message prefixed with the shard; OK when none failed.
   absl::Status FirstError(const std::vector<absl::Status>& statuses) const;
+  // Runs call(i) (an absl::StatusOr<T>, T with a version) for each of `shards` at once, each on
+  // a thread of its own; keeps each result in (*results)[i] and the shard's version. Returns
+  // FirstError of the calls.
+  template <typename T, typename Call>
+  absl::Status CallShards(const std::vector<size_t>& shards, std::vector<T>* results, Call call);
 
   const std::vector<Shard> shards_;
   mutable std::mutex mu_;
