@@ -110,7 +110,8 @@ struct WorkDone {
   double copy_wait_seconds = 0;
 };
 
-// A write of host values into one field of one tensor, for a restore from a checkpoint (Write).
+// A write of host values into one field of one tensor, for a restore from a checkpoint or a
+// state load (Write).
 struct WriteRequest {
   TensorField field = TensorField::kParam;
   // Write the 16-bit param copy (bf16 or fp16 bits, as param_copy_dtype()) instead of fp32
@@ -171,13 +172,15 @@ class OptimizerBackend {
                                    absl::Span<const float> values) = 0;
 
   // Queues a copy of host values into [offset, offset + count) of one field of a tensor (see
-  // WriteRequest), for a restore, before the tensor's first step. Params written this way leave
-  // the param copy as it was: write the copy too (param_copy), or use WriteParams.
+  // WriteRequest), for a restore or a state load, in stream order (steps queued before it read
+  // the old values). Params written this way leave the param copy as it was: write the copy too
+  // (param_copy), or use WriteParams.
   // Errors: INVALID_ARGUMENT for an unknown tensor or a range outside it; FAILED_PRECONDITION
   // for max_exp_avg_sq of a tensor whose group has no amsgrad, or param_copy without a copy.
   virtual absl::Status Write(const WriteRequest& request) = 0;
 
-  // Sets a tensor's step, for a restore, in stream order (later steps count on from it).
+  // Sets a tensor's step, for a restore or a state load, in stream order (later steps count on
+  // from it).
   // Errors: INVALID_ARGUMENT for an unknown tensor or a negative step.
   virtual absl::Status SetStep(uint32_t tensor, int64_t step) = 0;
 

@@ -1,5 +1,6 @@
-// The update engine's checkpoint jobs: Snapshot (a consistent cut of the shard, for a checkpoint
-// to write) and Restore (a whole shard streamed into an empty engine). See update_engine.h.
+// The update engine's jobs that move whole values in and out: Snapshot (a consistent cut of the
+// shard, for a checkpoint to write), Restore (a whole shard streamed into an empty engine) and
+// LoadState (values and steps written into a running shard). See update_engine.h.
 #include <algorithm>
 #include <utility>
 
@@ -134,6 +135,16 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
       [done](const absl::Status& s) { done(s); });
 }
 
+absl::Status UpdateEngine::WriteValues(const WriteRequest& write, bool derive_copy) {
+  if (derive_copy && write.field == TensorField::kParam && !write.param_copy) {
+    // The copy comes with the params.
+    return backend_->WriteParams(
+        write.tensor, write.offset,
+        absl::MakeConstSpan(static_cast<const float*>(write.src), write.count));
+  }
+  return backend_->Write(write);
+}
+
 absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const ShardView& view,
                                          RestoreSource* source, uint32_t first) {
   // The fields a checkpoint of this shard holds, and the values each must get.
@@ -163,13 +174,7 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const Shard
         break;
       }
       w.tensor += first;
-      if (derive_copy && w.field == TensorField::kParam) {  // The copy comes with the params.
-        status = backend_->WriteParams(
-            w.tensor, w.offset, absl::MakeConstSpan(static_cast<const float*>(w.src), w.count));
-      } else {
-        status = backend_->Write(w);
-      }
-      if (!(status = Checked(status, true)).ok()) break;
+      if (!(status = Checked(WriteValues(w, derive_copy), true)).ok()) break;
       written[static_cast<size_t>(f - fields.begin())] += w.count;
     }
     // Wait for the copies before the memory goes back (whatever happened).
@@ -244,6 +249,83 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
           view_ = std::move(restored);
         }
         done(shard->version);
+      },
+      [done](const absl::Status& s) { done(s); });
+}
+
+absl::Status UpdateEngine::CheckLoad(const StateLoad& load) const {
+  if (consistency_.mode == ConsistencyMode::kSync && !round_.members.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the sync round at version ", queued_version_, " holds ", round_.members.size(),
+        " pushes; load state between rounds"));
+  }
+  std::shared_ptr<const ShardView> current = view();
+  for (const WriteRequest& w : load.writes) {
+    const bool known_field = w.field >= TensorField::kParam && w.field <= TensorField::kMaxExpAvgSq;
+    if (!known_field || w.tensor >= current->tensor_count() || w.param_copy ||
+        w.offset > current->tensor(w.tensor).numel ||
+        w.count > current->tensor(w.tensor).numel - w.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a load writes elements [", w.offset, ", +", w.count, ") of field ",
+          static_cast<int>(w.field), " of tensor ", w.tensor, " of ", current->tensor_count(),
+          w.param_copy ? ", as the param copy" : ""));
+    }
+    const uint32_t group = current->tensor(w.tensor).group;
+    if (w.field == TensorField::kMaxExpAvgSq && !current->groups()[group].hyperparameters.amsgrad) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "max_exp_avg_sq of ", QuoteName(current->tensor(w.tensor).name), ": its param group ",
+          QuoteName(current->groups()[group].name), " has no amsgrad"));
+    }
+  }
+  if (load.tensors.size() != load.steps.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a load sets ", load.steps.size(),
+                                                   " steps of ", load.tensors.size(), " tensors"));
+  }
+  for (size_t i = 0; i < load.tensors.size(); ++i) {
+    if (load.tensors[i] >= current->tensor_count() || load.steps[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("a load sets tensor ", load.tensors[i],
+                                                     " of ", current->tensor_count(),
+                                                     " to step ", load.steps[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void UpdateEngine::LoadState(const StateLoad* load, Done<uint64_t> done) {
+  Submit(
+      [this, load, done] {
+        const auto fail = [this, done](absl::Status s) {
+          Complete({0, [done, s](absl::StatusOr<WorkDone>) { done(s); }});
+        };
+        if (absl::Status s = fault_->status(); !s.ok()) return fail(s);
+        if (absl::Status s = CheckLoad(*load); !s.ok()) return fail(s);
+        // Checked: from here on, an error is a fault (the shard stops; nothing half-loaded is
+        // ever served).
+        const bool derive_copy = backend_->param_copy_dtype() != ParamCopyDType::kNone;
+        for (const WriteRequest& w : load->writes) {
+          if (absl::Status s = Checked(WriteValues(w, derive_copy)); !s.ok()) return fail(s);
+        }
+        for (size_t i = 0; i < load->tensors.size(); ++i) {
+          if (absl::Status s = Checked(backend_->SetStep(load->tensors[i], load->steps[i]));
+              !s.ok()) {
+            return fail(s);
+          }
+        }
+        absl::StatusOr<Marker> marker = backend_->Mark();
+        if (!marker.ok()) return fail(Checked(marker.status()));
+        const uint64_t version = ++queued_version_;
+        ++generation_;
+        Complete({*marker, [this, load, done, version](absl::StatusOr<WorkDone> work) {
+                    if (!work.ok()) return done(work.status());
+                    {
+                      std::unique_lock<std::shared_mutex> lock(progress_mu_);
+                      version_ = version;
+                      for (size_t i = 0; i < load->tensors.size(); ++i) {
+                        steps_[load->tensors[i]] = load->steps[i];
+                      }
+                    }
+                    done(version);
+                  }});
       },
       [done](const absl::Status& s) { done(s); });
 }

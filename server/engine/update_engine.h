@@ -195,6 +195,16 @@ class RestoreSource {
   virtual ~RestoreSource() = default;
 };
 
+// New values and steps for some registered tensors, loaded into a running shard (LoadState).
+// The caller has checked that the writes cover each (tensor, field) it loads exactly once.
+struct StateLoad {
+  // fp32 values (param_copy false) in host memory, best the staging arena (page-locked on a
+  // GPU backend), unchanged until the load's `done` runs. Tensors are indices of the view.
+  std::vector<WriteRequest> writes;
+  std::vector<uint32_t> tensors;  // The tensors whose step is set, each once,
+  std::vector<int64_t> steps;     // to these steps (>= 0).
+};
+
 // A push's gradients as a StepRequest (checked for finiteness as they arrived).
 StepRequest GradsOf(const ReadyPush& push);
 
@@ -286,6 +296,17 @@ class UpdateEngine {
   // and may restore another checkpoint. INTERNAL for a device fault (the engine is unusable).
   // REQUIRES: shard and source outlive `done`.
   void Restore(const RestoredShard* shard, RestoreSource* source, Done<uint64_t> done);
+  // Overwrites values and steps of registered tensors (engine_checkpoint.cc), in stream order:
+  // after the steps submitted before it, before later ones. All or nothing: every write and
+  // step is checked before the first is queued. Params are written with their param copy (as
+  // registration writes them); fields not written keep their values. The version advances by
+  // 1; `done` gets it on the completion thread once the writes are done, when the readers see
+  // the new version and steps. Errors: INVALID_ARGUMENT for a write outside a tensor of the
+  // view, a param copy write, a step < 0 or tensors and steps of different lengths;
+  // FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad, and in sync
+  // mode while a round holds pushes (their sums were taken from the values the load replaces);
+  // INTERNAL for a device fault, UNAVAILABLE after one. REQUIRES: `load` outlives `done`.
+  void LoadState(const StateLoad* load, Done<uint64_t> done);
   // Page-locked host memory for Snapshot's buffer and a restore's batches (thread-safe;
   // RESOURCE_EXHAUSTED).
   absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) {
@@ -338,6 +359,11 @@ class UpdateEngine {
   // fields for completeness, then the steps (engine_checkpoint.cc).
   absl::Status RestoreValues(const RestoredShard& shard, const ShardView& view,
                              RestoreSource* source, uint32_t first);
+  // Queues one write of host values, for a restore or a load: fp32 params through WriteParams
+  // when the backend must derive its param copy from them (`derive_copy`), else Write.
+  absl::Status WriteValues(const WriteRequest& write, bool derive_copy);
+  // LoadState's checks, against the current view, before anything is written.
+  absl::Status CheckLoad(const StateLoad& load) const;
   // The sync round being gathered (engine_rounds.cc); engine thread only.
   struct RoundMember {
     const ReadyPush* push;

@@ -11,6 +11,7 @@
 #include "server/checkpoint/checkpointer.h"
 #include "common/logging.h"
 #include "server/ingest/registration.h"
+#include "server/ingest/state_loader.h"
 #include "server/service/convert.h"
 #include "server/service/pull_reactor.h"
 #include "server/service/push_reactor.h"
@@ -24,6 +25,46 @@ namespace {
 
 // Room left in a reply message for its framing.
 constexpr uint64_t kReplyMarginBytes = 64 << 10;
+
+// Reads a client stream whose first message, and only that one, carries the header
+// (RegisterTensors, LoadState): `first` takes the first message, `more` each later one. A
+// client that stops sending is cancelled after the idle limit (Read then returns false).
+// `header_holds` says what the header holds, for the error of a stream without one.
+template <typename Request>
+absl::Status ReadHeaderedStream(grpc::ServerContext* context, grpc::ServerReader<Request>* reader,
+                                CallWatchdog* watchdog, absl::string_view header_holds,
+                                const std::function<absl::Status(const Request&)>& first,
+                                const std::function<absl::Status(const Request&)>& more) {
+  std::shared_ptr<CallWatchdog::Handle> watch =
+      watchdog->Watch([context] { context->TryCancel(); });
+  struct StopWatch {
+    CallWatchdog::Handle* watch;
+    ~StopWatch() { watch->Stop(); }
+  } stop_watch{watch.get()};
+
+  Request message;
+  watch->Arm();
+  if (!reader->Read(&message) || !message.has_header()) {
+    if (context->IsCancelled()) return absl::CancelledError("cancelled");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the first ", Request::descriptor()->name(), " must carry header (", header_holds, ")"));
+  }
+  watch->Disarm();
+  if (absl::Status s = first(message); !s.ok()) return s;
+  for (;;) {
+    message.Clear();
+    watch->Arm();
+    const bool read = reader->Read(&message);
+    watch->Disarm();
+    if (!read) break;
+    if (message.has_header()) {
+      return absl::InvalidArgumentError("header may appear only in the first message");
+    }
+    if (absl::Status s = more(message); !s.ok()) return s;
+  }
+  if (context->IsCancelled()) return absl::CancelledError("cancelled");
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -73,50 +114,73 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
   if (absl::Status s = services_.Admit(); !s.ok()) return s;
-  // A client that stops sending is cancelled after the idle limit (Read then returns false).
-  std::shared_ptr<CallWatchdog::Handle> watch =
-      services_.watchdog->Watch([context] { context->TryCancel(); });
-  struct StopWatch {
-    CallWatchdog::Handle* watch;
-    ~StopWatch() { watch->Stop(); }
-  } stop_watch{watch.get()};
   const auto cancelled = [context] { return context->IsCancelled(); };
-
-  v1::RegisterTensorsRequest message;
-  watch->Arm();
-  if (!reader->Read(&message) || !message.has_header()) {
-    if (cancelled()) return absl::CancelledError("cancelled");
-    return absl::InvalidArgumentError(
-        "the first RegisterTensorsRequest must carry header (the tensor specs)");
-  }
-  watch->Disarm();
-  std::vector<TensorSpec> specs;
-  for (const v1::TensorSpec& p : message.header().tensors()) {
-    specs.push_back({p.name(), {p.shape().begin(), p.shape().end()}, p.param_group()});
-  }
-  absl::StatusOr<std::unique_ptr<Registration>> registration =
-      Registration::Begin(services_.engine, services_.staging, services_.registration_gate,
-                          specs, services_.window_bytes(), cancelled,
-                          message.header().plan_hash());
-  if (!registration.ok()) return registration.status();
-  if (absl::Status s = (*registration)->AddChunks(message.chunks()); !s.ok()) return s;
-  for (;;) {
-    message.Clear();
-    watch->Arm();
-    const bool read = reader->Read(&message);
-    watch->Disarm();
-    if (!read) break;
-    if (message.has_header()) {
-      return absl::InvalidArgumentError("header may appear only in the first message");
+  std::unique_ptr<Registration> registration;
+  const auto first = [&](const v1::RegisterTensorsRequest& message) {
+    std::vector<TensorSpec> specs;
+    for (const v1::TensorSpec& p : message.header().tensors()) {
+      specs.push_back({p.name(), {p.shape().begin(), p.shape().end()}, p.param_group()});
     }
-    if (absl::Status s = (*registration)->AddChunks(message.chunks()); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<Registration>> begun =
+        Registration::Begin(services_.engine, services_.staging, services_.registration_gate,
+                            specs, services_.window_bytes(), cancelled,
+                            message.header().plan_hash());
+    if (!begun.ok()) return begun.status();
+    registration = *std::move(begun);
+    return registration->AddChunks(message.chunks());
+  };
+  const auto more = [&](const v1::RegisterTensorsRequest& message) {
+    return registration->AddChunks(message.chunks());
+  };
+  if (absl::Status s = ReadHeaderedStream<v1::RegisterTensorsRequest>(
+          context, reader, services_.watchdog, "the tensor specs", first, more);
+      !s.ok()) {
+    return s;
   }
-  if (cancelled()) return absl::CancelledError("cancelled");
-  absl::StatusOr<RegistrationOutcome> outcome = (*registration)->Commit();
+  absl::StatusOr<RegistrationOutcome> outcome = registration->Commit();
   if (!outcome.ok()) return outcome.status();
   response->set_tensors_created(outcome->created);
   response->set_tensors_existing(outcome->existing);
   response->set_version(outcome->version);
+  return absl::OkStatus();
+}
+
+grpc::Status ParameterServiceImpl::LoadState(grpc::ServerContext* context,
+                                             grpc::ServerReader<v1::LoadStateRequest>* reader,
+                                             v1::LoadStateResponse* response) {
+  const absl::Status status = LoadStateStatus(context, reader, response);
+  if (!status.ok() && !absl::IsCancelled(status)) {
+    FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
+        << "state load from " << context->peer() << " failed: " << status;
+  }
+  return ToGrpc(status);
+}
+
+absl::Status ParameterServiceImpl::LoadStateStatus(grpc::ServerContext* context,
+                                                   grpc::ServerReader<v1::LoadStateRequest>* reader,
+                                                   v1::LoadStateResponse* response) {
+  if (absl::Status s = services_.Admit(); !s.ok()) return s;
+  const auto cancelled = [context] { return context->IsCancelled(); };
+  std::unique_ptr<StateLoader> loader;
+  const auto first = [&](const v1::LoadStateRequest& message) {
+    absl::StatusOr<std::unique_ptr<StateLoader>> begun =
+        StateLoader::Begin(services_.engine, services_.staging, message.header(), cancelled);
+    if (!begun.ok()) return begun.status();
+    loader = *std::move(begun);
+    return loader->AddChunks(message.chunks());
+  };
+  const auto more = [&](const v1::LoadStateRequest& message) {
+    return loader->AddChunks(message.chunks());
+  };
+  if (absl::Status s = ReadHeaderedStream<v1::LoadStateRequest>(
+          context, reader, services_.watchdog, "the tensors to load", first, more);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<uint64_t> version = loader->Commit();
+  if (!version.ok()) return version.status();
+  response->set_version(*version);
+  response->set_tensors_loaded(loader->tensors_loaded());
   return absl::OkStatus();
 }
 

@@ -11,9 +11,9 @@
 //   - GetInfo and ListTensors read the engine's view and progress: they never wait for a job or
 //     a kernel. They are synchronous, on gRPC's sync thread pool, so that they do not queue
 //     behind the pushes and pulls that the callback threads are busy copying.
-//   - RegisterParamGroup, SetHyperparameters and RegisterTensors are synchronous: they wait for
-//     their engine jobs (which do not wait for queued steps' kernels, except a registration's
-//     writes) on gRPC's sync thread pool.
+//   - RegisterParamGroup, SetHyperparameters, RegisterTensors and LoadState are synchronous:
+//     they wait for their engine jobs (which do not wait for queued steps' kernels, except a
+//     registration's writes and a load's) on gRPC's sync thread pool.
 #ifndef FUSEDPS_SERVER_SERVICE_SERVICE_H_
 #define FUSEDPS_SERVER_SERVICE_SERVICE_H_
 
@@ -51,11 +51,19 @@ class ParameterServiceImpl final : public ParameterServiceBase {
   grpc::Status SetHyperparameters(grpc::ServerContext* context,
                                   const v1::SetHyperparametersRequest* request,
                                   v1::SetHyperparametersResponse* response) override;
+  // Holds the whole load in staging until it is checked, then has the engine apply it
+  // (ingest/state_loader.h).
+  grpc::Status LoadState(grpc::ServerContext* context,
+                         grpc::ServerReader<v1::LoadStateRequest>* reader,
+                         v1::LoadStateResponse* response) override;
 
  private:
   absl::Status RegisterTensorsStatus(grpc::ServerContext* context,
                                      grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
                                      v1::RegisterTensorsResponse* response);
+  absl::Status LoadStateStatus(grpc::ServerContext* context,
+                               grpc::ServerReader<v1::LoadStateRequest>* reader,
+                               v1::LoadStateResponse* response);
 
   const ServiceContext services_;
 };
