@@ -9,6 +9,9 @@ packages=(
   nlohmann-json3-dev libdeflate-dev zlib1g-dev libssl-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-sklearn
   python3-pytest
+  # the Python package's install test (venv, pip, setuptools, wheel) and the GPT example's
+  # corpus (the Jargon File)
+  python3-venv python3-pip python3-setuptools python3-wheel jargon-text
   # deploy/ checks (tests/deploy): compose config, YAML, node for the schema validators
   docker-compose python3-yaml nodejs
   # metrics checks (tests/metrics): a live Prometheus server, promtool (and python3-yaml)

@@ -1,48 +1,47 @@
 """fusedps: Python client of the fusedps parameter-update service.
 
 The server keeps the fp32 master copy of named tensors and their AdamW state; trainers push
-gradients (one atomic AdamW step per push) and pull parameters back. See fusedps.client.Client.
+gradients (one atomic AdamW step per push) and pull parameters back.
+
+* fusedps.torch.RemoteAdamW: a torch.optim.Optimizer that trains a model through fusedps
+  servers, a drop-in for torch.optim.AdamW (imported on first use).
+* fusedps.Client: one server; fusedps.ShardedClient: a model split over several servers, with
+  fusedps.plan computing which slice of which tensor each holds (docs/sharding.md).
+* fusedps.errors: the exceptions, one per gRPC status code, under fusedps.FusedPSError.
+* fusedps.checkpoint converts server checkpoints to and from PyTorch state dicts
+  (docs/checkpoints.md); imported on first use.
 
 The generated gRPC stubs live in fusedps.v1 (parameter_service_pb2, parameter_service_pb2_grpc),
-produced at build time beside this package in build/python: use PYTHONPATH=build/python.
-
-fusedps.checkpoint converts server checkpoints to and from PyTorch state dicts
-(docs/checkpoints.md); it is imported on first use (``fusedps.checkpoint`` or
-``import fusedps.checkpoint``).
-
-A model can be split over several servers: fusedps.plan computes which slice of which tensor
-each server holds (docs/sharding.md), and fusedps.sharded.ShardedClient drives the servers.
+generated when the package is built (pip install client/python, or make). torch and numpy are
+imported only by the calls that move tensors, not by ``import fusedps``.
 """
 
-from fusedps.client import (
-    Client,
-    Consistency,
-    ParamGroup,
-    PulledTensors,
-    PushResult,
-    RegisterResult,
-    ServerInfo,
-    TensorInfo,
-    TensorList,
-)
+from fusedps import errors
+from fusedps.client import Client
+from fusedps.errors import FusedPSError
 from fusedps.plan import PlanSlice, ShardPlan, make_plan
+from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
+                             ServerInfo, TensorInfo, TensorList)
 from fusedps.sharded import PulledShards, ShardedClient, ShardedPushResult
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# Submodules imported on first access, so that `import fusedps` stays light (no torch).
+_LAZY_SUBMODULES = ("checkpoint", "torch")
 
 
 def __getattr__(name):
-    # Submodules imported on first access, so that `import fusedps` stays light.
-    if name == "checkpoint":
+    if name in _LAZY_SUBMODULES:
         import importlib
 
-        return importlib.import_module("fusedps.checkpoint")
+        return importlib.import_module(f"fusedps.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "Client",
     "Consistency",
+    "FusedPSError",
     "ParamGroup",
     "PlanSlice",
     "PulledShards",
@@ -56,5 +55,7 @@ __all__ = [
     "TensorInfo",
     "TensorList",
     "make_plan",
+    "errors",
     "checkpoint",
+    "torch",
 ]

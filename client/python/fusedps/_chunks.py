@@ -14,24 +14,26 @@ from __future__ import annotations
 
 from typing import Iterator, List, Sequence, Tuple
 
-import numpy as np
-import torch
+from fusedps._lazy import LazyModule
+
+np = LazyModule("numpy")
+torch = LazyModule("torch")
 
 # Wire dtype names accepted by the client, with their element size in bytes and the
-# little-endian numpy dtype used to read/write the raw bytes.
+# little-endian numpy dtype (its spelling) used to read/write the raw bytes.
 _WIRE = {
-    "float32": (4, np.dtype("<f4")),
-    "bfloat16": (2, np.dtype("<u2")),  # raw bits; converted through torch
-    "float16": (2, np.dtype("<f2")),
+    "float32": (4, "<f4"),
+    "bfloat16": (2, "<u2"),  # raw bits; converted through torch
+    "float16": (2, "<f2"),
 }
 
-_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+# Spellings of each wire dtype; torch dtypes are looked up by str(dtype) ("torch.float32"), so
+# that naming a dtype does not import torch.
 _ALIASES = {
-    "float32": "float32", "fp32": "float32", "f32": "float32", torch.float32: "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16", torch.bfloat16: "bfloat16",
+    "float32": "float32", "fp32": "float32", "f32": "float32", "torch.float32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
     "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
-    torch.float16: "float16",
+    "torch.float16": "float16",
 }
 
 # Bytes reserved per TensorChunk for protobuf framing: field tags, length varints (<= 5 bytes
@@ -50,10 +52,10 @@ def wire_dtype_name(dtype) -> str:
     Raises:
       ValueError: for anything but float32, bfloat16 and float16.
     """
-    key = dtype.lower() if isinstance(dtype, str) else dtype
+    key = dtype.lower() if isinstance(dtype, str) else str(dtype)
     try:
         return _ALIASES[key]
-    except (KeyError, TypeError):
+    except KeyError:
         raise ValueError(
             f"unsupported dtype {dtype!r}: expected 'float32', 'bfloat16' or 'float16'") from None
 
@@ -61,6 +63,16 @@ def wire_dtype_name(dtype) -> str:
 def element_size(wire_name: str) -> int:
     """Bytes per element of a wire dtype name ("float32" -> 4, "bfloat16"/"float16" -> 2)."""
     return _WIRE[wire_name][0]
+
+
+def torch_dtype(wire_name: str):
+    """The torch dtype of a wire dtype name (torch.float32, torch.bfloat16, torch.float16)."""
+    return getattr(torch, wire_name)
+
+
+def numpy_dtype(wire_name: str):
+    """The little-endian numpy dtype that holds a wire dtype's raw elements."""
+    return np.dtype(_WIRE[wire_name][1])
 
 
 def to_wire_array(tensor: torch.Tensor, wire_name: str) -> np.ndarray:
@@ -80,12 +92,18 @@ def to_wire_array(tensor: torch.Tensor, wire_name: str) -> np.ndarray:
         raise TypeError(f"expected a floating point tensor, got {tensor.dtype}")
     # Convert on the tensor's device first (a GPU rounds as the CPU does), so that only the
     # wire bytes are copied to host memory.
-    t = tensor.detach().to(_TORCH[wire_name]).to("cpu").contiguous().reshape(-1)
+    t = tensor.detach().to(torch_dtype(wire_name)).to("cpu").contiguous().reshape(-1)
+    return tensor_as_wire_array(t, wire_name)
+
+
+def tensor_as_wire_array(flat, wire_name: str):
+    """A 1-D numpy view of a contiguous 1-D CPU tensor of the wire dtype (bfloat16 as its raw
+    uint16 bits): writes through it land in the tensor."""
     if wire_name == "bfloat16":
-        arr = t.view(torch.int16).numpy().view(np.uint16)
+        arr = flat.view(torch.int16).numpy().view(np.uint16)
     else:
-        arr = t.numpy()
-    return arr.astype(_WIRE[wire_name][1], copy=False)
+        arr = flat.numpy()
+    return arr.astype(numpy_dtype(wire_name), copy=False)
 
 
 def from_wire_array(arr: np.ndarray, wire_name: str, shape: Sequence[int]) -> torch.Tensor:
@@ -105,7 +123,7 @@ def from_wire_array(arr: np.ndarray, wire_name: str, shape: Sequence[int]) -> to
 
 def empty_wire_array(numel: int, wire_name: str) -> np.ndarray:
     """An uninitialized 1-D little-endian array for ``numel`` elements of a wire dtype."""
-    return np.empty(numel, dtype=_WIRE[wire_name][1])
+    return np.empty(numel, dtype=numpy_dtype(wire_name))
 
 
 def decode_into(dst: np.ndarray, offset: int, data: bytes) -> int:
@@ -190,3 +208,57 @@ def group_specs(specs: Sequence, max_message_bytes: int) -> Iterator[list]:
     if batch:
         yield batch
 
+
+
+# -- raw encoding of request messages ----------------------------------------------------------
+# Pushes are serialized here rather than through protobuf objects so that each gradient byte is
+# copied once on its way out: from the tensor (a memoryview) into the request's bytes. Building
+# TensorChunk objects would copy every payload three times (tobytes, the message's field, the
+# serialization). The layout is protobuf's wire format, for any message whose field 2 is
+# `repeated TensorChunk chunks` (PushGradientsRequest, RegisterTensorsRequest).
+
+CHUNKS_FIELD = 2  # `repeated TensorChunk chunks = 2` of the request messages.
+_WIRETYPE_VARINT = 0
+_WIRETYPE_LEN = 2
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _tag(number: int, wire_type: int) -> bytes:
+    return _varint(number << 3 | wire_type)
+
+
+def chunk_prefix(name: bytes, offset: int, nbytes: int) -> bytes:
+    """The bytes of one `chunks` entry (a TensorChunk: tensor = 1, offset = 2, data = 3) that
+    come before its ``nbytes`` of data, in a message whose field 2 is the chunks."""
+    body = _tag(1, _WIRETYPE_LEN) + _varint(len(name)) + name
+    if offset:
+        body += _tag(2, _WIRETYPE_VARINT) + _varint(offset)
+    body += _tag(3, _WIRETYPE_LEN) + _varint(nbytes)
+    return _tag(CHUNKS_FIELD, _WIRETYPE_LEN) + _varint(len(body) + nbytes) + body
+
+
+def encode_messages(plan: Sequence[List[Tuple[str, int, int]]], wire_views,
+                    itemsize: int) -> Iterator[bytes]:
+    """Serialized request messages carrying the chunks of ``plan`` (plan_messages' lists of
+    (name, start, stop)), the data read from ``wire_views[name]``: the tensor's wire bytes as a
+    1-D uint8 numpy array (element ranges are scaled by ``itemsize``). Each message is one
+    bytes object, made by one join: the data's only copy."""
+    names = {}
+    for message in plan:
+        parts = []
+        for name, start, stop in message:
+            encoded = names.get(name)
+            if encoded is None:
+                encoded = names[name] = name.encode("utf-8")
+            nbytes = (stop - start) * itemsize
+            parts.append(chunk_prefix(encoded, start, nbytes))
+            parts.append(wire_views[name][start * itemsize:stop * itemsize].data)
+        yield b"".join(parts)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import grpc
+from fusedps import errors
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_MIN_BYTES_PER_SECOND = 10e6
@@ -51,24 +51,6 @@ def channel_options(extra: Sequence[Tuple[str, object]] = ()) -> List[Tuple[str,
     return list(options.items())
 
 
-class DeadlineExceeded(grpc.RpcError):
-    """A call that GrowingDeadline cancelled: code() is DEADLINE_EXCEEDED, as for a call that
-    passed a deadline gRPC enforced."""
-
-    def __init__(self, details: str):
-        super().__init__(details)
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-
-    def details(self) -> str:
-        return self._details
-
-    def __str__(self) -> str:
-        return f"DEADLINE_EXCEEDED: {self._details}"
-
-
 class GrowingDeadline:
     """Cancels ``call`` (anything with cancel()) once call_timeout(timeout, rate, payload) has
     passed since this was made; set_payload() moves the deadline as the payload grows. Does
@@ -96,9 +78,9 @@ class GrowingDeadline:
                 self._payload = payload_bytes
                 self._changed.notify()
 
-    def error(self) -> DeadlineExceeded:
+    def error(self) -> errors.DeadlineExceeded:
         seconds = call_timeout(self._timeout, self._rate, self._payload)
-        return DeadlineExceeded(
+        return errors.DeadlineExceeded(
             f"call exceeded its deadline of {seconds:.3f} s ({self._timeout} s plus "
             f"{self._payload} bytes at {self._rate:g} bytes/s)")
 

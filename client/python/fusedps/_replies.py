@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
-
-import torch
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from fusedps import _chunks
 from fusedps.v1 import parameter_service_pb2 as pb
+
+if TYPE_CHECKING:
+    import torch
 
 _WIRE_TO_PB = {
     "float32": pb.DTYPE_FLOAT32,
@@ -41,7 +42,7 @@ class PullReply:
 
     version: int
     infos: List["pb.TensorInfo"]
-    tensors: Dict[str, torch.Tensor]
+    tensors: Dict[str, "torch.Tensor"]
 
 
 class PullAssembler:
@@ -57,8 +58,13 @@ class PullAssembler:
     Every failed check raises RuntimeError("malformed pull reply: ...").
     """
 
-    def __init__(self, wire: str):
+    def __init__(self, wire: str,
+                 destinations: Optional[Dict[str, Tuple[object, tuple]]] = None):
+        """``destinations``: name -> (1-D numpy array of the wire dtype, the local shape): that
+        tensor's elements are decoded straight into the array (a view of the caller's tensor),
+        once its TensorInfo has the same shape; another shape raises ValueError."""
         self._wire = wire
+        self._destinations = destinations or {}
         self._version: Optional[int] = None
         self._tensor_count = 0
         self._infos: List[pb.TensorInfo] = []
@@ -126,8 +132,13 @@ class PullAssembler:
                              f"match its shape")
         if info.name in self._arrays:
             raise _malformed(f"tensor {info.name!r} is described twice")
+        destination = self._destinations.get(info.name)
+        if destination is not None and tuple(info.shape) != destination[1]:
+            raise ValueError(f"{info.name}: server shape {tuple(info.shape)} != local shape "
+                             f"{destination[1]}")
         self._infos.append(info)
-        self._arrays[info.name] = _chunks.empty_wire_array(numel, self._wire)
+        self._arrays[info.name] = (destination[0] if destination is not None
+                                   else _chunks.empty_wire_array(numel, self._wire))
         self._received[info.name] = 0
         self.announced_bytes += numel * _chunks.element_size(self._wire)
 

@@ -21,11 +21,15 @@ Conventions:
   * Tensor names are those of ``named_parameters()`` (plus an optional prefix).
   * Everything travels as little-endian chunks; each request message is kept at or under
     ``max_chunk_bytes`` (keep that under the server's ``max_message_bytes``, 8 MiB by default).
-  * Server errors surface as ``grpc.RpcError`` with the server's ``grpc.StatusCode``:
-    NOT_FOUND (unknown tensor or param group), INVALID_ARGUMENT (bad sizes, dtypes, values),
-    ALREADY_EXISTS (a conflicting re-registration), UNAVAILABLE (no server, or a server that
-    stopped answering keepalive pings), DEADLINE_EXCEEDED (a call past its deadline), ...
+  * Server errors raise fusedps.FusedPSError subclasses (fusedps.errors), one per gRPC status
+    code, keeping the code and the server's message: NotFound (unknown tensor or param group),
+    InvalidArgument (bad sizes, dtypes, values), AlreadyExists (a conflicting
+    re-registration), Unavailable (no server, or a server that stopped answering keepalive
+    pings), DeadlineExceeded (a call past its deadline), ... FusedPSError is a grpc.RpcError.
     Mistakes the client can see before calling raise ValueError / TypeError / KeyError.
+  * Pushes and pulls go through the C++ client (fusedps._native) when its library is present,
+    else through grpcio; both send a push as ``streams`` concurrent parts. See Client.
+  * torch is imported on the first call that moves tensors, not by ``import fusedps``.
   * Every call has a deadline by default (30 s plus its tensor data at 10 MB/s) and the
     client's channel sends keepalive pings while calls are in flight, so a dead server or a
     network partition raises an error instead of hanging a trainer; see Client.
@@ -34,14 +38,23 @@ Conventions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+import uuid
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
-import torch
 
-from fusedps import _chunks, _deadlines, _replies
+from fusedps import _chunks, _deadlines, _native, _replies, _transport, errors
+from fusedps._lazy import LazyModule
+from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _chunk_messages,
+                               _hyperparameters, _named_tensors, checked_state)
+from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
+                             ServerInfo, TensorInfo, TensorList)
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
 
 __all__ = [
     "Client",
@@ -55,303 +68,20 @@ __all__ = [
     "Consistency",
 ]
 
-# The largest max_chunk_bytes a PullParametersRequest may ask for (proto: at most 4 MiB).
-_MAX_PULL_CHUNK_BYTES = 4 << 20
-
 DEFAULT_TIMEOUT = _deadlines.DEFAULT_TIMEOUT
 DEFAULT_MIN_BYTES_PER_SECOND = _deadlines.DEFAULT_MIN_BYTES_PER_SECOND
 
 _DTYPE_TO_PB = _replies._WIRE_TO_PB  # Wire dtype name -> proto enum, one table.
 _PB_TO_DTYPE = {v: k for k, v in _DTYPE_TO_PB.items()}
 
-_FIELDS = {
-    "param": pb.TENSOR_FIELD_PARAM,
-    "exp_avg": pb.TENSOR_FIELD_EXP_AVG,
-    "exp_avg_sq": pb.TENSOR_FIELD_EXP_AVG_SQ,
-    "max_exp_avg_sq": pb.TENSOR_FIELD_MAX_EXP_AVG_SQ,
-}
-
-ModelLike = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]
-
-
-# ----------------------------------------------------------------------------------------------
-# Result types
-# ----------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ParamGroup:
-    """AdamW hyperparameters of a param group, as stored by the server.
-
-    Attributes:
-      name: the group's name.
-      lr: learning rate (>= 0).
-      betas: (beta1, beta2), each in [0, 1).
-      eps: added to the denominator (>= 0).
-      weight_decay: decay coefficient (>= 0).
-      amsgrad: whether max_exp_avg_sq is kept (fixed at registration).
-      maximize: whether the objective is maximized (gradients negated).
-      decoupled_weight_decay: True: AdamW's decoupled decay (param -= lr * wd * param);
-        False: L2, as torch.optim.Adam (grad += wd * param).
-    A field the server left unset is None.
-    """
-
-    name: str
-    lr: Optional[float]
-    betas: Tuple[Optional[float], Optional[float]]
-    eps: Optional[float]
-    weight_decay: Optional[float]
-    amsgrad: Optional[bool]
-    maximize: Optional[bool]
-    decoupled_weight_decay: Optional[bool]
-
-    @classmethod
-    def _from_pb(cls, g: "pb.ParamGroup") -> "ParamGroup":
-        h = g.hyperparameters
-
-        def opt(field):
-            return getattr(h, field) if h.HasField(field) else None
-
-        mode = opt("weight_decay_mode")
-        return cls(
-            name=g.name,
-            lr=opt("lr"),
-            betas=(opt("beta1"), opt("beta2")),
-            eps=opt("eps"),
-            weight_decay=opt("weight_decay"),
-            amsgrad=opt("amsgrad"),
-            maximize=opt("maximize"),
-            decoupled_weight_decay=None if mode is None else mode != pb.WEIGHT_DECAY_MODE_L2,
-        )
-
-
-@dataclass(frozen=True)
-class RegisterResult:
-    """Outcome of register_model.
-
-    Attributes:
-      tensors_created: tensors that were new to the server.
-      tensors_existing: tensors already registered with an identical spec (left unchanged:
-        their values on the server were kept, not overwritten).
-      version: the shard version after registration.
-    """
-
-    tensors_created: int
-    tensors_existing: int
-    version: int
-
-
-@dataclass(frozen=True)
-class PushResult:
-    """Acknowledgement of one push (one AdamW step of the pushed tensors, or none).
-
-    Attributes:
-      version: the shard version after the push (unchanged when skipped or a duplicate).
-      step_skipped: True when nothing was updated (e.g. a non-finite gradient).
-      skip_reason: "non_finite_grad" when step_skipped, else "".
-      tensors_updated: number of tensors whose step advanced.
-      grad_bytes: gradient payload bytes the server received.
-      duplicate: True when the server recognized a retry of a push it took (same client_id
-        and sequence_number) and applied nothing more; the other fields repeat that push's.
-      round_workers: sync mode: the pushes (distinct client_ids) the round's step averaged;
-        0 in the other modes.
-    """
-
-    version: int
-    step_skipped: bool
-    skip_reason: str
-    tensors_updated: int
-    grad_bytes: int
-    duplicate: bool
-    round_workers: int = 0
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One registered tensor: name, shape (tuple of ints; () for 0-dim), param group, the number
-    of optimizer steps applied to it, and its element count."""
-
-    name: str
-    shape: Tuple[int, ...]
-    param_group: str
-    step: int
-    numel: int
-
-    @classmethod
-    def _from_pb(cls, t: "pb.TensorInfo") -> "TensorInfo":
-        return cls(t.name, tuple(int(d) for d in t.shape), t.param_group, int(t.step),
-                   int(t.numel))
-
-
-class TensorList(list):
-    """A list of TensorInfo in the server's order, plus ``.version`` (the shard version when
-    the first page was read; a push applied between pages shows in the later pages' steps)."""
-
-    def __init__(self, items: Iterable[TensorInfo] = (), version: int = 0):
-        super().__init__(items)
-        self.version = version
-
-
-class PulledTensors(dict):
-    """name -> torch.Tensor (CPU, shaped as registered), in the server's order.
-
-    Attributes:
-      version: the shard version every tensor was read at.
-      steps: name -> optimizer steps applied to that tensor (int).
-      dtype: the wire dtype name ("float32" or "bfloat16"); tensors have the matching torch dtype.
-    """
-
-    def __init__(self, items=(), version: int = 0, steps: Optional[Dict[str, int]] = None,
-                 dtype: str = "float32"):
-        super().__init__(items)
-        self.version = version
-        self.steps = dict(steps or {})
-        self.dtype = dtype
-
-
-@dataclass(frozen=True)
-class Consistency:
-    """How a shard turns pushes into steps (docs/consistency.md): mode "async", "sync" (K of N
-    rounds: replicas_to_aggregate K, total_replicas N, round_timeout_seconds, 0 for none) or
-    "bounded" (max_staleness, staleness_lr_scaling); "unspecified" from a server that left it
-    unset."""
-
-    mode: str
-    replicas_to_aggregate: int
-    total_replicas: int
-    round_timeout_seconds: float
-    max_staleness: int
-    staleness_lr_scaling: bool
-
-    @classmethod
-    def _from_pb(cls, c: "pb.Consistency") -> "Consistency":
-        mode = {pb.CONSISTENCY_MODE_ASYNC: "async", pb.CONSISTENCY_MODE_SYNC: "sync",
-                pb.CONSISTENCY_MODE_BOUNDED: "bounded"}.get(c.mode, "unspecified")
-        return cls(mode, int(c.replicas_to_aggregate), int(c.total_replicas),
-                   float(c.round_timeout_seconds), int(c.max_staleness),
-                   bool(c.staleness_lr_scaling))
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What GetInfo reports.
-
-    Attributes:
-      version: shard version (applied pushes).
-      backend: "cpu" or "cuda".
-      device: e.g. "cpu (16 threads)" or "cuda:0 NVIDIA H100".
-      tensor_count, parameter_count: registered tensors and their total elements.
-      param_groups: list of ParamGroup.
-      server_version: the server's build version string.
-      max_message_bytes: the server's max receive message size in bytes.
-      param_copy_dtype: "bfloat16" / "float16" when the server keeps a low-precision copy of
-        the params for pulls, else None.
-      consistency: the shard's Consistency, or None from a server that does not report it.
-      plan_hash: the hash of the sharding plan the shard belongs to ("" when unsharded).
-    """
-
-    version: int
-    backend: str
-    device: str
-    tensor_count: int
-    parameter_count: int
-    param_groups: Tuple[ParamGroup, ...]
-    server_version: str
-    max_message_bytes: int
-    param_copy_dtype: Optional[str]
-    consistency: Optional[Consistency] = None
-    plan_hash: str = ""
-
-
-# ----------------------------------------------------------------------------------------------
-# Helpers
-# ----------------------------------------------------------------------------------------------
-
-def _named_tensors(obj: ModelLike, prefix: str = "") -> List[Tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of a module (named_parameters), a mapping or an iterable of pairs.
-
-    Raises:
-      TypeError: for anything else. ValueError: for repeated names.
-    """
-    if isinstance(obj, torch.nn.Module):
-        pairs = list(obj.named_parameters())
-    elif isinstance(obj, Mapping):
-        pairs = list(obj.items())
-    else:
-        try:
-            pairs = [tuple(p) for p in obj]
-        except TypeError:
-            raise TypeError(
-                "expected an nn.Module, a mapping name -> tensor or (name, tensor) pairs, got "
-                f"{type(obj).__name__}") from None
-    out = []
-    seen = set()
-    for pair in pairs:
-        if len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(pair[1], torch.Tensor):
-            raise TypeError(f"expected (str, torch.Tensor) pairs, got {pair!r:.80}")
-        name = prefix + pair[0]
-        if name in seen:
-            raise ValueError(f"tensor name {name!r} appears twice")
-        seen.add(name)
-        out.append((name, pair[1]))
-    return out
-
-
-def _check_sendable(name: str, t: torch.Tensor) -> None:
-    if t.layout != torch.strided:
-        raise TypeError(f"{name}: only dense tensors can be sent, got layout {t.layout}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name}: expected a floating point tensor, got {t.dtype}")
-
-
-def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=None,
-                     maximize=None, decoupled_weight_decay=None) -> "pb.Hyperparameters":
-    h = pb.Hyperparameters()
-    if lr is not None:
-        h.lr = float(lr)
-    if betas is not None:
-        b1, b2 = betas
-        if b1 is not None:
-            h.beta1 = float(b1)
-        if b2 is not None:
-            h.beta2 = float(b2)
-    if eps is not None:
-        h.eps = float(eps)
-    if weight_decay is not None:
-        h.weight_decay = float(weight_decay)
-    if amsgrad is not None:
-        h.amsgrad = bool(amsgrad)
-    if maximize is not None:
-        h.maximize = bool(maximize)
-    if decoupled_weight_decay is not None:
-        h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
-                               else pb.WEIGHT_DECAY_MODE_L2)
-    return h
-
-
-def _chunk_messages(message_cls, items: Sequence[Tuple[str, torch.Tensor]], wire: str,
-                    max_message_bytes: int) -> Iterator:
-    """Request messages (of ``message_cls``, using its ``chunks`` field) carrying every element
-    of every tensor in ``items`` as ``wire``-dtype chunks. Converts one tensor at a time."""
-    numels = [(name, t.numel()) for name, t in items]
-    tensors = dict(items)
-    arrays: Dict[str, object] = {}
-    itemsize = _chunks.element_size(wire)
-    for plan in _chunks.plan_messages(numels, itemsize, max_message_bytes):
-        msg = message_cls()
-        for name, start, stop in plan:
-            arr = arrays.get(name)
-            if arr is None:
-                arr = arrays[name] = _chunks.to_wire_array(tensors[name], wire)
-            msg.chunks.add(tensor=name, offset=start, data=arr[start:stop].tobytes())
-            if stop == arr.shape[0]:
-                del arrays[name]
-        yield msg
+TRANSPORTS = ("auto", "native", "grpcio")
 
 
 # ----------------------------------------------------------------------------------------------
 # Client
 # ----------------------------------------------------------------------------------------------
 
+@errors.translate_public_methods
 class Client:
     """A connection to one fusedps server (one shard).
 
@@ -362,10 +92,10 @@ class Client:
         Default 1 MiB; at least 2048. Must not exceed the server's max_message_bytes.
       client_id: default client id of pushes ("" disables retry detection; at most 256 bytes).
       timeout: seconds; each call must finish within ``timeout`` plus its tensor data at
-        ``min_bytes_per_second``, counted from its start, or it raises grpc.RpcError with
-        DEADLINE_EXCEEDED. The data is what the call sends (register_model, push_gradients)
-        or, for a pull, what the server announces in its reply, so a pull's deadline grows
-        as the reply describes its tensors; other calls (info, each page of list_tensors, ...)
+        ``min_bytes_per_second``, counted from its start, or it raises
+        fusedps.errors.DeadlineExceeded. The data is what the call sends (register_model,
+        push_gradients) or, for a pull, what the server announces in its reply, so a pull's
+        deadline grows as the reply describes its tensors; other calls (info, each page of list_tensors, ...)
         get ``timeout`` alone. None: no deadline at all.
       min_bytes_per_second: the slowest transfer a call is allowed (0: ``timeout`` for every
         call, whatever its size).
@@ -373,6 +103,21 @@ class Client:
         client then does not close it, nor set its options).
       options: extra grpc channel options, as for grpc.insecure_channel; they override the
         client's own (no message size limits, and keepalive, below).
+      streams: concurrent calls, each on its own connection, 1..64. A push goes as that many
+        parts at once (PushHeader.part_count; the server still applies it as one step; parts
+        need a client_id and a sequence_number, so a push without them gets this client's
+        own: a random client id and a counter) and a pull of several tensors is split across
+        them (native transport).
+      transport: how pushes and pulls travel:
+        * "native": the C++ client (libfusedps_c through ctypes, fusedps._native): the fastest,
+          several GB/s with a few streams; raises RuntimeError when the library is missing;
+        * "grpcio": grpcio alone (each gradient byte copied once into its request, parts over
+          ``streams`` channels, pulls decoded straight into the destination tensors);
+        * "auto" (default): "native" for streams > 1 when its library loads and neither
+          ``channel`` nor ``options`` was given (the C++ client makes its own channels), else
+          "grpcio", which moves one stream faster (docs/benchmarks.md, "The Python client").
+        Every other call (registration, info, ...) uses grpcio. ``transport_in_use`` says
+        which was picked.
 
     The defaults, 30 s plus 10 MB/s, are the C++ client's (its ClientOptions says why): room
     for connecting, back-pressure and a large step, yet a small call left unanswered fails in
@@ -390,7 +135,8 @@ class Client:
                  timeout: Optional[float] = DEFAULT_TIMEOUT,
                  min_bytes_per_second: float = DEFAULT_MIN_BYTES_PER_SECOND,
                  channel: Optional[grpc.Channel] = None,
-                 options: Sequence[Tuple[str, object]] = ()):
+                 options: Sequence[Tuple[str, object]] = (), streams: int = 1,
+                 transport: str = "auto"):
         if int(max_chunk_bytes) < _chunks.MIN_MESSAGE_BYTES:
             raise ValueError(
                 f"max_chunk_bytes must be >= {_chunks.MIN_MESSAGE_BYTES}, got {max_chunk_bytes}")
@@ -398,6 +144,10 @@ class Client:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
         if not min_bytes_per_second >= 0:
             raise ValueError(f"min_bytes_per_second must be >= 0, got {min_bytes_per_second}")
+        if not 1 <= int(streams) <= 64:
+            raise ValueError(f"streams must be in [1, 64], got {streams}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.target = target
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.client_id = client_id
@@ -410,11 +160,43 @@ class Client:
         self._stub = pb_grpc.ParameterServiceStub(channel)
         # The version of the most recent pull_parameters; the default base_version of pushes.
         self.last_pulled_version = 0
+        self.streams = int(streams)
+        # The names of pushes in parts that came without one (see streams).
+        self._own_client_id = f"fusedps-py-{uuid.uuid4().hex[:16]}"
+        self._last_sequence_number = 0
+        self._native: Optional[_native.NativeClient] = None
+        self._extra_channels: List[grpc.Channel] = []
+        # "auto": grpcio moves one stream faster than the C++ client (torch rounds to bf16 in
+        # bulk, then grpcio writes), the C++ client several (docs/benchmarks.md).
+        if transport == "native" or (transport == "auto" and self.streams > 1
+                                     and self._owns_channel and not options
+                                     and _native.library() is not None):
+            self._native = _native.NativeClient(
+                target, streams=self.streams, max_chunk_bytes=self.max_chunk_bytes,
+                timeout=timeout, min_bytes_per_second=min_bytes_per_second)
+            self._pusher = None
+        else:
+            # Channels beyond the first, each its own connection (a local subchannel pool).
+            self._extra_channels = [
+                grpc.insecure_channel(target, options=_deadlines.channel_options(
+                    list(options) + [("grpc.use_local_subchannel_pool", 1)]))
+                for _ in range(self.streams - 1)]
+            self._pusher = _transport.GrpcioPusher([channel] + self._extra_channels)
+        self.transport_in_use = "native" if self._native is not None else "grpcio"
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes the channel (if the client created it). Idempotent."""
+        """Closes the channels (the given ``channel`` excepted) and the native client.
+        Idempotent."""
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+        if self._pusher is not None:
+            self._pusher.close()
+        for extra in self._extra_channels:
+            extra.close()
+        self._extra_channels = []
         if self._owns_channel and self._channel is not None:
             self._channel.close()
         self._channel = None
@@ -450,7 +232,7 @@ class Client:
         Returns:
           The group as stored, with defaults filled in (ParamGroup).
         Raises:
-          grpc.RpcError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 bytes);
+          FusedPSError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 bytes);
             ALREADY_EXISTS when a different group of that name exists.
         """
         req = pb.RegisterParamGroupRequest(param_group=pb.ParamGroup(
@@ -473,7 +255,7 @@ class Client:
         Returns:
           The group after the change (ParamGroup).
         Raises:
-          grpc.RpcError: NOT_FOUND for an unknown group, INVALID_ARGUMENT for bad values.
+          FusedPSError: NOT_FOUND for an unknown group, INVALID_ARGUMENT for bad values.
         """
         req = pb.SetHyperparametersRequest(
             param_group=group,
@@ -505,7 +287,7 @@ class Client:
         Returns:
           RegisterResult (created / existing counts, version).
         Raises:
-          grpc.RpcError: NOT_FOUND for an unknown param group; ALREADY_EXISTS when a name is
+          FusedPSError: NOT_FOUND for an unknown param group; ALREADY_EXISTS when a name is
             registered with another shape or group; INVALID_ARGUMENT for a bad name;
             FAILED_PRECONDITION when the shard belongs to another plan_hash.
           TypeError / ValueError: for non-float or sparse tensors, repeated names.
@@ -579,7 +361,7 @@ class Client:
         Raises:
           ValueError: no gradients to push, a named tensor without ``.grad``, bad grad_scale or
             grad_dtype. KeyError: a name in ``tensors`` that the model does not have.
-          grpc.RpcError: NOT_FOUND for a tensor the server does not have; INVALID_ARGUMENT for a
+          FusedPSError: NOT_FOUND for a tensor the server does not have; INVALID_ARGUMENT for a
             wrong size; ABORTED for a stale sequence_number (above) or a base_version the
             consistency mode refuses; FAILED_PRECONDITION for another plan_hash.
         """
@@ -630,12 +412,18 @@ class Client:
         if grad_scale is not None:
             header.grad_scale = grad_scale
 
-        def requests():
-            yield pb.PushGradientsRequest(header=header)
-            yield from _chunk_messages(pb.PushGradientsRequest, items, wire, self.max_chunk_bytes)
-
-        payload = sum(g.numel() for _, g in items) * _chunks.element_size(wire)
-        r = self._stub.PushGradients(requests(), timeout=self._timeout(payload))
+        if self._native is not None:
+            r = self._native.push(
+                client_id=header.client_id, sequence_number=header.sequence_number,
+                grad_dtype=header.grad_dtype, grad_scale=grad_scale,
+                base_version=header.base_version, plan_hash=plan_hash, names=names,
+                grads=[g.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                       for _, g in items])
+            return PushResult(int(r.version), bool(r.step_skipped),
+                              r.skip_reason.decode("utf-8", "replace"), int(r.tensors_updated),
+                              int(r.grad_bytes), bool(r.duplicate), int(r.round_workers))
+        r = self._pusher.push(header, items, wire, self.max_chunk_bytes, self._timeout,
+                              self._name_push)
         return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
                           int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
                           int(r.round_workers))
@@ -661,7 +449,7 @@ class Client:
           registered shape, plus ``.version`` and ``.steps``. Every tensor was read at the
           same version.
         Raises:
-          grpc.RpcError: NOT_FOUND for an unknown name; INVALID_ARGUMENT for a bad dtype.
+          FusedPSError: NOT_FOUND for an unknown name; INVALID_ARGUMENT for a bad dtype.
           ValueError: a local tensor whose shape differs from the server's.
           RuntimeError: the server's reply was malformed (it did not cover every element
             exactly, or described its tensors wrongly).
@@ -670,15 +458,7 @@ class Client:
         if wire == "float16":
             raise ValueError("pulls support dtype 'float32' or 'bfloat16'")
         targets, names = self._targets_and_names(model_or_names, prefix)
-        out = self._pull(names, wire, pb.TENSOR_FIELD_PARAM)
-        if targets:
-            with torch.no_grad():
-                for name, t in targets:
-                    src = out[name]
-                    if tuple(src.shape) != tuple(t.shape):
-                        raise ValueError(f"{name}: server shape {tuple(src.shape)} != local "
-                                         f"shape {tuple(t.shape)}")
-                    t.copy_(src)
+        out = self._pull(names, wire, pb.TENSOR_FIELD_PARAM, targets)
         self.last_pulled_version = out.version
         return out
 
@@ -697,7 +477,7 @@ class Client:
           the server's order. The optimizer state of a tensor that was never stepped is zeros,
           as torch's would be after its first (zero-gradient-free) initialization.
         Raises:
-          ValueError: unknown field. grpc.RpcError: NOT_FOUND for unknown names;
+          ValueError: unknown field. FusedPSError: NOT_FOUND for unknown names;
           INVALID_ARGUMENT / FAILED_PRECONDITION for max_exp_avg_sq without amsgrad.
         """
         if field not in _FIELDS:
@@ -705,6 +485,72 @@ class Client:
         _, names = self._targets_and_names(names, prefix)
         out = self._pull(names, "float32", _FIELDS[field])
         return dict(out), out.version, out.steps
+
+    def load_state(self, states: Mapping[str, Mapping[str, "torch.Tensor"]],
+                   steps: Mapping[str, int], *, plan_hash: str = "") -> int:
+        """Overwrites registered tensors' params, AdamW state and steps on the server, all or
+        nothing: the counterpart of torch.optim.Optimizer.load_state_dict (e.g. to resume a
+        job from a torch checkpoint into a running server).
+
+        Args:
+          states: name -> {field: tensor}, fields among "param", "exp_avg", "exp_avg_sq" and
+            "max_exp_avg_sq" (amsgrad groups only). Each tensor has the tensor's registered
+            shape (the server checks its element count) and any floating dtype and device; it
+            travels as float32, rounded as tensor.to(torch.float32) rounds. A field not given
+            keeps its value on the server; an empty mapping sets the step alone.
+          steps: name -> the tensor's step afterwards (an int >= 0, or a 0-dim tensor holding
+            one, as torch's state["step"]); the next push's bias correction counts on from it.
+            Every name of states must be in steps, and every name of steps in states.
+          plan_hash: the shard's sharding plan hash, as given to register_model.
+
+        The load is one call: the server receives and checks all of it before it changes
+        anything, then applies it in order with pushes (after every push acknowledged before
+        this call, before any push sent after it returns) and advances the shard version by 1.
+        Its header (about 20 bytes plus the name per tensor) must fit in one message of the
+        server's max_message_bytes, and its values in the server's staging pool.
+
+        Returns:
+          The shard version after the load.
+        Raises:
+          ValueError: no tensors; states and steps with other names; an unknown field; a step
+            that is not an int >= 0. TypeError: a value that is not a dense floating tensor.
+          fusedps.errors.NotFound (NOT_FOUND): a tensor the server does not have.
+          fusedps.errors.InvalidArgument (INVALID_ARGUMENT): a tensor of another element count
+            than the registered one.
+          fusedps.errors.FailedPrecondition (FAILED_PRECONDITION): max_exp_avg_sq of a tensor
+            whose group has no amsgrad; another plan_hash than the shard's; in sync mode, a
+            round that holds pushes (load between rounds).
+          fusedps.errors.ResourceExhausted (RESOURCE_EXHAUSTED): values larger than the
+            server's whole staging pool (--staging-pool-bytes), or a header over its message
+            size. Each of these leaves the server's state as it was.
+        """
+        if not states:
+            raise ValueError("no tensors to load")
+        if set(states) != set(steps):
+            odd = sorted(set(states) ^ set(steps))
+            raise ValueError(f"states and steps must name the same tensors; {odd[0]!r} is in "
+                             "one only")
+        by_field: Dict[str, List[Tuple[str, "torch.Tensor"]]] = {f: [] for f in _FIELDS}
+        header = pb.LoadStateHeader(plan_hash=plan_hash)
+        payload = 0
+        for name, fields in states.items():
+            step = checked_state(name, fields, steps[name])
+            state = header.tensors.add(name=name, step=step)
+            for field, t in fields.items():
+                state.fields.append(_FIELDS[field])
+                by_field[field].append((name, t))
+                payload += t.numel() * 4
+
+        def requests():
+            yield pb.LoadStateRequest(header=header)
+            for field, items in by_field.items():
+                for msg in _chunk_messages(pb.LoadStateRequest, items, "float32",
+                                           self.max_chunk_bytes):
+                    for chunk in msg.chunks:  # Two bytes more a chunk: within its framing.
+                        chunk.field = _FIELDS[field]
+                    yield msg
+
+        return int(self._stub.LoadState(requests(), timeout=self._timeout(payload)).version)
 
     def info(self) -> ServerInfo:
         """Server facts: version, backend, device, counts, param groups, limits (ServerInfo)."""
@@ -725,7 +571,7 @@ class Client:
         server. Blocks until the checkpoint is durable (``timeout`` seconds at most).
 
         Raises:
-          grpc.RpcError: FAILED_PRECONDITION (the server has no --checkpoint-dir),
+          FusedPSError: FAILED_PRECONDITION (the server has no --checkpoint-dir),
             RESOURCE_EXHAUSTED (its disk is full), UNAVAILABLE, DEADLINE_EXCEEDED.
         """
         r = self._stub.Checkpoint(pb.CheckpointRequest(), timeout=timeout)
@@ -770,25 +616,43 @@ class Client:
         """The deadline, in seconds, of a call that moves payload_bytes of tensor data."""
         return _deadlines.call_timeout(self.timeout, self.min_bytes_per_second, payload_bytes)
 
-    def _pull(self, names: List[str], wire: str, field: int) -> PulledTensors:
-        req = pb.PullParametersRequest(
-            tensors=names, dtype=_DTYPE_TO_PB[wire], field=field,
-            max_chunk_bytes=min(self.max_chunk_bytes, _MAX_PULL_CHUNK_BYTES))
-        assembler = _replies.PullAssembler(wire)
-        # The size is known from the reply only: the deadline grows as the reply announces it.
-        call = self._stub.PullParameters(req)
-        with _deadlines.GrowingDeadline(call, self.timeout, self.min_bytes_per_second) as deadline:
-            try:
-                for resp in call:
-                    assembler.add(resp)
-                    deadline.set_payload(assembler.announced_bytes)
-            except grpc.RpcError:
-                if deadline.expired:
-                    raise deadline.error() from None
-                raise
-            except RuntimeError:
-                call.cancel()
-                raise
-        reply = assembler.finish(names)
-        return PulledTensors(reply.tensors.items(), version=reply.version,
-                             steps={i.name: int(i.step) for i in reply.infos}, dtype=wire)
+    def _name_push(self, header: "pb.PushHeader") -> None:
+        """Gives a push in parts the name parts need: this client's own client id and the next
+        of its sequence numbers, where the caller gave none."""
+        if not header.client_id:
+            header.client_id = self._own_client_id
+        if header.sequence_number == 0:
+            self._last_sequence_number += 1
+            header.sequence_number = self._last_sequence_number
+
+    def _pull(self, names: List[str], wire: str, field: int,
+              targets: Sequence[Tuple[str, "torch.Tensor"]] = ()) -> PulledTensors:
+        """Pulls ``names`` and, when ``targets`` ((name, tensor) pairs covering the names) are
+        given, writes the values into them: straight into a tensor that can take the wire's
+        bytes (contiguous, on the CPU, of the wire dtype; float32 for the native transport), else
+        through a CPU buffer and one copy_ (a dtype conversion or a copy to its device). A
+        failed pull may leave the targets partly written.
+
+        Raises:
+          ValueError: a target whose shape differs from the server's.
+        """
+        if targets and self._native is not None:
+            return _native.pull_into(self._native, targets, wire, field)
+        direct = {}
+        for name, t in targets:
+            if (t.device.type == "cpu" and t.is_contiguous()
+                    and t.dtype == _chunks.torch_dtype(wire)):
+                direct[name] = (_chunks.tensor_as_wire_array(t.detach().view(-1), wire),
+                                tuple(t.shape))
+        out = _transport.pull(self._stub, names, wire, field, direct,
+                              max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
+                              min_bytes_per_second=self.min_bytes_per_second)
+        with torch.no_grad():
+            for name, t in targets:
+                src = out[name]
+                if tuple(src.shape) != tuple(t.shape):
+                    raise ValueError(f"{name}: server shape {tuple(src.shape)} != local "
+                                     f"shape {tuple(t.shape)}")
+                if name not in direct:
+                    t.copy_(src)
+        return out

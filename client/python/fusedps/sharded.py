@@ -26,13 +26,19 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
-import torch
-
-from fusedps.client import (Client, ModelLike, ParamGroup, PushResult, RegisterResult,
-                            ServerInfo, _check_sendable, _named_tensors)
+from fusedps._lazy import LazyModule
+from fusedps._requests import _FIELDS, ModelLike, _check_sendable, _named_tensors, checked_state
+from fusedps.client import Client
+from fusedps.results import ParamGroup, PushResult, RegisterResult, ServerInfo
 from fusedps.plan import DEFAULT_SLICE_ELEMENTS, PlanSlice, ShardPlan, make_plan
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
 
 __all__ = ["PulledShards", "ShardedClient", "ShardedPushResult"]
 
@@ -185,7 +191,7 @@ class ShardedClient:
           Per shard, its RegisterResult (counts over its slices), or None for a shard not called.
         Raises:
           ValueError / TypeError: as make_plan and Client.register_model; a model that does
-            not match the plan. grpc.RpcError: as Client.register_model; FAILED_PRECONDITION
+            not match the plan. FusedPSError: as Client.register_model; FAILED_PRECONDITION
             from a shard of another plan.
         """
         items = _named_tensors(model_or_named_params, prefix)
@@ -243,7 +249,7 @@ class ShardedClient:
           RuntimeError: no plan yet (register_model first, or give one). KeyError: a tensor
             the plan does not have. ValueError: no gradients, a gradient of another shape,
             base_versions of another length, as Client.push_gradients.
-          grpc.RpcError: as Client.push_gradients, from any shard.
+          FusedPSError: as Client.push_gradients, from any shard.
         """
         plan = self._require_plan()
         grads = {}
@@ -297,7 +303,7 @@ class ShardedClient:
           in the order asked for (the plan's for None), with ``.versions`` per shard.
         Raises:
           RuntimeError: no plan yet. KeyError: a name the plan does not have. ValueError: a
-            local tensor of another shape. grpc.RpcError: as Client.pull_parameters.
+            local tensor of another shape. FusedPSError: as Client.pull_parameters.
         """
         plan = self._require_plan()
         targets, names = Client._targets_and_names(model_or_names, prefix)
@@ -325,6 +331,65 @@ class ShardedClient:
                 for name, t in targets:
                     t.copy_(out[name])
         return out
+
+    def load_state(self, states: Mapping[str, Mapping[str, "torch.Tensor"]],
+                   steps: Mapping[str, int]) -> List[Optional[int]]:
+        """Overwrites whole tensors' params, AdamW state and steps on the shards that hold
+        their slices, as Client.load_state does on one server.
+
+        Args:
+          states: name -> {field: tensor}, with the plan's names and FULL shapes; each shard
+            gets its slices' elements. Fields and dtypes as for Client.load_state.
+          steps: name -> the tensor's step afterwards; every slice of a tensor gets it. Every
+            name of states must be in steps, and every name of steps in states.
+
+        Everything is checked on the client before any shard is called. Then the shards are
+        loaded one after another, in shard order, each with the plan's hash. Each shard's load
+        is all or nothing, but the whole is NOT atomic across shards: when a shard fails, the
+        shards before it have been loaded and those after it have not (the error's note names
+        the shard); load again to finish.
+
+        Returns:
+          Per shard, its version after the load, or None for a shard that holds none of the
+          tensors (it is not called).
+        Raises:
+          RuntimeError: no plan yet (register_model first, or give one). KeyError: a tensor
+            the plan does not have. ValueError: a shape other than the plan's; as
+            Client.load_state. TypeError: as Client.load_state.
+          fusedps.errors.FusedPSError: as Client.load_state, from the first shard that fails.
+        """
+        plan = self._require_plan()
+        if self._pool is None:
+            raise ValueError("the ShardedClient is closed")
+        if not states:
+            raise ValueError("no tensors to load")
+        if set(states) != set(steps):
+            odd = sorted(set(states) ^ set(steps))
+            raise ValueError(f"states and steps must name the same tensors; {odd[0]!r} is in "
+                             "one only")
+        for name, fields in states.items():
+            checked_state(name, fields, steps[name])
+            for t in fields.values():
+                self._check_matches_plan({name: tuple(t.shape)}, exact=False)
+        flat = {field: _Flattened({n: f[field] for n, f in states.items() if field in f}, plan)
+                for field in _FIELDS}
+        versions: List[Optional[int]] = []
+        for shard, client in enumerate(self.clients):
+            slices = [s for s in plan.shard_slices(shard) if s.tensor in states]
+            if not slices:
+                versions.append(None)
+                continue
+            shard_states = {s.server_tensor: {f: flat[f].slice(s) for f in states[s.tensor]}
+                            for s in slices}
+            shard_steps = {s.server_tensor: steps[s.tensor] for s in slices}
+            try:
+                versions.append(client.load_state(shard_states, shard_steps, plan_hash=plan.hash))
+            except Exception as e:
+                if hasattr(e, "add_note"):
+                    e.add_note(f"fusedps: from shard {shard} ({self.targets[shard]}); the shards "
+                               "before it were loaded, those after it were not")
+                raise
+        return versions
 
     # -- facts ----------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ fusedps-server): each fake keeps its tensors in fp32, applies a push as SGD with
 
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent import futures
 
@@ -37,7 +38,8 @@ class FakeShard(pb_grpc.ParameterServiceServicer):
             name=request.param_group, hyperparameters=request.hyperparameters))
 
     def RegisterTensors(self, request_iterator, context):
-        header = next(request_iterator).header
+        first = next(request_iterator)
+        header = first.header
         with self.lock:
             if (self.tensors or self.plan_hash) and header.plan_hash != self.plan_hash:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another plan_hash")
@@ -58,14 +60,16 @@ class FakeShard(pb_grpc.ParameterServiceServicer):
                                               version=self.version)
 
     def PushGradients(self, request_iterator, context):
-        header = next(request_iterator).header
+        first = next(request_iterator)
+        header = first.header
         with self.lock:
             if header.plan_hash != self.plan_hash:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another plan_hash")
             self.push_headers.append(header)
             scale = header.grad_scale if header.HasField("grad_scale") else 1.0
             nbytes = 0
-            for msg in request_iterator:
+            # The header's message may carry chunks too (the C++ client packs them in).
+            for msg in itertools.chain([first], request_iterator):
                 for c in msg.chunks:
                     grad = decode(c.data, header.grad_dtype)
                     self.tensors[c.tensor][c.offset:c.offset + grad.numel()] -= grad / scale

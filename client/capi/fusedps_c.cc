@@ -1,0 +1,174 @@
+// The C ABI of fusedps_c.h over fc::Client.
+#include "fusedps_c.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "fusedps/client.h"
+
+namespace fc = fusedps::client;
+
+struct fusedps_client {
+  std::unique_ptr<fc::Client> client;
+};
+
+namespace {
+
+void CopyString(const std::string& from, char* to, size_t size) {
+  const size_t n = std::min(from.size(), size - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+int32_t Report(const absl::Status& status, fusedps_error* error) {
+  const int32_t code = static_cast<int32_t>(status.code());
+  if (error != nullptr) {
+    error->code = code;
+    CopyString(std::string(status.message()), error->message, sizeof(error->message));
+  }
+  return code;
+}
+
+absl::StatusOr<fc::DType> ToDType(int32_t dtype, bool pull) {
+  switch (dtype) {
+    case 1:
+      return fc::DType::kFloat32;
+    case 2:
+      return fc::DType::kBFloat16;
+    case 3:
+      if (!pull) return fc::DType::kFloat16;
+      break;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype ", dtype, " is not ",
+      pull ? "1 (float32) or 2 (bfloat16)" : "1, 2 or 3 (float32, bfloat16, float16)"));
+}
+
+absl::StatusOr<fc::TensorField> ToField(int32_t field) {
+  if (field < 1 || field > 4) {
+    return absl::InvalidArgumentError(absl::StrCat("field ", field, " is not in [1, 4]"));
+  }
+  return static_cast<fc::TensorField>(field);
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t fusedps_c_api_version(void) { return FUSEDPS_C_API_VERSION; }
+
+fusedps_client* fusedps_client_create(const char* target, const fusedps_client_options* options,
+                                      fusedps_error* error) {
+  if (target == nullptr || options == nullptr) {
+    Report(absl::InvalidArgumentError("target and options must not be NULL"), error);
+    return nullptr;
+  }
+  fc::ClientOptions client_options;
+  client_options.max_chunk_bytes = options->max_chunk_bytes;
+  client_options.streams = options->streams;
+  client_options.timeout = options->timeout_seconds > 0 ? absl::Seconds(options->timeout_seconds)
+                                                        : absl::InfiniteDuration();
+  if (!(options->min_bytes_per_second >= 0)) {
+    Report(absl::InvalidArgumentError(absl::StrCat("min_bytes_per_second must be >= 0, got ",
+                                                   options->min_bytes_per_second)),
+           error);
+    return nullptr;
+  }
+  client_options.min_bytes_per_second = static_cast<uint64_t>(options->min_bytes_per_second);
+  absl::StatusOr<std::unique_ptr<fc::Client>> client = fc::Client::Create(target, client_options);
+  if (!client.ok()) {
+    Report(client.status(), error);
+    return nullptr;
+  }
+  return new fusedps_client{std::move(*client)};
+}
+
+void fusedps_client_destroy(fusedps_client* client) { delete client; }
+
+int32_t fusedps_push_gradients(fusedps_client* client, const fusedps_push_header* header,
+                               size_t count, const char* const* names, const float* const* grads,
+                               const uint64_t* numels, fusedps_push_result* result,
+                               fusedps_error* error) {
+  if (client == nullptr || header == nullptr || result == nullptr ||
+      (count > 0 && (names == nullptr || grads == nullptr || numels == nullptr))) {
+    return Report(absl::InvalidArgumentError("a required pointer is NULL"), error);
+  }
+  absl::StatusOr<fc::DType> dtype = ToDType(header->grad_dtype, /*pull=*/false);
+  if (!dtype.ok()) return Report(dtype.status(), error);
+  fc::PushOptions options;
+  options.client_id = header->client_id != nullptr ? header->client_id : "";
+  options.sequence_number = header->sequence_number;
+  options.grad_dtype = *dtype;
+  if (header->grad_scale > 0) options.grad_scale = header->grad_scale;
+  options.base_version = header->base_version;
+  options.plan_hash = header->plan_hash != nullptr ? header->plan_hash : "";
+  std::vector<fc::TensorGrad> tensor_grads(count);
+  for (size_t i = 0; i < count; ++i) {
+    tensor_grads[i].name = names[i];
+    tensor_grads[i].grads = absl::MakeConstSpan(grads[i], numels[i]);
+  }
+  absl::StatusOr<fc::PushResult> pushed = client->client->PushGradients(options, tensor_grads);
+  if (!pushed.ok()) return Report(pushed.status(), error);
+  result->version = pushed->version;
+  result->step_skipped = pushed->step_skipped ? 1 : 0;
+  CopyString(pushed->skip_reason, result->skip_reason, sizeof(result->skip_reason));
+  result->tensors_updated = pushed->tensors_updated;
+  result->grad_bytes = pushed->grad_bytes;
+  result->duplicate = pushed->duplicate ? 1 : 0;
+  result->round_workers = pushed->round_workers;
+  return Report(absl::OkStatus(), error);
+}
+
+int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field, size_t count,
+                     const char* const* names, float* const* dst, const uint64_t* ranks,
+                     const int64_t* dims, uint64_t* version, int64_t* steps, fusedps_error* error) {
+  if (client == nullptr || version == nullptr || count == 0 || names == nullptr || dst == nullptr ||
+      ranks == nullptr || dims == nullptr || steps == nullptr) {
+    return Report(absl::InvalidArgumentError("a required pointer is NULL, or count is 0"), error);
+  }
+  absl::StatusOr<fc::DType> wire = ToDType(dtype, /*pull=*/true);
+  if (!wire.ok()) return Report(wire.status(), error);
+  absl::StatusOr<fc::TensorField> tensor_field = ToField(field);
+  if (!tensor_field.ok()) return Report(tensor_field.status(), error);
+  fc::PullOptions options;
+  options.dtype = *wire;
+  options.field = *tensor_field;
+  options.tensors.assign(names, names + count);
+  absl::StatusOr<fc::PullResult> pulled = client->client->PullParameters(options);
+  if (!pulled.ok()) return Report(pulled.status(), error);
+  const int64_t* shape = dims;
+  for (size_t i = 0; i < count; ++i) {
+    auto it = pulled->tensors.find(names[i]);
+    if (it == pulled->tensors.end()) {
+      return Report(
+          absl::InternalError(absl::StrCat("the pull's reply lacks tensor '", names[i], "'")),
+          error);
+    }
+    const std::vector<int64_t> expected(shape, shape + ranks[i]);
+    shape += ranks[i];
+    if (it->second.shape != expected) {
+      return Report(
+          absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", names[i], "': server shape [", absl::StrJoin(it->second.shape, ", "),
+              "] != local shape [", absl::StrJoin(expected, ", "), "]")),
+          error);
+    }
+    const std::vector<float>& values = it->second.values;
+    std::memcpy(dst[i], values.data(), values.size() * sizeof(float));
+    steps[i] = it->second.step;
+  }
+  *version = pulled->version;
+  return Report(absl::OkStatus(), error);
+}
+
+}  // extern "C"

@@ -1,0 +1,102 @@
+// fusedps_c.h: a C ABI over the C++ client (fusedps/client.h), for the Python package's native
+// transport (client/python/fusedps/_native.py, through ctypes).
+//
+// Why a C ABI and not a CPython extension: a C ABI loads into any CPython version through ctypes
+// (the trainer's Python need not be the one the library was built for), needs no Python headers,
+// and ctypes releases the GIL for the whole call, so a push moves at the C++ client's speed while
+// other Python threads run.
+//
+// Conventions:
+//  * Every function that can fail returns a gRPC status code (0 = OK) and, when it is not 0,
+//    writes a NUL-terminated message into error->message (truncated to fit).
+//  * Strings are NUL-terminated UTF-8. Arrays are given as a pointer and a count.
+//  * Dtype and field numbers are those of the proto enums (fusedps.v1.DType: 1 float32,
+//    2 bfloat16, 3 float16; fusedps.v1.TensorField: 1 param, 2 exp_avg, 3 exp_avg_sq,
+//    4 max_exp_avg_sq).
+//
+// Thread safety: one fusedps_client may be used by one thread at a time (as fusedps::Client).
+// Lifetimes: a client lives from fusedps_client_create to fusedps_client_destroy; every pointer
+// passed to a call is read during that call only.
+#ifndef FUSEDPS_CLIENT_CAPI_FUSEDPS_C_H_
+#define FUSEDPS_CLIENT_CAPI_FUSEDPS_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Bumped on any change of the functions or structs below; the Python side checks it.
+#define FUSEDPS_C_API_VERSION 1
+
+// The library is built with hidden visibility; only these functions are exported.
+#define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
+
+typedef struct fusedps_client fusedps_client;
+
+typedef struct fusedps_error {
+  int32_t code;        // gRPC status code; 0 when the call succeeded.
+  char message[1024];  // The status message, NUL-terminated.
+} fusedps_error;
+
+typedef struct fusedps_client_options {
+  uint64_t max_chunk_bytes;     // Payload bytes per request message (ClientOptions).
+  int32_t streams;              // Concurrent calls, each on its own connection, 1..64.
+  double timeout_seconds;       // Per-call deadline base; <= 0: no deadline at all.
+  double min_bytes_per_second;  // Added to the deadline per payload byte; 0: none.
+} fusedps_client_options;
+
+typedef struct fusedps_push_header {
+  const char* client_id;     // "" disables retry detection (streams > 1 picks one).
+  uint64_t sequence_number;  // 0 disables retry detection (streams > 1 picks one).
+  int32_t grad_dtype;        // Wire dtype: 1 float32, 2 bfloat16, 3 float16.
+  float grad_scale;          // > 0: the server divides the gradients by it; <= 0: none.
+  uint64_t base_version;
+  const char* plan_hash;  // "" for an unsharded server.
+} fusedps_push_header;
+
+typedef struct fusedps_push_result {
+  uint64_t version;
+  int32_t step_skipped;
+  char skip_reason[64];
+  uint32_t tensors_updated;
+  uint64_t grad_bytes;
+  int32_t duplicate;
+  uint32_t round_workers;
+} fusedps_push_result;
+
+FUSEDPS_C_EXPORT int32_t fusedps_c_api_version(void);
+
+// Makes a client of `target` ("host:port"); connects lazily. NULL with *error set
+// (INVALID_ARGUMENT) for options outside fusedps::ClientOptions' REQUIRES.
+FUSEDPS_C_EXPORT fusedps_client* fusedps_client_create(const char* target,
+                                                       const fusedps_client_options* options,
+                                                       fusedps_error* error);
+FUSEDPS_C_EXPORT void fusedps_client_destroy(fusedps_client* client);  // NULL is a no-op.
+
+// One push of `count` tensors: names[i] with numels[i] float32 gradients at grads[i] (host
+// memory, row-major), converted to header->grad_dtype on the way out. Applied by the server as
+// one atomic AdamW step (fusedps::Client::PushGradients).
+FUSEDPS_C_EXPORT int32_t fusedps_push_gradients(fusedps_client* client,
+                                                const fusedps_push_header* header, size_t count,
+                                                const char* const* names, const float* const* grads,
+                                                const uint64_t* numels, fusedps_push_result* result,
+                                                fusedps_error* error);
+
+// Pulls one field of `count` named tensors, all at one version, in `dtype` (1 float32 or
+// 2 bfloat16) on the wire, into dst[i] (host memory for the tensor's elements as floats;
+// bfloat16 values are widened exactly). Tensor i's expected shape is ranks[i] dims, taken in
+// order from `dims` (all tensors' dims, concatenated). Writes the version to *version and each
+// tensor's step to steps[i]. INVALID_ARGUMENT, naming the tensor and both shapes, when a
+// tensor's shape on the server differs (dst is then partly written).
+FUSEDPS_C_EXPORT int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field,
+                                      size_t count, const char* const* names, float* const* dst,
+                                      const uint64_t* ranks, const int64_t* dims, uint64_t* version,
+                                      int64_t* steps, fusedps_error* error);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // FUSEDPS_CLIENT_CAPI_FUSEDPS_C_H_

@@ -1,0 +1,224 @@
+"""The native transport: the C++ client (libfusedps_c, client/capi/fusedps_c.h) through ctypes.
+
+Internal module; fusedps.client.Client uses it for pushes and pulls when the library is found
+(transport="auto" or "native"). Why: grpcio copies every message under the GIL and moves one
+call at about 1.3-1.6 GB/s, while the C++ client sends a push as several concurrent calls at
+several GB/s (docs/benchmarks.md). ctypes releases the GIL for the whole foreign call.
+
+The library is looked for in $FUSEDPS_NATIVE_LIB (a path), then beside this file (where the
+build and the wheel put it). It links the C++ gRPC libraries it was built against (Debian's),
+which must be on the loader's path.
+
+Lifetimes: a NativeClient owns one fusedps_client from __init__ to close(). The tensors given to
+push()/pull() are held by the caller's frame for the whole call; the C side reads (or writes)
+them only during the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import grpc
+
+from fusedps import _chunks, errors
+from fusedps._lazy import LazyModule
+from fusedps.results import PulledTensors
+
+torch = LazyModule("torch")
+
+_LIBRARY_NAME = "libfusedps_c.so"
+C_API_VERSION = 1  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_WIRE_TO_PB = {"float32": 1, "bfloat16": 2}  # fusedps.v1.DType
+
+
+class _Error(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int32), ("message", ctypes.c_char * 1024)]
+
+
+class _ClientOptions(ctypes.Structure):
+    _fields_ = [("max_chunk_bytes", ctypes.c_uint64), ("streams", ctypes.c_int32),
+                ("timeout_seconds", ctypes.c_double),
+                ("min_bytes_per_second", ctypes.c_double)]
+
+
+class _PushHeader(ctypes.Structure):
+    _fields_ = [("client_id", ctypes.c_char_p), ("sequence_number", ctypes.c_uint64),
+                ("grad_dtype", ctypes.c_int32), ("grad_scale", ctypes.c_float),
+                ("base_version", ctypes.c_uint64), ("plan_hash", ctypes.c_char_p)]
+
+
+class _PushResult(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint64), ("step_skipped", ctypes.c_int32),
+                ("skip_reason", ctypes.c_char * 64), ("tensors_updated", ctypes.c_uint32),
+                ("grad_bytes", ctypes.c_uint64), ("duplicate", ctypes.c_int32),
+                ("round_workers", ctypes.c_uint32)]
+
+
+_lock = threading.Lock()
+_library: Optional[ctypes.CDLL] = None
+_load_error: Optional[str] = None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p = ctypes.POINTER
+    lib.fusedps_c_api_version.restype = ctypes.c_int32
+    lib.fusedps_client_create.restype = ctypes.c_void_p
+    lib.fusedps_client_create.argtypes = [ctypes.c_char_p, p(_ClientOptions), p(_Error)]
+    lib.fusedps_client_destroy.restype = None
+    lib.fusedps_client_destroy.argtypes = [ctypes.c_void_p]
+    lib.fusedps_push_gradients.restype = ctypes.c_int32
+    lib.fusedps_push_gradients.argtypes = [
+        ctypes.c_void_p, p(_PushHeader), ctypes.c_size_t, p(ctypes.c_char_p),
+        p(ctypes.c_void_p), p(ctypes.c_uint64), p(_PushResult), p(_Error)]
+    lib.fusedps_pull.restype = ctypes.c_int32
+    lib.fusedps_pull.argtypes = [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t, p(ctypes.c_char_p),
+        p(ctypes.c_void_p), p(ctypes.c_uint64), p(ctypes.c_int64), p(ctypes.c_uint64),
+        p(ctypes.c_int64), p(_Error)]
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded library, or None when it is not there or does not load (load_error() says
+    why). Loaded once per process."""
+    global _library, _load_error
+    with _lock:
+        if _library is not None or _load_error is not None:
+            return _library
+        path = os.environ.get("FUSEDPS_NATIVE_LIB") or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)
+        try:
+            lib = ctypes.CDLL(path)
+            _declare(lib)
+            version = lib.fusedps_c_api_version()
+            if version != C_API_VERSION:
+                raise OSError(f"C API version {version}, this package needs {C_API_VERSION}")
+        except OSError as e:
+            _load_error = f"{path}: {e}"
+            return None
+        _library = lib
+        return lib
+
+
+def load_error() -> Optional[str]:
+    """Why library() returned None (None when it loaded or was not tried)."""
+    return _load_error
+
+
+def _raise(error: _Error) -> None:
+    code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+    raise errors.error_for(code, error.message.decode("utf-8", "replace"))
+
+
+def _pointers(tensors: Sequence) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def _names(names: Sequence[str]) -> ctypes.Array:
+    return (ctypes.c_char_p * len(names))(*[n.encode("utf-8") for n in names])
+
+
+class NativeClient:
+    """One fusedps_client: pushes and pulls of float32 host tensors through the C++ client.
+
+    Args mirror fusedps.client.Client's: timeout None means no deadline.
+    Raises:
+      RuntimeError: the library is not available (load_error() says why).
+      fusedps.errors.InvalidArgument: options the C++ client refuses.
+    """
+
+    def __init__(self, target: str, *, streams: int, max_chunk_bytes: int,
+                 timeout: Optional[float], min_bytes_per_second: float):
+        lib = library()
+        if lib is None:
+            raise RuntimeError(f"the native transport is not available: {load_error()}")
+        self._lib = lib
+        options = _ClientOptions(max_chunk_bytes, streams,
+                                 -1.0 if timeout is None else float(timeout),
+                                 float(min_bytes_per_second))
+        error = _Error()
+        handle = lib.fusedps_client_create(target.encode("utf-8"), ctypes.byref(options),
+                                           ctypes.byref(error))
+        if not handle:
+            _raise(error)
+        self._handle = handle
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.fusedps_client_destroy(handle)
+
+    def push(self, *, client_id: str, sequence_number: int, grad_dtype: int,
+             grad_scale: Optional[float], base_version: int, plan_hash: str,
+             names: Sequence[str], grads: Sequence) -> _PushResult:
+        """One push; ``grads`` are contiguous float32 CPU tensors, one per name. Returns the
+        reply (fields as fusedps_push_result). Raises FusedPSError with the call's status."""
+        header = _PushHeader(client_id.encode("utf-8"), sequence_number, grad_dtype,
+                             -1.0 if grad_scale is None else grad_scale, base_version,
+                             plan_hash.encode("utf-8"))
+        numels = (ctypes.c_uint64 * len(grads))(*[g.numel() for g in grads])
+        result = _PushResult()
+        error = _Error()
+        code = self._lib.fusedps_push_gradients(
+            self._handle, ctypes.byref(header), len(names), _names(names), _pointers(grads),
+            numels, ctypes.byref(result), ctypes.byref(error))
+        if code:
+            _raise(error)
+        return result
+
+    def pull(self, names: Sequence[str], dst: Sequence, *, dtype: int,
+             field: int) -> Tuple[int, List[int]]:
+        """Pulls one field of ``names`` into ``dst`` (contiguous float32 CPU tensors shaped as
+        registered), all at one version. Returns (version, steps). Raises FusedPSError
+        (InvalidArgument naming the tensor for a shape that differs from the server's); dst
+        may then be partly written."""
+        ranks = (ctypes.c_uint64 * len(dst))(*[t.dim() for t in dst])
+        flat_dims = [d for t in dst for d in t.shape]
+        dims = (ctypes.c_int64 * max(len(flat_dims), 1))(*flat_dims)
+        steps = (ctypes.c_int64 * len(dst))()
+        version = ctypes.c_uint64()
+        error = _Error()
+        code = self._lib.fusedps_pull(self._handle, dtype, field, len(names), _names(names),
+                                      _pointers(dst), ranks, dims, ctypes.byref(version), steps,
+                                      ctypes.byref(error))
+        if code:
+            _raise(error)
+        return int(version.value), list(steps)
+
+
+def pull_into(native: NativeClient, targets: Sequence, wire: str, field: int) -> PulledTensors:
+    """Pulls one field of the tensors of ``targets`` ((name, tensor) pairs) into them, at one
+    version: straight into a contiguous float32 CPU tensor, through a float32 CPU buffer and
+    one copy_ into any other. Returns the values as fusedps.client.Client.pull_parameters
+    does (``wire``'s dtype; the target itself where it was written in place).
+
+    Raises:
+      ValueError: a target whose shape differs from the server's.
+      FusedPSError: the call's status. The targets may then be partly written.
+    """
+    dst = []
+    for _, t in targets:
+        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == torch.float32:
+            dst.append(t.detach())
+        else:
+            dst.append(torch.empty(t.shape, dtype=torch.float32))
+    names = [n for n, _ in targets]
+    try:
+        version, steps = native.pull(names, dst, dtype=_WIRE_TO_PB[wire], field=field)
+    except errors.InvalidArgument as e:
+        # The shim's own shape check (fusedps_c.h) reads as the grpcio path's ValueError.
+        if "server shape [" in e.details():
+            raise ValueError(e.details()) from e
+        raise
+    with torch.no_grad():
+        for (_, t), d in zip(targets, dst):
+            if d.data_ptr() != t.data_ptr():
+                t.copy_(d)
+    wire_dtype = _chunks.torch_dtype(wire)
+    return PulledTensors(
+        ((n, d if d.dtype == wire_dtype else d.to(wire_dtype)) for n, d in zip(names, dst)),
+        version=version, steps=dict(zip(names, steps)), dtype=wire)

@@ -1,0 +1,132 @@
+"""Turning the caller's arguments into request pieces: named tensors from a model, mapping or
+pairs; their checks; Hyperparameters messages; chunked request messages.
+
+Internal module of the fusedps client (fusedps.client, fusedps.sharded); no network.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple, Union
+
+from fusedps import _chunks
+from fusedps._lazy import LazyModule
+from fusedps.v1 import parameter_service_pb2 as pb
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyModule("torch")
+
+_FIELDS = {
+    "param": pb.TENSOR_FIELD_PARAM,
+    "exp_avg": pb.TENSOR_FIELD_EXP_AVG,
+    "exp_avg_sq": pb.TENSOR_FIELD_EXP_AVG_SQ,
+    "max_exp_avg_sq": pb.TENSOR_FIELD_MAX_EXP_AVG_SQ,
+}
+
+ModelLike = Union["torch.nn.Module", Mapping[str, "torch.Tensor"],
+                  Iterable[Tuple[str, "torch.Tensor"]]]
+
+
+
+
+def _named_tensors(obj: ModelLike, prefix: str = "") -> List[Tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a module (named_parameters), a mapping or an iterable of pairs.
+
+    Raises:
+      TypeError: for anything else. ValueError: for repeated names.
+    """
+    if isinstance(obj, torch.nn.Module):
+        pairs = list(obj.named_parameters())
+    elif isinstance(obj, Mapping):
+        pairs = list(obj.items())
+    else:
+        try:
+            pairs = [tuple(p) for p in obj]
+        except TypeError:
+            raise TypeError(
+                "expected an nn.Module, a mapping name -> tensor or (name, tensor) pairs, got "
+                f"{type(obj).__name__}") from None
+    out = []
+    seen = set()
+    for pair in pairs:
+        if len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(pair[1], torch.Tensor):
+            raise TypeError(f"expected (str, torch.Tensor) pairs, got {pair!r:.80}")
+        name = prefix + pair[0]
+        if name in seen:
+            raise ValueError(f"tensor name {name!r} appears twice")
+        seen.add(name)
+        out.append((name, pair[1]))
+    return out
+
+
+def _check_sendable(name: str, t: torch.Tensor) -> None:
+    if t.layout != torch.strided:
+        raise TypeError(f"{name}: only dense tensors can be sent, got layout {t.layout}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating point tensor, got {t.dtype}")
+
+
+def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=None,
+                     maximize=None, decoupled_weight_decay=None) -> "pb.Hyperparameters":
+    h = pb.Hyperparameters()
+    if lr is not None:
+        h.lr = float(lr)
+    if betas is not None:
+        b1, b2 = betas
+        if b1 is not None:
+            h.beta1 = float(b1)
+        if b2 is not None:
+            h.beta2 = float(b2)
+    if eps is not None:
+        h.eps = float(eps)
+    if weight_decay is not None:
+        h.weight_decay = float(weight_decay)
+    if amsgrad is not None:
+        h.amsgrad = bool(amsgrad)
+    if maximize is not None:
+        h.maximize = bool(maximize)
+    if decoupled_weight_decay is not None:
+        h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
+                               else pb.WEIGHT_DECAY_MODE_L2)
+    return h
+
+
+def _chunk_messages(message_cls, items: Sequence[Tuple[str, torch.Tensor]], wire: str,
+                    max_message_bytes: int) -> Iterator:
+    """Request messages (of ``message_cls``, using its ``chunks`` field) carrying every element
+    of every tensor in ``items`` as ``wire``-dtype chunks. Converts one tensor at a time."""
+    numels = [(name, t.numel()) for name, t in items]
+    tensors = dict(items)
+    arrays: Dict[str, object] = {}
+    itemsize = _chunks.element_size(wire)
+    for plan in _chunks.plan_messages(numels, itemsize, max_message_bytes):
+        msg = message_cls()
+        for name, start, stop in plan:
+            arr = arrays.get(name)
+            if arr is None:
+                arr = arrays[name] = _chunks.to_wire_array(tensors[name], wire)
+            msg.chunks.add(tensor=name, offset=start, data=arr[start:stop].tobytes())
+            if stop == arr.shape[0]:
+                del arrays[name]
+        yield msg
+
+
+def checked_state(name: str, fields: Mapping[str, "torch.Tensor"], step) -> int:
+    """Checks one tensor's entry of a load_state call (its fields and step) and returns the
+    step as an int.
+
+    Raises:
+      ValueError: a step that is not an int >= 0, an unknown field name. TypeError: a value
+        that is not a dense floating tensor.
+    """
+    as_int = int(step)
+    if as_int < 0 or float(step) != as_int:
+        raise ValueError(f"{name}: step must be an int >= 0, got {step!r}")
+    for field, t in fields.items():
+        if field not in _FIELDS:
+            raise ValueError(f"{name}: field must be one of {sorted(_FIELDS)}, got {field!r}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} {field}: expected a torch.Tensor, got {type(t).__name__}")
+        _check_sendable(f"{name} {field}", t)
+    return as_int

@@ -1,0 +1,201 @@
+"""The values the fusedps client returns: param groups, push and registration results, tensor
+listings, pulled tensors and server facts. Re-exported by fusedps.client and fusedps.
+
+Plain data, built from the protobuf replies; nothing here talks to the network or imports
+torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
+
+from fusedps.v1 import parameter_service_pb2 as pb
+
+__all__ = ["ParamGroup", "RegisterResult", "PushResult", "TensorInfo", "TensorList",
+           "PulledTensors", "Consistency", "ServerInfo"]
+
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """AdamW hyperparameters of a param group, as stored by the server.
+
+    Attributes:
+      name: the group's name.
+      lr: learning rate (>= 0).
+      betas: (beta1, beta2), each in [0, 1).
+      eps: added to the denominator (>= 0).
+      weight_decay: decay coefficient (>= 0).
+      amsgrad: whether max_exp_avg_sq is kept (fixed at registration).
+      maximize: whether the objective is maximized (gradients negated).
+      decoupled_weight_decay: True: AdamW's decoupled decay (param -= lr * wd * param);
+        False: L2, as torch.optim.Adam (grad += wd * param).
+    A field the server left unset is None.
+    """
+
+    name: str
+    lr: Optional[float]
+    betas: Tuple[Optional[float], Optional[float]]
+    eps: Optional[float]
+    weight_decay: Optional[float]
+    amsgrad: Optional[bool]
+    maximize: Optional[bool]
+    decoupled_weight_decay: Optional[bool]
+
+    @classmethod
+    def _from_pb(cls, g: "pb.ParamGroup") -> "ParamGroup":
+        h = g.hyperparameters
+
+        def opt(field):
+            return getattr(h, field) if h.HasField(field) else None
+
+        mode = opt("weight_decay_mode")
+        return cls(
+            name=g.name,
+            lr=opt("lr"),
+            betas=(opt("beta1"), opt("beta2")),
+            eps=opt("eps"),
+            weight_decay=opt("weight_decay"),
+            amsgrad=opt("amsgrad"),
+            maximize=opt("maximize"),
+            decoupled_weight_decay=None if mode is None else mode != pb.WEIGHT_DECAY_MODE_L2,
+        )
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """Outcome of register_model.
+
+    Attributes:
+      tensors_created: tensors that were new to the server.
+      tensors_existing: tensors already registered with an identical spec (left unchanged:
+        their values on the server were kept, not overwritten).
+      version: the shard version after registration.
+    """
+
+    tensors_created: int
+    tensors_existing: int
+    version: int
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """Acknowledgement of one push (one AdamW step of the pushed tensors, or none).
+
+    Attributes:
+      version: the shard version after the push (unchanged when skipped or a duplicate).
+      step_skipped: True when nothing was updated (e.g. a non-finite gradient).
+      skip_reason: "non_finite_grad" when step_skipped, else "".
+      tensors_updated: number of tensors whose step advanced.
+      grad_bytes: gradient payload bytes the server received.
+      duplicate: True when the server recognized a retry of a push it took (same client_id
+        and sequence_number) and applied nothing more; the other fields repeat that push's.
+      round_workers: sync mode: the pushes (distinct client_ids) the round's step averaged;
+        0 in the other modes.
+    """
+
+    version: int
+    step_skipped: bool
+    skip_reason: str
+    tensors_updated: int
+    grad_bytes: int
+    duplicate: bool
+    round_workers: int = 0
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One registered tensor: name, shape (tuple of ints; () for 0-dim), param group, the number
+    of optimizer steps applied to it, and its element count."""
+
+    name: str
+    shape: Tuple[int, ...]
+    param_group: str
+    step: int
+    numel: int
+
+    @classmethod
+    def _from_pb(cls, t: "pb.TensorInfo") -> "TensorInfo":
+        return cls(t.name, tuple(int(d) for d in t.shape), t.param_group, int(t.step),
+                   int(t.numel))
+
+
+class TensorList(list):
+    """A list of TensorInfo in the server's order, plus ``.version`` (the shard version when
+    the first page was read; a push applied between pages shows in the later pages' steps)."""
+
+    def __init__(self, items: Iterable[TensorInfo] = (), version: int = 0):
+        super().__init__(items)
+        self.version = version
+
+
+class PulledTensors(dict):
+    """name -> torch.Tensor (CPU, shaped as registered), in the server's order.
+
+    Attributes:
+      version: the shard version every tensor was read at.
+      steps: name -> optimizer steps applied to that tensor (int).
+      dtype: the wire dtype name ("float32" or "bfloat16"); tensors have the matching torch dtype.
+    """
+
+    def __init__(self, items=(), version: int = 0, steps: Optional[Dict[str, int]] = None,
+                 dtype: str = "float32"):
+        super().__init__(items)
+        self.version = version
+        self.steps = dict(steps or {})
+        self.dtype = dtype
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """How a shard turns pushes into steps (docs/consistency.md): mode "async", "sync" (K of N
+    rounds: replicas_to_aggregate K, total_replicas N, round_timeout_seconds, 0 for none) or
+    "bounded" (max_staleness, staleness_lr_scaling); "unspecified" from a server that left it
+    unset."""
+
+    mode: str
+    replicas_to_aggregate: int
+    total_replicas: int
+    round_timeout_seconds: float
+    max_staleness: int
+    staleness_lr_scaling: bool
+
+    @classmethod
+    def _from_pb(cls, c: "pb.Consistency") -> "Consistency":
+        mode = {pb.CONSISTENCY_MODE_ASYNC: "async", pb.CONSISTENCY_MODE_SYNC: "sync",
+                pb.CONSISTENCY_MODE_BOUNDED: "bounded"}.get(c.mode, "unspecified")
+        return cls(mode, int(c.replicas_to_aggregate), int(c.total_replicas),
+                   float(c.round_timeout_seconds), int(c.max_staleness),
+                   bool(c.staleness_lr_scaling))
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What GetInfo reports.
+
+    Attributes:
+      version: shard version (applied pushes).
+      backend: "cpu" or "cuda".
+      device: e.g. "cpu (16 threads)" or "cuda:0 NVIDIA H100".
+      tensor_count, parameter_count: registered tensors and their total elements.
+      param_groups: list of ParamGroup.
+      server_version: the server's build version string.
+      max_message_bytes: the server's max receive message size in bytes.
+      param_copy_dtype: "bfloat16" / "float16" when the server keeps a low-precision copy of
+        the params for pulls, else None.
+      consistency: the shard's Consistency, or None from a server that does not report it.
+      plan_hash: the hash of the sharding plan the shard belongs to ("" when unsharded).
+    """
+
+    version: int
+    backend: str
+    device: str
+    tensor_count: int
+    parameter_count: int
+    param_groups: Tuple[ParamGroup, ...]
+    server_version: str
+    max_message_bytes: int
+    param_copy_dtype: Optional[str]
+    consistency: Optional[Consistency] = None
+    plan_hash: str = ""

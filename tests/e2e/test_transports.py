@@ -1,0 +1,77 @@
+"""Both transports of the Python client (the native C++ client, and grpcio), with 1 and 4
+streams, against a real server: pushes in parts give torch.optim.AdamW's step, pulls land in
+the model's tensors, and errors keep their status."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusedps
+from fusedps import _native
+
+TRANSPORTS = ["grpcio", pytest.param("native", marks=pytest.mark.skipif(
+    _native.library() is None, reason=f"no native library: {_native.load_error()}"))]
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(96, 700), torch.nn.Linear(700, 5))
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("grad_dtype", ["float32", "bfloat16"])
+def test_push_in_parts_and_pull_match_torch(server_target, transport, streams, grad_dtype):
+    prefix = f"{transport}.{streams}.{grad_dtype}."
+    model, reference = _model(0), _model(0)
+    with fusedps.Client(server_target, transport=transport, streams=streams,
+                        max_chunk_bytes=1 << 16) as client:
+        assert client.transport_in_use == transport
+        client.register_model(model, prefix=prefix)
+        optimizer = torch.optim.AdamW(reference.parameters())
+        for step in range(1, 4):
+            x = torch.randn(8, 96, generator=torch.Generator().manual_seed(step))
+            model.zero_grad()
+            model(x).square().mean().backward()
+            # torch steps on the very grads the server gets (rounded to bf16 on that wire).
+            for p, q in zip(model.parameters(), reference.parameters()):
+                q.grad = p.grad.to(getattr(torch, grad_dtype)).float()
+            result = client.push_gradients(model, grad_dtype=grad_dtype, prefix=prefix)
+            assert not result.step_skipped and result.tensors_updated == 4
+            optimizer.step()
+            client.pull_parameters(model, prefix=prefix)  # into the model's own tensors
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+        # A bf16 copy of the model gets the same values, rounded once: from an fp32 pull (the
+        # returned tensors hold the fp32 values) and from a bf16 one (the wire's bytes).
+        for wire in ("float32", "bfloat16"):
+            half = _model(1).to(torch.bfloat16)
+            pulled = client.pull_parameters(half, dtype=wire, prefix=prefix)
+            for (name, p), q in zip(half.named_parameters(), model.parameters()):
+                assert torch.equal(p, q.detach().bfloat16()), name
+                want = q.detach() if wire == "float32" else p.detach()
+                assert torch.equal(pulled[prefix + name], want), name
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_pull_writes_straight_into_a_float32_cpu_tensor(server_target, transport):
+    with fusedps.Client(server_target, transport=transport) as client:
+        client.register_model({"direct.w": torch.arange(12.0).reshape(3, 4)})
+        target = torch.zeros(3, 4)
+        pulled = client.pull_parameters({"direct.w": target})
+        assert torch.equal(target, torch.arange(12.0).reshape(3, 4))
+        assert pulled["direct.w"].data_ptr() == target.data_ptr()  # no copy of its own
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_errors_keep_their_status_on_both_transports(server_target, transport):
+    with fusedps.Client(server_target, transport=transport) as client:
+        client.register_model({f"err.{transport}": torch.zeros(6)})
+        with pytest.raises(fusedps.errors.NotFound, match="no_such"):
+            client.push_gradients({"no_such": torch.zeros(3)})
+        with pytest.raises(fusedps.errors.InvalidArgument) as info:
+            client.push_gradients({f"err.{transport}": torch.zeros(5)})
+        assert info.value.code().name == "INVALID_ARGUMENT"
+        with pytest.raises(ValueError, match="server shape"):
+            client.pull_parameters({f"err.{transport}": torch.zeros(2, 3)})
