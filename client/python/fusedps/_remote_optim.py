@@ -1,0 +1,538 @@
+"""Helpers of fusedps.torch.RemoteAdamW: named param groups, hyperparameters, the GradScaler
+contract, torch.optim.AdamW's state_dict format, and state reads and writes on one server or
+a sharded set. Internal module; see fusedps/torch.py for the public behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from fusedps.client import Client
+from fusedps.sharded import ShardedClient
+
+# torch.optim.AdamW arguments that pick an implementation; the server is the implementation, so
+# only their off values are accepted, and a loaded state_dict's values are not taken.
+IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
+
+# Per-group hyperparameters the server keeps and set_hyperparameters can change at run time.
+HyperTuple = Tuple[float, float, float, float, float, bool]  # lr, beta1, beta2, eps, wd, maximize
+
+STATE_FIELDS = ("exp_avg", "exp_avg_sq")
+AMSGRAD_FIELD = "max_exp_avg_sq"
+
+
+# ----------------------------------------------------------------------------------------------
+# Named parameters and groups
+# ----------------------------------------------------------------------------------------------
+
+def _named_pairs(params: Any, where: str) -> List[Tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs from a mapping or an iterable of pairs; TypeError for anything
+    else (a bare tensor has no name, and the server keys everything by name)."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError(f"{where}: RemoteAdamW needs named parameters, e.g. "
+                        "model.named_parameters(), got a bare tensor")
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
+    out = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise TypeError(f"{where}: RemoteAdamW needs (name, parameter) pairs, e.g. "
+                            f"model.named_parameters(), got {type(item).__name__} "
+                            f"{str(item)[:60]!r}")
+        out.append(item)
+    return out
+
+
+def named_param_groups(params: Any) -> List[Dict[str, Any]]:
+    """The param groups of ``params`` as dicts whose "params" is a list of (name, tensor).
+
+    Accepts (name, param) pairs (model.named_parameters()), a mapping name -> param, or a list
+    of dicts whose "params" is either of those (or tensors with a "param_names" list beside
+    them, as torch >= 2.6 stores them). Other keys of a dict are kept.
+
+    Raises:
+      TypeError: unnamed tensors or other objects. ValueError: no groups, an empty group,
+        params and param_names of different lengths.
+    """
+    items = params if isinstance(params, (list, tuple)) else list(
+        params.items() if isinstance(params, Mapping) else params)
+    if not items:
+        raise ValueError("RemoteAdamW got an empty parameter list")
+    if not all(isinstance(g, Mapping) for g in items):
+        if any(isinstance(g, Mapping) for g in items):
+            raise TypeError("RemoteAdamW: mix of param-group dicts and parameters")
+        items = [{"params": items}]
+    groups = []
+    for i, g in enumerate(items):
+        group = dict(g)
+        if "params" not in group:
+            raise ValueError(f"param group {i} has no 'params'")
+        raw = group["params"]
+        names = group.pop("param_names", None)
+        if names is not None:
+            tensors = [raw] if isinstance(raw, torch.Tensor) else list(raw)
+            if len(tensors) != len(names) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"param group {i}: 'param_names' must name each param")
+            pairs = list(zip(names, tensors))
+        else:
+            pairs = _named_pairs(raw, f"param group {i}")
+        if not pairs:
+            raise ValueError(f"param group {i} has no parameters")
+        group["params"] = pairs
+        groups.append(group)
+    return groups
+
+
+def check_implementation_flags(values: Mapping[str, Any], where: str) -> None:
+    """ValueError for foreach/fused/capturable/differentiable set to True (the server runs the
+    step; None and False are accepted)."""
+    for key in IMPLEMENTATION_KEYS:
+        if values.get(key):
+            raise ValueError(f"{where}: {key}=True is not supported: the fusedps server runs "
+                             "the AdamW step (pass None or False)")
+
+
+@dataclass(frozen=True)
+class TorchAdamWFacts:
+    """What this torch version's torch.optim.AdamW records: its defaults (every group key, in
+    its order, with values) and whether groups made from (name, param) pairs keep
+    "param_names" (torch >= 2.6)."""
+
+    defaults: Dict[str, Any]
+    keeps_param_names: bool
+
+
+def torch_adamw_facts(**hyperparameters) -> TorchAdamWFacts:
+    """Builds a real torch.optim.AdamW over a dummy parameter with ``hyperparameters``: it
+    validates them as torch does (ValueError) and tells this version's group keys."""
+    dummy = torch.nn.Parameter(torch.zeros(1))
+    try:
+        ref = torch.optim.AdamW([("dummy", dummy)], **hyperparameters)
+        keeps_names = "param_names" in ref.param_groups[0]
+    except TypeError:  # torch < 2.6: parameters must be tensors
+        ref = torch.optim.AdamW([dummy], **hyperparameters)
+        keeps_names = False
+    return TorchAdamWFacts(dict(ref.defaults), keeps_names)
+
+
+def hyperparameters_of(group: Mapping[str, Any]) -> HyperTuple:
+    """(lr, beta1, beta2, eps, weight_decay, maximize) of a torch param group as Python
+    numbers (lr and betas may be tensors, as torch >= 2.2 allows and some schedulers store)."""
+    beta1, beta2 = group["betas"]
+    return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+            float(group["weight_decay"]), bool(group["maximize"]))
+
+
+def hyperparameter_kwargs(h: HyperTuple) -> Dict[str, Any]:
+    """Client.set_hyperparameters / register_param_group keywords of a HyperTuple."""
+    return dict(lr=h[0], betas=(h[1], h[2]), eps=h[3], weight_decay=h[4], maximize=h[5])
+
+
+# ----------------------------------------------------------------------------------------------
+# Clients and timings
+# ----------------------------------------------------------------------------------------------
+
+GRAD_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+               "bf16": "bfloat16", torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def new_timings() -> Dict[str, float]:
+    """RemoteAdamW.last_step_timings with nothing done."""
+    return {"push_seconds": 0.0, "pull_seconds": 0.0, "hyperparameters_seconds": 0.0,
+            "load_state_seconds": 0.0}
+
+
+def make_client(targets: Union[str, Sequence[str]],
+                options: Optional[Mapping[str, Any]]) -> Union[Client, ShardedClient]:
+    """A Client for one target ("host:port" or a list of one), a ShardedClient for several;
+    ``options`` are their keyword arguments. ValueError for no or non-str targets."""
+    options = dict(options or {})
+    if isinstance(targets, str):
+        return Client(targets, **options)
+    targets = list(targets)
+    if not targets or not all(isinstance(t, str) for t in targets):
+        raise ValueError(f"targets must be 'host:port' or a non-empty list of them, got "
+                         f"{targets!r}")
+    if len(targets) == 1:
+        return Client(targets[0], **options)
+    return ShardedClient(targets, **options)
+
+
+# ----------------------------------------------------------------------------------------------
+# GradScaler
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class ScalerPlan:
+    """What one step does about loss scaling.
+
+    grad_scale: what the server divides the gradients by (None: they are unscaled already).
+    skip: True when the scaler already found inf/NaN locally (after scaler.unscale_): the step
+      is skipped without pushing, as torch skips optimizer.step().
+    report: called with the server's verdict (True: the step was skipped) so that the scaler's
+      update() sees it.
+    """
+
+    grad_scale: Optional[float]
+    skip: bool
+    report: Callable[[bool], None]
+
+
+def _no_report(skipped: bool) -> None:
+    pass
+
+
+def scaler_plan(grad_scaler: Any, optimizer: Any, extra_scale: Optional[float]) -> ScalerPlan:
+    """The plan for ``GradScaler.step(optimizer)``, which calls ``optimizer.step(
+    grad_scaler=scaler)`` because the optimizer has ``_step_supports_amp_scaling`` (the contract
+    of torch.cuda.amp.GradScaler in torch 1.x and of torch.amp.GradScaler in torch 2.x).
+
+    The scaler's stage for this optimizer says what happened: READY, the gradients are still
+    scaled, so the server divides them by the scale (and checks them); UNSCALED, the user called
+    scaler.unscale_(optimizer) (e.g. to clip), which divided them and recorded the inf check,
+    so nothing is divided again and a local inf skips the step. Either way the outcome goes
+    into the scaler's record for this optimizer (found_inf_per_device), which update() reads.
+    """
+    if grad_scaler is None or not getattr(grad_scaler, "_enabled", True):
+        return ScalerPlan(extra_scale, False, _no_report)
+    opt_state = grad_scaler._per_optimizer_states[id(optimizer)]
+    if opt_state["stage"].name == "UNSCALED":
+        found = opt_state["found_inf_per_device"]
+        local_inf = any(float(v.item()) != 0.0 for v in found.values())
+
+        def report_unscaled(skipped: bool) -> None:
+            if skipped and not local_inf:
+                if found:
+                    next(iter(found.values())).fill_(1.0)
+                else:
+                    scale = grad_scaler._get_scale_async()
+                    found[scale.device] = torch.ones_like(scale)
+
+        return ScalerPlan(extra_scale, local_inf, report_unscaled)
+    scale = grad_scaler._get_scale_async()
+    grad_scale = float(scale.double().item())
+    if extra_scale is not None:
+        grad_scale *= extra_scale
+
+    def report_scaled(skipped: bool) -> None:
+        # The same layout as GradScaler.unscale_ records: per device a float32 tensor shaped
+        # like the scale (shape (1,) in torch 1.x, () in 2.x); 1.0 means inf/NaN found.
+        opt_state["found_inf_per_device"] = {
+            scale.device: torch.full_like(scale, 1.0 if skipped else 0.0)}
+
+    return ScalerPlan(grad_scale, False, report_scaled)
+
+
+def attribute_plan(grad_scale: Any, found_inf: Any) -> ScalerPlan:
+    """The plan for GradScaler's newer contract (torch may call step() without grad_scaler and
+    set ``optimizer.grad_scale`` / ``optimizer.found_inf`` instead), and for a loss scale the
+    user set with ``optimizer.grad_scale = S``."""
+    skip = found_inf is not None and float(found_inf.sum().item()) != 0.0
+    scale = None if grad_scale is None else float(
+        grad_scale.double().item() if isinstance(grad_scale, torch.Tensor) else grad_scale)
+    return ScalerPlan(scale, skip, _no_report)
+
+
+def check_grad_scale(value: Optional[float]) -> Optional[float]:
+    """ValueError unless None or > 0 and finite."""
+    if value is None:
+        return None
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"grad_scale must be > 0 and finite, got {value}")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# state_dict format
+# ----------------------------------------------------------------------------------------------
+
+def scalar_step(step: int) -> torch.Tensor:
+    """torch.optim.AdamW's "step" entry: a 0-dim tensor of the default scalar dtype (float32,
+    or float64 when that is torch's default dtype), on the CPU."""
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    return torch.tensor(float(step), dtype=dtype)
+
+
+def pack_groups(param_groups: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """torch's packed param groups: every key but "params", then "params" as indices counted
+    over all groups."""
+    packed, start = [], 0
+    for group in param_groups:
+        p = {k: v for k, v in group.items() if k != "params"}
+        p["params"] = list(range(start, start + len(group["params"])))
+        start += len(group["params"])
+        packed.append(p)
+    return packed
+
+
+@dataclass
+class LoadedState:
+    """A validated torch.optim.AdamW state_dict, waiting to be written to the server.
+
+    groups: the new param groups (the optimizer's "params" and names kept).
+    entries: flat param index -> {"step": int, field: fp32 CPU tensor}; params without an
+      entry start again from zero state and step 0, as after torch's load_state_dict.
+    """
+
+    groups: List[Dict[str, Any]]
+    entries: Dict[int, Dict[str, Any]]
+
+
+def validate_state_dict(state_dict: Mapping[str, Any], param_groups: Sequence[Dict[str, Any]],
+                        amsgrad: Sequence[bool]) -> LoadedState:
+    """Checks a torch.optim.AdamW state_dict against the optimizer and converts its state.
+
+    Raises:
+      ValueError: missing "state"/"param_groups", another number of groups or of params in a
+        group (torch's messages), a group whose amsgrad differs from the optimizer's (the
+        server fixes it at registration), a state index out of range, an entry without "step",
+        "exp_avg", "exp_avg_sq" (and "max_exp_avg_sq" for amsgrad), or of another shape.
+    """
+    if not isinstance(state_dict, Mapping) or "state" not in state_dict or \
+            "param_groups" not in state_dict:
+        raise ValueError("expected a torch.optim.AdamW state_dict with 'state' and "
+                         "'param_groups'")
+    saved_groups = list(state_dict["param_groups"])
+    if len(saved_groups) != len(param_groups):
+        raise ValueError("loaded state dict has a different number of parameter groups "
+                         f"({len(saved_groups)}, the optimizer has {len(param_groups)})")
+    params: List[torch.Tensor] = []
+    group_of: List[int] = []
+    new_groups = []
+    for i, (group, saved) in enumerate(zip(param_groups, saved_groups)):
+        if len(saved.get("params", ())) != len(group["params"]):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match "
+                             f"the size of optimizer's group (group {i}: "
+                             f"{len(saved.get('params', ()))} != {len(group['params'])})")
+        if bool(saved.get("amsgrad", False)) != amsgrad[i]:
+            raise ValueError(f"group {i}: the state_dict has amsgrad={saved.get('amsgrad')}, the "
+                             f"optimizer {amsgrad[i]}; amsgrad cannot change on the server")
+        new_group = dict(group)
+        for k, v in saved.items():
+            if k not in ("params", "param_names") and k not in IMPLEMENTATION_KEYS:
+                new_group[k] = v
+        hyperparameters_of(new_group)  # TypeError/ValueError now rather than at step()
+        new_groups.append(new_group)
+        params.extend(group["params"])
+        group_of.extend([i] * len(group["params"]))
+    index_of_saved = {}
+    start = 0
+    for saved in saved_groups:
+        for j, saved_index in enumerate(saved["params"]):
+            index_of_saved[saved_index] = start + j
+        start += len(saved["params"])
+    entries: Dict[int, Dict[str, Any]] = {}
+    for key, entry in state_dict["state"].items():
+        if key not in index_of_saved:
+            raise ValueError(f"state entry {key!r} names no parameter of the param groups")
+        index = index_of_saved[key]
+        fields = STATE_FIELDS + ((AMSGRAD_FIELD,) if amsgrad[group_of[index]] else ())
+        missing = [f for f in ("step",) + fields if f not in entry]
+        if missing:
+            raise ValueError(f"state entry {key}: missing {missing}")
+        step = entry["step"]
+        step = float(step.item() if isinstance(step, torch.Tensor) else step)
+        if not (step >= 0 and step == int(step)):
+            raise ValueError(f"state entry {key}: step must be a whole number >= 0, got {step}")
+        converted: Dict[str, Any] = {"step": int(step)}
+        shape = tuple(params[index].shape)
+        for f in fields:
+            t = entry[f]
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"state entry {key}: {f} must be a tensor of shape {shape}, "
+                                 f"got {got}")
+            converted[f] = t.detach().to("cpu", torch.float32, copy=True)
+        entries[index] = converted
+    return LoadedState(new_groups, entries)
+
+
+def state_entry(step: int, fields: Mapping[str, torch.Tensor], like: torch.Tensor
+                ) -> Dict[str, torch.Tensor]:
+    """One torch.optim.AdamW state entry: "step", then the fields in torch's order, each with
+    the param's dtype and device (as torch keeps them)."""
+    entry = {"step": scalar_step(step)}
+    for f in STATE_FIELDS + (AMSGRAD_FIELD,):
+        if f in fields:
+            entry[f] = fields[f].to(device=like.device, dtype=like.dtype)
+    return entry
+
+
+# ----------------------------------------------------------------------------------------------
+# Server state: reads and writes for Client and ShardedClient alike
+# ----------------------------------------------------------------------------------------------
+
+def pull_state(client: Any, field: str, names: Sequence[str]
+               ) -> Tuple[Dict[str, torch.Tensor], Dict[str, int]]:
+    """(name -> fp32 CPU tensor of ``field``, name -> steps) of ``names``, from one server or
+    gathered from the shards (the steps of a cut tensor: those of its first slice)."""
+    if isinstance(client, ShardedClient):
+        return _pull_state_sharded(client, field, names)
+    tensors, _, steps = client.pull_state(field, list(names))
+    return tensors, steps
+
+
+def _pull_state_sharded(sc: ShardedClient, field: str, names: Sequence[str]):
+    plan = sc._require_plan()
+    wanted = set(names)
+
+    def pull(shard: int, c: Client):
+        server_names = [s.server_tensor for s in plan.shard_slices(shard) if s.tensor in wanted]
+        if not server_names:
+            return None
+        tensors, _, steps = c.pull_state(field, server_names)
+        return tensors, steps
+
+    pulled = sc._fan_out(pull)
+    tensors_of = [None if p is None else p[0] for p in pulled]
+    out = {n: sc._gather(n, tensors_of) for n in names}
+    steps = {}
+    for n in names:
+        first = sc._slices_of[n][0]
+        steps[n] = pulled[first.shard][1][first.server_tensor]
+    return out, steps
+
+
+def write_state(client: Any, states: Mapping[str, Mapping[str, torch.Tensor]],
+                steps: Mapping[str, int]) -> None:
+    """Writes params and optimizer state, name -> {field -> tensor}, and steps, all or nothing
+    on each server (Client.load_state / ShardedClient.load_state).
+
+    Raises:
+      RuntimeError: the client has no load_state (an older fusedps client).
+    """
+    load = getattr(client, "load_state", None)
+    if load is None:
+        raise RuntimeError(f"{type(client).__name__} has no load_state: this fusedps client "
+                           "cannot write optimizer state")
+    load(states, steps)
+
+
+# ----------------------------------------------------------------------------------------------
+# overlap=True: pushes from the backward pass
+# ----------------------------------------------------------------------------------------------
+
+class OverlapPusher:
+    """Pushes gradients while backward() runs (RemoteAdamW(overlap=True)).
+
+    A post-accumulate-grad hook on each param (torch >= 2.1) adds the param to the current
+    bucket; a bucket of ``bucket_bytes`` wire bytes or more goes to one worker thread, which
+    pushes it (one server step). The first bucket of a step is preceded by ``start()`` (state
+    writes, hyperparameters) on the same thread: every call to the client comes from that one
+    thread while the backward runs. ``finish()`` pushes the last bucket and waits for all.
+
+    Args:
+      pairs: (name, param) of every param.
+      bucket_bytes: the wire bytes that close a bucket.
+      wire_itemsize: bytes per element on the wire.
+      start: called on the worker before the first push of a step; when it fails, the step's
+        pushes are dropped and finish() raises its error.
+      push: push(names) -> PushResult, called on the worker.
+    """
+
+    def __init__(self, pairs: Sequence[Tuple[str, torch.Tensor]], bucket_bytes: int,
+                 wire_itemsize: int, start: Callable[[], None],
+                 push: Callable[[List[str]], Any]):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            raise RuntimeError("overlap=True needs torch >= 2.1 (Tensor."
+                               f"register_post_accumulate_grad_hook); this is {torch.__version__}")
+        if int(bucket_bytes) < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
+        self.enabled = True
+        self._itemsize = wire_itemsize
+        self._start, self._push = start, push
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedps-overlap")
+        self._bucket: List[Tuple[str, torch.Tensor]] = []
+        self._bytes = 0
+        self._futures: List[Any] = []
+        self._started = False
+        self._start_failed = False
+        self.push_seconds = 0.0
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in pairs]
+
+    @property
+    def pending(self) -> bool:
+        """True when the current step has pushed (or queued) something."""
+        return self._started
+
+    def _hook(self, name: str):
+        def hook(param: torch.Tensor) -> None:
+            if not self.enabled:
+                return
+            with self._lock:
+                if not self._started:
+                    self._started = True
+                    self._start_failed = False
+                    self._futures.append(self._executor.submit(self._run_start))
+                self._bucket.append((name, param))
+                self._bytes += param.numel() * self._itemsize
+                if self._bytes >= self.bucket_bytes:
+                    self._flush_locked()
+        return hook
+
+    def _flush_locked(self) -> None:
+        if not self._bucket:
+            return
+        bucket, self._bucket, self._bytes = self._bucket, [], 0
+        # The worker reads the grads on its own CUDA stream: it waits for the streams the
+        # backward wrote them on, up to now.
+        events = []
+        for device in {p.grad.device for _, p in bucket if p.grad is not None}:
+            if device.type == "cuda":
+                events.append(torch.cuda.current_stream(device).record_event())
+        names = [n for n, _ in bucket]
+
+        def push():
+            if self._start_failed:  # no push on hyperparameters or state not sent
+                return None
+            for e in events:
+                e.synchronize()
+            return self._push(names)
+
+        self._futures.append(self._executor.submit(self._timed, push))
+
+    def _run_start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self._start_failed = True
+            raise
+
+    def _timed(self, fn: Callable[[], Any]) -> Any:
+        import time
+
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.push_seconds += time.perf_counter() - start
+
+    def finish(self) -> Tuple[List[Any], float]:
+        """Pushes the last bucket and waits for every push of the step. Returns (the pushes'
+        results, in order; the seconds the worker spent pushing). Raises the first error,
+        after all have ended."""
+        with self._lock:
+            self._flush_locked()
+            futures, self._futures, self._started = self._futures, [], False
+        errors = [f.exception() for f in futures]
+        push_seconds, self.push_seconds = self.push_seconds, 0.0
+        for e in errors:
+            if e is not None:
+                raise e
+        return [r for r in (f.result() for f in futures[1:]) if r is not None], push_seconds
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._executor.shutdown(wait=True)

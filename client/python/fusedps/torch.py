@@ -1,0 +1,560 @@
+"""fusedps.torch.RemoteAdamW: a torch.optim.Optimizer whose AdamW step runs on fusedps servers.
+
+Swap ``torch.optim.AdamW(model.parameters(), ...)`` for ``RemoteAdamW(model.named_parameters(),
+..., targets=...)`` and keep the rest of the training loop: ``zero_grad``, ``step`` (with a
+closure or through a GradScaler), lr schedulers, ``state_dict`` / ``load_state_dict``. Each
+step pushes the gradients to the server(s), which apply one fused AdamW step to their fp32
+master copy (the math of torch.optim.AdamW), and pulls the new parameters back into the model.
+
+Example::
+
+    import torch
+    from fusedps.torch import RemoteAdamW
+
+    model = torch.nn.Linear(64, 10)
+    opt = RemoteAdamW(model.named_parameters(), lr=1e-3, weight_decay=0.01,
+                      targets="127.0.0.1:50051")          # or a list: one shard per server
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()                                       # push, server AdamW, pull
+        sched.step()
+    print(opt.last_step_timings)   # {"push_seconds": ..., "pull_seconds": ..., ...}
+
+GradScaler (torch.cuda.amp.GradScaler in torch 1.x, torch.amp.GradScaler in 2.x) works
+unchanged: ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``. RemoteAdamW
+sets ``_step_supports_amp_scaling``, the contract both versions share: the scaler then calls
+``opt.step(grad_scaler=scaler)`` without unscaling or checking anything itself, the server
+divides the gradients by the scaler's scale (PushGradients' grad_scale) and skips the step
+when one is inf/NaN, and the optimizer writes that verdict where ``scaler.update()`` reads it,
+so the scale backs off after a skipped step exactly as with torch's own check. After
+``scaler.unscale_(opt)`` (to clip) the gradients are already divided and checked: they are
+pushed as they are, and a step with inf/NaN is skipped without a push. torch >= 2.3 warns that
+this keyword contract will go; this module silences that one FutureWarning and also follows the
+newer contract (``opt.grad_scale`` / ``opt.found_inf`` set by the scaler).
+
+The optimizer state lives on the server(s): ``opt.state`` stays empty; ``state_dict()`` reads
+it in torch.optim.AdamW's format and ``load_state_dict()`` writes it at the next step, together
+with the model's values then (so model and optimizer loads may come in either order).
+
+Errors from the servers are fusedps.errors.FusedPSError subclasses (grpc.RpcError, with the
+gRPC status code). This module is not imported by ``import fusedps``; import it as
+``fusedps.torch``. Inside it, ``import torch`` is PyTorch (absolute imports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+import grpc
+import torch
+
+from fusedps import _remote_optim as ro
+from fusedps.client import Client
+from fusedps.sharded import ShardedClient
+
+__all__ = ["RemoteAdamW"]
+
+# torch >= 2.3 warns, at every GradScaler.step, that passing the scaler as the grad_scaler
+# keyword is going away. RemoteAdamW uses that keyword on purpose (the one contract torch 1.x
+# and 2.x share) and also follows the newer one (optimizer.grad_scale / found_inf), so the
+# warning, addressed to the optimizer's author, says nothing to its user.
+warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself",
+                        category=FutureWarning)
+
+
+class RemoteAdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW whose state and step live on fusedps servers.
+
+    Args:
+      params: named parameters: ``model.named_parameters()``, (name, param) pairs, a mapping
+        name -> param, or a list of param-group dicts whose "params" is one of those (plus any
+        per-group AdamW keys, e.g. ``{"params": ..., "weight_decay": 0.0}``, and an optional
+        "name": the group's name on the server). Params may have any floating dtype and any
+        device; the server keeps them as fp32.
+      lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.AdamW (the same defaults
+        and the same ValueErrors for out-of-range values). lr and betas may be tensors.
+      foreach, capturable, differentiable, fused: accepted for compatibility as None/False
+        only; True raises ValueError (the server runs the step).
+      targets: "host:port" of one server (a fusedps.Client), or a list of several (a
+        fusedps.ShardedClient: tensors are cut and spread over them, docs/sharding.md).
+      client: an existing Client or ShardedClient to use instead of ``targets`` (not closed
+        by close()).
+      client_options: keyword arguments for the Client / ShardedClient made from ``targets``
+        (e.g. client_id, timeout, max_chunk_bytes, streams), passed through unchanged.
+      grad_dtype: wire dtype of the gradients, "float32" (the default: the server then does
+        exactly what torch.optim.AdamW does) or "bfloat16" (half the bytes; the gradients are
+        rounded to nearest even first).
+      prefix: prepended to every tensor name and to the default group names, so that several
+        models can share servers.
+      connect_timeout: seconds to wait for the server(s) when ``targets`` is given (None: do
+        not wait; the first call then fails at once when a server is not up).
+      overlap: push each param's gradient during backward(), as soon as it is accumulated, in
+        buckets of about ``bucket_bytes`` wire bytes (default 25 MiB), from a worker thread,
+        so that the pushes hide behind the rest of the backward pass; step() then waits for
+        them and pulls. Needs torch >= 2.1 (RuntimeError otherwise). Caveats, unlike
+        torch.optim.AdamW and overlap=False:
+          * each bucket is its own server step (the version advances once per bucket), and a
+            bucket with inf/NaN is skipped alone while the others are applied;
+          * the gradients go out as backward() leaves them: no clipping or scaler.unscale_()
+            (RuntimeError at step()), and gradient accumulation needs ``with
+            opt.no_push():`` around the earlier backward passes;
+          * with a GradScaler, pass it here (``grad_scaler=``): the pushes divide by its scale
+            at backward time; scaler.step(opt) then reports the buckets' skips to it;
+          * hyperparameter changes and a pending load_state_dict are sent before the first
+            bucket, i.e. they must be made before backward(), not between backward and step;
+          * not for sync mode (docs/consistency.md): a round takes one whole push per trainer.
+      bucket_bytes: see overlap.
+      grad_scaler: see overlap (ignored without it).
+
+    On construction, each torch param group becomes a server param group named by its "name"
+    key or ``f"{prefix}group{i}"``, registered with the group's hyperparameters (decoupled
+    weight decay), and every param is registered with its current value. A group that exists
+    already gets this optimizer's hyperparameters (its amsgrad must match). Tensors that exist
+    already (a restarted trainer) keep the server's values, NOT the local ones: after
+    registering, the optimizer always pulls every param, so that the model holds exactly the
+    server's values (local == server) before the first step.
+
+    Raises (construction):
+      ValueError: bad hyperparameters (as torch), an implementation flag set to True, neither
+        or both of targets and client, an unknown grad_dtype, repeated names, a server group
+        whose amsgrad differs. TypeError: parameters without names.
+      grpc.RpcError (fusedps.errors.*): from the server(s) (UNAVAILABLE: not reachable;
+        ALREADY_EXISTS: a tensor registered with another shape or group; FAILED_PRECONDITION:
+        a shard of another plan). grpc.FutureTimeoutError: the servers were not reachable
+        within connect_timeout.
+
+    Differences from torch.optim.AdamW:
+      * The optimizer state (exp_avg, exp_avg_sq, max_exp_avg_sq, step) lives on the servers;
+        ``self.state`` stays empty. ``state_dict()`` reads it from the servers.
+      * step() writes the server's values into the params (in place, under no_grad), so the
+        params are always a copy of the fp32 master (rounded to the params' dtype).
+      * A gradient with inf/NaN (after grad_scale) makes the server skip the whole step: the
+        params and state stay as they were (``last_step_skipped``), where torch.optim.AdamW
+        would write NaN. With several servers each skips on its own (ShardedClient).
+      * load_state_dict() is applied at the next step() (below).
+      * state_dict/load_state_dict hooks (torch >= 2.0 register_*_hook) are not run; params
+        cannot be added after construction (add_param_group raises NotImplementedError).
+
+    Attributes:
+      client: the Client or ShardedClient.
+      group_names: the server param group of each torch param group.
+      tensor_names: the server name of each param, in param_groups order.
+      last_step_timings: the last step()'s {"push_seconds", "pull_seconds",
+        "hyperparameters_seconds", "load_state_seconds"} (wall-clock seconds; 0.0 for what it
+        did not do); with overlap, "push_seconds" is the worker's time pushing, mostly during
+        backward, and "overlap_wait_seconds" what step() waited for the pushes.
+      last_step_skipped: True when the last step() changed nothing because of inf/NaN
+        gradients (found by the scaler, or by the server).
+      last_push_result: the last push's PushResult (ShardedPushResult for several servers).
+    """
+
+    # GradScaler.step(opt) then calls opt.step(grad_scaler=scaler) and leaves the unscaling and
+    # the inf check to the optimizer: here, to the server (see step()).
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params: Any, lr: Union[float, torch.Tensor] = 1e-3,
+                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 targets: Union[str, Sequence[str], None] = None,
+                 client: Union[Client, ShardedClient, None] = None,
+                 client_options: Optional[Mapping[str, Any]] = None,
+                 grad_dtype: Union[str, torch.dtype] = "float32", prefix: str = "",
+                 connect_timeout: Optional[float] = 30.0, overlap: bool = False,
+                 bucket_bytes: int = 25 << 20, grad_scaler: Any = None):
+        ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
+                                           differentiable=differentiable), "RemoteAdamW")
+        if grad_dtype not in ro.GRAD_DTYPES:
+            raise ValueError(f"grad_dtype must be 'float32' or 'bfloat16', got {grad_dtype!r}")
+        if (targets is None) == (client is None):
+            raise ValueError("give exactly one of targets= and client=")
+        facts = ro.torch_adamw_facts(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                     amsgrad=amsgrad, maximize=maximize)
+        groups = ro.named_param_groups(params)
+        for i, g in enumerate(groups):
+            ro.check_implementation_flags(g, f"param group {i}")
+        self.grad_dtype = ro.GRAD_DTYPES[grad_dtype]
+        self.prefix = prefix
+        self.tensor_names: List[str] = [prefix + n for g in groups for n, _ in g["params"]]
+        if len(set(self.tensor_names)) != len(self.tensor_names):
+            raise ValueError("a parameter name appears twice")
+        torch_groups = []
+        for g in groups:
+            tg = dict(g)
+            tg["params"] = g["params"] if facts.keeps_param_names else [p for _, p in g["params"]]
+            torch_groups.append(tg)
+        self._initializing = True
+        super().__init__(torch_groups, facts.defaults)
+        self._initializing = False
+        self._params: List[torch.Tensor] = [p for g in self.param_groups for p in g["params"]]
+        self._pairs = list(zip(self.tensor_names, self._params))
+        self._group_of: List[int] = [i for i, g in enumerate(self.param_groups)
+                                     for _ in g["params"]]
+        self._amsgrad: List[bool] = [bool(g["amsgrad"]) for g in self.param_groups]
+        self.group_names: List[str] = self._group_names(prefix)
+        self._pending: Optional[ro.LoadedState] = None
+        self.last_step_timings: Dict[str, float] = ro.new_timings()
+        self.last_step_skipped = False
+        self.last_push_result = None
+
+        self._owns_client = client is None
+        self.client = client if client is not None else ro.make_client(targets, client_options)
+        try:
+            if self._owns_client and connect_timeout is not None:
+                self.client.wait_ready(connect_timeout)
+            self._sent: List[ro.HyperTuple] = [ro.hyperparameters_of(g)
+                                               for g in self.param_groups]
+            for i, name in enumerate(self.group_names):
+                self._register_group(name, self._sent[i], self._amsgrad[i])
+            self._register_tensors()
+            self.client.pull_parameters(self._pairs)
+            self._overlap: Optional[ro.OverlapPusher] = None
+            self._overlap_scaler = grad_scaler
+            self._overlap_scale: Optional[float] = None
+            self._overlap_timings: Dict[str, float] = ro.new_timings()
+            if overlap:
+                self._overlap = ro.OverlapPusher(
+                    self._pairs, bucket_bytes, 4 if self.grad_dtype == "float32" else 2,
+                    start=self._start_overlapped_step,
+                    push=lambda names: self._push(names, self._overlap_scale))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- torch.optim.Optimizer ------------------------------------------------------------------
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, grad_scaler: Any = None, *,
+             grad_scale: Optional[float] = None):
+        """One AdamW step on the server(s) for the params that have a ``.grad``.
+
+        Args:
+          closure: re-evaluates the model and returns the loss; called under
+            torch.enable_grad() before anything else (as torch.optim.AdamW does).
+          grad_scaler: given by ``GradScaler.step(optimizer)``; not for direct use. The
+            gradients are still scaled (unless ``scaler.unscale_(optimizer)`` ran: then they
+            are not divided again), so the server divides them by the scaler's scale and
+            checks them for inf/NaN; its verdict goes into the scaler's record for this
+            optimizer, so ``scaler.update()`` backs off after a skipped step as it would after
+            torch's own check. When unscale_ already found inf/NaN the step is skipped without
+            pushing.
+          grad_scale: a fixed loss scale (> 0, finite) the server divides the gradients by,
+            for manual loss scaling without a GradScaler (``(loss * S).backward();
+            opt.step(grad_scale=S)``). Setting ``opt.grad_scale = S`` does the same for
+            every step (it is also how newer torch GradScalers pass their scale); with a
+            GradScaler the two scales multiply, as in torch.
+
+        Steps: any state loaded by load_state_dict() is written to the server(s) first, with
+        the current local params; hyperparameters that changed in param_groups (lr, betas,
+        eps, weight_decay, maximize) are sent; the gradients of the params whose ``.grad`` is
+        not None are pushed (their step counts advance; the others' do not, as in torch); then
+        every param is pulled, in place. With no gradient at all nothing happens (as torch).
+
+        Returns:
+          The closure's loss, or None.
+        Raises:
+          ValueError: amsgrad changed in a param group; a bad grad_scale.
+          grpc.RpcError: from the server(s), as Client.push_gradients / pull_parameters; the
+            params are then as before the step, or pulled, never half-written.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._overlap is not None and self._overlap.pending:
+            self._finish_overlapped_step(grad_scaler)
+            return loss
+        timings = self.last_step_timings = ro.new_timings()
+        self.last_step_skipped = False
+        plan = self._scaling_plan(grad_scaler, grad_scale)
+        names = [n for n, p in self._pairs if p.grad is not None]
+        if not names:
+            plan.report(False)
+            return loss
+        if plan.skip:
+            self.last_step_skipped = True
+            return loss
+        self._before_push(timings)
+
+        start = time.perf_counter()
+        result = self._push(names, plan.grad_scale)
+        timings["push_seconds"] = time.perf_counter() - start
+        self.last_push_result = result
+        self.last_step_skipped = bool(result.step_skipped)
+        plan.report(self.last_step_skipped)
+
+        start = time.perf_counter()
+        self.client.pull_parameters(self._pairs)
+        timings["pull_seconds"] = time.perf_counter() - start
+        return loss
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The optimizer's state in torch.optim.AdamW's format, read from the server(s).
+
+        Returns:
+          {"state": {index: {"step": 0-dim float32 tensor (CPU), "exp_avg": tensor,
+          "exp_avg_sq": tensor, ["max_exp_avg_sq": tensor (amsgrad groups)]}},
+          "param_groups": [{every key of this torch version's AdamW groups (from a real
+          torch.optim.AdamW), plus the group's own keys, "params": [indices]}]}.
+          Indices count the params over all groups in order; state tensors have the param's
+          shape, dtype and device. A param never stepped has no entry (as in torch). After a
+          load_state_dict() not yet written (see there), the loaded state is returned.
+        Raises:
+          grpc.RpcError: from the server(s).
+
+        The fields are read one after the other; read while no other trainer pushes to the
+        same tensors, or the fields may come from different steps.
+        """
+        groups = ro.pack_groups(self.param_groups)
+        state: Dict[int, Dict[str, torch.Tensor]] = {}
+        if self._pending is not None:
+            for index, entry in sorted(self._pending.entries.items()):
+                state[index] = ro.state_entry(entry["step"], entry, self._params[index])
+            return {"state": state, "param_groups": groups}
+        fields: Dict[str, Dict[str, torch.Tensor]] = {}
+        steps: Dict[str, int] = {}
+        for field in ro.STATE_FIELDS:
+            fields[field], steps = ro.pull_state(self.client, field, self.tensor_names)
+        amsgrad_names = [n for i, n in enumerate(self.tensor_names)
+                         if self._amsgrad[self._group_of[i]]]
+        if amsgrad_names:
+            fields[ro.AMSGRAD_FIELD], _ = ro.pull_state(self.client, ro.AMSGRAD_FIELD,
+                                                        amsgrad_names)
+        for index, name in enumerate(self.tensor_names):
+            if steps[name] > 0:
+                entry = {f: values[name] for f, values in fields.items() if name in values}
+                state[index] = ro.state_entry(steps[name], entry, self._params[index])
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads a torch.optim.AdamW state_dict (from torch.optim.AdamW or RemoteAdamW).
+
+        Checks it at once and takes its hyperparameters into param_groups at once (as torch
+        does: every saved group key but "params"; foreach/fused/capturable/differentiable keep
+        this optimizer's values; saved "param_names" are not used, params are matched by
+        index as in torch). The state (step, exp_avg, exp_avg_sq, max_exp_avg_sq) is written
+        to the server(s) at the start of the next step() that pushes, together with the
+        params' values at that moment: ``model.load_state_dict`` and ``opt.load_state_dict``
+        may then come in either order, and the server's params are the model's. Params
+        without a saved entry restart from zero state and step 0. Call
+        write_pending_state() to write at once. state_dict() returns the loaded state
+        meanwhile.
+
+        Raises:
+          ValueError: not an AdamW state_dict, another number of groups or params per group,
+            an amsgrad that differs from this optimizer's, a state entry that misses a key,
+            has a shape other than its param's or names no param.
+        """
+        loaded = ro.validate_state_dict(state_dict, self.param_groups, self._amsgrad)
+        for group, new in zip(self.param_groups, loaded.groups):
+            group.update(new)
+        self._pending = loaded
+
+    def write_pending_state(self) -> bool:
+        """Writes the state of the last load_state_dict() to the server(s) now, with the
+        current local params; all or nothing on each server. Returns False when nothing was
+        pending.
+
+        Raises:
+          grpc.RpcError: from the server(s) (the state stays pending). RuntimeError: the
+            client cannot write state (an older fusedps client).
+        """
+        pending = self._pending
+        if pending is None:
+            return False
+        states: Dict[str, Dict[str, torch.Tensor]] = {}
+        steps: Dict[str, int] = {}
+        for index, (name, param) in enumerate(self._pairs):
+            entry = pending.entries.get(index)
+            fields = {"param": param.detach()}
+            wanted = ro.STATE_FIELDS + ((ro.AMSGRAD_FIELD,)
+                                        if self._amsgrad[self._group_of[index]] else ())
+            for f in wanted:
+                fields[f] = entry[f] if entry is not None else torch.zeros(param.shape)
+            states[name] = fields
+            steps[name] = entry["step"] if entry is not None else 0
+        ro.write_state(self.client, states, steps)
+        self._pending = None
+        return True
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Only during construction: the server's tensors are registered then.
+
+        Raises:
+          NotImplementedError: after construction.
+        """
+        if not getattr(self, "_initializing", False):
+            raise NotImplementedError("RemoteAdamW takes its param groups at construction; "
+                                      "make a new optimizer to add params")
+        super().add_param_group(param_group)
+
+    @contextlib.contextmanager
+    def no_push(self):
+        """overlap=True: backward passes inside the with-block push nothing (the earlier
+        micro-batches of gradient accumulation); the gradients accumulate in ``.grad`` and
+        the next backward outside it pushes their sum. Without overlap: does nothing."""
+        if self._overlap is None:
+            yield
+            return
+        previous, self._overlap.enabled = self._overlap.enabled, False
+        try:
+            yield
+        finally:
+            self._overlap.enabled = previous
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops the overlap worker (removing its hooks) and closes the client if the
+        optimizer made it (from targets). Idempotent."""
+        if getattr(self, "_overlap", None) is not None:
+            self._overlap.close()
+            self._overlap = None
+        if getattr(self, "_owns_client", False) and getattr(self, "client", None) is not None:
+            self.client.close()
+            self._owns_client = False
+
+    def __enter__(self) -> "RemoteAdamW":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _group_names(self, prefix: str) -> List[str]:
+        names = []
+        for i, g in enumerate(self.param_groups):
+            name = g.get("name", f"{prefix}group{i}")
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"param group {i}: 'name' must be a non-empty str, got "
+                                f"{name!r}")
+            names.append(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"two param groups have the same name: {names}")
+        return names
+
+    def _register_group(self, name: str, h: ro.HyperTuple, amsgrad: bool) -> None:
+        kwargs = ro.hyperparameter_kwargs(h)
+        try:
+            self.client.register_param_group(name, amsgrad=amsgrad,
+                                             decoupled_weight_decay=True, **kwargs)
+            return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        # The group exists with other values (a restarted trainer, an lr a schedule changed):
+        # it takes ours, unless its amsgrad differs (which no call can change).
+        infos = self.client.info()
+        for info in infos if isinstance(infos, list) else [infos]:
+            for g in info.param_groups:
+                if g.name == name and g.amsgrad is not None and bool(g.amsgrad) != amsgrad:
+                    raise ValueError(f"the server's param group {name!r} has amsgrad="
+                                     f"{g.amsgrad}; this optimizer's has amsgrad={amsgrad}")
+        self.client.set_hyperparameters(name, decoupled_weight_decay=True, **kwargs)
+
+    def _register_tensors(self) -> None:
+        detached = [(n, p.detach()) for n, p in self._pairs]
+        if isinstance(self.client, ShardedClient):
+            group_of = {n: self.group_names[self._group_of[i]]
+                        for i, (n, _) in enumerate(detached)}
+            plan = self.client.plan
+            for s in plan.slices if plan is not None else ():
+                if s.tensor in group_of and s.param_group != group_of[s.tensor]:
+                    raise ValueError(f"the ShardedClient's plan puts {s.tensor!r} in param "
+                                     f"group {s.param_group!r}, this optimizer in "
+                                     f"{group_of[s.tensor]!r} (make the plan with "
+                                     "the optimizer's group names)")
+            self.client.register_model(detached, param_group=group_of)
+            return
+        for gi, group_name in enumerate(self.group_names):
+            batch = [pair for i, pair in enumerate(detached) if self._group_of[i] == gi]
+            self.client.register_model(batch, param_group=group_name)
+
+    def _check_amsgrad(self) -> None:
+        for i, g in enumerate(self.param_groups):
+            if bool(g["amsgrad"]) != self._amsgrad[i]:
+                raise ValueError(f"param group {i}: amsgrad cannot change after construction "
+                                 "(the server keeps max_exp_avg_sq or not from registration)")
+
+    def _send_hyperparameters(self) -> None:
+        """set_hyperparameters for each group whose values differ from the last ones sent."""
+        for i, g in enumerate(self.param_groups):
+            h = ro.hyperparameters_of(g)
+            if h != self._sent[i]:
+                self.client.set_hyperparameters(self.group_names[i],
+                                                **ro.hyperparameter_kwargs(h))
+                self._sent[i] = h
+
+    def _scaling_plan(self, grad_scaler: Any, grad_scale: Optional[float]) -> ro.ScalerPlan:
+        own = ro.check_grad_scale(grad_scale)
+        attr_scale = getattr(self, "grad_scale", None)
+        if own is None and attr_scale is not None:
+            own = ro.attribute_plan(attr_scale, None).grad_scale
+        if grad_scaler is not None:
+            return ro.scaler_plan(grad_scaler, self, own)
+        plan = ro.attribute_plan(own, getattr(self, "found_inf", None))
+        plan.grad_scale = ro.check_grad_scale(plan.grad_scale)
+        return plan
+
+    def _before_push(self, timings: Dict[str, float]) -> None:
+        """What comes before a step's first push: the amsgrad check, a pending load_state_dict
+        and changed hyperparameters, each timed into ``timings``."""
+        self._check_amsgrad()
+        if self._pending is not None:
+            start = time.perf_counter()
+            self.write_pending_state()
+            timings["load_state_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self._send_hyperparameters()
+        timings["hyperparameters_seconds"] = time.perf_counter() - start
+
+    def _start_overlapped_step(self) -> None:
+        """overlap=True, on the worker, before the first push of a step: what step() does
+        before its push (state, amsgrad check, hyperparameters), and the step's grad_scale."""
+        timings = self._overlap_timings = ro.new_timings()
+        self._before_push(timings)
+        scale = ro.attribute_plan(getattr(self, "grad_scale", None), None).grad_scale
+        scaler = self._overlap_scaler
+        if scaler is not None and getattr(scaler, "_enabled", True) and \
+                scaler._get_scale_async() is not None:
+            scale = float(scaler._get_scale_async().double().item()) * (scale or 1.0)
+        self._overlap_scale = ro.check_grad_scale(scale)
+
+    def _finish_overlapped_step(self, grad_scaler: Any) -> None:
+        """overlap=True: waits for the step's pushes, tells the scaler, pulls."""
+        start = time.perf_counter()
+        try:
+            results, push_seconds = self._overlap.finish()
+        finally:
+            timings = self.last_step_timings = self._overlap_timings
+            timings["overlap_wait_seconds"] = time.perf_counter() - start
+        timings["push_seconds"] = push_seconds
+        self.last_push_result = results[-1] if results else None
+        self.last_step_skipped = any(r.step_skipped for r in results)
+        if grad_scaler is not None and getattr(grad_scaler, "_enabled", True):
+            stage = grad_scaler._per_optimizer_states[id(self)]["stage"].name
+            if stage == "UNSCALED" or grad_scaler is not self._overlap_scaler:
+                raise RuntimeError(
+                    "overlap=True pushed the gradients during backward: give the GradScaler "
+                    "to RemoteAdamW(grad_scaler=...) and do not call scaler.unscale_() (the "
+                    "pushes used " + ("no" if self._overlap_scaler is None else "its") +
+                    " scale)")
+            ro.scaler_plan(grad_scaler, self, None).report(self.last_step_skipped)
+        start = time.perf_counter()
+        self.client.pull_parameters(self._pairs)
+        timings["pull_seconds"] = time.perf_counter() - start
+
+    def _push(self, names: List[str], grad_scale: Optional[float]):
+        if isinstance(self.client, ShardedClient):
+            with_grad = [(n, p) for n, p in self._pairs if p.grad is not None]
+            return self.client.push_gradients(with_grad, grad_dtype=self.grad_dtype,
+                                              grad_scale=grad_scale)
+        return self.client.push_gradients(self._pairs, grad_dtype=self.grad_dtype,
+                                          grad_scale=grad_scale, tensors=names)
+
