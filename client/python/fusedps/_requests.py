@@ -112,6 +112,24 @@ def _chunk_messages(message_cls, items: Sequence[Tuple[str, torch.Tensor]], wire
         yield msg
 
 
+def checked_states(states: Mapping[str, Mapping[str, "torch.Tensor"]],
+                   steps: Mapping[str, object]) -> Dict[str, int]:
+    """Checks a load_state call's arguments (the same names in both, each entry as
+    checked_state) and returns name -> step as an int.
+
+    Raises:
+      ValueError, TypeError: as checked_state; ValueError for no tensors, or names in one
+        mapping only.
+    """
+    if not states:
+        raise ValueError("no tensors to load")
+    if set(states) != set(steps):
+        odd = sorted(set(states) ^ set(steps))
+        raise ValueError(f"states and steps must name the same tensors; {odd[0]!r} is in "
+                         "one only")
+    return {name: checked_state(name, fields, steps[name]) for name, fields in states.items()}
+
+
 def checked_state(name: str, fields: Mapping[str, "torch.Tensor"], step) -> int:
     """Checks one tensor's entry of a load_state call (its fields and step) and returns the
     step as an int.

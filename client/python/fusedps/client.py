@@ -46,7 +46,7 @@ import grpc
 from fusedps import _chunks, _deadlines, _native, _replies, _transport, errors
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _chunk_messages,
-                               _hyperparameters, _named_tensors, checked_state)
+                               _hyperparameters, _named_tensors, checked_states)
 from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
                              ServerInfo, TensorInfo, TensorList)
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
@@ -95,8 +95,8 @@ class Client:
         ``min_bytes_per_second``, counted from its start, or it raises
         fusedps.errors.DeadlineExceeded. The data is what the call sends (register_model,
         push_gradients) or, for a pull, what the server announces in its reply, so a pull's
-        deadline grows as the reply describes its tensors; other calls (info, each page of list_tensors, ...)
-        get ``timeout`` alone. None: no deadline at all.
+        deadline grows as the reply describes its tensors; other calls (info, each page of
+        list_tensors, ...) get ``timeout`` alone. None: no deadline at all.
       min_bytes_per_second: the slowest transfer a call is allowed (0: ``timeout`` for every
         call, whatever its size).
       channel: an existing grpc.Channel to use instead of creating one from ``target`` (the
@@ -524,18 +524,12 @@ class Client:
             server's whole staging pool (--staging-pool-bytes), or a header over its message
             size. Each of these leaves the server's state as it was.
         """
-        if not states:
-            raise ValueError("no tensors to load")
-        if set(states) != set(steps):
-            odd = sorted(set(states) ^ set(steps))
-            raise ValueError(f"states and steps must name the same tensors; {odd[0]!r} is in "
-                             "one only")
+        int_steps = checked_states(states, steps)
         by_field: Dict[str, List[Tuple[str, "torch.Tensor"]]] = {f: [] for f in _FIELDS}
         header = pb.LoadStateHeader(plan_hash=plan_hash)
         payload = 0
         for name, fields in states.items():
-            step = checked_state(name, fields, steps[name])
-            state = header.tensors.add(name=name, step=step)
+            state = header.tensors.add(name=name, step=int_steps[name])
             for field, t in fields.items():
                 state.fields.append(_FIELDS[field])
                 by_field[field].append((name, t))

@@ -30,7 +30,7 @@ from typing import (TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequ
                     TypeVar, Union)
 
 from fusedps._lazy import LazyModule
-from fusedps._requests import _FIELDS, ModelLike, _check_sendable, _named_tensors, checked_state
+from fusedps._requests import _FIELDS, ModelLike, _check_sendable, _named_tensors, checked_states
 from fusedps.client import Client
 from fusedps.results import ParamGroup, PushResult, RegisterResult, ServerInfo
 from fusedps.plan import DEFAULT_SLICE_ELEMENTS, PlanSlice, ShardPlan, make_plan
@@ -361,14 +361,8 @@ class ShardedClient:
         plan = self._require_plan()
         if self._pool is None:
             raise ValueError("the ShardedClient is closed")
-        if not states:
-            raise ValueError("no tensors to load")
-        if set(states) != set(steps):
-            odd = sorted(set(states) ^ set(steps))
-            raise ValueError(f"states and steps must name the same tensors; {odd[0]!r} is in "
-                             "one only")
+        checked_states(states, steps)
         for name, fields in states.items():
-            checked_state(name, fields, steps[name])
             for t in fields.values():
                 self._check_matches_plan({name: tuple(t.shape)}, exact=False)
         flat = {field: _Flattened({n: f[field] for n, f in states.items() if field in f}, plan)
