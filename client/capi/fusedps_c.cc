@@ -28,10 +28,13 @@ void CopyString(const std::string& from, char* to, size_t size) {
   to[n] = '\0';
 }
 
-int32_t Report(const absl::Status& status, fusedps_error* error) {
+// Reports the status of a call (local = false) or an error in the caller's arguments found
+// here (local = true; fusedps_error.local).
+int32_t Report(const absl::Status& status, fusedps_error* error, bool local = false) {
   const int32_t code = static_cast<int32_t>(status.code());
   if (error != nullptr) {
     error->code = code;
+    error->local = local ? 1 : 0;
     CopyString(std::string(status.message()), error->message, sizeof(error->message));
   }
   return code;
@@ -70,7 +73,7 @@ int32_t fusedps_c_api_version(void) { return FUSEDPS_C_API_VERSION; }
 fusedps_client* fusedps_client_create(const char* target, const fusedps_client_options* options,
                                       fusedps_error* error) {
   if (target == nullptr || options == nullptr) {
-    Report(absl::InvalidArgumentError("target and options must not be NULL"), error);
+    Report(absl::InvalidArgumentError("target and options must not be NULL"), error, true);
     return nullptr;
   }
   fc::ClientOptions client_options;
@@ -81,13 +84,13 @@ fusedps_client* fusedps_client_create(const char* target, const fusedps_client_o
   if (!(options->min_bytes_per_second >= 0)) {
     Report(absl::InvalidArgumentError(absl::StrCat("min_bytes_per_second must be >= 0, got ",
                                                    options->min_bytes_per_second)),
-           error);
+           error, true);
     return nullptr;
   }
   client_options.min_bytes_per_second = static_cast<uint64_t>(options->min_bytes_per_second);
   absl::StatusOr<std::unique_ptr<fc::Client>> client = fc::Client::Create(target, client_options);
   if (!client.ok()) {
-    Report(client.status(), error);
+    Report(client.status(), error, true);  // Options outside ClientOptions' REQUIRES.
     return nullptr;
   }
   return new fusedps_client{std::move(*client)};
@@ -101,10 +104,10 @@ int32_t fusedps_push_gradients(fusedps_client* client, const fusedps_push_header
                                fusedps_error* error) {
   if (client == nullptr || header == nullptr || result == nullptr ||
       (count > 0 && (names == nullptr || grads == nullptr || numels == nullptr))) {
-    return Report(absl::InvalidArgumentError("a required pointer is NULL"), error);
+    return Report(absl::InvalidArgumentError("a required pointer is NULL"), error, true);
   }
   absl::StatusOr<fc::DType> dtype = ToDType(header->grad_dtype, /*pull=*/false);
-  if (!dtype.ok()) return Report(dtype.status(), error);
+  if (!dtype.ok()) return Report(dtype.status(), error, true);
   fc::PushOptions options;
   options.client_id = header->client_id != nullptr ? header->client_id : "";
   options.sequence_number = header->sequence_number;
@@ -134,12 +137,13 @@ int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field, size_
                      const int64_t* dims, uint64_t* version, int64_t* steps, fusedps_error* error) {
   if (client == nullptr || version == nullptr || count == 0 || names == nullptr || dst == nullptr ||
       ranks == nullptr || dims == nullptr || steps == nullptr) {
-    return Report(absl::InvalidArgumentError("a required pointer is NULL, or count is 0"), error);
+    return Report(absl::InvalidArgumentError("a required pointer is NULL, or count is 0"), error,
+                  true);
   }
   absl::StatusOr<fc::DType> wire = ToDType(dtype, /*pull=*/true);
-  if (!wire.ok()) return Report(wire.status(), error);
+  if (!wire.ok()) return Report(wire.status(), error, true);
   absl::StatusOr<fc::TensorField> tensor_field = ToField(field);
-  if (!tensor_field.ok()) return Report(tensor_field.status(), error);
+  if (!tensor_field.ok()) return Report(tensor_field.status(), error, true);
   fc::PullOptions options;
   options.dtype = *wire;
   options.field = *tensor_field;
@@ -161,7 +165,7 @@ int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field, size_
           absl::InvalidArgumentError(absl::StrCat(
               "tensor '", names[i], "': server shape [", absl::StrJoin(it->second.shape, ", "),
               "] != local shape [", absl::StrJoin(expected, ", "), "]")),
-          error);
+          error, true);
     }
     const std::vector<float>& values = it->second.values;
     std::memcpy(dst[i], values.data(), values.size() * sizeof(float));

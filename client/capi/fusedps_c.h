@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 1
+#define FUSEDPS_C_API_VERSION 2
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -36,7 +36,11 @@ extern "C" {
 typedef struct fusedps_client fusedps_client;
 
 typedef struct fusedps_error {
-  int32_t code;        // gRPC status code; 0 when the call succeeded.
+  int32_t code;  // gRPC status code; 0 when the call succeeded.
+  // 1 when this library found the error in the caller's arguments (a NULL pointer, a bad dtype
+  // or field, fusedps_pull's shape check); 0 for the status of the call itself (the server's or
+  // the transport's).
+  int32_t local;
   char message[1024];  // The status message, NUL-terminated.
 } fusedps_error;
 
@@ -88,8 +92,8 @@ FUSEDPS_C_EXPORT int32_t fusedps_push_gradients(fusedps_client* client,
 // 2 bfloat16) on the wire, into dst[i] (host memory for the tensor's elements as floats;
 // bfloat16 values are widened exactly). Tensor i's expected shape is ranks[i] dims, taken in
 // order from `dims` (all tensors' dims, concatenated). Writes the version to *version and each
-// tensor's step to steps[i]. INVALID_ARGUMENT, naming the tensor and both shapes, when a
-// tensor's shape on the server differs (dst is then partly written).
+// tensor's step to steps[i]. INVALID_ARGUMENT with error->local set, naming the tensor and both
+// shapes, when a tensor's shape on the server differs (dst is then partly written).
 FUSEDPS_C_EXPORT int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field,
                                       size_t count, const char* const* names, float* const* dst,
                                       const uint64_t* ranks, const int64_t* dims, uint64_t* version,

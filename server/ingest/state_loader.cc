@@ -6,16 +6,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace fusedps {
-namespace {
 
-// The field a wire value names (UNSPECIFIED means PARAM), or nullopt for a value not listed.
-std::optional<TensorField> FieldOf(int value) {
+std::optional<TensorField> TensorFieldFromProto(int value) {
   if (value == v1::TENSOR_FIELD_UNSPECIFIED) return TensorField::kParam;
   if (value < v1::TENSOR_FIELD_PARAM || value > v1::TENSOR_FIELD_MAX_EXP_AVG_SQ) {
     return std::nullopt;
   }
   return static_cast<TensorField>(value);
 }
+
+namespace {
 
 int IndexOf(TensorField field) { return static_cast<int>(field) - 1; }
 
@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<StateLoader>> StateLoader::Begin(
     const TensorMeta& meta = view.tensor(*tensor);
     bool listed[kFields] = {};
     for (int value : state.fields()) {
-      const std::optional<TensorField> field = FieldOf(value);
+      const std::optional<TensorField> field = TensorFieldFromProto(value);
       if (!field.has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(at, ".fields of ", QuoteName(state.name()),
                                                        ": ", value, " is not a TensorField"));
@@ -129,7 +129,7 @@ absl::StatusOr<std::unique_ptr<StateLoader>> StateLoader::Begin(
 absl::Status StateLoader::AddChunks(
     const google::protobuf::RepeatedPtrField<v1::TensorChunk>& chunks) {
   for (const v1::TensorChunk& chunk : chunks) {
-    const std::optional<TensorField> field = FieldOf(chunk.field());
+    const std::optional<TensorField> field = TensorFieldFromProto(chunk.field());
     if (!field.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat("chunks.field of ", QuoteName(chunk.tensor()),
                                                      ": ", static_cast<int>(chunk.field()),

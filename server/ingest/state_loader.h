@@ -42,6 +42,10 @@
 
 namespace fusedps {
 
+// The TensorField a wire value names (TENSOR_FIELD_UNSPECIFIED means PARAM, as in pulls), or
+// nullopt for a value that is not a TensorField. Shared by LoadState and PullParameters.
+std::optional<TensorField> TensorFieldFromProto(int value);
+
 class StateLoader {
  public:
   // Step 1. `cancelled` is polled while waiting for staging. Errors: NOT_FOUND for a tensor

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/tsan.h"
+#include "server/ingest/state_loader.h"
 #include "server/service/convert.h"
 
 namespace fusedps {
@@ -130,14 +131,12 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
           "max_chunk_bytes = ", chunk_bytes_, " must be 0 or in [", kMinPullChunkBytes, ", ",
           kMaxPullChunkBytes, "]"));
     }
-    if (request.field() != v1::TENSOR_FIELD_UNSPECIFIED) {
-      if (request.field() < v1::TENSOR_FIELD_PARAM ||
-          request.field() > v1::TENSOR_FIELD_MAX_EXP_AVG_SQ) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "field = ", static_cast<int>(request.field()), " is not a TensorField"));
-      }
-      field_ = static_cast<TensorField>(request.field());
+    const std::optional<TensorField> field = TensorFieldFromProto(request.field());
+    if (!field) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field = ", static_cast<int>(request.field()), " is not a TensorField"));
     }
+    field_ = *field;
     absl::flat_hash_set<absl::string_view> seen;
     for (int i = 0; i < request.tensors_size(); ++i) {
       if (!seen.insert(request.tensors(i)).second) {

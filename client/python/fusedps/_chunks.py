@@ -235,22 +235,26 @@ def _tag(number: int, wire_type: int) -> bytes:
     return _varint(number << 3 | wire_type)
 
 
-def chunk_prefix(name: bytes, offset: int, nbytes: int) -> bytes:
-    """The bytes of one `chunks` entry (a TensorChunk: tensor = 1, offset = 2, data = 3) that
-    come before its ``nbytes`` of data, in a message whose field 2 is the chunks."""
+def chunk_framing(name: bytes, offset: int, nbytes: int, field: int = 0) -> Tuple[bytes, bytes]:
+    """The bytes of one `chunks` entry (a TensorChunk: tensor = 1, offset = 2, data = 3,
+    field = 4) that come before and after its ``nbytes`` of data, in a message whose field 2 is
+    the chunks, in protobuf's canonical order. ``field`` (a TensorField, LoadState only) is
+    left out when 0."""
     body = _tag(1, _WIRETYPE_LEN) + _varint(len(name)) + name
     if offset:
         body += _tag(2, _WIRETYPE_VARINT) + _varint(offset)
     body += _tag(3, _WIRETYPE_LEN) + _varint(nbytes)
-    return _tag(CHUNKS_FIELD, _WIRETYPE_LEN) + _varint(len(body) + nbytes) + body
+    suffix = _tag(4, _WIRETYPE_VARINT) + _varint(field) if field else b""
+    size = len(body) + nbytes + len(suffix)
+    return _tag(CHUNKS_FIELD, _WIRETYPE_LEN) + _varint(size) + body, suffix
 
 
 def encode_messages(plan: Sequence[List[Tuple[str, int, int]]], wire_views,
-                    itemsize: int) -> Iterator[bytes]:
+                    itemsize: int, field: int = 0) -> Iterator[bytes]:
     """Serialized request messages carrying the chunks of ``plan`` (plan_messages' lists of
     (name, start, stop)), the data read from ``wire_views[name]``: the tensor's wire bytes as a
-    1-D uint8 numpy array (element ranges are scaled by ``itemsize``). Each message is one
-    bytes object, made by one join: the data's only copy."""
+    1-D uint8 numpy array (element ranges are scaled by ``itemsize``). ``field``: as
+    chunk_framing. Each message is one bytes object, made by one join: the data's only copy."""
     names = {}
     for message in plan:
         parts = []
@@ -258,7 +262,38 @@ def encode_messages(plan: Sequence[List[Tuple[str, int, int]]], wire_views,
             encoded = names.get(name)
             if encoded is None:
                 encoded = names[name] = name.encode("utf-8")
-            nbytes = (stop - start) * itemsize
-            parts.append(chunk_prefix(encoded, start, nbytes))
+            prefix, suffix = chunk_framing(encoded, start, (stop - start) * itemsize, field)
+            parts.append(prefix)
             parts.append(wire_views[name][start * itemsize:stop * itemsize].data)
+            if suffix:
+                parts.append(suffix)
         yield b"".join(parts)
+
+
+class _OneTensorAtATime:
+    """wire_views for encode_messages that converts a tensor when its first chunk is read and
+    keeps only the latest one: a plan reads each tensor's chunks in a row, so at most one
+    tensor's wire copy is alive."""
+
+    def __init__(self, tensors, wire: str):
+        self._tensors = tensors
+        self._wire = wire
+        self._name = None
+        self._view = None
+
+    def __getitem__(self, name: str):
+        if name != self._name:
+            self._view = None  # Drop the previous tensor's copy before making the next.
+            self._view = to_wire_array(self._tensors[name], self._wire).view(np.uint8)
+            self._name = name
+        return self._view
+
+
+def chunk_messages(items: Sequence[Tuple[str, object]], wire: str, max_message_bytes: int,
+                   field: int = 0) -> Iterator[bytes]:
+    """Serialized request messages (of any request whose field 2 is its chunks) carrying every
+    element of every tensor of ``items`` ((name, tensor) pairs) as ``wire``-dtype chunks, each
+    message within ``max_message_bytes``; one tensor converted at a time."""
+    itemsize = element_size(wire)
+    plan = plan_messages([(name, t.numel()) for name, t in items], itemsize, max_message_bytes)
+    yield from encode_messages(plan, _OneTensorAtATime(dict(items), wire), itemsize, field)

@@ -23,21 +23,21 @@ from typing import List, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, errors
+from fusedps import _chunks, _replies, errors
 from fusedps._lazy import LazyModule
 from fusedps.results import PulledTensors
 
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 1  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 2  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-_WIRE_TO_PB = {"float32": 1, "bfloat16": 2}  # fusedps.v1.DType
 
 
 class _Error(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_int32), ("message", ctypes.c_char * 1024)]
+    _fields_ = [("code", ctypes.c_int32), ("local", ctypes.c_int32),
+                ("message", ctypes.c_char * 1024)]
 
 
 class _ClientOptions(ctypes.Structure):
@@ -110,8 +110,12 @@ def load_error() -> Optional[str]:
 
 
 def _raise(error: _Error) -> None:
-    code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
-    raise errors.error_for(code, error.message.decode("utf-8", "replace"))
+    """A mistake in the caller's arguments that the library found itself raises ValueError,
+    as the Python client's own checks do; a call's status raises its FusedPSError."""
+    message = error.message.decode("utf-8", "replace")
+    if error.local:
+        raise ValueError(message)
+    raise errors.error_for(_CODES.get(error.code, grpc.StatusCode.UNKNOWN), message)
 
 
 def _pointers(tensors: Sequence) -> ctypes.Array:
@@ -128,7 +132,7 @@ class NativeClient:
     Args mirror fusedps.client.Client's: timeout None means no deadline.
     Raises:
       RuntimeError: the library is not available (load_error() says why).
-      fusedps.errors.InvalidArgument: options the C++ client refuses.
+      ValueError: options the C++ client refuses.
     """
 
     def __init__(self, target: str, *, streams: int, max_chunk_bytes: int,
@@ -173,8 +177,8 @@ class NativeClient:
     def pull(self, names: Sequence[str], dst: Sequence, *, dtype: int,
              field: int) -> Tuple[int, List[int]]:
         """Pulls one field of ``names`` into ``dst`` (contiguous float32 CPU tensors shaped as
-        registered), all at one version. Returns (version, steps). Raises FusedPSError
-        (InvalidArgument naming the tensor for a shape that differs from the server's); dst
+        registered), all at one version. Returns (version, steps). Raises ValueError naming the
+        tensor for a shape that differs from the server's, FusedPSError for the call's; dst
         may then be partly written."""
         ranks = (ctypes.c_uint64 * len(dst))(*[t.dim() for t in dst])
         flat_dims = [d for t in dst for d in t.shape]
@@ -207,13 +211,7 @@ def pull_into(native: NativeClient, targets: Sequence, wire: str, field: int) ->
         else:
             dst.append(torch.empty(t.shape, dtype=torch.float32))
     names = [n for n, _ in targets]
-    try:
-        version, steps = native.pull(names, dst, dtype=_WIRE_TO_PB[wire], field=field)
-    except errors.InvalidArgument as e:
-        # The shim's own shape check (fusedps_c.h) reads as the grpcio path's ValueError.
-        if "server shape [" in e.details():
-            raise ValueError(e.details()) from e
-        raise
+    version, steps = native.pull(names, dst, dtype=_replies._WIRE_TO_PB[wire], field=field)
     with torch.no_grad():
         for (_, t), d in zip(targets, dst):
             if d.data_ptr() != t.data_ptr():

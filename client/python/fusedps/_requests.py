@@ -1,14 +1,14 @@
 """Turning the caller's arguments into request pieces: named tensors from a model, mapping or
-pairs; their checks; Hyperparameters messages; chunked request messages.
+pairs; their checks; Hyperparameters messages; load_state's arguments. (The chunks themselves
+are serialized by fusedps._chunks.)
 
 Internal module of the fusedps client (fusedps.client, fusedps.sharded); no network.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Tuple, Union
 
-from fusedps import _chunks
 from fusedps._lazy import LazyModule
 from fusedps.v1 import parameter_service_pb2 as pb
 
@@ -90,26 +90,6 @@ def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=N
         h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
                                else pb.WEIGHT_DECAY_MODE_L2)
     return h
-
-
-def _chunk_messages(message_cls, items: Sequence[Tuple[str, torch.Tensor]], wire: str,
-                    max_message_bytes: int) -> Iterator:
-    """Request messages (of ``message_cls``, using its ``chunks`` field) carrying every element
-    of every tensor in ``items`` as ``wire``-dtype chunks. Converts one tensor at a time."""
-    numels = [(name, t.numel()) for name, t in items]
-    tensors = dict(items)
-    arrays: Dict[str, object] = {}
-    itemsize = _chunks.element_size(wire)
-    for plan in _chunks.plan_messages(numels, itemsize, max_message_bytes):
-        msg = message_cls()
-        for name, start, stop in plan:
-            arr = arrays.get(name)
-            if arr is None:
-                arr = arrays[name] = _chunks.to_wire_array(tensors[name], wire)
-            msg.chunks.add(tensor=name, offset=start, data=arr[start:stop].tobytes())
-            if stop == arr.shape[0]:
-                del arrays[name]
-        yield msg
 
 
 def checked_states(states: Mapping[str, Mapping[str, "torch.Tensor"]],

@@ -22,20 +22,24 @@ from fusedps import _chunks, _deadlines, _replies, errors
 from fusedps.results import PulledTensors
 from fusedps.v1 import parameter_service_pb2 as pb
 
-_PUSH_METHOD = "/fusedps.v1.ParameterService/PushGradients"
 # The largest max_chunk_bytes a PullParametersRequest may ask for (proto: at most 4 MiB).
 _MAX_PULL_CHUNK_BYTES = 4 << 20
+
+
+def raw_stream_unary(channel: grpc.Channel, method: str, response_class):
+    """A client-streaming ParameterService method (e.g. "PushGradients") whose requests are
+    given already serialized (bytes), as _chunks.encode_messages makes them."""
+    return channel.stream_unary(f"/fusedps.v1.ParameterService/{method}",
+                                request_serializer=None,
+                                response_deserializer=response_class.FromString)
 
 
 class GrpcioPusher:
     """Sends pushes over ``channels`` (one call per channel and part)."""
 
     def __init__(self, channels: Sequence[grpc.Channel]):
-        # request_serializer None: the requests are already serialized bytes.
-        self._calls = [
-            channel.stream_unary(_PUSH_METHOD, request_serializer=None,
-                                 response_deserializer=pb.PushGradientsResponse.FromString)
-            for channel in channels]
+        self._calls = [raw_stream_unary(channel, "PushGradients", pb.PushGradientsResponse)
+                       for channel in channels]
         self._pool: Optional[ThreadPoolExecutor] = None
         if len(channels) > 1:
             self._pool = ThreadPoolExecutor(max_workers=len(channels) - 1,

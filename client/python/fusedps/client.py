@@ -45,8 +45,8 @@ import grpc
 
 from fusedps import _chunks, _deadlines, _native, _replies, _transport, errors
 from fusedps._lazy import LazyModule
-from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _chunk_messages,
-                               _hyperparameters, _named_tensors, checked_states)
+from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
+                               _named_tensors, checked_states)
 from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
                              ServerInfo, TensorInfo, TensorList)
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
@@ -158,6 +158,11 @@ class Client:
             channel = grpc.insecure_channel(target, options=_deadlines.channel_options(options))
         self._channel = channel
         self._stub = pb_grpc.ParameterServiceStub(channel)
+        # The streams whose chunks are serialized by _chunks (one copy of the data).
+        self._register_tensors = _transport.raw_stream_unary(channel, "RegisterTensors",
+                                                              pb.RegisterTensorsResponse)
+        self._load_state = _transport.raw_stream_unary(channel, "LoadState",
+                                                       pb.LoadStateResponse)
         # The version of the most recent pull_parameters; the default base_version of pushes.
         self.last_pulled_version = 0
         self.streams = int(streams)
@@ -308,11 +313,10 @@ class Client:
 
             def requests(batch=batch, batch_items=batch_items):
                 yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(
-                    tensors=batch, plan_hash=plan_hash))
-                yield from _chunk_messages(pb.RegisterTensorsRequest, batch_items, "float32",
-                                           self.max_chunk_bytes)
+                    tensors=batch, plan_hash=plan_hash)).SerializeToString()
+                yield from _chunks.chunk_messages(batch_items, "float32", self.max_chunk_bytes)
 
-            resp = self._stub.RegisterTensors(requests(), timeout=self._timeout(payload))
+            resp = self._register_tensors(requests(), timeout=self._timeout(payload))
             created += resp.tensors_created
             existing += resp.tensors_existing
             version = resp.version
@@ -536,15 +540,13 @@ class Client:
                 payload += t.numel() * 4
 
         def requests():
-            yield pb.LoadStateRequest(header=header)
+            yield pb.LoadStateRequest(header=header).SerializeToString()
             for field, items in by_field.items():
-                for msg in _chunk_messages(pb.LoadStateRequest, items, "float32",
-                                           self.max_chunk_bytes):
-                    for chunk in msg.chunks:  # Two bytes more a chunk: within its framing.
-                        chunk.field = _FIELDS[field]
-                    yield msg
+                # The field's two bytes a chunk fit in _chunks.CHUNK_FRAMING_BYTES.
+                yield from _chunks.chunk_messages(items, "float32", self.max_chunk_bytes,
+                                                  field=_FIELDS[field])
 
-        return int(self._stub.LoadState(requests(), timeout=self._timeout(payload)).version)
+        return int(self._load_state(requests(), timeout=self._timeout(payload)).version)
 
     def info(self) -> ServerInfo:
         """Server facts: version, backend, device, counts, param groups, limits (ServerInfo)."""

@@ -43,6 +43,23 @@ def test_encoded_messages_parse_as_protobuf(wire):
         assert bytes(rebuilt[name]) == views[name].tobytes()
 
 
+def test_chunk_messages_carry_the_load_state_field_canonically():
+    items = [("w", torch.randn(3000)), ("b", torch.randn(5))]
+    messages = list(_chunks.chunk_messages(items, "float32", 4096,
+                                           field=pb.TENSOR_FIELD_EXP_AVG_SQ))
+    got = {n: [] for n, _ in items}
+    for raw in messages:
+        assert len(raw) <= 4096
+        parsed = pb.LoadStateRequest.FromString(raw)
+        assert raw == parsed.SerializeToString()
+        for c in parsed.chunks:
+            assert c.field == pb.TENSOR_FIELD_EXP_AVG_SQ
+            got[c.tensor].append((c.offset, np.frombuffer(c.data, dtype="<f4")))
+    for name, t in items:
+        values = np.concatenate([v for _, v in sorted(got[name], key=lambda x: x[0])])
+        assert np.array_equal(values, t.numpy())
+
+
 class _FakeChannel:
     """Records the requests of each stream_unary call; fails when told to."""
 
