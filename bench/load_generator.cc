@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "bench/load_runner.h"
 #include "bench/load_stats.h"
+#include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "fusedps/client.h"
@@ -112,6 +113,7 @@ absl::StatusOr<Run> RunFromFlags() {
   config.duration = absl::GetFlag(FLAGS_duration);
   config.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   config.timeout = absl::GetFlag(FLAGS_timeout);
+  client::ApplySecurityFlags(&config.client_options);
   config.register_tensors = absl::GetFlag(FLAGS_register);
   config.client_id_prefix = absl::GetFlag(FLAGS_client_id_prefix);
   config.seed = absl::GetFlag(FLAGS_seed);
@@ -306,6 +308,7 @@ int Main(int argc, char** argv) {
       "  fusedps-bench --targets=HOST:PORT,HOST:PORT --clients=4 --model=gpt2 --steps=20");
   if (HelpRequested(argc, argv)) {
     PrintHelp(__FILE__);
+    std::cout << client::SecurityFlagsHelp();
     return 0;
   }
   std::vector<std::string> storage;

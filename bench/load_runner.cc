@@ -29,8 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Matches the channel Client::Create builds: 16 MiB messages either way.
-constexpr int kMaxMessageBytes = 16 << 20;
 // Registration sends initial values in calls of at most this many elements (64 MB of fp32),
 // so that a large model never needs all of its initial values in memory at once.
 constexpr uint64_t kRegisterBatchNumel = 16u << 20;
@@ -48,23 +46,12 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 }
 
 client::ClientOptions ClientOptionsOf(const LoadConfig& config) {
-  client::ClientOptions options;
+  client::ClientOptions options = config.client_options;
   options.max_chunk_bytes = config.max_chunk_bytes;
   options.timeout = config.timeout;
   options.streams = config.streams;
   options.wait_for_ready = true;
   return options;
-}
-
-// A channel of its own to target: GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL keeps gRPC from sharing
-// one TCP connection between channels to the same target, so each trainer has its own, as
-// trainers in separate processes would.
-std::shared_ptr<grpc::Channel> OwnChannel(const std::string& target) {
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
 // What a trainer's push did, over one server or every shard.
@@ -76,9 +63,8 @@ struct PushSummary {
 };
 
 // A trainer's (or the run's own) link to the servers: a Client of config.target, or with
-// config.targets a ShardedClient following `plan`. Each has a channel of its own per server
-// (OwnChannel); with several streams the client library opens that many connections of its
-// own, the same way. Calls wait for their connection (up to --timeout): on the GPU host a
+// config.targets a ShardedClient following `plan`. Each has connections of its own to each
+// server (client::CreateChannel), one per stream, as trainers in separate processes would. Calls wait for their connection (up to --timeout): on the GPU host a
 // connect among hundreds at once failed now and then, which would otherwise end the run.
 class Connection {
  public:
@@ -87,21 +73,13 @@ class Connection {
     const client::ClientOptions options = ClientOptionsOf(config);
     if (config.targets.empty()) {
       absl::StatusOr<std::unique_ptr<client::Client>> single =
-          config.streams > 1
-              ? client::Client::Create(config.target, options)
-              : client::Client::CreateWithChannel(OwnChannel(config.target), options);
+          client::Client::Create(config.target, options);
       if (!single.ok()) return single.status();
       connection.single_ = *std::move(single);
       return connection;
     }
-    absl::StatusOr<std::unique_ptr<client::ShardedClient>> sharded;
-    if (config.streams > 1) {
-      sharded = client::ShardedClient::Create(config.targets, options);
-    } else {
-      std::vector<std::shared_ptr<grpc::Channel>> channels;
-      for (const std::string& target : config.targets) channels.push_back(OwnChannel(target));
-      sharded = client::ShardedClient::CreateWithChannels(std::move(channels), options);
-    }
+    absl::StatusOr<std::unique_ptr<client::ShardedClient>> sharded =
+        client::ShardedClient::Create(config.targets, options);
     if (!sharded.ok()) return sharded.status();
     if (absl::Status status = (*sharded)->SetPlan(*plan); !status.ok()) return status;
     connection.sharded_ = *std::move(sharded);
@@ -451,7 +429,8 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
   std::unique_ptr<ReaderProbe> probe;
   if (config.probe_interval > absl::ZeroDuration()) {
     absl::StatusOr<std::unique_ptr<ReaderProbe>> created =
-        ReaderProbe::Create({config.target, config.probe_interval, config.probe_pull_bytes});
+        ReaderProbe::Create({config.target, config.probe_interval, config.probe_pull_bytes,
+                             config.client_options});
     if (!created.ok()) return WithContext(created.status(), "starting the reader probe");
     probe = *std::move(created);
   }

@@ -86,6 +86,9 @@ struct LoadConfig {
   // A reader probe during the timed window (bench/reader_probe.h); an interval of 0: none.
   absl::Duration probe_interval = absl::ZeroDuration();
   uint64_t probe_pull_bytes = 1 << 20;
+  // What every connection starts from: TLS and the token (ClientOptions::tls*, token*); the
+  // fields above override its chunk size, timeout and streams.
+  client::ClientOptions client_options;
 };
 
 // What one trainer did in the timed window.

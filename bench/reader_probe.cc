@@ -9,7 +9,7 @@
 namespace fusedps {
 
 absl::StatusOr<std::unique_ptr<ReaderProbe>> ReaderProbe::Create(const ProbeConfig& config) {
-  client::ClientOptions options;
+  client::ClientOptions options = config.client_options;
   options.timeout = absl::Seconds(60);
   options.wait_for_ready = true;
   absl::StatusOr<std::unique_ptr<client::Client>> client =

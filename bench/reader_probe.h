@@ -31,6 +31,7 @@ struct ProbeConfig {
   std::string target;
   absl::Duration interval = absl::Milliseconds(10);  // Between the starts of two rounds.
   uint64_t pull_bytes = 1 << 20;                     // 0: GetInfo only.
+  client::ClientOptions client_options;  // TLS and the token; timeouts are the probe's own.
 };
 
 struct ProbeResult {

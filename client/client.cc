@@ -1,7 +1,6 @@
 #include "fusedps/client.h"
 
 #include <algorithm>
-#include <climits>
 #include <condition_variable>
 #include <functional>
 #include <future>
@@ -15,6 +14,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/channel.h"
 #include "client/wire.h"
 #include "common/tsan.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
@@ -63,34 +63,11 @@ absl::Status ValidateOptions(const ClientOptions& options) {
 // wait_for_ready.
 void ConfigureContext(const ClientOptions& options, grpc::ClientContext* context,
                       uint64_t payload_bytes = 0) {
-  if (options.wait_for_ready) context->set_wait_for_ready(true);
+  internal::ConfigureCall(options, context);
   const absl::Duration timeout = internal::CallTimeout(options, payload_bytes);
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
-}
-
-// Milliseconds for an int channel argument.
-int Milliseconds(absl::Duration duration) {
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(duration), INT_MAX));
-}
-
-// The channel arguments of a connection made by Create.
-grpc::ChannelArguments ChannelArgs(const ClientOptions& options) {
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(internal::kMaxMessageBytes);
-  args.SetMaxReceiveMessageSize(internal::kMaxMessageBytes);
-  // Each stream gets its own connection rather than sharing the global subchannel.
-  if (options.streams > 1) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  if (options.keepalive_time != absl::InfiniteDuration()) {
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(options.keepalive_time));
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(options.keepalive_timeout));
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
-    // gRPC otherwise stops pinging after 2 pings without data, that is, while a call waits on
-    // the server (a push being applied) a dead peer would go unnoticed from the third on.
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  }
-  return args;
 }
 
 // Runs fn(0), ..., fn(n - 1) on n threads (fn(0) on this one) and returns the first error by
@@ -214,13 +191,14 @@ class GrowingDeadline {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
                                                        ClientOptions options) {
-  if (target.empty()) return absl::InvalidArgumentError("empty target");
   if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
+  if (absl::Status status = internal::LoadToken(&options); !status.ok()) return status;
   std::vector<std::unique_ptr<Connection>> connections;
   for (int i = 0; i < options.streams; ++i) {
     auto connection = std::make_unique<Connection>();
-    connection->channel =
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ChannelArgs(options));
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateChannel(target, options);
+    if (!channel.ok()) return channel.status();
+    connection->channel = *std::move(channel);
     connection->stub = v1::ParameterService::NewStub(connection->channel);
     connections.push_back(std::move(connection));
   }
@@ -231,6 +209,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::CreateWithChannel(
     std::shared_ptr<grpc::Channel> channel, ClientOptions options) {
   if (channel == nullptr) return absl::InvalidArgumentError("null channel");
   if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
+  if (absl::Status status = internal::LoadToken(&options); !status.ok()) return status;
   std::vector<std::unique_ptr<Connection>> connections;
   auto connection = std::make_unique<Connection>();
   connection->channel = std::move(channel);
@@ -511,7 +490,7 @@ absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOp
   request.set_field(internal::ToProtoField(options.field));
   request.set_max_chunk_bytes(internal::PullChunkBytes(options_.max_chunk_bytes));
   grpc::ClientContext context;
-  if (options_.wait_for_ready) context.set_wait_for_ready(true);
+  internal::ConfigureCall(options_, &context);
   // The size is known from the reply only, so the deadline grows as the reply announces it.
   GrowingDeadline deadline(options_, &context);
   std::unique_ptr<grpc::ClientReader<v1::PullParametersResponse>> reader =
@@ -615,7 +594,7 @@ absl::StatusOr<ParamGroup> Client::SetHyperparameters(const std::string& param_g
 absl::StatusOr<Client::CheckpointWritten> Client::Checkpoint(absl::Duration timeout) {
   v1::CheckpointResponse response;
   grpc::ClientContext context;
-  if (options_.wait_for_ready) context.set_wait_for_ready(true);
+  internal::ConfigureCall(options_, &context);
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   absl::Status status = ToAbslStatus(
       connection(0).stub->Checkpoint(&context, v1::CheckpointRequest(), &response));

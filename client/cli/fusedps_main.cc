@@ -6,6 +6,7 @@
 //   fusedps pull --out=params.safetensors
 //   fusedps set-lr --group=default --lr=3e-4
 //   fusedps plan --shards=4 --tensors-file=model.json
+//   fusedps --tls-ca=ca.crt --token-file=/var/run/fusedps/token info
 //
 // Exit status: 0 on success, 1 when a call fails, 2 for a usage error.
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
 #include "common/kebab_flags.h"
 #include "common/safetensors.h"
@@ -112,7 +114,9 @@ fusedps.field, and fusedps.steps (a JSON object of each tensor's optimizer step)
 pulled in bf16 are widened to fp32. safetensors.torch.load_file() reads it.
 )";
 
-void PrintHelp() { std::cout << kUsage << "\nFlags:\n" << FlagsHelp(__FILE__); }
+void PrintHelp() {
+  std::cout << kUsage << "\nFlags:\n" << FlagsHelp(__FILE__) << SecurityFlagsHelp();
+}
 
 // --dtype, or `fallback` when it is empty.
 absl::StatusOr<DType> DTypeFlag(const std::string& text, DType fallback) {
@@ -485,6 +489,7 @@ int Main(int argc, char** argv) {
       static_cast<size_t>(std::max<int64_t>(absl::GetFlag(FLAGS_max_chunk_bytes), 0));
   options.streams = absl::GetFlag(FLAGS_streams);
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  ApplySecurityFlags(&options);
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(absl::GetFlag(FLAGS_target), options);
   absl::Status status = client.ok() ? it->second(**client) : client.status();

@@ -133,7 +133,30 @@ struct ClientOptions {
   // When true, a call made while the server is unreachable waits for it (up to its deadline)
   // instead of failing at once with UNAVAILABLE.
   bool wait_for_ready = false;
+  // Transport security (the server's --tls-cert; docs/operations.md, "Security"). With `tls`,
+  // or any tls_* file, the channels Create makes use TLS: the server's certificate must chain
+  // to the PEM roots in tls_ca_file (gRPC's default roots when it is empty) and name the
+  // target's host. tls_cert_file and tls_key_file (PEM, both or neither) present a client
+  // certificate, for a server with --tls-client-ca (mutual TLS). Create reads the files once.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // A bearer token (the server's --auth-tokens), sent on every call as
+  // `authorization: Bearer TOKEN`, also on channels given to CreateWithChannel; empty: none.
+  // The server then requires each push's PushOptions::client_id to be the token's principal.
+  std::string token;
+  // A file holding the token (surrounding whitespace ignored), read once by Create and
+  // CreateWithChannel: a Kubernetes Secret mounted as a file, say. Exclusive with `token`.
+  std::string token_file;
 };
+
+// A channel to `target` as Client::Create makes one for each stream: a connection of its own
+// (not shared with other channels to the same target), TLS as `options` says, and keepalive.
+// For tools that create clients with CreateWithChannel. Errors: INVALID_ARGUMENT for an empty
+// target, tls_cert_file without tls_key_file (or the reverse), or a file that cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& target,
+                                                             const ClientOptions& options);
 
 // AdamW hyperparameters of a param group, named as in torch.optim.AdamW (betas = (beta1, beta2)).
 // An unset field means: at registration, torch's default (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
@@ -287,9 +310,10 @@ struct ServerInfo {
 
 class Client {
  public:
-  // Connects (lazily, on the first call) to target, e.g. "localhost:50051", over an insecure
-  // channel whose max send and receive message sizes are 16 MiB, with keepalive as in options.
-  // Errors: INVALID_ARGUMENT for an empty target or options outside their REQUIRES.
+  // Connects (lazily, on the first call) to target, e.g. "localhost:50051", over channels made
+  // by CreateChannel (plaintext, or TLS as options say) whose max send and receive message
+  // sizes are 16 MiB, with keepalive as in options. Errors: INVALID_ARGUMENT for an empty
+  // target, options outside their REQUIRES, or TLS files that cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
                                                         ClientOptions options = {});
 
