@@ -7,6 +7,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libgoogle-glog-dev
   nlohmann-json3-dev libdeflate-dev zlib1g-dev libssl-dev
+  # the security tests make their certificates with the openssl CLI
+  openssl
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-sklearn
   python3-pytest
   # the Python package's install test (venv, pip, setuptools, wheel) and the GPT example's

@@ -8,6 +8,12 @@
 // checkpoint there at start (--restore), writes one every --checkpoint-interval-seconds and/or
 // --checkpoint-every-versions, on the Checkpoint RPC (`fusedps checkpoint`), and on SIGTERM.
 //
+// Security (docs/operations.md, "Security"): --tls-cert/--tls-key serve gRPC over TLS only,
+// --tls-client-ca requires client certificates (mTLS), --auth-tokens requires a bearer token
+// with a role on every ParameterService call. Health and reflection stay open for probes.
+// Certificates and tokens are read again every --credentials-reload-seconds: rotate them by
+// replacing the files, with no restart.
+//
 // SIGTERM or SIGINT: stop accepting calls, finish the calls in flight (at most
 // --shutdown-grace-seconds), apply every complete push, write a checkpoint (with
 // --checkpoint-dir), exit 0.
@@ -113,6 +119,21 @@ ABSL_FLAG(uint64_t, max_staleness, 0,
           "bounded: the most versions a push's base_version may be behind the shard's");
 ABSL_FLAG(bool, staleness_lr_scaling, false,
           "bounded: the step of a push with staleness tau uses lr / (1 + tau)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the gRPC port: with --tls-key, the port serves TLS only "
+          "(a plaintext client cannot connect); empty: plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS); without "
+          "--auth-tokens each such client is an admin whose principals are its certificate's "
+          "names");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of bearer tokens, one 'TOKEN ROLE PRINCIPAL' per line (roles reader, trainer, "
+          "admin); every ParameterService call must then carry 'authorization: Bearer TOKEN', "
+          "and a push's client_id must be its principal; empty: no tokens");
+ABSL_FLAG(double, credentials_reload_seconds, 10,
+          "how often --tls-cert, --tls-key, --tls-client-ca and --auth-tokens are read again; "
+          "changes apply without a restart (certificates: whole seconds, at least 1)");
 ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
@@ -183,6 +204,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.checkpoint.interval = absl::Seconds(interval);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  const double reload = absl::GetFlag(FLAGS_credentials_reload_seconds);
+  if (!(reload > 0)) {
+    LOG(ERROR) << "--credentials-reload-seconds must be > 0";
+    return 2;
+  }
+  options.tls.reload_interval = absl::Seconds(reload);
+  options.auth_tokens_reload = absl::Seconds(reload);
   // A fault wakes the signal wait below.
   options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
   absl::StatusOr<fusedps::ParamCopyDType> copy =

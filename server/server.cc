@@ -37,6 +37,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                               : MakeBackend(options.device, options.backend);
   if (!backend.ok()) return backend.status();
   if (absl::Status s = ValidateConsistency(options.consistency); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
   std::unique_ptr<Server> server(new Server());
   Server* self = server.get();
   server->fault_ = std::make_unique<ShardFault>();
@@ -93,8 +96,26 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         std::make_unique<checkpoint::Checkpointer>(engine, server->metrics_.get(), checkpoint);
   }
 
+  AuthOptions auth;
+  auth.tokens_file = options.auth_tokens_file;
+  auth.client_certificates = !options.tls.client_ca_file.empty();
+  auth.reload_interval = options.auth_tokens_reload;
+  auth.on_failure = [metrics = server->metrics_.get()](const std::string& reason) {
+    metrics->RecordAuthFailure(reason);
+  };
+  absl::StatusOr<std::unique_ptr<Authorizer>> authorizer = Authorizer::Create(std::move(auth));
+  if (!authorizer.ok()) return authorizer.status();
+  server->authorizer_ = *std::move(authorizer);
+  if (!server->authorizer_->enabled()) {
+    LOG(WARNING) << "no authentication (--auth-tokens, --tls-client-ca): anyone who reaches "
+                 << options.listen << " may push, pull, register and load state";
+  } else if (options.tls.cert_file.empty()) {
+    LOG(WARNING) << "--auth-tokens without --tls-cert: tokens travel in plaintext";
+  }
+
   ServiceContext context;
   context.engine = engine;
+  context.authorizer = server->authorizer_->enabled() ? server->authorizer_.get() : nullptr;
   context.fault = server->fault_.get();
   context.retries = server->retries_.get();
   context.staging = server->staging_.get();
@@ -116,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // A peer that vanishes (a dead host, a cut network) is noticed within keepalive +
@@ -236,6 +257,7 @@ Server::~Server() {
     grpc_server_.reset();
   }
   service_.reset();
+  authorizer_.reset();
   checkpointer_.reset();  // Its checkpoint in progress finishes (the engine still runs).
   metrics_->StopServing();  // No scrape reads the engine from here on.
   watchdog_.reset();

@@ -29,6 +29,8 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
+#include "server/auth/authorizer.h"
+#include "server/auth/tls.h"
 #include "server/checkpoint/checkpointer.h"
 #include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
@@ -77,6 +79,15 @@ struct ServerOptions {
   // empty when there is none), "none" (empty), or a checkpoint directory's path (which must
   // load). Health is NOT_SERVING and every call UNAVAILABLE until the restore is done.
   std::string restore = "latest";
+  // Transport security of the gRPC port (auth/tls.h): TLS with tls.cert_file, mutual TLS with
+  // tls.client_ca_file; plaintext without. /metrics stays plain HTTP (docs/operations.md,
+  // "Security": keep it on a private network).
+  TlsOptions tls;
+  // The bearer tokens (auth/token_table.h), read again every auth_tokens_reload; empty: none.
+  // With tokens or with client certificates, callers are authenticated and a push's client_id
+  // must be the caller's principal (auth/authorizer.h).
+  std::string auth_tokens_file;
+  absl::Duration auth_tokens_reload = absl::Seconds(10);
   // Tests: makes the backend instead of `device` (e.g. one that injects faults).
   std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()> backend_factory;
   // Runs once if the shard faults, after health has turned NOT_SERVING (on the thread that
@@ -89,7 +100,8 @@ struct ServerOptions {
 
 class Server {
  public:
-  // Errors: INVALID_ARGUMENT for a bad option, UNAVAILABLE when the device, the address or the
+  // Errors: INVALID_ARGUMENT for a bad option (including a TLS file or token file that cannot
+  // be read or parsed), UNAVAILABLE when the device, the address or the
   // metrics address cannot be had.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();
@@ -131,6 +143,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   std::atomic<bool> restoring_{true};
+  std::unique_ptr<Authorizer> authorizer_;  // Outlives service_ and grpc_server_.
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -206,6 +206,11 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       checkpoint_failures_(CounterFamily(*registry_, "fusedps_checkpoint_failures_total",
                                          "Checkpoints that failed, by reason: disk_full, io, "
                                          "snapshot, stopping.")),
+      auth_failures_(CounterFamily(*registry_, "fusedps_auth_failures_total",
+                                   "Calls refused by authentication or authorization, by "
+                                   "reason: missing_credentials, invalid_token "
+                                   "(UNAUTHENTICATED), wrong_role, client_id_mismatch "
+                                   "(PERMISSION_DENIED).")),
       consistency_(std::make_unique<ConsistencyMetrics>(*registry_, DurationBuckets())),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
@@ -217,6 +222,10 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
   steps_skipped_.Add({{"reason", "non_finite_grad"}});
   for (const char* reason : {"disk_full", "io", "snapshot", "stopping"}) {
     checkpoint_failures_.Add({{"reason", reason}});
+  }
+  for (const char* reason :
+       {"missing_credentials", "invalid_token", "wrong_role", "client_id_mismatch"}) {
+    auth_failures_.Add({{"reason", reason}});
   }
   for (const char* phase : {"snapshot", "write", "restore"}) {
     checkpoint_duration_.Add({{"phase", phase}}, CheckpointBuckets());
@@ -306,6 +315,10 @@ void Metrics::SetCheckpointInterval(double seconds) { checkpoint_interval_.Set(s
 
 void Metrics::RecordCheckpointFailure(const std::string& reason) {
   checkpoint_failures_.Add({{"reason", reason}}).Increment();
+}
+
+void Metrics::RecordAuthFailure(const std::string& reason) {
+  auth_failures_.Add({{"reason", reason}}).Increment();
 }
 
 void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {

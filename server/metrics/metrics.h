@@ -129,6 +129,10 @@ class Metrics {
   // "stopping".
   void RecordCheckpointFailure(const std::string& reason);
 
+  // A call that authentication or authorization refused (server/auth/authorizer.h), by reason:
+  // "missing_credentials", "invalid_token", "wrong_role" or "client_id_mismatch".
+  void RecordAuthFailure(const std::string& reason);
+
   // The consistency modes' metrics (consistency_metrics.h), for the engine to report to.
   ConsistencyObserver* consistency();
 
@@ -169,6 +173,7 @@ class Metrics {
   prometheus::Gauge& checkpoint_last_success_;
   prometheus::Gauge& checkpoint_interval_;
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;
+  prometheus::Family<prometheus::Counter>& auth_failures_;
 
   mutable std::mutex sync_mu_;
   // Launch counts already added to kernel_launches_, by kernel name. Guarded by sync_mu_.

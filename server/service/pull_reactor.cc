@@ -35,7 +35,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
           context_->TryCancel();  // The pending write ends with !ok; OnWriteDone finishes.
         })) {
     FUSEDPS_HAPPENS_BEFORE(this);
-    absl::Status ready = services_.Admit();
+    absl::Status ready = services_.Admit(*context_, Rpc::kPullParameters);
     if (ready.ok()) ready = Prepare(request);
     if (!ready.ok()) {
       FinishCall(ready);

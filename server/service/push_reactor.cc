@@ -29,7 +29,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
         services_(services),
         watch_(services.watchdog->Watch([this] { OnIdle(); })) {
     FUSEDPS_HAPPENS_BEFORE(this);
-    if (absl::Status s = services_.Admit(); !s.ok()) {
+    if (absl::Status s = services_.Admit(*context_, Rpc::kPushGradients, &caller_);
+        !s.ok()) {
       FinishCall(s, {}, {});
       return;
     }
@@ -208,6 +209,13 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       std::lock_guard<std::mutex> lock(mu_);
       client_id_ = header.client_id();
     }
+    // With authentication on, the retry table's key is the caller's own identity.
+    if (services_.authorizer != nullptr) {
+      if (absl::Status s = services_.authorizer->CheckClientId(caller_, header.client_id());
+          !s.ok()) {
+        return FinishCall(s, {}, {});
+      }
+    }
     std::shared_ptr<const ShardView> view = services_.engine->view();
     absl::StatusOr<CheckedPushHeader> checked = CheckPushHeader(header, *view);
     if (!checked.ok()) return FinishCall(checked.status(), {}, {});
@@ -276,6 +284,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   grpc::ByteBuffer* const response_;  // A serialized PushGradientsResponse.
   const ServiceContext services_;
   const std::shared_ptr<CallWatchdog::Handle> watch_;
+  Caller caller_;  // Who calls (set by the constructor, before the first read).
   grpc::ByteBuffer request_;  // The message being read: a serialized PushGradientsRequest.
   grpc::ByteBuffer first_;    // The header's message, kept for its chunks until staging is ready.
   std::atomic<uint64_t> bytes_{0};  // Gradient payload this part received.

@@ -69,9 +69,11 @@ absl::Status ReadHeaderedStream(grpc::ServerContext* context, grpc::ServerReader
 }  // namespace
 
 grpc::Status ParameterServiceImpl::RegisterParamGroup(
-    grpc::ServerContext*, const v1::RegisterParamGroupRequest* request,
+    grpc::ServerContext* context, const v1::RegisterParamGroupRequest* request,
     v1::RegisterParamGroupResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(*context, Rpc::kRegisterParamGroup); !s.ok()) {
+    return ToGrpc(s);
+  }
   absl::StatusOr<AdamWHyperparameters> h =
       HyperparametersFromProto(request->param_group().hyperparameters());
   if (!h.ok()) return ToGrpc(h.status());
@@ -85,9 +87,11 @@ grpc::Status ParameterServiceImpl::RegisterParamGroup(
 }
 
 grpc::Status ParameterServiceImpl::SetHyperparameters(
-    grpc::ServerContext*, const v1::SetHyperparametersRequest* request,
+    grpc::ServerContext* context, const v1::SetHyperparametersRequest* request,
     v1::SetHyperparametersResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(*context, Rpc::kSetHyperparameters); !s.ok()) {
+    return ToGrpc(s);
+  }
   absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(request->hyperparameters());
   if (!update.ok()) return ToGrpc(update.status());
   absl::StatusOr<ParamGroupSpec> group = UpdateEngine::Wait<ParamGroupSpec>(
@@ -113,7 +117,7 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
 absl::Status ParameterServiceImpl::RegisterTensorsStatus(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return s;
+  if (absl::Status s = services_.Admit(*context, Rpc::kRegisterTensors); !s.ok()) return s;
   const auto cancelled = [context] { return context->IsCancelled(); };
   std::unique_ptr<Registration> registration;
   const auto first = [&](const v1::RegisterTensorsRequest& message) {
@@ -159,7 +163,7 @@ grpc::Status ParameterServiceImpl::LoadState(grpc::ServerContext* context,
 absl::Status ParameterServiceImpl::LoadStateStatus(grpc::ServerContext* context,
                                                    grpc::ServerReader<v1::LoadStateRequest>* reader,
                                                    v1::LoadStateResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return s;
+  if (absl::Status s = services_.Admit(*context, Rpc::kLoadState); !s.ok()) return s;
   const auto cancelled = [context] { return context->IsCancelled(); };
   std::unique_ptr<StateLoader> loader;
   const auto first = [&](const v1::LoadStateRequest& message) {
@@ -194,9 +198,10 @@ grpc::ServerWriteReactor<v1::PullParametersResponse>* ParameterServiceImpl::Pull
   return NewPullReactor(context, request, services_);
 }
 
-grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext* context,
+                                           const v1::GetInfoRequest*,
                                            v1::GetInfoResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(*context, Rpc::kGetInfo); !s.ok()) return ToGrpc(s);
   std::shared_ptr<const ShardView> view = services_.engine->view();
   response->set_version(services_.engine->version());
   response->set_backend(services_.engine->backend_name());
@@ -223,10 +228,10 @@ grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetIn
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext*,
+grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* context,
                                               const v1::CheckpointRequest*,
                                               v1::CheckpointResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(*context, Rpc::kCheckpoint); !s.ok()) return ToGrpc(s);
   if (services_.checkpointer == nullptr) {
     return ToGrpc(absl::FailedPreconditionError(
         "the server has no --checkpoint-dir, so it cannot write a checkpoint"));
@@ -238,10 +243,10 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext*,
+grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
                                                const v1::ListTensorsRequest* request,
                                                v1::ListTensorsResponse* response) {
-  if (absl::Status s = services_.Admit(); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = services_.Admit(*context, Rpc::kListTensors); !s.ok()) return ToGrpc(s);
   std::shared_ptr<const ShardView> view = services_.engine->view();
   uint32_t first = 0;
   if (!request->page_token().empty()) {

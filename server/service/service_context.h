@@ -9,6 +9,8 @@
 #include <functional>
 #include <mutex>
 
+#include "grpcpp/grpcpp.h"
+#include "server/auth/authorizer.h"
 #include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
 #include "server/ingest/push_assembly.h"
@@ -44,14 +46,24 @@ struct ServiceContext {
   checkpoint::Checkpointer* checkpointer = nullptr;
   // True while the server restores a checkpoint at start: every call is UNAVAILABLE.
   const std::atomic<bool>* restoring = nullptr;
+  // Who may call what (server/auth/authorizer.h); null: anyone may call anything.
+  const Authorizer* authorizer = nullptr;
   // ServerOptions::testing_before_push_join, or null.
   const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;
 
   IngestServices ingest() const { return {engine, staging, metrics, assemblies}; }
 
-  // OK when a call may proceed: UNAVAILABLE while restoring, or after a fault.
-  absl::Status Admit() const {
+  // OK when a call of `rpc` may proceed. First who calls: UNAUTHENTICATED or
+  // PERMISSION_DENIED (Authorizer::Authorize); then the shard: UNAVAILABLE while restoring,
+  // or after a fault. `caller`, when given, receives who is calling.
+  absl::Status Admit(const grpc::ServerContextBase& context, Rpc rpc,
+                     Caller* caller = nullptr) const {
+    if (authorizer != nullptr) {
+      absl::StatusOr<Caller> who = authorizer->Authorize(context, rpc);
+      if (!who.ok()) return who.status();
+      if (caller != nullptr) *caller = *std::move(who);
+    }
     if (restoring != nullptr && restoring->load(std::memory_order_acquire)) {
       return absl::UnavailableError("the server is restoring its checkpoint; try again soon");
     }
