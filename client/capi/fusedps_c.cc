@@ -22,6 +22,9 @@ struct fusedps_client {
 
 namespace {
 
+// A C string option: NULL reads as "".
+std::string OptionalString(const char* s) { return s != nullptr ? s : ""; }
+
 void CopyString(const std::string& from, char* to, size_t size) {
   const size_t n = std::min(from.size(), size - 1);
   std::memcpy(to, from.data(), n);
@@ -88,9 +91,14 @@ fusedps_client* fusedps_client_create(const char* target, const fusedps_client_o
     return nullptr;
   }
   client_options.min_bytes_per_second = static_cast<uint64_t>(options->min_bytes_per_second);
+  client_options.tls = options->tls != 0;
+  client_options.tls_ca_file = OptionalString(options->tls_ca_file);
+  client_options.tls_cert_file = OptionalString(options->tls_cert_file);
+  client_options.tls_key_file = OptionalString(options->tls_key_file);
+  client_options.token = OptionalString(options->token);
   absl::StatusOr<std::unique_ptr<fc::Client>> client = fc::Client::Create(target, client_options);
   if (!client.ok()) {
-    Report(client.status(), error, true);  // Options outside ClientOptions' REQUIRES.
+    Report(client.status(), error, true);  // Bad options, or TLS files that cannot be read.
     return nullptr;
   }
   return new fusedps_client{std::move(*client)};

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 2
+#define FUSEDPS_C_API_VERSION 3
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -49,6 +49,13 @@ typedef struct fusedps_client_options {
   int32_t streams;              // Concurrent calls, each on its own connection, 1..64.
   double timeout_seconds;       // Per-call deadline base; <= 0: no deadline at all.
   double min_bytes_per_second;  // Added to the deadline per payload byte; 0: none.
+  // Transport security and the bearer token, as ClientOptions' fields of the same names: NULL
+  // or "" leaves a string unset. A token file is read by the caller and given as `token`.
+  int32_t tls;                // Nonzero: TLS (implied by any tls_* file).
+  const char* tls_ca_file;    // PEM roots the server's certificate must chain to.
+  const char* tls_cert_file;  // PEM client certificate (mTLS), with tls_key_file.
+  const char* tls_key_file;   // Its PEM private key.
+  const char* token;          // Sent on every call as `authorization: Bearer TOKEN`.
 } fusedps_client_options;
 
 typedef struct fusedps_push_header {
@@ -73,7 +80,8 @@ typedef struct fusedps_push_result {
 FUSEDPS_C_EXPORT int32_t fusedps_c_api_version(void);
 
 // Makes a client of `target` ("host:port"); connects lazily. NULL with *error set
-// (INVALID_ARGUMENT) for options outside fusedps::ClientOptions' REQUIRES.
+// (INVALID_ARGUMENT) for options outside fusedps::ClientOptions' REQUIRES, tls_cert_file
+// without tls_key_file (or the reverse), or a TLS file that cannot be read.
 FUSEDPS_C_EXPORT fusedps_client* fusedps_client_create(const char* target,
                                                        const fusedps_client_options* options,
                                                        fusedps_error* error);

@@ -30,7 +30,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 2  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 3  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -43,7 +43,9 @@ class _Error(ctypes.Structure):
 class _ClientOptions(ctypes.Structure):
     _fields_ = [("max_chunk_bytes", ctypes.c_uint64), ("streams", ctypes.c_int32),
                 ("timeout_seconds", ctypes.c_double),
-                ("min_bytes_per_second", ctypes.c_double)]
+                ("min_bytes_per_second", ctypes.c_double), ("tls", ctypes.c_int32),
+                ("tls_ca_file", ctypes.c_char_p), ("tls_cert_file", ctypes.c_char_p),
+                ("tls_key_file", ctypes.c_char_p), ("token", ctypes.c_char_p)]
 
 
 class _PushHeader(ctypes.Structure):
@@ -129,21 +131,31 @@ def _names(names: Sequence[str]) -> ctypes.Array:
 class NativeClient:
     """One fusedps_client: pushes and pulls of float32 host tensors through the C++ client.
 
-    Args mirror fusedps.client.Client's: timeout None means no deadline.
+    Args mirror fusedps.client.Client's: timeout None means no deadline; tls_ca, tls_cert and
+    tls_key are paths (the C++ client reads them), token the token itself (a token file is
+    read by the caller).
     Raises:
       RuntimeError: the library is not available (load_error() says why).
-      ValueError: options the C++ client refuses.
+      ValueError: options the C++ client refuses, TLS files it cannot read.
     """
 
     def __init__(self, target: str, *, streams: int, max_chunk_bytes: int,
-                 timeout: Optional[float], min_bytes_per_second: float):
+                 timeout: Optional[float], min_bytes_per_second: float, tls: bool = False,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, token: Optional[str] = None):
         lib = library()
         if lib is None:
             raise RuntimeError(f"the native transport is not available: {load_error()}")
         self._lib = lib
+
+        def c_string(value: Optional[str]) -> Optional[bytes]:
+            return None if value is None else os.fsencode(value)
+
         options = _ClientOptions(max_chunk_bytes, streams,
                                  -1.0 if timeout is None else float(timeout),
-                                 float(min_bytes_per_second))
+                                 float(min_bytes_per_second), 1 if tls else 0,
+                                 c_string(tls_ca), c_string(tls_cert), c_string(tls_key),
+                                 None if token is None else token.encode("utf-8"))
         error = _Error()
         handle = lib.fusedps_client_create(target.encode("utf-8"), ctypes.byref(options),
                                            ctypes.byref(error))

@@ -33,17 +33,20 @@ Conventions:
   * Every call has a deadline by default (30 s plus its tensor data at 10 MB/s) and the
     client's channel sends keepalive pings while calls are in flight, so a dead server or a
     network partition raises an error instead of hanging a trainer; see Client.
+  * TLS, client certificates and bearer tokens: Client's tls* and token* arguments, on both
+    transports (docs/python.md, "Security").
 """
 
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, _deadlines, _native, _replies, _transport, errors
+from fusedps import _chunks, _deadlines, _native, _replies, _security, _transport, errors
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
                                _named_tensors, checked_states)
@@ -100,14 +103,16 @@ class Client:
       min_bytes_per_second: the slowest transfer a call is allowed (0: ``timeout`` for every
         call, whatever its size).
       channel: an existing grpc.Channel to use instead of creating one from ``target`` (the
-        client then does not close it, nor set its options).
+        client then does not close it, nor set its options or credentials; a token is still
+        added to its calls).
       options: extra grpc channel options, as for grpc.insecure_channel; they override the
         client's own (no message size limits, and keepalive, below).
       streams: concurrent calls, each on its own connection, 1..64. A push goes as that many
         parts at once (PushHeader.part_count; the server still applies it as one step; parts
         need a client_id and a sequence_number, so a push without them gets this client's
-        own: a random client id and a counter) and a pull of several tensors is split across
-        them (native transport).
+        own: a random client id, and a counter started from the clock; with a token, give
+        ``client_id``, as the server refuses any other than the token's principal) and a pull
+        of several tensors is split across them (native transport).
       transport: how pushes and pulls travel:
         * "native": the C++ client (libfusedps_c through ctypes, fusedps._native): the fastest,
           several GB/s with a few streams; raises RuntimeError when the library is missing;
@@ -118,6 +123,23 @@ class Client:
           "grpcio", which moves one stream faster (docs/benchmarks.md, "The Python client").
         Every other call (registration, info, ...) uses grpcio. ``transport_in_use`` says
         which was picked.
+      tls: connect with TLS, checking the server's certificate against gRPC's default roots
+        (or ``tls_ca``) and the target's host name. Implied by tls_ca and tls_cert. The
+        server must serve TLS (its --tls-cert); a plaintext client cannot talk to it, nor a
+        TLS client to a plaintext server (both fail with fusedps.errors.Unavailable).
+      tls_ca: path of the PEM roots the server's certificate must chain to (the CA of the
+        server's --tls-cert), e.g. a private CA.
+      tls_cert, tls_key: paths of a PEM client certificate and its private key, both or
+        neither: for a server with --tls-client-ca (mutual TLS), which refuses clients
+        without one.
+      token: a bearer token of the server's --auth-tokens file, sent as ``authorization:
+        Bearer TOKEN`` on every call (both transports, every channel). The server refuses a
+        call without a known token (fusedps.errors.Unauthenticated) or one its role may not
+        make (fusedps.errors.PermissionDenied), and a push whose client_id is not the
+        token's principal (PermissionDenied): give ``client_id`` = the principal. Sent in
+        the clear without TLS.
+      token_file: path of a file holding the token (surrounding whitespace ignored; e.g. a
+        mounted Kubernetes Secret), read once here. Exclusive with ``token``.
 
     The defaults, 30 s plus 10 MB/s, are the C++ client's (its ClientOptions says why): room
     for connecting, back-pressure and a large step, yet a small call left unanswered fails in
@@ -129,6 +151,12 @@ class Client:
 
     The client is safe to use from one thread at a time; use one Client per thread otherwise.
     Use it as a context manager, or call close().
+
+    Raises (construction):
+      ValueError: an option out of range; tls_cert without tls_key (or the reverse); token
+        and token_file both; a TLS or token file that cannot be read, or an empty token;
+        tls* options with ``channel`` (its credentials are the caller's).
+      RuntimeError: transport="native" without the native library.
     """
 
     def __init__(self, target: str, max_chunk_bytes: int = 1 << 20, *, client_id: str = "",
@@ -136,7 +164,9 @@ class Client:
                  min_bytes_per_second: float = DEFAULT_MIN_BYTES_PER_SECOND,
                  channel: Optional[grpc.Channel] = None,
                  options: Sequence[Tuple[str, object]] = (), streams: int = 1,
-                 transport: str = "auto"):
+                 transport: str = "auto", tls: bool = False, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 token: Optional[str] = None, token_file: Optional[str] = None):
         if int(max_chunk_bytes) < _chunks.MIN_MESSAGE_BYTES:
             raise ValueError(
                 f"max_chunk_bytes must be >= {_chunks.MIN_MESSAGE_BYTES}, got {max_chunk_bytes}")
@@ -148,6 +178,10 @@ class Client:
             raise ValueError(f"streams must be in [1, 64], got {streams}")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        security = _security.check_security(tls, tls_ca, tls_cert, tls_key, token, token_file)
+        if channel is not None and security.tls:
+            raise ValueError("tls, tls_ca, tls_cert and tls_key are for the channels the "
+                             "client makes; a given channel has its own credentials")
         self.target = target
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.client_id = client_id
@@ -155,7 +189,10 @@ class Client:
         self.min_bytes_per_second = min_bytes_per_second
         self._owns_channel = channel is None
         if channel is None:
-            channel = grpc.insecure_channel(target, options=_deadlines.channel_options(options))
+            channel = _security.make_channel(target, _deadlines.channel_options(options),
+                                             security)
+        else:
+            channel = _security.with_token(channel, security.token)
         self._channel = channel
         self._stub = pb_grpc.ParameterServiceStub(channel)
         # The streams whose chunks are serialized by _chunks (one copy of the data).
@@ -166,9 +203,11 @@ class Client:
         # The version of the most recent pull_parameters; the default base_version of pushes.
         self.last_pulled_version = 0
         self.streams = int(streams)
-        # The names of pushes in parts that came without one (see streams).
+        # The names of pushes in parts that came without one (see streams). Sequence numbers
+        # count on from the clock at creation, as the C++ client's do, so that a restarted
+        # trainer with the same client_id (with a token: its principal) is not stale.
         self._own_client_id = f"fusedps-py-{uuid.uuid4().hex[:16]}"
-        self._last_sequence_number = 0
+        self._last_sequence_number = time.time_ns() // 1000
         self._native: Optional[_native.NativeClient] = None
         self._extra_channels: List[grpc.Channel] = []
         # "auto": grpcio moves one stream faster than the C++ client (torch rounds to bf16 in
@@ -178,13 +217,14 @@ class Client:
                                      and _native.library() is not None):
             self._native = _native.NativeClient(
                 target, streams=self.streams, max_chunk_bytes=self.max_chunk_bytes,
-                timeout=timeout, min_bytes_per_second=min_bytes_per_second)
+                timeout=timeout, min_bytes_per_second=min_bytes_per_second, tls=security.tls,
+                tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=security.token)
             self._pusher = None
         else:
             # Channels beyond the first, each its own connection (a local subchannel pool).
             self._extra_channels = [
-                grpc.insecure_channel(target, options=_deadlines.channel_options(
-                    list(options) + [("grpc.use_local_subchannel_pool", 1)]))
+                _security.make_channel(target, _deadlines.channel_options(
+                    list(options) + [("grpc.use_local_subchannel_pool", 1)]), security)
                 for _ in range(self.streams - 1)]
             self._pusher = _transport.GrpcioPusher([channel] + self._extra_channels)
         self.transport_in_use = "native" if self._native is not None else "grpcio"

@@ -96,7 +96,10 @@ class ShardedClient:
         register_model compute it from the model.
       client_id: client id of every push (the same on every shard; "" disables retry
         detection; sync mode needs one).
-      client_kwargs: passed to each fusedps.Client (max_chunk_bytes, timeout, options, ...).
+      client_kwargs: passed to each fusedps.Client (max_chunk_bytes, timeout, options,
+        streams, transport, and the security options tls, tls_ca, tls_cert, tls_key, token,
+        token_file, ...): the same for every shard, so the shards share one CA and one token
+        file (with --auth-tokens, ``client_id`` must be the token's principal on each).
 
     Methods that talk to the servers call them all at once, one thread per shard, and wait for
     all; when some fail, the error of the lowest shard index is raised (with a note naming the

@@ -85,7 +85,13 @@ class RemoteAdamW(torch.optim.Optimizer):
       client: an existing Client or ShardedClient to use instead of ``targets`` (not closed
         by close()).
       client_options: keyword arguments for the Client / ShardedClient made from ``targets``
-        (e.g. client_id, timeout, max_chunk_bytes, streams), passed through unchanged.
+        (e.g. client_id, timeout, max_chunk_bytes, streams, and the security options tls,
+        tls_ca, tls_cert, tls_key, token, token_file), passed through unchanged. Against a
+        server with --auth-tokens, construction registers param groups and tensors and a
+        changed lr is sent with SetHyperparameters, which need an admin token, and pushes
+        need ``client_id`` = the token's principal: e.g. ``client_options=dict(
+        token_file=..., client_id="trainer-0", tls_ca=...)`` with an admin token for
+        trainer-0 (docs/python.md, "Security").
       grad_dtype: wire dtype of the gradients, "float32" (the default: the server then does
         exactly what torch.optim.AdamW does) or "bfloat16" (half the bytes; the gradients are
         rounded to nearest even first).
