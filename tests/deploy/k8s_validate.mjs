@@ -1,10 +1,12 @@
 // Validates the rendered manifests of deploy/k8s (render.sh's OUTDIR/NAME.yaml for base, gpu,
-// cpu and sharded-4): every object against the Kubernetes API schemas (npm kubernetes-models)
-// or the Prometheus-operator CRD schemas (npm @kubernetes-models/prometheus-operator), then
-// what the schemas cannot say: names the API server would refuse, how the objects must agree
-// with each other and with fusedps-server (ports, probes, drain time, flags, security,
-// volumes), and that the sharded example is what docs/operations.md says: 4 shards in sync
-// mode, reached at the headless Service's stable names.
+// cpu, sharded-4 and mtls): every object against the Kubernetes API schemas (npm
+// kubernetes-models), the Prometheus-operator CRD schemas (npm
+// @kubernetes-models/prometheus-operator) or cert-manager's (npm @kubernetes-models/cert-manager),
+// then what the schemas cannot say: names the API server would refuse, how the objects must
+// agree with each other and with fusedps-server (ports, probes, drain time, flags, security,
+// volumes, certificates, network policy), and that the sharded example is what
+// docs/operations.md says: 4 shards in sync mode, reached at the headless Service's stable
+// names. The example trainers of deploy/k8s/examples are checked too.
 //
 //   node --test k8s_validate.mjs      with FUSEDPS_RENDERED=OUTDIR and FUSEDPS_SOURCE_DIR=repo
 import assert from "node:assert/strict";
@@ -20,6 +22,7 @@ assert.ok(renderedDir && sourceDir, "set FUSEDPS_RENDERED and FUSEDPS_SOURCE_DIR
 
 const GRPC_SERVICE = "fusedps.v1.ParameterService";
 const CHECKPOINT_DIR = "/var/lib/fusedps";
+const PROBES = ["startupProbe", "livenessProbe", "readinessProbe"];
 
 function loadObjects(name) {
   const text = readFileSync(join(renderedDir, `${name}.yaml`), "utf8");
@@ -32,11 +35,14 @@ function loadObjects(name) {
 }
 
 // apiVersion "apps/v1" -> kubernetes-models/apps/v1; "v1" -> kubernetes-models/v1;
-// monitoring.coreos.com/* -> @kubernetes-models/prometheus-operator.
+// monitoring.coreos.com/* -> @kubernetes-models/prometheus-operator; cert-manager.io/* ->
+// @kubernetes-models/cert-manager.
 async function modelFor(apiVersion, kind) {
   const module = apiVersion.startsWith("monitoring.coreos.com/")
     ? await import(`@kubernetes-models/prometheus-operator/${apiVersion}`)
-    : await import(`kubernetes-models/${apiVersion}`);
+    : apiVersion.startsWith("cert-manager.io/")
+      ? await import(`@kubernetes-models/cert-manager/${apiVersion}`)
+      : await import(`kubernetes-models/${apiVersion}`);
   assert.ok(module[kind], `no schema for ${apiVersion} ${kind}`);
   return module[kind];
 }
@@ -107,6 +113,26 @@ function flagValue(args, flag) {
 }
 
 const portOf = (address) => Number(address.slice(address.lastIndexOf(":") + 1));
+const hostOf = (address) => address.slice(0, address.lastIndexOf(":"));
+
+// The Secret volume mounted (as a directory: a subPath mount never sees the Secret's updates)
+// at the directory that holds `path`: { mount, volume }.
+function secretMountOf(pod, container, path, what) {
+  const mount = (container.volumeMounts ?? []).find((m) => path.startsWith(`${m.mountPath}/`));
+  assert.ok(mount, `${what} ${path}: no volume is mounted there`);
+  assert.equal(mount.subPath, undefined, `${what}: mount ${mount.name} with subPath`);
+  assert.equal(path.slice(mount.mountPath.length + 1).includes("/"), false, `${what} ${path}`);
+  const volume = pod.volumes.find((v) => v.name === mount.name);
+  assert.ok(volume?.secret, `${what} ${path}: volume ${mount.name} is not a Secret`);
+  return { mount, volume };
+}
+
+// "2s" -> 2.
+function seconds(duration) {
+  const match = /^(\d+(?:\.\d+)?)s$/.exec(duration ?? "");
+  assert.ok(match, `duration ${duration}`);
+  return Number(match[1]);
+}
 
 function readRuleFiles() {
   const dir = join(sourceDir, "deploy/prometheus/rules");
@@ -115,12 +141,13 @@ function readRuleFiles() {
     .map((f) => ({ file: f, rules: parseYaml(readFileSync(join(dir, f), "utf8")) }));
 }
 
-for (const variant of ["base", "gpu", "cpu", "sharded-4"]) {
+for (const variant of ["base", "gpu", "cpu", "sharded-4", "mtls"]) {
   const objects = loadObjects(variant);
 
   test(`${variant}: every object validates against its API schema`, async () => {
     const kinds = new Set(objects.map((o) => o.kind));
-    for (const kind of ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget"]) {
+    for (const kind of ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget",
+      "NetworkPolicy"]) {
       assert.ok(kinds.has(kind), `${kind} missing`);
     }
     if (variant !== "base") {
@@ -138,7 +165,7 @@ for (const variant of ["base", "gpu", "cpu", "sharded-4"]) {
 
   test(`${variant}: the schema check rejects a broken object (it is not a no-op)`, async () => {
     const sts = structuredClone(only(objects, "StatefulSet"));
-    sts.spec.template.spec.containers[0].readinessProbe.grpc.port = "grpc";
+    sts.spec.template.spec.containers[0].readinessProbe.periodSeconds = "5";
     const Model = await modelFor(sts.apiVersion, sts.kind);
     assert.throws(() => new Model(sts).validate(), /must be integer/);
   });
@@ -164,9 +191,12 @@ for (const variant of ["base", "gpu", "cpu", "sharded-4"]) {
     }
   });
 
-  test(`${variant}: listen flags, container ports and gRPC probes agree`, () => {
+  // The kubelet's own gRPC probe cannot speak TLS: the probes run the image's fusedps CLI
+  // (`fusedps health`), over TLS when the port serves it. test_server_args.py runs them.
+  test(`${variant}: listen flags, container ports and health probes agree`, () => {
     const sts = only(objects, "StatefulSet");
-    const container = sts.spec.template.spec.containers[0];
+    const pod = sts.spec.template.spec;
+    const container = pod.containers[0];
     const args = resolvedArgs(objects, container);
     assert.equal(args[0], "fusedps-server");
     const ports = Object.fromEntries(container.ports.map((p) => [p.name, p.containerPort]));
@@ -174,14 +204,93 @@ for (const variant of ["base", "gpu", "cpu", "sharded-4"]) {
     assert.equal(ports.metrics, 9464);
     assert.equal(portOf(flagValue(args, "listen")), ports.grpc, "--listen port is port grpc");
     assert.equal(portOf(flagValue(args, "metrics-listen")), ports.metrics, "--metrics-listen");
-    for (const probe of ["startupProbe", "livenessProbe", "readinessProbe"]) {
-      assert.ok(container[probe]?.grpc, `${probe} is a gRPC probe`);
-      assert.equal(container[probe].grpc.port, ports.grpc, `${probe} port is the gRPC port`);
+    const tls = flagValue(args, "tls-cert") !== undefined;
+    const mtls = flagValue(args, "tls-client-ca") !== undefined;
+    for (const probe of PROBES) {
+      const command = container[probe]?.exec?.command;
+      assert.ok(command, `${probe} is an exec probe`);
+      assert.deepEqual(command.slice(0, 2), ["fusedps", "health"], `${probe}: ${command}`);
+      const target = flagValue(command, "target");
+      assert.equal(portOf(target), ports.grpc, `${probe} asks the gRPC port`);
+      assert.ok(["localhost", "127.0.0.1"].includes(hostOf(target)), `${probe}: ${target}`);
+      assert.ok(seconds(flagValue(command, "timeout")) < container[probe].timeoutSeconds,
+        `${probe}: the CLI's --timeout must end before the probe's timeoutSeconds`);
+      if (tls) {
+        const ca = flagValue(command, "tls-ca");
+        assert.ok(ca, `${probe}: the port serves TLS, so the probe needs --tls-ca`);
+        secretMountOf(pod, container, ca, `${probe} --tls-ca`);
+      }
+      if (mtls) {
+        // The pod's own certificate, which the server's CA signed.
+        assert.equal(flagValue(command, "tls-cert"), flagValue(args, "tls-cert"), probe);
+        assert.equal(flagValue(command, "tls-key"), flagValue(args, "tls-key"), probe);
+      }
     }
     // Liveness asks about the server as a whole, readiness about the parameter service.
-    assert.ok([undefined, ""].includes(container.livenessProbe.grpc.service));
-    assert.ok([undefined, ""].includes(container.startupProbe.grpc.service));
-    assert.equal(container.readinessProbe.grpc.service, GRPC_SERVICE);
+    const service = (probe) => flagValue(container[probe].exec.command, "service") ?? "";
+    assert.equal(service("livenessProbe"), "");
+    assert.equal(service("startupProbe"), "");
+    assert.equal(service("readinessProbe"), GRPC_SERVICE);
+  });
+
+  test(`${variant}: TLS and tokens from Secrets, mounted as directories`, () => {
+    const sts = only(objects, "StatefulSet");
+    const pod = sts.spec.template.spec;
+    const container = pod.containers[0];
+    const args = resolvedArgs(objects, container);
+    // Security is on in the base, so in every variant (docs/operations.md, "Security").
+    const files = {};
+    for (const flag of ["tls-cert", "tls-key", "auth-tokens", "tls-client-ca"]) {
+      const path = flagValue(args, flag);
+      if (flag === "tls-client-ca" && path === undefined) continue;
+      assert.ok(path, `--${flag} is not set`);
+      files[flag] = { path, ...secretMountOf(pod, container, path, `--${flag}`) };
+      assert.equal(files[flag].mount.readOnly, true, `--${flag}: mount read-only`);
+    }
+    // cert-manager's layout of a kubernetes.io/tls Secret: tls.crt, tls.key, ca.crt.
+    const tlsSecret = files["tls-cert"].volume.secret.secretName;
+    assert.ok(files["tls-cert"].path.endsWith("/tls.crt"));
+    assert.ok(files["tls-key"].path.endsWith("/tls.key"));
+    assert.equal(files["tls-key"].volume.secret.secretName, tlsSecret);
+    if (files["tls-client-ca"]) {
+      assert.ok(files["tls-client-ca"].path.endsWith("/ca.crt"));
+      assert.equal(files["tls-client-ca"].volume.secret.secretName, tlsSecret);
+    }
+    assert.ok(files["auth-tokens"].path.endsWith("/tokens"));
+    assert.notEqual(files["auth-tokens"].volume.secret.secretName, tlsSecret);
+    // Not readable by other users (the server reads them through fsGroup).
+    for (const { volume } of Object.values(files)) {
+      assert.equal(volume.secret.defaultMode & 0o007, 0, `${volume.name}: world-readable`);
+    }
+    assert.ok(pod.securityContext.fsGroup > 0);
+    const reload = Number(flagValue(args, "credentials-reload-seconds"));
+    assert.ok(reload > 0 && reload <= 60, `--credentials-reload-seconds=${reload}`);
+  });
+
+  test(`${variant}: the NetworkPolicy opens gRPC, and metrics to Prometheus only`, () => {
+    const policy = only(objects, "NetworkPolicy");
+    const sts = only(objects, "StatefulSet");
+    const podLabels = sts.spec.template.metadata.labels;
+    assert.ok(selectorMatches(policy.spec.podSelector.matchLabels, podLabels));
+    assert.deepEqual(policy.spec.policyTypes, ["Ingress"]);
+    const portNames = sts.spec.template.spec.containers[0].ports.map((p) => p.name);
+    const rules = (port) =>
+      policy.spec.ingress.filter((r) => r.ports?.some((p) => p.port === port));
+    for (const rule of policy.spec.ingress) {
+      for (const port of rule.ports ?? []) assert.ok(portNames.includes(port.port), port.port);
+    }
+    assert.equal(rules("grpc").length, 1, "one rule for port grpc");
+    // The metrics port is plain HTTP without authentication: never open to everyone.
+    const metrics = rules("metrics");
+    assert.ok(metrics.length >= 1, "Prometheus must reach port metrics");
+    for (const rule of metrics) {
+      assert.ok(rule.from?.length > 0, "port metrics open to every source");
+      for (const peer of rule.from) {
+        assert.equal(peer.ipBlock, undefined, "metrics from an ipBlock");
+        assert.ok(peer.podSelector?.matchLabels && peer.namespaceSelector?.matchLabels,
+          "metrics only from selected pods in selected namespaces");
+      }
+    }
   });
 
   test(`${variant}: the pod outlives the server's drain on SIGTERM`, () => {
@@ -222,8 +331,9 @@ for (const variant of ["base", "gpu", "cpu", "sharded-4"]) {
     const container = pod.containers[0];
     const args = resolvedArgs(objects, container);
     const gpus = container.resources.limits?.["nvidia.com/gpu"];
-    // sharded-4 builds on the gpu overlay.
-    const expected = { base: "auto", gpu: "cuda:0", cpu: "cpu", "sharded-4": "cuda:0" }[variant];
+    // sharded-4 and mtls build on the gpu overlay.
+    const expected = { base: "auto", gpu: "cuda:0", cpu: "cpu", "sharded-4": "cuda:0",
+      mtls: "cuda:0" }[variant];
     assert.equal(flagValue(args, "device"), expected);
     if (expected === "cuda:0") {
       assert.equal(gpus, 1, "one GPU per shard");
@@ -389,4 +499,111 @@ test("the docs and manifests name the shards under the headless Service", () => 
     }
   }
   assert.ok(seen >= 4, "the docs name the shards somewhere");
+});
+
+// ------------------------------------ mutual TLS and cert-manager's certificates (overlays/mtls)
+
+test("mtls: cert-manager issues the servers' Secret, with the names and usages probes need", () => {
+  const objects = loadObjects("mtls");
+  const pod = only(objects, "StatefulSet").spec.template.spec;
+  const container = pod.containers[0];
+  const args = resolvedArgs(objects, container);
+  const tlsSecret = secretMountOf(pod, container, flagValue(args, "tls-cert"), "--tls-cert")
+    .volume.secret.secretName;
+  const certificates = objects.filter((o) => o.kind === "Certificate");
+  const issuers = objects.filter((o) => o.kind === "Issuer");
+  const server = certificates.find((c) => c.spec.secretName === tlsSecret);
+  assert.ok(server, `no Certificate writes the Secret ${tlsSecret}`);
+  // The probes connect to localhost (or 127.0.0.1) and check the certificate's names.
+  const names = [...(server.spec.dnsNames ?? []), ...(server.spec.ipAddresses ?? [])];
+  for (const probe of PROBES) {
+    const host = hostOf(flagValue(container[probe].exec.command, "target"));
+    assert.ok(names.includes(host), `${probe} connects to ${host}, not in ${names}`);
+  }
+  // Shards by their full names, under the headless Service (a wildcard covers them all).
+  const service = only(objects, "Service").metadata.name;
+  assert.ok(names.some((n) => n.startsWith(`*.${service}.`) && n.endsWith(".svc.cluster.local")));
+  // Under mTLS the probes present this certificate as a client's.
+  assert.ok(flagValue(args, "tls-client-ca"), "mtls sets --tls-client-ca");
+  assert.ok(server.spec.usages.includes("server auth"));
+  assert.ok(server.spec.usages.includes("client auth"), "the probes' client certificate");
+  // Every Certificate is issued by an Issuer of the output; the CA Issuer's key is a CA's.
+  for (const certificate of certificates) {
+    const issuer = issuers.find((i) => i.metadata.name === certificate.spec.issuerRef.name);
+    assert.ok(issuer, `${certificate.metadata.name}: no Issuer ${certificate.spec.issuerRef.name}`);
+    assert.equal(certificate.spec.issuerRef.kind, "Issuer");
+    if (issuer.spec.ca) {
+      const ca = certificates.find((c) => c.spec.secretName === issuer.spec.ca.secretName);
+      assert.equal(ca?.spec.isCA, true, `Issuer ${issuer.metadata.name}: its CA`);
+    }
+  }
+  // A client certificate for the trainers, from the same CA.
+  const trainer = certificates.find((c) => c.metadata.name === "fusedps-trainer-tls");
+  assert.ok(trainer && trainer.spec.usages.includes("client auth"));
+  assert.equal(trainer.spec.issuerRef.name, server.spec.issuerRef.name);
+});
+
+test("mtls: apart from the mTLS flags and cert-manager's objects, it is the gpu overlay", () => {
+  const MTLS = ["--tls-client-ca=", "--tls-cert=", "--tls-key="];
+  const normalized = (variant) => {
+    const objects = loadObjects(variant);
+    const sts = structuredClone(only(objects, "StatefulSet"));
+    const container = sts.spec.template.spec.containers[0];
+    for (const probe of PROBES) {
+      container[probe].exec.command = container[probe].exec.command.filter(
+        (a) => !MTLS.some((f) => a.startsWith(f)));
+    }
+    const args = container.args.filter((a) => !a.startsWith("--tls-client-ca="));
+    delete container.args;
+    const kinds = objects
+      .filter((o) => !o.apiVersion.startsWith("cert-manager.io/"))
+      .map((o) => `${o.kind} ${o.metadata.name}`)
+      .sort();
+    return { sts, args, kinds };
+  };
+  assert.deepEqual(normalized("mtls"), normalized("gpu"));
+});
+
+// -------------------------------------------------- example trainers (deploy/k8s/examples)
+
+test("examples: the trainers validate and get their token and CA from Secrets", async () => {
+  const dir = join(sourceDir, "deploy/k8s/examples");
+  const files = readdirSync(dir).filter((f) => /\.ya?ml$/.test(f));
+  assert.ok(files.includes("trainers.yaml"));
+  for (const file of files) {
+    const objects = parseAllDocuments(readFileSync(join(dir, file), "utf8"))
+      .map((doc) => doc.toJS())
+      .filter((o) => o !== null);
+    for (const object of objects) {
+      const Model = await modelFor(object.apiVersion, object.kind);
+      assert.doesNotThrow(() => new Model(object).validate(), `${file}: ${object.kind}`);
+      checkNames(object);
+    }
+  }
+  const job = parseYaml(readFileSync(join(dir, "trainers.yaml"), "utf8"));
+  const pod = job.spec.template.spec;
+  const container = pod.containers[0];
+  const env = Object.fromEntries(container.env.map((e) => [e.name, e.value ?? e.valueFrom]));
+  // One trainer per sync replica of the sharded-4 example, each its own principal.
+  const sharded = resolvedArgs(loadObjects("sharded-4"),
+    only(loadObjects("sharded-4"), "StatefulSet").spec.template.spec.containers[0]);
+  assert.equal(job.spec.completionMode, "Indexed");
+  assert.equal(job.spec.completions, Number(flagValue(sharded, "total-replicas")));
+  assert.match(env.TRAINER_INDEX.fieldRef.fieldPath, /job-completion-index/);
+  assert.equal(container.env[0].name, "TRAINER_INDEX", "defined before the values using it");
+  assert.equal(env.FUSEDPS_CLIENT_ID, "trainer-$(TRAINER_INDEX)");
+  assert.ok(env.FUSEDPS_TOKEN_FILE.endsWith("/trainer-$(TRAINER_INDEX)"));
+  // From Secret volumes mounted as directories; never the servers' key or their token file.
+  const server = only(loadObjects("gpu"), "StatefulSet").spec.template.spec;
+  const serverSecrets = server.volumes.filter((v) => v.secret).map((v) => v.secret.secretName);
+  const mounted = ["FUSEDPS_TOKEN_FILE", "FUSEDPS_TLS_CA", "FUSEDPS_TLS_CERT", "FUSEDPS_TLS_KEY"];
+  for (const name of mounted) {
+    const { volume } = secretMountOf(pod, container, env[name], name);
+    assert.ok(!serverSecrets.includes(volume.secret.secretName), `${name}: a server's Secret`);
+    assert.equal(volume.secret.defaultMode & 0o007, 0, `${name}: world-readable`);
+  }
+  // The shards in ordinal order, by their full names in the namespace.
+  const targets = env.FUSEDPS_TARGETS.split(",");
+  assert.deepEqual(targets.map((t) => t.replace(/\.training\.svc\.cluster\.local:/, ":")),
+    SHARD_TARGETS);
 });

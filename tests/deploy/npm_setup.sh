@@ -22,7 +22,8 @@ if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
 fi
 cp "$src/package.json" "$src/package-lock.json" "$work/"
 echo "deploy tests: installing node packages from the npm registry into $work/node_modules:" \
-  "kubernetes-models, @kubernetes-models/prometheus-operator, dockerfile-utils, yaml (npm ci)"
+  "kubernetes-models, @kubernetes-models/prometheus-operator, @kubernetes-models/cert-manager," \
+  "dockerfile-utils, yaml (npm ci)"
 # kubernetes-models 5 declares node >= 22; it runs on node 20 (as here), so npm's engine
 # warnings are left out of the log.
 (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)

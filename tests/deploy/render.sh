@@ -17,7 +17,7 @@ else
     "(kustomize v5) to render" >&2
   exit 1
 fi
-for target in base overlays/gpu overlays/cpu overlays/sharded-4; do
+for target in base overlays/gpu overlays/cpu overlays/sharded-4 overlays/mtls; do
   name=$(basename "$target")
   "${render[@]}" "$root/deploy/k8s/$target" >"$out/$name.yaml"
   echo "render: deploy/k8s/$target -> $out/$name.yaml ($(grep -c '^kind:' "$out/$name.yaml") objects:" \
