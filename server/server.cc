@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // The metrics before the engine, which reports to them; they read the engine only on a
   // scrape, once serving.
   server->metrics_ = std::make_unique<Metrics>(
-      Metrics::BuildInfo{FUSEDPS_VERSION, (*backend)->name(), (*backend)->device()}, [self] {
+      Metrics::BuildInfo{FUSEDPS_VERSION, (*backend)->name(), (*backend)->device()},
+      [self, cert_file = options.tls.cert_file] {
         ShardMetrics shard;
         shard.parameters = self->engine_->view()->parameter_count();
         shard.version = self->engine_->version();
@@ -60,6 +61,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             absl::ToDoubleSeconds(self->staging_->oldest_wait());
         shard.retry_table_clients = self->retries_->clients();
         shard.retry_table_evictions = self->retries_->evictions();
+        if (!cert_file.empty()) {
+          // Read again at each scrape: the file is what a rotation replaces.
+          absl::StatusOr<double> expiry = CertificateNotAfter(cert_file);
+          if (expiry.ok()) shard.tls_certificate_expiry_seconds = *expiry;
+        }
         return shard;
       });
   server->engine_ = std::make_unique<UpdateEngine>(*std::move(backend), server->fault_.get(),

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -45,6 +46,18 @@ absl::StatusOr<std::unique_ptr<X509, X509Deleter>> ReadCertificate(const std::st
 }
 
 }  // namespace
+
+absl::StatusOr<double> CertificateNotAfter(const std::string& cert_file) {
+  absl::StatusOr<std::unique_ptr<X509, X509Deleter>> cert =
+      ReadCertificate(cert_file, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  std::tm tm{};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(cert->get()), &tm) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-cert ", cert_file, ": the certificate's notAfter cannot be read"));
+  }
+  return static_cast<double>(timegm(&tm));
+}
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const TlsOptions& options) {

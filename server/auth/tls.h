@@ -40,6 +40,11 @@ struct TlsOptions {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const TlsOptions& options);
 
+// When the first certificate of `cert_file` (the leaf) expires, in Unix seconds: what the port
+// serves once gRPC has read the file. Errors: INVALID_ARGUMENT for a file that cannot be read
+// or holds no PEM certificate.
+absl::StatusOr<double> CertificateNotAfter(const std::string& cert_file);
+
 }  // namespace fusedps
 
 #endif  // FUSEDPS_SERVER_AUTH_TLS_H_

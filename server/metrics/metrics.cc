@@ -211,6 +211,10 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                    "reason: missing_credentials, invalid_token "
                                    "(UNAUTHENTICATED), wrong_role, client_id_mismatch "
                                    "(PERMISSION_DENIED).")),
+      tls_certificate_expiry_(GaugeFamily(
+          *registry_, "fusedps_tls_certificate_expiry_timestamp_seconds",
+          "When the certificate in the gRPC port's --tls-cert file expires, in Unix seconds "
+          "(read at each scrape; absent without TLS).")),
       consistency_(std::make_unique<ConsistencyMetrics>(*registry_, DurationBuckets())),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
@@ -343,6 +347,9 @@ void Metrics::SyncShard() const {
   }
   for (const auto& [kind, bytes] : shard.memory_bytes) {
     memory_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));
+  }
+  if (shard.tls_certificate_expiry_seconds.has_value()) {
+    tls_certificate_expiry_.Add({}).Set(*shard.tls_certificate_expiry_seconds);
   }
   // The backend's counts are absolute; the counters advance by what is new since the last sync.
   for (const auto& [kernel, count] : shard.kernel_launches) {

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,8 @@ struct ShardMetrics {
   // The retry table (server/store/retry_table.h): clients remembered, and forgotten so far.
   uint64_t retry_table_clients = 0;
   uint64_t retry_table_evictions = 0;  // Monotonic.
+  // When the gRPC port's certificate file expires (Unix seconds); unset without TLS.
+  std::optional<double> tls_certificate_expiry_seconds = std::nullopt;
 };
 
 // How long each stage of one push took, in seconds. The four add up to the push's duration.
@@ -174,6 +177,7 @@ class Metrics {
   prometheus::Gauge& checkpoint_interval_;
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;
   prometheus::Family<prometheus::Counter>& auth_failures_;
+  prometheus::Family<prometheus::Gauge>& tls_certificate_expiry_;
 
   mutable std::mutex sync_mu_;
   // Launch counts already added to kernel_launches_, by kernel name. Guarded by sync_mu_.

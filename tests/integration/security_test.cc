@@ -144,14 +144,17 @@ class SecurityTest : public ::testing::Test {
     return client.PushGradients(push, {{"w", grads}});
   }
 
-  // The value of fusedps_auth_failures_total{reason="REASON"} in the server's metrics.
-  double AuthFailures(const std::string& reason) const {
+  // The value of a series (name and labels, as /metrics spells it) in the server's metrics,
+  // or -1 when it is absent.
+  double Metric(const std::string& series) const {
     const std::string text = server_->metrics().ScrapeText();
-    const std::string series =
-        absl::StrCat("fusedps_auth_failures_total{reason=\"", reason, "\"} ");
-    const size_t at = text.find(series);
+    const size_t at = text.find("\n" + series + " ");
     if (at == std::string::npos) return -1;
-    return std::stod(text.substr(at + series.size()));
+    return std::stod(text.substr(at + series.size() + 2));
+  }
+
+  double AuthFailures(const std::string& reason) const {
+    return Metric(absl::StrCat("fusedps_auth_failures_total{reason=\"", reason, "\"}"));
   }
 
   std::string dir_;
@@ -173,6 +176,21 @@ TEST_F(SecurityTest, TlsServerRefusesPlaintextAndServesTls) {
   ClientOptions wrong_ca;
   wrong_ca.tls_ca_file = Path("other-ca.crt");
   EXPECT_EQ(Connect(wrong_ca)->GetInfo().status().code(), absl::StatusCode::kUnavailable);
+
+  // The certificate's expiry, as openssl reads it ("notAfter=Nov 24 09:21:44 2026 GMT").
+  const std::string end_file = Path("enddate");
+  ASSERT_EQ(std::system(absl::StrCat("openssl x509 -noout -enddate -in ", Path("server.crt"), " > ",
+                                     end_file)
+                            .c_str()),
+            0);
+  std::string end = ReadFile(end_file);
+  ASSERT_EQ(end.rfind("notAfter=", 0), 0u) << end;
+  end = end.substr(9, end.find('\n') - 9);
+  absl::Time expiry;
+  std::string error;
+  ASSERT_TRUE(absl::ParseTime("%b %e %H:%M:%S %Y GMT", end, &expiry, &error)) << end << error;
+  EXPECT_EQ(Metric("fusedps_tls_certificate_expiry_timestamp_seconds"),
+            static_cast<double>(absl::ToUnixSeconds(expiry)));
 }
 
 TEST_F(SecurityTest, MutualTlsRefusesClientsWithoutACertificateOfItsCa) {
