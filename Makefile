@@ -3,7 +3,7 @@ PYTHON ?= /usr/bin/python3
 BUILD_DIR ?= build
 export PYTHON BUILD_DIR
 
-.PHONY: all build test demo demo-sync bench clean
+.PHONY: all build test demo demo-sync bench fuzz clean
 all: build
 build:
 	scripts/build.sh
@@ -15,5 +15,9 @@ demo-sync:
 	scripts/demo_sync.sh
 bench:
 	scripts/bench.sh
+# Long fuzz runs (tests/fuzz/README.md): each target for FUZZ_SECONDS, 600 by default; FUZZ_MERGE=1
+# adds what they found to tests/fuzz/corpus/.
+fuzz:
+	FUZZ_SECONDS=$(or $(FUZZ_SECONDS),600) scripts/fuzz.sh
 clean:
 	rm -rf $(BUILD_DIR)

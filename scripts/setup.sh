@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs fusedps's build and test dependencies from Debian 12's packages, only those missing.
 # Used by `make`, .ci/run and deploy/docker, so that all of them install the same set.
+# --fuzz adds what scripts/fuzz.sh needs: clang-14, its libFuzzer and sanitizer runtimes, libomp.
 set -euo pipefail
 packages=(
   build-essential cmake make pkg-config
@@ -19,6 +20,10 @@ packages=(
   # metrics checks (tests/metrics): a live Prometheus server, promtool (and python3-yaml)
   prometheus
 )
+if [[ ${1:-} == --fuzz ]]; then
+  packages+=(clang-14 libclang-rt-14-dev libomp-14-dev)
+  shift
+fi
 if [[ ${1:-} == --print ]]; then printf '%s\n' "${packages[@]}"; exit 0; fi
 missing=()
 for p in "${packages[@]}"; do
