@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <climits>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/wire.h"
+#include "common/file_io.h"
 
 namespace fusedps::client {
 namespace {
@@ -36,17 +35,20 @@ grpc::ChannelArguments ChannelArgs(const ClientOptions& options) {
   return args;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, const char* option) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) {
-    return absl::InvalidArgumentError(absl::StrCat(option, " ", path, ": cannot be read"));
+// A whole file, for ClientOptions' `option`. Errors: INVALID_ARGUMENT naming the option.
+absl::StatusOr<std::string> ReadOptionFile(const std::string& path, const char* option) {
+  absl::StatusOr<std::string> text = file_io::ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(option, ": ", text.status().message()));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return text;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
+}  // namespace
+
+namespace internal {
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
     const ClientOptions& options) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file go together");
@@ -56,14 +58,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
   }
   grpc::SslCredentialsOptions ssl;
   if (!options.tls_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = ReadFile(options.tls_ca_file, "tls_ca_file");
+    absl::StatusOr<std::string> ca = ReadOptionFile(options.tls_ca_file, "tls_ca_file");
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *std::move(ca);
   }
   if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert_file, "tls_cert_file");
+    absl::StatusOr<std::string> cert = ReadOptionFile(options.tls_cert_file, "tls_cert_file");
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadFile(options.tls_key_file, "tls_key_file");
+    absl::StatusOr<std::string> key = ReadOptionFile(options.tls_key_file, "tls_key_file");
     if (!key.ok()) return key.status();
     ssl.pem_cert_chain = *std::move(cert);
     ssl.pem_private_key = *std::move(key);
@@ -71,14 +73,21 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
   return grpc::SslCredentials(ssl);
 }
 
-}  // namespace
+std::shared_ptr<grpc::Channel> NewChannel(
+    const std::string& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const ClientOptions& options) {
+  return grpc::CreateCustomChannel(target, credentials, ChannelArgs(options));
+}
+
+}  // namespace internal
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& target,
                                                              const ClientOptions& options) {
   if (target.empty()) return absl::InvalidArgumentError("empty target");
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(options);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      internal::ChannelCredentials(options);
   if (!credentials.ok()) return credentials.status();
-  return grpc::CreateCustomChannel(target, *credentials, ChannelArgs(options));
+  return internal::NewChannel(target, *credentials, options);
 }
 
 namespace internal {
@@ -88,7 +97,7 @@ absl::Status LoadToken(ClientOptions* options) {
   if (!options->token.empty()) {
     return absl::InvalidArgumentError("token and token_file are exclusive");
   }
-  absl::StatusOr<std::string> text = ReadFile(options->token_file, "token_file");
+  absl::StatusOr<std::string> text = ReadOptionFile(options->token_file, "token_file");
   if (!text.ok()) return text.status();
   const absl::string_view token = absl::StripAsciiWhitespace(*text);
   if (token.empty()) {

@@ -191,14 +191,16 @@ class GrowingDeadline {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
                                                        ClientOptions options) {
+  if (target.empty()) return absl::InvalidArgumentError("empty target");
   if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
   if (absl::Status status = internal::LoadToken(&options); !status.ok()) return status;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      internal::ChannelCredentials(options);
+  if (!credentials.ok()) return credentials.status();
   std::vector<std::unique_ptr<Connection>> connections;
   for (int i = 0; i < options.streams; ++i) {
     auto connection = std::make_unique<Connection>();
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateChannel(target, options);
-    if (!channel.ok()) return channel.status();
-    connection->channel = *std::move(channel);
+    connection->channel = internal::NewChannel(target, *credentials, options);
     connection->stub = v1::ParameterService::NewStub(connection->channel);
     connections.push_back(std::move(connection));
   }

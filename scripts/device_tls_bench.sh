@@ -30,17 +30,13 @@ declare -A client_flags=(
   [mtls]="--tls-ca=$certs/ca.crt --tls-cert=$certs/bench-client.crt
           --tls-key=$certs/bench-client.key"
 )
-rm -f /tmp/tls_*.port /tmp/tls_*.mport
+source scripts/device_lib.sh
+rm -f /tmp/tls_*.mport
 for mode in $modes; do
   # shellcheck disable=SC2086  # flags, one per word
-  .device-pack/run fusedps-server --listen=127.0.0.1:0 --port-file=/tmp/tls_$mode.port \
-    --device=${DEVICE:-cuda:0} --metrics-listen=127.0.0.1:0 \
-    --metrics-port-file=/tmp/tls_$mode.mport --staging-pool-bytes=$((4 << 30)) \
-    ${server_flags[$mode]} >"$out/server_$mode.log" 2>&1 &
-done
-for mode in $modes; do
-  for _ in $(seq 1 120); do [[ -s /tmp/tls_$mode.port ]] && break; sleep 0.5; done
-  [[ -s /tmp/tls_$mode.port ]] || { echo "$mode did not start"; tail "$out/server_$mode.log"; }
+  start_server "tls_$mode" fusedps-server --device=${DEVICE:-cuda:0} \
+    --metrics-listen=127.0.0.1:0 --metrics-port-file=/tmp/tls_$mode.mport \
+    --staging-pool-bytes=$((4 << 30)) ${server_flags[$mode]}
 done
 bench=".device-pack/run fusedps-bench --json --warmup-steps=1"
 # The /metrics of server $1 to file $2.

@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   ServiceContext context;
   context.engine = engine;
-  context.authorizer = server->authorizer_->enabled() ? server->authorizer_.get() : nullptr;
+  context.authorizer = server->authorizer_.get();
   context.fault = server->fault_.get();
   context.retries = server->retries_.get();
   context.staging = server->staging_.get();

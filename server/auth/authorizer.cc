@@ -1,32 +1,15 @@
 #include "server/auth/authorizer.h"
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_io.h"
 #include "common/logging.h"
 
 namespace fusedps {
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read --auth-tokens ", path));
-  }
-  if (!in.is_open()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot open --auth-tokens ", path));
-  }
-  return text.str();
-}
-
-}  // namespace
 
 const char* RpcName(Rpc rpc) {
   switch (rpc) {
@@ -90,8 +73,10 @@ Authorizer::~Authorizer() {
 }
 
 absl::Status Authorizer::Reload() {
-  absl::StatusOr<std::string> text = ReadFile(options_.tokens_file);
-  if (!text.ok()) return text.status();
+  absl::StatusOr<std::string> text = file_io::ReadFile(options_.tokens_file);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: ", text.status().message()));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokens_ != nullptr && *text == tokens_text_) return absl::OkStatus();
@@ -125,11 +110,12 @@ void Authorizer::WatchLoop() {
 }
 
 absl::Status Authorizer::Refuse(absl::StatusCode code, const std::string& reason,
-                                const std::string& message, const std::string& peer) const {
+                                const std::string& message,
+                                const grpc::ServerContextBase& context) const {
   if (options_.on_failure) options_.on_failure(reason);
   const absl::Status status(code, message);
   FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
-      << "refused a call from " << (peer.empty() ? "?" : peer) << " (" << reason << "): " << status;
+      << "refused a call from " << context.peer() << " (" << reason << "): " << status;
   return status;
 }
 
@@ -138,13 +124,12 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
   Caller caller;
   if (!enabled()) return caller;
   caller.authenticated = true;
-  caller.peer = context.peer();
   if (options_.tokens_file.empty()) {
     // mTLS alone: the handshake verified the certificate; its names are the principals.
     const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
     if (auth == nullptr || !auth->IsPeerAuthenticated()) {
       return Refuse(absl::StatusCode::kUnauthenticated, "missing_credentials",
-                    "this server requires a client certificate (--tls-client-ca)", context.peer());
+                    "this server requires a client certificate (--tls-client-ca)", context);
     }
     for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
       caller.principals.emplace_back(name.data(), name.size());
@@ -159,18 +144,18 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
     return Refuse(absl::StatusCode::kUnauthenticated, "missing_credentials",
                   "this server requires a token: send 'authorization: Bearer TOKEN' metadata "
                   "(the clients' --token or --token-file)",
-                  context.peer());
+                  context);
   }
   if (std::next(range.first) != range.second) {
     return Refuse(absl::StatusCode::kUnauthenticated, "invalid_token",
-                  "the call carries more than one 'authorization' metadata entry", context.peer());
+                  "the call carries more than one 'authorization' metadata entry", context);
   }
   const absl::string_view value(range.first->second.data(), range.first->second.size());
   constexpr absl::string_view kScheme = "bearer ";
   if (value.size() <= kScheme.size() ||
       !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
     return Refuse(absl::StatusCode::kUnauthenticated, "invalid_token",
-                  "the 'authorization' metadata must be 'Bearer TOKEN'", context.peer());
+                  "the 'authorization' metadata must be 'Bearer TOKEN'", context);
   }
   std::shared_ptr<const TokenTable> tokens;
   {
@@ -180,7 +165,7 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
   std::optional<Identity> identity = tokens->Find(value.substr(kScheme.size()));
   if (!identity.has_value()) {
     return Refuse(absl::StatusCode::kUnauthenticated, "invalid_token",
-                  "the token is not one of the server's (--auth-tokens)", context.peer());
+                  "the token is not one of the server's (--auth-tokens)", context);
   }
   if (static_cast<int>(identity->role) < static_cast<int>(RequiredRole(rpc))) {
     return Refuse(absl::StatusCode::kPermissionDenied, "wrong_role",
@@ -188,14 +173,15 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
                                RoleName(identity->role), ", which may not call ", RpcName(rpc),
                                ": it needs role ", RoleName(RequiredRole(rpc)),
                                RequiredRole(rpc) == Role::kAdmin ? "" : " or above"),
-                  context.peer());
+                  context);
   }
   caller.role = identity->role;
   caller.principals.push_back(std::move(identity->principal));
   return caller;
 }
 
-absl::Status Authorizer::CheckClientId(const Caller& caller, absl::string_view client_id) const {
+absl::Status Authorizer::CheckClientId(const Caller& caller, absl::string_view client_id,
+                                       const grpc::ServerContextBase& context) const {
   if (!caller.authenticated) return absl::OkStatus();
   for (const std::string& principal : caller.principals) {
     if (principal == client_id) return absl::OkStatus();
@@ -206,7 +192,7 @@ absl::Status Authorizer::CheckClientId(const Caller& caller, absl::string_view c
                    absl::StrJoin(caller.principals, "', '"),
                    "'): with authentication on, a client pushes under its own "
                    "identity"),
-      caller.peer);
+      context);
 }
 
 }  // namespace fusedps

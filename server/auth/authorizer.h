@@ -85,7 +85,6 @@ struct Caller {
   bool authenticated = false;  // False when the server has no authentication.
   Role role = Role::kAdmin;
   std::vector<std::string> principals;  // Who it is; empty when not authenticated.
-  std::string peer;                     // Its address, for the log.
 };
 
 class Authorizer {
@@ -105,19 +104,20 @@ class Authorizer {
   // on_failure.
   absl::StatusOr<Caller> Authorize(const grpc::ServerContextBase& context, Rpc rpc) const;
 
-  // OK when `caller` may push under `client_id`: always without authentication, else when
-  // client_id is one of its principals. Errors: PERMISSION_DENIED naming both.
-  absl::Status CheckClientId(const Caller& caller, absl::string_view client_id) const;
+  // OK when `caller` may push under `client_id` on `context`: always without authentication,
+  // else when client_id is one of its principals. Errors: PERMISSION_DENIED naming both.
+  absl::Status CheckClientId(const Caller& caller, absl::string_view client_id,
+                             const grpc::ServerContextBase& context) const;
 
  private:
   explicit Authorizer(AuthOptions options);
   // Reads and parses the token file; replaces the table when the text changed and parses.
   absl::Status Reload();
   void WatchLoop();
-  // Reports a refusal to on_failure and the log (at most a line a second), and returns it.
-  // `peer`: the caller's address, for the log.
+  // Reports a refusal of the call on `context` to on_failure and the log (with its peer, at
+  // most a line a second), and returns it.
   absl::Status Refuse(absl::StatusCode code, const std::string& reason, const std::string& message,
-                      const std::string& peer) const;
+                      const grpc::ServerContextBase& context) const;
 
   const AuthOptions options_;
   mutable std::mutex mu_;

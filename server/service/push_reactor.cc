@@ -210,11 +210,10 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       client_id_ = header.client_id();
     }
     // With authentication on, the retry table's key is the caller's own identity.
-    if (services_.authorizer != nullptr) {
-      if (absl::Status s = services_.authorizer->CheckClientId(caller_, header.client_id());
-          !s.ok()) {
-        return FinishCall(s, {}, {});
-      }
+    if (absl::Status s =
+            services_.authorizer->CheckClientId(caller_, header.client_id(), *context_);
+        !s.ok()) {
+      return FinishCall(s, {}, {});
     }
     std::shared_ptr<const ShardView> view = services_.engine->view();
     absl::StatusOr<CheckedPushHeader> checked = CheckPushHeader(header, *view);

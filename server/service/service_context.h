@@ -46,8 +46,8 @@ struct ServiceContext {
   checkpoint::Checkpointer* checkpointer = nullptr;
   // True while the server restores a checkpoint at start: every call is UNAVAILABLE.
   const std::atomic<bool>* restoring = nullptr;
-  // Who may call what (server/auth/authorizer.h); null: anyone may call anything.
-  const Authorizer* authorizer = nullptr;
+  // Who may call what (server/auth/authorizer.h); it admits anyone when authentication is off.
+  const Authorizer* authorizer;
   // ServerOptions::testing_before_push_join, or null.
   const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;
@@ -59,11 +59,9 @@ struct ServiceContext {
   // or after a fault. `caller`, when given, receives who is calling.
   absl::Status Admit(const grpc::ServerContextBase& context, Rpc rpc,
                      Caller* caller = nullptr) const {
-    if (authorizer != nullptr) {
-      absl::StatusOr<Caller> who = authorizer->Authorize(context, rpc);
-      if (!who.ok()) return who.status();
-      if (caller != nullptr) *caller = *std::move(who);
-    }
+    absl::StatusOr<Caller> who = authorizer->Authorize(context, rpc);
+    if (!who.ok()) return who.status();
+    if (caller != nullptr) *caller = *std::move(who);
     if (restoring != nullptr && restoring->load(std::memory_order_acquire)) {
       return absl::UnavailableError("the server is restoring its checkpoint; try again soon");
     }
