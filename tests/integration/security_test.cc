@@ -389,6 +389,49 @@ TEST_F(SecurityTest, TokenFileChangesApplyWithoutRestart) {
   EXPECT_EQ(old->GetInfo().status().code(), absl::StatusCode::kUnauthenticated);
 }
 
+// Reloads race calls: four readers call GetInfo while the token file is rewritten again and
+// again (their token always in it), every 100 ms reload swapping the table under them. No call
+// may fail (for ASan and TSan: the table's swap and its readers).
+TEST_F(SecurityTest, CallsRaceTokenReloads) {
+  ServerOptions options = BaseOptions();
+  options.auth_tokens_file = tokens_file_;
+  options.auth_tokens_reload = absl::Milliseconds(10);
+  Start(options);
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      std::unique_ptr<Client> reader = Connect(WithToken(ClientOptions(), kReaderToken));
+      while (!stop.load()) {
+        if (reader->GetInfo().ok()) {
+          calls.fetch_add(1);
+        } else {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (int i = 0; i < 40; ++i) {
+    // Each version differs (a new admin token), so that each one is a real reload.
+    WriteFileAtomically(tokens_file_, absl::StrCat(kReaderToken, " reader eval\n", "admin-token-",
+                                                   i, "-0123456789 admin ops\n"));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  stop.store(true);
+  for (std::thread& reader : readers) reader.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(calls.load(), 0);
+  // The last file is in force: its admin token works, the first file's does not.
+  std::unique_ptr<Client> admin = Connect(WithToken(ClientOptions(), "admin-token-39-0123456789"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!admin->GetInfo().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(admin->GetInfo().ok());
+  EXPECT_EQ(Connect(WithToken(ClientOptions(), kAdminToken))->GetInfo().status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 // The server's certificate is replaced while trainers push, some on open connections and one
 // on a new connection for every push: no call fails, and new connections get the new
 // certificate.
