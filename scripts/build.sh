@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Configures and builds everything into ${BUILD_DIR:-build} (CUDA code too where nvcc exists).
+# Configures and builds into ${BUILD_DIR:-build} (CUDA code too where nvcc exists): everything, or
+# the targets named. $SETUP_ARGS go to scripts/setup.sh (deploy/docker's build stages:
+# SETUP_ARGS=--server scripts/build.sh fusedps-server fusedps).
+#   usage: build.sh [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# shellcheck disable=SC2086  # one option per word
+scripts/setup.sh ${SETUP_ARGS:-}
 build=${BUILD_DIR:-build}
 cmake -S . -B "$build" -DFUSEDPS_CUDA="${FUSEDPS_CUDA:-AUTO}" >/dev/null
-cmake --build "$build" -j"${JOBS:-$(nproc)}"
+targets=()
+(($#)) && targets=(--target "$@")
+cmake --build "$build" -j"${JOBS:-$(nproc)}" "${targets[@]}"

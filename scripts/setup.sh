@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Installs fusedps's build and test dependencies from Debian 12's packages, only those missing.
 # Used by `make`, .ci/run and deploy/docker, so that all of them install the same set.
-# --fuzz adds what scripts/fuzz.sh needs: clang-14, its libFuzzer and sanitizer runtimes, libomp.
+#   --server   only what building the server and the CLI needs (deploy/docker's build stages:
+#              no Python, no test tools)
+#   --fuzz     adds what scripts/fuzz.sh needs: clang-14, its libFuzzer and sanitizer
+#              runtimes, libomp
+#   --deploy   adds what `make test-deploy` needs: the Docker engine and debootstrap
+#   --print    prints the package names instead of installing them
 set -euo pipefail
-packages=(
+# What CMake needs to configure and build the server and the CLI (find_package at the top of
+# CMakeLists.txt: the test frameworks too).
+server_packages=(
   build-essential cmake make pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libgoogle-glog-dev
   nlohmann-json3-dev libdeflate-dev zlib1g-dev libssl-dev
+)
+packages=(
+  "${server_packages[@]}"
   # the security tests make their certificates with the openssl CLI
   openssl
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-sklearn
@@ -20,11 +30,17 @@ packages=(
   # metrics checks (tests/metrics): a live Prometheus server, promtool (and python3-yaml)
   prometheus
 )
-if [[ ${1:-} == --fuzz ]]; then
-  packages+=(clang-14 libclang-rt-14-dev libomp-14-dev)
-  shift
-fi
-if [[ ${1:-} == --print ]]; then printf '%s\n' "${packages[@]}"; exit 0; fi
+print=0
+for arg in "$@"; do
+  case $arg in
+    --server) packages=("${server_packages[@]}") ;;
+    --fuzz) packages+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
+    --deploy) packages+=(docker.io debootstrap) ;;
+    --print) print=1 ;;
+    *) echo "usage: setup.sh [--server] [--fuzz] [--deploy] [--print]" >&2; exit 2 ;;
+  esac
+done
+if ((print)); then printf '%s\n' "${packages[@]}"; exit 0; fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
