@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies executables and the shared libraries they load into a root-filesystem tree, for the
 # runtime stage of deploy/docker's images to copy whole:
-#   OUT/usr/local/bin/EXECUTABLE...
+#   OUT/usr/local/bin/EXECUTABLE...                (debug information stripped, symbols kept)
 #   OUT/usr/local/lib/fusedps/*.so.*          (gRPC, protobuf, abseil, prometheus-cpp, OpenMP...)
 #   OUT/etc/ld.so.conf.d/fusedps.conf         (so that `ldconfig` finds them)
 #
@@ -24,6 +24,8 @@ skip='^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|ld-linux[^ ]*
 for exe in "$@"; do
   [[ -x $exe ]] || { echo "collect-runtime: $exe is not an executable" >&2; exit 2; }
   cp -L "$exe" "$out/usr/local/bin/"
+  # RelWithDebInfo's DWARF is most of each file; the symbol table stays, for glog's stack traces.
+  strip --strip-debug "$out/usr/local/bin/$(basename "$exe")"
   # "libfoo.so.1 => /usr/lib/x86_64-linux-gnu/libfoo.so.1 (0x...)": keep the soname as the name.
   if ldd "$exe" | grep -q 'not found'; then
     ldd "$exe" >&2

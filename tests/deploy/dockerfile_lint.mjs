@@ -16,10 +16,16 @@ import { format, validate } from "dockerfile-utils";
 const sourceDir = process.env.FUSEDPS_SOURCE_DIR;
 assert.ok(sourceDir, "set FUSEDPS_SOURCE_DIR");
 
+// The server images: their bases (the build-arg defaults: the upstream images that a published
+// image builds on) and the rules below. deploy/docker/base-image.sh makes local stand-ins.
 const DOCKERFILES = {
-  "deploy/docker/Dockerfile": { build: /^nvidia\/cuda:.*-devel-/, run: /^nvidia\/cuda:.*-runtime-/ },
+  "deploy/docker/Dockerfile": { build: /^nvidia\/cuda:.*-devel-/, run: /^nvidia\/cuda:.*-base-/ },
   "deploy/docker/Dockerfile.cpu": { build: /^debian:12/, run: /^debian:12/ },
 };
+// The test stack's other images (deploy/compose/docker-compose.test.yml): dockerfile-utils, the
+// pinned Debian base, a non-root user and the RUN hygiene, but they install packages in their
+// last stage by design.
+const OTHER_DOCKERFILES = ["deploy/docker/Dockerfile.prometheus", "deploy/docker/Dockerfile.trainer"];
 
 // Splits a Dockerfile into stages of instructions, with ARG defaults before the first FROM.
 function parse(text) {
@@ -179,6 +185,26 @@ for (const [file, bases] of Object.entries(DOCKERFILES)) {
     ];
     for (const path of needed) {
       assert.ok(!ignoredBy(patterns, path), `${path} is needed by the build but excluded`);
+    }
+  });
+}
+
+for (const file of OTHER_DOCKERFILES) {
+  const text = readFileSync(join(sourceDir, file), "utf8");
+  const stages = parse(text);
+
+  test(`${file}: dockerfile-utils reports nothing, and formatted as it formats`, () => {
+    assert.deepEqual(validate(text).map((d) => `line ${d.range.start.line + 1}: ${d.message}`), []);
+    assert.deepEqual(format(text, { insertSpaces: true, tabSize: 4 }), []);
+  });
+
+  test(`${file}: the Debian 12 base, a non-root user, no downloads outside apt`, () => {
+    for (const stage of stages) assert.match(stage.image, /^debian:12/);
+    const users = stages.at(-1).instructions.filter((i) => i.keyword === "USER");
+    assert.ok(users.length > 0 && !/^(0|root)(:|$)/.test(users.at(-1).content), "USER");
+    for (const { keyword, content } of stages.flatMap((stage) => stage.instructions)) {
+      assert.notEqual(keyword, "ADD", "COPY, not ADD");
+      if (keyword === "RUN") assert.doesNotMatch(content, /\b(curl|wget|sudo)\b/, content);
     }
   });
 }
