@@ -3,12 +3,16 @@ PYTHON ?= /usr/bin/python3
 BUILD_DIR ?= build
 export PYTHON BUILD_DIR
 
-.PHONY: all build test demo demo-sync bench fuzz clean
+.PHONY: all build test test-deploy demo demo-sync bench fuzz clean
 all: build
 build:
 	scripts/build.sh
 test:
 	scripts/test.sh
+# The images built and the compose test stack run, with Docker (scripts/test_deploy.sh; root, or
+# a running Docker engine).
+test-deploy:
+	scripts/test_deploy.sh
 demo:
 	scripts/demo.sh
 demo-sync:

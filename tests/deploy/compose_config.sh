@@ -21,6 +21,12 @@ echo "compose: $("${compose[@]}" version 2>/dev/null | head -n1)"
 "${compose[@]}" -f "$root/deploy/compose/docker-compose.yml" config >"$out/compose.yaml"
 echo "compose: deploy/compose/docker-compose.yml is valid; services:" \
   "$("${compose[@]}" -f "$root/deploy/compose/docker-compose.yml" config --services | tr '\n' ' ')"
+# The test stack of `make test-deploy`: the same file with its override.
+test_stack=(-f "$root/deploy/compose/docker-compose.yml"
+  -f "$root/deploy/compose/docker-compose.test.yml")
+"${compose[@]}" "${test_stack[@]}" config -q
+echo "compose: with docker-compose.test.yml, valid; services:" \
+  "$("${compose[@]}" "${test_stack[@]}" config --services | tr '\n' ' ')"
 
 command -v promtool >/dev/null || {
   echo "compose: promtool is not installed (Debian: apt-get install prometheus)" >&2
@@ -28,6 +34,8 @@ command -v promtool >/dev/null || {
 }
 # /etc/prometheus/rules in the container is deploy/prometheus/rules here.
 mkdir -p "$out/compose-prometheus"
-sed "s|/etc/prometheus/rules/|$root/deploy/prometheus/rules/|" \
-  "$root/deploy/compose/prometheus.yml" >"$out/compose-prometheus/prometheus.yml"
-promtool check config "$out/compose-prometheus/prometheus.yml"
+for config in prometheus.yml prometheus.test.yml; do
+  sed "s|/etc/prometheus/rules/|$root/deploy/prometheus/rules/|" \
+    "$root/deploy/compose/$config" >"$out/compose-prometheus/$config"
+  promtool check config "$out/compose-prometheus/$config"
+done
