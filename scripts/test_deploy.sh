@@ -50,9 +50,12 @@ done
 images=(fusedps:0.1.0-cpu fusedps-prometheus:2.42 fusedps-trainer:0.1.0)
 
 if ((${#cuda[@]})); then
-  timed "CUDA image" docker build -q --build-arg CUDA_DEVEL_IMAGE=fusedps-cuda-devel:13.0 \
-    --build-arg CUDA_RUNTIME_IMAGE=fusedps-debian:12 -f deploy/docker/Dockerfile \
-    -t fusedps:0.1.0-cuda . >/dev/null
+  build_cuda_image() {
+    docker build -q --build-arg CUDA_DEVEL_IMAGE=fusedps-cuda-devel:13.0 \
+      --build-arg CUDA_RUNTIME_IMAGE=fusedps-debian:12 -f deploy/docker/Dockerfile \
+      -t fusedps:0.1.0-cuda . >/dev/null
+  }
+  timed "CUDA image" build_cuda_image
   images+=(fusedps:0.1.0-cuda)
   # The image's files, for a GPU machine (no Docker engine there): bin/ and lib/ as in the image.
   rm -rf "$out/cuda-image"
