@@ -11,8 +11,14 @@
 // mismatch.
 //
 // Bandwidth counts the bytes an ideal kernel moves per parameter: params, exp_avg and exp_avg_sq
-// read and written (24), the gradient read (4 for fp32, 2 for bf16) and the low-precision copy
-// written (0 or 2). That is 28 for fp32 gradients and for bf16 gradients with a bf16 copy.
+// read and written (24 in fp32), the gradient read (4 for fp32, 2 for bf16) and the
+// low-precision copy written (0 or 2). That is 28 for fp32 gradients and for bf16 gradients with
+// a bf16 copy. With --state-dtype and --params-dtype the stored sizes count instead (bf16 state
+// 2 + 2 each way, int8 1 + 1 plus the scales' 2 x 4 bytes per 256 elements each way; bf16
+// params 2 each way), so GB/s is the actual traffic.
+//
+// Storage other than fp32 is validated against a CPU backend stepped alike ("twin"): every
+// field of every tensor in its stored form, bit for bit, after each validation step.
 //
 // Usage:
 //   fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10
@@ -32,7 +38,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/json_string.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -43,8 +48,11 @@
 #include "bench/step_validation.h"
 #include "bench/workloads.h"
 #include "common/flag_usage.h"
+#include "common/json_string.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
+#include "kernels/quant_math.h"
+#include "kernels/tensor_layout.h"
 #ifdef FUSEDPS_HAVE_CUDA
 #include "bench/device_copy.h"
 #include "kernels/cupti_kernel_counter.h"
@@ -59,6 +67,10 @@ ABSL_FLAG(double, scale, 1.0,
 ABSL_FLAG(std::string, grad_dtype, "fp32", "Gradient dtype: fp32 or bf16");
 ABSL_FLAG(std::string, param_copy, "none",
           "Low-precision param copy the step writes: none or bf16");
+ABSL_FLAG(std::string, state_dtype, "fp32",
+          "How exp_avg and exp_avg_sq are stored: fp32, bf16 or int8");
+ABSL_FLAG(std::string, params_dtype, "fp32",
+          "How params are stored: fp32, or bf16 (stochastic rounding, no fp32 master)");
 ABSL_FLAG(int, warmup, 3, "Untimed steps before timing");
 ABSL_FLAG(int, iters, 10, "Timed steps; the median is reported");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 means one per hardware thread");
@@ -127,6 +139,8 @@ struct BenchConfig {
   std::string backend;
   GradDType grad_dtype = GradDType::kFloat32;
   ParamCopyDType param_copy = ParamCopyDType::kNone;
+  StateDType state_dtype = StateDType::kFloat32;
+  ParamsDType params_dtype = ParamsDType::kFloat32;
   int warmup = 0;
   int iters = 0;
   int threads = 0;
@@ -134,9 +148,31 @@ struct BenchConfig {
   bool copy_reference = true;
 };
 
-int BytesPerParam(const BenchConfig& config) {
-  const int copy_bytes = config.param_copy == ParamCopyDType::kNone ? 0 : 2;
-  return 24 + DTypeSize(config.grad_dtype) + copy_bytes;
+// The group every tensor of a workload is in.
+AdamWHyperparameters GroupOf(const BenchConfig& config) {
+  AdamWHyperparameters h;
+  h.state_dtype = config.state_dtype;
+  h.params_dtype = config.params_dtype;
+  return h;
+}
+
+// Bytes an ideal step moves for one parameter of a tensor with this layout.
+double BytesPerParam(const BenchConfig& config, TensorLayout layout) {
+  const bool copy =
+      config.param_copy != ParamCopyDType::kNone && layout.params == ParamsDType::kFloat32;
+  double bytes = DTypeSize(config.grad_dtype) + 2.0 * ParamsBytes(layout.params) +
+                 4.0 * StateBytes(layout.state) + (copy ? 2 : 0);
+  if (layout.state == StateDType::kInt8) bytes += 2.0 * 2 * 4 / kQuantBlock;  // The scales.
+  return bytes;
+}
+
+// Bytes an ideal step moves in all, over the workload's tensors.
+double StepBytes(const BenchConfig& config, const Workload& workload) {
+  double bytes = 0;
+  for (uint64_t numel : workload.numels) {
+    bytes += BytesPerParam(config, LayoutOf(GroupOf(config), numel)) * static_cast<double>(numel);
+  }
+  return bytes;
 }
 
 // Fills out[0, n) with standard normal samples, the same for a (seed, stream) whatever the
@@ -156,7 +192,7 @@ void FillNormal(uint64_t seed, uint64_t stream, float* out, uint64_t n) {
 // Registers the workload's tensors, writes random params and stages random gradients.
 absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig& config,
                                      OptimizerBackend& optimizer) {
-  absl::Status status = optimizer.SetParamGroup(0, AdamWHyperparameters{});
+  absl::Status status = optimizer.SetParamGroup(0, GroupOf(config));
   if (!status.ok()) return status;
   std::vector<NewTensor> tensors;
   StagedGrads grads;
@@ -165,7 +201,10 @@ absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig
   for (uint64_t numel : workload.numels) {
     grads.tensors.push_back(static_cast<uint32_t>(tensors.size()));
     grads.offsets.push_back(arena_numel);
-    tensors.push_back({.numel = numel, .param_group = 0});
+    const std::string name = absl::StrCat("t", tensors.size());
+    tensors.push_back({.numel = numel,
+                       .param_group = 0,
+                       .rounding_key = TensorRoundingKey(name.data(), name.size())});
     arena_numel += AlignedNumel(numel);
   }
   absl::StatusOr<uint32_t> first = optimizer.AddTensors(tensors);
@@ -273,9 +312,11 @@ struct Result {
   std::string device;
   uint64_t validated_elements = 0;
   Timing timing;
-  double gbps = 0;         // From the wall-time median.
-  double device_gbps = 0;  // From the device-time median (CUDA events on a GPU).
-  double copy_gbps = 0;    // 0: not measured.
+  double gbps = 0;                    // From the wall-time median.
+  double device_gbps = 0;             // From the device-time median (CUDA events on a GPU).
+  double copy_gbps = 0;               // 0: not measured.
+  double bytes_per_param = 0;         // Moved by an ideal step (StepBytes / params).
+  double device_bytes_per_param = 0;  // memory_bytes() but staging and snapshots, / params.
 };
 
 absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& config) {
@@ -293,8 +334,20 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
   result.workload = workload;
   result.device = optimizer.device();
   const std::vector<SampleRange> samples = PickSamples(workload.numels, config.seed);
+  const bool fp32 =
+      config.state_dtype == StateDType::kFloat32 && config.params_dtype == ParamsDType::kFloat32;
+  // Other storage: a CPU backend with the same tensors and values, stepped alike.
+  std::unique_ptr<OptimizerBackend> twin;
+  if (!fp32) {
+    twin = MakeCpuBackend(options);
+    if (absl::StatusOr<StagedGrads> twin_grads = Populate(workload, config, *twin);
+        !twin_grads.ok()) {
+      return twin_grads.status();
+    }
+  }
   for (int i = 0; i < kValidationSteps; ++i) {
-    absl::StatusOr<uint64_t> checked = ValidateOneStep(optimizer, *grads, samples);
+    absl::StatusOr<uint64_t> checked = fp32 ? ValidateOneStep(optimizer, *grads, samples)
+                                            : ValidateAgainstTwin(optimizer, *twin, *grads);
     if (!checked.ok()) {
       return absl::Status(checked.status().code(),
                           absl::StrCat("validation of ", workload.name, ", step ", i + 1,
@@ -302,10 +355,17 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
     }
     result.validated_elements += *checked;
   }
+  twin.reset();
   absl::StatusOr<Timing> timing = TimeSteps(optimizer, *grads, config);
   if (!timing.ok()) return timing.status();
   result.timing = *timing;
-  const double bytes = static_cast<double>(BytesPerParam(config)) * workload.total_numel();
+  const double bytes = StepBytes(config, workload);
+  result.bytes_per_param = bytes / workload.total_numel();
+  for (const auto& [kind, b] : optimizer.memory_bytes()) {
+    if (kind != "grad_staging" && kind != "pull_snapshots") {
+      result.device_bytes_per_param += static_cast<double>(b) / workload.total_numel();
+    }
+  }
   result.gbps = bytes / (result.timing.ms_median * 1e-3) / 1e9;
   result.device_gbps = bytes / (result.timing.device_ms_median * 1e-3) / 1e9;
   if (config.copy_reference) {
@@ -324,6 +384,9 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
 const char* GradDTypeName(GradDType dtype) {
   return dtype == GradDType::kFloat32 ? "fp32" : "bf16";
 }
+double MeanBytesPerParam(const std::vector<Result>& results) {
+  return results.empty() ? 0 : results[0].bytes_per_param;
+}
 const char* ParamCopyName(ParamCopyDType dtype) {
   return dtype == ParamCopyDType::kNone ? "none" : "bf16";
 }
@@ -331,9 +394,11 @@ const char* ParamCopyName(ParamCopyDType dtype) {
 void PrintTable(const BenchConfig& config, double scale, const std::vector<Result>& results) {
   absl::PrintF(
       "fusedps-kernel-bench: backend=%s device=\"%s\" grad_dtype=%s param_copy=%s "
-      "scale=%g warmup=%d iters=%d bytes/param=%d\n",
+      "state_dtype=%s params_dtype=%s scale=%g warmup=%d iters=%d bytes/param=%.4g\n",
       config.backend, results.empty() ? "" : results[0].device, GradDTypeName(config.grad_dtype),
-      ParamCopyName(config.param_copy), scale, config.warmup, config.iters, BytesPerParam(config));
+      ParamCopyName(config.param_copy), StateDTypeName(config.state_dtype),
+      ParamsDTypeName(config.params_dtype), scale, config.warmup, config.iters,
+      MeanBytesPerParam(results));
   absl::PrintF("%-11s %8s %12s %10s %10s %10s %8s %9s %10s %7s %9s %7s %10s\n", "workload",
                "tensors", "params", "ms/step", "min ms", "device ms", "GB/s", "dev GB/s",
                "copy GB/s", "% copy", "launches", "cupti", "validated");
@@ -356,11 +421,13 @@ void PrintTable(const BenchConfig& config, double scale, const std::vector<Resul
 void PrintJson(const BenchConfig& config, double scale, const std::vector<Result>& results) {
   absl::PrintF(
       "{\"tool\": \"fusedps-kernel-bench\", \"backend\": %s, \"device\": %s, "
-      "\"grad_dtype\": \"%s\", \"param_copy\": \"%s\", \"scale\": %.17g, "
-      "\"warmup\": %d, \"iters\": %d, \"bytes_per_param\": %d, \"results\": [",
+      "\"grad_dtype\": \"%s\", \"param_copy\": \"%s\", \"state_dtype\": \"%s\", "
+      "\"params_dtype\": \"%s\", \"scale\": %.17g, "
+      "\"warmup\": %d, \"iters\": %d, \"bytes_per_param\": %.6g, \"results\": [",
       JsonString(config.backend), JsonString(results.empty() ? "" : results[0].device),
-      GradDTypeName(config.grad_dtype), ParamCopyName(config.param_copy), scale, config.warmup,
-      config.iters, BytesPerParam(config));
+      GradDTypeName(config.grad_dtype), ParamCopyName(config.param_copy),
+      StateDTypeName(config.state_dtype), ParamsDTypeName(config.params_dtype), scale,
+      config.warmup, config.iters, MeanBytesPerParam(results));
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::string by_kernel;
@@ -374,12 +441,14 @@ void PrintJson(const BenchConfig& config, double scale, const std::vector<Result
         "\"device_ms_median\": %.6f, \"gbps\": %.4f, \"device_gbps\": %.4f, "
         "\"copy_gbps\": %s, \"launches_per_step\": %.3f, "
         "\"launches_per_step_by_kernel\": {%s}, \"cupti_kernels_per_step\": %.3f, "
-        "\"validated_elements\": %d}",
+        "\"validated_elements\": %d, \"bytes_per_param\": %.6f, "
+        "\"device_bytes_per_param\": %.6f}",
         i == 0 ? "" : ",", JsonString(r.workload.name), JsonString(r.workload.description),
         r.workload.numels.size(), r.workload.total_numel(), r.timing.ms_median, r.timing.ms_min,
         r.timing.ms_max, r.timing.device_ms_median, r.gbps, r.device_gbps,
         r.copy_gbps > 0 ? absl::StrFormat("%.4f", r.copy_gbps) : "null", r.timing.launches_per_step,
-        by_kernel, r.timing.cupti_kernels_per_step, r.validated_elements);
+        by_kernel, r.timing.cupti_kernels_per_step, r.validated_elements, r.bytes_per_param,
+        r.device_bytes_per_param);
   }
   absl::PrintF("\n]}\n");
 }
@@ -404,6 +473,26 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--param-copy=", param_copy, ": expected none or bf16"));
+  }
+  const std::string state_dtype = absl::GetFlag(FLAGS_state_dtype);
+  if (state_dtype == "fp32") {
+    config.state_dtype = StateDType::kFloat32;
+  } else if (state_dtype == "bf16") {
+    config.state_dtype = StateDType::kBFloat16;
+  } else if (state_dtype == "int8") {
+    config.state_dtype = StateDType::kInt8;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state-dtype=", state_dtype, ": expected fp32, bf16 or int8"));
+  }
+  const std::string params_dtype = absl::GetFlag(FLAGS_params_dtype);
+  if (params_dtype == "fp32") {
+    config.params_dtype = ParamsDType::kFloat32;
+  } else if (params_dtype == "bf16") {
+    config.params_dtype = ParamsDType::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--params-dtype=", params_dtype, ": expected fp32 or bf16"));
   }
   config.warmup = absl::GetFlag(FLAGS_warmup);
   config.iters = absl::GetFlag(FLAGS_iters);

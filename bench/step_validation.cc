@@ -168,4 +168,76 @@ absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const Stag
   return checked;
 }
 
+namespace {
+
+// One field of every tensor in its stored form, each tensor at a 16-byte aligned offset.
+absl::StatusOr<std::vector<char>> ReadStoredField(OptimizerBackend& b, TensorField field,
+                                                  std::vector<uint64_t>* offsets) {
+  std::vector<uint32_t> tensors;
+  offsets->clear();
+  uint64_t end = 0;
+  for (uint32_t t = 0; t < b.tensor_count(); ++t) {
+    const uint64_t bytes =
+        StoredCount(b.layout(t), field, b.numel(t)) * StoredElementBytes(b.layout(t), field);
+    if (bytes == 0) continue;
+    tensors.push_back(t);
+    offsets->push_back(end);
+    end += (bytes + 15) / 16 * 16;
+  }
+  std::vector<char> data(end);
+  if (tensors.empty()) return data;
+  ReadRequest read;
+  read.field = field;
+  read.stored = true;
+  read.tensors = tensors;
+  read.dst_offsets = *offsets;
+  read.dst = data.data();
+  if (absl::Status status = ReadNow(b, read); !status.ok()) return status;
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ValidateAgainstTwin(OptimizerBackend& optimizer, OptimizerBackend& twin,
+                                             const StagedGrads& grads) {
+  absl::StatusOr<StepOutcome> outcome = StepNow(optimizer, grads.Request());
+  if (!outcome.ok()) return outcome.status();
+  StepRequest on_host = grads.Request();
+  on_host.grads = grads.host.data();
+  absl::StatusOr<StepOutcome> twin_outcome = StepNow(twin, on_host);
+  if (!twin_outcome.ok()) return twin_outcome.status();
+  if (outcome->skipped || twin_outcome->skipped) {
+    return absl::InternalError("a step of finite gradients was skipped");
+  }
+  uint64_t compared = 0;
+  for (TensorField field : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq,
+                            TensorField::kExpAvgAbsmax, TensorField::kExpAvgSqAbsmax}) {
+    std::vector<uint64_t> offsets, twin_offsets;
+    absl::StatusOr<std::vector<char>> a = ReadStoredField(optimizer, field, &offsets);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<std::vector<char>> b = ReadStoredField(twin, field, &twin_offsets);
+    if (!b.ok()) return b.status();
+    if (*a == *b) {
+      for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) {
+        compared += StoredCount(optimizer.layout(t), field, optimizer.numel(t));
+      }
+      continue;
+    }
+    const auto mismatch = std::mismatch(a->begin(), a->end(), b->begin()).first - a->begin();
+    size_t i = 0;
+    while (i + 1 < offsets.size() && offsets[i + 1] <= static_cast<uint64_t>(mismatch)) ++i;
+    return absl::InternalError(absl::StrFormat(
+        "%s differs from the CPU backend's: byte %d of the stored field (the %dth tensor that "
+        "has it, from byte %d)",
+        TensorFieldName(field), mismatch, i, offsets.empty() ? 0 : offsets[i]));
+  }
+  for (uint32_t t = 0; t < optimizer.tensor_count(); ++t) {
+    if (optimizer.step(t) != twin.step(t)) {
+      return absl::InternalError(absl::StrCat("tensor ", t, " step ", optimizer.step(t),
+                                              ", the CPU backend's ", twin.step(t)));
+    }
+  }
+  return compared;
+}
+
 }  // namespace fusedps

@@ -59,6 +59,14 @@ std::vector<SampleRange> PickSamples(const std::vector<uint64_t>& numels, uint64
 absl::StatusOr<uint64_t> ValidateOneStep(OptimizerBackend& optimizer, const StagedGrads& grads,
                                          const std::vector<SampleRange>& samples);
 
+// Steps `optimizer` (on its staged grads) and `twin` (a CPU backend with the same tensors,
+// groups and values, on grads.host) once, then compares every field of every tensor in its
+// stored form (params, exp_avg, exp_avg_sq, int8 scales) and the steps, bit for bit: for
+// storage the sampled check cannot follow (bf16 and int8 state, stochastic rounding). Returns
+// the elements compared. Errors: INTERNAL naming the first difference; the backends' errors.
+absl::StatusOr<uint64_t> ValidateAgainstTwin(OptimizerBackend& optimizer, OptimizerBackend& twin,
+                                             const StagedGrads& grads);
+
 }  // namespace fusedps
 
 #endif  // FUSEDPS_BENCH_STEP_VALIDATION_H_

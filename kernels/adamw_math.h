@@ -8,7 +8,8 @@
 //   2. decoupled: param -= lr * weight_decay * param   |  L2: g += weight_decay * param
 //   3. exp_avg = lerp(exp_avg, g, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g^2
 //   4. bias_correction1 = 1 - beta1^step, bias_correction2 = 1 - beta2^step (step already
-//      incremented), computed once per tensor in float64 as torch does in Python
+//      incremented), computed once per tensor in float64 as torch does in Python (beta^step by
+//      binary exponentiation, PowInt, so that every host and device gets the same bits)
 //   5. denom = sqrt(amsgrad ? max_exp_avg_sq : exp_avg_sq) / sqrt(bias_correction2) + eps
 //   6. param -= (lr / bias_correction1) * exp_avg / denom
 //
@@ -35,6 +36,15 @@ enum class GradDType : uint8_t { kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3 };
 
 FUSEDPS_HOST_DEVICE int DTypeSize(GradDType dtype) { return dtype == GradDType::kFloat32 ? 4 : 2; }
 
+// How a param group stores exp_avg and exp_avg_sq (kernels/quant_math.h has the math of each).
+// Values match proto fusedps.v1.StateDType.
+enum class StateDType : uint8_t { kFloat32 = 1, kBFloat16 = 2, kInt8 = 3 };
+
+// The dtype of a param group's params: kFloat32 (the fp32 master copy) or kBFloat16 (no fp32
+// master; every step rounds the fp32 result stochastically, quant_math.h). Values match proto
+// fusedps.v1.DType.
+enum class ParamsDType : uint8_t { kFloat32 = 1, kBFloat16 = 2 };
+
 // Hyperparameters of one param group, as in torch.optim.AdamW. Defaults are torch's.
 struct AdamWHyperparameters {
   double lr = 1e-3;
@@ -45,6 +55,10 @@ struct AdamWHyperparameters {
   bool amsgrad = false;
   bool maximize = false;
   bool decoupled_weight_decay = true;  // false: L2 (torch.optim.Adam's weight_decay).
+  // Storage, fixed at registration (as amsgrad is). amsgrad needs state_dtype kFloat32.
+  StateDType state_dtype = StateDType::kFloat32;
+  ParamsDType params_dtype = ParamsDType::kFloat32;
+  uint64_t rounding_seed = 0;  // Stochastic rounding of bf16 params (quant_math.h).
 };
 
 // Per-tensor, per-step scalars. Computed in float64 from the hyperparameters and the
@@ -66,13 +80,26 @@ struct AdamWStepScalars {
   bool decoupled_weight_decay;
 };
 
+// base^exponent (exponent >= 0) by binary exponentiation in float64: a fixed sequence of IEEE
+// multiplications, so the CPU and CUDA backends get the same bits (pow() may differ in the last
+// bit between libm and CUDA). Within a few float64 ulps of pow(), far below fp32 rounding.
+FUSEDPS_HOST_DEVICE double PowInt(double base, int64_t exponent) {
+  double result = 1.0;
+  while (exponent > 0) {
+    if (exponent & 1) result *= base;
+    base *= base;
+    exponent >>= 1;
+  }
+  return result;
+}
+
 // REQUIRES: step >= 1 (the step count after this update). grad_scale <= 0 means none. The lr
 // used is h.lr / lr_divisor, in float64 (as torch computes a group's lr set to lr / (1 + tau)).
 FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters& h, int64_t step,
                                                      float grad_scale, double lr_divisor = 1.0) {
   AdamWStepScalars s;
-  const double bias_correction1 = 1.0 - pow(h.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - pow(h.beta2, static_cast<double>(step));
+  const double bias_correction1 = 1.0 - PowInt(h.beta1, step);
+  const double bias_correction2 = 1.0 - PowInt(h.beta2, step);
   const double lr = lr_divisor == 1.0 ? h.lr : h.lr / lr_divisor;
   s.lr = static_cast<float>(lr);
   s.weight_decay = static_cast<float>(h.weight_decay);

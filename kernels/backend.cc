@@ -14,6 +14,62 @@ const char* ParamCopyDTypeName(ParamCopyDType copy) {
   return "none";
 }
 
+const char* StateDTypeName(StateDType dtype) {
+  switch (dtype) {
+    case StateDType::kBFloat16:
+      return "bf16";
+    case StateDType::kInt8:
+      return "int8";
+    case StateDType::kFloat32:
+      break;
+  }
+  return "fp32";
+}
+
+const char* ParamsDTypeName(ParamsDType dtype) {
+  return dtype == ParamsDType::kBFloat16 ? "bf16" : "fp32";
+}
+
+const char* TensorFieldName(TensorField field) {
+  switch (field) {
+    case TensorField::kParam:
+      return "param";
+    case TensorField::kExpAvg:
+      return "exp_avg";
+    case TensorField::kExpAvgSq:
+      return "exp_avg_sq";
+    case TensorField::kMaxExpAvgSq:
+      return "max_exp_avg_sq";
+    case TensorField::kExpAvgAbsmax:
+      return "exp_avg_absmax";
+    case TensorField::kExpAvgSqAbsmax:
+      return "exp_avg_sq_absmax";
+  }
+  return "unknown field";
+}
+
+int StoredElementBytes(TensorLayout layout, TensorField field) {
+  switch (field) {
+    case TensorField::kParam:
+      return ParamsBytes(layout.params);
+    case TensorField::kExpAvg:
+    case TensorField::kExpAvgSq:
+      return StateBytes(layout.state);
+    case TensorField::kMaxExpAvgSq:
+    case TensorField::kExpAvgAbsmax:
+    case TensorField::kExpAvgSqAbsmax:
+      break;
+  }
+  return 4;
+}
+
+uint64_t StoredCount(TensorLayout layout, TensorField field, uint64_t numel) {
+  if (field == TensorField::kExpAvgAbsmax || field == TensorField::kExpAvgSqAbsmax) {
+    return layout.state == StateDType::kInt8 ? QuantBlocks(numel) : 0;
+  }
+  return numel;
+}
+
 absl::Status ReadNow(OptimizerBackend& backend, const ReadRequest& request) {
   if (absl::Status s = backend.Read(request); !s.ok()) return s;
   absl::StatusOr<Marker> marker = backend.Mark();
@@ -32,12 +88,13 @@ absl::StatusOr<StepOutcome> StepNow(OptimizerBackend& backend, const StepRequest
 
 namespace {
 
-absl::Status ReadOne(OptimizerBackend& backend, TensorField field, bool param_copy,
+absl::Status ReadOne(OptimizerBackend& backend, TensorField field, bool param_copy, bool stored,
                      uint32_t tensor, void* out) {
   const uint64_t offset = 0;
   ReadRequest request;
   request.field = field;
   request.param_copy = param_copy;
+  request.stored = stored;
   request.tensors = absl::MakeConstSpan(&tensor, 1);
   request.dst_offsets = absl::MakeConstSpan(&offset, 1);
   request.dst = out;
@@ -48,11 +105,17 @@ absl::Status ReadOne(OptimizerBackend& backend, TensorField field, bool param_co
 
 absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor,
                         float* out) {
-  return ReadOne(backend, field, /*param_copy=*/false, tensor, out);
+  return ReadOne(backend, field, /*param_copy=*/false, /*stored=*/false, tensor, out);
+}
+
+absl::Status ReadStored(OptimizerBackend& backend, TensorField field, uint32_t tensor,
+                        void* out) {
+  return ReadOne(backend, field, /*param_copy=*/false, /*stored=*/true, tensor, out);
 }
 
 absl::Status ReadParamCopy(OptimizerBackend& backend, uint32_t tensor, uint16_t* out) {
-  return ReadOne(backend, TensorField::kParam, /*param_copy=*/true, tensor, out);
+  return ReadOne(backend, TensorField::kParam, /*param_copy=*/true, /*stored=*/false, tensor,
+                 out);
 }
 
 }  // namespace fusedps

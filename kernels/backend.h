@@ -40,11 +40,34 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/adamw_math.h"
+#include "kernels/tensor_layout.h"
 
 namespace fusedps {
 
-// Which stored array a read returns. Values match proto fusedps.v1.TensorField.
-enum class TensorField : uint8_t { kParam = 1, kExpAvg = 2, kExpAvgSq = 3, kMaxExpAvgSq = 4 };
+// Which stored array a read returns. Values match proto fusedps.v1.TensorField, but for the
+// scales of int8 state, which never travel on the wire: the fp32 absmax of each block of
+// kQuantBlock elements of exp_avg and exp_avg_sq (quant_math.h), read and written only in their
+// stored form, by checkpoints.
+enum class TensorField : uint8_t {
+  kParam = 1,
+  kExpAvg = 2,
+  kExpAvgSq = 3,
+  kMaxExpAvgSq = 4,
+  kExpAvgAbsmax = 101,
+  kExpAvgSqAbsmax = 102,
+};
+
+// "param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax":
+// the fields' names as clients spell them (fusedps pull --field, Client.pull_state) and as
+// checkpoints name their files.
+const char* TensorFieldName(TensorField field);
+
+// The stored form of a field of a tensor of `numel` elements with this layout
+// (tensor_layout.h): its element size in bytes, and its element count (0: the tensor has no
+// such field: scales of a tensor without int8 state; max_exp_avg_sq is counted as stored,
+// whether or not its group has amsgrad).
+int StoredElementBytes(TensorLayout layout, TensorField field);
+uint64_t StoredCount(TensorLayout layout, TensorField field, uint64_t numel);
 
 // The low-precision copy of the params that a backend may keep for pulls.
 enum class ParamCopyDType : uint8_t { kNone = 0, kBFloat16 = 2, kFloat16 = 3 };
@@ -60,6 +83,9 @@ struct BackendOptions {
 struct NewTensor {
   uint64_t numel = 0;
   uint32_t param_group = 0;
+  // Stochastic rounding's key of the tensor (TensorRoundingKey of its name), for groups with
+  // bf16 params.
+  uint64_t rounding_key = 0;
 };
 
 // The gradients of one push, in one dtype.
@@ -114,9 +140,9 @@ struct WorkDone {
 // state load (Write).
 struct WriteRequest {
   TensorField field = TensorField::kParam;
-  // Write the 16-bit param copy (bf16 or fp16 bits, as param_copy_dtype()) instead of fp32
-  // params: field must be kParam and the backend must keep a copy. Elements are then 2 bytes,
-  // else 4.
+  // Write the 16-bit param copy (bf16 or fp16 bits, as param_copy_dtype()) instead of the
+  // params: field must be kParam, the tensor's params fp32, and the backend must keep a copy.
+  // Elements are then 2 bytes.
   bool param_copy = false;
   uint32_t tensor = 0;
   uint64_t offset = 0;  // The first element written.
@@ -124,16 +150,26 @@ struct WriteRequest {
   // count elements of host memory (on a GPU backend best page-locked: AllocateHostBuffer),
   // unchanged until a marker taken after the Write is done.
   const void* src = nullptr;
+  // The values are the field's stored form (StoredElementBytes each: a checkpoint's bytes,
+  // written bit for bit); else fp32, which the backend rounds or quantizes into the stored form
+  // (an int8 field then takes whole blocks: offset a multiple of kQuantBlock, and count one too
+  // or reaching the tensor's end). The scales (k*Absmax) are written stored only.
+  bool stored = false;
 };
 
-// A read of one field of some tensors, for pulls.
+// A read of one field of some tensors, for pulls and checkpoints.
 struct ReadRequest {
   TensorField field = TensorField::kParam;
-  // Read the 16-bit param copy instead of fp32 params (field must be kParam, and the backend
-  // must keep a copy: param_copy_dtype() != kNone). Elements are then 2 bytes, else 4.
+  // Read the 16-bit param copy instead of the params (field must be kParam, every tensor's
+  // params fp32, and the backend must keep a copy: param_copy_dtype() != kNone). Elements are
+  // then 2 bytes.
   bool param_copy = false;
+  // Read the field's stored form (StoredElementBytes each, bit for bit: what checkpoints hold);
+  // else fp32: bf16 widened, int8 dequantized (4 bytes each). The scales (k*Absmax) are read
+  // stored only.
+  bool stored = false;
   absl::Span<const uint32_t> tensors;
-  // Tensor tensors[i]'s numel elements go to dst + dst_offsets[i] (bytes).
+  // Tensor tensors[i]'s elements go to dst + dst_offsets[i] (bytes).
   absl::Span<const uint64_t> dst_offsets;
   // Host memory (on a GPU backend best page-locked, e.g. the staging arena), or a snapshot
   // buffer (AllocateSnapshot; then the offsets are into it).
@@ -166,7 +202,8 @@ class OptimizerBackend {
   virtual absl::Status TruncateTensors(uint32_t count) = 0;
 
   // Writes fp32 params [offset, offset + values.size()) of a tensor (and its low-precision
-  // copy), in stream order. Returns once `values` may be reused.
+  // copy), in stream order; bf16 params get them rounded to nearest even. Returns once
+  // `values` may be reused.
   // REQUIRES: the range lies inside the tensor.
   virtual absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                                    absl::Span<const float> values) = 0;
@@ -175,8 +212,12 @@ class OptimizerBackend {
   // WriteRequest), for a restore or a state load, in stream order (steps queued before it read
   // the old values). Params written this way leave the param copy as it was: write the copy too
   // (param_copy), or use WriteParams.
-  // Errors: INVALID_ARGUMENT for an unknown tensor or a range outside it; FAILED_PRECONDITION
-  // for max_exp_avg_sq of a tensor whose group has no amsgrad, or param_copy without a copy.
+  // Returns once `src` may be reused when the backend converted it (fp32 into a stored form of
+  // another dtype), else once the copy is queued (src stays valid until a later marker).
+  // Errors: INVALID_ARGUMENT for an unknown tensor, a range outside it, or an fp32 write into
+  // int8 state that does not cover whole blocks; FAILED_PRECONDITION for max_exp_avg_sq of a
+  // tensor whose group has no amsgrad, scales of a tensor without int8 state or not stored,
+  // or param_copy without a copy or for bf16 params.
   virtual absl::Status Write(const WriteRequest& request) = 0;
 
   // Sets a tensor's step, for a restore or a state load, in stream order (later steps count on
@@ -203,10 +244,13 @@ class OptimizerBackend {
   // the staging arena. Nothing is queued on an error. REQUIRES: !request.from_accumulator.
   virtual absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) = 0;
 
-  // Queues a copy of one field of whole tensors (see ReadRequest), as fp32 or as the param
-  // copy's 16-bit values. The data is there once a marker taken after this call is done.
-  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad, or
-  // param_copy without a copy.
+  // Queues a copy of one field of whole tensors (see ReadRequest), as fp32, as the param copy's
+  // 16-bit values, or in the stored form. The data is there once a marker taken after this call
+  // is done. A read of fp32 from a field stored in bf16 or int8 converts on the device (one
+  // launch, "fusedps_state_read", on CUDA).
+  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad,
+  // scales of a tensor without int8 state or not stored, or param_copy without a copy or of
+  // bf16 params. Nothing is queued on an error.
   virtual absl::Status Read(const ReadRequest& request) = 0;
 
   // Memory for consistent reads of large pulls, in the device's own memory (host memory on the
@@ -237,6 +281,7 @@ class OptimizerBackend {
   virtual int64_t step(uint32_t tensor) const = 0;  // Counting steps queued.
   virtual uint32_t tensor_count() const = 0;
   virtual uint64_t numel(uint32_t tensor) const = 0;
+  virtual TensorLayout layout(uint32_t tensor) const = 0;
 
   // Copies `count` gradients of one dtype from host memory into the backend's staging at
   // byte_offset (growing it as needed), for a later Step with grads == nullptr, and checks them
@@ -264,8 +309,9 @@ class OptimizerBackend {
   // The sum of launch_counts(). Thread-safe.
   virtual uint64_t launches_total() const = 0;
 
-  // Bytes allocated for each arena, for metrics: "params", "exp_avg", "exp_avg_sq",
-  // "max_exp_avg_sq", "param_copy", "grad_staging", "grad_accumulator", and on the CUDA backend
+  // Bytes allocated for each kind of memory, for metrics: "params", "exp_avg", "exp_avg_sq"
+  // (each the sum of its arenas of every dtype), "max_exp_avg_sq", "state_scales" (the int8
+  // state's, both), "param_copy", "grad_staging", "grad_accumulator", and on the CUDA backend
   // "tables" and "pull_snapshots" (device memory on a GPU backend, host memory on the CPU
   // backend; 0 for an arena not in use).
   virtual std::map<std::string, uint64_t> memory_bytes() const = 0;
@@ -280,6 +326,10 @@ absl::StatusOr<StepOutcome> StepNow(OptimizerBackend& backend, const StepRequest
 // Reads one field of one tensor as fp32 into `out` (numel floats) and waits for it.
 absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor,
                         float* out);
+// Reads one field of one tensor in its stored form into `out` (StoredCount elements of
+// StoredElementBytes) and waits for it.
+absl::Status ReadStored(OptimizerBackend& backend, TensorField field, uint32_t tensor,
+                        void* out);
 // Reads one tensor's 16-bit param copy into `out` (numel values) and waits for it.
 // FAILED_PRECONDITION when the backend keeps no copy (as Read).
 absl::Status ReadParamCopy(OptimizerBackend& backend, uint32_t tensor, uint16_t* out);

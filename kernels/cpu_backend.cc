@@ -1,8 +1,12 @@
-// The CPU backend: flat host arenas, updated by OpenMP threads in fixed-size pieces.
+// The CPU backend: flat host arenas (one per stored dtype of each field, tensor_table.h),
+// updated by OpenMP threads in fixed-size pieces.
 //
 // Work runs inside the calls that queue it (Step, Read, SetParamGroup), on the calling thread
 // and its OpenMP workers, so every marker is done when it is made; Wait only reports a step's
 // wall time.
+//
+// The step's math is the CUDA kernel's, element for element and in the same order (adamw_math.h,
+// quant_math.h), so that the two backends give the same bits (cuda_backend_test checks it).
 #include <omp.h>
 
 #include <algorithm>
@@ -21,14 +25,17 @@
 #include "kernels/backend.h"
 #include "kernels/grad_check.h"
 #include "kernels/parallel.h"
+#include "kernels/quant_math.h"
+#include "kernels/stored_values.h"
 #include "kernels/tensor_table.h"
 
 namespace fusedps {
 namespace {
 
 // Elements per unit of parallel work: large enough to amortize scheduling, small enough to
-// balance many small tensors against a few large ones.
+// balance many small tensors against a few large ones; whole int8 blocks.
 constexpr uint64_t kPieceNumel = 32 * 1024;
+static_assert(kPieceNumel % kQuantBlock == 0, "a piece holds whole blocks");
 
 struct Piece {
   uint32_t request_index;  // Index into StepRequest::tensors.
@@ -36,44 +43,119 @@ struct Piece {
   uint64_t end;
 };
 
+// One tensor's step: its scalars, its fields (each shifted to the tensor's element 0; null
+// where its layout has none), and its stochastic rounding key.
+struct TensorStep {
+  AdamWStepScalars s;
+  TensorLayout layout;
+  uint64_t rounding_key = 0;  // RoundingKey(seed, tensor key, step), for bf16 params.
+  float* params32 = nullptr;
+  uint16_t* params16 = nullptr;
+  uint16_t* copy = nullptr;
+  float* exp_avg32 = nullptr;
+  float* exp_avg_sq32 = nullptr;
+  float* max_exp_avg_sq = nullptr;
+  uint16_t* exp_avg16 = nullptr;
+  uint16_t* exp_avg_sq16 = nullptr;
+  uint8_t* exp_avg8 = nullptr;
+  uint8_t* exp_avg_sq8 = nullptr;
+  float* absmax_m = nullptr;  // Block 0's.
+  float* absmax_v = nullptr;
+};
+
+// Elements [begin, end) of one tensor: one AdamW step each, as the CUDA kernel does it.
 template <GradDType kDType>
-void UpdateRange(const AdamWStepScalars& s, const void* grads, uint64_t grad_offset,
-                 uint64_t begin, uint64_t end, float* params, float* exp_avg, float* exp_avg_sq,
-                 float* max_exp_avg_sq, uint16_t* copy, ParamCopyDType copy_dtype) {
-  for (uint64_t i = begin; i < end; ++i) {
-    const float g = LoadGrad(grads, kDType, grad_offset + i);
-    AdamWUpdate(s, g, params[i], exp_avg[i], exp_avg_sq[i],
-                s.amsgrad ? &max_exp_avg_sq[i] : nullptr);
+void UpdateRange(const TensorStep& t, const void* grads, uint64_t grad_offset, uint64_t begin,
+                 uint64_t end, ParamCopyDType copy_dtype) {
+  const bool bf16_params = t.layout.params == ParamsDType::kBFloat16;
+  const auto load_param = [&](uint64_t i) {
+    return bf16_params ? BFloat16ToFloat(t.params16[i]) : t.params32[i];
+  };
+  const auto store_param = [&](uint64_t i, float p) {
+    if (bf16_params) {
+      t.params16[i] = FloatToBFloat16Stochastic(p, RoundingBits(t.rounding_key, i));
+    } else {
+      t.params32[i] = p;
+    }
+  };
+  const auto grad = [&](uint64_t i) { return LoadGrad(grads, kDType, grad_offset + i); };
+  switch (t.layout.state) {
+    case StateDType::kFloat32:
+      for (uint64_t i = begin; i < end; ++i) {
+        float p = load_param(i);
+        AdamWUpdate(t.s, grad(i), p, t.exp_avg32[i], t.exp_avg_sq32[i],
+                    t.s.amsgrad ? &t.max_exp_avg_sq[i] : nullptr);
+        store_param(i, p);
+      }
+      break;
+    case StateDType::kBFloat16:
+      for (uint64_t i = begin; i < end; ++i) {
+        float p = load_param(i);
+        AdamWUpdateBFloat16State(t.s, grad(i), p, t.exp_avg16[i], t.exp_avg_sq16[i]);
+        store_param(i, p);
+      }
+      break;
+    case StateDType::kInt8:
+      for (uint64_t first = begin; first < end; first += kQuantBlock) {
+        const uint64_t block = first / kQuantBlock;
+        const int n = static_cast<int>(std::min<uint64_t>(kQuantBlock, end - first));
+        Int8BlockStep(DynamicCodebooks(), t.exp_avg8 + first, t.exp_avg_sq8 + first,
+                      t.absmax_m[block], t.absmax_v[block], n, [&](int j, float& m, float& v) {
+                        const uint64_t i = first + j;
+                        float p = load_param(i);
+                        AdamWUpdate(t.s, grad(i), p, m, v, nullptr);
+                        store_param(i, p);
+                      });
+      }
+      break;
   }
-  if (copy_dtype == ParamCopyDType::kBFloat16) {
-    for (uint64_t i = begin; i < end; ++i) copy[i] = FloatToBFloat16(params[i]);
-  } else if (copy_dtype == ParamCopyDType::kFloat16) {
-    for (uint64_t i = begin; i < end; ++i) copy[i] = FloatToFloat16(params[i]);
+  if (!bf16_params && copy_dtype == ParamCopyDType::kBFloat16) {
+    for (uint64_t i = begin; i < end; ++i) t.copy[i] = FloatToBFloat16(t.params32[i]);
+  } else if (!bf16_params && copy_dtype == ParamCopyDType::kFloat16) {
+    for (uint64_t i = begin; i < end; ++i) t.copy[i] = FloatToFloat16(t.params32[i]);
   }
+}
+
+// Grows a vector (zero-filled), or RESOURCE_EXHAUSTED naming it.
+template <typename T>
+absl::Status Grow(std::vector<T>& v, uint64_t n, const char* what) {
+  if (v.size() >= n) return absl::OkStatus();
+  try {
+    v.resize(n, T{});
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host memory for ", what, " (", n * sizeof(T), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+void ZeroFrom(std::vector<T>& v, uint64_t from) {
+  if (v.size() > from) std::fill(v.begin() + from, v.end(), T{});
 }
 
 class CpuBackend final : public OptimizerBackend {
  public:
   explicit CpuBackend(const BackendOptions& options)
-      : copy_dtype_(options.param_copy_dtype),
-        threads_(OmpThreads(options.threads)) {}
+      : copy_dtype_(options.param_copy_dtype), threads_(OmpThreads(options.threads)) {}
 
   std::string name() const override { return "cpu"; }
   std::string device() const override { return absl::StrCat("cpu (", threads_, " threads)"); }
   ParamCopyDType param_copy_dtype() const override { return copy_dtype_; }
 
   absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
+    if (absl::Status s = table_.CheckGroup(group, hyper); !s.ok()) return s;
     // max_exp_avg_sq first: when its memory cannot be had, the group stays as it was.
     if (hyper.amsgrad) {
-      if (absl::Status s = Resize(params_.size(), /*amsgrad=*/true); !s.ok()) return s;
+      if (absl::Status s = Resize(table_.sizes(), /*amsgrad=*/true); !s.ok()) return s;
     }
     return table_.SetGroup(group, hyper);
   }
 
   absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> tensors) override {
-    absl::StatusOr<uint64_t> total = table_.ArenaNumelWith(tensors);
-    if (!total.ok()) return total.status();
-    if (absl::Status s = Resize(*total); !s.ok()) return s;
+    absl::StatusOr<ArenaSizes> sizes = table_.ArenaSizesWith(tensors);
+    if (!sizes.ok()) return sizes.status();
+    if (absl::Status s = Resize(*sizes); !s.ok()) return s;
     const uint32_t first = table_.size();
     table_.Append(tensors);
     return first;
@@ -84,21 +166,28 @@ class CpuBackend final : public OptimizerBackend {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot truncate ", table_.size(), " tensors to ", count));
     }
-    // Zero what the removed tensors held, so that tensors added later start from zero.
-    const uint64_t from = count < table_.size() ? table_.offset(count) : table_.arena_numel();
-    for (std::vector<float>* arena : {&params_, &exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_}) {
-      if (arena->size() > from) std::fill(arena->begin() + from, arena->end(), 0.0f);
-    }
-    if (copy_.size() > from) std::fill(copy_.begin() + from, copy_.end(), 0);
     table_.Truncate(count);
+    // Zero what the removed tensors held, so that tensors added later start from zero.
+    const ArenaSizes& n = table_.sizes();
+    ZeroFrom(params32_, n.params32);
+    ZeroFrom(copy_, n.params32);
+    ZeroFrom(params16_, n.params16);
+    for (auto* v : {&exp_avg32_, &exp_avg_sq32_, &max_exp_avg_sq_}) ZeroFrom(*v, n.state32);
+    for (auto* v : {&exp_avg16_, &exp_avg_sq16_}) ZeroFrom(*v, n.state16);
+    for (auto* v : {&exp_avg8_, &exp_avg_sq8_}) ZeroFrom(*v, n.state8);
+    for (auto* v : {&absmax_m_, &absmax_v_}) ZeroFrom(*v, n.scales());
     return absl::OkStatus();
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                            absl::Span<const float> values) override {
-    float* dst = params_.data() + table_.offset(tensor) + offset;
-    std::copy(values.begin(), values.end(), dst);
-    WriteCopy(table_.offset(tensor) + offset, values.size());
+    const uint64_t at = table_.param_offset(tensor) + offset;
+    if (table_.layout(tensor).params == ParamsDType::kBFloat16) {
+      for (size_t i = 0; i < values.size(); ++i) params16_[at + i] = FloatToBFloat16(values[i]);
+      return absl::OkStatus();
+    }
+    std::copy(values.begin(), values.end(), params32_.data() + at);
+    WriteCopy(at, values.size());
     return absl::OkStatus();
   }
 
@@ -106,15 +195,18 @@ class CpuBackend final : public OptimizerBackend {
     if (absl::Status s = table_.CheckWrite(request, copy_dtype_); !s.ok()) return s;
     if (request.param_copy) {
       std::copy_n(static_cast<const uint16_t*>(request.src), request.count,
-                  copy_.data() + table_.offset(request.tensor) + request.offset);
+                  copy_.data() + table_.param_offset(request.tensor) + request.offset);
       return absl::OkStatus();
     }
-    absl::StatusOr<const float*> field_start = table_.FieldOf(
-        {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
-        request.field, request.tensor);
-    if (!field_start.ok()) return field_start.status();
-    std::copy_n(static_cast<const float*>(request.src), request.count,
-                const_cast<float*>(*field_start) + request.offset);
+    const StoredField field = table_.FieldOf(arenas(), request.field, request.tensor);
+    if (request.stored) {
+      std::memcpy(field.data + request.offset * field.element_bytes, request.src,
+                  request.count * field.element_bytes);
+      return absl::OkStatus();
+    }
+    FloatToStored(table_.layout(request.tensor), request.field,
+                  static_cast<const float*>(request.src), request.offset, request.count, field.data,
+                  ScalesOf(request.field, request.tensor));
     return absl::OkStatus();
   }
 
@@ -135,24 +227,27 @@ class CpuBackend final : public OptimizerBackend {
   void FreeHostBuffer(void* buffer) override { std::free(buffer); }
 
   absl::Status Read(const ReadRequest& request) override {
+    for (uint32_t t : request.tensors) {
+      if (absl::Status s = table_.CheckRead(request, t, copy_dtype_); !s.ok()) return s;
+    }
     char* dst = static_cast<char*>(request.dst);
     for (size_t i = 0; i < request.tensors.size(); ++i) {
       const uint32_t t = request.tensors[i];
       char* out = dst + request.dst_offsets[i];
       if (request.param_copy) {
-        if (request.field != TensorField::kParam || copy_dtype_ == ParamCopyDType::kNone) {
-          return absl::FailedPreconditionError("this backend keeps no param copy");
-        }
-        std::copy_n(copy_.data() + table_.offset(t), table_.numel(t),
+        std::copy_n(copy_.data() + table_.param_offset(t), table_.numel(t),
                     reinterpret_cast<uint16_t*>(out));
         continue;
       }
-      absl::StatusOr<const float*> field_start = table_.FieldOf(
-          {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
-          request.field, t);
-      if (!field_start.ok()) return field_start.status();
+      const StoredField field = table_.FieldOf(arenas(), request.field, t);
       // A tensor of no elements may have no destination at all (a pull of only such tensors).
-      if (table_.numel(t) > 0) std::memcpy(out, *field_start, table_.numel(t) * sizeof(float));
+      if (field.count == 0) continue;
+      if (request.stored) {
+        std::memcpy(out, field.data, field.count * field.element_bytes);
+      } else {
+        StoredToFloat(table_.layout(t), request.field, field.data, ScalesOf(request.field, t),
+                      field.count, reinterpret_cast<float*>(out));
+      }
     }
     return absl::OkStatus();
   }
@@ -204,6 +299,7 @@ class CpuBackend final : public OptimizerBackend {
   int64_t step(uint32_t tensor) const override { return table_.step(tensor); }
   uint32_t tensor_count() const override { return table_.size(); }
   uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
+  TensorLayout layout(uint32_t tensor) const override { return table_.layout(tensor); }
   uint64_t launches_total() const override { return launches_.load(std::memory_order_relaxed); }
   std::map<std::string, uint64_t> launch_counts() const override {
     const uint64_t accumulates = accumulate_launches_.load(std::memory_order_relaxed);
@@ -213,13 +309,15 @@ class CpuBackend final : public OptimizerBackend {
   }
   std::map<std::string, uint64_t> memory_bytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return {{"params", params_.capacity() * sizeof(float)},
-            {"exp_avg", exp_avg_.capacity() * sizeof(float)},
-            {"exp_avg_sq", exp_avg_sq_.capacity() * sizeof(float)},
-            {"max_exp_avg_sq", max_exp_avg_sq_.capacity() * sizeof(float)},
-            {"param_copy", copy_.capacity() * sizeof(uint16_t)},
-            {"grad_staging", staging_.capacity() * sizeof(uint64_t)},
-            {"grad_accumulator", accumulator_.capacity() * sizeof(float)},
+    const auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+    return {{"params", bytes(params32_) + bytes(params16_)},
+            {"exp_avg", bytes(exp_avg32_) + bytes(exp_avg16_) + bytes(exp_avg8_)},
+            {"exp_avg_sq", bytes(exp_avg_sq32_) + bytes(exp_avg_sq16_) + bytes(exp_avg_sq8_)},
+            {"max_exp_avg_sq", bytes(max_exp_avg_sq_)},
+            {"state_scales", bytes(absmax_m_) + bytes(absmax_v_)},
+            {"param_copy", bytes(copy_)},
+            {"grad_staging", bytes(staging_)},
+            {"grad_accumulator", bytes(accumulator_)},
             {"pull_snapshots", snapshot_bytes_}};
   }
 
@@ -234,16 +332,16 @@ class CpuBackend final : public OptimizerBackend {
 
   absl::Status CopyStagingToDevice(uint64_t, uint64_t) override { return absl::OkStatus(); }
 
-  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
-                          GradDType dtype, float grad_scale) override {
+  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count, GradDType dtype,
+                          float grad_scale) override {
     const uint64_t bytes = count * DTypeSize(dtype);
     staged_non_finite_ |= !GradsAllFinite(data, dtype, count, grad_scale);
     try {
       std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacity.
       if (staging_.size() * 8 < byte_offset + bytes) staging_.resize((byte_offset + bytes + 7) / 8);
     } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(absl::StrCat("host staging of ", byte_offset + bytes,
-                                                       " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host staging of ", byte_offset + bytes, " bytes"));
     }
     std::memcpy(reinterpret_cast<char*>(staging_.data()) + byte_offset, data, bytes);
     return absl::OkStatus();
@@ -280,11 +378,9 @@ class CpuBackend final : public OptimizerBackend {
     const auto start = std::chrono::steady_clock::now();
     if (accumulator_.size() < table_.arena_numel()) {
       std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacity.
-      try {
-        accumulator_.resize(table_.arena_numel(), 0.0f);
-      } catch (const std::bad_alloc&) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "host memory for the gradient accumulator (", table_.arena_numel() * 4, " bytes)"));
+      if (absl::Status s = Grow(accumulator_, table_.arena_numel(), "the gradient accumulator");
+          !s.ok()) {
+        return s;
       }
     }
     const void* grads = request.grads == nullptr ? staging_.data() : request.grads;
@@ -312,6 +408,19 @@ class CpuBackend final : public OptimizerBackend {
   }
 
  private:
+  Arenas arenas() {
+    return {params32_.data(),       params16_.data(),  exp_avg32_.data(),    exp_avg_sq32_.data(),
+            max_exp_avg_sq_.data(), exp_avg16_.data(), exp_avg_sq16_.data(), exp_avg8_.data(),
+            exp_avg_sq8_.data(),    absmax_m_.data(),  absmax_v_.data()};
+  }
+
+  // The int8 scales of exp_avg or exp_avg_sq of a tensor (block 0's), or null.
+  float* ScalesOf(TensorField field, uint32_t tensor) {
+    if (table_.layout(tensor).state != StateDType::kInt8) return nullptr;
+    std::vector<float>& scales = field == TensorField::kExpAvg ? absmax_m_ : absmax_v_;
+    return scales.data() + table_.state_offset(tensor) / kQuantBlock;
+  }
+
   // The request's tensors cut into pieces of at most kPieceNumel elements.
   std::vector<Piece> PiecesOf(const StepRequest& request) const {
     std::vector<Piece> pieces;
@@ -324,41 +433,62 @@ class CpuBackend final : public OptimizerBackend {
     return pieces;
   }
 
+  // Tensor t's step: its scalars and fields.
+  TensorStep StepOf(uint32_t t, const StepRequest& request) {
+    TensorStep ts;
+    const AdamWHyperparameters& h = table_.hyper_of(t);
+    const int64_t step = table_.step(t) + 1;
+    ts.s = MakeStepScalars(h, step, request.grad_scale, request.lr_divisor);
+    ts.layout = table_.layout(t);
+    ts.rounding_key = RoundingKey(h.rounding_seed, table_.rounding_key(t), step);
+    const uint64_t p = table_.param_offset(t), s = table_.state_offset(t);
+    if (ts.layout.params == ParamsDType::kFloat32) {
+      ts.params32 = params32_.data() + p;
+      if (!copy_.empty()) ts.copy = copy_.data() + p;
+    } else {
+      ts.params16 = params16_.data() + p;
+    }
+    switch (ts.layout.state) {
+      case StateDType::kFloat32:
+        ts.exp_avg32 = exp_avg32_.data() + s;
+        ts.exp_avg_sq32 = exp_avg_sq32_.data() + s;
+        if (!max_exp_avg_sq_.empty()) ts.max_exp_avg_sq = max_exp_avg_sq_.data() + s;
+        break;
+      case StateDType::kBFloat16:
+        ts.exp_avg16 = exp_avg16_.data() + s;
+        ts.exp_avg_sq16 = exp_avg_sq16_.data() + s;
+        break;
+      case StateDType::kInt8:
+        ts.exp_avg8 = exp_avg8_.data() + s;
+        ts.exp_avg_sq8 = exp_avg_sq8_.data() + s;
+        ts.absmax_m = absmax_m_.data() + s / kQuantBlock;
+        ts.absmax_v = absmax_v_.data() + s / kQuantBlock;
+        break;
+    }
+    return ts;
+  }
+
   absl::StatusOr<StepOutcome> StepOn(const StepRequest& request) {
     const std::vector<Piece> pieces = PiecesOf(request);
     const int64_t piece_count = static_cast<int64_t>(pieces.size());
-
-    std::vector<AdamWStepScalars> scalars(request.tensors.size());
-    for (size_t r = 0; r < request.tensors.size(); ++r) {
-      const uint32_t t = request.tensors[r];
-      scalars[r] = MakeStepScalars(table_.hyper_of(t), table_.step(t) + 1, request.grad_scale,
-                                   request.lr_divisor);
-    }
+    std::vector<TensorStep> steps;
+    steps.reserve(request.tensors.size());
+    for (uint32_t t : request.tensors) steps.push_back(StepOf(t, request));
     launches_.fetch_add(1, std::memory_order_relaxed);
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
     for (int64_t k = 0; k < piece_count; ++k) {
       const Piece& p = pieces[k];
-      const uint32_t t = request.tensors[p.request_index];
-      // Shift the arenas so that element 0 of the tensor is at index 0, as in its grads.
-      const uint64_t o = table_.offset(t);
+      const TensorStep& t = steps[p.request_index];
       const uint64_t g = request.grad_offsets[p.request_index];
-      float* max_sq = max_exp_avg_sq_.empty() ? nullptr : max_exp_avg_sq_.data() + o;
-      uint16_t* copy = copy_.empty() ? nullptr : copy_.data() + o;
       switch (request.grad_dtype) {
         case GradDType::kFloat32:
-          UpdateRange<GradDType::kFloat32>(scalars[p.request_index], request.grads, g, p.begin,
-                                           p.end, params_.data() + o, exp_avg_.data() + o,
-                                           exp_avg_sq_.data() + o, max_sq, copy, copy_dtype_);
+          UpdateRange<GradDType::kFloat32>(t, request.grads, g, p.begin, p.end, copy_dtype_);
           break;
         case GradDType::kBFloat16:
-          UpdateRange<GradDType::kBFloat16>(scalars[p.request_index], request.grads, g, p.begin,
-                                            p.end, params_.data() + o, exp_avg_.data() + o,
-                                            exp_avg_sq_.data() + o, max_sq, copy, copy_dtype_);
+          UpdateRange<GradDType::kBFloat16>(t, request.grads, g, p.begin, p.end, copy_dtype_);
           break;
         case GradDType::kFloat16:
-          UpdateRange<GradDType::kFloat16>(scalars[p.request_index], request.grads, g, p.begin,
-                                           p.end, params_.data() + o, exp_avg_.data() + o,
-                                           exp_avg_sq_.data() + o, max_sq, copy, copy_dtype_);
+          UpdateRange<GradDType::kFloat16>(t, request.grads, g, p.begin, p.end, copy_dtype_);
           break;
       }
     }
@@ -367,38 +497,53 @@ class CpuBackend final : public OptimizerBackend {
                        .tensors_updated = static_cast<uint32_t>(request.tensors.size())};
   }
 
-  // Sizes every arena for `numel` parameters; max_exp_avg_sq too when a group uses amsgrad or
-  // `amsgrad` says one is about to.
-  absl::Status Resize(uint64_t numel, bool amsgrad = false) {
+  // Sizes every arena for `sizes`; max_exp_avg_sq too when a group uses amsgrad or `amsgrad`
+  // says one is about to. All or nothing: on RESOURCE_EXHAUSTED the arenas keep their sizes
+  // (what grew stays allocated, zero, and unused).
+  absl::Status Resize(const ArenaSizes& n, bool amsgrad = false) {
     std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacities.
-    try {
-      params_.resize(numel, 0.0f);
-      exp_avg_.resize(numel, 0.0f);
-      exp_avg_sq_.resize(numel, 0.0f);
-      if (amsgrad || table_.any_amsgrad()) max_exp_avg_sq_.resize(numel, 0.0f);
-      if (copy_dtype_ != ParamCopyDType::kNone) copy_.resize(numel, 0);
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host memory for ", numel, " parameters (", numel * 16, " bytes)"));
+    absl::Status s = Grow(params32_, n.params32, "fp32 params");
+    if (s.ok()) s = Grow(params16_, n.params16, "bf16 params");
+    for (auto* v : {&exp_avg32_, &exp_avg_sq32_}) {
+      if (s.ok()) s = Grow(*v, n.state32, "fp32 state");
     }
-    return absl::OkStatus();
+    if (s.ok() && (amsgrad || table_.any_amsgrad())) {
+      s = Grow(max_exp_avg_sq_, n.state32, "max_exp_avg_sq");
+    }
+    for (auto* v : {&exp_avg16_, &exp_avg_sq16_}) {
+      if (s.ok()) s = Grow(*v, n.state16, "bf16 state");
+    }
+    for (auto* v : {&exp_avg8_, &exp_avg_sq8_}) {
+      if (s.ok()) s = Grow(*v, n.state8, "int8 state");
+    }
+    for (auto* v : {&absmax_m_, &absmax_v_}) {
+      if (s.ok()) s = Grow(*v, n.scales(), "int8 state scales");
+    }
+    if (s.ok() && copy_dtype_ != ParamCopyDType::kNone) s = Grow(copy_, n.params32, "param copy");
+    return s;
   }
 
   void WriteCopy(uint64_t start, uint64_t count) {
     for (uint64_t i = start; i < start + count; ++i) {
-      if (copy_dtype_ == ParamCopyDType::kBFloat16) copy_[i] = FloatToBFloat16(params_[i]);
-      if (copy_dtype_ == ParamCopyDType::kFloat16) copy_[i] = FloatToFloat16(params_[i]);
+      if (copy_dtype_ == ParamCopyDType::kBFloat16) copy_[i] = FloatToBFloat16(params32_[i]);
+      if (copy_dtype_ == ParamCopyDType::kFloat16) copy_[i] = FloatToFloat16(params32_[i]);
     }
   }
 
   const ParamCopyDType copy_dtype_;
   const int threads_;
   TensorTable table_;
-  std::vector<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
-  std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params_.
+  // The arenas (tensor_table.h); max_exp_avg_sq once a group has amsgrad.
+  std::vector<float> params32_;
+  std::vector<uint16_t> params16_;
+  std::vector<uint16_t> copy_;  // bf16 or fp16 copy of params32_.
+  std::vector<float> exp_avg32_, exp_avg_sq32_, max_exp_avg_sq_;
+  std::vector<uint16_t> exp_avg16_, exp_avg_sq16_;
+  std::vector<uint8_t> exp_avg8_, exp_avg_sq8_;
+  std::vector<float> absmax_m_, absmax_v_;
   std::atomic<uint64_t> launches_{0};
-  std::vector<uint64_t> staging_;  // StageGrads' buffer, 8-byte words.
-  std::vector<float> accumulator_;  // Accumulate's sums, laid out as params_.
+  std::vector<uint64_t> staging_;   // StageGrads' buffer, 8-byte words.
+  std::vector<float> accumulator_;  // Accumulate's sums, laid out canonically.
   std::atomic<uint64_t> accumulate_launches_{0};
   // Guards what the thread-safe methods read (Mark, Wait, memory_bytes, the snapshots).
   mutable std::mutex mu_;

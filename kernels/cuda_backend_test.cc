@@ -195,40 +195,136 @@ INSTANTIATE_TEST_SUITE_P(TensorCounts, CudaBackendTest,
                          ::testing::Values(1, 35, 36, 37, 423, 424, 425, 10000));
 
 // The device memory the backend reports, per parameter: 12 bytes (params, exp_avg,
-// exp_avg_sq), 4 more with amsgrad, 2 more for a bf16 copy, plus staging in the wire dtype.
+// exp_avg_sq) of fp32 storage, 4 more with amsgrad, 2 more for a bf16 copy, plus staging in the
+// wire dtype; 8 with bf16 state; 6 + 8/256 with int8 state (codes and a scale per 256-element
+// block of each state), 2 less with bf16 params.
 TEST(CudaBackendMemoryTest, DeviceBytesPerParameter) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  constexpr uint64_t kNumel = 1 << 20;  // Multiples of 8: no padding in the arenas.
-  for (const bool amsgrad : {false, true}) {
-    for (const ParamCopyDType copy : {ParamCopyDType::kNone, ParamCopyDType::kBFloat16}) {
-      BackendOptions options;
-      options.param_copy_dtype = copy;
-      auto cuda = MakeBackend("cuda:0", options);
-      ASSERT_TRUE(cuda.ok());
-      AdamWHyperparameters h;
-      h.amsgrad = amsgrad;
-      ASSERT_TRUE((*cuda)->SetParamGroup(0, h).ok());
-      ASSERT_TRUE((*cuda)->AddTensors({{kNumel / 2, 0}, {kNumel / 2, 0}}).ok());
-      std::vector<uint16_t> grads(kNumel, FloatToBFloat16(0.5f));
-      const std::vector<uint32_t> tensors = {0, 1};
-      const std::vector<uint64_t> offsets = {0, kNumel / 2};
-      ASSERT_TRUE(StepNow(**cuda, {tensors, offsets, grads.data(), GradDType::kBFloat16, 0}).ok());
-      std::map<std::string, uint64_t> bytes = (*cuda)->memory_bytes();
-      const auto per_param = [&](const char* kind) {
-        return static_cast<double>(bytes[kind]) / kNumel;
-      };
-      EXPECT_EQ(per_param("params") + per_param("exp_avg") + per_param("exp_avg_sq"), 12.0);
-      EXPECT_EQ(per_param("max_exp_avg_sq"), amsgrad ? 4.0 : 0.0);
-      EXPECT_EQ(per_param("param_copy"), copy == ParamCopyDType::kNone ? 0.0 : 2.0);
-      EXPECT_EQ(per_param("grad_staging"), 2.0);  // bf16 on the wire.
-      EXPECT_LT(per_param("tables"), 0.05);
-      EXPECT_EQ(bytes["pull_snapshots"], 0u);
-      double total = 0;
-      for (const auto& [kind, b] : bytes) total += static_cast<double>(b) / kNumel;
-      std::printf("amsgrad=%d copy=%s: %.3f device bytes per parameter (tables %.4f)\n", amsgrad,
-                  copy == ParamCopyDType::kNone ? "none" : "bf16", total, per_param("tables"));
-    }
+  // Multiples of 256: no padding in the arenas; large enough that the fixed tables (the int8
+  // codebooks, the warp starts) are a small part of "tables".
+  constexpr uint64_t kNumel = 1 << 22;
+  struct Config {
+    bool amsgrad;
+    ParamCopyDType copy;
+    StateDType state;
+    ParamsDType params;
+    double params_and_state;  // Bytes per parameter of params, exp_avg, exp_avg_sq.
+  };
+  const Config configs[] = {
+      {false, ParamCopyDType::kNone, StateDType::kFloat32, ParamsDType::kFloat32, 12.0},
+      {true, ParamCopyDType::kNone, StateDType::kFloat32, ParamsDType::kFloat32, 12.0},
+      {false, ParamCopyDType::kBFloat16, StateDType::kFloat32, ParamsDType::kFloat32, 12.0},
+      {true, ParamCopyDType::kBFloat16, StateDType::kFloat32, ParamsDType::kFloat32, 12.0},
+      {false, ParamCopyDType::kNone, StateDType::kBFloat16, ParamsDType::kFloat32, 8.0},
+      {false, ParamCopyDType::kNone, StateDType::kInt8, ParamsDType::kFloat32, 6.0},
+      {false, ParamCopyDType::kNone, StateDType::kInt8, ParamsDType::kBFloat16, 4.0},
+      {false, ParamCopyDType::kNone, StateDType::kFloat32, ParamsDType::kBFloat16, 10.0}};
+  for (const Config& config : configs) {
+    BackendOptions options;
+    options.param_copy_dtype = config.copy;
+    auto cuda = MakeBackend("cuda:0", options);
+    ASSERT_TRUE(cuda.ok());
+    AdamWHyperparameters h;
+    h.amsgrad = config.amsgrad;
+    h.state_dtype = config.state;
+    h.params_dtype = config.params;
+    ASSERT_TRUE((*cuda)->SetParamGroup(0, h).ok());
+    ASSERT_TRUE((*cuda)->AddTensors({{kNumel / 2, 0}, {kNumel / 2, 0}}).ok());
+    std::vector<uint16_t> grads(kNumel, FloatToBFloat16(0.5f));
+    const std::vector<uint32_t> tensors = {0, 1};
+    const std::vector<uint64_t> offsets = {0, kNumel / 2};
+    ASSERT_TRUE(StepNow(**cuda, {tensors, offsets, grads.data(), GradDType::kBFloat16, 0}).ok());
+    std::map<std::string, uint64_t> bytes = (*cuda)->memory_bytes();
+    const auto per_param = [&](const char* kind) {
+      return static_cast<double>(bytes[kind]) / kNumel;
+    };
+    const bool int8 = config.state == StateDType::kInt8;
+    EXPECT_EQ(per_param("params") + per_param("exp_avg") + per_param("exp_avg_sq"),
+              config.params_and_state);
+    EXPECT_EQ(per_param("state_scales"), int8 ? 8.0 / 256 : 0.0);
+    EXPECT_EQ(per_param("max_exp_avg_sq"), config.amsgrad ? 4.0 : 0.0);
+    EXPECT_EQ(per_param("param_copy"), config.copy == ParamCopyDType::kNone ? 0.0 : 2.0);
+    EXPECT_EQ(per_param("grad_staging"), 2.0);  // bf16 on the wire.
+    EXPECT_LT(per_param("tables"), 0.05);
+    EXPECT_EQ(bytes["pull_snapshots"], 0u);
+    double total = 0;
+    for (const auto& [kind, b] : bytes) total += static_cast<double>(b) / kNumel;
+    std::printf(
+        "state=%s params=%s amsgrad=%d copy=%s: %.4f device bytes per parameter, %.4f without "
+        "the gradient staging (tables %.4f)\n",
+        StateDTypeName(config.state), ParamsDTypeName(config.params), config.amsgrad,
+        config.copy == ParamCopyDType::kNone ? "none" : "bf16", total,
+        total - per_param("grad_staging"), per_param("tables"));
   }
+}
+
+// Stochastic rounding is a function of (seed, tensor key, step, index): 10 steps after a
+// restore of the stored fields and steps into a fresh backend give the same bits as 10 more
+// steps on the original (bf16 params without an fp32 master, int8 state).
+TEST(CudaBackendStateTest, StochasticRoundingReplaysAfterARestore) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  AdamWHyperparameters h;
+  h.params_dtype = ParamsDType::kBFloat16;
+  h.state_dtype = StateDType::kInt8;
+  h.rounding_seed = 1234;
+  const std::vector<uint64_t> sizes = {100000, 5000, 300};
+  const auto make = [&] {
+    auto b = MakeBackend("cuda:0", {});
+    EXPECT_TRUE(b.ok());
+    EXPECT_TRUE((*b)->SetParamGroup(0, h).ok());
+    std::vector<NewTensor> specs;
+    for (size_t t = 0; t < sizes.size(); ++t) specs.push_back({sizes[t], 0, 77 + t});
+    EXPECT_TRUE((*b)->AddTensors(specs).ok());
+    return *std::move(b);
+  };
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto original = make();
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    std::vector<float> v(sizes[t]);
+    for (float& x : v) x = normal(rng);
+    ASSERT_TRUE(original->WriteParams(t, 0, v).ok());
+  }
+  std::vector<Staged> pushes;
+  for (int i = 0; i < 20; ++i) {
+    pushes.push_back(Stage(sizes, AllTensors(3), GradDType::kBFloat16, 0, rng));
+  }
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(StepNow(*original, pushes[i].Request()).ok());
+  const std::vector<TensorField> fields = {TensorField::kParam, TensorField::kExpAvg,
+                                           TensorField::kExpAvgSq, TensorField::kExpAvgAbsmax,
+                                           TensorField::kExpAvgSqAbsmax};
+  const auto stored = [&](OptimizerBackend& b) {
+    std::vector<std::vector<char>> all;
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      for (TensorField f : fields) all.push_back(ReadStoredBytes(b, f, t));
+    }
+    return all;
+  };
+  const std::vector<std::vector<char>> checkpoint = stored(*original);
+  auto restored = make();
+  size_t k = 0;
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    for (TensorField f : fields) {
+      const std::vector<char>& bytes = checkpoint[k++];
+      if (bytes.empty()) continue;
+      WriteRequest w;
+      w.field = f;
+      w.tensor = t;
+      w.count = bytes.size() / StoredElementBytes(restored->layout(t), f);
+      w.src = bytes.data();
+      w.stored = true;
+      ASSERT_TRUE(restored->Write(w).ok());
+    }
+    ASSERT_TRUE(restored->SetStep(t, original->step(t)).ok());
+  }
+  for (int i = 10; i < 20; ++i) {
+    ASSERT_TRUE(StepNow(*original, pushes[i].Request()).ok());
+    ASSERT_TRUE(StepNow(*restored, pushes[i].Request()).ok());
+  }
+  const auto a = stored(*original), b = stored(*restored);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "stored field " << i;
+  EXPECT_NE(a, checkpoint);  // The 10 steps changed the state.
 }
 
 #ifdef FUSEDPS_HAVE_CUDA

@@ -59,6 +59,7 @@ class ForwardingBackend : public OptimizerBackend {
   int64_t step(uint32_t tensor) const override { return inner_->step(tensor); }
   uint32_t tensor_count() const override { return inner_->tensor_count(); }
   uint64_t numel(uint32_t tensor) const override { return inner_->numel(tensor); }
+  TensorLayout layout(uint32_t tensor) const override { return inner_->layout(tensor); }
   absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
                           GradDType dtype, float grad_scale) override {
     return inner_->StageGrads(byte_offset, data, count, dtype, grad_scale);

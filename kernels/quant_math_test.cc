@@ -1,7 +1,9 @@
 // Tests of kernels/quant_math.h: the dynamic maps against the values that bitsandbytes'
-// create_dynamic_map defines, nearest rounding against a brute-force search, the int8 and bf16
-// state updates against float64 references of the same algorithms, and stochastic rounding's
-// bias (exhaustively over its 2^16 random values) and determinism.
+// create_dynamic_map defines, the bucket-table quantizer against a binary search over the
+// thresholds (over a sweep of every float in [0, 1] and every boundary) and against brute-force
+// nearest rounding, the int8 and bf16 state updates against float64 references of the same
+// algorithms, and stochastic rounding's bias (exhaustively over its 2^16 random values) and
+// determinism.
 #include "kernels/quant_math.h"
 
 #include <algorithm>
@@ -36,6 +38,15 @@ int BruteNearest(const QuantMap& map, double x) {
   return best;
 }
 
+// One int8 block step with fp32 params: Int8BlockStep with AdamWUpdate, as the CPU backend runs
+// it.
+void Int8Step(const AdamWStepScalars& s, const float* grads, float* params, uint8_t* m_codes,
+              uint8_t* v_codes, float& absmax_m, float& absmax_v, int n) {
+  Int8BlockStep(
+      DynamicCodebooks(), m_codes, v_codes, absmax_m, absmax_v, n,
+      [&](int i, float& m, float& v) { AdamWUpdate(s, grads[i], params[i], m, v, nullptr); });
+}
+
 TEST(DynamicMap, SignedHasTheValuesOfItsDefinition) {
   const QuantMap& map = SignedMap();
   EXPECT_TRUE(std::is_sorted(std::begin(map.values), std::end(map.values)));
@@ -63,33 +74,108 @@ TEST(DynamicMap, UnsignedHasTheValuesOfItsDefinition) {
   EXPECT_EQ(map.values[255], 1.0f);
 }
 
-TEST(QuantizeNearest, EqualsABruteForceSearch) {
-  std::mt19937 rng(1);
+// The count of thresholds at or below a, by binary search: the quantizer's definition.
+int CountBySearch(const float* thresholds, int n, float a) {
+  return static_cast<int>(std::upper_bound(thresholds, thresholds + n, a) - thresholds);
+}
+
+int ThresholdCount(bool is_signed) { return is_signed ? kSignedThresholds : kUnsignedThresholds; }
+
+TEST(Codebook, ThresholdsAreTheMidpointsOfNeighbouringMagnitudes) {
+  const QuantCodebook& s = DynamicCodebooks().exp_avg;
+  const QuantCodebook& u = DynamicCodebooks().exp_avg_sq;
+  EXPECT_EQ(s.thresholds[0], SignedMap().values[128] * 0.5f);  // Between 0 and the smallest.
+  EXPECT_EQ(s.thresholds[127], (SignedMap().values[254] + 1.0f) * 0.5f);
+  EXPECT_EQ(u.thresholds[0], UnsignedMap().values[1] * 0.5f);
+  EXPECT_EQ(u.thresholds[254], (UnsignedMap().values[254] + 1.0f) * 0.5f);
   for (bool is_signed : {true, false}) {
-    const QuantMap& map = is_signed ? SignedMap() : UnsignedMap();
-    std::vector<float> xs;
-    for (int i = 0; i < kQuantMapSize; ++i) {
-      xs.push_back(map.values[i]);  // Exact values, and the midpoints (ties go down).
-      if (i + 1 < kQuantMapSize) xs.push_back(0.5f * (map.values[i] + map.values[i + 1]));
+    const QuantCodebook& book = is_signed ? s : u;
+    const int n = ThresholdCount(is_signed);
+    EXPECT_TRUE(std::is_sorted(book.thresholds, book.thresholds + n));
+    EXPECT_EQ(std::adjacent_find(book.thresholds, book.thresholds + n), book.thresholds + n);
+  }
+}
+
+// The bucket table counts as the binary search does: every float in [0, 1] at a stride of 61
+// bit patterns (about 17M values), every threshold and bucket start and their neighbours.
+TEST(Codebook, BucketCountsEqualABinarySearch) {
+  for (bool is_signed : {true, false}) {
+    const QuantCodebook& book =
+        is_signed ? DynamicCodebooks().exp_avg : DynamicCodebooks().exp_avg_sq;
+    const int n = ThresholdCount(is_signed);
+    std::vector<float> xs = {0.0f, 1.0f, std::numeric_limits<float>::denorm_min()};
+    for (int k = 0; k < n; ++k) {
+      for (float x : {std::nextafter(book.thresholds[k], 0.0f), book.thresholds[k],
+                      std::nextafter(book.thresholds[k], 2.0f)}) {
+        xs.push_back(x);
+      }
     }
-    std::uniform_real_distribution<float> uniform(is_signed ? -1.0f : 0.0f, 1.0f);
-    std::uniform_real_distribution<float> log_magnitude(-8.0f, 0.0f);
-    for (int i = 0; i < 50000; ++i) {
-      xs.push_back(uniform(rng));
-      const float tiny = std::pow(10.0f, log_magnitude(rng));
-      xs.push_back(is_signed && i % 2 ? -tiny : tiny);
+    for (int b = 1; b < kQuantBuckets; ++b) {
+      const float start = BitsToFloat(kQuantBucketBase + (static_cast<uint32_t>(b - 1) << 16));
+      xs.push_back(start);
+      xs.push_back(std::nextafter(start, 0.0f));
     }
-    xs.push_back(-1.0f);
+    for (uint32_t bits = 0; bits <= FloatToBits(1.0f); bits += 61) xs.push_back(BitsToFloat(bits));
     for (float x : xs) {
-      if (!is_signed && x < 0) continue;
-      ASSERT_EQ(QuantizeNearest(map.values, x), BruteNearest(map, x)) << x;
+      ASSERT_EQ(CountAtOrBelow(book.thresholds, book.buckets, n, x),
+                CountBySearch(book.thresholds, n, x))
+          << x;
     }
   }
 }
 
-TEST(QuantizeNearest, ZeroIsExactInBothMaps) {
-  EXPECT_EQ(QuantizeScaled(SignedMap().values, 0.0f, 0.0f), 127);
-  EXPECT_EQ(QuantizeScaled(UnsignedMap().values, 0.0f, 0.0f), 0);
+// Quantizing x (normalized by a scale of 1) picks the map value nearest to x, as a float64
+// search over all 256 finds it, except where x lies within an fp32 rounding of a midpoint.
+TEST(Codebook, QuantizeIsNearestRounding) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> log_magnitude(-8.0f, 0.0f);
+  int near_ties = 0;
+  for (bool is_signed : {true, false}) {
+    const QuantMap& map = is_signed ? SignedMap() : UnsignedMap();
+    const QuantCodebook& book =
+        is_signed ? DynamicCodebooks().exp_avg : DynamicCodebooks().exp_avg_sq;
+    std::vector<float> xs(std::begin(map.values), std::end(map.values));
+    for (int i = 0; i < 200000; ++i) {
+      const float tiny = std::pow(10.0f, log_magnitude(rng));
+      xs.push_back(i % 2 ? uniform(rng) : (i % 4 == 0 ? -tiny : tiny));
+    }
+    for (float x : xs) {
+      if (!is_signed && x < 0) x = -x;
+      const int got = is_signed ? QuantizeSigned(book.thresholds, book.buckets, x, 1.0f)
+                                : QuantizeUnsigned(book.thresholds, book.buckets, x, 1.0f);
+      const int want = BruteNearest(map, x);
+      if (got != want) {
+        // Only a value equidistant in float64 up to fp32 rounding may go either way.
+        const double d_got = std::abs(map.values[got] - static_cast<double>(x));
+        const double d_want = std::abs(map.values[want] - static_cast<double>(x));
+        ASSERT_LE(d_got - d_want, 1e-7 * std::abs(x) + 1e-45) << x << " " << got << " " << want;
+        ++near_ties;
+      }
+    }
+  }
+  EXPECT_LT(near_ties, 10);
+}
+
+TEST(Codebook, ZeroAndTheScaleAreExact) {
+  const Int8Codebooks& books = DynamicCodebooks();
+  const QuantCodebook& s = books.exp_avg;
+  const QuantCodebook& u = books.exp_avg_sq;
+  EXPECT_EQ(QuantizeSigned(s.thresholds, s.buckets, 0.0f, InverseScale(0.0f)), 127);
+  EXPECT_EQ(QuantizeSigned(s.thresholds, s.buckets, -0.0f, InverseScale(2.0f)), 127);
+  EXPECT_EQ(QuantizeUnsigned(u.thresholds, u.buckets, 0.0f, InverseScale(0.0f)), 0);
+  // The block's absmax itself: |x| x (1 / absmax) may round above 1, and is clamped.
+  for (float absmax : {3.0f, 0.1f, 7e-7f, 1e-30f}) {
+    EXPECT_EQ(QuantizeSigned(s.thresholds, s.buckets, absmax, InverseScale(absmax)), 255);
+    EXPECT_EQ(QuantizeUnsigned(u.thresholds, u.buckets, absmax, InverseScale(absmax)), 255);
+    // The negative side ends at -0.99296875: the largest negative magnitude maps there.
+    EXPECT_EQ(QuantizeSigned(s.thresholds, s.buckets, -absmax, InverseScale(absmax)), 0);
+  }
+  // A scale whose inverse overflows (a denormal absmax): non-zero values go to the ends.
+  EXPECT_EQ(QuantizeSigned(s.thresholds, s.buckets, 1e-39f, InverseScale(1e-39f)), 255);
+  EXPECT_EQ(QuantizeSigned(s.thresholds, s.buckets, 0.0f, InverseScale(1e-39f)), 127);
+  // A negative exp_avg_sq (never made by a step) is stored as 0.
+  EXPECT_EQ(QuantizeUnsigned(u.thresholds, u.buckets, -1.0f, InverseScale(3.0f)), 0);
   EXPECT_EQ(Dequantize(SignedMap().values, 127, 3.0f), 0.0f);
   EXPECT_EQ(Dequantize(UnsignedMap().values, 0, 3.0f), 0.0f);
 }
@@ -157,9 +243,8 @@ TEST(Int8State, OneStepMatchesTheFloat64Reference) {
       ref.absmax_m = absmax_m;
       ref.absmax_v = absmax_v;
       const int64_t step = 1 + block;
-      AdamWUpdateInt8Block(MakeStepScalars(h, step, 0.0f), grads.data(), params.data(),
-                           m_codes.data(), v_codes.data(), absmax_m, absmax_v, n, SignedMap(),
-                           UnsignedMap());
+      Int8Step(MakeStepScalars(h, step, 0.0f), grads.data(), params.data(), m_codes.data(),
+               v_codes.data(), absmax_m, absmax_v, n);
       ref.Step(h, grads, step);
       EXPECT_NEAR(absmax_m, ref.absmax_m, 1e-6 * ref.absmax_m);
       EXPECT_NEAR(absmax_v, ref.absmax_v, 1e-6 * ref.absmax_v);
@@ -194,8 +279,8 @@ TEST(Int8State, FirstStepFromZeroStateIsTheFp32Step) {
     AdamWUpdate(s, grads[i], expected[i], m, v, nullptr);
   }
   float absmax_m = 0, absmax_v = 0;
-  AdamWUpdateInt8Block(s, grads.data(), params.data(), m_codes.data(), v_codes.data(), absmax_m,
-                       absmax_v, kQuantBlock, SignedMap(), UnsignedMap());
+  Int8Step(s, grads.data(), params.data(), m_codes.data(), v_codes.data(), absmax_m, absmax_v,
+           kQuantBlock);
   for (int i = 0; i < kQuantBlock; ++i) ASSERT_EQ(params[i], expected[i]) << i;
   EXPECT_GT(absmax_m, 0.0f);
   EXPECT_GT(absmax_v, 0.0f);
@@ -206,9 +291,8 @@ TEST(Int8State, ZeroBlockStaysZero) {
   std::vector<float> params(kQuantBlock, 0.0f), grads(kQuantBlock, 0.0f);
   std::vector<uint8_t> m_codes(kQuantBlock, 127), v_codes(kQuantBlock, 0);
   float absmax_m = 0, absmax_v = 0;
-  AdamWUpdateInt8Block(MakeStepScalars(AdamWHyperparameters{}, 1, 0.0f), grads.data(),
-                       params.data(), m_codes.data(), v_codes.data(), absmax_m, absmax_v,
-                       kQuantBlock, SignedMap(), UnsignedMap());
+  Int8Step(MakeStepScalars(AdamWHyperparameters{}, 1, 0.0f), grads.data(), params.data(),
+           m_codes.data(), v_codes.data(), absmax_m, absmax_v, kQuantBlock);
   EXPECT_EQ(absmax_m, 0.0f);
   EXPECT_EQ(absmax_v, 0.0f);
   for (int i = 0; i < kQuantBlock; ++i) {
@@ -265,8 +349,7 @@ TEST(LowPrecisionState, TrainsLikeFp32OnLeastSquares) {
       for (int b = 0; b < kDim / kQuantBlock; ++b) {
         const int o = b * kQuantBlock;
         if (dtype == StateDType::kInt8) {
-          AdamWUpdateInt8Block(s, &grad[o], &w[o], &m8[o], &v8[o], absmax_m[b], absmax_v[b],
-                               kQuantBlock, SignedMap(), UnsignedMap());
+          Int8Step(s, &grad[o], &w[o], &m8[o], &v8[o], absmax_m[b], absmax_v[b], kQuantBlock);
           continue;
         }
         for (int j = o; j < o + kQuantBlock; ++j) {

@@ -5,12 +5,42 @@
 #include "absl/strings/str_cat.h"
 
 namespace fusedps {
+namespace {
 
-absl::Status TensorTable::SetGroup(uint32_t group, const AdamWHyperparameters& hyper) {
+// Elements from one tensor's offset to the next one's in an arena: 8 (16 bytes in any dtype),
+// and whole blocks in the int8 arena (so that a block's scale index is offset / kQuantBlock).
+uint64_t Padded(uint64_t numel, uint64_t multiple) {
+  return (numel + multiple - 1) / multiple * multiple;
+}
+
+bool SameStorage(const AdamWHyperparameters& a, const AdamWHyperparameters& b) {
+  return a.state_dtype == b.state_dtype && a.params_dtype == b.params_dtype &&
+         a.rounding_seed == b.rounding_seed;
+}
+
+}  // namespace
+
+absl::Status TensorTable::CheckGroup(uint32_t group, const AdamWHyperparameters& hyper) const {
   if (group > groups_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("param group index ", group, " skips ", groups_.size()));
   }
+  if (hyper.amsgrad && hyper.state_dtype != StateDType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat("param group index ", group,
+                                                   ": amsgrad needs fp32 state, not ",
+                                                   StateDTypeName(hyper.state_dtype)));
+  }
+  if (group < groups_.size() && !SameStorage(groups_[group], hyper) &&
+      std::find(groups_of_.begin(), groups_of_.end(), group) != groups_of_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param group index ", group,
+        " has tensors: its state_dtype, params_dtype and rounding_seed cannot change"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorTable::SetGroup(uint32_t group, const AdamWHyperparameters& hyper) {
+  if (absl::Status s = CheckGroup(group, hyper); !s.ok()) return s;
   if (group == groups_.size()) {
     groups_.push_back(hyper);
   } else {
@@ -19,56 +49,136 @@ absl::Status TensorTable::SetGroup(uint32_t group, const AdamWHyperparameters& h
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> TensorTable::ArenaNumelWith(absl::Span<const NewTensor> tensors) const {
-  uint64_t total = arena_numel_;
+absl::StatusOr<ArenaSizes> TensorTable::ArenaSizesWith(absl::Span<const NewTensor> tensors) const {
+  ArenaSizes sizes = sizes_;
   for (const NewTensor& t : tensors) {
     if (t.param_group >= groups_.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("param group index ", t.param_group, " is not registered"));
     }
-    total += AlignedNumel(t.numel);
+    const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel);
+    sizes.canonical += AlignedNumel(t.numel);
+    (layout.params == ParamsDType::kFloat32 ? sizes.params32 : sizes.params16) +=
+        AlignedNumel(t.numel);
+    switch (layout.state) {
+      case StateDType::kFloat32:
+        sizes.state32 += AlignedNumel(t.numel);
+        break;
+      case StateDType::kBFloat16:
+        sizes.state16 += AlignedNumel(t.numel);
+        break;
+      case StateDType::kInt8:
+        sizes.state8 += Padded(t.numel, kQuantBlock);
+        break;
+    }
   }
-  return total;
+  return sizes;
 }
 
 void TensorTable::Append(absl::Span<const NewTensor> tensors) {
   for (const NewTensor& t : tensors) {
-    offsets_.push_back(arena_numel_);
+    const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel);
+    offsets_.push_back(sizes_.canonical);
+    param_offsets_.push_back(layout.params == ParamsDType::kFloat32 ? sizes_.params32
+                                                                    : sizes_.params16);
+    state_offsets_.push_back(layout.state == StateDType::kFloat32    ? sizes_.state32
+                             : layout.state == StateDType::kBFloat16 ? sizes_.state16
+                                                                     : sizes_.state8);
     numels_.push_back(t.numel);
     groups_of_.push_back(t.param_group);
+    layouts_.push_back(layout);
+    rounding_keys_.push_back(t.rounding_key);
     steps_.push_back(0);
-    arena_numel_ += AlignedNumel(t.numel);
+    sizes_ = *ArenaSizesWith(absl::MakeConstSpan(&t, 1));
   }
 }
 
 void TensorTable::Truncate(uint32_t count) {
   if (count >= size()) return;
-  arena_numel_ = offsets_[count];
-  offsets_.resize(count);
-  numels_.resize(count);
+  for (auto* v : {&offsets_, &param_offsets_, &state_offsets_, &numels_, &rounding_keys_}) {
+    v->resize(count);
+  }
   groups_of_.resize(count);
+  layouts_.resize(count);
   steps_.resize(count);
+  // The sizes of the tensors that remain, recounted (truncation is rare).
+  std::vector<NewTensor> kept;
+  for (uint32_t t = 0; t < count; ++t) kept.push_back({numels_[t], groups_of_[t], 0});
+  sizes_ = ArenaSizes{};
+  sizes_ = *ArenaSizesWith(kept);
 }
 
 void TensorTable::AdvanceSteps(absl::Span<const uint32_t> tensors) {
   for (uint32_t t : tensors) ++steps_[t];
 }
 
+absl::Status TensorTable::CheckRead(const ReadRequest& request, uint32_t tensor,
+                                    ParamCopyDType copy) const {
+  if (tensor >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat("read of tensor ", tensor, " of ", size()));
+  }
+  const TensorLayout l = layout(tensor);
+  switch (request.field) {
+    case TensorField::kParam:
+      if (request.param_copy &&
+          (copy == ParamCopyDType::kNone || l.params != ParamsDType::kFloat32)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the param copy of tensor ", tensor,
+            " needs a backend that keeps a copy and fp32 params (bf16 params are their own)"));
+      }
+      return absl::OkStatus();
+    case TensorField::kExpAvg:
+    case TensorField::kExpAvgSq:
+      break;
+    case TensorField::kMaxExpAvgSq:
+      if (!hyper_of(tensor).amsgrad) {
+        return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
+      }
+      break;
+    case TensorField::kExpAvgAbsmax:
+    case TensorField::kExpAvgSqAbsmax:
+      if (l.state != StateDType::kInt8 || !request.stored) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(TensorFieldName(request.field), " of tensor ", tensor,
+                         " exists only for int8 state, and only in its stored form"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", static_cast<int>(request.field), " is not a TensorField"));
+  }
+  if (request.param_copy) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a read of the param copy needs field param, not ", TensorFieldName(request.field)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TensorTable::CheckWrite(const WriteRequest& request, ParamCopyDType copy) const {
-  if (request.tensor >= size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("write of tensor ", request.tensor, " of ", size()));
+  ReadRequest as_read;
+  as_read.field = request.field;
+  as_read.param_copy = request.param_copy;
+  as_read.stored = request.stored;
+  if (absl::Status s = CheckRead(as_read, request.tensor, copy); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("write: ", s.message()));
   }
-  if (request.offset > numel(request.tensor) ||
-      request.count > numel(request.tensor) - request.offset) {
+  const TensorLayout l = layout(request.tensor);
+  const uint64_t count = StoredCount(l, request.field, numel(request.tensor));
+  if (request.offset > count || request.count > count - request.offset) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "write of elements [", request.offset, ", +", request.count, ") of tensor ",
-        request.tensor, ", which has ", numel(request.tensor)));
+        "write of elements [", request.offset, ", +", request.count, ") of ",
+        TensorFieldName(request.field), " of tensor ", request.tensor, ", which has ", count));
   }
-  if (request.param_copy &&
-      (request.field != TensorField::kParam || copy == ParamCopyDType::kNone)) {
-    return absl::FailedPreconditionError(
-        "a write of the param copy needs field param and a backend that keeps a copy");
+  const bool into_int8 =
+      (request.field == TensorField::kExpAvg || request.field == TensorField::kExpAvgSq) &&
+      l.state == StateDType::kInt8;
+  if (into_int8 && !request.stored &&
+      (request.offset % kQuantBlock != 0 ||
+       (request.count % kQuantBlock != 0 && request.offset + request.count != count))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an fp32 write of int8 ", TensorFieldName(request.field), " of tensor ",
+                     request.tensor, " must cover whole blocks of ", kQuantBlock, " elements: [",
+                     request.offset, ", +", request.count, ") does not"));
   }
   return absl::OkStatus();
 }
@@ -88,26 +198,40 @@ bool TensorTable::any_amsgrad() const {
                      [](const AdamWHyperparameters& h) { return h.amsgrad; });
 }
 
-absl::StatusOr<const float*> TensorTable::FieldOf(const FieldArenas& arenas, TensorField field,
-                                                  uint32_t tensor) const {
-  const float* arena = arenas.params;
+StoredField TensorTable::FieldOf(const Arenas& a, TensorField field, uint32_t tensor) const {
+  const TensorLayout l = layout(tensor);
+  const uint64_t p = param_offset(tensor), s = state_offset(tensor);
+  StoredField out;
+  out.element_bytes = StoredElementBytes(l, field);
+  out.count = StoredCount(l, field, numel(tensor));
+  const auto at = [](auto* arena, uint64_t offset) {
+    return arena == nullptr ? nullptr : reinterpret_cast<char*>(arena + offset);
+  };
   switch (field) {
     case TensorField::kParam:
+      out.data = l.params == ParamsDType::kFloat32 ? at(a.params32, p) : at(a.params16, p);
       break;
     case TensorField::kExpAvg:
-      arena = arenas.exp_avg;
+      out.data = l.state == StateDType::kFloat32    ? at(a.exp_avg32, s)
+                 : l.state == StateDType::kBFloat16 ? at(a.exp_avg16, s)
+                                                    : at(a.exp_avg8, s);
       break;
     case TensorField::kExpAvgSq:
-      arena = arenas.exp_avg_sq;
+      out.data = l.state == StateDType::kFloat32    ? at(a.exp_avg_sq32, s)
+                 : l.state == StateDType::kBFloat16 ? at(a.exp_avg_sq16, s)
+                                                    : at(a.exp_avg_sq8, s);
       break;
     case TensorField::kMaxExpAvgSq:
-      if (!hyper_of(tensor).amsgrad) {
-        return absl::FailedPreconditionError("max_exp_avg_sq exists only with amsgrad");
-      }
-      arena = arenas.max_exp_avg_sq;
+      out.data = at(a.max_exp_avg_sq, s);
+      break;
+    case TensorField::kExpAvgAbsmax:
+      out.data = at(a.exp_avg_absmax, s / kQuantBlock);
+      break;
+    case TensorField::kExpAvgSqAbsmax:
+      out.data = at(a.exp_avg_sq_absmax, s / kQuantBlock);
       break;
   }
-  return arena + offset(tensor);
+  return out;
 }
 
 }  // namespace fusedps

@@ -1,15 +1,25 @@
 // tensor_table.h: the host-side table of a shard's tensors and param groups that every backend
-// keeps: each tensor's arena offset, numel, group and step, and each group's hyperparameters.
+// keeps: each tensor's numel, group, step and storage layout (tensor_layout.h), where it lies
+// in each arena, and each group's hyperparameters.
 //
-// Offsets are in elements and multiples of 8 (AlignedNumel), so every tensor starts on a
-// 16-byte boundary in arenas of 2- and 4-byte elements. Tensors are appended; only the newest
-// can be removed (Truncate, to undo a registration that failed).
+// Arenas. A backend keeps one arena per stored dtype of each field: params in fp32 and in bf16;
+// exp_avg and exp_avg_sq in fp32, bf16 and int8 (codes); max_exp_avg_sq beside the fp32 state;
+// the int8 state's scales; the param copy beside the fp32 params. A tensor lies in the arenas
+// of its layout only, at its param offset (params, param copy) and state offset (state, scales:
+// block b of an int8 tensor's scales is at state_offset / kQuantBlock + b). Offsets count
+// elements of the arena's dtype and are multiples of 8 (16 bytes in any dtype), and of
+// kQuantBlock in the int8 arena, so vector accesses are aligned and a block's scale index is a
+// division. Besides, every tensor has a canonical offset, as if every arena were fp32: the
+// layout of a full push's staged gradients and of the sync-round accumulator.
+//
+// Tensors are appended; only the newest can be removed (Truncate, to undo a registration that
+// failed).
 //
 // Usage:
 //   TensorTable table;
 //   RETURN_IF_ERROR(table.SetGroup(0, AdamWHyperparameters{}));
-//   absl::StatusOr<uint64_t> arena_numel = table.ArenaNumelWith(new_tensors);
-//   ... grow the arenas to *arena_numel ...
+//   absl::StatusOr<ArenaSizes> sizes = table.ArenaSizesWith(new_tensors);
+//   ... grow the arenas to *sizes ...
 //   table.Append(new_tensors);
 #ifndef FUSEDPS_KERNELS_TENSOR_TABLE_H_
 #define FUSEDPS_KERNELS_TENSOR_TABLE_H_
@@ -22,29 +32,59 @@
 #include "absl/types/span.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
+#include "kernels/tensor_layout.h"
 
 namespace fusedps {
 
-// A backend's four fp32 arenas, for picking one by TensorField.
-struct FieldArenas {
-  const float* params;
-  const float* exp_avg;
-  const float* exp_avg_sq;
-  const float* max_exp_avg_sq;
+// The elements each arena needs.
+struct ArenaSizes {
+  uint64_t canonical = 0;   // fp32 elements, every tensor (staging, accumulator).
+  uint64_t params32 = 0;    // fp32 params, and the param copy beside them.
+  uint64_t params16 = 0;    // bf16 params.
+  uint64_t state32 = 0;     // fp32 exp_avg, exp_avg_sq, max_exp_avg_sq.
+  uint64_t state16 = 0;     // bf16 exp_avg, exp_avg_sq.
+  uint64_t state8 = 0;      // int8 exp_avg, exp_avg_sq codes.
+  uint64_t scales() const { return state8 / kQuantBlock; }  // Per state, fp32.
+};
+
+// A backend's arenas, for finding a stored field (FieldOf). Null where unused.
+struct Arenas {
+  float* params32 = nullptr;
+  uint16_t* params16 = nullptr;
+  float* exp_avg32 = nullptr;
+  float* exp_avg_sq32 = nullptr;
+  float* max_exp_avg_sq = nullptr;
+  uint16_t* exp_avg16 = nullptr;
+  uint16_t* exp_avg_sq16 = nullptr;
+  uint8_t* exp_avg8 = nullptr;
+  uint8_t* exp_avg_sq8 = nullptr;
+  float* exp_avg_absmax = nullptr;
+  float* exp_avg_sq_absmax = nullptr;
+};
+
+// Where a stored field of one tensor starts, and its element size (tensor_layout.h).
+struct StoredField {
+  char* data = nullptr;
+  int element_bytes = 4;
+  uint64_t count = 0;  // Elements.
 };
 
 class TensorTable {
  public:
   // Creates (group == group count) or replaces group `group`.
-  // Errors: INVALID_ARGUMENT when `group` would leave a gap.
+  // Errors: INVALID_ARGUMENT when `group` would leave a gap, for amsgrad without fp32 state, or
+  // when a replacement changes state_dtype, params_dtype or rounding_seed of a group that has
+  // tensors (their storage depends on them).
   absl::Status SetGroup(uint32_t group, const AdamWHyperparameters& hyper);
+  // SetGroup's checks alone: changes nothing.
+  absl::Status CheckGroup(uint32_t group, const AdamWHyperparameters& hyper) const;
 
-  // The arena size, in elements, once `tensors` are appended. Changes nothing.
+  // The arena sizes once `tensors` are appended. Changes nothing.
   // Errors: INVALID_ARGUMENT for a tensor of an unknown group.
-  absl::StatusOr<uint64_t> ArenaNumelWith(absl::Span<const NewTensor> tensors) const;
+  absl::StatusOr<ArenaSizes> ArenaSizesWith(absl::Span<const NewTensor> tensors) const;
 
   // Appends the tensors at the end of the arenas, with step 0.
-  // REQUIRES: ArenaNumelWith(tensors) succeeded.
+  // REQUIRES: ArenaSizesWith(tensors) succeeded.
   void Append(absl::Span<const NewTensor> tensors);
 
   // Removes tensors [count, size()), the newest ones. REQUIRES: count <= size().
@@ -55,17 +95,28 @@ class TensorTable {
   // A restored tensor's step. REQUIRES: tensor < size().
   void SetStep(uint32_t tensor, int64_t step) { steps_[tensor] = step; }
 
-  // Checks a Write (backend.h) against the table: the tensor, the range, the param copy
-  // (FieldOf checks max_exp_avg_sq). Errors as Write's.
+  // Checks a Write (backend.h) against the table: the tensor, the field and its form, the
+  // range (whole blocks for an fp32 write into int8 state). Errors as Write's.
   absl::Status CheckWrite(const WriteRequest& request, ParamCopyDType copy) const;
+  // Checks one tensor of a Read: the field and its form. Errors as Read's.
+  absl::Status CheckRead(const ReadRequest& request, uint32_t tensor, ParamCopyDType copy) const;
   // INVALID_ARGUMENT unless `step` may be SetStep's for `tensor` (backend.h).
   absl::Status CheckStep(uint32_t tensor, int64_t step) const;
 
-  uint32_t size() const { return static_cast<uint32_t>(offsets_.size()); }
-  uint64_t arena_numel() const { return arena_numel_; }
-  uint64_t offset(uint32_t tensor) const { return offsets_[tensor]; }
+  // Where `field` of `tensor` is stored in `arenas`, in its stored form. REQUIRES: CheckRead
+  // or CheckWrite passed for it.
+  StoredField FieldOf(const Arenas& arenas, TensorField field, uint32_t tensor) const;
+
+  uint32_t size() const { return static_cast<uint32_t>(numels_.size()); }
+  const ArenaSizes& sizes() const { return sizes_; }
+  uint64_t arena_numel() const { return sizes_.canonical; }
+  uint64_t offset(uint32_t tensor) const { return offsets_[tensor]; }  // Canonical.
+  uint64_t param_offset(uint32_t tensor) const { return param_offsets_[tensor]; }
+  uint64_t state_offset(uint32_t tensor) const { return state_offsets_[tensor]; }
   uint64_t numel(uint32_t tensor) const { return numels_[tensor]; }
   uint32_t group_of(uint32_t tensor) const { return groups_of_[tensor]; }
+  TensorLayout layout(uint32_t tensor) const { return layouts_[tensor]; }
+  uint64_t rounding_key(uint32_t tensor) const { return rounding_keys_[tensor]; }
   int64_t step(uint32_t tensor) const { return steps_[tensor]; }
   const AdamWHyperparameters& hyper_of(uint32_t tensor) const {
     return groups_[groups_of_[tensor]];
@@ -74,18 +125,15 @@ class TensorTable {
   const std::vector<int64_t>& steps() const { return steps_; }
   bool any_amsgrad() const;
 
-  // The arena that holds `field` of `tensor`, shifted to the tensor's first element.
-  // Errors: FAILED_PRECONDITION for max_exp_avg_sq of a tensor whose group has no amsgrad.
-  absl::StatusOr<const float*> FieldOf(const FieldArenas& arenas, TensorField field,
-                                       uint32_t tensor) const;
-
  private:
   std::vector<AdamWHyperparameters> groups_;
-  std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> offsets_, param_offsets_, state_offsets_;
   std::vector<uint64_t> numels_;
   std::vector<uint32_t> groups_of_;
+  std::vector<TensorLayout> layouts_;
+  std::vector<uint64_t> rounding_keys_;
   std::vector<int64_t> steps_;
-  uint64_t arena_numel_ = 0;
+  ArenaSizes sizes_;
 };
 
 }  // namespace fusedps

@@ -1,70 +1,173 @@
 // adamw_kernel.cu: the kernel of an optimizer step, fused multi-tensor AdamW over flat device
-// arenas, one launch per step whatever the tensor count; and its launcher.
+// arenas, one launch per step whatever the tensor count and storage; and its launchers.
 //
-// Storage (per shard, device memory, cuda_backend.cu): fp32 params, exp_avg, exp_avg_sq,
-// max_exp_avg_sq (once a group has amsgrad), an optional bf16/fp16 param copy, and the step's
-// gradients in the wire dtype. Tensor t occupies elements [offset[t], offset[t] + numel[t]) of
-// every arena; offsets are multiples of 8 elements, so 8-element (16- or 32-byte) vector
-// accesses are always aligned.
+// Storage (per shard, device memory, cuda_backend.cu; tensor_table.h says where each tensor
+// lies): params in fp32 or bf16; exp_avg and exp_avg_sq in fp32, bf16 or int8 codes with a
+// scale per 256-element block; max_exp_avg_sq beside fp32 state (amsgrad); an optional
+// bf16/fp16 copy beside fp32 params; the step's gradients in the wire dtype. Offsets are
+// multiples of 8 elements (of 256 for int8 state), so 16-byte vector accesses are always legal.
 //
 // Resident tables (device memory, rebuilt only when tensors are registered): the chunk list of
 // a full push, which cuts every tensor into chunks of at most kChunkNumel elements, each entry
-// carrying its arena offset, staging offset, tensor and group; per tensor its step and the
-// countdown below; per group its hyperparameters. A push that names only some tensors uploads
-// a compact chunk list of its own in the same stream.
+// carrying its offsets, layout, tensor and group; each warp's start in it; per tensor its step
+// and the countdown below; per group its hyperparameters; the int8 codebooks. A push that names
+// only some tensors uploads a compact chunk list and warp starts of its own in the same stream.
 //
 // A step is one launch, AdamWApply, on the backend's stream, over a grid that fills the GPU
-// (SMs x resident blocks). Work is split among warps: warp w of W takes a contiguous run of the
-// chunks' 256-element portions, so warps never wait for each other and small tensors still
-// fill every warp. A warp reads a tensor's step once, when it reaches the tensor, computes the
-// step's scalars (bias corrections in float64, as torch does) only when the (group, step) pair
-// changes, and updates 8 elements per lane with kernels/adamw_math.h, 16-byte loads and stores,
-// writing the low-precision copy in the same pass. lr, betas and the step are read on the
-// device, so a schedule change relaunches nothing and a step could be captured in a CUDA graph.
+// (SMs x resident blocks). Work is split among warps, not blocks: every chunk has one 256-
+// element portion per 256 elements (a 1000-element tensor has 4, not 8), and warp w of W takes
+// the contiguous portions [w * P / W, (w + 1) * P / W) of all P, from a start the host computed
+// (SplitAmongWarps). So warps never wait for each other, shares differ by one portion at most,
+// and small tensors still fill every warp.
 //
-// Step counters advance inside the same launch without a race: each warp counts its portions of
-// a tensor down from remaining[t] after it read the step, and the warp that takes the count to
-// zero (the last reader) advances step[t] and re-arms the count.
+// Each warp runs a pipeline of kStages portions: it issues asynchronous copies (cp.async) of a
+// portion's gradients, params and state, with its chunk entry, its tensor's step and its int8
+// scales, into a stage of shared memory of its own, kStages - 1 portions ahead of the one it
+// computes. Bytes in flight therefore no longer depend on registers: a warp keeps two portions
+// in flight while it computes a third. Lane l's elements are [4l, 4l + 4) and [128 + 4l,
+// 128 + 4l + 4) of the portion, so each warp-wide copy, load and store covers one contiguous
+// span (the first version gave each lane 8 adjacent elements, two 16-byte halves at a 32-byte
+// stride, and every sector crossed L2 twice: 70% of copy). Lanes copy and read back their own
+// pieces, so only the stage header needs the warp to synchronize. The per-portion device code
+// is in adamw_portion.cuh.
+//
+// Computing a portion: a warp reads a tensor's step once, when it reaches the tensor, computes
+// the step's scalars (bias corrections in float64, as torch does) only when the (group, step)
+// pair changes, and updates 8 elements per lane with kernels/adamw_math.h and quant_math.h,
+// storing with 16-byte stores and writing the param copy in the same pass. int8 state: the
+// portion is one block; its new scale is a warp's max-reduction. lr, betas and the step are
+// read on the device, so a schedule change relaunches nothing and a step could be captured in a
+// CUDA graph. This file is compiled with --fmad=false, as the CPU backend with
+// -ffp-contract=off: both round every operation of the same source alike, bit for bit.
+//
+// Step counters advance inside the same launch without a race. A warp that covers a whole
+// tensor writes its new step. Otherwise each warp counts its portions of the tensor down from
+// remaining[t] once it has read the step, and the warp that takes the count to zero (the last
+// reader) advances step[t] and re-arms the count; a warp looks at the count's old value only
+// when it leaves its next tensor (or ends), so the atomic's round trip is off its path.
 //
 // Non-finite gradients are caught on the host where they are staged (kernels/grad_check.h):
 // a skipped step launches nothing and writes nothing.
 //
-// Tuning history (NVIDIA H200, docs/benchmarks.md): one block per chunk with a barrier per chunk
-// reached ~55% of copy bandwidth; contiguous chunk ranges per block with scalars cached ~90% on
-// large tensors; independent warps lifted 10,000 x 1K from ~53% to ~75%; dtype template
-// parameters lifted the bf16 path by 2-5 points.
-#include "kernels/cuda/adamw_kernel.cuh"
-
+// Tuning history (docs/benchmarks.md): one block per chunk with a barrier per chunk reached
+// ~55% of copy bandwidth; contiguous chunk ranges per block with scalars cached ~90% on large
+// tensors; independent warps lifted 10,000 x 1K from ~53% to ~75%; dtype template parameters
+// lifted the bf16 path by 2-5 points; issue 16 (the variants table): portions without empty
+// ones, the deferred countdown and the cp.async pipeline kept the large workloads where they
+// were (92-93% on an H100) and gained about a point on 10,000 x 1K.
 #include <algorithm>
+
+#include "kernels/cuda/adamw_kernel.cuh"
+#include "kernels/cuda/adamw_portion.cuh"
 
 namespace fusedps {
 namespace gpu {
+
 namespace {
 
-__device__ __forceinline__ float GradAt(const void* grads, GradDType dtype, uint64_t i) {
-  return LoadGrad(grads, dtype, i);
+size_t ApplySmemBytes(ApplyKinds kinds) {
+  return (kinds == ApplyKinds::kAny ? sizeof(Int8Codebooks) : 0) +
+         static_cast<size_t>(kWarpsPerBlock) * kStages * kStageBytes;
 }
 
-// Loads 8 gradients starting at element i (a multiple of 8) with 16-byte loads.
-__device__ __forceinline__ void LoadGrads8(const void* grads, GradDType dtype, uint64_t i,
-                                           float (&g)[kVec]) {
-  if (dtype == GradDType::kFloat32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(grads) + i);
-    const float4 a = __ldcs(p), b = __ldcs(p + 1);
-    g[0] = a.x, g[1] = a.y, g[2] = a.z, g[3] = a.w, g[4] = b.x, g[5] = b.y, g[6] = b.z,
-    g[7] = b.w;
-  } else {
-    const uint4 raw =
-        __ldcs(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(grads) + i));
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint16_t lo = static_cast<uint16_t>(words[k] & 0xffffu);
-      const uint16_t hi = static_cast<uint16_t>(words[k] >> 16);
-      g[2 * k] = dtype == GradDType::kBFloat16 ? BFloat16ToFloat(lo) : Float16ToFloat(lo);
-      g[2 * k + 1] = dtype == GradDType::kBFloat16 ? BFloat16ToFloat(hi) : Float16ToFloat(hi);
-    }
+// The one launch of a step. See the file comment. The dtypes and kinds are template
+// parameters, so that each combination gets a loop with no branches it does not need.
+template <GradDType kGrad, ParamCopyDType kCopy, ApplyKinds kKinds>
+__global__ void __launch_bounds__(kThreads, 2)
+    AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, const WarpStart* starts,
+               float grad_scale, double lr_divisor) {
+  extern __shared__ __align__(16) char smem[];
+  const Int8Codebooks* books = nullptr;
+  char* stages = smem;
+  if constexpr (kKinds == ApplyKinds::kAny) {
+    const uint4* src = reinterpret_cast<const uint4*>(a.codebooks);
+    uint4* dst = reinterpret_cast<uint4*>(smem);
+    for (uint32_t i = threadIdx.x; i < sizeof(Int8Codebooks) / 16; i += kThreads) dst[i] = src[i];
+    __syncthreads();
+    books = reinterpret_cast<const Int8Codebooks*>(smem);
+    stages = smem + sizeof(Int8Codebooks);
   }
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const WarpStart begin = starts[warp];
+  const uint64_t total = starts[warp + 1].index - begin.index;
+  char* pipeline = stages + (threadIdx.x / 32) * kStages * kStageBytes;
+
+  // The issue cursor: chunk `chunk`, portion `portion`, whose entry's first half is `current`;
+  // the next chunk's is loaded one chunk ahead.
+  uint32_t chunk = begin.chunk, portion = begin.portion;
+  IssueFields current{}, next{};
+  if (total > 0) {
+    current = LoadIssue(chunks + chunk);
+    if (chunk + 1 < chunk_count) next = LoadIssue(chunks + chunk + 1);
+  }
+  uint64_t issued = 0;
+  const auto issue = [&](int stage) {
+    if (issued < total) {
+      IssuePortion<kGrad, kKinds>(a, chunks + chunk, current, portion,
+                                  pipeline + stage * kStageBytes, lane);
+      ++issued;
+      if (++portion == PortionsOf(current.count)) {
+        ++chunk;
+        portion = 0;
+        current = next;
+        if (chunk + 1 < chunk_count && issued < total) next = LoadIssue(chunks + chunk + 1);
+      }
+    }
+    CommitAsync();  // Empty groups too: each iteration waits for the group kStages - 1 back.
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+
+  WarpState w;
+  int compute_stage = 0;
+  for (uint64_t q = 0; q < total; ++q) {
+    issue(compute_stage == 0 ? kStages - 1 : compute_stage - 1);
+    WaitAsync<kStages - 1>();
+    __syncwarp();
+    ComputeStage<kGrad, kCopy, kKinds>(a, pipeline + compute_stage * kStageBytes, w, books, lane,
+                                       grad_scale, lr_divisor);
+    __syncwarp();  // Before the stage's header is rewritten.
+    compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
+  }
+  Leave(a, w, lane);
+  Settle(a, w, lane);
+}
+
+using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, const WarpStart*, float,
+                               double);
+
+template <GradDType kGrad, ApplyKinds kKinds>
+ApplyKernelFn ApplyKernelFor(ParamCopyDType copy) {
+  switch (copy) {
+    case ParamCopyDType::kBFloat16:
+      return AdamWApply<kGrad, ParamCopyDType::kBFloat16, kKinds>;
+    case ParamCopyDType::kFloat16:
+      return AdamWApply<kGrad, ParamCopyDType::kFloat16, kKinds>;
+    case ParamCopyDType::kNone:
+    default:
+      return AdamWApply<kGrad, ParamCopyDType::kNone, kKinds>;
+  }
+}
+
+template <ApplyKinds kKinds>
+ApplyKernelFn ApplyKernelOf(GradDType grad, ParamCopyDType copy) {
+  switch (grad) {
+    case GradDType::kBFloat16:
+      return ApplyKernelFor<GradDType::kBFloat16, kKinds>(copy);
+    case GradDType::kFloat16:
+      return ApplyKernelFor<GradDType::kFloat16, kKinds>(copy);
+    case GradDType::kFloat32:
+    default:
+      return ApplyKernelFor<GradDType::kFloat32, kKinds>(copy);
+  }
+}
+
+// The instantiation of AdamWApply for a configuration.
+ApplyKernelFn ApplyKernel(ApplyConfig config) {
+  return config.kinds == ApplyKinds::kAny
+             ? ApplyKernelOf<ApplyKinds::kAny>(config.grad, config.copy)
+             : ApplyKernelOf<ApplyKinds::kFloat32Only>(config.grad, config.copy);
 }
 
 __device__ __forceinline__ void Load8(const float* p, float (&v)[kVec]) {
@@ -78,187 +181,150 @@ __device__ __forceinline__ void Store8(float* p, const float (&v)[kVec]) {
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// Marks `portions` portions of tensor t done reading its step; the last marker advances it.
-// REQUIRES: the calling thread is the one that read step[t] for these portions, and it used the
-// value before calling (so the read completed before the atomic issues; no fence is needed).
-__device__ __forceinline__ void FinishPortions(const DeviceArenas& a, uint32_t t,
-                                               uint32_t portions) {
-  if (atomicSub(&a.remaining[t], portions) == portions) {
-    a.step[t] += 1;
-    a.remaining[t] = a.portions_of[t];
+// Loads 8 gradients starting at element i (a multiple of 8) with 16-byte loads.
+__device__ __forceinline__ void LoadGrads8(const void* grads, GradDType dtype, uint64_t i,
+                                           float (&g)[kVec]) {
+  if (dtype == GradDType::kFloat32) {
+    Load8(static_cast<const float*>(grads) + i, g);
+    return;
+  }
+  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(grads) + i);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    g[2 * k] = Widen(dtype, static_cast<uint16_t>(words[k] & 0xffffu));
+    g[2 * k + 1] = Widen(dtype, static_cast<uint16_t>(words[k] >> 16));
   }
 }
 
-// The one launch of a step. See the file comment.
-//
-// Work is split among warps, not blocks: each chunk has kPortions portions of 256 elements (32
-// lanes x 8), and warp w of W takes the contiguous portions [w * P / W, (w + 1) * P / W) of all
-// P = kPortions * chunk_count. Warps never wait for each other. A warp's portions mostly share a
-// tensor, a group and a step, so it computes the step's scalars (float64 bias corrections, as
-// torch does) only when the (group, step) pair changes. Lane 0 reads a tensor's step once, when
-// the warp reaches the tensor, and counts the warp's portions of it done when it leaves.
-// The dtypes are template parameters, so that each pair gets a loop with no dtype branches.
-template <GradDType dtype, ParamCopyDType copy_dtype>
-__global__ void __launch_bounds__(kThreads)
-    AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, float grad_scale,
-               double lr_divisor) {
-  const uint32_t lane = threadIdx.x % 32;
-  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const uint64_t portions = static_cast<uint64_t>(chunk_count) * kPortions;
-  const uint64_t q_end = portions * (warp + 1) / warps;
-  uint32_t tensor = 0xffffffffu, pending = 0;  // The current tensor, and its portions done here.
-  uint32_t scalars_group = 0xffffffffu;
-  int64_t scalars_step = -1;
-  AdamWStepScalars s{};
-  uint32_t chunk_index = 0xffffffffu;
-  Chunk chunk{};
-  for (uint64_t q = portions * warp / warps; q < q_end; ++q) {
-    if (q / kPortions != chunk_index) {
-      chunk_index = static_cast<uint32_t>(q / kPortions);
-      chunk = chunks[chunk_index];  // The same address for the whole warp: one broadcast.
-    }
-    const uint32_t first = static_cast<uint32_t>(q % kPortions) * kPortionNumel + lane * kVec;
-    const bool full_vector = first + kVec <= chunk.count;
-    const uint64_t e = chunk.arena_offset + first;
-    // Issue this lane's loads first, so they fly while the rest is decided.
-    float g[kVec], p[kVec], m[kVec], v[kVec], vmax[kVec];
-    if (full_vector) {
-      LoadGrads8(a.grads, dtype, chunk.grad_offset + first, g);
-      Load8(a.params + e, p);
-      Load8(a.exp_avg + e, m);
-      Load8(a.exp_avg_sq + e, v);
-    }
-    if (chunk.tensor != tensor) {  // Uniform across the warp.
-      if (pending > 0 && lane == 0) FinishPortions(a, tensor, pending);
-      tensor = chunk.tensor;
-      pending = 0;
-      int64_t step = 0;
-      if (lane == 0) step = a.step[tensor] + 1;
-      step = __shfl_sync(0xffffffffu, step, 0);
-      if (step != scalars_step || chunk.group != scalars_group) {
-        s = MakeStepScalars(a.hyper[chunk.group], step, grad_scale, lr_divisor);
-        scalars_step = step;
-        scalars_group = chunk.group;
-      }
-    }
-    ++pending;
-    if (full_vector) {
-      if (s.amsgrad) Load8(a.max_exp_avg_sq + e, vmax);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) AdamWUpdate(s, g[k], p[k], m[k], v[k], &vmax[k]);
-      Store8(a.params + e, p);
-      Store8(a.exp_avg + e, m);
-      Store8(a.exp_avg_sq + e, v);
-      if (s.amsgrad) Store8(a.max_exp_avg_sq + e, vmax);
-      if constexpr (copy_dtype != ParamCopyDType::kNone) {
-        uint16_t h[kVec];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          h[k] = copy_dtype == ParamCopyDType::kBFloat16 ? FloatToBFloat16(p[k])
-                                                         : FloatToFloat16(p[k]);
-        }
-        uint4 packed;
-        packed.x = h[0] | (static_cast<uint32_t>(h[1]) << 16);
-        packed.y = h[2] | (static_cast<uint32_t>(h[3]) << 16);
-        packed.z = h[4] | (static_cast<uint32_t>(h[5]) << 16);
-        packed.w = h[6] | (static_cast<uint32_t>(h[7]) << 16);
-        *reinterpret_cast<uint4*>(a.copy + e) = packed;
-      }
-    } else {
-      for (uint32_t i = first; i < chunk.count && i < first + kVec; ++i) {
-        const uint64_t x = chunk.arena_offset + i;
-        float unused = 0.0f;
-        AdamWUpdate(s, GradAt(a.grads, dtype, chunk.grad_offset + i), a.params[x], a.exp_avg[x],
-                    a.exp_avg_sq[x], s.amsgrad ? &a.max_exp_avg_sq[x] : &unused);
-        if (copy_dtype == ParamCopyDType::kBFloat16) a.copy[x] = FloatToBFloat16(a.params[x]);
-        if (copy_dtype == ParamCopyDType::kFloat16) a.copy[x] = FloatToFloat16(a.params[x]);
-      }
-    }
-  }
-  if (pending > 0 && lane == 0) FinishPortions(a, tensor, pending);
-}
-
-using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, float, double);
-
-// A synchronous round's sum: each warp takes every W-th 256-element portion of the chunks and
-// adds 8 gradients per lane (converted to fp32 and divided by grad_scale, as AdamWUpdate
+// A synchronous round's sum: each warp takes every W-th 256-element portion of the chunks' full
+// 8 and adds 8 gradients per lane (converted to fp32 and divided by grad_scale, as AdamWUpdate
 // divides) into the accumulator, or writes them for the round's first push.
-template <GradDType dtype>
+template <GradDType kGrad>
 __global__ void __launch_bounds__(kThreads)
-    GradAccumulate(float* accumulator, const void* grads, const Chunk* chunks,
-                   uint32_t chunk_count, float grad_scale, bool first) {
+    GradAccumulate(float* accumulator, const void* grads, const Chunk* chunks, uint32_t chunk_count,
+                   float grad_scale, bool first) {
   const uint32_t lane = threadIdx.x % 32;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
   const uint64_t portions = static_cast<uint64_t>(chunk_count) * kPortions;
   const bool divide = grad_scale > 0.0f;
   for (uint64_t q = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
        q < portions; q += warps) {
-    const Chunk chunk = chunks[q / kPortions];
+    const Chunk& chunk = chunks[q / kPortions];
+    const uint32_t count = chunk.count;
     const uint32_t first_element =
         static_cast<uint32_t>(q % kPortions) * kPortionNumel + lane * kVec;
-    if (first_element >= chunk.count) continue;
-    float* acc = accumulator + chunk.arena_offset;
-    if (first_element + kVec <= chunk.count) {
-      float g[kVec], sum[kVec];
-      LoadGrads8(grads, dtype, chunk.grad_offset + first_element, g);
+    if (first_element >= count) continue;
+    float* acc = accumulator + chunk.element;
+    const uint64_t g = chunk.grad;
+    if (first_element + kVec <= count) {
+      float values[kVec], sum[kVec];
+      LoadGrads8(grads, kGrad, g + first_element, values);
       if (!first) Load8(acc + first_element, sum);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const float v = divide ? g[k] / grad_scale : g[k];
+        const float v = divide ? values[k] / grad_scale : values[k];
         sum[k] = first ? v : sum[k] + v;
       }
       Store8(acc + first_element, sum);
-    } else {
-      for (uint32_t i = first_element; i < chunk.count && i < first_element + kVec; ++i) {
-        const float g = GradAt(grads, dtype, chunk.grad_offset + i);
-        const float v = divide ? g / grad_scale : g;
-        acc[i] = first ? v : acc[i] + v;
-      }
+      continue;
+    }
+    for (uint32_t i = first_element; i < count && i < first_element + kVec; ++i) {
+      const float grad = LoadGrad(grads, kGrad, g + i);
+      const float v = divide ? grad / grad_scale : grad;
+      acc[i] = first ? v : acc[i] + v;
     }
   }
 }
 
-template <GradDType dtype>
-ApplyKernelFn ApplyKernelFor(ParamCopyDType copy) {
-  switch (copy) {
-    case ParamCopyDType::kBFloat16:
-      return AdamWApply<dtype, ParamCopyDType::kBFloat16>;
-    case ParamCopyDType::kFloat16:
-      return AdamWApply<dtype, ParamCopyDType::kFloat16>;
-    case ParamCopyDType::kNone:
-    default:
-      return AdamWApply<dtype, ParamCopyDType::kNone>;
-  }
-}
-
-// The instantiation of AdamWApply for a gradient dtype and a param copy dtype.
-ApplyKernelFn ApplyKernel(GradDType grad, ParamCopyDType copy) {
-  switch (grad) {
-    case GradDType::kBFloat16:
-      return ApplyKernelFor<GradDType::kBFloat16>(copy);
-    case GradDType::kFloat16:
-      return ApplyKernelFor<GradDType::kFloat16>(copy);
-    case GradDType::kFloat32:
-    default:
-      return ApplyKernelFor<GradDType::kFloat32>(copy);
+// A read of one field as fp32 (bf16 widened, int8 dequantized): each warp takes every W-th
+// portion, 8 elements per lane, into out at the chunk's grad offset.
+__global__ void __launch_bounds__(kThreads)
+    StateRead(TensorField field, DeviceArenas a, const Chunk* chunks, uint32_t chunk_count,
+              float* out) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
+  const uint64_t portions = static_cast<uint64_t>(chunk_count) * kPortions;
+  for (uint64_t q = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+       q < portions; q += warps) {
+    const Chunk& chunk = chunks[q / kPortions];
+    const uint32_t portion = static_cast<uint32_t>(q % kPortions);
+    const uint32_t first_element = portion * kPortionNumel + lane * kVec;
+    const uint32_t count = chunk.count;
+    if (first_element >= count) continue;
+    const StateDType state = StateOf(chunk.layout);
+    const uint64_t s = chunk.state, p = chunk.param;
+    for (uint32_t i = first_element; i < count && i < first_element + kVec; ++i) {
+      float value;
+      if (field == TensorField::kParam) {
+        value = (chunk.layout & kLayoutParamsBf16) ? BFloat16ToFloat(a.params16[p + i])
+                                                   : a.params32[p + i];
+      } else {
+        const bool is_m = field == TensorField::kExpAvg;
+        if (state == StateDType::kBFloat16) {
+          value = BFloat16ToFloat(is_m ? a.exp_avg16[s + i] : a.exp_avg_sq16[s + i]);
+        } else if (state == StateDType::kInt8) {
+          const uint64_t block = s / kQuantBlock + portion;
+          value =
+              is_m ? Dequantize(a.codebooks->exp_avg.values, a.exp_avg8[s + i], a.absmax_m[block])
+                   : Dequantize(a.codebooks->exp_avg_sq.values, a.exp_avg_sq8[s + i],
+                                a.absmax_v[block]);
+        } else {
+          value = is_m ? a.exp_avg32[s + i] : a.exp_avg_sq32[s + i];
+        }
+      }
+      out[chunk.grad + i] = value;
+    }
   }
 }
 
 }  // namespace
 
-uint32_t AppendChunks(uint32_t tensor, uint32_t group, uint64_t numel, uint64_t arena_offset,
-                      uint64_t grad_offset, std::vector<Chunk>& out) {
-  if (numel == 0) {
-    out.push_back({arena_offset, grad_offset, tensor, 0, group, 0});
-    return 1;
+uint32_t AppendChunks(const ChunkSource& t, std::vector<Chunk>& out) {
+  const uint16_t bits = LayoutBits(t.layout);
+  uint32_t portions = 0;
+  uint64_t begin = 0;
+  do {
+    const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(kChunkNumel, t.numel - begin));
+    Chunk c{};
+    c.grad = t.grad + begin;
+    c.param = t.param + begin;
+    c.state = t.state + begin;
+    c.count = static_cast<uint16_t>(count);
+    c.layout = static_cast<uint16_t>(bits | (begin + count >= t.numel ? kLayoutLastChunk : 0));
+    c.tensor = t.tensor;
+    c.element = t.element + begin;
+    c.first = begin;
+    c.rounding_key = t.rounding_key;
+    c.group = t.group;
+    out.push_back(c);
+    portions += PortionsOf(count);
+    begin += kChunkNumel;
+  } while (begin < t.numel);
+  return portions;
+}
+
+uint64_t PortionsIn(const std::vector<Chunk>& chunks) {
+  uint64_t portions = 0;
+  for (const Chunk& c : chunks) portions += PortionsOf(c.count);
+  return portions;
+}
+
+std::vector<WarpStart> SplitAmongWarps(const std::vector<Chunk>& chunks, uint32_t warps) {
+  const uint64_t total = PortionsIn(chunks);
+  std::vector<WarpStart> starts;
+  starts.reserve(warps + 1);
+  uint32_t chunk = 0;
+  uint64_t before = 0;  // Portions before `chunk`.
+  for (uint32_t w = 0; w <= warps; ++w) {
+    const uint64_t target = total * w / warps;
+    while (chunk < chunks.size() && before + PortionsOf(chunks[chunk].count) <= target) {
+      before += PortionsOf(chunks[chunk].count);
+      ++chunk;
+    }
+    starts.push_back({chunk, static_cast<uint32_t>(target - before), target});
   }
-  uint32_t chunks = 0;
-  for (uint64_t begin = 0; begin < numel; begin += kChunkNumel, ++chunks) {
-    const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(kChunkNumel, numel - begin));
-    out.push_back({arena_offset + begin, grad_offset + begin, tensor, count, group, 0});
-  }
-  return chunks;
+  return starts;
 }
 
 absl::StatusOr<int> AdamWApplyGrid() {
@@ -269,25 +335,39 @@ absl::StatusOr<int> AdamWApplyGrid() {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   // The grid fills the GPU: the most blocks of the heaviest instantiation that fit per SM.
   int apply_blocks = 1 << 30;
-  for (GradDType grad : {GradDType::kFloat32, GradDType::kBFloat16, GradDType::kFloat16}) {
-    for (ParamCopyDType copy :
-         {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
-      int blocks = 0;
-      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &blocks, ApplyKernel(grad, copy), kThreads, 0));
-      apply_blocks = std::min(apply_blocks, blocks);
+  for (ApplyKinds kinds : {ApplyKinds::kFloat32Only, ApplyKinds::kAny}) {
+    for (GradDType grad : {GradDType::kFloat32, GradDType::kBFloat16, GradDType::kFloat16}) {
+      for (ParamCopyDType copy :
+           {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
+        const ApplyKernelFn kernel = ApplyKernel({grad, copy, kinds});
+        const size_t smem = ApplySmemBytes(kinds);
+        FUSEDPS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        int blocks = 0;
+        FUSEDPS_CUDA_RETURN_IF_ERROR(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+        apply_blocks = std::min(apply_blocks, blocks);
+      }
     }
   }
-  return sms * std::max(apply_blocks, 1);
+  if (apply_blocks < 1) {
+    return absl::InternalError("no block of AdamWApply fits on a multiprocessor of this device");
+  }
+  return sms * apply_blocks;
 }
 
-absl::Status LaunchAdamWApply(LaunchCounter& launches, int grid, cudaStream_t stream,
-                              GradDType grad_dtype, ParamCopyDType copy_dtype,
-                              const DeviceArenas& arenas, const Chunk* chunks,
-                              uint32_t chunk_count, float grad_scale, double lr_divisor) {
-  return launches.Launch("fusedps_adamw_apply", ApplyKernel(grad_dtype, copy_dtype),
-                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), stream, arenas,
-                         chunks, chunk_count, grad_scale, lr_divisor);
+uint32_t ApplyBlocks(int grid, uint64_t portions) {
+  const uint64_t wanted = (portions + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(grid, wanted)));
+}
+
+absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
+                              ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
+                              uint32_t chunk_count, const WarpStart* starts, float grad_scale,
+                              double lr_divisor) {
+  return launches.Launch("fusedps_adamw_apply", ApplyKernel(config), static_cast<int>(blocks),
+                         ApplySmemBytes(config.kinds), stream, arenas, chunks, chunk_count, starts,
+                         grad_scale, lr_divisor);
 }
 
 absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,
@@ -295,12 +375,20 @@ absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_
                                   const Chunk* chunks, uint32_t chunk_count, float grad_scale,
                                   bool first) {
   void (*kernel)(float*, const void*, const Chunk*, uint32_t, float, bool) =
-      grad_dtype == GradDType::kBFloat16 ? GradAccumulate<GradDType::kBFloat16>
+      grad_dtype == GradDType::kBFloat16  ? GradAccumulate<GradDType::kBFloat16>
       : grad_dtype == GradDType::kFloat16 ? GradAccumulate<GradDType::kFloat16>
                                           : GradAccumulate<GradDType::kFloat32>;
   return launches.Launch("fusedps_grad_accumulate", kernel,
-                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), stream,
+                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), 0, stream,
                          accumulator, grads, chunks, chunk_count, grad_scale, first);
+}
+
+absl::Status LaunchStateRead(LaunchCounter& launches, int grid, cudaStream_t stream,
+                             TensorField field, const DeviceArenas& arenas, const Chunk* chunks,
+                             uint32_t chunk_count, float* out) {
+  return launches.Launch("fusedps_state_read", StateRead,
+                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), 0, stream, field,
+                         arenas, chunks, chunk_count, out);
 }
 
 }  // namespace gpu

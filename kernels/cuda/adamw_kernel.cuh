@@ -1,15 +1,18 @@
 // adamw_kernel.cuh (CUDA backend only): the one kernel of an optimizer step, AdamWApply, as the
-// rest of the backend sees it: the chunk list it walks, the arenas it updates, the grid that
-// fills the GPU, and the launcher that checks and counts every launch. The kernel itself and
-// its tuning history are in adamw_kernel.cu; the device memory and tables that feed it are in
-// cuda_backend.cu.
+// rest of the backend sees it: the chunk list it walks, the share of it each warp takes, the
+// arenas it updates, the grid that fills the GPU, and the launchers that check and count every
+// launch. The kernel itself and its tuning history are in adamw_kernel.cu; the device memory and
+// tables that feed it are in cuda_backend.cu.
 //
 // Usage:
 //   std::vector<Chunk> chunks;
-//   AppendChunks(tensor, group, numel, arena_offset, grad_offset, chunks);
-//   ... upload the chunks and fill a DeviceArenas ...
-//   RETURN_IF_ERROR(LaunchAdamWApply(launches, grid, stream, grad_dtype, copy_dtype, arenas,
-//                                    device_chunks, chunks.size(), grad_scale));
+//   AppendChunks(ChunkSource{...}, chunks);
+//   const uint32_t blocks = ApplyBlocks(grid, PortionsIn(chunks));
+//   std::vector<WarpStart> starts = SplitAmongWarps(chunks, blocks * kWarpsPerBlock);
+//   ... upload both and fill a DeviceArenas ...
+//   RETURN_IF_ERROR(LaunchAdamWApply(launches, blocks, stream, {grad, copy, kinds}, arenas,
+//                                    device_chunks, chunks.size(), device_starts, grad_scale,
+//                                    lr_divisor));
 #ifndef FUSEDPS_KERNELS_CUDA_ADAMW_KERNEL_CUH_
 #define FUSEDPS_KERNELS_CUDA_ADAMW_KERNEL_CUH_
 
@@ -27,40 +30,114 @@
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/quant_math.h"
+#include "kernels/tensor_layout.h"
 
 namespace fusedps {
 namespace gpu {
 
 constexpr int kVec = 8;                                      // Elements per lane per portion.
 constexpr uint32_t kPortionNumel = 32 * kVec;                // Elements per portion: one warp pass.
-constexpr uint32_t kPortions = 8;                            // Portions per chunk.
+constexpr uint32_t kPortions = 8;                            // Portions per full chunk.
 constexpr uint32_t kChunkNumel = kPortions * kPortionNumel;  // 2048 elements per chunk.
 constexpr int kThreads = 256;                                // Threads per block.
 constexpr int kWarpsPerBlock = kThreads / 32;
+static_assert(kPortionNumel == kQuantBlock, "an int8 block is one portion: one warp's absmax");
 
-// One unit of work: up to kChunkNumel elements of one tensor. 32 bytes, everything a warp
-// needs to start its loads at once.
+// Chunk::layout bits: the tensor's storage (tensor_layout.h) and whether the chunk is its last.
+constexpr uint16_t kLayoutParamsBf16 = 1u << 0;
+constexpr uint16_t kLayoutStateShift = 1;  // Two bits: the StateDType value (1, 2, 3).
+constexpr uint16_t kLayoutStateMask = 3u << kLayoutStateShift;
+constexpr uint16_t kLayoutLastChunk = 1u << 3;
+
+__host__ __device__ inline uint16_t LayoutBits(TensorLayout layout) {
+  return static_cast<uint16_t>((layout.params == ParamsDType::kBFloat16 ? kLayoutParamsBf16 : 0) |
+                               (static_cast<uint16_t>(layout.state) << kLayoutStateShift));
+}
+__host__ __device__ inline StateDType StateOf(uint16_t bits) {
+  return static_cast<StateDType>((bits & kLayoutStateMask) >> kLayoutStateShift);
+}
+
+// One unit of work: up to kChunkNumel elements of one tensor. 64 bytes; the first 32 are what a
+// warp needs to start the chunk's copies, the rest what it needs to compute.
 struct Chunk {
-  uint64_t arena_offset;  // Element of the arenas that holds the chunk's first element.
-  uint64_t grad_offset;   // Element of the staging buffer that holds its first gradient.
+  uint64_t grad;    // Element of the step's gradients (staging or accumulator) of the first.
+  uint64_t param;   // Element of the tensor's param arena (fp32 or bf16) of the first.
+  uint64_t state;   // Element of the tensor's state arenas (fp32, bf16 or int8) of the first.
+  uint16_t count;   // Elements; 0 only for a tensor of no elements.
+  uint16_t layout;  // kLayout* bits.
   uint32_t tensor;
-  uint32_t count;  // Elements; 0 only for a tensor of no elements.
+  uint64_t element;       // Canonical element (tensor_table.h) of the first: the accumulator.
+  uint64_t first;         // The first element's index within its tensor.
+  uint64_t rounding_key;  // The tensor's (bf16 params).
   uint32_t group;
   uint32_t unused;
 };
+static_assert(sizeof(Chunk) == 64, "two 32-byte halves");
 
-// Device pointers of a step, passed by value to the kernel.
+// Portions of a chunk: a tensor of no elements still has one, so that its step advances.
+__host__ __device__ inline uint32_t PortionsOf(uint32_t count) {
+  return count == 0 ? 1 : (count + kPortionNumel - 1) / kPortionNumel;
+}
+
+// Where warp w of a launch starts: its first portion. It works on until warp w + 1's start.
+struct WarpStart {
+  uint32_t chunk;    // Index into the chunk list.
+  uint32_t portion;  // Within the chunk.
+  uint64_t index;    // Portions before it in the whole list.
+};
+
+// One tensor, for AppendChunks.
+struct ChunkSource {
+  uint32_t tensor = 0;
+  uint32_t group = 0;
+  uint64_t numel = 0;
+  TensorLayout layout;
+  uint64_t element = 0;  // Canonical offset.
+  uint64_t param = 0;    // Param arena offset.
+  uint64_t state = 0;    // State arena offset.
+  uint64_t grad = 0;     // Where its gradients start.
+  uint64_t rounding_key = 0;
+};
+
+// Appends a tensor's chunks (at least one) and returns its portions.
+uint32_t AppendChunks(const ChunkSource& tensor, std::vector<Chunk>& out);
+uint64_t PortionsIn(const std::vector<Chunk>& chunks);
+
+// Splits the chunks' portions into `warps` contiguous shares as equal as can be (they differ by
+// at most one portion): warps + 1 starts, the last one past the end.
+std::vector<WarpStart> SplitAmongWarps(const std::vector<Chunk>& chunks, uint32_t warps);
+
+// Which storage kinds a launch's chunks hold: only fp32 params and fp32 state (the common
+// case, a kernel without the other paths), or any.
+enum class ApplyKinds : uint8_t { kFloat32Only = 0, kAny = 1 };
+
+struct ApplyConfig {
+  GradDType grad = GradDType::kFloat32;
+  ParamCopyDType copy = ParamCopyDType::kNone;
+  ApplyKinds kinds = ApplyKinds::kFloat32Only;
+};
+
+// Device pointers of a step, passed by value to the kernel (tensor_table.h's arenas).
 struct DeviceArenas {
-  float* params;
-  float* exp_avg;
-  float* exp_avg_sq;
-  float* max_exp_avg_sq;  // Null until a group has amsgrad.
-  uint16_t* copy;         // Null without a param copy.
-  const void* grads;      // The step's gradients on the device, in the wire dtype.
+  float* params32;
+  uint16_t* params16;
+  uint16_t* copy;  // Null without a param copy; laid out as params32.
+  float* exp_avg32;
+  float* exp_avg_sq32;
+  float* max_exp_avg_sq;  // Null until a group has amsgrad; laid out as exp_avg32.
+  uint16_t* exp_avg16;
+  uint16_t* exp_avg_sq16;
+  uint8_t* exp_avg8;
+  uint8_t* exp_avg_sq8;
+  float* absmax_m;  // Block b of an int8 tensor at state offset s: [s / kQuantBlock + b].
+  float* absmax_v;
+  const void* grads;  // The step's gradients on the device, in the wire dtype.
   int64_t* step;
   const AdamWHyperparameters* hyper;
   uint32_t* remaining;          // Per tensor: portions of this step still to read its step.
-  const uint32_t* portions_of;  // Per tensor: kPortions x its number of chunks.
+  const uint32_t* portions_of;  // Per tensor: its portions.
+  const Int8Codebooks* codebooks;
 };
 
 // Every launch goes through here: one place checks it and counts it by kernel name. The counts
@@ -68,9 +145,9 @@ struct DeviceArenas {
 class LaunchCounter {
  public:
   template <typename... KernelArgs, typename... Args>
-  absl::Status Launch(const char* name, void (*kernel)(KernelArgs...), int grid,
+  absl::Status Launch(const char* name, void (*kernel)(KernelArgs...), int grid, size_t smem,
                       cudaStream_t stream, Args&&... args) {
-    kernel<<<grid, kThreads, 0, stream>>>(std::forward<Args>(args)...);
+    kernel<<<grid, kThreads, smem, stream>>>(std::forward<Args>(args)...);
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     std::lock_guard<std::mutex> lock(mu_);
     ++counts_[name];
@@ -92,37 +169,40 @@ class LaunchCounter {
   uint64_t total_ = 0;
 };
 
-// The number of chunks of a tensor: at least 1, since an empty tensor still has an entry, so
-// that its step advances.
-inline uint64_t ChunksOf(uint64_t numel) {
-  return numel == 0 ? 1 : (numel + kChunkNumel - 1) / kChunkNumel;
-}
-
-// Appends a tensor's chunks and returns how many (ChunksOf(numel)).
-uint32_t AppendChunks(uint32_t tensor, uint32_t group, uint64_t numel, uint64_t arena_offset,
-                      uint64_t grad_offset, std::vector<Chunk>& out);
-
-// The grid that fills the current device: its SMs times the fewest blocks of any instantiation
-// of AdamWApply that fit on one. Errors: INTERNAL with CUDA's message.
+// Prepares every instantiation of AdamWApply for the current device (its shared memory limit)
+// and returns the grid that fills it: its SMs times the fewest blocks of any instantiation that
+// fit on one. Errors: INTERNAL with CUDA's message (also when not one block fits).
 absl::StatusOr<int> AdamWApplyGrid();
 
-// Launches one step, AdamWApply over `chunk_count` chunks, on `stream` with at most `grid`
-// blocks, checks the launch and counts it in `launches` as "fusedps_adamw_apply".
-// REQUIRES: the stream's device is current; chunk_count > 0.
-// Each step's lr is its group's lr / lr_divisor (float64, MakeStepScalars).
-absl::Status LaunchAdamWApply(LaunchCounter& launches, int grid, cudaStream_t stream,
-                              GradDType grad_dtype, ParamCopyDType copy_dtype,
-                              const DeviceArenas& arenas, const Chunk* chunks, uint32_t chunk_count,
-                              float grad_scale, double lr_divisor);
+// The blocks of a launch over `portions` portions: the grid, or fewer when there is not a
+// portion for every warp.
+uint32_t ApplyBlocks(int grid, uint64_t portions);
+
+// Launches one step, AdamWApply over the chunks, `blocks` blocks (warp w starting at
+// starts[w]: SplitAmongWarps for blocks * kWarpsPerBlock warps), on `stream`, checks the launch
+// and counts it in `launches` as "fusedps_adamw_apply". Each step's lr is its group's lr /
+// lr_divisor (float64, MakeStepScalars). REQUIRES: the stream's device is current;
+// AdamWApplyGrid ran on it.
+absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
+                              ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
+                              uint32_t chunk_count, const WarpStart* starts, float grad_scale,
+                              double lr_divisor);
 
 // Launches GradAccumulate over `chunk_count` chunks: for each element of each chunk,
-// accumulator[arena_offset + i] = (first ? 0 : itself) + grads[grad_offset + i] / grad_scale
+// accumulator[element + i] = (first ? 0 : itself) + grads[grad + i] / grad_scale
 // (grad_scale <= 0: none), in fp32; counted as "fusedps_grad_accumulate".
 // REQUIRES: as LaunchAdamWApply's.
 absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,
                                   GradDType grad_dtype, float* accumulator, const void* grads,
                                   const Chunk* chunks, uint32_t chunk_count, float grad_scale,
                                   bool first);
+
+// Launches StateRead over `chunk_count` chunks: `field` (params, exp_avg or exp_avg_sq) of each
+// chunk as fp32 into out[grad + i] (the chunks' grad offsets name the destination), bf16
+// widened and int8 dequantized; counted as "fusedps_state_read".
+absl::Status LaunchStateRead(LaunchCounter& launches, int grid, cudaStream_t stream,
+                             TensorField field, const DeviceArenas& arenas, const Chunk* chunks,
+                             uint32_t chunk_count, float* out);
 
 }  // namespace gpu
 }  // namespace fusedps

@@ -15,6 +15,11 @@
 // GrowBuffers), WriteParams and StageGrads (which return once their source may be reused),
 // and an upload ring that wraps onto a copy still queued.
 //
+// Storage: typed arenas (device_arenas.cuh; tensor_table.h says where each tensor lies). A
+// read of fp32 from bf16 or int8 storage converts on the device (StateRead, one launch per
+// Read); a write of fp32 into them converts on the host (stored_values.h) and uploads the
+// stored form.
+//
 // What queued work reads stays valid until it is done:
 // - device buffers are freed only once the apply stream has drained (GrowBuffers), and a buffer
 //   that a queued kernel reads is rewritten only by work queued after it on the same stream;
@@ -47,10 +52,12 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_arenas.cuh"
 #include "kernels/cuda/device_memory.cuh"
 #include "kernels/cuda/markers.cuh"
 #include "kernels/cuda/snapshots.cuh"
 #include "kernels/grad_check.h"
+#include "kernels/stored_values.h"
 #include "kernels/tensor_table.h"
 
 namespace fusedps {
@@ -88,6 +95,7 @@ class CudaBackend final : public OptimizerBackend {
     markers_.Free();
     if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
     for (DeviceBuffer* b : AllBuffers()) b->Free();
+    for (DeviceBuffer* b : arenas_.Buffers()) b->Free();
     chunk_ring_.Free();
     hyper_ring_.Free();
     if (arena_ != nullptr) cudaFreeHost(arena_);
@@ -110,7 +118,13 @@ class CudaBackend final : public OptimizerBackend {
     if (absl::Status s = snapshots_.Init(); !s.ok()) return s;
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
     if (absl::Status s = chunk_ring_.Init(kUploadSlots); !s.ok()) return s;
-    return hyper_ring_.Init(kUploadSlots);
+    if (absl::Status s = hyper_ring_.Init(kUploadSlots); !s.ok()) return s;
+    // The int8 codebooks, once (pageable: staged before cudaMemcpyAsync returns).
+    if (absl::Status s = GrowBuffers({codebooks_.ToHold(1)}, stream_); !s.ok()) return s;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(codebooks_.data(), &DynamicCodebooks(),
+                                                 sizeof(Int8Codebooks), cudaMemcpyHostToDevice,
+                                                 stream_));
+    return absl::OkStatus();
   }
 
   std::string name() const override { return "cuda"; }
@@ -119,11 +133,8 @@ class CudaBackend final : public OptimizerBackend {
 
   absl::Status SetParamGroup(uint32_t group, const AdamWHyperparameters& hyper) override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    if (absl::Status s = table_.CheckGroup(group, hyper); !s.ok()) return s;
     std::vector<AdamWHyperparameters> groups = table_.groups();
-    if (group > groups.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("param group index ", group, " skips ", groups.size()));
-    }
     if (group == groups.size()) {
       groups.push_back(hyper);
     } else {
@@ -131,7 +142,10 @@ class CudaBackend final : public OptimizerBackend {
     }
     // Everything that can fail comes before the host table changes.
     std::vector<BufferGrowth> growths = {hyper_.ToHold(groups.size())};
-    if (hyper.amsgrad) growths.push_back(max_exp_avg_sq_.ToHold(table_.arena_numel()));
+    if (hyper.amsgrad) {
+      std::vector<BufferGrowth> arenas = arenas_.ToHold(table_.sizes(), true, HasCopy());
+      growths.insert(growths.end(), arenas.begin(), arenas.end());
+    }
     if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
     const uint64_t bytes = groups.size() * sizeof(AdamWHyperparameters);
     absl::StatusOr<PinnedRing::Slot*> slot = hyper_ring_.Acquire(bytes);
@@ -146,33 +160,28 @@ class CudaBackend final : public OptimizerBackend {
 
   absl::StatusOr<uint32_t> AddTensors(absl::Span<const NewTensor> tensors) override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    absl::StatusOr<uint64_t> arena_numel = table_.ArenaNumelWith(tensors);
-    if (!arena_numel.ok()) return arena_numel.status();
+    absl::StatusOr<ArenaSizes> sizes = table_.ArenaSizesWith(tensors);
+    if (!sizes.ok()) return sizes.status();
     const uint32_t first = table_.size();
     if (tensors.empty()) return first;
     const uint64_t count = first + tensors.size();
     uint64_t chunk_count = full_chunks_host_.size();
     for (const NewTensor& t : tensors) chunk_count += ChunksOf(t.numel);
-    std::vector<BufferGrowth> growths = {
-        params_.ToHold(*arena_numel),     exp_avg_.ToHold(*arena_numel),
-        exp_avg_sq_.ToHold(*arena_numel), step_dev_.ToHold(count),
-        remaining_.ToHold(count),         portions_of_dev_.ToHold(count),
-        full_chunks_.ToHold(chunk_count)};
-    if (table_.any_amsgrad()) growths.push_back(max_exp_avg_sq_.ToHold(*arena_numel));
-    if (options_.param_copy_dtype != ParamCopyDType::kNone) {
-      growths.push_back(copy_.ToHold(*arena_numel));
+    std::vector<BufferGrowth> growths = arenas_.ToHold(*sizes, table_.any_amsgrad(), HasCopy());
+    for (BufferGrowth g :
+         {step_dev_.ToHold(count), remaining_.ToHold(count), portions_of_dev_.ToHold(count),
+          full_chunks_.ToHold(chunk_count),
+          full_starts_.ToHold(static_cast<uint64_t>(apply_grid_) * kWarpsPerBlock + 1)}) {
+      growths.push_back(g);
     }
     // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
     if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
-    // The new tensors' chunks and portion counts, kept aside until everything has succeeded.
+    table_.Append(tensors);
+    // The new tensors' chunks and portion counts.
     std::vector<Chunk> chunks;
     std::vector<uint32_t> portions;
-    uint64_t offset = table_.arena_numel();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const NewTensor& t = tensors[i];
-      portions.push_back(kPortions * AppendChunks(static_cast<uint32_t>(first + i), t.param_group,
-                                                  t.numel, offset, offset, chunks));
-      offset += AlignedNumel(t.numel);
+    for (uint32_t t = first; t < count; ++t) {
+      portions.push_back(AppendChunks(SourceOf(t, table_.offset(t)), chunks));
     }
     // The new tensors' rows of the device tables. Their arena ranges are zero already (fresh
     // memory, or zeroed by TruncateTensors), but a truncated tensor may have left a step.
@@ -188,9 +197,9 @@ class CudaBackend final : public OptimizerBackend {
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_chunks_.data() + full_chunks_host_.size(),
                                                  chunks.data(), chunks.size() * sizeof(Chunk),
                                                  cudaMemcpyHostToDevice, stream_));
-    table_.Append(tensors);
-    portions_of_.insert(portions_of_.end(), portions.begin(), portions.end());
+    for (uint32_t t = first; t < count; ++t) chunks_of_.push_back(ChunksOf(table_.numel(t)));
     full_chunks_host_.insert(full_chunks_host_.end(), chunks.begin(), chunks.end());
+    if (absl::Status s = UploadFullStarts(); !s.ok()) return s;
     return first;
   }
 
@@ -201,45 +210,45 @@ class CudaBackend final : public OptimizerBackend {
     }
     if (count == table_.size()) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    uint64_t kept_chunks = 0;
+    for (uint32_t t = 0; t < count; ++t) kept_chunks += chunks_of_[t];
+    table_.Truncate(count);
     // Zero what the removed tensors held, after the work queued so far, so that tensors added
     // later start from zero.
-    const uint64_t from = table_.offset(count), to = table_.arena_numel();
-    for (DeviceArray<float>* arena : {&params_, &exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_}) {
-      if (arena->capacity() <= from) continue;  // max_exp_avg_sq without amsgrad.
-      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-          arena->data() + from, 0, (std::min(to, arena->capacity()) - from) * 4, stream_));
-    }
-    if (copy_.capacity() > from) {
-      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-          copy_.data() + from, 0, (std::min(to, copy_.capacity()) - from) * 2, stream_));
-    }
-    uint64_t kept_chunks = 0;
-    for (uint32_t t = 0; t < count; ++t) kept_chunks += portions_of_[t] / kPortions;
+    if (absl::Status s = arenas_.ZeroFrom(table_.sizes(), stream_); !s.ok()) return s;
     full_chunks_host_.resize(kept_chunks);
-    portions_of_.resize(count);
-    table_.Truncate(count);
-    return absl::OkStatus();
+    chunks_of_.resize(count);
+    return UploadFullStarts();
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,
                            absl::Span<const float> values) override {
     if (values.empty()) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    const uint64_t at = table_.offset(tensor) + offset;
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params_.data() + at, values.data(),
-                                                 values.size() * sizeof(float),
-                                                 cudaMemcpyHostToDevice, stream_));
-    std::vector<uint16_t> copy;
-    if (options_.param_copy_dtype != ParamCopyDType::kNone) {
-      copy.resize(values.size());
-      for (size_t i = 0; i < values.size(); ++i) {
-        copy[i] = options_.param_copy_dtype == ParamCopyDType::kBFloat16
-                      ? FloatToBFloat16(values[i])
-                      : FloatToFloat16(values[i]);
-      }
-      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_.data() + at, copy.data(),
-                                                   copy.size() * sizeof(uint16_t),
+    const uint64_t at = table_.param_offset(tensor) + offset;
+    const DeviceArenas a = arenas_.KernelView();
+    std::vector<uint16_t> half;
+    if (table_.layout(tensor).params == ParamsDType::kBFloat16) {
+      half.resize(values.size());
+      for (size_t i = 0; i < values.size(); ++i) half[i] = FloatToBFloat16(values[i]);
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.params16 + at, half.data(),
+                                                   half.size() * sizeof(uint16_t),
                                                    cudaMemcpyHostToDevice, stream_));
+    } else {
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.params32 + at, values.data(),
+                                                   values.size() * sizeof(float),
+                                                   cudaMemcpyHostToDevice, stream_));
+      if (HasCopy()) {
+        half.resize(values.size());
+        for (size_t i = 0; i < values.size(); ++i) {
+          half[i] = options_.param_copy_dtype == ParamCopyDType::kBFloat16
+                        ? FloatToBFloat16(values[i])
+                        : FloatToFloat16(values[i]);
+        }
+        FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.copy + at, half.data(),
+                                                     half.size() * sizeof(uint16_t),
+                                                     cudaMemcpyHostToDevice, stream_));
+      }
     }
     // Registration is rare: wait, so that `values` (page-locked or not) may be reused.
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -248,21 +257,42 @@ class CudaBackend final : public OptimizerBackend {
 
   absl::Status Write(const WriteRequest& request) override {
     if (absl::Status s = table_.CheckWrite(request, options_.param_copy_dtype); !s.ok()) return s;
-    void* dst = nullptr;
-    if (request.param_copy) {
-      dst = copy_.data() + table_.offset(request.tensor) + request.offset;
-    } else {
-      absl::StatusOr<const float*> field_start = table_.FieldOf(
-          {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
-          request.field, request.tensor);
-      if (!field_start.ok()) return field_start.status();
-      dst = const_cast<float*>(*field_start) + request.offset;
-    }
     if (request.count == 0) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    const uint64_t bytes = request.count * (request.param_copy ? 2 : 4);
+    if (request.param_copy) {
+      uint16_t* dst =
+          arenas_.KernelView().copy + table_.param_offset(request.tensor) + request.offset;
+      FUSEDPS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, request.src, request.count * 2, cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    }
+    const StoredField field = table_.FieldOf(arenas_.Pointers(), request.field, request.tensor);
+    char* dst = field.data + request.offset * field.element_bytes;
+    if (request.stored || field.element_bytes == 4) {
+      // The caller keeps src until a later marker (backend.h).
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          dst, request.src, request.count * field.element_bytes, cudaMemcpyHostToDevice, stream_));
+      return absl::OkStatus();
+    }
+    // fp32 into bf16 or int8: converted here (whole blocks for int8: CheckWrite), then uploaded
+    // from pageable memory, which cudaMemcpyAsync has read before it returns.
+    const TensorLayout layout = table_.layout(request.tensor);
+    std::vector<char> stored(request.count * field.element_bytes);
+    std::vector<float> scales(QuantBlocks(request.count));
+    FloatToStored(layout, request.field, static_cast<const float*>(request.src), 0, request.count,
+                  stored.data(), scales.data());
     FUSEDPS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, request.src, bytes, cudaMemcpyHostToDevice, stream_));
+        cudaMemcpyAsync(dst, stored.data(), stored.size(), cudaMemcpyHostToDevice, stream_));
+    if (layout.state == StateDType::kInt8 && request.field != TensorField::kParam) {
+      const TensorField scale_field = request.field == TensorField::kExpAvg
+                                          ? TensorField::kExpAvgAbsmax
+                                          : TensorField::kExpAvgSqAbsmax;
+      char* scales_dst = table_.FieldOf(arenas_.Pointers(), scale_field, request.tensor).data +
+                         request.offset / kQuantBlock * sizeof(float);
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales_dst, scales.data(),
+                                                   scales.size() * sizeof(float),
+                                                   cudaMemcpyHostToDevice, stream_));
+    }
     return absl::OkStatus();
   }
 
@@ -270,9 +300,8 @@ class CudaBackend final : public OptimizerBackend {
     if (absl::Status s = table_.CheckStep(tensor, step); !s.ok()) return s;
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     // From pageable memory: staged before cudaMemcpyAsync returns (see the top of this file).
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + tensor, &step,
-                                                 sizeof(int64_t), cudaMemcpyHostToDevice,
-                                                 stream_));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + tensor, &step, sizeof(int64_t),
+                                                 cudaMemcpyHostToDevice, stream_));
     table_.SetStep(tensor, step);
     return absl::OkStatus();
   }
@@ -320,13 +349,13 @@ class CudaBackend final : public OptimizerBackend {
     absl::StatusOr<ChunkList> chunks = PrepareChunks(request);
     if (!chunks.ok()) return chunks.status();
     if (chunks->count > 0) {
-      absl::StatusOr<const Chunk*> device_chunks = QueueChunks(*chunks);
+      absl::StatusOr<DeviceList> device_chunks = QueueChunks(*chunks);
       if (!device_chunks.ok()) return device_chunks.status();
       absl::StatusOr<const void*> device_grads = QueueGrads(request, *source);
       if (!device_grads.ok()) return device_grads.status();
       if (absl::Status s = LaunchGradAccumulate(
               launches_, apply_grid_, stream_, request.grad_dtype, accumulator_.data(),
-              *device_grads, *device_chunks, chunks->count, request.grad_scale, first);
+              *device_grads, device_chunks->chunks, chunks->count, request.grad_scale, first);
           !s.ok()) {
         return s;
       }
@@ -335,55 +364,56 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   absl::Status Read(const ReadRequest& request) override {
-    if (request.param_copy && (request.field != TensorField::kParam ||
-                               options_.param_copy_dtype == ParamCopyDType::kNone)) {
-      return absl::FailedPreconditionError(
-          "a read of the param copy needs field param and a backend that keeps a copy");
+    // Check every tensor before queuing any copy.
+    bool convert = false;  // fp32 from bf16 or int8 storage: through StateRead.
+    for (uint32_t t : request.tensors) {
+      if (absl::Status s = table_.CheckRead(request, t, options_.param_copy_dtype); !s.ok()) {
+        return s;
+      }
+      convert |= !request.stored && !request.param_copy &&
+                 StoredElementBytes(table_.layout(t), request.field) != 4;
     }
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    const uint64_t element = request.param_copy ? 2 : 4;
-    // Check every tensor before queuing any copy.
+    uint64_t end = 0;  // Of the destination's bytes.
     std::vector<const char*> sources(request.tensors.size());
+    std::vector<uint64_t> bytes(request.tensors.size());
     for (size_t i = 0; i < request.tensors.size(); ++i) {
       const uint32_t t = request.tensors[i];
       if (request.param_copy) {
-        sources[i] = reinterpret_cast<const char*>(copy_.data() + table_.offset(t));
-        continue;
+        sources[i] =
+            reinterpret_cast<const char*>(arenas_.KernelView().copy + table_.param_offset(t));
+        bytes[i] = table_.numel(t) * 2;
+      } else {
+        const StoredField field = table_.FieldOf(arenas_.Pointers(), request.field, t);
+        sources[i] = field.data;
+        bytes[i] = field.count * (convert ? 4 : field.element_bytes);
       }
-      absl::StatusOr<const float*> field_start = table_.FieldOf(
-          {params_.data(), exp_avg_.data(), exp_avg_sq_.data(), max_exp_avg_sq_.data()},
-          request.field, t);
-      if (!field_start.ok()) return field_start.status();
-      sources[i] = reinterpret_cast<const char*>(*field_start);
+      end = std::max(end, request.dst_offsets[i] + bytes[i]);
     }
     if (request.dst_is_snapshot) {
-      uint64_t end = 0;
-      for (size_t i = 0; i < request.tensors.size(); ++i) {
-        end = std::max(end, request.dst_offsets[i] + table_.numel(request.tensors[i]) * element);
-      }
       if (absl::Status s = snapshots_.CheckRange(request.dst, end); !s.ok()) return s;
     }
-    // One copy per run of tensors that are adjacent both in the arena and in dst, with the same
-    // padding between them: the copy then also moves the padding (zero in the arenas, never
-    // written) into a gap of dst that no tensor uses.
     const cudaMemcpyKind kind =
         request.dst_is_snapshot ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
     char* dst = static_cast<char*>(request.dst);
+    if (convert) return ReadConverted(request, end, kind);
+    // One copy per run of tensors that are adjacent both in their arena and in dst, with the
+    // same gap between them: the copy then also moves the arena's padding (zero, never
+    // written) into a gap of dst that no tensor uses.
     for (size_t i = 0; i < request.tensors.size();) {
       size_t last = i;
       while (last + 1 < request.tensors.size()) {
-        const uint64_t padded = AlignedNumel(table_.numel(request.tensors[last])) * element;
-        if (sources[last + 1] != sources[last] + padded ||
-            request.dst_offsets[last + 1] != request.dst_offsets[last] + padded) {
+        const uint64_t gap = request.dst_offsets[last + 1] - request.dst_offsets[last];
+        if (request.dst_offsets[last + 1] < request.dst_offsets[last] + bytes[last] ||
+            sources[last + 1] != sources[last] + gap) {
           break;
         }
         ++last;
       }
-      const uint64_t bytes = request.dst_offsets[last] - request.dst_offsets[i] +
-                             table_.numel(request.tensors[last]) * element;
-      if (bytes > 0) {
+      const uint64_t run = request.dst_offsets[last] - request.dst_offsets[i] + bytes[last];
+      if (run > 0) {
         FUSEDPS_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(dst + request.dst_offsets[i], sources[i], bytes, kind, stream_));
+            cudaMemcpyAsync(dst + request.dst_offsets[i], sources[i], run, kind, stream_));
       }
       i = last + 1;
     }
@@ -421,22 +451,22 @@ class CudaBackend final : public OptimizerBackend {
   int64_t step(uint32_t tensor) const override { return table_.step(tensor); }
   uint32_t tensor_count() const override { return table_.size(); }
   uint64_t numel(uint32_t tensor) const override { return table_.numel(tensor); }
+  TensorLayout layout(uint32_t tensor) const override { return table_.layout(tensor); }
   uint64_t launches_total() const override { return launches_.total(); }
   std::map<std::string, uint64_t> launch_counts() const override { return launches_.counts(); }
 
   // Reads only atomics (DeviceBuffer::bytes) and the snapshot store (its own mutex): safe while
   // the engine thread grows buffers.
   std::map<std::string, uint64_t> memory_bytes() const override {
-    return {{"params", params_.bytes()},
-            {"exp_avg", exp_avg_.bytes()},
-            {"exp_avg_sq", exp_avg_sq_.bytes()},
-            {"max_exp_avg_sq", max_exp_avg_sq_.bytes()},
-            {"param_copy", copy_.bytes()},
-            {"grad_staging", grads_.bytes() + arena_mirror_.bytes()},
-            {"grad_accumulator", accumulator_.bytes()},
-            {"tables", full_chunks_.bytes() + push_chunks_.bytes() + step_dev_.bytes() +
-                           hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes()},
-            {"pull_snapshots", snapshots_.bytes()}};
+    std::map<std::string, uint64_t> bytes = arenas_.Bytes();
+    bytes["grad_staging"] = grads_.bytes() + arena_mirror_.bytes();
+    bytes["grad_accumulator"] = accumulator_.bytes();
+    bytes["tables"] = full_chunks_.bytes() + full_starts_.bytes() + push_chunks_.bytes() +
+                      push_starts_.bytes() + read_chunks_.bytes() + step_dev_.bytes() +
+                      hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes() +
+                      codebooks_.bytes();
+    bytes["pull_snapshots"] = snapshots_.bytes() + read_scratch_.bytes();
+    return bytes;
   }
 
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
@@ -491,12 +521,20 @@ class CudaBackend final : public OptimizerBackend {
     bool in_arena = false;    // The staging arena (its mirror on the device).
     uint64_t grad_bytes = 0;  // The bytes the kernel reads: never past a tensor's last element.
   };
-  // The chunk list a launch walks: the resident full list, or a partial one to upload from
-  // `slot` (PrepareChunks; QueueChunks).
+  // The chunk list a launch walks, with its warps' starts: the resident full list, or a
+  // partial one (push_chunks_host_, push_starts_host_) to upload from `slot` (PrepareChunks;
+  // QueueChunks).
   struct ChunkList {
     bool full = true;
     uint32_t count = 0;
+    uint32_t blocks = 0;
+    ApplyKinds kinds = ApplyKinds::kFloat32Only;
     PinnedRing::Slot* slot = nullptr;
+  };
+  // Where a launch's chunk list and warp starts are on the device.
+  struct DeviceList {
+    const Chunk* chunks = nullptr;
+    const WarpStart* starts = nullptr;
   };
 
   // Checks where the grads lie and makes room for a copy from other host memory.
@@ -506,9 +544,9 @@ class CudaBackend final : public OptimizerBackend {
     const char* host = static_cast<const char*>(request.grads);
     source.in_arena = arena_ != nullptr && host >= arena_ && host < arena_ + arena_bytes_;
     for (size_t r = 0; r < request.tensors.size(); ++r) {
-      source.grad_bytes = std::max(
-          source.grad_bytes, (request.grad_offsets[r] + table_.numel(request.tensors[r])) *
-                                 DTypeSize(request.grad_dtype));
+      source.grad_bytes =
+          std::max(source.grad_bytes, (request.grad_offsets[r] + table_.numel(request.tensors[r])) *
+                                          DTypeSize(request.grad_dtype));
     }
     if (source.in_arena &&
         source.grad_bytes > static_cast<uint64_t>(arena_ + arena_bytes_ - host)) {
@@ -516,8 +554,8 @@ class CudaBackend final : public OptimizerBackend {
     }
     if (host == nullptr && source.grad_bytes > staged_bytes_) {
       return absl::FailedPreconditionError(absl::StrCat("the step reads ", source.grad_bytes,
-                                                        " bytes of staged grads; ",
-                                                        staged_bytes_, " are staged"));
+                                                        " bytes of staged grads; ", staged_bytes_,
+                                                        " are staged"));
     }
     if (host != nullptr && !source.in_arena) {
       if (absl::Status s = Reserve(grads_, (source.grad_bytes + 15) / 16); !s.ok()) return s;
@@ -525,43 +563,144 @@ class CudaBackend final : public OptimizerBackend {
     return source;
   }
 
-  // The resident list for a full push, else a partial list built in push_chunks_host_, with a
-  // slot to upload it from. From the accumulator, each tensor's grads are at its arena offset.
+  // The resident list for a full push, else a partial list built in push_chunks_host_ (with
+  // its warps' starts), with a slot to upload it from. From the accumulator, each tensor's
+  // grads are at its canonical offset.
   absl::StatusOr<ChunkList> PrepareChunks(const StepRequest& request) {
     ChunkList list;
     list.full = IsFullPush(request);
     if (list.full) {
       list.count = static_cast<uint32_t>(full_chunks_host_.size());
+      list.blocks = full_blocks_;
+      list.kinds = full_kinds_;
       return list;
     }
     push_chunks_host_.clear();
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
-      const uint64_t grad_offset =
-          request.from_accumulator ? table_.offset(t) : request.grad_offsets[r];
-      AppendChunks(t, table_.group_of(t), table_.numel(t), table_.offset(t), grad_offset,
-                   push_chunks_host_);
+      AppendChunks(
+          SourceOf(t, request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
+          push_chunks_host_);
+      if (!IsFloat32Layout(table_.layout(t))) list.kinds = ApplyKinds::kAny;
     }
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
-    if (absl::Status s = Reserve(push_chunks_, push_chunks_host_.size()); !s.ok()) return s;
-    absl::StatusOr<PinnedRing::Slot*> slot =
-        chunk_ring_.Acquire(push_chunks_host_.size() * sizeof(Chunk));
+    list.blocks = ApplyBlocks(apply_grid_, PortionsIn(push_chunks_host_));
+    push_starts_host_ = SplitAmongWarps(push_chunks_host_, list.blocks * kWarpsPerBlock);
+    if (absl::Status s = GrowBuffers(
+            {push_chunks_.ToHold(std::max<uint64_t>(list.count, push_chunks_.capacity())),
+             push_starts_.ToHold(push_starts_host_.size())},
+            stream_);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<PinnedRing::Slot*> slot = chunk_ring_.Acquire(
+        list.count * sizeof(Chunk) + push_starts_host_.size() * sizeof(WarpStart));
     if (!slot.ok()) return slot.status();
     list.slot = *slot;
     return list;
   }
 
   // Queues the upload of a partial list; returns the device list the launch walks.
-  absl::StatusOr<const Chunk*> QueueChunks(const ChunkList& list) {
-    if (list.full) return full_chunks_.data();
+  absl::StatusOr<DeviceList> QueueChunks(const ChunkList& list) {
+    if (list.full) return DeviceList{full_chunks_.data(), full_starts_.data()};
     // From a page-locked slot that stays untouched until this copy is done; the device list
     // is rewritten only by the next partial launch's copy, queued after this one's kernel.
-    std::memcpy(list.slot->host, push_chunks_host_.data(), list.count * sizeof(Chunk));
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_chunks_.data(), list.slot->host,
-                                                 list.count * sizeof(Chunk),
-                                                 cudaMemcpyHostToDevice, stream_));
+    const uint64_t chunk_bytes = list.count * sizeof(Chunk);
+    const uint64_t start_bytes = push_starts_host_.size() * sizeof(WarpStart);
+    char* host = static_cast<char*>(list.slot->host);
+    std::memcpy(host, push_chunks_host_.data(), chunk_bytes);
+    std::memcpy(host + chunk_bytes, push_starts_host_.data(), start_bytes);
+    FUSEDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(push_chunks_.data(), host, chunk_bytes, cudaMemcpyHostToDevice, stream_));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_starts_.data(), host + chunk_bytes,
+                                                 start_bytes, cudaMemcpyHostToDevice, stream_));
     if (absl::Status s = chunk_ring_.Release(list.slot, stream_); !s.ok()) return s;
-    return push_chunks_.data();
+    return DeviceList{push_chunks_.data(), push_starts_.data()};
+  }
+
+  // Tensor t as AppendChunks takes it, its gradients at `grad`.
+  ChunkSource SourceOf(uint32_t t, uint64_t grad) const {
+    ChunkSource source;
+    source.tensor = t;
+    source.group = table_.group_of(t);
+    source.numel = table_.numel(t);
+    source.layout = table_.layout(t);
+    source.element = table_.offset(t);
+    source.param = table_.param_offset(t);
+    source.state = table_.state_offset(t);
+    source.grad = grad;
+    source.rounding_key = table_.rounding_key(t);
+    return source;
+  }
+
+  static uint32_t ChunksOf(uint64_t numel) {
+    return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kChunkNumel - 1) / kChunkNumel);
+  }
+
+  bool HasCopy() const { return options_.param_copy_dtype != ParamCopyDType::kNone; }
+
+  // The full list's launch: its blocks, its kinds, and its warps' starts, uploaded (after a
+  // registration or a truncation changed the list).
+  absl::Status UploadFullStarts() {
+    full_kinds_ = ApplyKinds::kFloat32Only;
+    for (uint32_t t = 0; t < table_.size(); ++t) {
+      if (!IsFloat32Layout(table_.layout(t))) full_kinds_ = ApplyKinds::kAny;
+    }
+    if (full_chunks_host_.empty()) return absl::OkStatus();
+    full_blocks_ = ApplyBlocks(apply_grid_, PortionsIn(full_chunks_host_));
+    const std::vector<WarpStart> starts =
+        SplitAmongWarps(full_chunks_host_, full_blocks_ * kWarpsPerBlock);
+    // From pageable memory: staged before cudaMemcpyAsync returns.
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_starts_.data(), starts.data(),
+                                                 starts.size() * sizeof(WarpStart),
+                                                 cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  }
+
+  // A Read of fp32 from bf16 or int8 storage (every tensor of it through StateRead): into the
+  // snapshot directly, or into the scratch buffer and then, in one copy, into host memory.
+  absl::Status ReadConverted(const ReadRequest& request, uint64_t end, cudaMemcpyKind kind) {
+    std::vector<Chunk> chunks;
+    for (size_t i = 0; i < request.tensors.size(); ++i) {
+      if (request.dst_offsets[i] % sizeof(float) != 0) {
+        return absl::InvalidArgumentError("an fp32 read needs 4-byte aligned destinations");
+      }
+      AppendChunks(SourceOf(request.tensors[i], request.dst_offsets[i] / sizeof(float)), chunks);
+    }
+    float* out = static_cast<float*>(request.dst);
+    if (kind == cudaMemcpyDeviceToHost) {
+      if (absl::Status s = Reserve(read_scratch_, end / sizeof(float)); !s.ok()) return s;
+      out = read_scratch_.data();
+    }
+    if (absl::Status s = GrowBuffers(
+            {read_chunks_.ToHold(std::max<uint64_t>(chunks.size(), read_chunks_.capacity()))},
+            stream_);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<PinnedRing::Slot*> slot = chunk_ring_.Acquire(chunks.size() * sizeof(Chunk));
+    if (!slot.ok()) return slot.status();
+    std::memcpy((*slot)->host, chunks.data(), chunks.size() * sizeof(Chunk));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(read_chunks_.data(), (*slot)->host,
+                                                 chunks.size() * sizeof(Chunk),
+                                                 cudaMemcpyHostToDevice, stream_));
+    if (absl::Status s = chunk_ring_.Release(*slot, stream_); !s.ok()) return s;
+    DeviceArenas arenas = arenas_.KernelView();
+    arenas.codebooks = codebooks_.data();
+    if (absl::Status s =
+            LaunchStateRead(launches_, apply_grid_, stream_, request.field, arenas,
+                            read_chunks_.data(), static_cast<uint32_t>(chunks.size()), out);
+        !s.ok()) {
+      return s;
+    }
+    if (kind == cudaMemcpyDeviceToHost) {
+      uint64_t begin = end;
+      for (uint64_t o : request.dst_offsets) begin = std::min(begin, o);
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(request.dst) + begin,
+                                                   reinterpret_cast<const char*>(out) + begin,
+                                                   end - begin, kind, stream_));
+    }
+    return absl::OkStatus();
   }
 
   // Queues the wait for (or the copy of) the grads; returns where the kernel reads them.
@@ -576,8 +715,8 @@ class CudaBackend final : public OptimizerBackend {
     }
     if (host != nullptr) {
       // The caller keeps the grads valid until the marker (backend.h's StepRequest).
-      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(grads_.data(), host, source.grad_bytes,
-                                                   cudaMemcpyHostToDevice, stream_));
+      FUSEDPS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(grads_.data(), host, source.grad_bytes, cudaMemcpyHostToDevice, stream_));
     }
     return grads_.data();
   }
@@ -586,20 +725,24 @@ class CudaBackend final : public OptimizerBackend {
   // and the events of its marker.
   absl::Status Queue(const StepRequest& request, const ChunkList& list, const GradSource& source,
                      const StepEvents& events) {
-    absl::StatusOr<const Chunk*> chunks = QueueChunks(list);
+    absl::StatusOr<DeviceList> chunks = QueueChunks(list);
     if (!chunks.ok()) return chunks.status();
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
     absl::StatusOr<const void*> grads = QueueGrads(request, source);
     if (!grads.ok()) return grads.status();
-    DeviceArenas arenas{params_.data(),         exp_avg_.data(), exp_avg_sq_.data(),
-                        max_exp_avg_sq_.data(), copy_.data(),    *grads,
-                        step_dev_.data(),       hyper_.data(),   remaining_.data(),
-                        portions_of_dev_.data()};
+    DeviceArenas arenas = arenas_.KernelView();
+    arenas.grads = *grads;
+    arenas.step = step_dev_.data();
+    arenas.hyper = hyper_.data();
+    arenas.remaining = remaining_.data();
+    arenas.portions_of = portions_of_dev_.data();
+    arenas.codebooks = codebooks_.data();
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
-    const GradDType dtype = request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype;
-    if (absl::Status s = LaunchAdamWApply(launches_, apply_grid_, stream_, dtype,
-                                          options_.param_copy_dtype, arenas, *chunks,
-                                          list.count, request.grad_scale, request.lr_divisor);
+    const ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
+                             options_.param_copy_dtype, list.kinds};
+    if (absl::Status s =
+            LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas, chunks->chunks,
+                             list.count, chunks->starts, request.grad_scale, request.lr_divisor);
         !s.ok()) {
       return s;
     }
@@ -627,9 +770,9 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   std::vector<DeviceBuffer*> AllBuffers() {
-    return {&params_,          &exp_avg_,      &exp_avg_sq_, &max_exp_avg_sq_, &copy_,
-            &grads_,           &arena_mirror_, &step_dev_,   &hyper_,          &remaining_,
-            &portions_of_dev_, &full_chunks_,  &push_chunks_, &accumulator_};
+    return {&grads_,           &arena_mirror_, &step_dev_,    &hyper_,       &remaining_,
+            &portions_of_dev_, &full_chunks_,  &full_starts_, &push_chunks_, &push_starts_,
+            &read_chunks_,     &read_scratch_, &accumulator_, &codebooks_};
   }
 
   const BackendOptions options_;
@@ -653,18 +796,23 @@ class CudaBackend final : public OptimizerBackend {
 
   // Host tables (the engine thread's).
   TensorTable table_;
-  std::vector<uint32_t> portions_of_;
+  std::vector<uint32_t> chunks_of_;  // Per tensor: its chunks in the full list.
   std::vector<Chunk> full_chunks_host_, push_chunks_host_;
+  std::vector<WarpStart> push_starts_host_;
+  uint32_t full_blocks_ = 0;  // The full list's launch (UploadFullStarts).
+  ApplyKinds full_kinds_ = ApplyKinds::kFloat32Only;
   PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
 
   // Device memory.
-  DeviceArray<float> params_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
-  DeviceArray<float> accumulator_;  // Accumulate's sums, laid out as params_.
-  DeviceArray<uint16_t> copy_;
+  DeviceArenaSet arenas_;
+  DeviceArray<float> accumulator_;  // Accumulate's sums, laid out canonically.
   DeviceArray<int64_t> step_dev_;
   DeviceArray<AdamWHyperparameters> hyper_;
   DeviceArray<uint32_t> remaining_, portions_of_dev_;
-  DeviceArray<Chunk> full_chunks_, push_chunks_;
+  DeviceArray<Chunk> full_chunks_, push_chunks_, read_chunks_;
+  DeviceArray<WarpStart> full_starts_, push_starts_;
+  DeviceArray<float> read_scratch_;  // fp32 reads of converted storage into host memory.
+  DeviceArray<Int8Codebooks> codebooks_;
 
   // Thread-safe, each with its own mutex.
   MarkerTable markers_;

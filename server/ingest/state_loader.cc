@@ -19,25 +19,10 @@ namespace {
 
 int IndexOf(TensorField field) { return static_cast<int>(field) - 1; }
 
-// The fields' names as the clients spell them (fusedps pull --field, Client.pull_state).
-const char* FieldName(TensorField field) {
-  switch (field) {
-    case TensorField::kParam:
-      return "param";
-    case TensorField::kExpAvg:
-      return "exp_avg";
-    case TensorField::kExpAvgSq:
-      return "exp_avg_sq";
-    case TensorField::kMaxExpAvgSq:
-      return "max_exp_avg_sq";
-  }
-  return "?";
-}
-
 // `s` with the field it is about in front of its message.
 absl::Status AboutField(const absl::Status& s, TensorField field) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat("field ", FieldName(field), ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("field ", TensorFieldName(field), ": ", s.message()));
 }
 
 }  // namespace
@@ -87,7 +72,7 @@ absl::StatusOr<std::unique_ptr<StateLoader>> StateLoader::Begin(
       const int f = IndexOf(*field);
       if (listed[f]) {
         return absl::InvalidArgumentError(absl::StrCat(at, ".fields of ", QuoteName(state.name()),
-                                                       " lists ", FieldName(*field),
+                                                       " lists ", TensorFieldName(*field),
                                                        " a second time"));
       }
       listed[f] = true;
@@ -142,7 +127,7 @@ absl::Status StateLoader::AddChunks(
             absl::StrCat("chunks.tensor ", QuoteName(chunk.tensor()), " is not registered"));
       }
       return absl::InvalidArgumentError(
-          absl::StrCat("chunks.field ", FieldName(*field), " of ", QuoteName(chunk.tensor()),
+          absl::StrCat("chunks.field ", TensorFieldName(*field), " of ", QuoteName(chunk.tensor()),
                        " is not among the fields header.tensors lists for it"));
     }
     if (absl::Status s = assembler->AddChunk(chunk.tensor(), chunk.offset(), chunk.data());
