@@ -37,6 +37,18 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("must be fp32, bf16 or fp16, not ", name));
 }
 
+const char* StateDTypeName(StateDType dtype) {
+  switch (dtype) {
+    case StateDType::kFloat32:
+      return "fp32";
+    case StateDType::kBFloat16:
+      return "bf16";
+    case StateDType::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
 namespace internal {
 
 absl::StatusOr<std::vector<MessagePlan>> PlanChunks(absl::Span<const TensorExtent> tensors,
@@ -162,6 +174,15 @@ namespace {
 
 absl::Status Malformed(absl::string_view what) {
   return absl::InternalError(absl::StrCat("malformed pull reply: ", what));
+}
+
+// UNSPECIFIED (a server from before the field) means fp32; other values pass as they are.
+StateDType StateDTypeFromProto(v1::StateDType dtype) {
+  return dtype == v1::STATE_DTYPE_UNSPECIFIED ? StateDType::kFloat32
+                                              : static_cast<StateDType>(dtype);
+}
+DType ParamsDTypeFromProto(v1::DType dtype) {
+  return dtype == v1::DTYPE_UNSPECIFIED ? DType::kFloat32 : static_cast<DType>(dtype);
 }
 
 }  // namespace
@@ -298,6 +319,9 @@ v1::Hyperparameters ToProtoHyperparameters(const ParamGroupOptions& options) {
   if (options.weight_decay_mode) {
     hyper.set_weight_decay_mode(static_cast<v1::WeightDecayMode>(*options.weight_decay_mode));
   }
+  if (options.state_dtype) hyper.set_state_dtype(static_cast<v1::StateDType>(*options.state_dtype));
+  if (options.params_dtype) hyper.set_params_dtype(static_cast<v1::DType>(*options.params_dtype));
+  if (options.rounding_seed) hyper.set_rounding_seed(*options.rounding_seed);
   return hyper;
 }
 
@@ -316,6 +340,10 @@ ParamGroupOptions FromProtoHyperparameters(const v1::Hyperparameters& hyper) {
                                     ? WeightDecayMode::kL2
                                     : WeightDecayMode::kDecoupled;
   }
+  // UNSPECIFIED means fp32 (see the proto).
+  if (hyper.has_state_dtype()) options.state_dtype = StateDTypeFromProto(hyper.state_dtype());
+  if (hyper.has_params_dtype()) options.params_dtype = ParamsDTypeFromProto(hyper.params_dtype());
+  if (hyper.has_rounding_seed()) options.rounding_seed = hyper.rounding_seed();
   return options;
 }
 
@@ -330,6 +358,8 @@ TensorInfo FromProtoTensorInfo(const v1::TensorInfo& info) {
   out.param_group = info.param_group();
   out.step = info.step();
   out.numel = info.numel();
+  out.params_dtype = ParamsDTypeFromProto(info.params_dtype());
+  out.state_dtype = StateDTypeFromProto(info.state_dtype());
   return out;
 }
 

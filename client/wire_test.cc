@@ -263,6 +263,46 @@ TEST(HyperparametersTest, OnlySetFieldsTravel) {
   EXPECT_FALSE(back.eps.has_value());
 }
 
+TEST(HyperparametersTest, StorageFieldsTravelWhenSet) {
+  ParamGroupOptions options;
+  options.state_dtype = StateDType::kInt8;
+  options.params_dtype = DType::kBFloat16;
+  options.rounding_seed = 0xfedcba9876543210ull;  // Above 2^63: uint64 on the wire.
+  const v1::Hyperparameters hyper = internal::ToProtoHyperparameters(options);
+  EXPECT_EQ(hyper.state_dtype(), v1::STATE_DTYPE_INT8);
+  EXPECT_EQ(hyper.params_dtype(), v1::DTYPE_BFLOAT16);
+  EXPECT_EQ(hyper.rounding_seed(), 0xfedcba9876543210ull);
+  const ParamGroupOptions back = internal::FromProtoHyperparameters(hyper);
+  EXPECT_EQ(back.state_dtype, StateDType::kInt8);
+  EXPECT_EQ(back.params_dtype, DType::kBFloat16);
+  EXPECT_EQ(back.rounding_seed, 0xfedcba9876543210ull);
+
+  const v1::Hyperparameters unset = internal::ToProtoHyperparameters(ParamGroupOptions{});
+  EXPECT_FALSE(unset.has_state_dtype());
+  EXPECT_FALSE(unset.has_params_dtype());
+  EXPECT_FALSE(unset.has_rounding_seed());
+  v1::Hyperparameters unspecified;  // Set to UNSPECIFIED: fp32, as the proto says.
+  unspecified.set_state_dtype(v1::STATE_DTYPE_UNSPECIFIED);
+  unspecified.set_params_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(internal::FromProtoHyperparameters(unspecified).state_dtype, StateDType::kFloat32);
+  EXPECT_EQ(internal::FromProtoHyperparameters(unspecified).params_dtype, DType::kFloat32);
+  EXPECT_STREQ(StateDTypeName(StateDType::kInt8), "int8");
+  EXPECT_STREQ(StateDTypeName(StateDType::kBFloat16), "bf16");
+}
+
+TEST(TensorInfoTest, LayoutComesFromTheServerAndDefaultsToFp32) {
+  v1::TensorInfo info;
+  info.set_name("w");
+  info.set_params_dtype(v1::DTYPE_BFLOAT16);
+  info.set_state_dtype(v1::STATE_DTYPE_INT8);
+  const TensorInfo out = internal::FromProtoTensorInfo(info);
+  EXPECT_EQ(out.params_dtype, DType::kBFloat16);
+  EXPECT_EQ(out.state_dtype, StateDType::kInt8);
+  const TensorInfo old = internal::FromProtoTensorInfo(v1::TensorInfo());  // An older server.
+  EXPECT_EQ(old.params_dtype, DType::kFloat32);
+  EXPECT_EQ(old.state_dtype, StateDType::kFloat32);
+}
+
 TEST(PullChunkBytesTest, KeptInTheWireBounds) {
   EXPECT_EQ(internal::PullChunkBytes(4), 16u);
   EXPECT_EQ(internal::PullChunkBytes(4096), 4096u);

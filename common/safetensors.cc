@@ -42,8 +42,9 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "F32") return DType::kF32;
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
+  if (name == "U8") return DType::kU8;
   return absl::InvalidArgumentError(
-      absl::StrCat("dtype \"", name, "\" is not F32, BF16 or F16"));
+      absl::StrCat("dtype \"", name, "\" is not F32, BF16, F16 or U8"));
 }
 
 }  // namespace
@@ -56,10 +57,14 @@ const char* DTypeName(DType dtype) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
-size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t DTypeSize(DType dtype) {
+  return dtype == DType::kF32 ? 4 : dtype == DType::kU8 ? 1 : 2;
+}
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t bytes) {
   return libdeflate_crc32(crc, data, bytes);
@@ -238,8 +243,11 @@ absl::StatusOr<File> File::ParseHeader(absl::string_view head, uint64_t file_byt
     }
     file.entries_.push_back(std::move(entry));
   }
-  std::sort(file.entries_.begin(), file.entries_.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  // By offset, and an empty tensor before a non-empty one at the same offset (it lies between
+  // the one before and that one).
+  std::sort(file.entries_.begin(), file.entries_.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   uint64_t covered = 0;
   for (const Entry& e : file.entries_) {
     if (e.begin != covered) return corrupt(absl::StrCat(e.name, " leaves a gap or overlaps"));

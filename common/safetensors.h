@@ -5,7 +5,7 @@
 // safetensors.torch.load_file):
 //   8 bytes     N, the header's length, unsigned little-endian
 //   N bytes     a JSON object, UTF-8, padded at the end with spaces: each tensor's name maps to
-//               {"dtype": "F32"|"BF16"|"F16", "shape": [d0, d1, ...],
+//               {"dtype": "F32"|"BF16"|"F16"|"U8", "shape": [d0, d1, ...],
 //               "data_offsets": [begin, end]},
 //               and "__metadata__" (optional) maps to an object of string values
 //   the data    every tensor's bytes, row-major, little-endian; offsets are relative to the
@@ -30,10 +30,11 @@
 
 namespace fusedps::safetensors {
 
-// The element types fusedps writes: fp32 params and optimizer state, bf16 or fp16 param copies.
-enum class DType { kF32, kBF16, kF16 };
-const char* DTypeName(DType dtype);  // "F32", "BF16", "F16": the format's spelling.
-size_t DTypeSize(DType dtype);       // Bytes per element: 4, 2, 2.
+// The element types fusedps writes: fp32 params, optimizer state and scales; bf16 params and
+// state, bf16 or fp16 param copies; the one-byte codes of int8 optimizer state.
+enum class DType { kF32, kBF16, kF16, kU8 };
+const char* DTypeName(DType dtype);  // "F32", "BF16", "F16", "U8": the format's spelling.
+size_t DTypeSize(DType dtype);       // Bytes per element: 4, 2, 2, 1.
 
 struct TensorView {
   std::string name;
@@ -104,9 +105,9 @@ class File {
 
   // Errors: the errno's status when the file cannot be read (NOT_FOUND, ...); DATA_LOSS when it
   // is not a valid safetensors file: shorter than its header says, a header that is not a JSON
-  // object of the form above, a dtype other than F32, BF16 and F16, offsets that disagree with the
-  // shape, or tensors that do not cover the data exactly. The message names the file and what
-  // is wrong.
+  // object of the form above, a dtype other than F32, BF16, F16 and U8, offsets that disagree
+  // with the shape, or tensors that do not cover the data exactly. The message names the file
+  // and what is wrong.
   static absl::StatusOr<File> Read(const std::string& path);
   // The same, from bytes already in memory; `what` names them in errors.
   static absl::StatusOr<File> Parse(std::string bytes, const std::string& what);

@@ -119,6 +119,50 @@ TEST(SafetensorsTest, ReadsBackWhatItWrote) {
   std::remove(path.c_str());
 }
 
+// One-byte elements (int8 optimizer state's codes in checkpoints) of any count: the entry after
+// them starts at whatever byte they end on, and both read back exactly.
+TEST(SafetensorsTest, U8EntriesOfAnyLengthRoundTrip) {
+  const std::string path = TempPath("u8");
+  const std::vector<uint8_t> codes = {0, 1, 127, 128, 255};
+  const std::vector<uint16_t> after = {0x3f80};
+  ASSERT_TRUE(WriteFile(path, {{"codes", DType::kU8, {5}, Bytes(codes)},
+                               {"next", DType::kBF16, {1}, Bytes(after)}})
+                  .ok());
+  absl::StatusOr<File> file = File::Read(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const Entry* c = file->Find("codes");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->dtype, DType::kU8);
+  EXPECT_STREQ(DTypeName(c->dtype), "U8");
+  EXPECT_EQ(DTypeSize(DType::kU8), 1u);
+  EXPECT_EQ(c->begin, 0u);
+  EXPECT_EQ(c->end, 5u);
+  const absl::Span<const uint8_t> data = file->Data(*c);
+  EXPECT_EQ(std::vector<uint8_t>(data.begin(), data.end()), codes);
+  EXPECT_EQ(file->Find("next")->begin, 5u);
+  EXPECT_NE(Slurp(path).find(R"("dtype":"U8")"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+// An empty tensor between two others starts where the next one does; the header (a JSON object)
+// lists names in their own order, here the next one's first.
+TEST(SafetensorsTest, AnEmptyTensorBetweenOthersReadsBack) {
+  const std::string path = TempPath("empty_between");
+  const std::vector<float> two = {1.0f, 2.0f};
+  const std::vector<float> none;
+  ASSERT_TRUE(WriteFile(path, {{"a", DType::kF32, {2}, Bytes(two)},
+                               {"z", DType::kF32, {0}, Bytes(none)},
+                               {"b", DType::kF32, {2}, Bytes(two)}})
+                  .ok());
+  absl::StatusOr<File> file = File::Read(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->entries().size(), 3u);
+  EXPECT_EQ(file->entries()[1].name, "z");
+  EXPECT_EQ(file->Find("z")->begin, 8u);
+  EXPECT_EQ(file->Find("b")->begin, 8u);
+  std::remove(path.c_str());
+}
+
 TEST(SafetensorsTest, ScalarsEmptyTensorsAndNoTensors) {
   const std::string path = TempPath("edge");
   const std::vector<float> scalar = {0.5f};

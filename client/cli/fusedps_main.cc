@@ -158,11 +158,15 @@ std::string DescribeGroup(const ParamGroup& group) {
   if (h.weight_decay_mode) {
     mode = *h.weight_decay_mode == WeightDecayMode::kL2 ? "l2" : "decoupled";
   }
+  std::string storage;  // Only when the server says (older servers do not).
+  if (h.state_dtype) absl::StrAppend(&storage, " state_dtype=", StateDTypeName(*h.state_dtype));
+  if (h.params_dtype) absl::StrAppend(&storage, " params_dtype=", DTypeName(*h.params_dtype));
+  if (h.rounding_seed) absl::StrAppend(&storage, " rounding_seed=", *h.rounding_seed);
   return absl::StrCat(
       group.name, ": lr=", OptionalString(h.lr), " betas=(", OptionalString(h.beta1), ", ",
       OptionalString(h.beta2), ") eps=", OptionalString(h.eps),
       " weight_decay=", OptionalString(h.weight_decay), " (", mode,
-      ") amsgrad=", OptionalString(h.amsgrad), " maximize=", OptionalString(h.maximize));
+      ") amsgrad=", OptionalString(h.amsgrad), " maximize=", OptionalString(h.maximize), storage);
 }
 
 std::string DescribeConsistency(const Consistency& c) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
+#include "kernels/quant_math.h"
 #include "nlohmann/json.hpp"
 
 namespace fusedps::checkpoint {
@@ -28,7 +29,10 @@ json HyperparametersJson(const ParamGroupSpec& g) {
           {"weight_decay", h.weight_decay},
           {"amsgrad", h.amsgrad},
           {"maximize", h.maximize},
-          {"decoupled_weight_decay", h.decoupled_weight_decay}};
+          {"decoupled_weight_decay", h.decoupled_weight_decay},
+          {"state_dtype", StateDTypeName(h.state_dtype)},
+          {"params_dtype", ParamsDTypeName(h.params_dtype)},
+          {"rounding_seed", h.rounding_seed}};
 }
 
 json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& settings) {
@@ -36,12 +40,17 @@ json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& setti
   json groups = json::array();
   for (const ParamGroupSpec& g : cut.view->groups()) groups.push_back(HyperparametersJson(g));
   json tensors = json::array();
+  bool int8_state = false;
   for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {
     const TensorMeta& m = cut.view->tensor(t);
+    const TensorLayout layout = cut.view->layout(t);
+    int8_state |= layout.state == StateDType::kInt8;
     tensors.push_back({{"name", m.name},
                        {"shape", m.shape},
                        {"param_group", cut.view->groups()[m.group].name},
-                       {"step", cut.steps[t]}});
+                       {"step", cut.steps[t]},
+                       {"params_dtype", ParamsDTypeName(layout.params)},
+                       {"state_dtype", StateDTypeName(layout.state)}});
   }
   json retries = json::array();
   for (const RetryTable::ClientRecord& r : cut.retries) {
@@ -57,26 +66,31 @@ json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& setti
   }
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  return {{"server_version", settings.server_version},
-          {"created_unix_seconds", now},
-          {"param_copy_dtype", ParamCopyDTypeName(settings.param_copy_dtype)},
-          {"plan_hash", cut.view->plan_hash()},
-          {"param_groups", groups},
-          {"tensors", tensors},
-          {"retry_table", retries}};
+  json body = {{"server_version", settings.server_version},
+               {"created_unix_seconds", now},
+               {"param_copy_dtype", ParamCopyDTypeName(settings.param_copy_dtype)},
+               {"plan_hash", cut.view->plan_hash()},
+               {"param_groups", groups},
+               {"tensors", tensors},
+               {"retry_table", retries}};
+  if (int8_state) body["int8_codebooks"] = Int8CodebooksJson();
+  return body;
 }
 
-// The tensors of one field as safetensors views; their data from a full snapshot, if any.
+// The tensors of one field as safetensors views, in their stored form; their data from a full
+// snapshot, if any.
 std::vector<safetensors::TensorView> ViewsOf(const CheckpointSnapshot& snapshot,
                                              const SnapshotField& field, ParamCopyDType copy) {
   std::vector<safetensors::TensorView> views;
-  const uint64_t element = field.param_copy ? 2 : 4;
+  const ShardView& view = *snapshot.cut.view;
   for (size_t i = 0; i < field.tensors.size(); ++i) {
-    const TensorMeta& m = snapshot.cut.view->tensor(field.tensors[i]);
-    safetensors::TensorView v{m.name, DTypeOf(field, copy), m.shape, {}};
+    const uint32_t t = field.tensors[i];
+    const TensorMeta& m = view.tensor(t);
+    safetensors::TensorView v{m.name, DTypeOf(field, view.layout(t), copy), ShapeOf(field, m), {}};
     if (snapshot.data != nullptr) {
-      v.data = absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(snapshot.data + field.offsets[i]), m.numel * element);
+      v.data =
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(snapshot.data + field.offsets[i]),
+                              StoredBytes(view, field, t));
     }
     views.push_back(std::move(v));
   }
@@ -93,18 +107,17 @@ absl::StatusOr<safetensors::WriteResult> WriteFenced(const CheckpointSnapshot& s
   absl::StatusOr<safetensors::Writer> writer =
       safetensors::Writer::Create(path, views, {{}, /*fsync=*/true, /*data_appended=*/true});
   if (!writer.ok()) return writer.status();
-  const uint64_t element = field.param_copy ? 2 : 4;
-  const auto padded_end = [&](size_t i) {
-    return field.offsets[i] + AlignedNumel(snapshot.cut.view->tensor(field.tensors[i]).numel) *
-                                  element;
+  const ShardView& view = *snapshot.cut.view;
+  const auto stored_end = [&](size_t i) {  // Where tensor i's data ends in the snapshot.
+    return field.offsets[i] + StoredBytes(view, field, field.tensors[i]);
   };
   for (size_t begin = 0; begin < field.tensors.size();) {
     size_t end = begin + 1;
     while (end < field.tensors.size() &&
-           padded_end(end) - field.offsets[begin] <= settings.fence_buffer_bytes) {
+           stored_end(end) - field.offsets[begin] <= settings.fence_buffer_bytes) {
       ++end;
     }
-    if (padded_end(end - 1) - field.offsets[begin] > settings.fence_buffer_bytes) {
+    if (stored_end(end - 1) - field.offsets[begin] > settings.fence_buffer_bytes) {
       return absl::InternalError(absl::StrCat("tensor ", views[begin].name, " does not fit the ",
                                               settings.fence_buffer_bytes,
                                               "-byte snapshot buffer"));
@@ -114,7 +127,7 @@ absl::StatusOr<safetensors::WriteResult> WriteFenced(const CheckpointSnapshot& s
       return s;
     }
     for (size_t i = begin; i < end; ++i) {
-      const uint64_t bytes = snapshot.cut.view->tensor(field.tensors[i]).numel * element;
+      const uint64_t bytes = StoredBytes(view, field, field.tensors[i]);
       if (absl::Status s = writer->Append(
               settings.fence_buffer + (field.offsets[i] - field.offsets[begin]), bytes);
           !s.ok()) {
@@ -132,9 +145,36 @@ std::string FileOf(const SnapshotField& field) {
   return absl::StrCat(field.name, ".safetensors");
 }
 
-safetensors::DType DTypeOf(const SnapshotField& field, ParamCopyDType copy) {
-  if (!field.param_copy) return safetensors::DType::kF32;
-  return copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16 : safetensors::DType::kBF16;
+safetensors::DType DTypeOf(const SnapshotField& field, TensorLayout layout, ParamCopyDType copy) {
+  if (field.param_copy) {
+    return copy == ParamCopyDType::kFloat16 ? safetensors::DType::kF16 : safetensors::DType::kBF16;
+  }
+  switch (StoredElementBytes(layout, field.field)) {
+    case 1:
+      return safetensors::DType::kU8;
+    case 2:
+      return safetensors::DType::kBF16;
+    default:
+      return safetensors::DType::kF32;
+  }
+}
+
+std::vector<int64_t> ShapeOf(const SnapshotField& field, const TensorMeta& tensor) {
+  if (field.field == TensorField::kExpAvgAbsmax || field.field == TensorField::kExpAvgSqAbsmax) {
+    return {static_cast<int64_t>(QuantBlocks(tensor.numel))};
+  }
+  return tensor.shape;
+}
+
+json Int8CodebooksJson() {
+  const auto values = [](const QuantCodebook& book) {
+    json out = json::array();
+    // A float's double is exact, and nlohmann prints doubles so that they read back the same.
+    for (float v : book.values) out.push_back(static_cast<double>(v));
+    return out;
+  };
+  const Int8Codebooks& books = DynamicCodebooks();
+  return {{"exp_avg", values(books.exp_avg)}, {"exp_avg_sq", values(books.exp_avg_sq)}};
 }
 
 absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,

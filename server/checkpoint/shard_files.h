@@ -2,10 +2,16 @@
 // written as safetensors files and a manifest, and a checkpoint read back into a shard to
 // restore. The commit protocol underneath is checkpoint_dir.h's.
 //
-// Files (format_version 1): params, exp_avg, exp_avg_sq (F32, every tensor, by name, in
-// registration order), max_exp_avg_sq (F32, tensors of amsgrad groups), param_copy (BF16 or
-// F16, when the server keeps a copy), each "<field>.safetensors"; the manifest holds the param
-// groups, the tensors with their steps, the shard version and the retry table.
+// Files (format_version 2, docs/checkpoints.md): one per field of SnapshotLayout,
+// "<field>.safetensors": params, exp_avg, exp_avg_sq (every tensor), max_exp_avg_sq (tensors
+// of amsgrad groups), exp_avg_absmax and exp_avg_sq_absmax (tensors with int8 state),
+// param_copy (tensors with fp32 params, when the server keeps a copy). Each entry holds the
+// field's stored form bit for bit (ReadRequest::stored): params F32 or BF16; exp_avg and
+// exp_avg_sq F32, BF16 or U8 (int8 codes); the scales F32 of shape [QuantBlocks(numel)];
+// max_exp_avg_sq F32; the copy BF16 or F16. The manifest holds the param groups (with
+// state_dtype, params_dtype and rounding_seed), the tensors with their steps and layouts, the
+// shard version, the retry table, and int8_codebooks when a tensor has int8 state. A manifest
+// without the storage keys (written before they existed) is read as all fp32.
 //
 // Lifetimes: a ShardReader owns its threads and buffers; it must outlive the Restore it feeds
 // (its `done`), and its destructor joins the threads.
@@ -61,15 +67,23 @@ struct Written {
 absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
                                         const WriteSettings& settings);
 
-// A field's file in a checkpoint ("params.safetensors"), and its dtype there: the writer's and
-// the reader's.
+// A field's file in a checkpoint ("params.safetensors"), and the dtype and shape there of a
+// tensor with this layout: the writer's and the reader's.
 std::string FileOf(const SnapshotField& field);
-safetensors::DType DTypeOf(const SnapshotField& field, ParamCopyDType copy);
+safetensors::DType DTypeOf(const SnapshotField& field, TensorLayout layout, ParamCopyDType copy);
+std::vector<int64_t> ShapeOf(const SnapshotField& field, const TensorMeta& tensor);
+
+// The manifest's "int8_codebooks": {"exp_avg": [256 numbers], "exp_avg_sq": [256 numbers]},
+// the fp32 values of DynamicCodebooks() as JSON doubles (each converts back to the same float).
+nlohmann::json Int8CodebooksJson();
 
 // A complete checkpoint (ReadManifest's) opened for UpdateEngine::Restore: its manifest checked
 // under the rules registration holds a client to (names, shapes, hyperparameters, retry table),
-// and each data file's header checked to hold exactly the tensors it must (the fields of
-// SnapshotLayout, as the writer made them), with their shapes and dtypes. As a RestoreSource,
+// each tensor's layout in the manifest against its group's, the int8 codebooks against the
+// server's own (DynamicCodebooks: codes mean nothing under other maps), and each data file's
+// header checked to hold exactly the tensors it must (the fields of SnapshotLayout, as the
+// writer made them), with the shapes and dtypes of their stored form. Every write it hands out
+// is in the stored form (WriteRequest::stored), or the param copy's. As a RestoreSource,
 // it reads the files' data with one thread per file into a few page-locked buffers (the
 // engine's AllocateHostBuffer), and checks each file's CRC-32 once it is read whole (a file
 // that fails the check is DATA_LOSS from Next, naming it). A param copy of another dtype than

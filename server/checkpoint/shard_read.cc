@@ -3,11 +3,14 @@
 // they fill. A manifest may come from another tool (fusedps.checkpoint.from_torch), so it is
 // held to the rules registration holds a client to.
 #include <algorithm>
+#include <initializer_list>
 #include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/quant_math.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/shard_files.h"
 
@@ -45,6 +48,102 @@ class ManifestReader {
   if (!lhs##_or.ok()) return lhs##_or.status(); \
   const json& lhs = **lhs##_or
 
+// A dtype's name in a manifest ("fp32", "bf16", "int8"), or DATA_LOSS naming the key.
+template <typename DType>
+absl::StatusOr<DType> ParseDTypeName(const ManifestReader& m, const json& object,
+                                     const std::string& key, const std::string& where,
+                                     std::initializer_list<DType> allowed,
+                                     const char* (*name_of)(DType)) {
+  FUSEDPS_ASSIGN(v, m.Get(object, key, json::value_t::string, where));
+  std::string names;
+  for (DType d : allowed) {
+    if (v.get<std::string>() == name_of(d)) return d;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", name_of(d));
+  }
+  return m.Bad(absl::StrCat(where, ".", key),
+               absl::StrCat("is \"", v.get<std::string>(), "\", not one of ", names));
+}
+
+// A group's storage: state_dtype, params_dtype and rounding_seed, each fp32 (or 0) when absent
+// (a checkpoint written before they existed).
+absl::Status ReadStorage(const ManifestReader& m, const json& g, const std::string& where,
+                         AdamWHyperparameters* h) {
+  if (g.contains("state_dtype")) {
+    absl::StatusOr<StateDType> dtype =
+        ParseDTypeName(m, g, "state_dtype", where,
+                       {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8},
+                       &StateDTypeName);
+    if (!dtype.ok()) return dtype.status();
+    h->state_dtype = *dtype;
+  }
+  if (g.contains("params_dtype")) {
+    absl::StatusOr<ParamsDType> dtype = ParseDTypeName(
+        m, g, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
+        &ParamsDTypeName);
+    if (!dtype.ok()) return dtype.status();
+    h->params_dtype = *dtype;
+  }
+  if (g.contains("rounding_seed")) {
+    FUSEDPS_ASSIGN(seed, m.Get(g, "rounding_seed", json::value_t::number_unsigned, where));
+    h->rounding_seed = seed.get<uint64_t>();
+  }
+  return absl::OkStatus();
+}
+
+// A tensor's layout as the manifest lists it (optional) must be the one its group gives it.
+absl::Status CheckLayout(const ManifestReader& m, const json& t, const std::string& where,
+                         TensorLayout layout) {
+  if (t.contains("params_dtype")) {
+    absl::StatusOr<ParamsDType> dtype = ParseDTypeName(
+        m, t, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
+        &ParamsDTypeName);
+    if (!dtype.ok()) return dtype.status();
+    if (*dtype != layout.params) {
+      return m.Bad(where + ".params_dtype",
+                   absl::StrCat("is ", ParamsDTypeName(*dtype), "; its group stores ",
+                                ParamsDTypeName(layout.params)));
+    }
+  }
+  if (t.contains("state_dtype")) {
+    absl::StatusOr<StateDType> dtype =
+        ParseDTypeName(m, t, "state_dtype", where,
+                       {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8},
+                       &StateDTypeName);
+    if (!dtype.ok()) return dtype.status();
+    if (*dtype != layout.state) {
+      return m.Bad(where + ".state_dtype",
+                   absl::StrCat("is ", StateDTypeName(*dtype), "; its group and size give ",
+                                StateDTypeName(layout.state)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The manifest's int8_codebooks, required when a tensor has int8 state: each value must be the
+// server's own (DynamicCodebooks), bit for bit, or the codes would mean other values.
+absl::Status CheckCodebooks(const ManifestReader& m, const json& root, bool int8_state) {
+  if (!root.contains("int8_codebooks") && !int8_state) return absl::OkStatus();
+  FUSEDPS_ASSIGN(books, m.Get(root, "int8_codebooks", json::value_t::object, "manifest"));
+  const Int8Codebooks& ours = DynamicCodebooks();
+  for (const auto& [key, book] :
+       {std::pair{"exp_avg", &ours.exp_avg}, {"exp_avg_sq", &ours.exp_avg_sq}}) {
+    FUSEDPS_ASSIGN(values, m.Get(books, key, json::value_t::array, "int8_codebooks"));
+    const std::string where = absl::StrCat("int8_codebooks.", key);
+    if (values.size() != kQuantMapSize) {
+      return m.Bad(where, absl::StrCat("has ", values.size(), " values, not ", kQuantMapSize));
+    }
+    for (int i = 0; i < kQuantMapSize; ++i) {
+      const float v = values[i].is_number() ? static_cast<float>(values[i].get<double>()) : -2.0f;
+      if (FloatToBits(v) != FloatToBits(book->values[i])) {
+        return m.Bad(absl::StrCat(where, "[", i, "]"),
+                     absl::StrCat("= ", values[i].dump(), " is not this server's ",
+                                  book->values[i], ": its codes would mean other values"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, const json& root) {
   FUSEDPS_ASSIGN(groups, m.Get(root, "param_groups", json::value_t::array, "manifest"));
   std::vector<ParamGroupSpec> out;
@@ -66,6 +165,7 @@ absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, 
       FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::boolean, where));
       *field = v.get<bool>();
     }
+    if (absl::Status s = ReadStorage(m, g, where, &h); !s.ok()) return s;
     absl::Status s = CheckName(spec.name, kMaxGroupNameBytes, where + ".name");
     if (s.ok()) s = ValidateHyperparameters(h);
     if (!s.ok()) return m.Bad(where, std::string(s.message()));
@@ -107,6 +207,11 @@ absl::Status ReadTensors(const ManifestReader& m, const json& root, RestoredShar
     auto g = groups.find(group.get<std::string>());
     if (g == groups.end()) return m.Bad(where + ".param_group", "names no group");
     meta.group = g->second;
+    if (absl::Status s = CheckLayout(
+            m, t, where, LayoutOf(shard.groups[meta.group].hyperparameters, meta.numel));
+        !s.ok()) {
+      return s;
+    }
     if (!names.insert(meta.name).second) return m.Bad(where, "repeats the name " + meta.name);
     shard.tensors.push_back(std::move(meta));
     shard.steps.push_back(step.get<int64_t>());
@@ -149,7 +254,6 @@ constexpr int kSlotsPerFile = 3;  // Buffers in flight per data file.
 // One data file: its reader, and which tensor each of its entries is (in data order).
 struct ShardReader::Part {
   SnapshotField field;  // Its tensors: those of reader.entries(), by position.
-  uint64_t element = 4;
   safetensors::Reader reader;
   uint32_t crc32 = 0;  // The manifest's.
 };
@@ -172,6 +276,12 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   if (!groups.ok()) return groups.status();
   shard.groups = *std::move(groups);
   if (absl::Status s = ReadTensors(m, root, &shard); !s.ok()) return s;
+  bool int8_state = false;
+  for (const TensorMeta& t : shard.tensors) {
+    int8_state |= LayoutOf(shard.groups[t.group].hyperparameters, t.numel).state ==
+                  StateDType::kInt8;
+  }
+  if (absl::Status s = CheckCodebooks(m, root, int8_state); !s.ok()) return s;
   if (absl::Status s = ReadRetries(m, root, &shard); !s.ok()) return s;
   // Optional: checkpoints from before sharding have none.
   if (root.contains("plan_hash")) {
@@ -197,14 +307,13 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   for (uint32_t t = 0; t < shard.tensors.size(); ++t) by_name[shard.tensors[t].name] = t;
   for (SnapshotField& field : SnapshotLayout(*view, file_copy, &snapshot_bytes)) {
     const std::string name = FileOf(field);
-    const safetensors::DType dtype = DTypeOf(field, file_copy);
     absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, name);
     if (!crc32.ok()) return crc32.status();
     absl::StatusOr<safetensors::Reader> file =
         safetensors::Reader::Open(absl::StrCat(checkpoint.directory, "/", name));
     if (!file.ok()) return absl::DataLossError(file.status().message());
-    // Exactly the field's tensors, with the manifest's shapes, in the field's dtype; in the
-    // file's order.
+    // Exactly the field's tensors, each with the dtype and shape of its stored form (its
+    // layout's); in the file's order.
     const std::string& path = file->path();
     if (file->entries().size() != field.tensors.size()) {
       return absl::DataLossError(absl::StrCat(path, " holds ", file->entries().size(),
@@ -215,18 +324,24 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
     field.tensors.clear();
     for (const safetensors::Entry& e : file->entries()) {
       const auto t = by_name.find(e.name);
-      if (t == by_name.end() || !wanted[t->second] || e.dtype != dtype ||
-          e.shape != shard.tensors[t->second].shape) {
+      if (t == by_name.end() || !wanted[t->second]) {
         return absl::DataLossError(absl::StrCat(path, ": tensor ", QuoteName(e.name),
-                                                " is not the manifest's, or has another dtype "
-                                                "or shape"));
+                                                " is not one the manifest puts in this file"));
+      }
+      const safetensors::DType dtype = DTypeOf(field, view->layout(t->second), file_copy);
+      const std::vector<int64_t> shape = ShapeOf(field, shard.tensors[t->second]);
+      if (e.dtype != dtype || e.shape != shape) {
+        return absl::DataLossError(absl::StrCat(
+            path, ": tensor ", QuoteName(e.name), " is ", safetensors::DTypeName(e.dtype), " [",
+            absl::StrJoin(e.shape, ", "), "]; the manifest's layout makes it ",
+            safetensors::DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]"));
       }
       wanted[t->second] = false;  // Once.
       field.tensors.push_back(t->second);
     }
     reader->bytes_ += file->data_left();
-    reader->parts_.push_back(std::make_unique<Part>(
-        Part{std::move(field), safetensors::DTypeSize(dtype), *std::move(file), *crc32}));
+    reader->parts_.push_back(
+        std::make_unique<Part>(Part{std::move(field), *std::move(file), *crc32}));
   }
 
   const int slots = kSlotsPerFile * static_cast<int>(reader->parts_.size());
@@ -271,22 +386,32 @@ void ShardReader::ReadPart(Part* part) {
       free_slots_.pop_back();
     }
     char* data = buffers_ + static_cast<uint64_t>(batch.slot) * buffer_bytes_;
-    const uint64_t n = std::min(buffer_bytes_, part->reader.data_left());
+    uint64_t n = std::min(buffer_bytes_, part->reader.data_left());
+    // Whole elements: a cut inside an entry falls on one of its element boundaries (always so
+    // in the server's files, whose entries are aligned to their element size; another tool's
+    // may not be).
+    for (size_t e = entry; e < entries.size() && entries[e].begin < at + n; ++e) {
+      if (entries[e].end > at + n) {
+        n -= (at + n - entries[e].begin) % safetensors::DTypeSize(entries[e].dtype);
+        break;
+      }
+    }
     if (absl::Status s = part->reader.Read(data, n); !s.ok()) {
       return fail(absl::DataLossError(s.message()));
     }
-    // The pieces of the tensors in [at, at + n): whole elements (offsets are multiples of the
-    // element size, and so is n but at the end).
+    // The pieces of the tensors in [at, at + n), in their stored form.
     for (; entry < entries.size() && entries[entry].begin < at + n; ++entry) {
       const safetensors::Entry& e = entries[entry];
+      const uint64_t element = safetensors::DTypeSize(e.dtype);
       const uint64_t begin = std::max(e.begin, at), end = std::min(e.end, at + n);
       if (end > begin) {
         WriteRequest w;
         w.field = part->field.field;
         w.param_copy = part->field.param_copy;
+        w.stored = !part->field.param_copy;
         w.tensor = part->field.tensors[entry];
-        w.offset = (begin - e.begin) / part->element;
-        w.count = (end - begin) / part->element;
+        w.offset = (begin - e.begin) / element;
+        w.count = (end - begin) / element;
         w.src = data + (begin - at);
         batch.writes.push_back(w);
       }

@@ -2,41 +2,95 @@
 // shard, for a checkpoint to write), Restore (a whole shard streamed into an empty engine) and
 // LoadState (values and steps written into a running shard). See update_engine.h.
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/quant_math.h"
 #include "server/engine/update_engine.h"
 
 namespace fusedps {
 
+namespace {
+
+int ElementBytes(const ShardView& view, const SnapshotField& field, uint32_t tensor) {
+  return field.param_copy ? 2 : StoredElementBytes(view.layout(tensor), field.field);
+}
+
+uint64_t StoredElements(const ShardView& view, const SnapshotField& field, uint32_t tensor) {
+  const uint64_t numel = view.tensor(tensor).numel;
+  return field.param_copy ? numel : StoredCount(view.layout(tensor), field.field, numel);
+}
+
+// The bytes from a tensor's offset to the next one's in the snapshot: the tensor's padding in
+// its arena (tensor_table.h), and a multiple of 16 bytes.
+uint64_t PaddedBytes(const ShardView& view, const SnapshotField& field, uint32_t tensor) {
+  const uint64_t count = StoredElements(view, field, tensor);
+  const int element = ElementBytes(view, field, tensor);
+  if (field.field == TensorField::kExpAvgAbsmax || field.field == TensorField::kExpAvgSqAbsmax) {
+    return (count * 4 + 15) / 16 * 16;
+  }
+  if (element == 1) return (count + kQuantBlock - 1) / kQuantBlock * kQuantBlock;
+  return AlignedNumel(count) * static_cast<uint64_t>(element);
+}
+
+// Whether `field` holds `tensor` in a checkpoint of `view` (SnapshotLayout).
+bool Holds(const ShardView& view, const SnapshotField& field, uint32_t tensor,
+           ParamCopyDType copy) {
+  const TensorLayout layout = view.layout(tensor);
+  if (field.param_copy) {
+    return copy != ParamCopyDType::kNone && layout.params == ParamsDType::kFloat32;
+  }
+  switch (field.field) {
+    case TensorField::kMaxExpAvgSq:
+      return view.groups()[view.tensor(tensor).group].hyperparameters.amsgrad;
+    case TensorField::kExpAvgAbsmax:
+    case TensorField::kExpAvgSqAbsmax:
+      return layout.state == StateDType::kInt8;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
+uint64_t StoredBytes(const ShardView& view, const SnapshotField& field, uint32_t tensor) {
+  return StoredElements(view, field, tensor) *
+         static_cast<uint64_t>(ElementBytes(view, field, tensor));
+}
+
 std::vector<SnapshotField> SnapshotLayout(const ShardView& view, ParamCopyDType copy,
                                           uint64_t* bytes) {
-  std::vector<SnapshotField> fields = {{"params", TensorField::kParam, false, {}, {}},
-                                       {"exp_avg", TensorField::kExpAvg, false, {}, {}},
-                                       {"exp_avg_sq", TensorField::kExpAvgSq, false, {}, {}},
-                                       {"max_exp_avg_sq", TensorField::kMaxExpAvgSq, false, {}, {}},
-                                       {"param_copy", TensorField::kParam, true, {}, {}}};
+  std::vector<SnapshotField> fields = {
+      {"params", TensorField::kParam, false, {}, {}},
+      {"exp_avg", TensorField::kExpAvg, false, {}, {}},
+      {"exp_avg_sq", TensorField::kExpAvgSq, false, {}, {}},
+      {"max_exp_avg_sq", TensorField::kMaxExpAvgSq, false, {}, {}},
+      {"exp_avg_absmax", TensorField::kExpAvgAbsmax, false, {}, {}},
+      {"exp_avg_sq_absmax", TensorField::kExpAvgSqAbsmax, false, {}, {}},
+      {"param_copy", TensorField::kParam, true, {}, {}}};
   uint64_t offset = 0;
   for (SnapshotField& f : fields) {
-    const uint64_t element = f.param_copy ? 2 : 4;
-    for (uint32_t t = 0; t < view.tensor_count(); ++t) {
-      if (f.field == TensorField::kMaxExpAvgSq &&
-          !view.groups()[view.tensor(t).group].hyperparameters.amsgrad) {
-        continue;
+    // Largest elements first: each tensor's data then starts aligned to its element size in the
+    // field's file, whatever the dtypes before it.
+    for (const int element : {4, 2, 1}) {
+      for (uint32_t t = 0; t < view.tensor_count(); ++t) {
+        if (!Holds(view, f, t, copy) || ElementBytes(view, f, t) != element) continue;
+        f.tensors.push_back(t);
+        f.offsets.push_back(offset);
+        offset += PaddedBytes(view, f, t);
       }
-      if (f.param_copy && copy == ParamCopyDType::kNone) break;
-      f.tensors.push_back(t);
-      f.offsets.push_back(offset);
-      // The arena's own padding: one copy per field moves the whole run (backend.h's Read).
-      offset += AlignedNumel(view.tensor(t).numel) * element;
     }
   }
-  // Fields of no tensors are left out (no max_exp_avg_sq without amsgrad, no copy without one).
+  // Fields of no tensors are left out (no max_exp_avg_sq without amsgrad, no scales without
+  // int8 state, no copy without one), but params and the moments (an empty shard has them).
   std::vector<SnapshotField> kept;
   for (SnapshotField& f : fields) {
-    if (!f.tensors.empty() || (f.field != TensorField::kMaxExpAvgSq && !f.param_copy)) {
-      kept.push_back(std::move(f));
-    }
+    const bool always =
+        !f.param_copy && (f.field == TensorField::kParam || f.field == TensorField::kExpAvg ||
+                          f.field == TensorField::kExpAvgSq);
+    if (!f.tensors.empty() || always) kept.push_back(std::move(f));
   }
   *bytes = offset;
   return kept;
@@ -52,6 +106,7 @@ ReadRequest ReadOf(const SnapshotField& field, size_t begin, size_t end, void* d
   ReadRequest request;
   request.field = field.field;
   request.param_copy = field.param_copy;
+  request.stored = !field.param_copy;  // Bit for bit, codes and scales included.
   request.tensors = absl::MakeConstSpan(field.tensors).subspan(begin, end - begin);
   request.dst_offsets = *offsets;
   request.dst = dst;
@@ -136,11 +191,19 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
 }
 
 absl::Status UpdateEngine::WriteValues(const WriteRequest& write, bool derive_copy) {
-  if (derive_copy && write.field == TensorField::kParam && !write.param_copy) {
-    // The copy comes with the params.
-    return backend_->WriteParams(
-        write.tensor, write.offset,
-        absl::MakeConstSpan(static_cast<const float*>(write.src), write.count));
+  // fp32 params (stored or not, the same values) come with their copy; bf16 params have none.
+  if (derive_copy && write.field == TensorField::kParam && !write.param_copy &&
+      write.tensor < backend_->tensor_count() &&
+      backend_->layout(write.tensor).params == ParamsDType::kFloat32) {
+    const float* values = static_cast<const float*>(write.src);
+    std::vector<float> aligned;  // A file of another tool may hold fp32 at any byte offset.
+    if (reinterpret_cast<uintptr_t>(write.src) % alignof(float) != 0) {
+      aligned.resize(write.count);
+      std::memcpy(aligned.data(), write.src, write.count * sizeof(float));
+      values = aligned.data();
+    }
+    return backend_->WriteParams(write.tensor, write.offset,
+                                 absl::MakeConstSpan(values, write.count));
   }
   return backend_->Write(write);
 }
@@ -153,9 +216,11 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const Shard
   uint64_t bytes = 0;
   const std::vector<SnapshotField> fields = SnapshotLayout(
       view, shard.param_copy ? backend_->param_copy_dtype() : ParamCopyDType::kNone, &bytes);
+  // Elements of each field's stored form (the param copy's 16-bit values): the writes count
+  // them so.
   std::vector<uint64_t> expected(fields.size()), written(fields.size());
   for (size_t f = 0; f < fields.size(); ++f) {
-    for (uint32_t t : fields[f].tensors) expected[f] += view.tensor(t).numel;
+    for (uint32_t t : fields[f].tensors) expected[f] += StoredElements(view, fields[f], t);
   }
   for (;;) {
     RestoreSource::Batch batch;
@@ -167,10 +232,11 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const Shard
       const auto f = std::find_if(fields.begin(), fields.end(), [&](const SnapshotField& x) {
         return x.field == w.field && x.param_copy == w.param_copy;
       });
-      if (w.tensor >= shard.tensors.size() || f == fields.end()) {
+      if (w.tensor >= shard.tensors.size() || f == fields.end() || (!w.param_copy && !w.stored)) {
         status = absl::DataLossError(absl::StrCat("a restore wrote tensor ", w.tensor, " of ",
-                                                  shard.tensors.size(), ", or a field the "
-                                                  "checkpoint does not hold"));
+                                                  shard.tensors.size(), ", a field the "
+                                                  "checkpoint does not hold, or not in its "
+                                                  "stored form"));
         break;
       }
       w.tensor += first;
@@ -228,7 +294,9 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
           restored = restored->WithGroup(g, group);
         }
         std::vector<NewTensor> added;
-        for (const TensorMeta& t : shard->tensors) added.push_back({t.numel, t.group});
+        for (const TensorMeta& t : shard->tensors) {
+          added.push_back({t.numel, t.group, TensorRoundingKey(t.name.data(), t.name.size())});
+        }
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
         if (!first.ok()) return undo(Checked(first.status(), true));
         restored = restored->WithTensors(shard->tensors);
@@ -262,13 +330,13 @@ absl::Status UpdateEngine::CheckLoad(const StateLoad& load) const {
   std::shared_ptr<const ShardView> current = view();
   for (const WriteRequest& w : load.writes) {
     const bool known_field = w.field >= TensorField::kParam && w.field <= TensorField::kMaxExpAvgSq;
-    if (!known_field || w.tensor >= current->tensor_count() || w.param_copy ||
+    if (!known_field || w.tensor >= current->tensor_count() || w.param_copy || w.stored ||
         w.offset > current->tensor(w.tensor).numel ||
         w.count > current->tensor(w.tensor).numel - w.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a load writes elements [", w.offset, ", +", w.count, ") of field ",
           static_cast<int>(w.field), " of tensor ", w.tensor, " of ", current->tensor_count(),
-          w.param_copy ? ", as the param copy" : ""));
+          w.param_copy ? ", as the param copy" : "", w.stored ? ", in its stored form" : ""));
     }
     const uint32_t group = current->tensor(w.tensor).group;
     if (w.field == TensorField::kMaxExpAvgSq && !current->groups()[group].hyperparameters.amsgrad) {

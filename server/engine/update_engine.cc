@@ -13,9 +13,7 @@ bool Expected(const absl::Status& s) {
          absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) || absl::IsNotFound(s);
 }
 
-absl::Status ShuttingDown() {
-  return absl::UnavailableError("the server is shutting down");
-}
+absl::Status ShuttingDown() { return absl::UnavailableError("the server is shutting down"); }
 
 }  // namespace
 
@@ -30,8 +28,8 @@ UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault
       view_(ShardView::Initial()) {
   // "default" exists from the start, as the initial view says (torch.optim.AdamW's defaults).
   if (absl::Status s = backend_->SetParamGroup(0, view_->groups()[0].hyperparameters); !s.ok()) {
-    fault_->Report(absl::InternalError(
-        absl::StrCat("cannot create the default param group: ", s.ToString())));
+    fault_->Report(
+        absl::InternalError(absl::StrCat("cannot create the default param group: ", s.ToString())));
   }
   completion_thread_ = std::thread([this] { RunCompletions(); });
   engine_thread_ = std::thread([this] { RunJobs(); });
@@ -216,11 +214,10 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
   const uint64_t tau =
       push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;
   if (consistency_.mode == ConsistencyMode::kBounded) {
-    absl::Status refused =
-        push->base_version > queued_version_
-            ? StaleVersionError("base_version is ahead of the shard", push->base_version,
-                                queued_version_)
-            : CheckStaleness(consistency_, push->base_version, queued_version_);
+    absl::Status refused = push->base_version > queued_version_
+                               ? StaleVersionError("base_version is ahead of the shard",
+                                                   push->base_version, queued_version_)
+                               : CheckStaleness(consistency_, push->base_version, queued_version_);
     if (!refused.ok()) {
       Dropped(tau, kDropStalenessExceeded);
       retries_->Abandon(push->client_id, push->sequence_number, refused);
@@ -303,7 +300,9 @@ void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
           const bool same = a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 &&
                             a.eps == b.eps && a.weight_decay == b.weight_decay &&
                             a.amsgrad == b.amsgrad && a.maximize == b.maximize &&
-                            a.decoupled_weight_decay == b.decoupled_weight_decay;
+                            a.decoupled_weight_decay == b.decoupled_weight_decay &&
+                            a.state_dtype == b.state_dtype && a.params_dtype == b.params_dtype &&
+                            a.rounding_seed == b.rounding_seed;
           if (same) return done(false);
           return done(absl::AlreadyExistsError(
               absl::StrCat("param group ", QuoteName(group.name),
@@ -334,8 +333,8 @@ void UpdateEngine::SetHyperparameters(std::string group, HyperparameterUpdate up
         const std::string& name = group.empty() ? std::string(kDefaultParamGroup) : group;
         std::optional<uint32_t> index = current->FindGroup(name);
         if (!index.has_value()) {
-          return done(
-              absl::NotFoundError(absl::StrCat("param group ", QuoteName(name), " is not registered")));
+          return done(absl::NotFoundError(
+              absl::StrCat("param group ", QuoteName(name), " is not registered")));
         }
         ParamGroupSpec changed = current->groups()[*index];
         absl::StatusOr<AdamWHyperparameters> h =
@@ -369,14 +368,14 @@ void UpdateEngine::BeginRegistration(std::vector<TensorMeta> tensors, Done<uint3
             return done(absl::AlreadyExistsError(
                 absl::StrCat("tensor ", QuoteName(t.name), " is registered already")));
           }
-          added.push_back({t.numel, t.group});
+          added.push_back({t.numel, t.group, TensorRoundingKey(t.name.data(), t.name.size())});
         }
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
         if (!first.ok()) return done(Checked(first.status(), true));
         if (*first != current->tensor_count()) {
-          return done(Checked(absl::InternalError(absl::StrCat(
-              "the backend added tensors at ", *first, ", the view has ",
-              current->tensor_count()))));
+          return done(Checked(
+              absl::InternalError(absl::StrCat("the backend added tensors at ", *first,
+                                               ", the view has ", current->tensor_count()))));
         }
         pending_first_ = *first;
         pending_tensors_ = std::move(tensors);
@@ -390,12 +389,12 @@ void UpdateEngine::WriteParams(std::vector<ParamWrite> writes, Done<bool> done) 
       [this, writes = std::move(writes), done] {
         if (absl::Status s = fault_->status(); !s.ok()) return done(s);
         for (const ParamWrite& w : writes) {
-          const bool pending = w.tensor >= pending_first_ &&
-                               w.tensor - pending_first_ < pending_tensors_.size();
+          const bool pending =
+              w.tensor >= pending_first_ && w.tensor - pending_first_ < pending_tensors_.size();
           if (!pending || w.offset + w.count > pending_tensors_[w.tensor - pending_first_].numel) {
-            return done(absl::InternalError(absl::StrCat(
-                "a write of ", w.count, " values at ", w.offset, " to tensor ", w.tensor,
-                ", which no registration in progress holds")));
+            return done(absl::InternalError(
+                absl::StrCat("a write of ", w.count, " values at ", w.offset, " to tensor ",
+                             w.tensor, ", which no registration in progress holds")));
           }
           if (absl::Status s = Checked(backend_->WriteParams(
                   w.tensor, w.offset, absl::MakeConstSpan(w.values, w.count)));
@@ -456,6 +455,7 @@ void UpdateEngine::Read(ReadJob job, Done<ReadResult> done) {
         ReadRequest request;
         request.field = job.field;
         request.param_copy = job.param_copy;
+        request.stored = job.stored;
         request.tensors = job.tensors;
         request.dst_offsets = job.dst_offsets;
         request.dst = job.dst;
@@ -494,8 +494,8 @@ absl::Status UpdateEngine::CopyStagingToDevice(uint64_t offset, uint64_t bytes) 
   return Checked(backend_->CopyStagingToDevice(offset, bytes));
 }
 
-absl::Status UpdateEngine::CopyFromSnapshot(const void* snapshot, uint64_t offset,
-                                            uint64_t bytes, void* dst) {
+absl::Status UpdateEngine::CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
+                                            void* dst) {
   return Checked(backend_->CopyFromSnapshot(snapshot, offset, bytes, dst));
 }
 

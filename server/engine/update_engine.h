@@ -107,6 +107,7 @@ struct ReadJob {
   std::vector<uint64_t> dst_offsets;  // Bytes.
   void* dst = nullptr;                // Host memory; ignored with snapshot_bytes > 0.
   uint64_t snapshot_bytes = 0;        // > 0: read into a snapshot of this size, allocated here.
+  bool stored = false;  // The stored form (ReadRequest::stored), else fp32 (or the copy's).
 };
 
 struct ReadResult {
@@ -116,19 +117,31 @@ struct ReadResult {
 };
 
 // One field of the shard in a checkpoint snapshot: where each tensor's values lie in the host
-// buffer. Tensors are indices of the cut's view, in registration order.
+// buffer, in their stored form (ReadRequest::stored: StoredCount(layout, field, numel) elements
+// of StoredElementBytes each; the param copy's numel 16-bit values). Tensors are indices of the
+// cut's view.
 struct SnapshotField {
   std::string name;  // The checkpoint's file stem: "params", "exp_avg", "exp_avg_sq",
-                     // "max_exp_avg_sq" or "param_copy".
+                     // "max_exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax" or
+                     // "param_copy".
   TensorField field = TensorField::kParam;
-  bool param_copy = false;       // The 16-bit copy (2-byte elements), else fp32.
+  bool param_copy = false;       // The 16-bit copy (2-byte elements), else the stored form.
   std::vector<uint32_t> tensors;
   std::vector<uint64_t> offsets;  // Bytes into the buffer, 16-byte aligned.
 };
 
+// The bytes of tensor `tensor` of `view` in `field`'s stored form (without padding).
+uint64_t StoredBytes(const ShardView& view, const SnapshotField& field, uint32_t tensor);
+
 // The fields a checkpoint of `view` holds, laid out one after the other; *bytes is the buffer
-// they need. max_exp_avg_sq holds the tensors of amsgrad groups (absent when none is),
-// param_copy every tensor when the backend keeps a copy.
+// they need. Every field holds every tensor, but max_exp_avg_sq (tensors of amsgrad groups;
+// absent when none is), exp_avg_absmax and exp_avg_sq_absmax (tensors with int8 state; absent
+// when none has it) and param_copy (tensors with fp32 params, when the backend keeps a copy;
+// absent when none). Within a field, tensors come by element size, largest first (4, 2, then
+// 1 byte), in registration order within each, so that every tensor's data in a file is aligned
+// to its element size; each tensor is padded as in its arena (AlignedNumel elements; whole
+// kQuantBlock blocks of int8 codes; the scales to 16 bytes), so that one copy moves a run of
+// tensors adjacent there.
 std::vector<SnapshotField> SnapshotLayout(const ShardView& view, ParamCopyDType copy,
                                           uint64_t* bytes);
 
@@ -177,8 +190,10 @@ struct RestoredShard {
 
 // Where a restore's values come from: host memory that other threads fill (a checkpoint's
 // files, read from disk and checked) while the engine uploads what is ready. Every value of
-// every field the shard has must come exactly once: params, exp_avg and exp_avg_sq of every
-// tensor, max_exp_avg_sq of those in amsgrad groups, and the param copy when param_copy.
+// every field the shard has (SnapshotLayout's fields) must come exactly once, in its stored
+// form (WriteRequest::stored; the param copy's 16-bit values with param_copy): params, exp_avg
+// and exp_avg_sq of every tensor, max_exp_avg_sq of those in amsgrad groups, the scales of
+// those with int8 state, and the param copy (of tensors with fp32 params) when param_copy.
 class RestoreSource {
  public:
   struct Batch {

@@ -23,6 +23,39 @@ absl::StatusOr<bool> DecoupledFromProto(v1::WeightDecayMode mode) {
   }
 }
 
+absl::StatusOr<StateDType> StateDTypeFromProto(v1::StateDType dtype) {
+  switch (dtype) {
+    case v1::STATE_DTYPE_UNSPECIFIED:
+    case v1::STATE_DTYPE_FLOAT32:
+      return StateDType::kFloat32;
+    case v1::STATE_DTYPE_BFLOAT16:
+      return StateDType::kBFloat16;
+    case v1::STATE_DTYPE_INT8:
+      return StateDType::kInt8;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("hyperparameters.state_dtype = ", static_cast<int>(dtype),
+                       " must be FLOAT32 (1), BFLOAT16 (2) or INT8 (3)"));
+  }
+}
+
+absl::StatusOr<ParamsDType> ParamsDTypeFromProto(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FLOAT32:
+      return ParamsDType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return ParamsDType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("hyperparameters.params_dtype = ", static_cast<int>(dtype),
+                       " must be FLOAT32 (1) or BFLOAT16 (2)"));
+  }
+}
+
+v1::StateDType ToProto(StateDType dtype) { return static_cast<v1::StateDType>(dtype); }
+v1::DType ToProto(ParamsDType dtype) { return static_cast<v1::DType>(dtype); }
+
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -42,6 +75,9 @@ absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(const v1::Hyperpar
   h.amsgrad = update->amsgrad.value_or(h.amsgrad);
   h.maximize = update->maximize.value_or(h.maximize);
   h.decoupled_weight_decay = update->decoupled_weight_decay.value_or(h.decoupled_weight_decay);
+  h.state_dtype = update->state_dtype.value_or(h.state_dtype);
+  h.params_dtype = update->params_dtype.value_or(h.params_dtype);
+  h.rounding_seed = update->rounding_seed.value_or(h.rounding_seed);
   return h;
 }
 
@@ -59,6 +95,17 @@ absl::StatusOr<HyperparameterUpdate> UpdateFromProto(const v1::Hyperparameters& 
     if (!decoupled.ok()) return decoupled.status();
     u.decoupled_weight_decay = *decoupled;
   }
+  if (p.has_state_dtype()) {
+    absl::StatusOr<StateDType> dtype = StateDTypeFromProto(p.state_dtype());
+    if (!dtype.ok()) return dtype.status();
+    u.state_dtype = *dtype;
+  }
+  if (p.has_params_dtype()) {
+    absl::StatusOr<ParamsDType> dtype = ParamsDTypeFromProto(p.params_dtype());
+    if (!dtype.ok()) return dtype.status();
+    u.params_dtype = *dtype;
+  }
+  if (p.has_rounding_seed()) u.rounding_seed = p.rounding_seed();
   return u;
 }
 
@@ -75,6 +122,9 @@ void ToProto(const ParamGroupSpec& g, v1::ParamGroup* p) {
   h->set_maximize(a.maximize);
   h->set_weight_decay_mode(a.decoupled_weight_decay ? v1::WEIGHT_DECAY_MODE_DECOUPLED
                                                     : v1::WEIGHT_DECAY_MODE_L2);
+  h->set_state_dtype(ToProto(a.state_dtype));
+  h->set_params_dtype(ToProto(a.params_dtype));
+  h->set_rounding_seed(a.rounding_seed);
 }
 
 void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInfo* p) {
@@ -84,6 +134,9 @@ void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInf
   p->set_param_group(view.group_name_of(tensor));
   p->set_step(step);
   p->set_numel(t.numel);
+  const TensorLayout layout = view.layout(tensor);
+  p->set_params_dtype(ToProto(layout.params));
+  p->set_state_dtype(ToProto(layout.state));
 }
 
 void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {

@@ -28,9 +28,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
  public:
   PullReactor(grpc::CallbackServerContext* context, const v1::PullParametersRequest& request,
               const ServiceContext& services)
-      : context_(context),
-        services_(services),
-        watch_(services.watchdog->Watch([this] {
+      : context_(context), services_(services), watch_(services.watchdog->Watch([this] {
           idle_ = true;
           context_->TryCancel();  // The pending write ends with !ok; OnWriteDone finishes.
         })) {
@@ -53,11 +51,10 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       Reserve(services_.snapshot_budget, total_bytes_, [this](StagingPool::Reservation budget) {
         budget_ = std::move(budget);
         Hold();
-        Reserve(services_.staging, window_limit_,
-                [this](StagingPool::Reservation r) {
-                  window_ = std::move(r);
-                  Read(total_bytes_);
-                });
+        Reserve(services_.staging, window_limit_, [this](StagingPool::Reservation r) {
+          window_ = std::move(r);
+          Read(total_bytes_);
+        });
       });
     }
   }
@@ -127,14 +124,14 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     chunk_bytes_ =
         request.max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request.max_chunk_bytes();
     if (chunk_bytes_ < kMinPullChunkBytes || chunk_bytes_ > kMaxPullChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_chunk_bytes = ", chunk_bytes_, " must be 0 or in [", kMinPullChunkBytes, ", ",
-          kMaxPullChunkBytes, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes = ", chunk_bytes_,
+                                                     " must be 0 or in [", kMinPullChunkBytes, ", ",
+                                                     kMaxPullChunkBytes, "]"));
     }
     const std::optional<TensorField> field = TensorFieldFromProto(request.field());
     if (!field) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "field = ", static_cast<int>(request.field()), " is not a TensorField"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("field = ", static_cast<int>(request.field()), " is not a TensorField"));
     }
     field_ = *field;
     absl::flat_hash_set<absl::string_view> seen;
@@ -152,14 +149,21 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     for (uint32_t t : tensors_) {
       if (field_ == TensorField::kMaxExpAvgSq &&
           !view_->groups()[view_->tensor(t).group].hyperparameters.amsgrad) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "tensor ", QuoteName(view_->tensor(t).name),
-            ": max_exp_avg_sq exists only in param groups with amsgrad"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor ", QuoteName(view_->tensor(t).name),
+                         ": max_exp_avg_sq exists only in param groups with amsgrad"));
       }
     }
-    // A 16-bit pull of params is served from the server's copy when it keeps one in that dtype.
-    param_copy_ = field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
-                  static_cast<int>(dtype_) == static_cast<int>(services_.engine->param_copy_dtype());
+    // A 16-bit pull of params is served from the server's copy when it keeps one in that dtype
+    // and every tensor pulled has one (fp32 params: bf16 params have no copy). Otherwise the
+    // values are read as fp32 (bf16 params and state widened, int8 state dequantized) and
+    // rounded here.
+    param_copy_ =
+        field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
+        static_cast<int>(dtype_) == static_cast<int>(services_.engine->param_copy_dtype());
+    for (size_t i = 0; param_copy_ && i < tensors_.size(); ++i) {
+      param_copy_ = view_->layout(tensors_[i]).params == ParamsDType::kFloat32;
+    }
     stored_size_ = param_copy_ ? 2 : 4;
     for (uint32_t t : tensors_) {
       offsets_.push_back(total_bytes_);
@@ -286,8 +290,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
       if (position + stored_size_ > window_end_) {
         if (absl::Status s = LoadWindow(position); !s.ok()) return FinishCall(s);
       }
-      const uint64_t count = std::min({room, meta.numel - cursor_element_,
-                                       (window_end_ - position) / stored_size_});
+      const uint64_t count =
+          std::min({room, meta.numel - cursor_element_, (window_end_ - position) / stored_size_});
       const char* data = window_.data() + (position - window_begin_);
       v1::TensorChunk* chunk = message_.add_chunks();
       chunk->set_tensor(meta.name);
@@ -361,11 +365,11 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   uint64_t version_ = 0;
   std::vector<int64_t> steps_;
   void* snapshot_ = nullptr;
-  StagingPool::Reservation budget_;  // Of the snapshot budget.
-  StagingPool::Reservation window_;  // Of staging.
+  StagingPool::Reservation budget_;             // Of the snapshot budget.
+  StagingPool::Reservation window_;             // Of staging.
   uint64_t window_begin_ = 0, window_end_ = 0;  // The layout's bytes the window holds.
-  size_t next_info_ = 0;       // The next TensorInfo to send.
-  size_t cursor_tensor_ = 0;   // The next chunk's tensor and first element.
+  size_t next_info_ = 0;                        // The next TensorInfo to send.
+  size_t cursor_tensor_ = 0;                    // The next chunk's tensor and first element.
   uint64_t cursor_element_ = 0;
   v1::PullParametersResponse message_;
   uint64_t message_payload_ = 0;  // Tensor bytes in message_.
@@ -373,12 +377,12 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   std::atomic<bool> idle_{false};
 
   std::mutex mu_;
-  uint64_t ticket_ = 0;                  // Guarded by mu_: a staging wait to cancel.
-  StagingPool* ticket_pool_ = nullptr;   // Guarded by mu_.
+  uint64_t ticket_ = 0;                 // Guarded by mu_: a staging wait to cancel.
+  StagingPool* ticket_pool_ = nullptr;  // Guarded by mu_.
   uint64_t reserves_ = 0;  // Guarded by mu_: counts Reserve calls and grants (a stale ticket).
-  int holds_ = 0;                        // Guarded by mu_: callbacks still to come.
-  bool finished_ = false;                // Guarded by mu_.
-  bool done_ = false;                    // Guarded by mu_.
+  int holds_ = 0;          // Guarded by mu_: callbacks still to come.
+  bool finished_ = false;  // Guarded by mu_.
+  bool done_ = false;      // Guarded by mu_.
 };
 
 }  // namespace

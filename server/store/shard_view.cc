@@ -62,6 +62,10 @@ absl::Status ValidateHyperparameters(const AdamWHyperparameters& h) {
   if (!std::isfinite(h.weight_decay) || h.weight_decay < 0) {
     return out_of_range("weight_decay", h.weight_decay, "finite and >= 0");
   }
+  if (h.amsgrad && h.state_dtype != StateDType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hyperparameters.amsgrad needs state_dtype FLOAT32, not ", StateDTypeName(h.state_dtype)));
+  }
   return absl::OkStatus();
 }
 
@@ -70,6 +74,22 @@ absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperpara
   if (update.amsgrad.has_value() && *update.amsgrad != old.amsgrad) {
     return absl::InvalidArgumentError(
         "hyperparameters.amsgrad is fixed at registration (max_exp_avg_sq would be missing)");
+  }
+  if (update.state_dtype.has_value() && *update.state_dtype != old.state_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hyperparameters.state_dtype is fixed at registration (the group's state is stored in ",
+        StateDTypeName(old.state_dtype), ")"));
+  }
+  if (update.params_dtype.has_value() && *update.params_dtype != old.params_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hyperparameters.params_dtype is fixed at registration (the group's params are stored "
+        "in ",
+        ParamsDTypeName(old.params_dtype), ")"));
+  }
+  if (update.rounding_seed.has_value() && *update.rounding_seed != old.rounding_seed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hyperparameters.rounding_seed is fixed at registration (it is ",
+                     old.rounding_seed, "; a replay or restore must round the same)"));
   }
   AdamWHyperparameters h = old;
   h.lr = update.lr.value_or(h.lr);

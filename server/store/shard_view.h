@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/adamw_math.h"
+#include "kernels/tensor_layout.h"
 
 namespace fusedps {
 
@@ -48,10 +49,14 @@ struct ParamGroupSpec {
   AdamWHyperparameters hyperparameters;
 };
 
-// Hyperparameters to change; unset fields keep their value.
+// Hyperparameters to change; unset fields keep their value. amsgrad, state_dtype, params_dtype
+// and rounding_seed are fixed at registration: an update may repeat them, not change them.
 struct HyperparameterUpdate {
   std::optional<double> lr, beta1, beta2, eps, weight_decay;
   std::optional<bool> amsgrad, maximize, decoupled_weight_decay;
+  std::optional<StateDType> state_dtype;
+  std::optional<ParamsDType> params_dtype;
+  std::optional<uint64_t> rounding_seed;
 };
 
 struct TensorSpec {
@@ -96,6 +101,11 @@ class ShardView {
   const std::string& group_name_of(uint32_t index) const {
     return groups_[tensor(index).group].name;
   }
+  // How tensor `index` is stored (its group's dtypes and its size: LayoutOf), as the backend
+  // stores it.
+  TensorLayout layout(uint32_t index) const {
+    return LayoutOf(groups_[tensor(index).group].hyperparameters, tensor(index).numel);
+  }
 
   uint64_t parameter_count() const { return parameter_count_; }
 
@@ -132,11 +142,13 @@ absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
 // Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.
 absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape);
 
-// INVALID_ARGUMENT naming the field and its range for a hyperparameter out of range.
+// INVALID_ARGUMENT naming the field and its range for a hyperparameter out of range, and for
+// amsgrad with a state_dtype other than fp32 (max_exp_avg_sq is fp32 beside fp32 state).
 absl::Status ValidateHyperparameters(const AdamWHyperparameters& h);
 
-// `h` changed by `update`; INVALID_ARGUMENT when the result is out of range or amsgrad would
-// change (it is fixed at registration: max_exp_avg_sq would be missing).
+// `h` changed by `update`; INVALID_ARGUMENT when the result is out of range, or amsgrad,
+// state_dtype, params_dtype or rounding_seed would change (fixed at registration: the state's
+// storage, and the bits of stochastic rounding, depend on them).
 absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperparameters& h,
                                                             const HyperparameterUpdate& update);
 

@@ -102,5 +102,71 @@ TEST(ShardViewTest, HyperparametersAreValidatedAndAmsgradIsFixed) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The storage is fixed at registration: an update may repeat it (as clients that resend every
+// field do) but not change it, and amsgrad needs fp32 state.
+TEST(ShardViewTest, StorageIsFixedAtRegistration) {
+  AdamWHyperparameters h;
+  h.state_dtype = StateDType::kInt8;
+  h.params_dtype = ParamsDType::kBFloat16;
+  h.rounding_seed = 7;
+  ASSERT_TRUE(ValidateHyperparameters(h).ok());
+  HyperparameterUpdate same;
+  same.state_dtype = StateDType::kInt8;
+  same.params_dtype = ParamsDType::kBFloat16;
+  same.rounding_seed = 7;
+  same.lr = 0.5;
+  absl::StatusOr<AdamWHyperparameters> changed = UpdatedHyperparameters(h, same);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(changed->lr, 0.5);
+  EXPECT_EQ(changed->state_dtype, StateDType::kInt8);
+  EXPECT_EQ(changed->params_dtype, ParamsDType::kBFloat16);
+  EXPECT_EQ(changed->rounding_seed, 7u);
+
+  const auto expect_refused = [&](HyperparameterUpdate update, const std::string& message) {
+    const absl::Status s = UpdatedHyperparameters(h, update).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message(), message);
+  };
+  HyperparameterUpdate update;
+  update.state_dtype = StateDType::kBFloat16;
+  expect_refused(update,
+                 "hyperparameters.state_dtype is fixed at registration (the group's state is "
+                 "stored in int8)");
+  update = {};
+  update.params_dtype = ParamsDType::kFloat32;
+  expect_refused(update,
+                 "hyperparameters.params_dtype is fixed at registration (the group's params are "
+                 "stored in bf16)");
+  update = {};
+  update.rounding_seed = 8;
+  expect_refused(update,
+                 "hyperparameters.rounding_seed is fixed at registration (it is 7; a replay or "
+                 "restore must round the same)");
+
+  for (StateDType state : {StateDType::kBFloat16, StateDType::kInt8}) {
+    AdamWHyperparameters ams;
+    ams.amsgrad = true;
+    ams.state_dtype = state;
+    const absl::Status s = ValidateHyperparameters(ams);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), std::string("hyperparameters.amsgrad needs state_dtype FLOAT32, not ") +
+                               StateDTypeName(state));
+  }
+}
+
+TEST(ShardViewTest, LayoutFollowsTheGroupAndTheSize) {
+  AdamWHyperparameters int8;
+  int8.state_dtype = StateDType::kInt8;
+  int8.params_dtype = ParamsDType::kBFloat16;
+  std::shared_ptr<const ShardView> view = ShardView::Initial()->WithGroup(1, {"q", int8});
+  view = view->WithTensors({{"big", {4096}, 1, 4096}, {"small", {4095}, 1, 4095},
+                            {"plain", {8192}, 0, 8192}});
+  EXPECT_EQ(view->layout(0).state, StateDType::kInt8);
+  EXPECT_EQ(view->layout(0).params, ParamsDType::kBFloat16);
+  EXPECT_EQ(view->layout(1).state, StateDType::kFloat32);  // Under kMinQuantNumel.
+  EXPECT_EQ(view->layout(1).params, ParamsDType::kBFloat16);
+  EXPECT_TRUE(IsFloat32Layout(view->layout(2)));
+}
+
 }  // namespace
 }  // namespace fusedps

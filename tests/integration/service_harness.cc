@@ -106,6 +106,9 @@ v1::Hyperparameters ToProto(const AdamWHyperparameters& h) {
   p.set_maximize(h.maximize);
   p.set_weight_decay_mode(h.decoupled_weight_decay ? v1::WEIGHT_DECAY_MODE_DECOUPLED
                                                    : v1::WEIGHT_DECAY_MODE_L2);
+  p.set_state_dtype(static_cast<v1::StateDType>(h.state_dtype));
+  p.set_params_dtype(static_cast<v1::DType>(h.params_dtype));
+  p.set_rounding_seed(h.rounding_seed);
   return p;
 }
 

@@ -77,6 +77,7 @@ v1::DType ToProto(GradDType dtype);
 
 // A param group with every hyperparameter away from torch's defaults.
 AdamWHyperparameters CustomHyperparameters();
+// Every field set, as the server returns a group (the storage fields too).
 v1::Hyperparameters ToProto(const AdamWHyperparameters& h);
 
 struct TensorDef {

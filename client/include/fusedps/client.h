@@ -79,6 +79,19 @@ enum class TensorField : uint8_t {
   kMaxExpAvgSq = 4,  // Only tensors whose group has amsgrad.
 };
 
+// How a param group stores exp_avg and exp_avg_sq. Values match proto fusedps.v1.StateDType.
+// The update's math is fp32 whatever the storage; pulls of state return fp32 values.
+enum class StateDType : uint8_t {
+  kFloat32 = 1,   // 4 + 4 bytes per parameter (the default).
+  kBFloat16 = 2,  // 2 + 2 bytes, rounded to nearest even.
+  // 1 + 1 byte plus an fp32 scale per block of 256 elements (block-wise dynamic quantization,
+  // as bitsandbytes' 8-bit AdamW); tensors under 4096 elements keep fp32 state.
+  kInt8 = 3,
+};
+
+// "fp32", "bf16" or "int8".
+const char* StateDTypeName(StateDType dtype);
+
 // How weight_decay is applied. Values match proto fusedps.v1.WeightDecayMode.
 enum class WeightDecayMode : uint8_t {
   kDecoupled = 1,  // param -= lr * weight_decay * param (torch.optim.AdamW).
@@ -171,6 +184,16 @@ struct ParamGroupOptions {
   std::optional<bool> amsgrad;         // Fixed at registration.
   std::optional<bool> maximize;
   std::optional<WeightDecayMode> weight_decay_mode;
+  // Storage, fixed at registration as amsgrad is (SetHyperparameters may repeat a value, not
+  // change it; a change is INVALID_ARGUMENT). Unset at registration: fp32 state, fp32 params,
+  // seed 0. amsgrad needs kFloat32 state.
+  std::optional<StateDType> state_dtype;
+  // kFloat32 (an fp32 master copy) or kBFloat16: bf16 params and no fp32 master, 2 bytes per
+  // parameter instead of 4; each step rounds its fp32 result stochastically, with bits that
+  // depend only on (rounding_seed, the tensor's name, its step, the element), so a replay or a
+  // restore from a checkpoint gives the same bits. kFloat16 is INVALID_ARGUMENT.
+  std::optional<DType> params_dtype;
+  std::optional<uint64_t> rounding_seed;
 };
 
 // A param group as the server stores it.
@@ -267,6 +290,11 @@ struct TensorInfo {
   std::string param_group;
   int64_t step = 0;
   uint64_t numel = 0;
+  // How the server stores this tensor: its group's params_dtype and state_dtype, but kFloat32
+  // state for a tensor under 4096 elements in a kInt8 group (kFloat32 from servers that do not
+  // say).
+  DType params_dtype = DType::kFloat32;
+  StateDType state_dtype = StateDType::kFloat32;
 };
 
 struct TensorList {
