@@ -9,8 +9,16 @@ two end up.
 
     PYTHONPATH=build/python /usr/bin/python3 examples/train_digits.py --target 127.0.0.1:50051
 
+--state-dtype bf16|int8 and --params-dtype bf16 register the server's param group with that
+storage (docs/python.md, "Low-precision optimizer state"); the local torch.optim.AdamW stays
+fp32, so the difference printed then measures what the storage costs.
+
 Data: sklearn.datasets.load_digits (1,797 8x8 images, 10 classes; ships with scikit-learn, no
 download), 80/20 train/test split, pixels scaled to [0, 1].
+Output: a line per epoch, a summary, and last a line "RESULT {json}" with final_train_loss (the
+last epoch's mean), final_val_loss (null: no validation split), test_loss, test_accuracy,
+reference_test_accuracy (the local AdamW's), max_relative_difference, steps, state_dtype,
+params_dtype, grad_dtype and seed.
 Exit status: 0 when the test accuracy is >= --min-accuracy (default 0.9), 1 otherwise.
 """
 
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import time
 
@@ -36,7 +45,12 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--grad-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--state-dtype", default="fp32", choices=["fp32", "bf16", "int8"],
+                   help="how the server stores exp_avg and exp_avg_sq")
+    p.add_argument("--params-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="the server's params: fp32 master, or bf16 with stochastic rounding")
+    p.add_argument("--seed", type=int, default=0,
+                   help="data split, initial weights, batches, and the bf16 rounding's seed")
     p.add_argument("--prefix", default="digits.", help="tensor name prefix on the server")
     p.add_argument("--min-accuracy", type=float, default=0.9)
     return p.parse_args(argv)
@@ -98,7 +112,9 @@ def main(argv=None) -> int:
         print(f"server {args.target}: backend={info.backend} device={info.device!r} "
               f"version={info.server_version}")
         group = f"{args.prefix}group"
-        ps.register_param_group(group, lr=args.lr, weight_decay=args.weight_decay)
+        ps.register_param_group(group, lr=args.lr, weight_decay=args.weight_decay,
+                                state_dtype=args.state_dtype, params_dtype=args.params_dtype,
+                                rounding_seed=args.seed)
         reg = ps.register_model(model, param_group=group, prefix=args.prefix)
         if reg.tensors_existing:
             print(f"error: {reg.tensors_existing} tensors named {args.prefix}* already exist on "
@@ -106,11 +122,13 @@ def main(argv=None) -> int:
             return 2
         n_params = sum(p.numel() for p in model.parameters())
         print(f"registered {reg.tensors_created} tensors, {n_params} parameters; "
-              f"grad dtype {args.grad_dtype}")
+              f"grad dtype {args.grad_dtype}, state {args.state_dtype}, params "
+              f"{args.params_dtype}")
 
         shuffle = torch.Generator().manual_seed(args.seed + 1)
         steps = 0
         start = time.perf_counter()
+        train_loss = float("nan")
         for epoch in range(1, args.epochs + 1):
             perm = torch.randperm(len(x_train), generator=shuffle)
             total_loss, seen = 0.0, 0
@@ -137,7 +155,8 @@ def main(argv=None) -> int:
                 total_loss += loss.item() * len(idx)
                 seen += len(idx)
                 steps += 1
-            print(f"epoch {epoch:3d}  loss {total_loss / seen:.4f}  "
+            train_loss = total_loss / seen
+            print(f"epoch {epoch:3d}  loss {train_loss:.4f}  "
                   f"test accuracy {accuracy(model, x_test, y_test):.4f}")
         elapsed = time.perf_counter() - start
         final_version = ps.info().version
@@ -149,6 +168,13 @@ def main(argv=None) -> int:
           f"push + pull), server version {final_version}")
     print(f"final test accuracy {acc:.4f} (local torch.optim.AdamW: {ref_acc:.4f})")
     print(f"max relative difference server vs local AdamW params: {rel:.3e}")
+    with torch.no_grad():
+        test_loss = loss_fn(model(x_test), y_test).item()
+    print("RESULT " + json.dumps(dict(
+        final_train_loss=train_loss, final_val_loss=None, test_loss=test_loss,
+        test_accuracy=acc, reference_test_accuracy=ref_acc, max_relative_difference=rel,
+        steps=steps, state_dtype=args.state_dtype, params_dtype=args.params_dtype,
+        grad_dtype=args.grad_dtype, seed=args.seed)), flush=True)
     if acc < args.min_accuracy:
         print(f"FAIL: accuracy {acc:.4f} < {args.min_accuracy}", file=sys.stderr)
         return 1

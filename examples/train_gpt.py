@@ -50,8 +50,16 @@ RemoteAdamW.last_step_timings (0 with --optimizer torch); optimizer_seconds is a
 optimizer.step(); "other" in the summary is step - fwd_bwd - push - pull (so it holds the data,
 torch's local AdamW, the lr schedule).
 
+--state-dtype bf16|int8 and --params-dtype bf16 (with --optimizer remote) have the server
+store the optimizer state, or the params, in less memory (docs/python.md, "Low-precision
+optimizer state"); --seed also seeds the bf16 params' stochastic rounding.
+
+The last line of the output is "RESULT {json}": final_train_loss (the last step's),
+train_loss_last5, final_val_loss, test_accuracy (null: a language model has none), steps,
+step_ms, optimizer, preset, state_dtype, params_dtype, grad_dtype and seed.
+
 Exit status: 0; 1 when --expect-loss-below or --expect-loss-drop is not met; 2 on bad input
-(a missing corpus, CUDA or fusedps not available).
+(a missing corpus, CUDA or fusedps not available, a storage option with --optimizer torch).
 """
 
 from __future__ import annotations
@@ -124,7 +132,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=0.0,
                    help="clip the global gradient norm to this before each step (0: off)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--state-dtype", default="fp32", choices=["fp32", "bf16", "int8"],
+                   help="--optimizer remote: how the server stores exp_avg and exp_avg_sq")
+    p.add_argument("--params-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="--optimizer remote: the server's params, fp32 or bf16 (stochastic "
+                        "rounding)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="weights, batches, and the bf16 params' rounding")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--amp", default="none", choices=["none", "bf16"],
                    help="bf16: torch.autocast for forward and loss on CUDA")
@@ -208,6 +222,9 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     hyper = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                  weight_decay=args.weight_decay)
     if args.optimizer == "torch":
+        if (args.state_dtype, args.params_dtype) != ("fp32", "fp32"):
+            raise UsageError("--state-dtype and --params-dtype are the server's storage: use "
+                             "them with --optimizer remote")
         return torch.optim.AdamW(model.parameters(), **hyper)
     try:
         from fusedps.torch import RemoteAdamW
@@ -217,7 +234,9 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     targets = args.targets[0] if len(args.targets) == 1 else args.targets
     client_options = {} if args.streams is None else {"streams": args.streams}
     return RemoteAdamW(model.named_parameters(), targets=targets, grad_dtype=args.grad_dtype,
-                       client_options=client_options, prefix=args.prefix, **hyper)
+                       client_options=client_options, prefix=args.prefix,
+                       state_dtype=args.state_dtype, params_dtype=args.params_dtype,
+                       rounding_seed=args.seed, **hyper)
 
 
 def round_grads(model: torch.nn.Module, grad_dtype: str) -> None:
@@ -397,8 +416,9 @@ def train(args) -> int:
           f"{'sdpa' if HAS_SDPA else 'masked matmul'}; torch {torch.__version__} on {device}")
     print(f"optimizer {args.optimizer}{where}: AdamW lr {args.lr} (warmup {args.warmup_steps}, "
           f"cosine to x{args.min_lr_ratio}), betas ({args.beta1}, {args.beta2}), weight decay "
-          f"{args.weight_decay}, grad dtype {args.grad_dtype}; {args.steps} steps of "
-          f"{args.batch_size} x {args.context} bytes")
+          f"{args.weight_decay}, grad dtype {args.grad_dtype}, state {args.state_dtype}, "
+          f"params {args.params_dtype}; {args.steps} steps of {args.batch_size} x "
+          f"{args.context} bytes")
     log = JsonLog(args.log_json)
     log.write("config", args=vars(args), n_params=n_params, corpus_bytes=len(data),
               corpus_sha256=corpus_sha, torch_version=torch.__version__, sdpa=HAS_SDPA,
@@ -441,6 +461,13 @@ def train(args) -> int:
           f"..{args.steps})")
     if args.sample_bytes > 0:
         print_sample(model, val_data, args, device)
+    print("RESULT " + json.dumps(dict(
+        final_train_loss=summary["final_train_loss"],
+        train_loss_last5=summary["train_loss_last5"], final_val_loss=summary["val_loss"],
+        test_accuracy=None, steps=summary["steps"], step_ms=summary["step_ms"],
+        optimizer=args.optimizer, preset=args.preset, state_dtype=args.state_dtype,
+        params_dtype=args.params_dtype, grad_dtype=args.grad_dtype, seed=args.seed)),
+        flush=True)
     return check_expectations(summary, args)
 
 

@@ -431,18 +431,30 @@ def _doc_manifest_keys():
         text = f.read()
     table = text.split("| key | value |", 1)[1].split("\n\n", 1)[0]
     rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", table, re.M)
-    nested = {k: set(re.findall(r'"(\w+)"', v[v.index("{"):])) for k, v in rows if "{" in v}
+    nested = {k: set(re.findall(r'"(\w+)"', _first_object(v))) for k, v in rows if "{" in v}
     return [k for k, _ in rows], nested
+
+
+def _first_object(text):
+    """The first {...} of a table cell, braces matched (the prose after it names values)."""
+    begin = text.index("{")
+    depth = 0
+    for i, c in enumerate(text[begin:], begin):
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        if depth == 0:
+            return text[begin:i + 1]
+    raise ValueError(f"unbalanced braces in {text!r}")
 
 
 def test_manifest_has_the_documented_keys(tmp_path):
     keys, nested = _doc_manifest_keys()
-    assert len(keys) == 11 and {"param_groups", "tensors", "files"} <= set(nested)
+    assert len(keys) == 12 and {"param_groups", "tensors", "files"} <= set(nested)
+    assert keys[-1] == "int8_codebooks"  # only when a tensor has int8 state: never here
     model, opt = _trained()
     before = int(time.time())
     path = _write(tmp_path, model, opt)
     m = _manifest(path)
-    assert list(m) == keys
+    assert list(m) == keys[:-1]
     assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 2
     assert m["serial"] == 1 and m["version"] == 3 and m["server_version"] == "python"
     assert before <= m["created_unix_seconds"] <= time.time() + 1
@@ -453,7 +465,8 @@ def test_manifest_has_the_documented_keys(tmp_path):
     assert m["param_groups"][0] == dict(
         name="default", lr=defaults["lr"], beta1=defaults["betas"][0],
         beta2=defaults["betas"][1], eps=defaults["eps"], weight_decay=defaults["weight_decay"],
-        amsgrad=False, maximize=False, decoupled_weight_decay=True)
+        amsgrad=False, maximize=False, decoupled_weight_decay=True, state_dtype="fp32",
+        params_dtype="fp32", rounding_seed=0)
     for g, (_, h) in zip(m["param_groups"][1:], GROUPS):
         assert set(g) == nested["param_groups"]
         assert (g["lr"], g["weight_decay"], g["amsgrad"]) == (h["lr"], h["weight_decay"],

@@ -11,6 +11,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from fusedps._requests import (PARAMS_DTYPES, STATE_DTYPES, checked_rounding_seed,
+                               storage_name)
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
 
@@ -23,6 +25,53 @@ HyperTuple = Tuple[float, float, float, float, float, bool]  # lr, beta1, beta2,
 
 STATE_FIELDS = ("exp_avg", "exp_avg_sq")
 AMSGRAD_FIELD = "max_exp_avg_sq"
+
+# A group's storage on the server, fixed at registration: taken from the group's dict or the
+# optimizer's arguments, never from a loaded state_dict (the server converts loaded values).
+STORAGE_KEYS = ("state_dtype", "params_dtype", "rounding_seed")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How the server stores a param group: state_dtype "fp32" | "bf16" | "int8",
+    params_dtype "fp32" | "bf16", and the seed of bf16 params' stochastic rounding."""
+
+    state_dtype: str = "fp32"
+    params_dtype: str = "fp32"
+    rounding_seed: int = 0
+
+
+def group_storage(group: Mapping[str, Any], default: Storage, where: str) -> Storage:
+    """The Storage of a param group: its own STORAGE_KEYS over ``default``.
+
+    Raises:
+      ValueError: a value register_param_group does not take (naming the key and ``where``),
+        or amsgrad with a state_dtype other than fp32.
+    """
+    try:
+        storage = Storage(
+            storage_name(group.get("state_dtype", default.state_dtype), STATE_DTYPES,
+                         "state_dtype") or "fp32",
+            storage_name(group.get("params_dtype", default.params_dtype), PARAMS_DTYPES,
+                         "params_dtype") or "fp32",
+            checked_rounding_seed(group.get("rounding_seed", default.rounding_seed)) or 0)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if group.get("amsgrad") and storage.state_dtype != "fp32":
+        raise ValueError(f"{where}: state_dtype={storage.state_dtype!r} with amsgrad=True: "
+                         "amsgrad needs state_dtype 'fp32'")
+    return storage
+
+
+def check_server_storage(name: str, server: Any, ours: Storage) -> None:
+    """ValueError when a server param group (a ParamGroup) that exists already stores its
+    tensors otherwise than ``ours`` asks (fields it does not report are not compared)."""
+    for key in STORAGE_KEYS:
+        theirs = getattr(server, key, None)
+        if theirs is not None and theirs != getattr(ours, key):
+            raise ValueError(f"the server's param group {name!r} has {key}={theirs!r}; this "
+                             f"optimizer's has {key}={getattr(ours, key)!r} (fixed at "
+                             "registration: use another group name or a fresh server)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,7 +363,8 @@ def validate_state_dict(state_dict: Mapping[str, Any], param_groups: Sequence[Di
                              f"optimizer {amsgrad[i]}; amsgrad cannot change on the server")
         new_group = dict(group)
         for k, v in saved.items():
-            if k not in ("params", "param_names") and k not in IMPLEMENTATION_KEYS:
+            if k not in ("params", "param_names") and k not in IMPLEMENTATION_KEYS + \
+                    STORAGE_KEYS:
                 new_group[k] = v
         hyperparameters_of(new_group)  # TypeError/ValueError now rather than at step()
         new_groups.append(new_group)

@@ -7,7 +7,8 @@ Internal module of the fusedps client (fusedps.client, fusedps.sharded); no netw
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Tuple, Union
+import numbers
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from fusedps._lazy import LazyModule
 from fusedps.v1 import parameter_service_pb2 as pb
@@ -26,8 +27,6 @@ _FIELDS = {
 
 ModelLike = Union["torch.nn.Module", Mapping[str, "torch.Tensor"],
                   Iterable[Tuple[str, "torch.Tensor"]]]
-
-
 
 
 def _named_tensors(obj: ModelLike, prefix: str = "") -> List[Tuple[str, torch.Tensor]]:
@@ -67,8 +66,52 @@ def _check_sendable(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected a floating point tensor, got {t.dtype}")
 
 
+# A param group's storage (register_param_group's state_dtype and params_dtype): the names
+# the API takes (those of checkpoint manifests, plus the long ones pulls and grad_dtype use)
+# -> the proto enum. (fusedps.results names what the server reports.)
+STATE_DTYPES = {"fp32": pb.STATE_DTYPE_FLOAT32, "float32": pb.STATE_DTYPE_FLOAT32,
+                "bf16": pb.STATE_DTYPE_BFLOAT16, "bfloat16": pb.STATE_DTYPE_BFLOAT16,
+                "int8": pb.STATE_DTYPE_INT8}
+PARAMS_DTYPES = {"fp32": pb.DTYPE_FLOAT32, "float32": pb.DTYPE_FLOAT32,
+                 "bf16": pb.DTYPE_BFLOAT16, "bfloat16": pb.DTYPE_BFLOAT16}
+_MAX_SEED = (1 << 64) - 1
+
+
+def storage_name(value, table: Mapping[str, int], argument: str) -> Optional[str]:
+    """The short name ("fp32", "bf16", "int8") of a state_dtype / params_dtype argument, None
+    for None.
+
+    Raises:
+      ValueError: a value not in ``table``, naming ``argument`` and the values it takes.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in table:
+        choices = ", ".join(repr(k) for k in table if len(k) == 4)
+        raise ValueError(f"{argument} must be one of {choices} or None, got {value!r}")
+    return {"float32": "fp32", "bfloat16": "bf16"}.get(value, value)
+
+
+def checked_rounding_seed(value) -> Optional[int]:
+    """rounding_seed as an int in [0, 2**64), or None.
+
+    Raises:
+      ValueError: anything else (a bool, a float, a negative or too large int).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+            not 0 <= int(value) <= _MAX_SEED:
+        raise ValueError(f"rounding_seed must be an int in [0, 2**64), got {value!r}")
+    return int(value)
+
+
 def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=None,
-                     maximize=None, decoupled_weight_decay=None) -> "pb.Hyperparameters":
+                     maximize=None, decoupled_weight_decay=None, state_dtype=None,
+                     params_dtype=None, rounding_seed=None) -> "pb.Hyperparameters":
+    """A Hyperparameters message with the fields given (None: unset). state_dtype and
+    params_dtype are checked names ("fp32", ...); rounding_seed an int (see the checks
+    above)."""
     h = pb.Hyperparameters()
     if lr is not None:
         h.lr = float(lr)
@@ -89,7 +132,33 @@ def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=N
     if decoupled_weight_decay is not None:
         h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
                                else pb.WEIGHT_DECAY_MODE_L2)
+    if state_dtype is not None:
+        h.state_dtype = STATE_DTYPES[state_dtype]
+    if params_dtype is not None:
+        h.params_dtype = PARAMS_DTYPES[params_dtype]
+    if rounding_seed is not None:
+        h.rounding_seed = rounding_seed
     return h
+
+
+def checked_group_hyperparameters(lr=None, betas=None, eps=None, weight_decay=None,
+                                  amsgrad=None, maximize=None, decoupled_weight_decay=None,
+                                  state_dtype=None, params_dtype=None,
+                                  rounding_seed=None) -> "pb.Hyperparameters":
+    """register_param_group's Hyperparameters message, its storage arguments checked first.
+
+    Raises:
+      ValueError: a state_dtype, params_dtype or rounding_seed the server does not take
+        (naming the argument), or amsgrad with a state_dtype other than fp32.
+    """
+    state = storage_name(state_dtype, STATE_DTYPES, "state_dtype")
+    params = storage_name(params_dtype, PARAMS_DTYPES, "params_dtype")
+    seed = checked_rounding_seed(rounding_seed)
+    if amsgrad and state not in (None, "fp32"):
+        raise ValueError(f"state_dtype={state_dtype!r} with amsgrad=True: amsgrad keeps "
+                         "max_exp_avg_sq in fp32 and needs state_dtype 'fp32'")
+    return _hyperparameters(lr, betas, eps, weight_decay, amsgrad, maximize,
+                            decoupled_weight_decay, state, params, seed)
 
 
 def checked_states(states: Mapping[str, Mapping[str, "torch.Tensor"]],

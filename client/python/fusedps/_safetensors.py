@@ -5,7 +5,7 @@ The format: a u64 little-endian header length, a JSON header
 Files are written here as the server writes them (common/safetensors.cc): header keys sorted,
 the data in registration order, the header padded with spaces so the data starts 8-byte
 aligned. They are read with the ``safetensors`` package when it is importable, else with the
-small decoder here (F32, BF16 and F16).
+small decoder here (F32, BF16, F16, and U8: the codes of int8 optimizer state).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ _MAX_HEADER_BYTES = 100 << 20  # The safetensors package's limit.
 
 # safetensors dtype -> (torch dtype, element size); the integer type of the same size is used to
 # move raw bits through numpy, which has no bfloat16.
-_DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2)}
+_DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
+           "U8": (torch.uint8, 1)}
 _TORCH_TO_ST = {dt: name for name, (dt, _) in _DTYPES.items()}
-_BITS = {4: torch.int32, 2: torch.int16}
+_BITS = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 def _check_little_endian() -> None:
@@ -52,8 +53,8 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
 def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
                       metadata: Optional[Mapping[str, str]] = None, *,
                       fsync: bool = True) -> Tuple[int, int]:
-    """Writes ``tensors`` (name -> tensor of dtype float32, bfloat16 or float16, any shape,
-    any device) to a safetensors file at ``path``, the data in the mapping's order, and
+    """Writes ``tensors`` (name -> tensor of dtype float32, bfloat16, float16 or uint8, any
+    shape, any device) to a safetensors file at ``path``, the data in the mapping's order, and
     returns ``(size in bytes, CRC-32 of the whole file)``: the CRC as ``zlib.crc32`` computes
     it over the file's bytes (an int in 0..2**32-1), the checksum a checkpoint manifest lists.
 
@@ -75,7 +76,8 @@ def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
             raise ValueError(f"safetensors tensor name {name!r} is empty or reserved")
         if not isinstance(t, torch.Tensor) or t.dtype not in _TORCH_TO_ST:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise TypeError(f"{name}: expected a float32, bfloat16 or float16 tensor, got {got}")
+            raise TypeError(f"{name}: expected a float32, bfloat16, float16 or uint8 tensor, "
+                            f"got {got}")
         blob = _raw_bytes(t)
         header[name] = {"dtype": _TORCH_TO_ST[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(blob)]}
@@ -125,7 +127,7 @@ def _decode_builtin(data: bytes, what: str) -> Dict[str, torch.Tensor]:
                 and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2):
             raise bad(f"{name}: needs dtype, shape and data_offsets [begin, end]")
         if e.get("dtype") not in _DTYPES:
-            raise bad(f"{name}: dtype {e.get('dtype')!r} is not F32, BF16 or F16")
+            raise bad(f"{name}: dtype {e.get('dtype')!r} is not F32, BF16, F16 or U8")
         dims = e["shape"] + e["data_offsets"]
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
             raise bad(f"{name}: a dimension or offset is not a non-negative integer")
@@ -159,8 +161,8 @@ def decode_safetensors(data: bytes, what: str = "<bytes>", *,
 
     ``use_package``: None uses the ``safetensors`` package when importable, else the codec
     here; True requires the package; False always uses the codec here (which accepts F32,
-    BF16 and F16 and checks that the data offsets cover the data exactly). ``what`` names the
-    data in errors.
+    BF16, F16 and U8 and checks that the data offsets cover the data exactly). ``what``
+    names the data in errors.
 
     Raises:
       ValueError: the data is not a valid safetensors file (naming ``what``).

@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from . import _stored_state as stored
 from ._safetensors import decode_safetensors, read_safetensors, write_safetensors
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "decode_safetensors", "from_torch", "read_safetensors",
@@ -64,7 +65,10 @@ _HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
 # The server's group 0, with torch.optim.AdamW's defaults; its name and limits on names.
 _DEFAULT_GROUP = dict(name="default", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                       weight_decay=1e-2, amsgrad=False, maximize=False,
-                      decoupled_weight_decay=True)
+                      decoupled_weight_decay=True, state_dtype="fp32", params_dtype="fp32",
+                      rounding_seed=0)
+# What from_torch writes: fp32 storage only (low-precision state is quantized by a server).
+_FP32_STORAGE = dict(state_dtype="fp32", params_dtype="fp32", rounding_seed=0)
 _MAX_TENSOR_NAME_BYTES = 256
 _MAX_GROUP_NAME_BYTES = 128
 
@@ -166,7 +170,9 @@ def _read_manifest(directory: str) -> Dict[str, Any]:
         for key in ("amsgrad", "maximize", "decoupled_weight_decay"):
             if not isinstance(g.get(key), bool):
                 raise bad(f"param_groups[{i}] ({g['name']!r}): {key!r} is not a boolean")
+        stored.check_group_storage(g, bad, f"param_groups[{i}] ({g['name']!r})")
     names = set()
+    group_of = {g["name"]: g for g in m["param_groups"]}
     for i, t in enumerate(m["tensors"]):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or t["name"] in names:
             raise bad(f"tensors[{i}] has no name, or a repeated one")
@@ -178,6 +184,9 @@ def _read_manifest(directory: str) -> Dict[str, Any]:
                       f"{t.get('param_group')!r}")
         if not _is_count(t.get("step")):
             raise bad(f"tensors[{i}] ({t['name']!r}): step is not a non-negative integer")
+        stored.check_tensor_layout(
+            t, stored.layout_of(group_of[t["param_group"]], math.prod(t["shape"])), bad,
+            f"tensors[{i}] ({t['name']!r})")
     for name, e in m["files"].items():
         if "/" in name or name in (".", "..", MANIFEST) or not isinstance(e, dict) or \
                 not _is_count(e.get("bytes")) or not _is_crc32(e.get("crc32")):
@@ -209,7 +218,7 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
 
     Returns:
       model_state: OrderedDict name -> CPU float32 tensor (the params), in registration order,
-        with the registered shapes (() for a 0-dim tensor).
+        with the registered shapes (() for a 0-dim tensor); bf16 params widened exactly.
       optim_state: a torch.optim.AdamW state_dict::
 
           {"state": {index: {"step": torch.tensor(float(step)),     # default dtype, 0-dim
@@ -237,23 +246,35 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
       after load_state_dict to pin it. The manifest's group names are not in optim_state
       (torch groups have no names): read manifest.json for them.
 
+      Low-precision storage (docs/checkpoints.md) comes back as fp32, exactly what a server
+      pulls: BF16 widened, int8 codes dequantized (the manifest's int8_codebooks[code] *
+      absmax[i // 256], in float32). The storage settings are in manifest.json.
+
     Raises:
       FileNotFoundError: no checkpoint at ``path``.
       ValueError: a manifest that does not parse, of another format or an unknown
-        format_version, or without a key it needs; a file the manifest lists that is missing
-        or whose size or crc32 differs (the message names the file); a data file that is not
-        valid safetensors or whose tensors, dtypes or shapes disagree with the manifest.
+        format_version, or without a key it needs (int8_codebooks with int8 state); bad
+        storage keys, or a tensor layout its group does not give; a file the manifest lists
+        that is missing or whose size or crc32 differs (the message names the file); a data
+        file that is not valid safetensors or whose tensors, dtypes or shapes disagree with
+        the manifest.
     """
     directory = resolve_checkpoint(path)
     m = _read_manifest(directory)
     raw = {name: _read_verified(directory, name, e) for name, e in m["files"].items()}
     groups = m["param_groups"]
-    amsgrad = {g["name"]: g["amsgrad"] for g in groups}
+    group_of = {g["name"]: g for g in groups}
     shapes = {t["name"]: tuple(t["shape"]) for t in m["tensors"]}
+    layouts = {t["name"]: stored.layout_of(group_of[t["param_group"]], math.prod(t["shape"]))
+               for t in m["tensors"]}
+    int8_names = [n for n, lay in layouts.items() if lay.state == "int8"]
+    books = stored.read_codebooks(m, bool(int8_names),
+                                  lambda why: ValueError(f"{directory}/{MANIFEST}: {why}"))
     fields = [("param", PARAMS, list(shapes)), ("exp_avg", EXP_AVG, list(shapes)),
               ("exp_avg_sq", EXP_AVG_SQ, list(shapes)),
               ("max_exp_avg_sq", MAX_EXP_AVG_SQ,
-               [t["name"] for t in m["tensors"] if amsgrad[t["param_group"]]])]
+               [t["name"] for t in m["tensors"] if group_of[t["param_group"]]["amsgrad"]])]
+    fields += [(f"{f}_absmax", file, int8_names) for f, file in stored.ABSMAX_FILES.items()]
     data: Dict[str, Dict[str, torch.Tensor]] = {}
     for field, file, want in fields:
         if file not in raw:
@@ -268,10 +289,19 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
             raise ValueError(f"{what} holds other tensors than {MANIFEST} lists: missing "
                              f"{missing[:5]}, not listed {extra[:5]}")
         for name, t in tensors.items():
-            if t.dtype != torch.float32 or tuple(t.shape) != shapes[name]:
+            dtype = layouts[name].stored_dtype(field)
+            shape = shapes[name]
+            if field.endswith("_absmax"):
+                shape = (-(-math.prod(shape) // stored.QUANT_BLOCK),)
+            if t.dtype != dtype or tuple(t.shape) != shape:
                 raise ValueError(f"{what}: {name!r} is {t.dtype} {tuple(t.shape)}, expected "
-                                 f"torch.float32 {shapes[name]}")
+                                 f"{dtype} {shape}")
         data[field] = tensors
+    for field in ("param", "exp_avg", "exp_avg_sq"):
+        for name, t in data[field].items():
+            data[field][name] = (
+                stored.dequantize(t, data[f"{field}_absmax"][name], books[field])
+                if t.dtype == torch.uint8 else stored.to_fp32(t))
 
     model_state = collections.OrderedDict((n, data["param"][n]) for n in shapes)
     by_group: Dict[str, List[Dict[str, Any]]] = collections.defaultdict(list)
@@ -380,6 +410,14 @@ def _group_hyper(g: Mapping[str, Any], gi: int) -> Dict[str, Any]:
         if not isinstance(v, bool):
             raise TypeError(f"{where}[{key!r}] must be a bool, got {v!r}")
         h[key] = v
+    for key in ("state_dtype", "params_dtype"):
+        if g.get(key, "fp32") not in ("fp32", "float32"):
+            raise ValueError(
+                f"{where}[{key!r}] is {g[key]!r}: from_torch writes fp32 state and params "
+                "only. Register the group with that storage on a server and load the state "
+                "through Client.load_state or RemoteAdamW.load_state_dict, which quantize it "
+                "on the server")
+    h.update(_FP32_STORAGE)
     return h
 
 
@@ -403,7 +441,9 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
 
     A server started with ``--checkpoint-dir=root`` (or ``--restore=<the directory>``) then
     holds these params, optimizer state, steps and hyperparameters, and continues the run as
-    torch would (docs/checkpoints.md).
+    torch would (docs/checkpoints.md). Groups are written with fp32 storage only; for others
+    ("state_dtype" / "params_dtype" keys) use Client.load_state or RemoteAdamW.load_state_dict,
+    which quantize on the server.
 
     Args:
       model_state: name -> floating tensor (any float dtype or device; stored as float32),
@@ -441,7 +481,8 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
         a hyperparameter missing or out of range, a state without step/exp_avg/exp_avg_sq, a
         state shape unlike its param's, names that repeat, are empty or too long (tensors
         256 bytes, groups 128) or whose count differs from the optimizer's params, a name not
-        in model_state, "default" naming a later group, a bad param_copy_dtype or version.
+        in model_state, "default" naming a later group, a bad param_copy_dtype or version,
+        a group whose state_dtype or params_dtype is not fp32.
       TypeError: a non-floating tensor, a non-number hyperparameter, a non-bool flag.
       OSError: writing failed (the checkpoint is then incomplete and never loaded).
     """
@@ -528,7 +569,8 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
             for file, v in row:
                 files[file][name] = v
             tensors.append({"name": name, "shape": list(p.shape),
-                            "param_group": group_names[gi], "step": step})
+                            "param_group": group_names[gi], "step": step,
+                            "params_dtype": "fp32", "state_dtype": "fp32"})
     if version is None:
         version = max((t["step"] for t in tensors), default=0)
     if not _is_count(version):

@@ -1,7 +1,8 @@
 """The fusedps Python client: push gradients to a fusedps server and pull parameters back.
 
-A fusedps server keeps the fp32 master copy of named tensors and their AdamW state; this module
-wraps its gRPC API (proto/fusedps/v1/parameter_service.proto) for PyTorch trainers.
+A fusedps server keeps the fp32 master copy of named tensors and their AdamW state (or, per
+param group, bf16 params and bf16 or int8 state: register_param_group); this module wraps its
+gRPC API (proto/fusedps/v1/parameter_service.proto) for PyTorch trainers.
 
 Example::
 
@@ -49,7 +50,7 @@ import grpc
 from fusedps import _chunks, _deadlines, _native, _replies, _security, _transport, errors
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
-                               _named_tensors, checked_states)
+                               _named_tensors, checked_group_hyperparameters, checked_states)
 from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
                              ServerInfo, TensorInfo, TensorList)
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
@@ -266,24 +267,44 @@ class Client:
                              betas: Optional[Tuple[float, float]] = None,
                              eps: Optional[float] = None, weight_decay: Optional[float] = None,
                              amsgrad: Optional[bool] = None, maximize: Optional[bool] = None,
-                             decoupled_weight_decay: bool = True) -> ParamGroup:
+                             decoupled_weight_decay: bool = True, *,
+                             state_dtype: Optional[str] = None,
+                             params_dtype: Optional[str] = None,
+                             rounding_seed: Optional[int] = None) -> ParamGroup:
         """Registers a param group (a set of AdamW hyperparameters shared by tensors).
 
         Arguments left None take torch.optim.AdamW's defaults on the server (lr 1e-3,
-        betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, amsgrad False, maximize False).
-        decoupled_weight_decay=False selects L2 decay, as torch.optim.Adam's weight_decay.
-        Registering an identical group again is a no-op.
+        betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, amsgrad False, maximize False) and
+        fp32 storage. decoupled_weight_decay=False selects L2 decay, as torch.optim.Adam's
+        weight_decay. Registering an identical group again is a no-op.
+
+        Storage, fixed at registration as amsgrad is (docs/python.md, "Low-precision
+        optimizer state"); each step's math is fp32 whatever the storage:
+          state_dtype: "fp32" (None: the default; 12 bytes per parameter with fp32 params),
+            "bf16" (exp_avg and exp_avg_sq rounded to nearest even: 8) or "int8" (block-wise
+            dynamic quantization, an fp32 scale per 256 elements: 6.03; tensors under 4096
+            elements keep fp32 state, as TensorInfo.state_dtype says). Not with amsgrad.
+          params_dtype: "fp32" (None: the default, the fp32 master copy) or "bf16": bf16
+            params only (2 bytes less per parameter), each step's fp32 result rounded to bf16
+            stochastically; pulls return the bf16 values exactly.
+          rounding_seed: that rounding's seed, an int in [0, 2**64) (None: 0). Its random bits
+            depend only on (rounding_seed, the tensor's name, its step, the element's index),
+            so replaying the same pushes, or restoring a checkpoint, gives the same bits.
 
         Returns:
           The group as stored, with defaults filled in (ParamGroup).
         Raises:
+          ValueError (before any call): a state_dtype, params_dtype or rounding_seed not
+            listed above, or amsgrad with a state_dtype other than "fp32".
           FusedPSError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 bytes);
-            ALREADY_EXISTS when a different group of that name exists.
+            ALREADY_EXISTS when a different group of that name exists (other storage
+            included).
         """
+        hyperparameters = checked_group_hyperparameters(
+            lr, betas, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay,
+            state_dtype, params_dtype, rounding_seed)
         req = pb.RegisterParamGroupRequest(param_group=pb.ParamGroup(
-            name=name,
-            hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, amsgrad, maximize,
-                                             decoupled_weight_decay)))
+            name=name, hyperparameters=hyperparameters))
         resp = self._stub.RegisterParamGroup(req, timeout=self._timeout())
         return ParamGroup._from_pb(resp.param_group)
 
@@ -295,7 +316,8 @@ class Client:
         """Changes hyperparameters of a group at run time (e.g. an lr schedule).
 
         Only the arguments given change; the next push uses the new values (like assigning
-        ``optimizer.param_groups[i]["lr"]``). amsgrad cannot change.
+        ``optimizer.param_groups[i]["lr"]``). amsgrad and the storage (state_dtype,
+        params_dtype, rounding_seed) cannot change.
 
         Returns:
           The group after the change (ParamGroup).
@@ -474,7 +496,8 @@ class Client:
 
     def pull_parameters(self, model_or_names=None, dtype="float32", *,
                         prefix: str = "") -> PulledTensors:
-        """Pulls parameters (the server's fp32 master, or a bfloat16 rendering of it).
+        """Pulls parameters (the server's fp32 master, or a bfloat16 rendering of it; the bf16
+        params of a group with params_dtype "bf16", exactly, in either dtype).
 
         Args:
           model_or_names: one of
@@ -508,7 +531,8 @@ class Client:
 
     def pull_state(self, field: str = "exp_avg", names=None, *, prefix: str = ""
                    ) -> Tuple[Dict[str, torch.Tensor], int, Dict[str, int]]:
-        """Reads one stored fp32 array per tensor (for checkpoints, tests and debugging).
+        """Reads one stored array per tensor as fp32 (for checkpoints, tests and debugging):
+        bf16 state and params widened, int8 state dequantized (map value x block scale).
 
         Args:
           field: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad groups only) or "param".
@@ -541,7 +565,10 @@ class Client:
             "max_exp_avg_sq" (amsgrad groups only). Each tensor has the tensor's registered
             shape (the server checks its element count) and any floating dtype and device; it
             travels as float32, rounded as tensor.to(torch.float32) rounds. A field not given
-            keeps its value on the server; an empty mapping sets the step alone.
+            keeps its value on the server; an empty mapping sets the step alone. The server
+            stores the values as its group does: bf16 params and state rounded to nearest
+            even, int8 state quantized block by block (a pull_state afterwards returns the
+            quantized values).
           steps: name -> the tensor's step afterwards (an int >= 0, or a 0-dim tensor holding
             one, as torch's state["step"]); the next push's bias correction counts on from it.
             Every name of states must be in steps, and every name of steps in states.
@@ -614,9 +641,9 @@ class Client:
         return int(r.version), r.path
 
     def list_tensors(self) -> TensorList:
-        """Every registered tensor (TensorInfo: name, shape, group, step, numel), with
-        ``.version``. The server returns a large shard in pages; this reads them all, each page
-        a call with a deadline of its own.
+        """Every registered tensor (TensorInfo: name, shape, group, step, numel, and its
+        storage: params_dtype, state_dtype), with ``.version``. The server returns a large
+        shard in pages; this reads them all, each page a call with a deadline of its own.
 
         Raises:
           RuntimeError: the server repeated a page token (a listing that would never end).

@@ -31,7 +31,12 @@ class ParamGroup:
       maximize: whether the objective is maximized (gradients negated).
       decoupled_weight_decay: True: AdamW's decoupled decay (param -= lr * wd * param);
         False: L2, as torch.optim.Adam (grad += wd * param).
-    A field the server left unset is None.
+      state_dtype: how exp_avg and exp_avg_sq are stored: "fp32", "bf16" or "int8" (its
+        tensors under 4096 elements keep fp32 state; TensorInfo.state_dtype).
+      params_dtype: "fp32" (the fp32 master copy) or "bf16" (stochastic rounding).
+      rounding_seed: the seed of the stochastic rounding of bf16 params.
+    The storage fields are fixed at registration (Client.register_param_group). A field the
+    server left unset is None (a server older than the storage fields leaves them unset).
     """
 
     name: str
@@ -42,6 +47,9 @@ class ParamGroup:
     amsgrad: Optional[bool]
     maximize: Optional[bool]
     decoupled_weight_decay: Optional[bool]
+    state_dtype: Optional[str] = None
+    params_dtype: Optional[str] = None
+    rounding_seed: Optional[int] = None
 
     @classmethod
     def _from_pb(cls, g: "pb.ParamGroup") -> "ParamGroup":
@@ -51,6 +59,7 @@ class ParamGroup:
             return getattr(h, field) if h.HasField(field) else None
 
         mode = opt("weight_decay_mode")
+        state, params = opt("state_dtype"), opt("params_dtype")
         return cls(
             name=g.name,
             lr=opt("lr"),
@@ -60,7 +69,24 @@ class ParamGroup:
             amsgrad=opt("amsgrad"),
             maximize=opt("maximize"),
             decoupled_weight_decay=None if mode is None else mode != pb.WEIGHT_DECAY_MODE_L2,
+            state_dtype=None if state is None else _state_dtype_name(state),
+            params_dtype=None if params is None else _params_dtype_name(params),
+            rounding_seed=opt("rounding_seed"),
         )
+
+
+def _state_dtype_name(value: int) -> str:
+    """"fp32", "bf16" or "int8" of a proto StateDType (UNSPECIFIED is fp32); another value
+    (from a newer server) as "unknown(<number>)"."""
+    return {pb.STATE_DTYPE_UNSPECIFIED: "fp32", pb.STATE_DTYPE_FLOAT32: "fp32",
+            pb.STATE_DTYPE_BFLOAT16: "bf16", pb.STATE_DTYPE_INT8: "int8"}.get(
+                value, f"unknown({value})")
+
+
+def _params_dtype_name(value: int) -> str:
+    """"fp32" or "bf16" of a proto DType (UNSPECIFIED is fp32); another as "unknown(<n>)"."""
+    return {pb.DTYPE_UNSPECIFIED: "fp32", pb.DTYPE_FLOAT32: "fp32",
+            pb.DTYPE_BFLOAT16: "bf16"}.get(value, f"unknown({value})")
 
 
 @dataclass(frozen=True)
@@ -107,18 +133,24 @@ class PushResult:
 @dataclass(frozen=True)
 class TensorInfo:
     """One registered tensor: name, shape (tuple of ints; () for 0-dim), param group, the number
-    of optimizer steps applied to it, and its element count."""
+    of optimizer steps applied to it, its element count, and how the server stores it:
+    params_dtype ("fp32" or "bf16", its group's) and state_dtype ("fp32", "bf16" or "int8":
+    its group's, except "fp32" for a tensor under 4096 elements in an int8 group). A server
+    older than the storage fields reports "fp32" (all it stores)."""
 
     name: str
     shape: Tuple[int, ...]
     param_group: str
     step: int
     numel: int
+    params_dtype: str = "fp32"
+    state_dtype: str = "fp32"
 
     @classmethod
     def _from_pb(cls, t: "pb.TensorInfo") -> "TensorInfo":
         return cls(t.name, tuple(int(d) for d in t.shape), t.param_group, int(t.step),
-                   int(t.numel))
+                   int(t.numel), _params_dtype_name(t.params_dtype),
+                   _state_dtype_name(t.state_dtype))
 
 
 class TensorList(list):

@@ -30,7 +30,8 @@ from typing import (TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequ
                     TypeVar, Union)
 
 from fusedps._lazy import LazyModule
-from fusedps._requests import _FIELDS, ModelLike, _check_sendable, _named_tensors, checked_states
+from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _named_tensors,
+                               checked_group_hyperparameters, checked_states)
 from fusedps.client import Client
 from fusedps.results import ParamGroup, PushResult, RegisterResult, ServerInfo
 from fusedps.plan import DEFAULT_SLICE_ELEMENTS, PlanSlice, ShardPlan, make_plan
@@ -157,11 +158,17 @@ class ShardedClient:
     # -- param groups ---------------------------------------------------------------------------
 
     def register_param_group(self, name: str, **hyperparameters) -> List[ParamGroup]:
-        """Registers a param group on every shard (Client.register_param_group's arguments).
+        """Registers a param group on every shard (Client.register_param_group's arguments,
+        storage included: state_dtype, params_dtype, rounding_seed). Each shard applies the
+        storage to its own tensors: a cut tensor's slices are tensors of their own there, so
+        int8's 4096-element floor and the stochastic rounding's name key are per slice.
 
         Returns:
           Each shard's ParamGroup.
+        Raises:
+          ValueError: as Client.register_param_group, before any shard is called.
         """
+        checked_group_hyperparameters(**hyperparameters)
         return self._fan_out(lambda i, c: c.register_param_group(name, **hyperparameters))
 
     def set_hyperparameters(self, group: str, **hyperparameters) -> List[ParamGroup]:

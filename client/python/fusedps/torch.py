@@ -5,6 +5,8 @@ Swap ``torch.optim.AdamW(model.parameters(), ...)`` for ``RemoteAdamW(model.name
 closure or through a GradScaler), lr schedulers, ``state_dict`` / ``load_state_dict``. Each
 step pushes the gradients to the server(s), which apply one fused AdamW step to their fp32
 master copy (the math of torch.optim.AdamW), and pulls the new parameters back into the model.
+``state_dtype="bf16"`` or ``"int8"`` and ``params_dtype="bf16"`` keep the server's copy of the
+optimizer state and params in less memory (RemoteAdamW's docstring says what each costs).
 
 Example::
 
@@ -74,8 +76,8 @@ class RemoteAdamW(torch.optim.Optimizer):
       params: named parameters: ``model.named_parameters()``, (name, param) pairs, a mapping
         name -> param, or a list of param-group dicts whose "params" is one of those (plus any
         per-group AdamW keys, e.g. ``{"params": ..., "weight_decay": 0.0}``, and an optional
-        "name": the group's name on the server). Params may have any floating dtype and any
-        device; the server keeps them as fp32.
+        "name": the group's name on the server, and the storage keys below). Params may
+        have any floating dtype and any device; the server keeps them as params_dtype says.
       lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.AdamW (the same defaults
         and the same ValueErrors for out-of-range values). lr and betas may be tensors.
       foreach, capturable, differentiable, fused: accepted for compatibility as None/False
@@ -116,19 +118,30 @@ class RemoteAdamW(torch.optim.Optimizer):
           * not for sync mode (docs/consistency.md): a round takes one whole push per trainer.
       bucket_bytes: see overlap.
       grad_scaler: see overlap (ignored without it).
+      state_dtype, params_dtype, rounding_seed: how the server stores each group, fixed at
+        registration (Client.register_param_group; a group's dict may set its own; costs in
+        docs/python.md, "Low-precision optimizer state"). state_dtype "fp32" (the default:
+        torch.optim.AdamW's results), "bf16" or "int8" (block-wise; tensors under 4096
+        elements keep fp32): the step's math is fp32, but the stored state is rounded, so
+        results drift from torch's; not with amsgrad. params_dtype "bf16": no fp32 master,
+        each step's result rounded to bf16 stochastically (deterministic by rounding_seed,
+        the tensor's name, its step and the element); the model's params then hold bf16
+        values. Device bytes per parameter, fp32 / bf16 params: fp32 state 12 / 10, bf16
+        state 8 / 6, int8 state 6.03 / 4.03.
 
     On construction, each torch param group becomes a server param group named by its "name"
     key or ``f"{prefix}group{i}"``, registered with the group's hyperparameters (decoupled
     weight decay), and every param is registered with its current value. A group that exists
-    already gets this optimizer's hyperparameters (its amsgrad must match). Tensors that exist
-    already (a restarted trainer) keep the server's values, NOT the local ones: after
-    registering, the optimizer always pulls every param, so that the model holds exactly the
-    server's values (local == server) before the first step.
+    already gets this optimizer's hyperparameters (its amsgrad and storage must match).
+    Tensors that exist already (a restarted trainer) keep the server's values, NOT the local
+    ones: after registering, the optimizer always pulls every param, so that the model holds
+    exactly the server's values (local == server) before the first step.
 
     Raises (construction):
       ValueError: bad hyperparameters (as torch), an implementation flag set to True, neither
-        or both of targets and client, an unknown grad_dtype, repeated names, a server group
-        whose amsgrad differs. TypeError: parameters without names.
+        or both of targets and client, an unknown grad_dtype, state_dtype, params_dtype or
+        rounding_seed, amsgrad with state_dtype other than "fp32", repeated names, a server
+        group whose amsgrad or storage differs. TypeError: parameters without names.
       grpc.RpcError (fusedps.errors.*): from the server(s) (UNAVAILABLE: not reachable;
         ALREADY_EXISTS: a tensor registered with another shape or group; FAILED_PRECONDITION:
         a shard of another plan). grpc.FutureTimeoutError: the servers were not reachable
@@ -138,7 +151,12 @@ class RemoteAdamW(torch.optim.Optimizer):
       * The optimizer state (exp_avg, exp_avg_sq, max_exp_avg_sq, step) lives on the servers;
         ``self.state`` stays empty. ``state_dict()`` reads it from the servers.
       * step() writes the server's values into the params (in place, under no_grad), so the
-        params are always a copy of the fp32 master (rounded to the params' dtype).
+        params are always a copy of the fp32 master (rounded to the params' dtype), or of
+        the bf16 params with params_dtype="bf16".
+      * With state_dtype "bf16" or "int8", state_dict() returns the stored state as fp32
+        (bf16 widened, int8 dequantized), and load_state_dict() rounds or quantizes what it
+        loads on the server, as a step's results are (a round trip through state_dict is
+        then within that rounding, not bit-exact; server checkpoints are).
       * A gradient with inf/NaN (after grad_scale) makes the server skip the whole step: the
         params and state stay as they were (``last_step_skipped``), where torch.optim.AdamW
         would write NaN. With several servers each skips on its own (ShardedClient).
@@ -150,6 +168,7 @@ class RemoteAdamW(torch.optim.Optimizer):
       client: the Client or ShardedClient.
       group_names: the server param group of each torch param group.
       tensor_names: the server name of each param, in param_groups order.
+      storage: each param group's Storage (state_dtype, params_dtype, rounding_seed).
       last_step_timings: the last step()'s {"push_seconds", "pull_seconds",
         "hyperparameters_seconds", "load_state_seconds"} (wall-clock seconds; 0.0 for what it
         did not do); with overlap, "push_seconds" is the worker's time pushing, mostly during
@@ -173,7 +192,9 @@ class RemoteAdamW(torch.optim.Optimizer):
                  client_options: Optional[Mapping[str, Any]] = None,
                  grad_dtype: Union[str, torch.dtype] = "float32", prefix: str = "",
                  connect_timeout: Optional[float] = 30.0, overlap: bool = False,
-                 bucket_bytes: int = 25 << 20, grad_scaler: Any = None):
+                 bucket_bytes: int = 25 << 20, grad_scaler: Any = None,
+                 state_dtype: str = "fp32", params_dtype: str = "fp32",
+                 rounding_seed: int = 0):
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
         if grad_dtype not in ro.GRAD_DTYPES:
@@ -183,6 +204,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         facts = ro.torch_adamw_facts(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                      amsgrad=amsgrad, maximize=maximize)
         groups = ro.named_param_groups(params)
+        default_storage = ro.group_storage(dict(state_dtype=state_dtype,
+                                                params_dtype=params_dtype,
+                                                rounding_seed=rounding_seed), ro.Storage(),
+                                           "RemoteAdamW")
         for i, g in enumerate(groups):
             ro.check_implementation_flags(g, f"param group {i}")
         self.grad_dtype = ro.GRAD_DTYPES[grad_dtype]
@@ -203,6 +228,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._group_of: List[int] = [i for i, g in enumerate(self.param_groups)
                                      for _ in g["params"]]
         self._amsgrad: List[bool] = [bool(g["amsgrad"]) for g in self.param_groups]
+        self.storage: List[ro.Storage] = [ro.group_storage(g, default_storage, f"param group {i}")
+                                          for i, g in enumerate(self.param_groups)]
+        # bf16 on the wire when every param is bf16 on the server (exact, half the bytes);
+        # else fp32, also exact (bf16 params widened), in one pull at one version.
+        self._pull_dtype = "bfloat16" if all(s.params_dtype == "bf16"
+                                             for s in self.storage) else "float32"
         self.group_names: List[str] = self._group_names(prefix)
         self._pending: Optional[ro.LoadedState] = None
         self.last_step_timings: Dict[str, float] = ro.new_timings()
@@ -217,9 +248,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._sent: List[ro.HyperTuple] = [ro.hyperparameters_of(g)
                                                for g in self.param_groups]
             for i, name in enumerate(self.group_names):
-                self._register_group(name, self._sent[i], self._amsgrad[i])
+                self._register_group(name, self._sent[i], self._amsgrad[i], self.storage[i])
             self._register_tensors()
-            self.client.pull_parameters(self._pairs)
+            self._pull_parameters()
             self._overlap: Optional[ro.OverlapPusher] = None
             self._overlap_scaler = grad_scaler
             self._overlap_scale: Optional[float] = None
@@ -295,7 +326,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         plan.report(self.last_step_skipped)
 
         start = time.perf_counter()
-        self.client.pull_parameters(self._pairs)
+        self._pull_parameters()
         timings["pull_seconds"] = time.perf_counter() - start
         return loss
 
@@ -445,23 +476,29 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(f"two param groups have the same name: {names}")
         return names
 
-    def _register_group(self, name: str, h: ro.HyperTuple, amsgrad: bool) -> None:
+    def _register_group(self, name: str, h: ro.HyperTuple, amsgrad: bool,
+                        storage: ro.Storage) -> None:
         kwargs = ro.hyperparameter_kwargs(h)
         try:
-            self.client.register_param_group(name, amsgrad=amsgrad,
-                                             decoupled_weight_decay=True, **kwargs)
+            self.client.register_param_group(
+                name, amsgrad=amsgrad, decoupled_weight_decay=True,
+                state_dtype=storage.state_dtype, params_dtype=storage.params_dtype,
+                rounding_seed=storage.rounding_seed, **kwargs)
             return
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                 raise
         # The group exists with other values (a restarted trainer, an lr a schedule changed):
-        # it takes ours, unless its amsgrad differs (which no call can change).
+        # it takes ours, unless its amsgrad or storage differs (which no call can change).
         infos = self.client.info()
         for info in infos if isinstance(infos, list) else [infos]:
             for g in info.param_groups:
-                if g.name == name and g.amsgrad is not None and bool(g.amsgrad) != amsgrad:
+                if g.name != name:
+                    continue
+                if g.amsgrad is not None and bool(g.amsgrad) != amsgrad:
                     raise ValueError(f"the server's param group {name!r} has amsgrad="
                                      f"{g.amsgrad}; this optimizer's has amsgrad={amsgrad}")
+                ro.check_server_storage(name, g, storage)
         self.client.set_hyperparameters(name, decoupled_weight_decay=True, **kwargs)
 
     def _register_tensors(self) -> None:
@@ -481,6 +518,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         for gi, group_name in enumerate(self.group_names):
             batch = [pair for i, pair in enumerate(detached) if self._group_of[i] == gi]
             self.client.register_model(batch, param_group=group_name)
+
+    def _pull_parameters(self) -> None:
+        """Pulls every param into the model, in place (see _pull_dtype)."""
+        self.client.pull_parameters(self._pairs, dtype=self._pull_dtype)
 
     def _check_amsgrad(self) -> None:
         for i, g in enumerate(self.param_groups):
@@ -553,7 +594,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                     " scale)")
             ro.scaler_plan(grad_scaler, self, None).report(self.last_step_skipped)
         start = time.perf_counter()
-        self.client.pull_parameters(self._pairs)
+        self._pull_parameters()
         timings["pull_seconds"] = time.perf_counter() - start
 
     def _push(self, names: List[str], grad_scale: Optional[float]):
