@@ -43,24 +43,14 @@ struct Piece {
   uint64_t end;
 };
 
-// One tensor's step: its scalars, its fields (each shifted to the tensor's element 0; null
-// where its layout has none), and its stochastic rounding key.
+// One tensor's step: its scalars, its fields (`at`: the arenas shifted to the tensor's element
+// 0 and block 0; null where its layout has none), and its stochastic rounding key.
 struct TensorStep {
   AdamWStepScalars s;
   TensorLayout layout;
   uint64_t rounding_key = 0;  // RoundingKey(seed, tensor key, step), for bf16 params.
-  float* params32 = nullptr;
-  uint16_t* params16 = nullptr;
+  Arenas at;
   uint16_t* copy = nullptr;
-  float* exp_avg32 = nullptr;
-  float* exp_avg_sq32 = nullptr;
-  float* max_exp_avg_sq = nullptr;
-  uint16_t* exp_avg16 = nullptr;
-  uint16_t* exp_avg_sq16 = nullptr;
-  uint8_t* exp_avg8 = nullptr;
-  uint8_t* exp_avg_sq8 = nullptr;
-  float* absmax_m = nullptr;  // Block 0's.
-  float* absmax_v = nullptr;
 };
 
 // Elements [begin, end) of one tensor: one AdamW step each, as the CUDA kernel does it.
@@ -69,13 +59,13 @@ void UpdateRange(const TensorStep& t, const void* grads, uint64_t grad_offset, u
                  uint64_t end, ParamCopyDType copy_dtype) {
   const bool bf16_params = t.layout.params == ParamsDType::kBFloat16;
   const auto load_param = [&](uint64_t i) {
-    return bf16_params ? BFloat16ToFloat(t.params16[i]) : t.params32[i];
+    return bf16_params ? BFloat16ToFloat(t.at.params16[i]) : t.at.params32[i];
   };
   const auto store_param = [&](uint64_t i, float p) {
     if (bf16_params) {
-      t.params16[i] = FloatToBFloat16Stochastic(p, RoundingBits(t.rounding_key, i));
+      t.at.params16[i] = FloatToBFloat16Stochastic(p, RoundingBits(t.rounding_key, i));
     } else {
-      t.params32[i] = p;
+      t.at.params32[i] = p;
     }
   };
   const auto grad = [&](uint64_t i) { return LoadGrad(grads, kDType, grad_offset + i); };
@@ -83,15 +73,15 @@ void UpdateRange(const TensorStep& t, const void* grads, uint64_t grad_offset, u
     case StateDType::kFloat32:
       for (uint64_t i = begin; i < end; ++i) {
         float p = load_param(i);
-        AdamWUpdate(t.s, grad(i), p, t.exp_avg32[i], t.exp_avg_sq32[i],
-                    t.s.amsgrad ? &t.max_exp_avg_sq[i] : nullptr);
+        AdamWUpdate(t.s, grad(i), p, t.at.exp_avg32[i], t.at.exp_avg_sq32[i],
+                    t.s.amsgrad ? &t.at.max_exp_avg_sq[i] : nullptr);
         store_param(i, p);
       }
       break;
     case StateDType::kBFloat16:
       for (uint64_t i = begin; i < end; ++i) {
         float p = load_param(i);
-        AdamWUpdateBFloat16State(t.s, grad(i), p, t.exp_avg16[i], t.exp_avg_sq16[i]);
+        AdamWUpdateBFloat16State(t.s, grad(i), p, t.at.exp_avg16[i], t.at.exp_avg_sq16[i]);
         store_param(i, p);
       }
       break;
@@ -99,8 +89,8 @@ void UpdateRange(const TensorStep& t, const void* grads, uint64_t grad_offset, u
       for (uint64_t first = begin; first < end; first += kQuantBlock) {
         const uint64_t block = first / kQuantBlock;
         const int n = static_cast<int>(std::min<uint64_t>(kQuantBlock, end - first));
-        Int8BlockStep(DynamicCodebooks(), t.exp_avg8 + first, t.exp_avg_sq8 + first,
-                      t.absmax_m[block], t.absmax_v[block], n, [&](int j, float& m, float& v) {
+        Int8BlockStep(DynamicCodebooks(), t.at.exp_avg8 + first, t.at.exp_avg_sq8 + first,
+                      t.at.exp_avg_absmax[block], t.at.exp_avg_sq_absmax[block], n, [&](int j, float& m, float& v) {
                         const uint64_t i = first + j;
                         float p = load_param(i);
                         AdamWUpdate(t.s, grad(i), p, m, v, nullptr);
@@ -110,9 +100,9 @@ void UpdateRange(const TensorStep& t, const void* grads, uint64_t grad_offset, u
       break;
   }
   if (!bf16_params && copy_dtype == ParamCopyDType::kBFloat16) {
-    for (uint64_t i = begin; i < end; ++i) t.copy[i] = FloatToBFloat16(t.params32[i]);
+    for (uint64_t i = begin; i < end; ++i) t.copy[i] = FloatToBFloat16(t.at.params32[i]);
   } else if (!bf16_params && copy_dtype == ParamCopyDType::kFloat16) {
-    for (uint64_t i = begin; i < end; ++i) t.copy[i] = FloatToFloat16(t.params32[i]);
+    for (uint64_t i = begin; i < end; ++i) t.copy[i] = FloatToFloat16(t.at.params32[i]);
   }
 }
 
@@ -442,27 +432,30 @@ class CpuBackend final : public OptimizerBackend {
     ts.layout = table_.layout(t);
     ts.rounding_key = RoundingKey(h.rounding_seed, table_.rounding_key(t), step);
     const uint64_t p = table_.param_offset(t), s = table_.state_offset(t);
+    const auto at = [](auto& arena, uint64_t offset) {
+      return arena.empty() ? nullptr : arena.data() + offset;
+    };
     if (ts.layout.params == ParamsDType::kFloat32) {
-      ts.params32 = params32_.data() + p;
-      if (!copy_.empty()) ts.copy = copy_.data() + p;
+      ts.at.params32 = at(params32_, p);
+      ts.copy = at(copy_, p);
     } else {
-      ts.params16 = params16_.data() + p;
+      ts.at.params16 = at(params16_, p);
     }
     switch (ts.layout.state) {
       case StateDType::kFloat32:
-        ts.exp_avg32 = exp_avg32_.data() + s;
-        ts.exp_avg_sq32 = exp_avg_sq32_.data() + s;
-        if (!max_exp_avg_sq_.empty()) ts.max_exp_avg_sq = max_exp_avg_sq_.data() + s;
+        ts.at.exp_avg32 = at(exp_avg32_, s);
+        ts.at.exp_avg_sq32 = at(exp_avg_sq32_, s);
+        ts.at.max_exp_avg_sq = at(max_exp_avg_sq_, s);
         break;
       case StateDType::kBFloat16:
-        ts.exp_avg16 = exp_avg16_.data() + s;
-        ts.exp_avg_sq16 = exp_avg_sq16_.data() + s;
+        ts.at.exp_avg16 = at(exp_avg16_, s);
+        ts.at.exp_avg_sq16 = at(exp_avg_sq16_, s);
         break;
       case StateDType::kInt8:
-        ts.exp_avg8 = exp_avg8_.data() + s;
-        ts.exp_avg_sq8 = exp_avg_sq8_.data() + s;
-        ts.absmax_m = absmax_m_.data() + s / kQuantBlock;
-        ts.absmax_v = absmax_v_.data() + s / kQuantBlock;
+        ts.at.exp_avg8 = at(exp_avg8_, s);
+        ts.at.exp_avg_sq8 = at(exp_avg_sq8_, s);
+        ts.at.exp_avg_absmax = at(absmax_m_, s / kQuantBlock);
+        ts.at.exp_avg_sq_absmax = at(absmax_v_, s / kQuantBlock);
         break;
     }
     return ts;

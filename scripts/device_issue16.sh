@@ -10,7 +10,6 @@
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out"
-here=$(pwd)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 echo "== 1. cuda_backend_test"
 timeout ${TEST_SECONDS:-150} .device-pack/run cuda_backend_test --gtest_brief=1 > "$out/cuda_backend_test.log" 2>&1
@@ -19,17 +18,11 @@ echo "== 2. kernel benchmark per storage option"
 ITERS=${ITERS:-30} GRADS=${GRADS:-fp32} FIT=0 timeout ${BENCH_SECONDS:-200} bash scripts/device_state_bench.sh > "$out/state.txt" 2>&1
 tail -22 "$out/state.txt"
 echo "== 3. e2e tests against CUDA servers"
-for exe in fusedps-server fusedps; do
-  printf '#!/usr/bin/env bash\nexec "%s/.device-pack/run" %s "$@"\n' "$here" "$exe" > ".device-pack/$exe-wrapper"
-  chmod +x ".device-pack/$exe-wrapper"
-done
-FUSEDPS_NATIVE_LIB=$here/.device-pack/bin/libfusedps_c.so \
-LD_LIBRARY_PATH=$here/.device-pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-PYTHONPATH=${PY_PATH:-$here/build/python} PYTHONDONTWRITEBYTECODE=1 \
-FUSEDPS_SERVER=$here/.device-pack/fusedps-server-wrapper FUSEDPS_CLI=$here/.device-pack/fusedps-wrapper \
-FUSEDPS_TEST_DEVICE=cuda timeout ${E2E_SECONDS:-120} python3 -m pytest -q -p no:cacheprovider \
-  ${E2E_TESTS:-tests/e2e/test_state_dtypes.py tests/e2e/test_checkpoint_state_dtypes.py tests/e2e/test_remote_adamw_state_dtypes.py} \
-  > "$out/e2e_cuda.log" 2>&1
+source scripts/device_lib.sh
+(python_env
+ FUSEDPS_TEST_DEVICE=cuda timeout ${E2E_SECONDS:-120} python3 -m pytest -q -p no:cacheprovider \
+   ${E2E_TESTS:-tests/e2e/test_state_dtypes.py tests/e2e/test_checkpoint_state_dtypes.py \
+     tests/e2e/test_remote_adamw_state_dtypes.py} > "$out/e2e_cuda.log" 2>&1)
 echo "e2e exit $?"; tail -4 "$out/e2e_cuda.log"
 echo "== 4. training quality"
 timeout ${QUALITY_SECONDS:-280} bash scripts/device_quality.sh > "$out/quality.txt" 2>&1

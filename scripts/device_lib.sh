@@ -15,3 +15,20 @@ start_server() {
   for _ in $(seq 1 120); do [[ -s /tmp/$name.port ]] && return 0; sleep 0.25; done
   echo "server $name did not start"; tail -5 "$out/server_$name.log"; return 1
 }
+
+# python_env: the environment in which the Python package (PY_PATH, else build/python) and its
+# tests run against the packed server and CLI: wrappers for fusedps-server and fusedps, the
+# native transport's library, FUSEDPS_SERVER and FUSEDPS_CLI. From the repository root.
+python_env() {
+  local here=$PWD exe
+  for exe in fusedps-server fusedps; do
+    printf '#!/usr/bin/env bash\nexec "%s/.device-pack/run" %s "$@"\n' "$here" "$exe" \
+      > ".device-pack/$exe-wrapper"
+    chmod +x ".device-pack/$exe-wrapper"
+  done
+  export FUSEDPS_NATIVE_LIB=$here/.device-pack/bin/libfusedps_c.so
+  export LD_LIBRARY_PATH=$here/.device-pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PYTHONPATH=${PY_PATH:-$here/build/python} PYTHONDONTWRITEBYTECODE=1
+  export FUSEDPS_SERVER=$here/.device-pack/fusedps-server-wrapper
+  export FUSEDPS_CLI=$here/.device-pack/fusedps-wrapper
+}

@@ -14,19 +14,8 @@
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out"
-here=$(pwd)
 source scripts/device_lib.sh
-for exe in fusedps-server fusedps; do
-  printf '#!/usr/bin/env bash\nexec "%s/.device-pack/run" %s "$@"\n' "$here" "$exe" \
-    > ".device-pack/$exe-wrapper"
-  chmod +x ".device-pack/$exe-wrapper"
-done
-# The native transport's library and its gRPC libraries (packed beside the executables).
-export FUSEDPS_NATIVE_LIB=$here/.device-pack/bin/libfusedps_c.so
-export LD_LIBRARY_PATH=$here/.device-pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$here/build/python PYTHONDONTWRITEBYTECODE=1
-export FUSEDPS_SERVER=$here/.device-pack/fusedps-server-wrapper
-export FUSEDPS_CLI=$here/.device-pack/fusedps-wrapper
+python_env
 python3 -c "import fusedps._native as n; print('native transport:', n.library(), n.load_error())"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 

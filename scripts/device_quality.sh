@@ -11,17 +11,9 @@
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out/quality"
-here=$(pwd)
-for exe in fusedps-server fusedps; do
-  printf '#!/usr/bin/env bash\nexec "%s/.device-pack/run" %s "$@"\n' "$here" "$exe" \
-    > ".device-pack/$exe-wrapper"
-  chmod +x ".device-pack/$exe-wrapper"
-done
-export FUSEDPS_NATIVE_LIB=$here/.device-pack/bin/libfusedps_c.so
-export LD_LIBRARY_PATH=$here/.device-pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=${PY_PATH:-$here/build/python} PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-export FUSEDPS_SERVER=$here/.device-pack/fusedps-server-wrapper
-export FUSEDPS_CLI=$here/.device-pack/fusedps-wrapper
+source scripts/device_lib.sh
+python_env
+export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=2
 storages=("fp32 fp32" "bf16 fp32" "int8 fp32" "fp32 bf16" "int8 bf16")
 seeds=(${SEEDS:-0 1 2})

@@ -194,6 +194,29 @@ class ShardFilesTest : public ::testing::Test {
     return ShardReader::Open(checkpoint, &fresh.engine).status();
   }
 
+  // A fresh engine of one more group and `metas` (params zero, no step), checkpointed under
+  // root_ + suffix; returns the checkpoint read back.
+  static void RegisterAndCheckpoint(Shard& plain, const ParamGroupSpec& group,
+                                    const std::vector<TensorMeta>& metas, const std::string& root,
+                                    Loaded* loaded) {
+    ASSERT_TRUE(Wait<bool>([&](auto done) { plain.engine.RegisterParamGroup(group, done); }).ok());
+    ASSERT_TRUE(
+        Wait<uint32_t>([&](auto done) { plain.engine.BeginRegistration(metas, done); }).ok());
+    ASSERT_TRUE(Wait<uint64_t>([&](auto done) { plain.engine.CommitRegistration("", done); }).ok());
+    CheckpointerOptions options;
+    options.root = root;
+    absl::StatusOr<CheckpointResult> result;
+    {
+      Checkpointer checkpointer(&plain.engine, &plain.metrics, options);
+      checkpointer.Start();
+      result = checkpointer.CheckpointNow();
+    }
+    ASSERT_TRUE(result.ok()) << result.status();
+    absl::StatusOr<Loaded> read = ReadManifest(result->path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    *loaded = *std::move(read);
+  }
+
   std::string root_;
   Shard shard_;
 };
@@ -398,32 +421,21 @@ TEST_F(ShardFilesTest, WithoutInt8StateThereAreNoScalesAndNoCodebooks) {
   Shard plain;
   ParamGroupSpec half{"half", AdamWHyperparameters{}};
   half.hyperparameters.state_dtype = StateDType::kBFloat16;
-  ASSERT_TRUE(Wait<bool>([&](auto done) { plain.engine.RegisterParamGroup(half, done); }).ok());
-  std::vector<TensorMeta> metas = {{"w", {64}, 1, 64}};
-  ASSERT_TRUE(Wait<uint32_t>([&](auto done) { plain.engine.BeginRegistration(metas, done); }).ok());
-  ASSERT_TRUE(Wait<uint64_t>([&](auto done) { plain.engine.CommitRegistration("", done); }).ok());
-  CheckpointerOptions options;
-  options.root = root_ + "_plain";
-  absl::StatusOr<CheckpointResult> result;
-  {
-    Checkpointer checkpointer(&plain.engine, &plain.metrics, options);
-    checkpointer.Start();
-    result = checkpointer.CheckpointNow();
-  }
-  ASSERT_TRUE(result.ok()) << result.status();
-  absl::StatusOr<Loaded> loaded = ReadManifest(result->path);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_FALSE(loaded->manifest.contains("int8_codebooks"));
-  EXPECT_FALSE(fs::exists(result->path + "/exp_avg_absmax.safetensors"));
-  EXPECT_FALSE(fs::exists(result->path + "/exp_avg_sq_absmax.safetensors"));
-  EXPECT_EQ(EntriesOf(*loaded, "exp_avg.safetensors"), (std::vector<std::string>{"w:BF16[64]"}));
-  EXPECT_TRUE(OpenChanged(*loaded, [](nlohmann::json&) {}).ok());
-  const absl::Status bad = OpenChanged(*loaded, [](nlohmann::json& m) {
+  const std::string root = root_ + "_plain";
+  Loaded loaded;
+  ASSERT_NO_FATAL_FAILURE(RegisterAndCheckpoint(plain, half, {{"w", {64}, 1, 64}}, root, &loaded));
+  const std::string path = loaded.directory;
+  EXPECT_FALSE(loaded.manifest.contains("int8_codebooks"));
+  EXPECT_FALSE(fs::exists(path + "/exp_avg_absmax.safetensors"));
+  EXPECT_FALSE(fs::exists(path + "/exp_avg_sq_absmax.safetensors"));
+  EXPECT_EQ(EntriesOf(loaded, "exp_avg.safetensors"), (std::vector<std::string>{"w:BF16[64]"}));
+  EXPECT_TRUE(OpenChanged(loaded, [](nlohmann::json&) {}).ok());
+  const absl::Status bad = OpenChanged(loaded, [](nlohmann::json& m) {
     m["int8_codebooks"] = Int8CodebooksJson();
     m["int8_codebooks"]["exp_avg_sq"][255] = 2.0;
   });
   EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
-  fs::remove_all(options.root);
+  fs::remove_all(root);
 }
 
 // A checkpoint written before the storage keys existed (the same format_version, every field
@@ -432,35 +444,24 @@ TEST_F(ShardFilesTest, AManifestWithoutStorageKeysIsAllFp32) {
   Shard plain;
   ParamGroupSpec ams{"ams", AdamWHyperparameters{}};
   ams.hyperparameters.amsgrad = true;
-  ASSERT_TRUE(Wait<bool>([&](auto done) { plain.engine.RegisterParamGroup(ams, done); }).ok());
-  std::vector<TensorMeta> metas = {{"w", {5000}, 0, 5000}, {"b", {3}, 1, 3}};
-  ASSERT_TRUE(Wait<uint32_t>([&](auto done) { plain.engine.BeginRegistration(metas, done); }).ok());
-  ASSERT_TRUE(Wait<uint64_t>([&](auto done) { plain.engine.CommitRegistration("", done); }).ok());
-  CheckpointerOptions options;
-  options.root = root_ + "_legacy";
-  absl::StatusOr<CheckpointResult> result;
-  {
-    Checkpointer checkpointer(&plain.engine, &plain.metrics, options);
-    checkpointer.Start();
-    result = checkpointer.CheckpointNow();
-  }
-  ASSERT_TRUE(result.ok()) << result.status();
-  absl::StatusOr<Loaded> loaded = ReadManifest(result->path);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  for (nlohmann::json& g : loaded->manifest["param_groups"]) {
+  const std::string root = root_ + "_legacy";
+  Loaded loaded;
+  ASSERT_NO_FATAL_FAILURE(RegisterAndCheckpoint(
+      plain, ams, {{"w", {5000}, 0, 5000}, {"b", {3}, 1, 3}}, root, &loaded));
+  for (nlohmann::json& g : loaded.manifest["param_groups"]) {
     g.erase("state_dtype");
     g.erase("params_dtype");
     g.erase("rounding_seed");
   }
-  for (nlohmann::json& t : loaded->manifest["tensors"]) {
+  for (nlohmann::json& t : loaded.manifest["tensors"]) {
     t.erase("state_dtype");
     t.erase("params_dtype");
   }
   Shard restored;
-  ASSERT_TRUE(RestoreFrom(*loaded, restored.engine).ok());
+  ASSERT_TRUE(RestoreFrom(loaded, restored.engine).ok());
   EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(plain.engine));
   EXPECT_TRUE(IsFloat32Layout(restored.engine.view()->layout(0)));
-  fs::remove_all(options.root);
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -15,12 +15,6 @@
 namespace fusedps::integration {
 namespace {
 
-std::vector<float> Floats(const std::string& bytes) {
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
-
 std::string Bits(const std::vector<uint16_t>& bf16) {
   return std::string(reinterpret_cast<const char*>(bf16.data()), bf16.size() * 2);
 }

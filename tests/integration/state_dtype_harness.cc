@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,12 @@ std::map<std::string, std::string> StateDTypeTest::StoredState() {
   }
   state["version"] = std::to_string(list.version());
   return state;
+}
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), out.size() * 4);
+  return out;
 }
 
 void ExpectSameStored(const std::map<std::string, std::string>& got,

@@ -28,6 +28,9 @@ namespace fusedps::integration {
 AdamWHyperparameters Storage(StateDType state, ParamsDType params = ParamsDType::kFloat32,
                              uint64_t seed = 0);
 
+// Bytes as fp32 values (a stored fp32 field, a pull of fp32).
+std::vector<float> Floats(const std::string& bytes);
+
 // Compares two StoredState()s, naming each entry that differs (not dumping its bytes).
 void ExpectSameStored(const std::map<std::string, std::string>& got,
                       const std::map<std::string, std::string>& want);

@@ -19,12 +19,6 @@
 namespace fusedps::integration {
 namespace {
 
-std::vector<float> Floats(const std::string& bytes) {
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
-
 // int8 state's fp32 values from its codes and scales (stored bytes): map value x block scale.
 std::vector<float> Dequantized(const std::string& codes, const std::string& scales,
                                const QuantCodebook& book) {
