@@ -183,6 +183,7 @@ class CpuBackend final : public OptimizerBackend {
 
   absl::Status Write(const WriteRequest& request) override {
     if (absl::Status s = table_.CheckWrite(request, copy_dtype_); !s.ok()) return s;
+    if (request.count == 0) return absl::OkStatus();  // src may be null then.
     if (request.param_copy) {
       std::copy_n(static_cast<const uint16_t*>(request.src), request.count,
                   copy_.data() + table_.param_offset(request.tensor) + request.offset);

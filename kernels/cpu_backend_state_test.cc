@@ -331,6 +331,31 @@ TEST(CpuBackendStateTest, StoredFormsRoundTripAndScalesAreStoredOnly) {
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(stored[i], FloatToBFloat16(params[i]));
 }
 
+// A write of no elements (a state load of an empty tensor) is a no-op, its source null, for
+// every field and form (state_loader_fuzz found the null source reaching memcpy).
+TEST(CpuBackendStateTest, WritesOfNoElementsAreNoOps) {
+  for (StateDType state : {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8}) {
+    auto backend = MakeCpuBackend({.threads = 1});
+    AdamWHyperparameters h;
+    h.state_dtype = state;
+    h.params_dtype = state == StateDType::kInt8 ? ParamsDType::kBFloat16 : ParamsDType::kFloat32;
+    ASSERT_TRUE(backend->SetParamGroup(0, h).ok());
+    ASSERT_TRUE(backend->AddTensors({{0, 0}, {5000, 0}}).ok());
+    for (uint32_t tensor : {0u, 1u}) {
+      for (TensorField field : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+        for (bool stored : {false, true}) {
+          WriteRequest w;
+          w.field = field;
+          w.tensor = tensor;
+          w.src = nullptr;
+          w.stored = stored;
+          EXPECT_TRUE(backend->Write(w).ok()) << tensor << " " << TensorFieldName(field);
+        }
+      }
+    }
+  }
+}
+
 // amsgrad needs fp32 state; a group's storage cannot change once it has tensors.
 TEST(CpuBackendStateTest, GroupStorageRules) {
   auto backend = MakeCpuBackend({.threads = 1});

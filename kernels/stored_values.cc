@@ -17,6 +17,7 @@ bool IsInt8State(TensorLayout layout, TensorField field) {
 
 void StoredToFloat(TensorLayout layout, TensorField field, const void* stored, const float* scales,
                    uint64_t count, float* out) {
+  if (count == 0) return;  // out may be null then.
   const int bytes = StoredElementBytes(layout, field);
   if (bytes == 4) {
     std::memcpy(out, stored, count * sizeof(float));
@@ -36,6 +37,7 @@ void StoredToFloat(TensorLayout layout, TensorField field, const void* stored, c
 
 void FloatToStored(TensorLayout layout, TensorField field, const float* values, uint64_t offset,
                    uint64_t count, void* stored, float* scales) {
+  if (count == 0) return;  // values may be null then (a load of an empty tensor).
   const int bytes = StoredElementBytes(layout, field);
   if (bytes == 4) {
     std::memcpy(static_cast<float*>(stored) + offset, values, count * sizeof(float));

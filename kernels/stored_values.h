@@ -14,7 +14,7 @@ namespace fusedps {
 
 // The fp32 values of stored elements [0, count) of `field` (exp_avg, exp_avg_sq or params; not
 // the scales): fp32 copied, bf16 widened exactly, int8 codes dequantized with `scales` (the
-// tensor's, block 0 first; unused otherwise).
+// tensor's, block 0 first; unused otherwise). Nothing happens for count 0.
 void StoredToFloat(TensorLayout layout, TensorField field, const void* stored,
                    const float* scales, uint64_t count, float* out);
 
@@ -22,6 +22,7 @@ void StoredToFloat(TensorLayout layout, TensorField field, const void* stored,
 // fp32 copied, bf16 rounded to nearest even, int8 quantized block by block (scales[b] gets
 // block b's absmax; REQUIRES whole blocks: offset a multiple of kQuantBlock, count one too or
 // reaching the field's end). `stored` and `scales` point at the tensor's element 0 and block 0.
+// Nothing happens for count 0 (the pointers may then be null).
 void FloatToStored(TensorLayout layout, TensorField field, const float* values, uint64_t offset,
                    uint64_t count, void* stored, float* scales);
 
