@@ -28,6 +28,11 @@
 #else
 #define FUSEDPS_HOST_DEVICE inline
 #endif
+#ifdef __CUDA_ARCH__  // The device pass: unroll the loops of AdamWUpdateN.
+#define FUSEDPS_UNROLL _Pragma("unroll")
+#else
+#define FUSEDPS_UNROLL
+#endif
 
 namespace fusedps {
 
@@ -118,32 +123,98 @@ FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters&
   return s;
 }
 
-// One AdamW update of one element. max_exp_avg_sq is read and written only when s.amsgrad.
-FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
-                                     float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
-  float g = s.has_grad_scale ? grad / s.grad_scale : grad;
-  if (s.maximize) g = -g;
-  float p = param;
-  if (s.weight_decay != 0.0f) {
-    if (s.decoupled_weight_decay) {
-      p -= s.lr * s.weight_decay * p;
-    } else {
-      g += s.weight_decay * p;
-    }
-  }
+// The phases of one update, in op order. AdamWUpdate composes them for one element;
+// AdamWUpdateN for several at once (the CUDA kernel's 8 per lane), testing each per-step flag
+// once for all of them. Both run the same operations on each element, so they give the same
+// bits.
+
+// Step 1, with s.has_grad_scale: the gradient unscaled.
+FUSEDPS_HOST_DEVICE float UnscaledGrad(const AdamWStepScalars& s, float grad) {
+  return grad / s.grad_scale;
+}
+// Step 2, decoupled (AdamW): the param decayed.
+FUSEDPS_HOST_DEVICE float DecoupledDecay(const AdamWStepScalars& s, float param) {
+  return param - s.lr * s.weight_decay * param;
+}
+// Step 2, L2 (Adam): the gradient with the decay's term.
+FUSEDPS_HOST_DEVICE float L2Decay(const AdamWStepScalars& s, float g, float param) {
+  return g + s.weight_decay * param;
+}
+
+// Steps 3, 5 and 6: the moments from g, then the param's update. v_max (amsgrad only, else
+// ignored) is max_exp_avg_sq, read and written.
+template <bool kAmsgrad>
+FUSEDPS_HOST_DEVICE void AdamWMomentsAndParam(const AdamWStepScalars& s, float g, float& param,
+                                              float& exp_avg, float& exp_avg_sq, float& v_max) {
   // torch.lerp(start, end, w) for w < 0.5: start + w * (end - start).
   const float m = exp_avg + s.one_minus_beta1 * (g - exp_avg);
   const float v = s.beta2 * exp_avg_sq + s.one_minus_beta2 * g * g;
   float v_used = v;
-  if (s.amsgrad) {
-    v_used = fmaxf(*max_exp_avg_sq, v);
-    *max_exp_avg_sq = v_used;
+  if (kAmsgrad) {
+    v_used = fmaxf(v_max, v);
+    v_max = v_used;
   }
   const float denom = sqrtf(v_used) / s.bias_correction2_sqrt + s.eps;
-  p -= s.step_size * m / denom;
-  param = p;
+  param -= s.step_size * m / denom;
   exp_avg = m;
   exp_avg_sq = v;
+}
+
+// One AdamW update of one element. max_exp_avg_sq is read and written only when s.amsgrad.
+FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
+                                     float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
+  float g = s.has_grad_scale ? UnscaledGrad(s, grad) : grad;
+  if (s.maximize) g = -g;
+  float p = param;
+  if (s.weight_decay != 0.0f) {
+    if (s.decoupled_weight_decay) {
+      p = DecoupledDecay(s, p);
+    } else {
+      g = L2Decay(s, g, p);
+    }
+  }
+  if (s.amsgrad) {
+    AdamWMomentsAndParam<true>(s, g, p, exp_avg, exp_avg_sq, *max_exp_avg_sq);
+  } else {
+    float unused = 0.0f;
+    AdamWMomentsAndParam<false>(s, g, p, exp_avg, exp_avg_sq, unused);
+  }
+  param = p;
+}
+
+// AdamWUpdate of n elements: grad, param, exp_avg, exp_avg_sq and max_exp_avg_sq (read and
+// written only when s.amsgrad) are arrays of n; grad is overwritten. Each per-step flag is
+// tested once, not once per element: in the CUDA kernel every test per element cost a branch
+// and its reconvergence (docs/benchmarks.md, issue 16's instruction counts). Every element gets
+// AdamWUpdate's operations, so the same bits.
+template <int n>
+FUSEDPS_HOST_DEVICE void AdamWUpdateN(const AdamWStepScalars& s, float (&grad)[n],
+                                      float (&param)[n], float (&exp_avg)[n],
+                                      float (&exp_avg_sq)[n], float (&max_exp_avg_sq)[n]) {
+  if (s.has_grad_scale) {
+    FUSEDPS_UNROLL for (int k = 0; k < n; ++k) grad[k] = UnscaledGrad(s, grad[k]);
+  }
+  if (s.maximize) {
+    FUSEDPS_UNROLL for (int k = 0; k < n; ++k) grad[k] = -grad[k];
+  }
+  if (s.weight_decay != 0.0f) {
+    if (s.decoupled_weight_decay) {
+      FUSEDPS_UNROLL for (int k = 0; k < n; ++k) param[k] = DecoupledDecay(s, param[k]);
+    } else {
+      FUSEDPS_UNROLL for (int k = 0; k < n; ++k) grad[k] = L2Decay(s, grad[k], param[k]);
+    }
+  }
+  if (s.amsgrad) {
+    FUSEDPS_UNROLL for (int k = 0; k < n; ++k) {
+      AdamWMomentsAndParam<true>(s, grad[k], param[k], exp_avg[k], exp_avg_sq[k],
+                                 max_exp_avg_sq[k]);
+    }
+  } else {
+    FUSEDPS_UNROLL for (int k = 0; k < n; ++k) {
+      AdamWMomentsAndParam<false>(s, grad[k], param[k], exp_avg[k], exp_avg_sq[k],
+                                  max_exp_avg_sq[k]);
+    }
+  }
 }
 
 // --- Element conversions (bit-exact, host and device). ---

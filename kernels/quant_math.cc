@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 namespace fusedps {
@@ -37,8 +38,9 @@ QuantCodebook MakeCodebook(bool is_signed) {
   // The magnitudes a code can stand for, ascending from 0.
   const int first = is_signed ? 127 : 0;
   const int n = is_signed ? kSignedThresholds : kUnsignedThresholds;
-  for (int k = 0; k < n; ++k) {
-    book.thresholds[k] = (map.values[first + k] + map.values[first + k + 1]) * 0.5f;
+  for (int k = 0; k < kQuantMapSize; ++k) {
+    book.thresholds[k] = k < n ? (map.values[first + k] + map.values[first + k + 1]) * 0.5f
+                               : std::numeric_limits<float>::infinity();
   }
   // buckets[b]: the thresholds at or below the bucket's first value; then check that no bucket
   // holds two thresholds above its start (CountAtOrBelow compares one).
@@ -81,8 +83,9 @@ void QuantizeBlock(const QuantCodebook& book, bool is_signed, const float* x, in
   for (int i = 0; i < n; ++i) scale = std::fmax(scale, is_signed ? std::fabs(x[i]) : x[i]);
   const float inverse = InverseScale(scale);
   for (int i = 0; i < n; ++i) {
-    codes[i] = is_signed ? QuantizeSigned(book.thresholds, book.buckets, x[i], inverse)
-                         : QuantizeUnsigned(book.thresholds, book.buckets, x[i], inverse);
+    codes[i] = static_cast<uint8_t>(
+        is_signed ? QuantizeSigned(book.thresholds, book.buckets, x[i], inverse)
+                  : QuantizeUnsigned(book.thresholds, book.buckets, x[i], inverse));
   }
   *absmax = scale;
 }

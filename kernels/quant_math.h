@@ -76,24 +76,26 @@ struct QuantMap {
 // values from 3.25e-7, and 1. Host only.
 QuantMap MakeDynamicMap(bool is_signed);
 
-// The bucket of a magnitude a in [0, 1]: 0 below 2^-23, else 1 + (its exponent and top 7
-// mantissa bits, counted from 2^-23). 1.0 is the last bucket; anything above lands there too.
+// The bucket of a magnitude a in [0, 1] (what Normalized returns): 0 below 2^-23, else 1 +
+// (its exponent and top 7 mantissa bits, counted from 2^-23); 1.0 is the last bucket.
 constexpr uint32_t kQuantBucketBase = 0x34000000u;  // The bits of 2^-23.
 constexpr int kQuantBuckets = 2946;                 // 1 + 23 octaves x 128 + 1 (for 1.0).
 constexpr int kQuantBucketsPadded = 2960;           // A multiple of 16 bytes.
 
 FUSEDPS_HOST_DEVICE int QuantBucket(float a) {
+  // Counted from one bucket below 2^-23, so that everything below lands in bucket 0 by a max,
+  // without a test; and no clamp above 1.0: the kernel's quantizers are instruction-bound.
+  constexpr uint32_t kBelow = kQuantBucketBase - (1u << 16);
   const uint32_t bits = FloatToBits(a);
-  if (bits < kQuantBucketBase) return 0;
-  const uint32_t b = ((bits - kQuantBucketBase) >> 16) + 1;
-  return b < kQuantBuckets ? static_cast<int>(b) : kQuantBuckets - 1;
+  return static_cast<int>(((bits > kBelow ? bits : kBelow) - kBelow) >> 16);
 }
 
 // One map ready for quantizing. `thresholds` lists the midpoints between neighbouring
 // magnitudes, ascending: the unsigned map's 255 (between values i and i+1); the signed map's
-// 128, between its positive magnitudes 0, values[128..255]. buckets[b] counts the thresholds
-// at or below the start of bucket b; each bucket holds at most one more (MakeCodebook checks
-// it), so a magnitude's count is one lookup and one comparison.
+// 128, between its positive magnitudes 0, values[128..255]; the entries after them are +inf.
+// buckets[b] counts the thresholds at or below the start of bucket b; each bucket holds at
+// most one more (MakeCodebook checks it), so a magnitude's count is one lookup and one
+// comparison.
 struct QuantCodebook {
   float values[kQuantMapSize];
   float thresholds[kQuantMapSize];  // [0, threshold_count); the rest unused.
@@ -107,11 +109,13 @@ constexpr int kUnsignedThresholds = 255;
 // thresholds (a broken invariant of the table, not an input error).
 QuantCodebook MakeCodebook(bool is_signed);
 
-// The number of thresholds[0, n) at or below a (a >= 0, not NaN), with the bucket table.
+// The number of thresholds[0, n) at or below a (a in [0, 1]), with the bucket table. The count
+// is at most n, and thresholds[n] is +inf, so no test of lo against n is needed.
 FUSEDPS_HOST_DEVICE int CountAtOrBelow(const float* thresholds, const uint8_t* buckets, int n,
                                        float a) {
+  (void)n;
   const int lo = buckets[QuantBucket(a)];
-  return lo + (lo < n && thresholds[lo] <= a ? 1 : 0);
+  return lo + (thresholds[lo] <= a ? 1 : 0);
 }
 
 // A block's scale as the quantizers take it: 1 / absmax (0 for a block of zeros), computed once
@@ -122,29 +126,37 @@ FUSEDPS_HOST_DEVICE float InverseScale(float absmax) {
 
 // A value's magnitude relative to its block's scale, in [0, 1]: |x| * inverse_scale, clamped
 // (it may round 1 ulp above 1; and an absmax so small that its inverse overflows gives 1 for
-// any non-zero x).
+// any non-zero x). kFiniteInverse: the caller has checked that inverse_scale is finite (once per
+// block, in the CUDA kernel), so a magnitude of 0 gives 0 without the test: the same result.
+template <bool kFiniteInverse = false>
 FUSEDPS_HOST_DEVICE float Normalized(float magnitude, float inverse_scale) {
-  return magnitude == 0.0f ? 0.0f : fminf(magnitude * inverse_scale, 1.0f);
+  if (!kFiniteInverse && magnitude == 0.0f) return 0.0f;
+  return fminf(magnitude * inverse_scale, 1.0f);
 }
 
 // The code of exp_avg value m in a block whose scale absmax is >= every |m| of the block
 // (inverse_scale = InverseScale(absmax); 0 for a block of zeros), in the signed map: 127 + the
-// count for m >= 0, 127 - the count (at most 127) for m < 0.
-FUSEDPS_HOST_DEVICE uint8_t QuantizeSigned(const float* thresholds, const uint8_t* buckets, float m,
-                                           float inverse_scale) {
-  const int count =
-      CountAtOrBelow(thresholds, buckets, kSignedThresholds, Normalized(fabsf(m), inverse_scale));
-  return static_cast<uint8_t>(m < 0.0f ? 127 - (count < 127 ? count : 127) : 127 + count);
+// count for m >= 0, 127 - the count (at most 127) for m < 0. kFiniteInverse as Normalized's.
+// The code is returned in [0, 255] but as a 32-bit value: the kernel packs four with byte
+// permutes, which need no masking.
+template <bool kFiniteInverse = false>
+FUSEDPS_HOST_DEVICE uint32_t QuantizeSigned(const float* thresholds, const uint8_t* buckets,
+                                            float m, float inverse_scale) {
+  const int count = CountAtOrBelow(thresholds, buckets, kSignedThresholds,
+                                   Normalized<kFiniteInverse>(fabsf(m), inverse_scale));
+  return static_cast<uint32_t>(m < 0.0f ? 127 - (count < 127 ? count : 127) : 127 + count);
 }
 
 // The code of exp_avg_sq value v in a block of inverse scale inverse_scale, in the unsigned map.
 // A v that is not positive (an exp_avg_sq the step never makes, but a state load could send)
-// gets code 0.
-FUSEDPS_HOST_DEVICE uint8_t QuantizeUnsigned(const float* thresholds, const uint8_t* buckets,
-                                             float v, float inverse_scale) {
-  if (!(v > 0.0f)) return 0;
-  return static_cast<uint8_t>(
-      CountAtOrBelow(thresholds, buckets, kUnsignedThresholds, Normalized(v, inverse_scale)));
+// gets code 0. kFiniteInverse as Normalized's.
+template <bool kFiniteInverse = false>
+FUSEDPS_HOST_DEVICE uint32_t QuantizeUnsigned(const float* thresholds, const uint8_t* buckets,
+                                              float v, float inverse_scale) {
+  // A select, not an early return: the CUDA kernel's 8 quantizations per lane then need no
+  // branch. 0 has code 0: every threshold is above it.
+  const float a = v > 0.0f ? Normalized<kFiniteInverse>(v, inverse_scale) : 0.0f;
+  return static_cast<uint32_t>(CountAtOrBelow(thresholds, buckets, kUnsignedThresholds, a));
 }
 
 FUSEDPS_HOST_DEVICE float Dequantize(const float* values, uint8_t code, float absmax) {
@@ -240,9 +252,10 @@ inline void Int8BlockStep(const Int8Codebooks& books, uint8_t* m_codes, uint8_t*
   }
   const float inverse_m = InverseScale(new_absmax_m), inverse_v = InverseScale(new_absmax_v);
   for (int i = 0; i < n; ++i) {
-    m_codes[i] = QuantizeSigned(books.exp_avg.thresholds, books.exp_avg.buckets, m[i], inverse_m);
-    v_codes[i] =
-        QuantizeUnsigned(books.exp_avg_sq.thresholds, books.exp_avg_sq.buckets, v[i], inverse_v);
+    m_codes[i] = static_cast<uint8_t>(
+        QuantizeSigned(books.exp_avg.thresholds, books.exp_avg.buckets, m[i], inverse_m));
+    v_codes[i] = static_cast<uint8_t>(
+        QuantizeUnsigned(books.exp_avg_sq.thresholds, books.exp_avg_sq.buckets, v[i], inverse_v));
   }
   absmax_m = new_absmax_m;
   absmax_v = new_absmax_v;

@@ -124,6 +124,30 @@ TEST(Codebook, BucketCountsEqualABinarySearch) {
   }
 }
 
+// The bucket of a magnitude in [0, 1]: 0 below 2^-23, then one per exponent and top 7 mantissa
+// bits, the last for 1.0. And the thresholds after a map's n are +inf, which CountAtOrBelow
+// relies on instead of testing its count against n.
+TEST(Codebook, BucketEdgesAndThresholdPadding) {
+  const float base = BitsToFloat(kQuantBucketBase);
+  EXPECT_EQ(QuantBucket(0.0f), 0);
+  EXPECT_EQ(QuantBucket(std::numeric_limits<float>::denorm_min()), 0);
+  EXPECT_EQ(QuantBucket(std::nextafter(base, 0.0f)), 0);
+  EXPECT_EQ(QuantBucket(base), 1);
+  EXPECT_EQ(QuantBucket(BitsToFloat(kQuantBucketBase + 0xffffu)), 1);
+  EXPECT_EQ(QuantBucket(BitsToFloat(kQuantBucketBase + 0x10000u)), 2);
+  EXPECT_EQ(QuantBucket(std::nextafter(1.0f, 0.0f)), kQuantBuckets - 2);
+  EXPECT_EQ(QuantBucket(1.0f), kQuantBuckets - 1);
+  for (bool is_signed : {true, false}) {
+    const QuantCodebook& book =
+        is_signed ? DynamicCodebooks().exp_avg : DynamicCodebooks().exp_avg_sq;
+    for (int k = ThresholdCount(is_signed); k < kQuantMapSize; ++k) {
+      EXPECT_EQ(book.thresholds[k], std::numeric_limits<float>::infinity()) << k;
+    }
+    EXPECT_EQ(CountAtOrBelow(book.thresholds, book.buckets, ThresholdCount(is_signed), 1.0f),
+              ThresholdCount(is_signed));
+  }
+}
+
 // Quantizing x (normalized by a scale of 1) picks the map value nearest to x, as a float64
 // search over all 256 finds it, except where x lies within an fp32 rounding of a midpoint.
 TEST(Codebook, QuantizeIsNearestRounding) {
@@ -178,6 +202,31 @@ TEST(Codebook, ZeroAndTheScaleAreExact) {
   EXPECT_EQ(QuantizeUnsigned(u.thresholds, u.buckets, -1.0f, InverseScale(3.0f)), 0);
   EXPECT_EQ(Dequantize(SignedMap().values, 127, 3.0f), 0.0f);
   EXPECT_EQ(Dequantize(UnsignedMap().values, 0, 3.0f), 0.0f);
+}
+
+// The kernel's form for a block whose inverse scale is finite (Normalized<true>: no test for 0)
+// gives the codes of the general form, for any value: 0, -0, the scale, NaN, random ones.
+TEST(Codebook, FiniteInverseFormGivesTheSameCodes) {
+  const Int8Codebooks& books = DynamicCodebooks();
+  const QuantCodebook& s = books.exp_avg;
+  const QuantCodebook& u = books.exp_avg_sq;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> log_magnitude(-40.0f, 3.0f);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (int i = 0; i < 20000; ++i) {
+    const float absmax = std::pow(10.0f, log_magnitude(rng));
+    const float inverse = InverseScale(absmax);
+    if (!(inverse <= std::numeric_limits<float>::max())) continue;
+    for (float x : {0.0f, -0.0f, absmax, -absmax, uniform(rng) * absmax,
+                    uniform(rng) * absmax * 1e-6f, std::numeric_limits<float>::quiet_NaN()}) {
+      ASSERT_EQ(QuantizeSigned<true>(s.thresholds, s.buckets, x, inverse),
+                QuantizeSigned<false>(s.thresholds, s.buckets, x, inverse))
+          << x << " " << absmax;
+      ASSERT_EQ(QuantizeUnsigned<true>(u.thresholds, u.buckets, x, inverse),
+                QuantizeUnsigned<false>(u.thresholds, u.buckets, x, inverse))
+          << x << " " << absmax;
+    }
+  }
 }
 
 // The int8 algorithm of quant_math.h in float64: dequantize, AdamW, absmax, nearest code.

@@ -8,8 +8,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/adamw_math.h"
 #include "kernels/cuda/adamw_kernel.cuh"
@@ -125,13 +127,14 @@ __device__ __forceinline__ char* RunInRegion(char* region, uint32_t lane, int r)
 }
 
 // Starts copying this lane's runs of a chunk's array (`chunk_base`: the chunk's element 0)
-// into a stage region: each run that holds a valid element, whole.
-template <typename T>
+// into a stage region: each run that holds a valid element, whole. kFull: the portion is full
+// (e.full), so every run is copied without a test.
+template <bool kFull, typename T>
 __device__ __forceinline__ void StageRuns(char* region, uint32_t lane, const T* chunk_base,
                                           const LaneElements& e) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (e.valid[r] == 0) continue;
+    if (!kFull && e.valid[r] == 0) continue;
     char* dst = RunInRegion<T>(region, lane, r);
     if constexpr (sizeof(T) == 4) {
       CopyAsync16(dst, chunk_base + e.at[r]);
@@ -170,18 +173,41 @@ __device__ __forceinline__ void LoadRuns(const T* chunk_base, const LaneElements
   }
 }
 
-// This lane's valid elements stored, whole runs with vector stores.
-template <typename T>
+// This lane's valid elements stored, whole runs with vector stores. kFull: the portion is full
+// (e.full), so every run is stored whole without a test.
+template <bool kFull, typename T>
 __device__ __forceinline__ void StoreRuns(T* chunk_base, const LaneElements& e,
                                           const T (&in)[kVec]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (e.valid[r] == 4) {
+    if (kFull || e.valid[r] == 4) {
       Store4(chunk_base + e.at[r], in + 4 * r);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (static_cast<uint32_t>(j) < e.valid[r]) chunk_base[e.at[r] + j] = in[4 * r + j];
+      }
+    }
+  }
+}
+
+// This lane's valid int8 codes stored (each in [0, 255], in its register's low byte): a full
+// run as one word of four, packed by byte permutes (no masking), else byte by byte.
+template <bool kFull>
+__device__ __forceinline__ void StoreCodes(uint8_t* chunk_base, const LaneElements& e,
+                                           const uint32_t (&codes)[kVec]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t* c = codes + 4 * r;
+    if (kFull || e.valid[r] == 4) {
+      *reinterpret_cast<uint32_t*>(chunk_base + e.at[r]) =
+          __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (static_cast<uint32_t>(j) < e.valid[r]) {
+          chunk_base[e.at[r] + j] = static_cast<uint8_t>(c[j]);
+        }
       }
     }
   }
@@ -229,29 +255,38 @@ __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk*
   if (lane == 0) *reinterpret_cast<uint32_t*>(stage + kPortionAt) = portion;
   const LaneElements e = ElementsOf(f.count, portion, lane);
   if (e.valid[0] == 0) return;
-  char* data = stage + kHeaderBytes;
-  const char* grads = static_cast<const char*>(a.grads) + f.grad * DTypeSize(kGrad);
-  if constexpr (kGrad == GradDType::kFloat32) {
-    StageRuns(data, lane, reinterpret_cast<const float*>(grads), e);
+  // A full portion (the usual case, uniform across the warp) copies every run without a test.
+  const auto stage_arrays = [&](auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    char* data = stage + kHeaderBytes;
+    const char* grads = static_cast<const char*>(a.grads) + f.grad * DTypeSize(kGrad);
+    if constexpr (kGrad == GradDType::kFloat32) {
+      StageRuns<kFull>(data, lane, reinterpret_cast<const float*>(grads), e);
+    } else {
+      StageRuns<kFull>(data, lane, reinterpret_cast<const uint16_t*>(grads), e);
+    }
+    if (kKinds == ApplyKinds::kAny && (f.layout & kLayoutParamsBf16)) {
+      StageRuns<kFull>(data + kRegionBytes, lane, a.params16 + f.param, e);
+    } else {
+      StageRuns<kFull>(data + kRegionBytes, lane, a.params32 + f.param, e);
+    }
+    const StateDType state = kKinds == ApplyKinds::kAny ? StateOf(static_cast<uint16_t>(f.layout))
+                                                        : StateDType::kFloat32;
+    if (state == StateDType::kFloat32) {
+      StageRuns<kFull>(data + 2 * kRegionBytes, lane, a.exp_avg32 + f.state, e);
+      StageRuns<kFull>(data + 3 * kRegionBytes, lane, a.exp_avg_sq32 + f.state, e);
+    } else if (state == StateDType::kBFloat16) {
+      StageRuns<kFull>(data + 2 * kRegionBytes, lane, a.exp_avg16 + f.state, e);
+      StageRuns<kFull>(data + 3 * kRegionBytes, lane, a.exp_avg_sq16 + f.state, e);
+    } else {
+      StageRuns<kFull>(data + 2 * kRegionBytes, lane, a.exp_avg8 + f.state, e);
+      StageRuns<kFull>(data + 3 * kRegionBytes, lane, a.exp_avg_sq8 + f.state, e);
+    }
+  };
+  if (e.full) {
+    stage_arrays(std::true_type{});
   } else {
-    StageRuns(data, lane, reinterpret_cast<const uint16_t*>(grads), e);
-  }
-  if (kKinds == ApplyKinds::kAny && (f.layout & kLayoutParamsBf16)) {
-    StageRuns(data + kRegionBytes, lane, a.params16 + f.param, e);
-  } else {
-    StageRuns(data + kRegionBytes, lane, a.params32 + f.param, e);
-  }
-  const StateDType state =
-      kKinds == ApplyKinds::kAny ? StateOf(static_cast<uint16_t>(f.layout)) : StateDType::kFloat32;
-  if (state == StateDType::kFloat32) {
-    StageRuns(data + 2 * kRegionBytes, lane, a.exp_avg32 + f.state, e);
-    StageRuns(data + 3 * kRegionBytes, lane, a.exp_avg_sq32 + f.state, e);
-  } else if (state == StateDType::kBFloat16) {
-    StageRuns(data + 2 * kRegionBytes, lane, a.exp_avg16 + f.state, e);
-    StageRuns(data + 3 * kRegionBytes, lane, a.exp_avg_sq16 + f.state, e);
-  } else {
-    StageRuns(data + 2 * kRegionBytes, lane, a.exp_avg8 + f.state, e);
-    StageRuns(data + 3 * kRegionBytes, lane, a.exp_avg_sq8 + f.state, e);
+    stage_arrays(std::false_type{});
   }
 }
 
@@ -363,25 +398,26 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
   float vmax[kVec];
   const bool amsgrad = kState == StateDType::kFloat32 && w.s.amsgrad;
   if (amsgrad) LoadRuns(a.max_exp_avg_sq + c.state, e, vmax);
-  if (e.full) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) AdamWUpdate(w.s, x.g[k], p[k], m[k], v[k], &vmax[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (IsValid(e, k)) AdamWUpdate(w.s, x.g[k], p[k], m[k], v[k], &vmax[k]);
-    }
-  }
+  // All 8, valid or not (a partial portion's others hold stale stage bytes, never stored).
+  AdamWUpdateN(w.s, x.g, p, m, v, vmax);
 
-  uint8_t codes_m[kVec], codes_v[kVec];
+  uint32_t codes_m[kVec], codes_v[kVec];  // Each in [0, 255].
   if constexpr (kState == StateDType::kInt8) {
     // The block's new scales: a max over the warp, then every code against them.
     float lane_m = 0.0f, lane_v = 0.0f;
+    if (e.full) {  // Uniform across the warp; no per-element test in the usual case.
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (e.full || IsValid(e, k)) {
+      for (int k = 0; k < kVec; ++k) {
         lane_m = fmaxf(lane_m, fabsf(m[k]));
         lane_v = fmaxf(lane_v, v[k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (IsValid(e, k)) {
+          lane_m = fmaxf(lane_m, fabsf(m[k]));
+          lane_v = fmaxf(lane_v, v[k]);
+        }
       }
     }
 #pragma unroll
@@ -390,12 +426,21 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
       lane_v = fmaxf(lane_v, __shfl_xor_sync(0xffffffffu, lane_v, offset));
     }
     const float inverse_m = InverseScale(lane_m), inverse_v = InverseScale(lane_v);
+    const auto quantize = [&](auto finite) {
+      constexpr bool kFinite = decltype(finite)::value;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      codes_m[k] =
-          QuantizeSigned(books->exp_avg.thresholds, books->exp_avg.buckets, m[k], inverse_m);
-      codes_v[k] = QuantizeUnsigned(books->exp_avg_sq.thresholds, books->exp_avg_sq.buckets, v[k],
-                                    inverse_v);
+      for (int k = 0; k < kVec; ++k) {
+        codes_m[k] = QuantizeSigned<kFinite>(books->exp_avg.thresholds, books->exp_avg.buckets,
+                                             m[k], inverse_m);
+        codes_v[k] = QuantizeUnsigned<kFinite>(books->exp_avg_sq.thresholds,
+                                               books->exp_avg_sq.buckets, v[k], inverse_v);
+      }
+    };
+    // Finite unless a scale is below about 3e-39 (a reciprocal that overflows): uniform.
+    if (inverse_m <= FLT_MAX && inverse_v <= FLT_MAX) {
+      quantize(std::true_type{});
+    } else {
+      quantize(std::false_type{});
     }
     if (lane == 0) {
       a.absmax_m[c.state / kQuantBlock + portion] = lane_m;
@@ -418,22 +463,31 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
       v16[k] = FloatToBFloat16(v[k]);
     }
   }
-  if constexpr (kParams == ParamsDType::kFloat32) {
-    StoreRuns(a.params32 + c.param, e, p);
-    if constexpr (kCopy != ParamCopyDType::kNone) StoreRuns(a.copy + c.param, e, copy16);
+  // A full portion (the usual case, uniform across the warp) stores every run without a test.
+  const auto store_arrays = [&](auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    if constexpr (kParams == ParamsDType::kFloat32) {
+      StoreRuns<kFull>(a.params32 + c.param, e, p);
+      if constexpr (kCopy != ParamCopyDType::kNone) StoreRuns<kFull>(a.copy + c.param, e, copy16);
+    } else {
+      StoreRuns<kFull>(a.params16 + c.param, e, params16);
+    }
+    if constexpr (kState == StateDType::kFloat32) {
+      StoreRuns<kFull>(a.exp_avg32 + c.state, e, m);
+      StoreRuns<kFull>(a.exp_avg_sq32 + c.state, e, v);
+      if (amsgrad) StoreRuns<kFull>(a.max_exp_avg_sq + c.state, e, vmax);
+    } else if constexpr (kState == StateDType::kBFloat16) {
+      StoreRuns<kFull>(a.exp_avg16 + c.state, e, m16);
+      StoreRuns<kFull>(a.exp_avg_sq16 + c.state, e, v16);
+    } else {
+      StoreCodes<kFull>(a.exp_avg8 + c.state, e, codes_m);
+      StoreCodes<kFull>(a.exp_avg_sq8 + c.state, e, codes_v);
+    }
+  };
+  if (e.full) {
+    store_arrays(std::true_type{});
   } else {
-    StoreRuns(a.params16 + c.param, e, params16);
-  }
-  if constexpr (kState == StateDType::kFloat32) {
-    StoreRuns(a.exp_avg32 + c.state, e, m);
-    StoreRuns(a.exp_avg_sq32 + c.state, e, v);
-    if (amsgrad) StoreRuns(a.max_exp_avg_sq + c.state, e, vmax);
-  } else if constexpr (kState == StateDType::kBFloat16) {
-    StoreRuns(a.exp_avg16 + c.state, e, m16);
-    StoreRuns(a.exp_avg_sq16 + c.state, e, v16);
-  } else {
-    StoreRuns(a.exp_avg8 + c.state, e, codes_m);
-    StoreRuns(a.exp_avg_sq8 + c.state, e, codes_v);
+    store_arrays(std::false_type{});
   }
 }
 
@@ -467,7 +521,8 @@ __device__ __forceinline__ void Enter(const DeviceArenas& a, const Chunk& c, uin
       w.scalars_step = w.step;
       w.scalars_group = c.group;
     }
-    w.key = RoundingKey(w.seed, c.rounding_key, w.step);
+    // Only bf16 params round stochastically: three 64-bit hashes saved per tensor otherwise.
+    if (c.layout & kLayoutParamsBf16) w.key = RoundingKey(w.seed, c.rounding_key, w.step);
   }
   ++w.portions;
   w.ended = (c.layout & kLayoutLastChunk) && portion + 1 == PortionsOf(c.count);
