@@ -5,7 +5,9 @@
 // lies): params in fp32 or bf16; exp_avg and exp_avg_sq in fp32, bf16 or int8 codes with a
 // scale per 256-element block; max_exp_avg_sq beside fp32 state (amsgrad); an optional
 // bf16/fp16 copy beside fp32 params; the step's gradients in the wire dtype. Offsets are
-// multiples of 8 elements (of 256 for int8 state), so 16-byte vector accesses are always legal.
+// multiples of 8 elements (of 256 for int8 state, and for any tensor of 256 elements or more in
+// the params and state arenas), so 16-byte vector accesses are always legal and a portion's
+// 256 elements never straddle a 1 KB boundary of fp32 params or state.
 //
 // Resident tables (device memory, rebuilt only when tensors are registered): the chunk list of
 // a full push, which cuts every tensor into chunks of at most kChunkNumel elements, each entry
