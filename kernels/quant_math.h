@@ -98,7 +98,7 @@ FUSEDPS_HOST_DEVICE int QuantBucket(float a) {
 // comparison.
 struct QuantCodebook {
   float values[kQuantMapSize];
-  float thresholds[kQuantMapSize];  // [0, threshold_count); the rest unused.
+  float thresholds[kQuantMapSize];  // [0, threshold_count); the rest +inf.
   uint8_t buckets[kQuantBucketsPadded];
 };
 static_assert(sizeof(QuantCodebook) % 16 == 0, "copied in 16-byte pieces");
@@ -109,11 +109,9 @@ constexpr int kUnsignedThresholds = 255;
 // thresholds (a broken invariant of the table, not an input error).
 QuantCodebook MakeCodebook(bool is_signed);
 
-// The number of thresholds[0, n) at or below a (a in [0, 1]), with the bucket table. The count
-// is at most n, and thresholds[n] is +inf, so no test of lo against n is needed.
-FUSEDPS_HOST_DEVICE int CountAtOrBelow(const float* thresholds, const uint8_t* buckets, int n,
-                                       float a) {
-  (void)n;
+// The number of a codebook's thresholds at or below a (a in [0, 1]), with the bucket table.
+// The thresholds after the map's count are +inf, so the count needs no bound.
+FUSEDPS_HOST_DEVICE int CountAtOrBelow(const float* thresholds, const uint8_t* buckets, float a) {
   const int lo = buckets[QuantBucket(a)];
   return lo + (thresholds[lo] <= a ? 1 : 0);
 }
@@ -142,7 +140,7 @@ FUSEDPS_HOST_DEVICE float Normalized(float magnitude, float inverse_scale) {
 template <bool kFiniteInverse = false>
 FUSEDPS_HOST_DEVICE uint32_t QuantizeSigned(const float* thresholds, const uint8_t* buckets,
                                             float m, float inverse_scale) {
-  const int count = CountAtOrBelow(thresholds, buckets, kSignedThresholds,
+  const int count = CountAtOrBelow(thresholds, buckets,
                                    Normalized<kFiniteInverse>(fabsf(m), inverse_scale));
   return static_cast<uint32_t>(m < 0.0f ? 127 - (count < 127 ? count : 127) : 127 + count);
 }
@@ -156,7 +154,7 @@ FUSEDPS_HOST_DEVICE uint32_t QuantizeUnsigned(const float* thresholds, const uin
   // A select, not an early return: the CUDA kernel's 8 quantizations per lane then need no
   // branch. 0 has code 0: every threshold is above it.
   const float a = v > 0.0f ? Normalized<kFiniteInverse>(v, inverse_scale) : 0.0f;
-  return static_cast<uint32_t>(CountAtOrBelow(thresholds, buckets, kUnsignedThresholds, a));
+  return static_cast<uint32_t>(CountAtOrBelow(thresholds, buckets, a));
 }
 
 FUSEDPS_HOST_DEVICE float Dequantize(const float* values, uint8_t code, float absmax) {

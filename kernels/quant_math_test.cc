@@ -117,7 +117,7 @@ TEST(Codebook, BucketCountsEqualABinarySearch) {
     }
     for (uint32_t bits = 0; bits <= FloatToBits(1.0f); bits += 61) xs.push_back(BitsToFloat(bits));
     for (float x : xs) {
-      ASSERT_EQ(CountAtOrBelow(book.thresholds, book.buckets, n, x),
+      ASSERT_EQ(CountAtOrBelow(book.thresholds, book.buckets, x),
                 CountBySearch(book.thresholds, n, x))
           << x;
     }
@@ -143,7 +143,7 @@ TEST(Codebook, BucketEdgesAndThresholdPadding) {
     for (int k = ThresholdCount(is_signed); k < kQuantMapSize; ++k) {
       EXPECT_EQ(book.thresholds[k], std::numeric_limits<float>::infinity()) << k;
     }
-    EXPECT_EQ(CountAtOrBelow(book.thresholds, book.buckets, ThresholdCount(is_signed), 1.0f),
+    EXPECT_EQ(CountAtOrBelow(book.thresholds, book.buckets, 1.0f),
               ThresholdCount(is_signed));
   }
 }

@@ -23,11 +23,6 @@ uint64_t StartIn(uint64_t end, uint64_t numel) {
   return numel >= kQuantBlock ? Padded(end, kQuantBlock) : end;
 }
 
-// The end of an arena after a tensor of `numel` elements, stored in units of `multiple`.
-uint64_t EndAfter(uint64_t end, uint64_t numel, uint64_t multiple) {
-  return StartIn(end, numel) + Padded(numel, multiple);
-}
-
 bool SameStorage(const AdamWHyperparameters& a, const AdamWHyperparameters& b) {
   return a.state_dtype == b.state_dtype && a.params_dtype == b.params_dtype &&
          a.rounding_seed == b.rounding_seed;
@@ -74,16 +69,16 @@ absl::StatusOr<ArenaSizes> TensorTable::ArenaSizesWith(absl::Span<const NewTenso
     const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel);
     sizes.canonical += AlignedNumel(t.numel);
     uint64_t& params = layout.params == ParamsDType::kFloat32 ? sizes.params32 : sizes.params16;
-    params = EndAfter(params, t.numel, 8);
+    params = StartIn(params, t.numel) + AlignedNumel(t.numel);
     switch (layout.state) {
       case StateDType::kFloat32:
-        sizes.state32 = EndAfter(sizes.state32, t.numel, 8);
+        sizes.state32 = StartIn(sizes.state32, t.numel) + AlignedNumel(t.numel);
         break;
       case StateDType::kBFloat16:
-        sizes.state16 = EndAfter(sizes.state16, t.numel, 8);
+        sizes.state16 = StartIn(sizes.state16, t.numel) + AlignedNumel(t.numel);
         break;
       case StateDType::kInt8:
-        sizes.state8 = EndAfter(sizes.state8, t.numel, kQuantBlock);
+        sizes.state8 = StartIn(sizes.state8, t.numel) + Padded(t.numel, kQuantBlock);
         break;
     }
   }

@@ -85,6 +85,17 @@ __device__ __forceinline__ bool IsValid(const LaneElements& e, int k) {
   return static_cast<uint32_t>(k % 4) < e.valid[k / 4];
 }
 
+// Calls f(std::true_type{}) or f(std::false_type{}) as `flag` (uniform across the warp) says,
+// so that f's body is compiled once with the flag as a constant and once without.
+template <typename F>
+__device__ __forceinline__ void Specialized(bool flag, F&& f) {
+  if (flag) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 // Four elements as one vector access (float4, uint2 or uint32), aligned.
 template <typename T>
 __device__ __forceinline__ void Load4(const T* src, T* out) {
@@ -104,8 +115,10 @@ __device__ __forceinline__ void Load4(const T* src, T* out) {
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void Store4(T* dst, const T* in) {
+// Four elements stored as one vector access. In is T, except for int8 codes: 32-bit values in
+// [0, 255], packed with byte permutes (no masking).
+template <typename T, typename In>
+__device__ __forceinline__ void Store4(T* dst, const In* in) {
   if constexpr (sizeof(T) == 4) {
     float f[4];
 #pragma unroll
@@ -115,8 +128,9 @@ __device__ __forceinline__ void Store4(T* dst, const T* in) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(in[0] | (static_cast<uint32_t>(in[1]) << 16),
                                                 in[2] | (static_cast<uint32_t>(in[3]) << 16));
   } else {
+    static_assert(sizeof(In) == 4, "int8 codes are stored from 32-bit registers");
     *reinterpret_cast<uint32_t*>(dst) =
-        in[0] | (in[1] << 8) | (in[2] << 16) | (static_cast<uint32_t>(in[3]) << 24);
+        __byte_perm(__byte_perm(in[0], in[1], 0x0040), __byte_perm(in[2], in[3], 0x0040), 0x5410);
   }
 }
 
@@ -173,11 +187,11 @@ __device__ __forceinline__ void LoadRuns(const T* chunk_base, const LaneElements
   }
 }
 
-// This lane's valid elements stored, whole runs with vector stores. kFull: the portion is full
-// (e.full), so every run is stored whole without a test.
-template <bool kFull, typename T>
+// This lane's valid elements stored, whole runs with vector stores (In as Store4's). kFull: the
+// portion is full (e.full), so every run is stored whole without a test.
+template <bool kFull, typename T, typename In>
 __device__ __forceinline__ void StoreRuns(T* chunk_base, const LaneElements& e,
-                                          const T (&in)[kVec]) {
+                                          const In (&in)[kVec]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (kFull || e.valid[r] == 4) {
@@ -186,28 +200,6 @@ __device__ __forceinline__ void StoreRuns(T* chunk_base, const LaneElements& e,
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (static_cast<uint32_t>(j) < e.valid[r]) chunk_base[e.at[r] + j] = in[4 * r + j];
-      }
-    }
-  }
-}
-
-// This lane's valid int8 codes stored (each in [0, 255], in its register's low byte): a full
-// run as one word of four, packed by byte permutes (no masking), else byte by byte.
-template <bool kFull>
-__device__ __forceinline__ void StoreCodes(uint8_t* chunk_base, const LaneElements& e,
-                                           const uint32_t (&codes)[kVec]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t* c = codes + 4 * r;
-    if (kFull || e.valid[r] == 4) {
-      *reinterpret_cast<uint32_t*>(chunk_base + e.at[r]) =
-          __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (static_cast<uint32_t>(j) < e.valid[r]) {
-          chunk_base[e.at[r] + j] = static_cast<uint8_t>(c[j]);
-        }
       }
     }
   }
@@ -283,11 +275,7 @@ __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk*
       StageRuns<kFull>(data + 3 * kRegionBytes, lane, a.exp_avg_sq8 + f.state, e);
     }
   };
-  if (e.full) {
-    stage_arrays(std::true_type{});
-  } else {
-    stage_arrays(std::false_type{});
-  }
+  Specialized(e.full, stage_arrays);
 }
 
 // What a warp carries from portion to portion (every lane holds the same values).
@@ -405,21 +393,15 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
   if constexpr (kState == StateDType::kInt8) {
     // The block's new scales: a max over the warp, then every code against them.
     float lane_m = 0.0f, lane_v = 0.0f;
-    if (e.full) {  // Uniform across the warp; no per-element test in the usual case.
+    Specialized(e.full, [&](auto full) {  // No per-element test in the usual, full case.
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        lane_m = fmaxf(lane_m, fabsf(m[k]));
-        lane_v = fmaxf(lane_v, v[k]);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        if (IsValid(e, k)) {
+        if (decltype(full)::value || IsValid(e, k)) {
           lane_m = fmaxf(lane_m, fabsf(m[k]));
           lane_v = fmaxf(lane_v, v[k]);
         }
       }
-    }
+    });
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) {
       lane_m = fmaxf(lane_m, __shfl_xor_sync(0xffffffffu, lane_m, offset));
@@ -437,11 +419,7 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
       }
     };
     // Finite unless a scale is below about 3e-39 (a reciprocal that overflows): uniform.
-    if (inverse_m <= FLT_MAX && inverse_v <= FLT_MAX) {
-      quantize(std::true_type{});
-    } else {
-      quantize(std::false_type{});
-    }
+    Specialized(inverse_m <= FLT_MAX && inverse_v <= FLT_MAX, quantize);
     if (lane == 0) {
       a.absmax_m[c.state / kQuantBlock + portion] = lane_m;
       a.absmax_v[c.state / kQuantBlock + portion] = lane_v;
@@ -480,15 +458,11 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
       StoreRuns<kFull>(a.exp_avg16 + c.state, e, m16);
       StoreRuns<kFull>(a.exp_avg_sq16 + c.state, e, v16);
     } else {
-      StoreCodes<kFull>(a.exp_avg8 + c.state, e, codes_m);
-      StoreCodes<kFull>(a.exp_avg_sq8 + c.state, e, codes_v);
+      StoreRuns<kFull>(a.exp_avg8 + c.state, e, codes_m);
+      StoreRuns<kFull>(a.exp_avg_sq8 + c.state, e, codes_v);
     }
   };
-  if (e.full) {
-    store_arrays(std::true_type{});
-  } else {
-    store_arrays(std::false_type{});
-  }
+  Specialized(e.full, store_arrays);
 }
 
 // One portion from its pipeline stage.
