@@ -11,8 +11,11 @@ namespace fusedps {
 
 // Median milliseconds of a cudaMemcpyAsync of `bytes` from one device buffer to another on
 // device `ordinal`, timed with CUDA events, after `warmup` untimed copies. The buffers are
-// filled with non-zero bytes first. Errors: INTERNAL with CUDA's message.
-absl::StatusOr<double> DeviceCopyMs(int ordinal, uint64_t bytes, int warmup, int iters);
+// filled with non-zero bytes first. `queued`: the copies are queued back to back, each timed
+// from the event after the previous one (no host launch latency in it); else each waits for
+// the one before. Errors: INTERNAL with CUDA's message.
+absl::StatusOr<double> DeviceCopyMs(int ordinal, uint64_t bytes, int warmup, int iters,
+                                    bool queued);
 
 }  // namespace fusedps
 

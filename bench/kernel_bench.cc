@@ -7,8 +7,10 @@
 // as a pull does, and keeping the samples), and only then times steps on the staged gradients:
 // the median of --iters steps after --warmup steps, each queued with Step() and waited for with
 // Wait(marker), as wall time around both and as the device time that Wait reports
-// (WorkDone::device_seconds: CUDA events around the kernel on a GPU). It exits non-zero on any
-// mismatch.
+// (WorkDone::device_seconds: CUDA events around the kernel on a GPU); then --iters + 1 steps
+// queued back to back (all Step() calls first), whose device times start where the previous
+// step ended, so the host's launch latency is not in them (the first is dropped). The copy
+// reference is timed both ways too. It exits non-zero on any mismatch.
 //
 // Bandwidth counts the bytes an ideal kernel moves per parameter: params, exp_avg and exp_avg_sq
 // read and written (24 in fp32), the gradient read (4 for fp32, 2 for bf16) and the
@@ -118,8 +120,10 @@ double HostCopyMs(uint64_t bytes, int threads, int warmup, int iters) {
 // Median milliseconds of copying `bytes` between two buffers of the memory `optimizer` steps
 // in: the roof of a memory-bound step. UNIMPLEMENTED for a backend without one here yet (a GPU
 // roof is cudaMemcpy device to device, timed with events).
+// `queued`: copies queued back to back, each timed from the previous one's end (as queued
+// steps are); a host copy is the same either way.
 absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads, uint64_t bytes,
-                                  int warmup, int iters) {
+                                  int warmup, int iters, bool queued) {
   if (optimizer.name() == "cpu") {
     return HostCopyMs(bytes, threads > 0 ? threads : omp_get_num_procs(), warmup, iters);
   }
@@ -128,7 +132,7 @@ absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads
   int ordinal = 0;
   if (optimizer.name() == "cuda" &&
       std::sscanf(optimizer.device().c_str(), "cuda:%d", &ordinal) == 1) {
-    return DeviceCopyMs(ordinal, bytes, warmup, iters);
+    return DeviceCopyMs(ordinal, bytes, warmup, iters, queued);
   }
 #endif
   return absl::UnimplementedError(
@@ -244,6 +248,9 @@ struct Timing {
   double ms_min = 0;
   double ms_max = 0;
   double device_ms_median = 0;  // WorkDone::device_seconds, as Wait reports it.
+  // The same for steps queued back to back (as a loaded server runs them): each step's device
+  // time then starts when the previous one ends, so the host's launch latency is not in it.
+  double queued_device_ms_median = 0;
   double launches_per_step = 0;
   std::map<std::string, double> launches_per_step_by_kernel;
   double cupti_kernels_per_step = -1;  // Kernels CUPTI saw run per step; -1: not counted.
@@ -300,6 +307,21 @@ absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads&
       timing.launches_per_step_by_kernel[kernel] = static_cast<double>(launched) / config.iters;
     }
   }
+  // Queued: all steps first, then the waits. The first starts on an idle device: not counted.
+  std::vector<Marker> markers;
+  for (int i = 0; i <= config.iters; ++i) {
+    absl::StatusOr<StepOutcome> outcome = optimizer.Step(request);
+    if (!outcome.ok()) return outcome.status();
+    if (outcome->skipped) return absl::InternalError("a timed step was skipped");
+    markers.push_back(outcome->marker);
+  }
+  std::vector<double> queued_ms;
+  for (size_t i = 0; i < markers.size(); ++i) {
+    absl::StatusOr<WorkDone> done = optimizer.Wait(markers[i]);
+    if (!done.ok()) return done.status();
+    if (i > 0) queued_ms.push_back(done->device_seconds * 1e3);
+  }
+  timing.queued_device_ms_median = Median(queued_ms);
   timing.ms_median = Median(ms);
   timing.ms_min = *std::min_element(ms.begin(), ms.end());
   timing.ms_max = *std::max_element(ms.begin(), ms.end());
@@ -315,6 +337,8 @@ struct Result {
   double gbps = 0;                    // From the wall-time median.
   double device_gbps = 0;             // From the device-time median (CUDA events on a GPU).
   double copy_gbps = 0;               // 0: not measured.
+  double queued_device_gbps = 0;      // From the queued device-time median.
+  double queued_copy_gbps = 0;        // Copies queued back to back; 0: not measured.
   double bytes_per_param = 0;         // Moved by an ideal step (StepBytes / params).
   double device_bytes_per_param = 0;  // memory_bytes() but staging and snapshots, / params.
 };
@@ -368,14 +392,19 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
   }
   result.gbps = bytes / (result.timing.ms_median * 1e-3) / 1e9;
   result.device_gbps = bytes / (result.timing.device_ms_median * 1e-3) / 1e9;
+  result.queued_device_gbps = bytes / (result.timing.queued_device_ms_median * 1e-3) / 1e9;
   if (config.copy_reference) {
-    // Right after the steps, so that both see the same machine; a copy reads and writes.
-    absl::StatusOr<double> ms =
-        CopyRoofMs(optimizer, config.threads, kCopyReferenceBytes, config.warmup, config.iters);
-    if (ms.ok()) {
-      result.copy_gbps = 2.0 * kCopyReferenceBytes / (*ms * 1e-3) / 1e9;
-    } else {
-      absl::FPrintF(stderr, "fusedps-kernel-bench: %s\n", ms.status().message());
+    // Right after the steps, so that both see the same machine; a copy reads and writes. Each
+    // way the steps were timed: one at a time, and queued back to back.
+    for (const bool queued : {false, true}) {
+      absl::StatusOr<double> ms = CopyRoofMs(optimizer, config.threads, kCopyReferenceBytes,
+                                             config.warmup, config.iters, queued);
+      if (!ms.ok()) {
+        absl::FPrintF(stderr, "fusedps-kernel-bench: %s\n", ms.status().message());
+        break;
+      }
+      (queued ? result.queued_copy_gbps : result.copy_gbps) =
+          2.0 * kCopyReferenceBytes / (*ms * 1e-3) / 1e9;
     }
   }
   return result;
@@ -399,22 +428,27 @@ void PrintTable(const BenchConfig& config, double scale, const std::vector<Resul
       ParamCopyName(config.param_copy), StateDTypeName(config.state_dtype),
       ParamsDTypeName(config.params_dtype), scale, config.warmup, config.iters,
       MeanBytesPerParam(results));
-  absl::PrintF("%-11s %8s %12s %10s %10s %10s %8s %9s %10s %7s %9s %7s %10s\n", "workload",
+  absl::PrintF("%-11s %8s %12s %10s %10s %10s %8s %9s %10s %7s %9s %9s %7s %10s\n", "workload",
                "tensors", "params", "ms/step", "min ms", "device ms", "GB/s", "dev GB/s",
-               "copy GB/s", "% copy", "launches", "cupti", "validated");
+               "copy GB/s", "% copy", "queued %", "launches", "cupti", "validated");
   for (const Result& r : results) {
     const std::string copy_gbps = r.copy_gbps > 0 ? absl::StrFormat("%.2f", r.copy_gbps) : "-";
     // % copy compares the step's device time (events on a GPU) with the copy's.
     const std::string pct_copy =
         r.copy_gbps > 0 ? absl::StrFormat("%.0f%%", 100 * r.device_gbps / r.copy_gbps) : "-";
+    // The same for steps and copies queued back to back.
+    const std::string queued_pct =
+        r.queued_copy_gbps > 0
+            ? absl::StrFormat("%.0f%%", 100 * r.queued_device_gbps / r.queued_copy_gbps)
+            : "-";
     const std::string cupti = r.timing.cupti_kernels_per_step >= 0
                                   ? absl::StrFormat("%.1f", r.timing.cupti_kernels_per_step)
                                   : "-";
-    absl::PrintF("%-11s %8d %12d %10.3f %10.3f %10.3f %8.2f %9.2f %10s %7s %9.1f %7s %10d\n",
+    absl::PrintF("%-11s %8d %12d %10.3f %10.3f %10.3f %8.2f %9.2f %10s %7s %9s %9.1f %7s %10d\n",
                  r.workload.name, r.workload.numels.size(), r.workload.total_numel(),
                  r.timing.ms_median, r.timing.ms_min, r.timing.device_ms_median, r.gbps,
-                 r.device_gbps, copy_gbps, pct_copy, r.timing.launches_per_step, cupti,
-                 r.validated_elements);
+                 r.device_gbps, copy_gbps, pct_copy, queued_pct, r.timing.launches_per_step,
+                 cupti, r.validated_elements);
   }
 }
 
@@ -439,14 +473,18 @@ void PrintJson(const BenchConfig& config, double scale, const std::vector<Result
         "%s\n  {\"workload\": %s, \"description\": %s, \"tensors\": %d, "
         "\"params\": %d, \"ms_median\": %.6f, \"ms_min\": %.6f, \"ms_max\": %.6f, "
         "\"device_ms_median\": %.6f, \"gbps\": %.4f, \"device_gbps\": %.4f, "
-        "\"copy_gbps\": %s, \"launches_per_step\": %.3f, "
+        "\"copy_gbps\": %s, \"queued_device_ms_median\": %.6f, \"queued_device_gbps\": %.4f, "
+        "\"queued_copy_gbps\": %s, \"launches_per_step\": %.3f, "
         "\"launches_per_step_by_kernel\": {%s}, \"cupti_kernels_per_step\": %.3f, "
         "\"validated_elements\": %d, \"bytes_per_param\": %.6f, "
         "\"device_bytes_per_param\": %.6f}",
         i == 0 ? "" : ",", JsonString(r.workload.name), JsonString(r.workload.description),
         r.workload.numels.size(), r.workload.total_numel(), r.timing.ms_median, r.timing.ms_min,
         r.timing.ms_max, r.timing.device_ms_median, r.gbps, r.device_gbps,
-        r.copy_gbps > 0 ? absl::StrFormat("%.4f", r.copy_gbps) : "null", r.timing.launches_per_step,
+        r.copy_gbps > 0 ? absl::StrFormat("%.4f", r.copy_gbps) : "null",
+        r.timing.queued_device_ms_median, r.queued_device_gbps,
+        r.queued_copy_gbps > 0 ? absl::StrFormat("%.4f", r.queued_copy_gbps) : "null",
+        r.timing.launches_per_step,
         by_kernel, r.timing.cupti_kernels_per_step, r.validated_elements, r.bytes_per_param,
         r.device_bytes_per_param);
   }

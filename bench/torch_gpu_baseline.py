@@ -2,7 +2,8 @@
 """The GPU baselines fusedps's CUDA kernel is compared with, on the same workloads.
 
 For each workload of bench/torch_baseline.py (DESIGN.md "Numbers to beat") it times one
-optimizer step, median of --iters after --warmup, with CUDA events on the current stream:
+optimizer step, median of --iters after --warmup, with CUDA events on the current stream, each
+step alone and queued back to back (time_ms):
   - torch.optim.AdamW(fused=True): fp32 params, grads and state;
   - a torch.compile'd step of torch.optim.AdamW(foreach=True) (skipped with --no-compile);
   - "bf16 path": what a user writes for bf16 grads with an fp32 master and a bf16 copy:
@@ -27,6 +28,9 @@ BYTES_PER_PARAM = 28
 
 
 def time_ms(fn, warmup, iters):
+    """Median ms of fn, each call timed alone (the device idle before it, so the host's launch
+    latency and Python's time are in it), and queued back to back (each call's events follow
+    the previous call's, as fusedps-kernel-bench's queued steps): (idle_ms, queued_ms)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -38,7 +42,15 @@ def time_ms(fn, warmup, iters):
         end.record()
         end.synchronize()
         times.append(begin.elapsed_time(end))
-    return statistics.median(times)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 2)]
+    events[0].record()
+    for i in range(iters + 1):
+        fn()
+        events[i + 1].record()
+    events[-1].synchronize()
+    # The first call starts on an idle device: not counted.
+    queued = [events[i].elapsed_time(events[i + 1]) for i in range(1, iters + 1)]
+    return statistics.median(times), statistics.median(queued)
 
 
 def count_kernels(fn):
@@ -52,10 +64,11 @@ def count_kernels(fn):
 
 
 def copy_gbps(warmup, iters, numel=1 << 30):
+    """GB/s of a 512 MiB device copy (bytes read + bytes written): (idle, queued)."""
     src = torch.randn(numel // 4, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), warmup, iters)
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9  # bytes read + bytes written
+    return tuple(2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+                 for ms in time_ms(lambda: dst.copy_(src), warmup, iters))
 
 
 def make_state(numels, seed):
@@ -72,10 +85,14 @@ def run(workload, args, copy):
     total = sum(numels)
     rows = []
 
-    def row(variant, ms, kernels):
+    def row(variant, times, kernels):
+        ms, queued_ms = times
         gbps = total * BYTES_PER_PARAM / (ms * 1e-3) / 1e9
+        queued_gbps = total * BYTES_PER_PARAM / (queued_ms * 1e-3) / 1e9
         rows.append({"workload": workload["name"], "variant": variant, "ms": ms,
-                     "kernels": kernels, "gbps": gbps, "pct_copy": 100 * gbps / copy,
+                     "kernels": kernels, "gbps": gbps, "pct_copy": 100 * gbps / copy[0],
+                     "queued_ms": queued_ms, "queued_gbps": queued_gbps,
+                     "queued_pct_copy": 100 * queued_gbps / copy[1],
                      "tensors": len(numels), "params": total})
 
     params, grads = make_state(numels, args.seed)
@@ -131,7 +148,7 @@ def main():
         print(f"torch: {name}", file=sys.stderr, flush=True)
         rows += run(workload, args, copy)
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                      "copy_gbps": copy, "rows": rows}))
+                      "copy_gbps": copy[0], "queued_copy_gbps": copy[1], "rows": rows}))
 
 
 if __name__ == "__main__":
