@@ -11,16 +11,21 @@
 //
 // Resident tables (device memory, rebuilt only when tensors are registered): the chunk list of
 // a full push, which cuts every tensor into chunks of at most kChunkNumel elements, each entry
-// carrying its offsets, layout, tensor and group; each warp's start in it; per tensor its step
-// and the countdown below; per group its hyperparameters; the int8 codebooks. A push that names
-// only some tensors uploads a compact chunk list and warp starts of its own in the same stream.
+// carrying its offsets, layout, tensor and group; the units of work in it (WorkUnits); per
+// tensor its step and the countdown below; per group its hyperparameters; the int8 codebooks.
+// A push that names only some tensors uploads a compact chunk list and units of its own in the
+// same stream.
 //
 // A step is one launch, AdamWApply, on the backend's stream, over a grid that fills the GPU
 // (SMs x resident blocks). Work is split among warps, not blocks: every chunk has one 256-
-// element portion per 256 elements (a 1000-element tensor has 4, not 8), and warp w of W takes
-// the contiguous portions [w * P / W, (w + 1) * P / W) of all P, from a start the host computed
-// (SplitAmongWarps). So warps never wait for each other, shares differ by one portion at most,
-// and small tensors still fill every warp.
+// element portion per 256 elements (a 1000-element tensor has 4, not 8), and the portions are
+// cut into units of 2 (adamw_kernel.cuh). Warp w takes unit w, then grabs the next unit nobody
+// has taken from a counter (UnitCursor below), so warps never wait for each other, they end
+// together, and they all work near one front through memory: on an H100 this took the large
+// workloads from 93% to 99-100% of a device copy, where each warp's static share of the
+// portions (the previous split) left some warps working after others had ended and spread the
+// warps over the whole arenas. A launch with int8 state, bound by instructions, keeps one unit
+// per warp (a static share): the grabs' round trips cost it 13%.
 //
 // Each warp runs a pipeline of kStages portions: it issues asynchronous copies (cp.async) of a
 // portion's gradients, params and state, with its chunk entry, its tensor's step and its int8
@@ -42,11 +47,12 @@
 // CUDA graph. This file is compiled with --fmad=false, as the CPU backend with
 // -ffp-contract=off: both round every operation of the same source alike, bit for bit.
 //
-// Step counters advance inside the same launch without a race. A warp that covers a whole
-// tensor writes its new step. Otherwise each warp counts its portions of the tensor down from
+// Step counters advance inside the same launch without a race. A warp that computes every
+// portion of a tensor writes its new step. Otherwise each warp counts its portions down from
 // remaining[t] once it has read the step, and the warp that takes the count to zero (the last
-// reader) advances step[t] and re-arms the count; a warp looks at the count's old value only
-// when it leaves its next tensor (or ends), so the atomic's round trip is off its path.
+// reader) advances step[t] and re-arms the count; lanes 0-3 take a warp's countdowns in turn,
+// and each looks at the count's old value only when its next turn comes (or the warp ends), so
+// the atomic's round trip is off the warp's path.
 //
 // Non-finite gradients are caught on the host where they are staged (kernels/grad_check.h):
 // a skipped step launches nothing and writes nothing.
@@ -56,7 +62,8 @@
 // tensors; independent warps lifted 10,000 x 1K from ~53% to ~75%; dtype template parameters
 // lifted the bf16 path by 2-5 points; issue 16 (the variants table): portions without empty
 // ones, the deferred countdown and the cp.async pipeline kept the large workloads where they
-// were (92-93% on an H100) and gained about a point on 10,000 x 1K.
+// were (92-93% on an H100) and gained about a point on 10,000 x 1K; units grabbed from a
+// counter lifted them to 98-100% and 10,000 x 1K from 84% to 88%.
 #include <algorithm>
 
 #include "kernels/cuda/adamw_kernel.cuh"
@@ -72,12 +79,118 @@ size_t ApplySmemBytes(ApplyKinds kinds) {
          static_cast<size_t>(kWarpsPerBlock) * kStages * kStageBytes;
 }
 
+// Brings the line at p into L1, not into registers: a later load of it is short.
+__device__ __forceinline__ void PrefetchL1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+// A warp's issue side: the portion it copies next. It takes unit `warp` first, then each unit
+// that lane 0 grabs from the launch's counter (a.work), in increasing order. The next unit is
+// grabbed as soon as one starts, and each issue takes one step towards having it ready (its
+// table entry, then its first chunk's entry, into registers), so no round trip to memory is on
+// the warp's path at a unit's start. A chunk that starts inside a unit has its entry brought
+// into L1 (not registers: the kernel has none to spare) when the chunk before it starts.
+//
+// Every warp grabs until a grab comes back past the last unit, so a launch of U units and W
+// warps (U > W) makes exactly U grabs, numbered 0 to U - 1; the warp whose grab is U - 1 makes
+// the launch's last access to the counter, and resets it for the next launch.
+class UnitCursor {
+ public:
+  __device__ UnitCursor(const DeviceArenas& a, const Chunk* chunks, uint32_t chunk_count,
+                        const UnitStart* units, uint64_t portions, uint32_t unit_portions,
+                        uint32_t warps, uint32_t warp, uint32_t lane)
+      : counter_(a.work), chunks_(chunks), chunk_count_(chunk_count), units_(units),
+        unit_count_(static_cast<uint32_t>(UnitsOf(portions, unit_portions))),
+        unit_portions_(unit_portions), warps_(warps), lane_(lane) {
+    last_unit_portions_ = static_cast<uint32_t>(
+        portions - static_cast<uint64_t>(unit_count_ - 1) * unit_portions);
+    if (warp >= unit_count_) return;
+    Start(warp);
+    if (warps_ < unit_count_) Grab();
+  }
+
+  __device__ bool HasWork() const { return left_ > 0; }
+  __device__ const Chunk* chunk() const { return chunks_ + chunk_; }
+  __device__ const IssueFields& fields() const { return current_; }
+  __device__ uint32_t portion() const { return portion_; }
+
+  // Moves past the portion just issued.
+  __device__ void Advance() {
+    if (--left_ == 0) {
+      NextUnit();
+      return;
+    }
+    if (++portion_ == PortionsOf(current_.count)) {
+      ++chunk_;
+      portion_ = 0;
+      current_ = LoadIssue(chunks_ + chunk_);
+      if (chunk_ + 1 < chunk_count_) PrefetchL1(chunks_ + chunk_ + 1);
+    }
+    if (coming_ < kReady) StepComing();
+  }
+
+ private:
+  enum : int { kGrabbing = 0, kKnown = 1, kReady = 2, kNone = 3 };
+
+  __device__ void Start(uint32_t unit) {
+    Start(unit, units_[unit]);
+    current_ = LoadIssue(chunks_ + chunk_);
+  }
+  __device__ void Start(uint32_t unit, UnitStart start) {
+    chunk_ = start >> kUnitChunkShift;
+    portion_ = start & (kPortions - 1);
+    left_ = unit + 1 == unit_count_ ? last_unit_portions_ : unit_portions_;
+    if (chunk_ + 1 < chunk_count_) PrefetchL1(chunks_ + chunk_ + 1);
+  }
+  // Moves to the unit grabbed (waiting for what is not back yet), if there is one.
+  __device__ void NextUnit() {
+    while (coming_ < kReady) StepComing();
+    if (coming_ == kNone) return;
+    Start(coming_unit_, coming_start_);
+    current_ = coming_fields_;
+    Grab();
+  }
+  __device__ void Grab() {
+    if (lane_ == 0) coming_unit_ = atomicAdd(counter_, 1u);
+    coming_ = kGrabbing;
+  }
+  // One step towards the next unit: its table entry once the grab is back, then its chunk's.
+  __device__ void StepComing() {
+    if (coming_ == kGrabbing) {
+      const uint32_t grab = __shfl_sync(0xffffffffu, coming_unit_, 0);
+      if (grab + 1 == unit_count_ && lane_ == 0) *counter_ = 0;  // The launch's last grab.
+      coming_unit_ = warps_ + grab;
+      if (coming_unit_ >= unit_count_) {
+        coming_ = kNone;
+        return;
+      }
+      coming_start_ = units_[coming_unit_];
+      coming_ = kKnown;
+    } else if (coming_ == kKnown) {
+      coming_fields_ = LoadIssue(chunks_ + (coming_start_ >> kUnitChunkShift));
+      coming_ = kReady;
+    }
+  }
+
+  uint32_t* counter_;
+  const Chunk* chunks_;
+  uint32_t chunk_count_;
+  const UnitStart* units_;
+  uint32_t unit_count_, unit_portions_, warps_, lane_, last_unit_portions_ = 0;
+  uint32_t chunk_ = 0, portion_ = 0, left_ = 0;  // left_: portions of the unit not issued.
+  IssueFields current_{};
+  int coming_ = kNone;
+  uint32_t coming_unit_ = 0;  // Lane 0's grab, then (every lane) the unit.
+  UnitStart coming_start_ = 0;
+  IssueFields coming_fields_{};
+};
+
 // The one launch of a step. See the file comment. The dtypes and kinds are template
 // parameters, so that each combination gets a loop with no branches it does not need.
 template <GradDType kGrad, ParamCopyDType kCopy, ApplyKinds kKinds>
 __global__ void __launch_bounds__(kThreads, 2)
-    AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, const WarpStart* starts,
-               float grad_scale, double lr_divisor) {
+    AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, const UnitStart* units,
+               uint64_t portions, uint32_t unit_portions, float grad_scale, double lr_divisor) {
   extern __shared__ __align__(16) char smem[];
   const Int8Codebooks* books = nullptr;
   char* stages = smem;
@@ -90,31 +203,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     stages = smem + sizeof(Int8Codebooks);
   }
   const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = gridDim.x * kWarpsPerBlock;
   const uint32_t warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const WarpStart begin = starts[warp];
-  const uint64_t total = starts[warp + 1].index - begin.index;
   char* pipeline = stages + (threadIdx.x / 32) * kStages * kStageBytes;
 
-  // The issue cursor: chunk `chunk`, portion `portion`, whose entry's first half is `current`;
-  // the next chunk's is loaded one chunk ahead.
-  uint32_t chunk = begin.chunk, portion = begin.portion;
-  IssueFields current{}, next{};
-  if (total > 0) {
-    current = LoadIssue(chunks + chunk);
-    if (chunk + 1 < chunk_count) next = LoadIssue(chunks + chunk + 1);
-  }
-  uint64_t issued = 0;
+  UnitCursor cursor(a, chunks, chunk_count, units, portions, unit_portions, warps, warp, lane);
+  uint64_t issued = 0, computed = 0;
   const auto issue = [&](int stage) {
-    if (issued < total) {
-      IssuePortion<kGrad, kKinds>(a, chunks + chunk, current, portion,
+    if (cursor.HasWork()) {
+      IssuePortion<kGrad, kKinds>(a, cursor.chunk(), cursor.fields(), cursor.portion(),
                                   pipeline + stage * kStageBytes, lane);
       ++issued;
-      if (++portion == PortionsOf(current.count)) {
-        ++chunk;
-        portion = 0;
-        current = next;
-        if (chunk + 1 < chunk_count && issued < total) next = LoadIssue(chunks + chunk + 1);
-      }
+      cursor.Advance();
     }
     CommitAsync();  // Empty groups too: each iteration waits for the group kStages - 1 back.
   };
@@ -123,21 +223,22 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   WarpState w;
   int compute_stage = 0;
-  for (uint64_t q = 0; q < total; ++q) {
+  while (computed < issued) {
     issue(compute_stage == 0 ? kStages - 1 : compute_stage - 1);
     WaitAsync<kStages - 1>();
     __syncwarp();
     ComputeStage<kGrad, kCopy, kKinds>(a, pipeline + compute_stage * kStageBytes, w, books, lane,
                                        grad_scale, lr_divisor);
+    ++computed;
     __syncwarp();  // Before the stage's header is rewritten.
     compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
   }
   Leave(a, w, lane);
-  Settle(a, w, lane);
+  Settle(a, w);  // Every lane's countdown left.
 }
 
-using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, const WarpStart*, float,
-                               double);
+using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, const UnitStart*, uint64_t,
+                               uint32_t, float, double);
 
 template <GradDType kGrad, ApplyKinds kKinds>
 ApplyKernelFn ApplyKernelFor(ParamCopyDType copy) {
@@ -312,21 +413,23 @@ uint64_t PortionsIn(const std::vector<Chunk>& chunks) {
   return portions;
 }
 
-std::vector<WarpStart> SplitAmongWarps(const std::vector<Chunk>& chunks, uint32_t warps) {
-  const uint64_t total = PortionsIn(chunks);
-  std::vector<WarpStart> starts;
-  starts.reserve(warps + 1);
-  uint32_t chunk = 0;
-  uint64_t before = 0;  // Portions before `chunk`.
-  for (uint32_t w = 0; w <= warps; ++w) {
-    const uint64_t target = total * w / warps;
-    while (chunk < chunks.size() && before + PortionsOf(chunks[chunk].count) <= target) {
-      before += PortionsOf(chunks[chunk].count);
-      ++chunk;
+uint32_t UnitPortions(uint64_t portions, uint32_t warps, bool int8_state) {
+  if (!int8_state) return kUnitPortions;
+  return static_cast<uint32_t>(std::max<uint64_t>(1, (portions + warps - 1) / warps));
+}
+
+std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, uint32_t unit_portions) {
+  std::vector<UnitStart> units;
+  units.reserve(UnitsOf(PortionsIn(chunks), unit_portions));
+  uint32_t next = 0;  // The next unit's first portion, counted from this chunk's first.
+  for (uint32_t c = 0; c < chunks.size(); ++c) {
+    const uint32_t portions = PortionsOf(chunks[c].count);
+    for (; next < portions; next += unit_portions) {
+      units.push_back(c << kUnitChunkShift | next);
     }
-    starts.push_back({chunk, static_cast<uint32_t>(target - before), target});
+    next -= portions;
   }
-  return starts;
+  return units;
 }
 
 absl::StatusOr<int> AdamWApplyGrid() {
@@ -359,17 +462,17 @@ absl::StatusOr<int> AdamWApplyGrid() {
 }
 
 uint32_t ApplyBlocks(int grid, uint64_t portions) {
-  const uint64_t wanted = (portions + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const uint64_t wanted = (UnitsOf(portions, kUnitPortions) + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(grid, wanted)));
 }
 
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
-                              uint32_t chunk_count, const WarpStart* starts, float grad_scale,
-                              double lr_divisor) {
+                              uint32_t chunk_count, const UnitStart* units, uint64_t portions,
+                              uint32_t unit_portions, float grad_scale, double lr_divisor) {
   return launches.Launch("fusedps_adamw_apply", ApplyKernel(config), static_cast<int>(blocks),
-                         ApplySmemBytes(config.kinds), stream, arenas, chunks, chunk_count, starts,
-                         grad_scale, lr_divisor);
+                         ApplySmemBytes(config.kinds), stream, arenas, chunks, chunk_count, units,
+                         portions, unit_portions, grad_scale, lr_divisor);
 }
 
 absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,

@@ -1,5 +1,5 @@
 // adamw_kernel.cuh (CUDA backend only): the one kernel of an optimizer step, AdamWApply, as the
-// rest of the backend sees it: the chunk list it walks, the share of it each warp takes, the
+// rest of the backend sees it: the chunk list it walks, the units of work its warps take, the
 // arenas it updates, the grid that fills the GPU, and the launchers that check and count every
 // launch. The kernel itself and its tuning history are in adamw_kernel.cu; the device memory and
 // tables that feed it are in cuda_backend.cu.
@@ -7,12 +7,14 @@
 // Usage:
 //   std::vector<Chunk> chunks;
 //   AppendChunks(ChunkSource{...}, chunks);
-//   const uint32_t blocks = ApplyBlocks(grid, PortionsIn(chunks));
-//   std::vector<WarpStart> starts = SplitAmongWarps(chunks, blocks * kWarpsPerBlock);
-//   ... upload both and fill a DeviceArenas ...
+//   const uint64_t portions = PortionsIn(chunks);
+//   const uint32_t blocks = ApplyBlocks(grid, portions);
+//   const uint32_t unit_portions = UnitPortions(portions, blocks * kWarpsPerBlock, int8_state);
+//   std::vector<UnitStart> units = WorkUnits(chunks, unit_portions);
+//   ... upload both and fill a DeviceArenas (its work counter zero before the first launch) ...
 //   RETURN_IF_ERROR(LaunchAdamWApply(launches, blocks, stream, {grad, copy, kinds}, arenas,
-//                                    device_chunks, chunks.size(), device_starts, grad_scale,
-//                                    lr_divisor));
+//                                    device_chunks, chunks.size(), device_units, portions,
+//                                    unit_portions, grad_scale, lr_divisor));
 #ifndef FUSEDPS_KERNELS_CUDA_ADAMW_KERNEL_CUH_
 #define FUSEDPS_KERNELS_CUDA_ADAMW_KERNEL_CUH_
 
@@ -80,12 +82,22 @@ __host__ __device__ inline uint32_t PortionsOf(uint32_t count) {
   return count == 0 ? 1 : (count + kPortionNumel - 1) / kPortionNumel;
 }
 
-// Where warp w of a launch starts: its first portion. It works on until warp w + 1's start.
-struct WarpStart {
-  uint32_t chunk;    // Index into the chunk list.
-  uint32_t portion;  // Within the chunk.
-  uint64_t index;    // Portions before it in the whole list.
-};
+// A launch's work is cut into units of the same number of portions (the last one may be
+// shorter), in chunk-list order. Warp w takes unit w first, then grabs the next unit nobody has
+// taken from a counter, until none is left: warps that run faster take more, so all of them end
+// together, and all of them work near one front through memory. Units of 2 portions did best on
+// an H100 (1, 3 and 4 lost 1-3 points; docs/benchmarks.md) where the step is bound by memory;
+// a launch with int8 state, bound by instructions, ran 13% slower so (the round trips of its
+// grabs and of each unit's table entry and chunk entry stall it), and takes one unit per warp
+// instead: each warp a contiguous share, as equal as can be, and no grabs.
+constexpr uint32_t kUnitPortions = 2;
+
+// Where a unit starts, as its table holds it: the chunk's index << 3 | the portion within it.
+using UnitStart = uint32_t;
+constexpr uint32_t kUnitChunkShift = 3;  // kPortions = 8 portions a chunk.
+static_assert(kPortions == 1u << kUnitChunkShift, "a unit's portion takes the low 3 bits");
+// Chunk lists must hold fewer chunks than this (2^40 elements: more than any device holds).
+constexpr uint64_t kMaxChunks = uint64_t{1} << (32 - kUnitChunkShift);
 
 // One tensor, for AppendChunks.
 struct ChunkSource {
@@ -104,9 +116,18 @@ struct ChunkSource {
 uint32_t AppendChunks(const ChunkSource& tensor, std::vector<Chunk>& out);
 uint64_t PortionsIn(const std::vector<Chunk>& chunks);
 
-// Splits the chunks' portions into `warps` contiguous shares as equal as can be (they differ by
-// at most one portion): warps + 1 starts, the last one past the end.
-std::vector<WarpStart> SplitAmongWarps(const std::vector<Chunk>& chunks, uint32_t warps);
+// Portions per unit of a launch over `portions` portions with `warps` warps (ApplyBlocks' blocks
+// times kWarpsPerBlock): kUnitPortions, or one unit per warp where the chunks hold int8 state.
+uint32_t UnitPortions(uint64_t portions, uint32_t warps, bool int8_state);
+
+// The units of a launch over `portions` portions, `unit_portions` each.
+__host__ __device__ inline uint64_t UnitsOf(uint64_t portions, uint32_t unit_portions) {
+  return (portions + unit_portions - 1) / unit_portions;
+}
+
+// Each unit's start in the chunk list (UnitsOf(PortionsIn(chunks), unit_portions) of them).
+// REQUIRES: chunks.size() < kMaxChunks.
+std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, uint32_t unit_portions);
 
 // Which storage kinds a launch's chunks hold: only fp32 params and fp32 state (the common
 // case, a kernel without the other paths), or any.
@@ -138,6 +159,9 @@ struct DeviceArenas {
   uint32_t* remaining;          // Per tensor: portions of this step still to read its step.
   const uint32_t* portions_of;  // Per tensor: its portions.
   const Int8Codebooks* codebooks;
+  // Units grabbed past the first of each warp; zero between launches (the warp that makes a
+  // launch's last grab resets it).
+  uint32_t* work;
 };
 
 // Every launch goes through here: one place checks it and counts it by kernel name. The counts
@@ -174,19 +198,19 @@ class LaunchCounter {
 // fit on one. Errors: INTERNAL with CUDA's message (also when not one block fits).
 absl::StatusOr<int> AdamWApplyGrid();
 
-// The blocks of a launch over `portions` portions: the grid, or fewer when there is not a
-// portion for every warp.
+// The blocks of a launch over `portions` portions: the grid, or fewer when there is not a unit of
+// kUnitPortions for every warp.
 uint32_t ApplyBlocks(int grid, uint64_t portions);
 
-// Launches one step, AdamWApply over the chunks, `blocks` blocks (warp w starting at
-// starts[w]: SplitAmongWarps for blocks * kWarpsPerBlock warps), on `stream`, checks the launch
+// Launches one step, AdamWApply over the chunks' `portions` portions (`units`: WorkUnits with
+// `unit_portions`), in `blocks` blocks (ApplyBlocks), on `stream`, checks the launch
 // and counts it in `launches` as "fusedps_adamw_apply". Each step's lr is its group's lr /
 // lr_divisor (float64, MakeStepScalars). REQUIRES: the stream's device is current;
 // AdamWApplyGrid ran on it.
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
-                              uint32_t chunk_count, const WarpStart* starts, float grad_scale,
-                              double lr_divisor);
+                              uint32_t chunk_count, const UnitStart* units, uint64_t portions,
+                              uint32_t unit_portions, float grad_scale, double lr_divisor);
 
 // Launches GradAccumulate over `chunk_count` chunks: for each element of each chunk,
 // accumulator[element + i] = (first ? 0 : itself) + grads[grad + i] / grad_scale

@@ -31,8 +31,9 @@ constexpr int kHeaderBytes = 128;
 constexpr int kRegionBytes = 1024;
 constexpr int kStageBytes = kHeaderBytes + 4 * kRegionBytes;
 // Header: [0, 64) the chunk; [64, 72) its tensor's step as read; [72, 80) the block's int8
-// scales (exp_avg, exp_avg_sq); [80, 84) the portion's index within the chunk.
-constexpr int kStepAt = 64, kAbsmaxAt = 72, kPortionAt = 80;
+// scales (exp_avg, exp_avg_sq); [80, 84) the portion's index within the chunk; [84, 88) its
+// tensor's portions.
+constexpr int kStepAt = 64, kAbsmaxAt = 72, kPortionAt = 80, kTensorPortionsAt = 84;
 
 // --- Asynchronous copies into shared memory (sm_80+). ---
 
@@ -238,6 +239,7 @@ __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk*
       kKinds == ApplyKinds::kAny && StateOf(static_cast<uint16_t>(f.layout)) == StateDType::kInt8;
   if (lane < 4) CopyAsync16(stage + 16 * lane, reinterpret_cast<const char*>(chunk) + 16 * lane);
   if (lane == 4) CopyAsync8(stage + kStepAt, a.step + f.tensor);
+  if (lane == 7) CopyAsync4(stage + kTensorPortionsAt, a.portions_of + f.tensor);
   if (int8_state && lane == 5) {
     CopyAsync4(stage + kAbsmaxAt, a.absmax_m + f.state / kQuantBlock + portion);
   }
@@ -281,24 +283,30 @@ __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk*
 // What a warp carries from portion to portion (every lane holds the same values).
 struct WarpState {
   uint32_t tensor = 0xffffffffu;  // The tensor of the portions computed last.
-  uint32_t portions = 0;          // Its portions computed here.
-  bool whole = false;             // This warp computed its first portion...
-  bool ended = false;             // ...and its last.
+  uint32_t portions = 0;          // Its portions computed here...
+  uint32_t tensor_portions = 0;   // ...and in all.
   int64_t step = 0;               // Its step after this update.
   uint64_t key = 0;               // Its stochastic rounding key at that step.
   uint32_t scalars_group = 0xffffffffu;
   int64_t scalars_step = -1;
   uint64_t seed = 0;
   AdamWStepScalars s{};
-  // Lane 0: a countdown left to look at (tensor, the count's old value, what was subtracted).
+  // Countdowns left to look at, one per lane below kPendingLanes (each lane's own values: the
+  // tensor, the count's old value, what was subtracted, the step), and the lane of the next.
   uint32_t pending_tensor = 0xffffffffu, pending_old = 0, pending_portions = 0;
   int64_t pending_step = 0;
+  uint32_t countdown_lane = 0;  // Uniform.
 };
 
-// Lane 0: the countdown of the last tensor left, if this warp took it to zero: the step
-// advances and the count re-arms for the next launch.
-__device__ __forceinline__ void Settle(const DeviceArenas& a, WarpState& w, uint32_t lane) {
-  if (lane != 0 || w.pending_tensor == 0xffffffffu) return;
+// Lanes that take a warp's countdowns in turn: a lane looks at the old count its atomic
+// returned only kPendingLanes tensors later, so the atomic's round trip (long where many warps
+// count one tensor down at once) stays off the warp's path.
+constexpr uint32_t kPendingLanes = 4;
+
+// This lane's countdown left, if any; if it took the count to zero, the step advances and the
+// count re-arms for the next launch.
+__device__ __forceinline__ void Settle(const DeviceArenas& a, WarpState& w) {
+  if (w.pending_tensor == 0xffffffffu) return;
   if (w.pending_old == w.pending_portions) {
     a.step[w.pending_tensor] = w.pending_step;
     a.remaining[w.pending_tensor] = a.portions_of[w.pending_tensor];
@@ -306,19 +314,23 @@ __device__ __forceinline__ void Settle(const DeviceArenas& a, WarpState& w, uint
   w.pending_tensor = 0xffffffffu;
 }
 
-// The warp leaves its current tensor: it advances a tensor it covered whole, else counts its
-// portions down (looked at later, by Settle).
+// The warp leaves its current tensor: it advances a tensor it computed every portion of, else
+// counts its portions down (looked at later, by Settle). A warp never comes back to a tensor it
+// left (its units are in increasing order), so every portion is counted once.
 __device__ __forceinline__ void Leave(const DeviceArenas& a, WarpState& w, uint32_t lane) {
-  if (w.tensor == 0xffffffffu || lane != 0) return;
-  Settle(a, w, lane);
-  if (w.whole && w.ended) {
-    a.step[w.tensor] = w.step;
+  if (w.tensor == 0xffffffffu) return;
+  if (w.portions == w.tensor_portions) {
+    if (lane == 0) a.step[w.tensor] = w.step;
     return;
   }
-  w.pending_old = atomicSub(&a.remaining[w.tensor], w.portions);
-  w.pending_tensor = w.tensor;
-  w.pending_portions = w.portions;
-  w.pending_step = w.step;
+  if (lane == w.countdown_lane) {
+    Settle(a, w);
+    w.pending_old = atomicSub(&a.remaining[w.tensor], w.portions);
+    w.pending_tensor = w.tensor;
+    w.pending_portions = w.portions;
+    w.pending_step = w.step;
+  }
+  w.countdown_lane = w.countdown_lane + 1 == kPendingLanes ? 0 : w.countdown_lane + 1;
 }
 
 // A portion's inputs, as fp32: this lane's 8 gradients, params, exp_avg and exp_avg_sq (int8
@@ -479,14 +491,14 @@ __device__ __forceinline__ void ComputePortion(const DeviceArenas& a, const char
 // A portion of tensor c.tensor starts (uniform across the warp): when it is another tensor
 // than the last, the warp leaves that one and takes this one's step (`step_read`, as read
 // before this launch advanced it) and scalars. Then it counts the portion.
-__device__ __forceinline__ void Enter(const DeviceArenas& a, const Chunk& c, uint32_t portion,
-                                      int64_t step_read, WarpState& w, uint32_t lane,
+__device__ __forceinline__ void Enter(const DeviceArenas& a, const Chunk& c, int64_t step_read,
+                                      uint32_t tensor_portions, WarpState& w, uint32_t lane,
                                       float grad_scale, double lr_divisor) {
   if (c.tensor != w.tensor) {
     Leave(a, w, lane);
     w.tensor = c.tensor;
     w.portions = 0;
-    w.whole = c.first == 0 && portion == 0;
+    w.tensor_portions = tensor_portions;
     w.step = step_read + 1;
     if (w.step != w.scalars_step || c.group != w.scalars_group) {
       const AdamWHyperparameters& h = a.hyper[c.group];
@@ -499,7 +511,6 @@ __device__ __forceinline__ void Enter(const DeviceArenas& a, const Chunk& c, uin
     if (c.layout & kLayoutParamsBf16) w.key = RoundingKey(w.seed, c.rounding_key, w.step);
   }
   ++w.portions;
-  w.ended = (c.layout & kLayoutLastChunk) && portion + 1 == PortionsOf(c.count);
 }
 
 // Calls f.template Run<kParams, kState>() for the chunk's storage: one instantiation for
@@ -559,7 +570,8 @@ __device__ __forceinline__ void ComputeStage(const DeviceArenas& a, const char* 
                                              float grad_scale, double lr_divisor) {
   const Chunk c = *reinterpret_cast<const Chunk*>(stage);
   const uint32_t portion = *reinterpret_cast<const uint32_t*>(stage + kPortionAt);
-  Enter(a, c, portion, *reinterpret_cast<const int64_t*>(stage + kStepAt), w, lane, grad_scale,
+  Enter(a, c, *reinterpret_cast<const int64_t*>(stage + kStepAt),
+        *reinterpret_cast<const uint32_t*>(stage + kTensorPortionsAt), w, lane, grad_scale,
         lr_divisor);
   ForLayout<kKinds>(c.layout, StagePortion<kGrad, kCopy>{a, stage, c, portion, w, books, lane});
 }

@@ -120,7 +120,10 @@ class CudaBackend final : public OptimizerBackend {
     if (absl::Status s = chunk_ring_.Init(kUploadSlots); !s.ok()) return s;
     if (absl::Status s = hyper_ring_.Init(kUploadSlots); !s.ok()) return s;
     // The int8 codebooks, once (pageable: staged before cudaMemcpyAsync returns).
-    if (absl::Status s = GrowBuffers({codebooks_.ToHold(1)}, stream_); !s.ok()) return s;
+    // The launches' work counters start at zero (GrowBuffers' new bytes are).
+    if (absl::Status s = GrowBuffers({codebooks_.ToHold(1), work_.ToHold(1)}, stream_); !s.ok()) {
+      return s;
+    }
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(codebooks_.data(), &DynamicCodebooks(),
                                                  sizeof(Int8Codebooks), cudaMemcpyHostToDevice,
                                                  stream_));
@@ -166,12 +169,21 @@ class CudaBackend final : public OptimizerBackend {
     if (tensors.empty()) return first;
     const uint64_t count = first + tensors.size();
     uint64_t chunk_count = full_chunks_host_.size();
-    for (const NewTensor& t : tensors) chunk_count += ChunksOf(t.numel);
+    uint64_t portion_count = PortionsIn(full_chunks_host_);
+    for (const NewTensor& t : tensors) {
+      chunk_count += ChunksOf(t.numel);
+      portion_count += std::max<uint64_t>(1, (t.numel + kPortionNumel - 1) / kPortionNumel);
+    }
+    if (chunk_count >= kMaxChunks) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the shard would have ", chunk_count, " chunks of ", kChunkNumel,
+          " elements; the kernel's tables hold fewer than ", kMaxChunks));
+    }
     std::vector<BufferGrowth> growths = arenas_.ToHold(*sizes, table_.any_amsgrad(), HasCopy());
     for (BufferGrowth g :
          {step_dev_.ToHold(count), remaining_.ToHold(count), portions_of_dev_.ToHold(count),
           full_chunks_.ToHold(chunk_count),
-          full_starts_.ToHold(static_cast<uint64_t>(apply_grid_) * kWarpsPerBlock + 1)}) {
+          full_units_.ToHold(UnitsOf(portion_count, kUnitPortions))}) {
       growths.push_back(g);
     }
     // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
@@ -199,7 +211,7 @@ class CudaBackend final : public OptimizerBackend {
                                                  cudaMemcpyHostToDevice, stream_));
     for (uint32_t t = first; t < count; ++t) chunks_of_.push_back(ChunksOf(table_.numel(t)));
     full_chunks_host_.insert(full_chunks_host_.end(), chunks.begin(), chunks.end());
-    if (absl::Status s = UploadFullStarts(); !s.ok()) return s;
+    if (absl::Status s = UploadFullUnits(); !s.ok()) return s;
     return first;
   }
 
@@ -218,7 +230,7 @@ class CudaBackend final : public OptimizerBackend {
     if (absl::Status s = arenas_.ZeroFrom(table_.sizes(), stream_); !s.ok()) return s;
     full_chunks_host_.resize(kept_chunks);
     chunks_of_.resize(count);
-    return UploadFullStarts();
+    return UploadFullUnits();
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,
@@ -461,10 +473,10 @@ class CudaBackend final : public OptimizerBackend {
     std::map<std::string, uint64_t> bytes = arenas_.Bytes();
     bytes["grad_staging"] = grads_.bytes() + arena_mirror_.bytes();
     bytes["grad_accumulator"] = accumulator_.bytes();
-    bytes["tables"] = full_chunks_.bytes() + full_starts_.bytes() + push_chunks_.bytes() +
-                      push_starts_.bytes() + read_chunks_.bytes() + step_dev_.bytes() +
+    bytes["tables"] = full_chunks_.bytes() + full_units_.bytes() + push_chunks_.bytes() +
+                      push_units_.bytes() + read_chunks_.bytes() + step_dev_.bytes() +
                       hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes() +
-                      codebooks_.bytes();
+                      codebooks_.bytes() + work_.bytes();
     bytes["pull_snapshots"] = snapshots_.bytes() + read_scratch_.bytes();
     return bytes;
   }
@@ -521,20 +533,22 @@ class CudaBackend final : public OptimizerBackend {
     bool in_arena = false;    // The staging arena (its mirror on the device).
     uint64_t grad_bytes = 0;  // The bytes the kernel reads: never past a tensor's last element.
   };
-  // The chunk list a launch walks, with its warps' starts: the resident full list, or a
-  // partial one (push_chunks_host_, push_starts_host_) to upload from `slot` (PrepareChunks;
+  // The chunk list a launch walks, with its units of work: the resident full list, or a
+  // partial one (push_chunks_host_, push_units_host_) to upload from `slot` (PrepareChunks;
   // QueueChunks).
   struct ChunkList {
     bool full = true;
     uint32_t count = 0;
+    uint64_t portions = 0;
     uint32_t blocks = 0;
+    uint32_t unit_portions = kUnitPortions;
     ApplyKinds kinds = ApplyKinds::kFloat32Only;
     PinnedRing::Slot* slot = nullptr;
   };
-  // Where a launch's chunk list and warp starts are on the device.
+  // Where a launch's chunk list and units are on the device.
   struct DeviceList {
     const Chunk* chunks = nullptr;
-    const WarpStart* starts = nullptr;
+    const UnitStart* units = nullptr;
   };
 
   // Checks where the grads lie and makes room for a copy from other host memory.
@@ -564,37 +578,43 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   // The resident list for a full push, else a partial list built in push_chunks_host_ (with
-  // its warps' starts), with a slot to upload it from. From the accumulator, each tensor's
+  // its units), with a slot to upload it from. From the accumulator, each tensor's
   // grads are at its canonical offset.
   absl::StatusOr<ChunkList> PrepareChunks(const StepRequest& request) {
     ChunkList list;
     list.full = IsFullPush(request);
     if (list.full) {
       list.count = static_cast<uint32_t>(full_chunks_host_.size());
-      list.blocks = full_blocks_;
+      list.portions = full_portions_;
+      list.blocks = ApplyBlocks(apply_grid_, full_portions_);
+      list.unit_portions = full_unit_portions_;
       list.kinds = full_kinds_;
       return list;
     }
     push_chunks_host_.clear();
+    bool int8_state = false;
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
       AppendChunks(
           SourceOf(t, request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
           push_chunks_host_);
       if (!IsFloat32Layout(table_.layout(t))) list.kinds = ApplyKinds::kAny;
+      int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
     }
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
-    list.blocks = ApplyBlocks(apply_grid_, PortionsIn(push_chunks_host_));
-    push_starts_host_ = SplitAmongWarps(push_chunks_host_, list.blocks * kWarpsPerBlock);
+    list.portions = PortionsIn(push_chunks_host_);
+    list.blocks = ApplyBlocks(apply_grid_, list.portions);
+    list.unit_portions = UnitPortions(list.portions, list.blocks * kWarpsPerBlock, int8_state);
+    push_units_host_ = WorkUnits(push_chunks_host_, list.unit_portions);
     if (absl::Status s = GrowBuffers(
             {push_chunks_.ToHold(std::max<uint64_t>(list.count, push_chunks_.capacity())),
-             push_starts_.ToHold(push_starts_host_.size())},
+             push_units_.ToHold(push_units_host_.size())},
             stream_);
         !s.ok()) {
       return s;
     }
     absl::StatusOr<PinnedRing::Slot*> slot = chunk_ring_.Acquire(
-        list.count * sizeof(Chunk) + push_starts_host_.size() * sizeof(WarpStart));
+        list.count * sizeof(Chunk) + push_units_host_.size() * sizeof(UnitStart));
     if (!slot.ok()) return slot.status();
     list.slot = *slot;
     return list;
@@ -602,20 +622,20 @@ class CudaBackend final : public OptimizerBackend {
 
   // Queues the upload of a partial list; returns the device list the launch walks.
   absl::StatusOr<DeviceList> QueueChunks(const ChunkList& list) {
-    if (list.full) return DeviceList{full_chunks_.data(), full_starts_.data()};
+    if (list.full) return DeviceList{full_chunks_.data(), full_units_.data()};
     // From a page-locked slot that stays untouched until this copy is done; the device list
     // is rewritten only by the next partial launch's copy, queued after this one's kernel.
     const uint64_t chunk_bytes = list.count * sizeof(Chunk);
-    const uint64_t start_bytes = push_starts_host_.size() * sizeof(WarpStart);
+    const uint64_t unit_bytes = push_units_host_.size() * sizeof(UnitStart);
     char* host = static_cast<char*>(list.slot->host);
     std::memcpy(host, push_chunks_host_.data(), chunk_bytes);
-    std::memcpy(host + chunk_bytes, push_starts_host_.data(), start_bytes);
+    std::memcpy(host + chunk_bytes, push_units_host_.data(), unit_bytes);
     FUSEDPS_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(push_chunks_.data(), host, chunk_bytes, cudaMemcpyHostToDevice, stream_));
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_starts_.data(), host + chunk_bytes,
-                                                 start_bytes, cudaMemcpyHostToDevice, stream_));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_units_.data(), host + chunk_bytes,
+                                                 unit_bytes, cudaMemcpyHostToDevice, stream_));
     if (absl::Status s = chunk_ring_.Release(list.slot, stream_); !s.ok()) return s;
-    return DeviceList{push_chunks_.data(), push_starts_.data()};
+    return DeviceList{push_chunks_.data(), push_units_.data()};
   }
 
   // Tensor t as AppendChunks takes it, its gradients at `grad`.
@@ -639,20 +659,23 @@ class CudaBackend final : public OptimizerBackend {
 
   bool HasCopy() const { return options_.param_copy_dtype != ParamCopyDType::kNone; }
 
-  // The full list's launch: its blocks, its kinds, and its warps' starts, uploaded (after a
+  // The full list's launch: its portions, its kinds, and its units, uploaded (after a
   // registration or a truncation changed the list).
-  absl::Status UploadFullStarts() {
+  absl::Status UploadFullUnits() {
     full_kinds_ = ApplyKinds::kFloat32Only;
+    bool int8_state = false;
     for (uint32_t t = 0; t < table_.size(); ++t) {
       if (!IsFloat32Layout(table_.layout(t))) full_kinds_ = ApplyKinds::kAny;
+      int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
     }
+    full_portions_ = PortionsIn(full_chunks_host_);
     if (full_chunks_host_.empty()) return absl::OkStatus();
-    full_blocks_ = ApplyBlocks(apply_grid_, PortionsIn(full_chunks_host_));
-    const std::vector<WarpStart> starts =
-        SplitAmongWarps(full_chunks_host_, full_blocks_ * kWarpsPerBlock);
+    full_unit_portions_ = UnitPortions(
+        full_portions_, ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock, int8_state);
+    const std::vector<UnitStart> units = WorkUnits(full_chunks_host_, full_unit_portions_);
     // From pageable memory: staged before cudaMemcpyAsync returns.
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_starts_.data(), starts.data(),
-                                                 starts.size() * sizeof(WarpStart),
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_units_.data(), units.data(),
+                                                 units.size() * sizeof(UnitStart),
                                                  cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
   }
@@ -737,12 +760,14 @@ class CudaBackend final : public OptimizerBackend {
     arenas.remaining = remaining_.data();
     arenas.portions_of = portions_of_dev_.data();
     arenas.codebooks = codebooks_.data();
+    arenas.work = work_.data();
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
     const ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
                              options_.param_copy_dtype, list.kinds};
     if (absl::Status s =
             LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas, chunks->chunks,
-                             list.count, chunks->starts, request.grad_scale, request.lr_divisor);
+                             list.count, chunks->units, list.portions, list.unit_portions,
+                             request.grad_scale, request.lr_divisor);
         !s.ok()) {
       return s;
     }
@@ -771,8 +796,8 @@ class CudaBackend final : public OptimizerBackend {
 
   std::vector<DeviceBuffer*> AllBuffers() {
     return {&grads_,           &arena_mirror_, &step_dev_,    &hyper_,       &remaining_,
-            &portions_of_dev_, &full_chunks_,  &full_starts_, &push_chunks_, &push_starts_,
-            &read_chunks_,     &read_scratch_, &accumulator_, &codebooks_};
+            &portions_of_dev_, &full_chunks_,  &full_units_,  &push_chunks_, &push_units_,
+            &read_chunks_,     &read_scratch_, &accumulator_, &codebooks_,  &work_};
   }
 
   const BackendOptions options_;
@@ -798,8 +823,9 @@ class CudaBackend final : public OptimizerBackend {
   TensorTable table_;
   std::vector<uint32_t> chunks_of_;  // Per tensor: its chunks in the full list.
   std::vector<Chunk> full_chunks_host_, push_chunks_host_;
-  std::vector<WarpStart> push_starts_host_;
-  uint32_t full_blocks_ = 0;  // The full list's launch (UploadFullStarts).
+  std::vector<UnitStart> push_units_host_;
+  uint64_t full_portions_ = 0;  // The full list's (UploadFullUnits).
+  uint32_t full_unit_portions_ = kUnitPortions;
   ApplyKinds full_kinds_ = ApplyKinds::kFloat32Only;
   PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
 
@@ -810,9 +836,10 @@ class CudaBackend final : public OptimizerBackend {
   DeviceArray<AdamWHyperparameters> hyper_;
   DeviceArray<uint32_t> remaining_, portions_of_dev_;
   DeviceArray<Chunk> full_chunks_, push_chunks_, read_chunks_;
-  DeviceArray<WarpStart> full_starts_, push_starts_;
+  DeviceArray<UnitStart> full_units_, push_units_;
   DeviceArray<float> read_scratch_;  // fp32 reads of converted storage into host memory.
   DeviceArray<Int8Codebooks> codebooks_;
+  DeviceArray<uint32_t> work_;  // DeviceArenas::work.
 
   // Thread-safe, each with its own mutex.
   MarkerTable markers_;
