@@ -201,7 +201,8 @@ INSTANTIATE_TEST_SUITE_P(TensorCounts, CudaBackendTest,
 TEST(CudaBackendMemoryTest, DeviceBytesPerParameter) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   // Multiples of 256: no padding in the arenas; large enough that the fixed tables (the int8
-  // codebooks, the warp starts) are a small part of "tables".
+  // codebooks) are a small part of "tables", which then is mostly the chunk list (64 bytes per
+  // 2048 elements) and the units of work (4 bytes per 512).
   constexpr uint64_t kNumel = 1 << 22;
   struct Config {
     bool amsgrad;
