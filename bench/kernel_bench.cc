@@ -121,9 +121,9 @@ double HostCopyMs(uint64_t bytes, int threads, int warmup, int iters) {
 // in: the roof of a memory-bound step. UNIMPLEMENTED for a backend without one here yet (a GPU
 // roof is cudaMemcpy device to device, timed with events).
 // `queued`: copies queued back to back, each timed from the previous one's end (as queued
-// steps are); a host copy is the same either way.
+// steps are); a host copy is the same either way (unused without CUDA).
 absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads, uint64_t bytes,
-                                  int warmup, int iters, bool queued) {
+                                  int warmup, int iters, [[maybe_unused]] bool queued) {
   if (optimizer.name() == "cpu") {
     return HostCopyMs(bytes, threads > 0 ? threads : omp_get_num_procs(), warmup, iters);
   }
