@@ -169,7 +169,7 @@ class CudaBackend final : public OptimizerBackend {
     if (tensors.empty()) return first;
     const uint64_t count = first + tensors.size();
     uint64_t chunk_count = full_chunks_host_.size();
-    uint64_t portion_count = PortionsIn(full_chunks_host_);
+    uint64_t portion_count = full_portions_;  // PortionsIn(full_chunks_host_), kept current.
     for (const NewTensor& t : tensors) {
       chunk_count += ChunksOf(t.numel);
       portion_count += std::max<uint64_t>(1, (t.numel + kPortionNumel - 1) / kPortionNumel);
@@ -824,7 +824,7 @@ class CudaBackend final : public OptimizerBackend {
   std::vector<uint32_t> chunks_of_;  // Per tensor: its chunks in the full list.
   std::vector<Chunk> full_chunks_host_, push_chunks_host_;
   std::vector<UnitStart> push_units_host_;
-  uint64_t full_portions_ = 0;  // The full list's (UploadFullUnits).
+  uint64_t full_portions_ = 0;  // PortionsIn(full_chunks_host_), set by UploadFullUnits.
   uint32_t full_unit_portions_ = kUnitPortions;
   ApplyKinds full_kinds_ = ApplyKinds::kFloat32Only;
   PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
