@@ -63,7 +63,9 @@
 
 ABSL_FLAG(std::string, backend, "cpu",
           "Optimizer backend, as kernels/backend_factory.h names it: cpu, cuda, cuda:N or auto");
-ABSL_FLAG(std::string, workload, "all", "one_large, gpt2, t1000x100k, t10000x1k or all");
+ABSL_FLAG(std::string, workload, "all",
+          "one_large, gpt2, t1000x100k, t10000x1k, all, or t<count>x<numel> (count tensors of "
+          "numel elements, numel with an optional k or m suffix: t40000x1k)");
 ABSL_FLAG(double, scale, 1.0,
           "Multiplies every tensor's element count (tensor counts stay); e.g. 0.1 on a small CPU");
 ABSL_FLAG(std::string, grad_dtype, "fp32", "Gradient dtype: fp32 or bf16");

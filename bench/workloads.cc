@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -32,6 +33,26 @@ std::vector<uint64_t> Gpt2SmallNumels() {
   return numels;
 }
 
+// A count and a size as "t<count>x<numel>", numel with an optional k (1,000) or m (1,000,000)
+// suffix ("t10000x1k"): false if `name` is not of that form or a number is out of range.
+bool ParseUniform(absl::string_view name, uint64_t& count, uint64_t& numel) {
+  if (name.size() < 4 || name[0] != 't') return false;
+  const size_t x = name.find('x');
+  if (x == absl::string_view::npos) return false;
+  absl::string_view size = name.substr(x + 1);
+  uint64_t unit = 1;
+  if (!size.empty() && (size.back() == 'k' || size.back() == 'm')) {
+    unit = size.back() == 'k' ? 1'000 : 1'000'000;
+    size.remove_suffix(1);
+  }
+  if (!absl::SimpleAtoi(name.substr(1, x - 1), &count) || !absl::SimpleAtoi(size, &numel) ||
+      count == 0 || numel == 0 || count > 10'000'000 || numel > 10'000'000'000 / unit) {
+    return false;
+  }
+  numel *= unit;
+  return true;
+}
+
 Workload Make(absl::string_view name, double scale) {
   Workload w;
   w.name = std::string(name);
@@ -47,6 +68,11 @@ Workload Make(absl::string_view name, double scale) {
   } else if (name == "t10000x1k") {
     w.description = "10000 tensors x 1K";
     w.numels.assign(10000, 1'000);
+  } else {  // t<count>x<numel>: MakeWorkloads has checked that ParseUniform reads it.
+    uint64_t count = 0, numel = 0;
+    ParseUniform(name, count, numel);
+    w.description = absl::StrCat(count, " tensors x ", numel);
+    w.numels.assign(count, numel);
   }
   for (uint64_t& n : w.numels) n = ScaledNumel(n, scale);
   return w;
@@ -79,9 +105,13 @@ absl::StatusOr<std::vector<Workload>> MakeWorkloads(absl::string_view name, doub
     for (const std::string& n : names) workloads.push_back(Make(n, scale));
     return workloads;
   }
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown workload '", name, "'; expected all, ", absl::StrJoin(names, ", ")));
+  uint64_t count = 0, numel = 0;
+  if (std::find(names.begin(), names.end(), name) == names.end() &&
+      !ParseUniform(name, count, numel)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown workload '", name, "'; expected all, ", absl::StrJoin(names, ", "),
+        ", or t<count>x<numel> (count in [1, 1e7], numel in [1, 1e10] with an optional k or m "
+        "suffix)"));
   }
   workloads.push_back(Make(name, scale));
   return workloads;
