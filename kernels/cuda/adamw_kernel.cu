@@ -24,8 +24,10 @@
 // together, and they all work near one front through memory: on an H100 this took the large
 // workloads from 93% to 99-100% of a device copy, where each warp's static share of the
 // portions (the previous split) left some warps working after others had ended and spread the
-// warps over the whole arenas. A launch with int8 state, bound by instructions, keeps one unit
-// per warp (a static share): the grabs' round trips cost it 13%.
+// warps over the whole arenas. The last units of a launch are single portions (UnitPlan), so
+// that the warps that end last have less left when the others are done. A launch with int8
+// state, bound by instructions, keeps one unit per warp (a static share): the grabs' round trips
+// cost it 13%.
 //
 // Each warp runs a pipeline of kStages portions: it issues asynchronous copies (cp.async) of a
 // portion's gradients, params and state, with its chunk entry, its tensor's step and its int8
@@ -63,7 +65,8 @@
 // lifted the bf16 path by 2-5 points; issue 16 (the variants table): portions without empty
 // ones, the deferred countdown and the cp.async pipeline kept the large workloads where they
 // were (92-93% on an H100) and gained about a point on 10,000 x 1K; units grabbed from a
-// counter lifted them to 98-100% and 10,000 x 1K from 84% to 88%.
+// counter lifted them to 98-100% and 10,000 x 1K from 84% to 88%; a tail of single-portion
+// units gained 0.6-1.6 points on 10,000 x 1K.
 #include <algorithm>
 
 #include "kernels/cuda/adamw_kernel.cuh"
@@ -77,6 +80,12 @@ namespace {
 size_t ApplySmemBytes(ApplyKinds kinds) {
   return (kinds == ApplyKinds::kAny ? sizeof(Int8Codebooks) : 0) +
          static_cast<size_t>(kWarpsPerBlock) * kStages * kStageBytes;
+}
+
+__device__ __forceinline__ uint32_t LaneId() {
+  uint32_t lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
 }
 
 // Brings the line at p into L1, not into registers: a later load of it is short.
@@ -97,13 +106,12 @@ __device__ __forceinline__ void PrefetchL1(const void* p) {
 class UnitCursor {
  public:
   __device__ UnitCursor(const DeviceArenas& a, const Chunk* chunks, uint32_t chunk_count,
-                        const UnitStart* units, uint64_t portions, uint32_t unit_portions,
-                        uint32_t warps, uint32_t warp, uint32_t lane)
+                        const UnitStart* units, const UnitPlan& plan, uint32_t warps,
+                        uint32_t warp)
       : counter_(a.work), chunks_(chunks), chunk_count_(chunk_count), units_(units),
-        unit_count_(static_cast<uint32_t>(UnitsOf(portions, unit_portions))),
-        unit_portions_(unit_portions), warps_(warps), lane_(lane) {
-    last_unit_portions_ = static_cast<uint32_t>(
-        portions - static_cast<uint64_t>(unit_count_ - 1) * unit_portions);
+        unit_count_(plan.units()), head_units_(plan.head_units()),
+        unit_portions_(plan.unit_portions), warps_(warps) {
+    last_head_portions_ = head_units_ == 0 ? 0 : plan.length(head_units_ - 1);
     if (warp >= unit_count_) return;
     Start(warp);
     if (warps_ < unit_count_) Grab();
@@ -139,7 +147,10 @@ class UnitCursor {
   __device__ void Start(uint32_t unit, UnitStart start) {
     chunk_ = start >> kUnitChunkShift;
     portion_ = start & (kPortions - 1);
-    left_ = unit + 1 == unit_count_ ? last_unit_portions_ : unit_portions_;
+    // UnitPlan::length, without its division.
+    left_ = unit >= head_units_          ? 1
+            : unit + 1 == head_units_ ? last_head_portions_
+                                      : unit_portions_;
     if (chunk_ + 1 < chunk_count_) PrefetchL1(chunks_ + chunk_ + 1);
   }
   // Moves to the unit grabbed (waiting for what is not back yet), if there is one.
@@ -151,14 +162,14 @@ class UnitCursor {
     Grab();
   }
   __device__ void Grab() {
-    if (lane_ == 0) coming_unit_ = atomicAdd(counter_, 1u);
+    if (LaneId() == 0) coming_unit_ = atomicAdd(counter_, 1u);
     coming_ = kGrabbing;
   }
   // One step towards the next unit: its table entry once the grab is back, then its chunk's.
   __device__ void StepComing() {
     if (coming_ == kGrabbing) {
       const uint32_t grab = __shfl_sync(0xffffffffu, coming_unit_, 0);
-      if (grab + 1 == unit_count_ && lane_ == 0) *counter_ = 0;  // The launch's last grab.
+      if (grab + 1 == unit_count_ && LaneId() == 0) *counter_ = 0;  // The launch's last grab.
       coming_unit_ = warps_ + grab;
       if (coming_unit_ >= unit_count_) {
         coming_ = kNone;
@@ -176,7 +187,7 @@ class UnitCursor {
   const Chunk* chunks_;
   uint32_t chunk_count_;
   const UnitStart* units_;
-  uint32_t unit_count_, unit_portions_, warps_, lane_, last_unit_portions_ = 0;
+  uint32_t unit_count_, head_units_, unit_portions_, last_head_portions_ = 0, warps_;
   uint32_t chunk_ = 0, portion_ = 0, left_ = 0;  // left_: portions of the unit not issued.
   IssueFields current_{};
   int coming_ = kNone;
@@ -190,7 +201,7 @@ class UnitCursor {
 template <GradDType kGrad, ParamCopyDType kCopy, ApplyKinds kKinds>
 __global__ void __launch_bounds__(kThreads, 2)
     AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, const UnitStart* units,
-               uint64_t portions, uint32_t unit_portions, float grad_scale, double lr_divisor) {
+               UnitPlan plan, float grad_scale, double lr_divisor) {
   extern __shared__ __align__(16) char smem[];
   const Int8Codebooks* books = nullptr;
   char* stages = smem;
@@ -207,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   char* pipeline = stages + (threadIdx.x / 32) * kStages * kStageBytes;
 
-  UnitCursor cursor(a, chunks, chunk_count, units, portions, unit_portions, warps, warp, lane);
+  UnitCursor cursor(a, chunks, chunk_count, units, plan, warps, warp);
   uint64_t issued = 0, computed = 0;
   const auto issue = [&](int stage) {
     if (cursor.HasWork()) {
@@ -237,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   Settle(a, w);  // Every lane's countdown left.
 }
 
-using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, const UnitStart*, uint64_t,
-                               uint32_t, float, double);
+using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, const UnitStart*, UnitPlan,
+                               float, double);
 
 template <GradDType kGrad, ApplyKinds kKinds>
 ApplyKernelFn ApplyKernelFor(ParamCopyDType copy) {
@@ -413,21 +424,35 @@ uint64_t PortionsIn(const std::vector<Chunk>& chunks) {
   return portions;
 }
 
-uint32_t UnitPortions(uint64_t portions, uint32_t warps, bool int8_state) {
-  if (!int8_state) return kUnitPortions;
-  return static_cast<uint32_t>(std::max<uint64_t>(1, (portions + warps - 1) / warps));
+UnitPlan PlanUnits(uint64_t portions, uint32_t warps, bool int8_state) {
+  UnitPlan plan;
+  plan.portions = static_cast<uint32_t>(portions);
+  if (int8_state) {
+    plan.unit_portions =
+        static_cast<uint32_t>(std::max<uint64_t>(1, (portions + warps - 1) / warps));
+    return plan;
+  }
+  plan.tail = static_cast<uint32_t>(
+      std::min<uint64_t>(portions, static_cast<uint64_t>(kTailUnitsPerWarp) * warps));
+  return plan;
 }
 
-std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, uint32_t unit_portions) {
+uint64_t MostUnits(uint64_t portions, int grid) {
+  // An int8 plan has no more units than warps, nor than portions: never more than this one.
+  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock, false).units();
+}
+
+std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, const UnitPlan& plan) {
   std::vector<UnitStart> units;
-  units.reserve(UnitsOf(PortionsIn(chunks), unit_portions));
-  uint32_t next = 0;  // The next unit's first portion, counted from this chunk's first.
-  for (uint32_t c = 0; c < chunks.size(); ++c) {
-    const uint32_t portions = PortionsOf(chunks[c].count);
-    for (; next < portions; next += unit_portions) {
-      units.push_back(c << kUnitChunkShift | next);
+  units.reserve(plan.units());
+  uint32_t u = 0;
+  uint64_t chunk_first = 0;  // The first portion of chunk c, counted over the whole list.
+  for (uint32_t c = 0; c < chunks.size() && u < plan.units(); ++c) {
+    const uint64_t chunk_end = chunk_first + PortionsOf(chunks[c].count);
+    for (; u < plan.units() && plan.first(u) < chunk_end; ++u) {
+      units.push_back(c << kUnitChunkShift | static_cast<uint32_t>(plan.first(u) - chunk_first));
     }
-    next -= portions;
+    chunk_first = chunk_end;
   }
   return units;
 }
@@ -462,17 +487,18 @@ absl::StatusOr<int> AdamWApplyGrid() {
 }
 
 uint32_t ApplyBlocks(int grid, uint64_t portions) {
-  const uint64_t wanted = (UnitsOf(portions, kUnitPortions) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const uint64_t units = (portions + kUnitPortions - 1) / kUnitPortions;
+  const uint64_t wanted = (units + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(grid, wanted)));
 }
 
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
-                              uint32_t chunk_count, const UnitStart* units, uint64_t portions,
-                              uint32_t unit_portions, float grad_scale, double lr_divisor) {
+                              uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
+                              float grad_scale, double lr_divisor) {
   return launches.Launch("fusedps_adamw_apply", ApplyKernel(config), static_cast<int>(blocks),
                          ApplySmemBytes(config.kinds), stream, arenas, chunks, chunk_count, units,
-                         portions, unit_portions, grad_scale, lr_divisor);
+                         plan, grad_scale, lr_divisor);
 }
 
 absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,

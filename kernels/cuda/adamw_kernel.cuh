@@ -9,12 +9,12 @@
 //   AppendChunks(ChunkSource{...}, chunks);
 //   const uint64_t portions = PortionsIn(chunks);
 //   const uint32_t blocks = ApplyBlocks(grid, portions);
-//   const uint32_t unit_portions = UnitPortions(portions, blocks * kWarpsPerBlock, int8_state);
-//   std::vector<UnitStart> units = WorkUnits(chunks, unit_portions);
+//   const UnitPlan plan = PlanUnits(portions, blocks * kWarpsPerBlock, int8_state);
+//   std::vector<UnitStart> units = WorkUnits(chunks, plan);
 //   ... upload both and fill a DeviceArenas (its work counter zero before the first launch) ...
 //   RETURN_IF_ERROR(LaunchAdamWApply(launches, blocks, stream, {grad, copy, kinds}, arenas,
-//                                    device_chunks, chunks.size(), device_units, portions,
-//                                    unit_portions, grad_scale, lr_divisor));
+//                                    device_chunks, chunks.size(), device_units, plan,
+//                                    grad_scale, lr_divisor));
 #ifndef FUSEDPS_KERNELS_CUDA_ADAMW_KERNEL_CUH_
 #define FUSEDPS_KERNELS_CUDA_ADAMW_KERNEL_CUH_
 
@@ -82,15 +82,44 @@ __host__ __device__ inline uint32_t PortionsOf(uint32_t count) {
   return count == 0 ? 1 : (count + kPortionNumel - 1) / kPortionNumel;
 }
 
-// A launch's work is cut into units of the same number of portions (the last one may be
-// shorter), in chunk-list order. Warp w takes unit w first, then grabs the next unit nobody has
-// taken from a counter, until none is left: warps that run faster take more, so all of them end
-// together, and all of them work near one front through memory. Units of 2 portions did best on
-// an H100 (1, 3 and 4 lost 1-3 points; docs/benchmarks.md) where the step is bound by memory;
-// a launch with int8 state, bound by instructions, ran 13% slower so (the round trips of its
-// grabs and of each unit's table entry and chunk entry stall it), and takes one unit per warp
-// instead: each warp a contiguous share, as equal as can be, and no grabs.
+// A launch's work is cut into units of portions, in chunk-list order. Warp w takes unit w first,
+// then grabs the next unit nobody has taken from a counter, until none is left: warps that run
+// faster take more, so all of them end together, and all of them work near one front through
+// memory. Units of 2 portions did best on an H100 (1, 3 and 4 lost 1-3 points;
+// docs/benchmarks.md) where the step is bound by memory, except at the end of a launch: a warp
+// holds the unit it computes and the one it has grabbed, so the last warps to end had up to 4
+// portions left when the others had none. The plan's last kTailUnitsPerWarp x warps units are
+// single portions (tails of 1, 2 and 4 per warp each gained about a point on 10,000 x 1K, 2 the
+// most with bf16 grads; the large workloads did not move). A launch with int8 state, bound by
+// instructions, ran 13% slower with units (the round trips of its grabs and of each unit's table
+// entry and chunk entry stall it), and takes one unit per warp instead: each warp a contiguous
+// share, as equal as can be, no grabs.
 constexpr uint32_t kUnitPortions = 2;
+constexpr uint32_t kTailUnitsPerWarp = 2;
+
+// How a launch's portions are cut into units: units [0, head_units()) of unit_portions each (the
+// last of them may be shorter), then `tail` units of one portion each.
+struct UnitPlan {
+  uint32_t portions = 0;  // In all: fewer than kMaxChunks x kPortions (2^32).
+  uint32_t unit_portions = kUnitPortions;
+  uint32_t tail = 0;  // At most portions.
+
+  __host__ __device__ uint32_t head_portions() const { return portions - tail; }
+  __host__ __device__ uint32_t head_units() const {
+    return (head_portions() + unit_portions - 1) / unit_portions;
+  }
+  __host__ __device__ uint32_t units() const { return head_units() + tail; }
+  // Unit u's first portion, counted over the whole launch, and its portions.
+  __host__ __device__ uint32_t first(uint32_t u) const {
+    const uint32_t head = head_units();
+    return u < head ? u * unit_portions : head_portions() + (u - head);
+  }
+  __host__ __device__ uint32_t length(uint32_t u) const {
+    if (u >= head_units()) return 1;
+    const uint32_t left = head_portions() - u * unit_portions;
+    return left < unit_portions ? left : unit_portions;
+  }
+};
 
 // Where a unit starts, as its table holds it: the chunk's index << 3 | the portion within it.
 using UnitStart = uint32_t;
@@ -116,18 +145,19 @@ struct ChunkSource {
 uint32_t AppendChunks(const ChunkSource& tensor, std::vector<Chunk>& out);
 uint64_t PortionsIn(const std::vector<Chunk>& chunks);
 
-// Portions per unit of a launch over `portions` portions with `warps` warps (ApplyBlocks' blocks
-// times kWarpsPerBlock): kUnitPortions, or one unit per warp where the chunks hold int8 state.
-uint32_t UnitPortions(uint64_t portions, uint32_t warps, bool int8_state);
+// The plan of a launch over `portions` portions (fewer than 2^32) with `warps` warps
+// (ApplyBlocks' blocks times kWarpsPerBlock): units of kUnitPortions with a tail of
+// kTailUnitsPerWarp x warps single portions, or one unit per warp where the chunks hold int8
+// state.
+UnitPlan PlanUnits(uint64_t portions, uint32_t warps, bool int8_state);
 
-// The units of a launch over `portions` portions, `unit_portions` each.
-__host__ __device__ inline uint64_t UnitsOf(uint64_t portions, uint32_t unit_portions) {
-  return (portions + unit_portions - 1) / unit_portions;
-}
+// The most units of any plan of `portions` portions in a launch on `grid` (PlanUnits with
+// ApplyBlocks' warps, for any storage): what a unit table must hold.
+uint64_t MostUnits(uint64_t portions, int grid);
 
-// Each unit's start in the chunk list (UnitsOf(PortionsIn(chunks), unit_portions) of them).
-// REQUIRES: chunks.size() < kMaxChunks.
-std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, uint32_t unit_portions);
+// Each unit's start in the chunk list (plan.units() of them; plan.portions is
+// PortionsIn(chunks)). REQUIRES: chunks.size() < kMaxChunks.
+std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, const UnitPlan& plan);
 
 // Which storage kinds a launch's chunks hold: only fp32 params and fp32 state (the common
 // case, a kernel without the other paths), or any.
@@ -202,15 +232,15 @@ absl::StatusOr<int> AdamWApplyGrid();
 // kUnitPortions for every warp.
 uint32_t ApplyBlocks(int grid, uint64_t portions);
 
-// Launches one step, AdamWApply over the chunks' `portions` portions (`units`: WorkUnits with
-// `unit_portions`), in `blocks` blocks (ApplyBlocks), on `stream`, checks the launch
+// Launches one step, AdamWApply over the chunks' plan.portions portions (`units`: WorkUnits with
+// `plan`), in `blocks` blocks (ApplyBlocks), on `stream`, checks the launch
 // and counts it in `launches` as "fusedps_adamw_apply". Each step's lr is its group's lr /
 // lr_divisor (float64, MakeStepScalars). REQUIRES: the stream's device is current;
 // AdamWApplyGrid ran on it.
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
-                              uint32_t chunk_count, const UnitStart* units, uint64_t portions,
-                              uint32_t unit_portions, float grad_scale, double lr_divisor);
+                              uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
+                              float grad_scale, double lr_divisor);
 
 // Launches GradAccumulate over `chunk_count` chunks: for each element of each chunk,
 // accumulator[element + i] = (first ? 0 : itself) + grads[grad + i] / grad_scale

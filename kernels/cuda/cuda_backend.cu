@@ -183,7 +183,7 @@ class CudaBackend final : public OptimizerBackend {
     for (BufferGrowth g :
          {step_dev_.ToHold(count), remaining_.ToHold(count), portions_of_dev_.ToHold(count),
           full_chunks_.ToHold(chunk_count),
-          full_units_.ToHold(UnitsOf(portion_count, kUnitPortions))}) {
+          full_units_.ToHold(MostUnits(portion_count, apply_grid_))}) {
       growths.push_back(g);
     }
     // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
@@ -541,7 +541,7 @@ class CudaBackend final : public OptimizerBackend {
     uint32_t count = 0;
     uint64_t portions = 0;
     uint32_t blocks = 0;
-    uint32_t unit_portions = kUnitPortions;
+    UnitPlan plan;
     ApplyKinds kinds = ApplyKinds::kFloat32Only;
     PinnedRing::Slot* slot = nullptr;
   };
@@ -587,7 +587,7 @@ class CudaBackend final : public OptimizerBackend {
       list.count = static_cast<uint32_t>(full_chunks_host_.size());
       list.portions = full_portions_;
       list.blocks = ApplyBlocks(apply_grid_, full_portions_);
-      list.unit_portions = full_unit_portions_;
+      list.plan = full_plan_;
       list.kinds = full_kinds_;
       return list;
     }
@@ -604,8 +604,8 @@ class CudaBackend final : public OptimizerBackend {
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
     list.portions = PortionsIn(push_chunks_host_);
     list.blocks = ApplyBlocks(apply_grid_, list.portions);
-    list.unit_portions = UnitPortions(list.portions, list.blocks * kWarpsPerBlock, int8_state);
-    push_units_host_ = WorkUnits(push_chunks_host_, list.unit_portions);
+    list.plan = PlanUnits(list.portions, list.blocks * kWarpsPerBlock, int8_state);
+    push_units_host_ = WorkUnits(push_chunks_host_, list.plan);
     if (absl::Status s = GrowBuffers(
             {push_chunks_.ToHold(std::max<uint64_t>(list.count, push_chunks_.capacity())),
              push_units_.ToHold(push_units_host_.size())},
@@ -670,9 +670,9 @@ class CudaBackend final : public OptimizerBackend {
     }
     full_portions_ = PortionsIn(full_chunks_host_);
     if (full_chunks_host_.empty()) return absl::OkStatus();
-    full_unit_portions_ = UnitPortions(
-        full_portions_, ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock, int8_state);
-    const std::vector<UnitStart> units = WorkUnits(full_chunks_host_, full_unit_portions_);
+    full_plan_ = PlanUnits(full_portions_,
+                           ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock, int8_state);
+    const std::vector<UnitStart> units = WorkUnits(full_chunks_host_, full_plan_);
     // From pageable memory: staged before cudaMemcpyAsync returns.
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_units_.data(), units.data(),
                                                  units.size() * sizeof(UnitStart),
@@ -766,7 +766,7 @@ class CudaBackend final : public OptimizerBackend {
                              options_.param_copy_dtype, list.kinds};
     if (absl::Status s =
             LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas, chunks->chunks,
-                             list.count, chunks->units, list.portions, list.unit_portions,
+                             list.count, chunks->units, list.plan,
                              request.grad_scale, request.lr_divisor);
         !s.ok()) {
       return s;
@@ -825,7 +825,7 @@ class CudaBackend final : public OptimizerBackend {
   std::vector<Chunk> full_chunks_host_, push_chunks_host_;
   std::vector<UnitStart> push_units_host_;
   uint64_t full_portions_ = 0;  // PortionsIn(full_chunks_host_), set by UploadFullUnits.
-  uint32_t full_unit_portions_ = kUnitPortions;
+  UnitPlan full_plan_;
   ApplyKinds full_kinds_ = ApplyKinds::kFloat32Only;
   PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
 

@@ -1,6 +1,7 @@
 // work_units_test.cu (CUDA builds, part of cuda_backend_test): the host code that cuts a
 // launch's chunk list into units of work (adamw_kernel.cuh), against a walk over every portion.
 // It needs no device. Compiled by nvcc because adamw_kernel.cuh holds a kernel launch.
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -12,11 +13,12 @@ namespace fusedps {
 namespace gpu {
 namespace {
 
-// The units of work (host code, no device needed): unit u starts at portion unit_portions * u of
-// the list, found here by walking every portion of every chunk.
+// The units of work (host code, no device needed), against a walk over every portion of every
+// chunk that starts a unit whenever the last one is used up: units of plan.unit_portions until
+// the head's portions are used (the last may be shorter), then a unit per portion.
 TEST(WorkUnitsTest, EachUnitStartsAtItsPortion) {
   std::mt19937 rng(7);
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 60; ++trial) {
     std::vector<Chunk> chunks;
     const int tensors = 1 + static_cast<int>(rng() % 50);
     for (int t = 0; t < tensors; ++t) {
@@ -25,29 +27,59 @@ TEST(WorkUnitsTest, EachUnitStartsAtItsPortion) {
       source.numel = rng() % 4 == 0 ? rng() % 3 : rng() % 20000;  // Empty tensors too.
       AppendChunks(source, chunks);
     }
-    const uint32_t unit_portions = trial % 2 == 0 ? kUnitPortions : 1 + rng() % 40;
+    const uint64_t portions = PortionsIn(chunks);
+    UnitPlan plan;
+    plan.portions = static_cast<uint32_t>(portions);
+    plan.unit_portions = trial % 3 == 0 ? kUnitPortions : 1 + rng() % 40;
+    plan.tail = trial % 2 == 0 ? 0 : static_cast<uint32_t>(rng() % (portions + 1));
     std::vector<UnitStart> expected;
-    uint64_t index = 0;
+    std::vector<uint32_t> lengths;
+    uint64_t index = 0, left = 0;  // left: portions of the current unit not yet walked.
     for (uint32_t c = 0; c < chunks.size(); ++c) {
       for (uint32_t p = 0; p < PortionsOf(chunks[c].count); ++p, ++index) {
-        if (index % unit_portions == 0) expected.push_back(c << kUnitChunkShift | p);
+        if (left == 0) {
+          const uint64_t head_left = portions - plan.tail - std::min(index, portions - plan.tail);
+          left = head_left > 0 ? std::min<uint64_t>(plan.unit_portions, head_left) : 1;
+          expected.push_back(c << kUnitChunkShift | p);
+          lengths.push_back(static_cast<uint32_t>(left));
+        }
+        --left;
       }
     }
-    ASSERT_EQ(index, PortionsIn(chunks));
-    EXPECT_EQ(UnitsOf(index, unit_portions), expected.size());
-    EXPECT_EQ(WorkUnits(chunks, unit_portions), expected) << unit_portions << " portions a unit";
+    ASSERT_EQ(index, portions);
+    ASSERT_EQ(plan.units(), expected.size());
+    EXPECT_EQ(WorkUnits(chunks, plan), expected)
+        << plan.unit_portions << " portions a unit, a tail of " << plan.tail;
+    for (uint32_t u = 0; u < plan.units(); ++u) {
+      EXPECT_EQ(plan.length(u), lengths[u]) << "unit " << u;
+    }
   }
 }
 
-// Where the chunks hold int8 state, one unit per warp: no more units than warps, and together
-// they cover every portion.
-TEST(WorkUnitsTest, Int8StateTakesOneUnitPerWarp) {
-  for (const uint64_t portions : {1ull, 7ull, 2112ull, 2113ull, 485000ull}) {
-    for (const uint32_t warps : {8u, 2112u}) {
-      const uint32_t unit_portions = UnitPortions(portions, warps, /*int8_state=*/true);
-      EXPECT_LE(UnitsOf(portions, unit_portions), warps);
-      EXPECT_GE(static_cast<uint64_t>(unit_portions) * warps, portions);
-      EXPECT_EQ(UnitPortions(portions, warps, /*int8_state=*/false), kUnitPortions);
+// A launch's plan: units of kUnitPortions and a tail of kTailUnitsPerWarp single portions per
+// warp (all of a launch smaller than that); where the chunks hold int8 state, one unit per warp:
+// no more units than warps, no tail, and together they cover every portion.
+TEST(WorkUnitsTest, PlansCoverEveryPortion) {
+  for (const uint64_t portions : {1ull, 7ull, 2112ull, 2113ull, 40000ull, 485000ull}) {
+    for (const int grid : {1, 264}) {
+      const uint32_t warps = ApplyBlocks(grid, portions) * kWarpsPerBlock;  // As launched.
+      const UnitPlan plan = PlanUnits(portions, warps, /*int8_state=*/false);
+      EXPECT_EQ(plan.portions, portions);
+      EXPECT_EQ(plan.unit_portions, kUnitPortions);
+      EXPECT_EQ(plan.tail, std::min<uint64_t>(portions, kTailUnitsPerWarp * warps));
+      uint64_t covered = 0;
+      for (uint32_t u = 0; u < plan.units(); ++u) {
+        EXPECT_EQ(plan.first(u), covered) << "unit " << u;
+        covered += plan.length(u);
+      }
+      EXPECT_EQ(covered, portions);
+      EXPECT_LE(plan.units(), MostUnits(portions, grid));
+
+      const UnitPlan int8 = PlanUnits(portions, warps, /*int8_state=*/true);
+      EXPECT_EQ(int8.tail, 0u);
+      EXPECT_LE(int8.units(), warps);
+      EXPECT_GE(static_cast<uint64_t>(int8.unit_portions) * warps, portions);
+      EXPECT_LE(int8.units(), MostUnits(portions, grid));
     }
   }
 }
