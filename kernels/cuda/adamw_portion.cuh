@@ -235,8 +235,8 @@ template <GradDType kGrad, ApplyKinds kKinds>
 __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk* chunk,
                                              const IssueFields& f, uint32_t portion, char* stage,
                                              uint32_t lane) {
-  const bool int8_state =
-      kKinds == ApplyKinds::kAny && StateOf(static_cast<uint16_t>(f.layout)) == StateDType::kInt8;
+  const bool int8_state = kKinds != ApplyKinds::kFloat32Only &&
+                          StateOf(static_cast<uint16_t>(f.layout)) == StateDType::kInt8;
   if (lane < 4) CopyAsync16(stage + 16 * lane, reinterpret_cast<const char*>(chunk) + 16 * lane);
   if (lane == 4) CopyAsync8(stage + kStepAt, a.step + f.tensor);
   if (lane == 7) CopyAsync4(stage + kTensorPortionsAt, a.portions_of + f.tensor);
@@ -264,12 +264,13 @@ __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk*
     } else {
       StageRuns<kFull>(data + kRegionBytes, lane, a.params32 + f.param, e);
     }
-    const StateDType state = kKinds == ApplyKinds::kAny ? StateOf(static_cast<uint16_t>(f.layout))
-                                                        : StateDType::kFloat32;
+    const StateDType state = kKinds != ApplyKinds::kFloat32Only
+                                 ? StateOf(static_cast<uint16_t>(f.layout))
+                                 : StateDType::kFloat32;
     if (state == StateDType::kFloat32) {
       StageRuns<kFull>(data + 2 * kRegionBytes, lane, a.exp_avg32 + f.state, e);
       StageRuns<kFull>(data + 3 * kRegionBytes, lane, a.exp_avg_sq32 + f.state, e);
-    } else if (state == StateDType::kBFloat16) {
+    } else if (kKinds == ApplyKinds::kAny && state == StateDType::kBFloat16) {
       StageRuns<kFull>(data + 2 * kRegionBytes, lane, a.exp_avg16 + f.state, e);
       StageRuns<kFull>(data + 3 * kRegionBytes, lane, a.exp_avg_sq16 + f.state, e);
     } else {
@@ -514,11 +515,17 @@ __device__ __forceinline__ void Enter(const DeviceArenas& a, const Chunk& c, int
 }
 
 // Calls f.template Run<kParams, kState>() for the chunk's storage: one instantiation for
-// fp32-only launches, six otherwise.
+// fp32-only launches, two for int8-state ones, six otherwise.
 template <ApplyKinds kKinds, typename F>
 __device__ __forceinline__ void ForLayout(uint16_t layout, F&& f) {
   if constexpr (kKinds == ApplyKinds::kFloat32Only) {
     f.template Run<ParamsDType::kFloat32, StateDType::kFloat32>();
+  } else if constexpr (kKinds == ApplyKinds::kInt8State) {
+    if (StateOf(layout) == StateDType::kInt8) {
+      f.template Run<ParamsDType::kFloat32, StateDType::kInt8>();
+    } else {
+      f.template Run<ParamsDType::kFloat32, StateDType::kFloat32>();
+    }
   } else {
     const bool bf16_params = layout & kLayoutParamsBf16;
     switch (StateOf(layout)) {

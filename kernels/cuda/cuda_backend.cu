@@ -598,7 +598,7 @@ class CudaBackend final : public OptimizerBackend {
       AppendChunks(
           SourceOf(t, request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
           push_chunks_host_);
-      if (!IsFloat32Layout(table_.layout(t))) list.kinds = ApplyKinds::kAny;
+      list.kinds = WithLayout(list.kinds, table_.layout(t));
       int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
     }
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
@@ -665,7 +665,7 @@ class CudaBackend final : public OptimizerBackend {
     full_kinds_ = ApplyKinds::kFloat32Only;
     bool int8_state = false;
     for (uint32_t t = 0; t < table_.size(); ++t) {
-      if (!IsFloat32Layout(table_.layout(t))) full_kinds_ = ApplyKinds::kAny;
+      full_kinds_ = WithLayout(full_kinds_, table_.layout(t));
       int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
     }
     full_portions_ = PortionsIn(full_chunks_host_);

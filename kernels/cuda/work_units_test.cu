@@ -84,6 +84,32 @@ TEST(WorkUnitsTest, PlansCoverEveryPortion) {
   }
 }
 
+// A launch's kernel holds only the storage paths its chunks need: fp32 only, fp32 params with
+// fp32 or int8 state, or any; a chunk never narrows what the others already need.
+TEST(ApplyKindsTest, WithLayoutTakesTheNarrowestKernelThatHoldsEveryChunk) {
+  const auto layout = [](ParamsDType params, StateDType state) {
+    TensorLayout l;
+    l.params = params;
+    l.state = state;
+    return l;
+  };
+  const TensorLayout fp32 = layout(ParamsDType::kFloat32, StateDType::kFloat32);
+  const TensorLayout int8 = layout(ParamsDType::kFloat32, StateDType::kInt8);
+  const TensorLayout bf16_state = layout(ParamsDType::kFloat32, StateDType::kBFloat16);
+  const TensorLayout bf16_params = layout(ParamsDType::kBFloat16, StateDType::kFloat32);
+  const TensorLayout bf16_params_int8 = layout(ParamsDType::kBFloat16, StateDType::kInt8);
+  const ApplyKinds none = ApplyKinds::kFloat32Only;
+  EXPECT_EQ(WithLayout(none, fp32), ApplyKinds::kFloat32Only);
+  EXPECT_EQ(WithLayout(none, int8), ApplyKinds::kInt8State);
+  EXPECT_EQ(WithLayout(none, bf16_state), ApplyKinds::kAny);
+  EXPECT_EQ(WithLayout(none, bf16_params), ApplyKinds::kAny);
+  EXPECT_EQ(WithLayout(none, bf16_params_int8), ApplyKinds::kAny);
+  EXPECT_EQ(WithLayout(WithLayout(none, int8), fp32), ApplyKinds::kInt8State);
+  EXPECT_EQ(WithLayout(WithLayout(none, int8), bf16_state), ApplyKinds::kAny);
+  EXPECT_EQ(WithLayout(WithLayout(none, bf16_state), int8), ApplyKinds::kAny);
+  EXPECT_EQ(WithLayout(WithLayout(none, bf16_params), fp32), ApplyKinds::kAny);
+}
+
 }  // namespace
 }  // namespace gpu
 }  // namespace fusedps
