@@ -92,9 +92,10 @@ __host__ __device__ inline uint32_t PortionsOf(uint32_t count) {
 // portions left when the others had none. The plan's last kTailUnitsPerWarp x warps units are
 // single portions (tails of 1, 2 and 4 per warp each gained about a point on 10,000 x 1K, 2 the
 // most with bf16 grads; the large workloads did not move). A launch with int8 state, bound by
-// instructions, ran 13% slower with units (the round trips of its grabs and of each unit's table
-// entry and chunk entry stall it), and takes one unit per warp instead: each warp a contiguous
-// share, as equal as can be, no grabs.
+// instructions, ran slower with units (13% in the any-storage kernel, where the round trips of
+// its grabs and of each unit's table entry and chunk entry stalled it; 0.6-4% in its own, with
+// units of 8 to 2 portions), and takes one unit per warp instead: each warp a contiguous share,
+// as equal as can be, no grabs.
 constexpr uint32_t kUnitPortions = 2;
 constexpr uint32_t kTailUnitsPerWarp = 2;
 
