@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -53,7 +54,9 @@ bool ParseUniform(absl::string_view name, uint64_t& count, uint64_t& numel) {
   return true;
 }
 
-Workload Make(absl::string_view name, double scale) {
+// The named workload (WorkloadNames() or t<count>x<numel>) at scale, or nothing for an unknown
+// name.
+std::optional<Workload> Make(absl::string_view name, double scale) {
   Workload w;
   w.name = std::string(name);
   if (name == "one_large") {
@@ -68,9 +71,9 @@ Workload Make(absl::string_view name, double scale) {
   } else if (name == "t10000x1k") {
     w.description = "10000 tensors x 1K";
     w.numels.assign(10000, 1'000);
-  } else {  // t<count>x<numel>: MakeWorkloads has checked that ParseUniform reads it.
+  } else {
     uint64_t count = 0, numel = 0;
-    ParseUniform(name, count, numel);
+    if (!ParseUniform(name, count, numel)) return std::nullopt;
     w.description = absl::StrCat(count, " tensors x ", numel);
     w.numels.assign(count, numel);
   }
@@ -102,18 +105,17 @@ absl::StatusOr<std::vector<Workload>> MakeWorkloads(absl::string_view name, doub
   const std::vector<std::string> names = WorkloadNames();
   std::vector<Workload> workloads;
   if (name == "all") {
-    for (const std::string& n : names) workloads.push_back(Make(n, scale));
+    for (const std::string& n : names) workloads.push_back(*Make(n, scale));
     return workloads;
   }
-  uint64_t count = 0, numel = 0;
-  if (std::find(names.begin(), names.end(), name) == names.end() &&
-      !ParseUniform(name, count, numel)) {
+  std::optional<Workload> workload = Make(name, scale);
+  if (!workload.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown workload '", name, "'; expected all, ", absl::StrJoin(names, ", "),
         ", or t<count>x<numel> (count in [1, 1e7], numel in [1, 1e10] with an optional k or m "
         "suffix)"));
   }
-  workloads.push_back(Make(name, scale));
+  workloads.push_back(*std::move(workload));
   return workloads;
 }
 

@@ -172,7 +172,7 @@ enum class ApplyKinds : uint8_t { kFloat32Only = 0, kInt8State = 1, kAny = 2 };
 // The kinds of a launch whose chunks hold `kinds` so far, once a chunk of `layout` joins.
 inline ApplyKinds WithLayout(ApplyKinds kinds, TensorLayout layout) {
   ApplyKinds needed = ApplyKinds::kAny;
-  if (layout.params == ParamsDType::kFloat32 && layout.state == StateDType::kFloat32) {
+  if (IsFloat32Layout(layout)) {
     needed = ApplyKinds::kFloat32Only;
   } else if (layout.params == ParamsDType::kFloat32 && layout.state == StateDType::kInt8) {
     needed = ApplyKinds::kInt8State;

@@ -539,9 +539,8 @@ class CudaBackend final : public OptimizerBackend {
   struct ChunkList {
     bool full = true;
     uint32_t count = 0;
-    uint64_t portions = 0;
     uint32_t blocks = 0;
-    UnitPlan plan;
+    UnitPlan plan;  // Its portions: the list's.
     ApplyKinds kinds = ApplyKinds::kFloat32Only;
     PinnedRing::Slot* slot = nullptr;
   };
@@ -585,7 +584,6 @@ class CudaBackend final : public OptimizerBackend {
     list.full = IsFullPush(request);
     if (list.full) {
       list.count = static_cast<uint32_t>(full_chunks_host_.size());
-      list.portions = full_portions_;
       list.blocks = ApplyBlocks(apply_grid_, full_portions_);
       list.plan = full_plan_;
       list.kinds = full_kinds_;
@@ -602,9 +600,9 @@ class CudaBackend final : public OptimizerBackend {
       int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
     }
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
-    list.portions = PortionsIn(push_chunks_host_);
-    list.blocks = ApplyBlocks(apply_grid_, list.portions);
-    list.plan = PlanUnits(list.portions, list.blocks * kWarpsPerBlock, int8_state);
+    const uint64_t portions = PortionsIn(push_chunks_host_);
+    list.blocks = ApplyBlocks(apply_grid_, portions);
+    list.plan = PlanUnits(portions, list.blocks * kWarpsPerBlock, int8_state);
     push_units_host_ = WorkUnits(push_chunks_host_, list.plan);
     if (absl::Status s = GrowBuffers(
             {push_chunks_.ToHold(std::max<uint64_t>(list.count, push_chunks_.capacity())),
