@@ -12,6 +12,13 @@
 //      binary exponentiation, PowInt, so that every host and device gets the same bits)
 //   5. denom = sqrt(amsgrad ? max_exp_avg_sq : exp_avg_sq) / sqrt(bias_correction2) + eps
 //   6. param -= (lr / bias_correction1) * exp_avg / denom
+// Steps 5 and 6 have a second order, UpdateOrder::kFolded, for int8 state (quant_math.h):
+//   5. denom = sqrt(exp_avg_sq) + eps * sqrt(bias_correction2)
+//   6. param -= (lr * sqrt(bias_correction2) / bias_correction1) * exp_avg / denom
+// the same value in exact arithmetic (both terms of denom times sqrt(bias_correction2)), with
+// one division per element instead of two. It is Adam's own "more efficient" order (Kingma and
+// Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015, section 2: alpha_t and
+// epsilon-hat) and the one bitsandbytes' 8-bit optimizers compute.
 //
 // Usage:
 //   AdamWStepScalars s = MakeStepScalars(hyper, step + 1);
@@ -78,6 +85,8 @@ struct AdamWStepScalars {
   float eps;
   float step_size;              // lr / bias_correction1
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  float folded_step_size;       // lr * sqrt(bias_correction2) / bias_correction1 (kFolded)
+  float folded_eps;             // eps * sqrt(bias_correction2) (kFolded)
   float grad_scale;             // Gradients are divided by it when has_grad_scale.
   bool has_grad_scale;
   bool amsgrad;
@@ -115,6 +124,8 @@ FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters&
   s.eps = static_cast<float>(h.eps);
   s.step_size = static_cast<float>(lr / bias_correction1);
   s.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  s.folded_step_size = static_cast<float>(lr * sqrt(bias_correction2) / bias_correction1);
+  s.folded_eps = static_cast<float>(h.eps * sqrt(bias_correction2));
   s.has_grad_scale = grad_scale > 0.0f;
   s.grad_scale = s.has_grad_scale ? grad_scale : 1.0f;
   s.amsgrad = h.amsgrad;
@@ -141,9 +152,12 @@ FUSEDPS_HOST_DEVICE float L2Decay(const AdamWStepScalars& s, float g, float para
   return g + s.weight_decay * param;
 }
 
+// The order of steps 5 and 6 (see the top of this file): torch's, bit for bit, or folded.
+enum class UpdateOrder : uint8_t { kTorch, kFolded };
+
 // Steps 3, 5 and 6: the moments from g, then the param's update. v_max (amsgrad only, else
 // ignored) is max_exp_avg_sq, read and written.
-template <bool kAmsgrad>
+template <bool kAmsgrad, UpdateOrder kOrder = UpdateOrder::kTorch>
 FUSEDPS_HOST_DEVICE void AdamWMomentsAndParam(const AdamWStepScalars& s, float g, float& param,
                                               float& exp_avg, float& exp_avg_sq, float& v_max) {
   // torch.lerp(start, end, w) for w < 0.5: start + w * (end - start).
@@ -154,13 +168,19 @@ FUSEDPS_HOST_DEVICE void AdamWMomentsAndParam(const AdamWStepScalars& s, float g
     v_used = fmaxf(v_max, v);
     v_max = v_used;
   }
-  const float denom = sqrtf(v_used) / s.bias_correction2_sqrt + s.eps;
-  param -= s.step_size * m / denom;
+  if (kOrder == UpdateOrder::kFolded) {
+    const float denom = sqrtf(v_used) + s.folded_eps;
+    param -= s.folded_step_size * m / denom;
+  } else {
+    const float denom = sqrtf(v_used) / s.bias_correction2_sqrt + s.eps;
+    param -= s.step_size * m / denom;
+  }
   exp_avg = m;
   exp_avg_sq = v;
 }
 
 // One AdamW update of one element. max_exp_avg_sq is read and written only when s.amsgrad.
+template <UpdateOrder kOrder = UpdateOrder::kTorch>
 FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
                                      float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
   float g = s.has_grad_scale ? UnscaledGrad(s, grad) : grad;
@@ -174,10 +194,10 @@ FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, floa
     }
   }
   if (s.amsgrad) {
-    AdamWMomentsAndParam<true>(s, g, p, exp_avg, exp_avg_sq, *max_exp_avg_sq);
+    AdamWMomentsAndParam<true, kOrder>(s, g, p, exp_avg, exp_avg_sq, *max_exp_avg_sq);
   } else {
     float unused = 0.0f;
-    AdamWMomentsAndParam<false>(s, g, p, exp_avg, exp_avg_sq, unused);
+    AdamWMomentsAndParam<false, kOrder>(s, g, p, exp_avg, exp_avg_sq, unused);
   }
   param = p;
 }
@@ -187,7 +207,7 @@ FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, floa
 // tested once, not once per element: in the CUDA kernel every test per element cost a branch
 // and its reconvergence (docs/benchmarks.md, issue 16's instruction counts). Every element gets
 // AdamWUpdate's operations, so the same bits.
-template <int n>
+template <int n, UpdateOrder kOrder = UpdateOrder::kTorch>
 FUSEDPS_HOST_DEVICE void AdamWUpdateN(const AdamWStepScalars& s, float (&grad)[n],
                                       float (&param)[n], float (&exp_avg)[n],
                                       float (&exp_avg_sq)[n], float (&max_exp_avg_sq)[n]) {
@@ -206,13 +226,13 @@ FUSEDPS_HOST_DEVICE void AdamWUpdateN(const AdamWStepScalars& s, float (&grad)[n
   }
   if (s.amsgrad) {
     FUSEDPS_UNROLL for (int k = 0; k < n; ++k) {
-      AdamWMomentsAndParam<true>(s, grad[k], param[k], exp_avg[k], exp_avg_sq[k],
-                                 max_exp_avg_sq[k]);
+      AdamWMomentsAndParam<true, kOrder>(s, grad[k], param[k], exp_avg[k], exp_avg_sq[k],
+                                         max_exp_avg_sq[k]);
     }
   } else {
     FUSEDPS_UNROLL for (int k = 0; k < n; ++k) {
-      AdamWMomentsAndParam<false>(s, grad[k], param[k], exp_avg[k], exp_avg_sq[k],
-                                  max_exp_avg_sq[k]);
+      AdamWMomentsAndParam<false, kOrder>(s, grad[k], param[k], exp_avg[k], exp_avg_sq[k],
+                                          max_exp_avg_sq[k]);
     }
   }
 }

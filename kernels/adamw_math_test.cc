@@ -43,7 +43,10 @@ std::vector<Config> Configs() {
   return configs;
 }
 
-TEST(AdamWMathTest, MatchesFloat64ReferenceOverTenSteps) {
+// Ten steps of AdamWUpdate in `kOrder` against the float64 reference (torch's order: both
+// orders are the same value in exact arithmetic), within torch's tolerance.
+template <UpdateOrder kOrder>
+void ExpectMatchesFloat64ReferenceOverTenSteps() {
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Config& c : Configs()) {
@@ -57,7 +60,7 @@ TEST(AdamWMathTest, MatchesFloat64ReferenceOverTenSteps) {
       const AdamWStepScalars s = MakeStepScalars(c.hyper, step, c.grad_scale);
       for (int i = 0; i < kElements; ++i) {
         const float grad = normal(rng) * (c.grad_scale > 0 ? c.grad_scale : 1.0f);
-        AdamWUpdate(s, grad, param[i], exp_avg[i], exp_avg_sq[i], &max_sq[i]);
+        AdamWUpdate<kOrder>(s, grad, param[i], exp_avg[i], exp_avg_sq[i], &max_sq[i]);
         ref[i].Step(c.hyper, grad, step, c.grad_scale);
       }
     }
@@ -70,6 +73,36 @@ TEST(AdamWMathTest, MatchesFloat64ReferenceOverTenSteps) {
       }
     }
   }
+}
+
+TEST(AdamWMathTest, MatchesFloat64ReferenceOverTenSteps) {
+  ExpectMatchesFloat64ReferenceOverTenSteps<UpdateOrder::kTorch>();
+}
+
+TEST(AdamWMathTest, FoldedOrderMatchesFloat64ReferenceOverTenSteps) {
+  ExpectMatchesFloat64ReferenceOverTenSteps<UpdateOrder::kFolded>();
+}
+
+// The folded order is another computation, not torch's under another name: it rounds some
+// params differently (else int8 state would match torch's order bit for bit, and the order
+// would change nothing).
+TEST(AdamWMathTest, FoldedOrderRoundsDifferentlyFromTorchs) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const AdamWStepScalars s = MakeStepScalars(AdamWHyperparameters{}, 3, 0.0f);
+  int differ = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const float grad = normal(rng), param = normal(rng), m = 0.1f * normal(rng);
+    const float v = 0.01f * std::abs(normal(rng));
+    float p1 = param, m1 = m, v1 = v, p2 = param, m2 = m, v2 = v;
+    AdamWUpdate<UpdateOrder::kTorch>(s, grad, p1, m1, v1, nullptr);
+    AdamWUpdate<UpdateOrder::kFolded>(s, grad, p2, m2, v2, nullptr);
+    ASSERT_EQ(m1, m2);  // The moments are computed alike.
+    ASSERT_EQ(v1, v2);
+    ASSERT_NEAR(p1, p2, 4e-7 * std::abs(param) + 1e-9) << i;
+    differ += p1 != p2;
+  }
+  EXPECT_GT(differ, 0);
 }
 
 TEST(AdamWMathTest, FirstStepMovesEachParamByAboutLr) {

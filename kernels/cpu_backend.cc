@@ -89,13 +89,14 @@ void UpdateRange(const TensorStep& t, const void* grads, uint64_t grad_offset, u
       for (uint64_t first = begin; first < end; first += kQuantBlock) {
         const uint64_t block = first / kQuantBlock;
         const int n = static_cast<int>(std::min<uint64_t>(kQuantBlock, end - first));
+        const auto update = [&](int j, float& m, float& v) {
+          const uint64_t i = first + j;
+          float p = load_param(i);
+          AdamWUpdate<kInt8StateOrder>(t.s, grad(i), p, m, v, nullptr);
+          store_param(i, p);
+        };
         Int8BlockStep(DynamicCodebooks(), t.at.exp_avg8 + first, t.at.exp_avg_sq8 + first,
-                      t.at.exp_avg_absmax[block], t.at.exp_avg_sq_absmax[block], n, [&](int j, float& m, float& v) {
-                        const uint64_t i = first + j;
-                        float p = load_param(i);
-                        AdamWUpdate(t.s, grad(i), p, m, v, nullptr);
-                        store_param(i, p);
-                      });
+                      t.at.exp_avg_absmax[block], t.at.exp_avg_sq_absmax[block], n, update);
       }
       break;
   }

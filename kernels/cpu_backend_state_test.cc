@@ -234,6 +234,51 @@ INSTANTIATE_TEST_SUITE_P(
                                  ParamsDType::kBFloat16}),
     [](const testing::TestParamInfo<LayoutCase>& info) { return info.param.name; });
 
+// The CPU backend's int8 step is quant_math.h's, bit for bit: Int8BlockStep with
+// AdamWUpdate<kInt8StateOrder> on each block of the stored state gives the stored params, codes
+// and scales. (cuda_backend_test holds the CUDA kernel to the CPU backend, bit for bit; this
+// holds the CPU backend to the header, where the float64 test above cannot tell one order of
+// the update from the other.)
+TEST(CpuBackendStateTest, Int8StepIsTheHeadersStepBitForBit) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto backend = MakeCpuBackend({.threads = 2});
+  AdamWHyperparameters h;
+  h.lr = 0.01;
+  h.weight_decay = 0.1;
+  h.state_dtype = StateDType::kInt8;
+  ASSERT_TRUE(backend->SetParamGroup(0, h).ok());
+  constexpr uint64_t kN = 5000;  // 19 whole blocks and a partial one.
+  ASSERT_TRUE(backend->AddTensors({{kN, 0, 1000}}).ok());
+  ASSERT_EQ(backend->layout(0).state, StateDType::kInt8);
+  std::vector<float> values(kN);
+  for (float& v : values) v = normal(rng);
+  ASSERT_TRUE(backend->WriteParams(0, 0, values).ok());
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<float> grads(AlignedNumel(kN));
+    for (float& g : grads) g = normal(rng) * 0.1f;
+    Stored want = ReadStoredFields(*backend, 0);
+    const AdamWStepScalars s = MakeStepScalars(h, step, 0.0f);
+    for (uint64_t first = 0; first < kN; first += kQuantBlock) {
+      const uint64_t b = first / kQuantBlock;
+      const int n = static_cast<int>(std::min<uint64_t>(kQuantBlock, kN - first));
+      Int8BlockStep(DynamicCodebooks(), want.m8.data() + first, want.v8.data() + first,
+                    want.absmax_m[b], want.absmax_v[b], n, [&](int j, float& m, float& v) {
+                      AdamWUpdate<kInt8StateOrder>(s, grads[first + j], want.params32[first + j],
+                                                   m, v, nullptr);
+                    });
+    }
+    ASSERT_TRUE(StepNow(*backend, {{0}, {0}, grads.data(), GradDType::kFloat32, 0}).ok());
+    const Stored got = ReadStoredFields(*backend, 0);
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    EXPECT_EQ(got.params32, want.params32);
+    EXPECT_EQ(got.m8, want.m8);
+    EXPECT_EQ(got.v8, want.v8);
+    EXPECT_EQ(got.absmax_m, want.absmax_m);
+    EXPECT_EQ(got.absmax_v, want.absmax_v);
+  }
+}
+
 // fp32 writes into int8 state quantize block by block (as QuantizeBlock), reads dequantize, and
 // a write that is not whole blocks is refused with the state unchanged.
 TEST(CpuBackendStateTest, Fp32WritesIntoInt8StateQuantizeWholeBlocks) {

@@ -38,13 +38,14 @@ int BruteNearest(const QuantMap& map, double x) {
   return best;
 }
 
-// One int8 block step with fp32 params: Int8BlockStep with AdamWUpdate, as the CPU backend runs
-// it.
+// One int8 block step with fp32 params: Int8BlockStep with AdamWUpdate in int8's order, as the
+// CPU backend runs it.
 void Int8Step(const AdamWStepScalars& s, const float* grads, float* params, uint8_t* m_codes,
               uint8_t* v_codes, float& absmax_m, float& absmax_v, int n) {
-  Int8BlockStep(
-      DynamicCodebooks(), m_codes, v_codes, absmax_m, absmax_v, n,
-      [&](int i, float& m, float& v) { AdamWUpdate(s, grads[i], params[i], m, v, nullptr); });
+  Int8BlockStep(DynamicCodebooks(), m_codes, v_codes, absmax_m, absmax_v, n,
+                [&](int i, float& m, float& v) {
+                  AdamWUpdate<kInt8StateOrder>(s, grads[i], params[i], m, v, nullptr);
+                });
 }
 
 TEST(DynamicMap, SignedHasTheValuesOfItsDefinition) {
@@ -314,7 +315,8 @@ TEST(Int8State, OneStepMatchesTheFloat64Reference) {
       << codes_off_by_one << " of " << codes_compared;
 }
 
-// From zero state (codes of 0, scales 0), the first step is fp32 AdamW's, bit for bit.
+// From zero state (codes of 0, scales 0), the first step is fp32 AdamW's in int8's order, bit
+// for bit.
 TEST(Int8State, FirstStepFromZeroStateIsTheFp32Step) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -325,7 +327,7 @@ TEST(Int8State, FirstStepFromZeroStateIsTheFp32Step) {
     params[i] = expected[i] = normal(rng);
     grads[i] = normal(rng);
     float m = 0, v = 0;
-    AdamWUpdate(s, grads[i], expected[i], m, v, nullptr);
+    AdamWUpdate<kInt8StateOrder>(s, grads[i], expected[i], m, v, nullptr);
   }
   float absmax_m = 0, absmax_v = 0;
   Int8Step(s, grads.data(), params.data(), m_codes.data(), v_codes.data(), absmax_m, absmax_v,

@@ -400,7 +400,9 @@ __device__ __forceinline__ void UpdateAndStore(const DeviceArenas& a, const Chun
   const bool amsgrad = kState == StateDType::kFloat32 && w.s.amsgrad;
   if (amsgrad) LoadRuns(a.max_exp_avg_sq + c.state, e, vmax);
   // All 8, valid or not (a partial portion's others hold stale stage bytes, never stored).
-  AdamWUpdateN(w.s, x.g, p, m, v, vmax);
+  constexpr UpdateOrder kOrder =
+      kState == StateDType::kInt8 ? kInt8StateOrder : UpdateOrder::kTorch;
+  AdamWUpdateN<kVec, kOrder>(w.s, x.g, p, m, v, vmax);
 
   uint32_t codes_m[kVec], codes_v[kVec];  // Each in [0, 255].
   if constexpr (kState == StateDType::kInt8) {
