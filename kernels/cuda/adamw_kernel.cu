@@ -25,10 +25,10 @@
 // workloads from 93% to 99-100% of a device copy, where each warp's static share of the
 // portions (the previous split) left some warps working after others had ended and spread the
 // warps over the whole arenas. The last units of a launch are single portions (UnitPlan), so
-// that the warps that end last have less left when the others are done. A launch with int8
-// state, bound by instructions, keeps one unit per warp (a static share): units cost it 0.6-4%
-// (13% before it had a kernel of its own). Each launch runs the narrowest instantiation that
-// holds its chunks' storage (ApplyKinds): fp32 only, fp32 params with fp32 or int8 state, or any.
+// that the warps that end last have less left when the others are done. A launch of the
+// int8-state kernel takes units of 3 portions; one of the any-storage kernel with int8 state, one
+// unit per warp (adamw_kernel.cuh). Each launch runs the narrowest instantiation that holds its
+// chunks' storage (ApplyKinds): fp32 only, fp32 params with fp32 or int8 state, or any.
 //
 // Each warp runs a pipeline of kStages portions: it issues asynchronous copies (cp.async) of a
 // portion's gradients, params and state, with its chunk entry, its tensor's step and its int8
@@ -68,7 +68,9 @@
 // were (92-93% on an H100) and gained about a point on 10,000 x 1K; units grabbed from a
 // counter lifted them to 98-100% and 10,000 x 1K from 84% to 88%; a tail of single-portion
 // units gained 0.6-1.6 points on 10,000 x 1K, and a kernel of its own for int8 state (85 KB
-// of machine code where the any-storage kernel has 194 KB) 1.5% on int8 launches.
+// of machine code where the any-storage kernel has 194 KB) 1.5% on int8 launches; int8 state's
+// update with one division per element (quant_math.h's kInt8StateOrder) and units of 3 took
+// GPT-2 small's int8 step 4% faster (1.54x to 1.61x fp32's).
 #include <algorithm>
 
 #include "kernels/cuda/adamw_kernel.cuh"
@@ -432,22 +434,25 @@ uint64_t PortionsIn(const std::vector<Chunk>& chunks) {
   return portions;
 }
 
-UnitPlan PlanUnits(uint64_t portions, uint32_t warps, bool int8_state) {
+UnitPlan PlanUnits(uint64_t portions, uint32_t warps, ApplyKinds kinds, bool int8_state) {
   UnitPlan plan;
   plan.portions = static_cast<uint32_t>(portions);
-  if (int8_state) {
+  if (int8_state && kinds == ApplyKinds::kAny) {
     plan.unit_portions =
         static_cast<uint32_t>(std::max<uint64_t>(1, (portions + warps - 1) / warps));
     return plan;
   }
+  plan.unit_portions = kinds == ApplyKinds::kInt8State ? kInt8UnitPortions : kUnitPortions;
   plan.tail = static_cast<uint32_t>(
       std::min<uint64_t>(portions, static_cast<uint64_t>(kTailUnitsPerWarp) * warps));
   return plan;
 }
 
 uint64_t MostUnits(uint64_t portions, int grid) {
-  // An int8 plan has no more units than warps, nor than portions: never more than this one.
-  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock, false).units();
+  // The int8 plans have no more units: longer units with the same tail, or one per warp.
+  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock,
+                   ApplyKinds::kFloat32Only, false)
+      .units();
 }
 
 std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, const UnitPlan& plan) {

@@ -9,7 +9,7 @@
 //   AppendChunks(ChunkSource{...}, chunks);
 //   const uint64_t portions = PortionsIn(chunks);
 //   const uint32_t blocks = ApplyBlocks(grid, portions);
-//   const UnitPlan plan = PlanUnits(portions, blocks * kWarpsPerBlock, int8_state);
+//   const UnitPlan plan = PlanUnits(portions, blocks * kWarpsPerBlock, kinds, int8_state);
 //   std::vector<UnitStart> units = WorkUnits(chunks, plan);
 //   ... upload both and fill a DeviceArenas (its work counter zero before the first launch) ...
 //   RETURN_IF_ERROR(LaunchAdamWApply(launches, blocks, stream, {grad, copy, kinds}, arenas,
@@ -91,12 +91,16 @@ __host__ __device__ inline uint32_t PortionsOf(uint32_t count) {
 // holds the unit it computes and the one it has grabbed, so the last warps to end had up to 4
 // portions left when the others had none. The plan's last kTailUnitsPerWarp x warps units are
 // single portions (tails of 1, 2 and 4 per warp each gained about a point on 10,000 x 1K, 2 the
-// most with bf16 grads; the large workloads did not move). A launch with int8 state, bound by
-// instructions, ran slower with units (13% in the any-storage kernel, where the round trips of
-// its grabs and of each unit's table entry and chunk entry stalled it; 0.6-4% in its own, with
-// units of 8 to 2 portions), and takes one unit per warp instead: each warp a contiguous share,
-// as equal as can be, no grabs.
+// most with bf16 grads; the large workloads did not move). A launch of the int8-state kernel
+// (ApplyKinds::kInt8State) takes units of kInt8UnitPortions: on GPT-2 small, with fp32 grads, 3
+// ran 4% faster than one unit per warp (each warp a contiguous share, which int8 launches took
+// while their update had two divisions per element: units were 0.6-4% slower then), 1% faster
+// than 2 and 3% faster than 4; with bf16 grads, one unit per warp is still 2% faster than units
+// of 3 (docs/benchmarks.md, runs C4 and C6). A launch of the any-storage kernel that holds int8
+// state (bf16 params) takes one unit per warp, no grabs: bound by instructions, units cost it
+// 6-15% there.
 constexpr uint32_t kUnitPortions = 2;
+constexpr uint32_t kInt8UnitPortions = 3;
 constexpr uint32_t kTailUnitsPerWarp = 2;
 
 // How a launch's portions are cut into units: units [0, head_units()) of unit_portions each (the
@@ -147,12 +151,6 @@ struct ChunkSource {
 uint32_t AppendChunks(const ChunkSource& tensor, std::vector<Chunk>& out);
 uint64_t PortionsIn(const std::vector<Chunk>& chunks);
 
-// The plan of a launch over `portions` portions (fewer than 2^32) with `warps` warps
-// (ApplyBlocks' blocks times kWarpsPerBlock): units of kUnitPortions with a tail of
-// kTailUnitsPerWarp x warps single portions, or one unit per warp where the chunks hold int8
-// state.
-UnitPlan PlanUnits(uint64_t portions, uint32_t warps, bool int8_state);
-
 // The most units of any plan of `portions` portions in a launch on `grid` (PlanUnits with
 // ApplyBlocks' warps, for any storage): what a unit table must hold.
 uint64_t MostUnits(uint64_t portions, int grid);
@@ -179,6 +177,12 @@ inline ApplyKinds WithLayout(ApplyKinds kinds, TensorLayout layout) {
   }
   return std::max(kinds, needed);
 }
+
+// The plan of a launch over `portions` portions (fewer than 2^32) with `warps` warps
+// (ApplyBlocks' blocks times kWarpsPerBlock) of the kernel of `kinds`, whose chunks hold int8
+// state or not: units of kUnitPortions (kInt8UnitPortions for kInt8State) with a tail of
+// kTailUnitsPerWarp x warps single portions; or, for kAny with int8 state, one unit per warp.
+UnitPlan PlanUnits(uint64_t portions, uint32_t warps, ApplyKinds kinds, bool int8_state);
 
 struct ApplyConfig {
   GradDType grad = GradDType::kFloat32;

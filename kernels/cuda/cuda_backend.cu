@@ -602,7 +602,7 @@ class CudaBackend final : public OptimizerBackend {
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
     const uint64_t portions = PortionsIn(push_chunks_host_);
     list.blocks = ApplyBlocks(apply_grid_, portions);
-    list.plan = PlanUnits(portions, list.blocks * kWarpsPerBlock, int8_state);
+    list.plan = PlanUnits(portions, list.blocks * kWarpsPerBlock, list.kinds, int8_state);
     push_units_host_ = WorkUnits(push_chunks_host_, list.plan);
     if (absl::Status s = GrowBuffers(
             {push_chunks_.ToHold(std::max<uint64_t>(list.count, push_chunks_.capacity())),
@@ -669,7 +669,8 @@ class CudaBackend final : public OptimizerBackend {
     full_portions_ = PortionsIn(full_chunks_host_);
     if (full_chunks_host_.empty()) return absl::OkStatus();
     full_plan_ = PlanUnits(full_portions_,
-                           ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock, int8_state);
+                           ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock, full_kinds_,
+                           int8_state);
     const std::vector<UnitStart> units = WorkUnits(full_chunks_host_, full_plan_);
     // From pageable memory: staged before cudaMemcpyAsync returns.
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_units_.data(), units.data(),

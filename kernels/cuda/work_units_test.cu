@@ -56,30 +56,41 @@ TEST(WorkUnitsTest, EachUnitStartsAtItsPortion) {
   }
 }
 
-// A launch's plan: units of kUnitPortions and a tail of kTailUnitsPerWarp single portions per
-// warp (all of a launch smaller than that); where the chunks hold int8 state, one unit per warp:
-// no more units than warps, no tail, and together they cover every portion.
+// A launch's plan: units of kUnitPortions (kInt8UnitPortions in the int8-state kernel) and a
+// tail of kTailUnitsPerWarp single portions per warp (all of a launch smaller than that); in the
+// any-storage kernel with int8 state, one unit per warp and no tail. Every plan covers every
+// portion, in order, and fits the unit table (MostUnits).
 TEST(WorkUnitsTest, PlansCoverEveryPortion) {
+  struct Shape {
+    ApplyKinds kinds;
+    bool int8_state;
+  };
   for (const uint64_t portions : {1ull, 7ull, 2112ull, 2113ull, 40000ull, 485000ull}) {
     for (const int grid : {1, 264}) {
       const uint32_t warps = ApplyBlocks(grid, portions) * kWarpsPerBlock;  // As launched.
-      const UnitPlan plan = PlanUnits(portions, warps, /*int8_state=*/false);
-      EXPECT_EQ(plan.portions, portions);
-      EXPECT_EQ(plan.unit_portions, kUnitPortions);
-      EXPECT_EQ(plan.tail, std::min<uint64_t>(portions, kTailUnitsPerWarp * warps));
-      uint64_t covered = 0;
-      for (uint32_t u = 0; u < plan.units(); ++u) {
-        EXPECT_EQ(plan.first(u), covered) << "unit " << u;
-        covered += plan.length(u);
+      for (const Shape shape : {Shape{ApplyKinds::kFloat32Only, false},
+                                Shape{ApplyKinds::kAny, false}, Shape{ApplyKinds::kInt8State, true},
+                                Shape{ApplyKinds::kAny, true}}) {
+        SCOPED_TRACE(static_cast<int>(shape.kinds) * 2 + shape.int8_state);
+        const UnitPlan plan = PlanUnits(portions, warps, shape.kinds, shape.int8_state);
+        EXPECT_EQ(plan.portions, portions);
+        if (shape.kinds == ApplyKinds::kAny && shape.int8_state) {
+          EXPECT_EQ(plan.tail, 0u);
+          EXPECT_LE(plan.units(), warps);
+          EXPECT_GE(static_cast<uint64_t>(plan.unit_portions) * warps, portions);
+        } else {
+          EXPECT_EQ(plan.unit_portions, shape.kinds == ApplyKinds::kInt8State ? kInt8UnitPortions
+                                                                              : kUnitPortions);
+          EXPECT_EQ(plan.tail, std::min<uint64_t>(portions, kTailUnitsPerWarp * warps));
+        }
+        uint64_t covered = 0;
+        for (uint32_t u = 0; u < plan.units(); ++u) {
+          EXPECT_EQ(plan.first(u), covered) << "unit " << u;
+          covered += plan.length(u);
+        }
+        EXPECT_EQ(covered, portions);
+        EXPECT_LE(plan.units(), MostUnits(portions, grid));
       }
-      EXPECT_EQ(covered, portions);
-      EXPECT_LE(plan.units(), MostUnits(portions, grid));
-
-      const UnitPlan int8 = PlanUnits(portions, warps, /*int8_state=*/true);
-      EXPECT_EQ(int8.tail, 0u);
-      EXPECT_LE(int8.units(), warps);
-      EXPECT_GE(static_cast<uint64_t>(int8.unit_portions) * warps, portions);
-      EXPECT_LE(int8.units(), MostUnits(portions, grid));
     }
   }
 }
