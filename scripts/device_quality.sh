@@ -7,7 +7,9 @@
 # rounding (fp32 state), and int8 state with bf16 params, each with SEEDS (0 1 2). Several runs
 # share the GPU at once (WAVE at a time). Logs to $OUT/quality; the table last
 # (bench/quality_report.py).
-# Env: SEEDS, STEPS (GPT steps, 200), DIGITS_EPOCHS (10), WAVE (8), ONLY (digits|gpt).
+# Env: SEEDS, STEPS (GPT steps, 200), DIGITS_EPOCHS (10), WAVE (8), ONLY (digits|gpt),
+# STORAGES (state:params pairs, default all five: "fp32:fp32 bf16:fp32 int8:fp32 fp32:bf16
+# int8:bf16").
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out/quality"
@@ -15,7 +17,7 @@ source scripts/device_lib.sh
 python_env
 export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=2
-storages=("fp32 fp32" "bf16 fp32" "int8 fp32" "fp32 bf16" "int8 bf16")
+read -r -a storages <<<"${STORAGES:-fp32:fp32 bf16:fp32 int8:fp32 fp32:bf16 int8:bf16}"
 seeds=(${SEEDS:-0 1 2})
 
 # run_one EXAMPLE STATE PARAMS SEED: one training run against a fresh CUDA server.
@@ -42,8 +44,7 @@ for example in digits gpt; do
   running=0
   for storage in "${storages[@]}"; do
     for seed in "${seeds[@]}"; do
-      # shellcheck disable=SC2086  # "state params"
-      run_one $example $storage "$seed" &
+      run_one "$example" "${storage%%:*}" "${storage##*:}" "$seed" &
       if ((++running >= ${WAVE:-8})); then
         wait -n
         ((running--))
