@@ -166,17 +166,24 @@ struct LayoutCase {
 
 class CpuBackendStateTest : public ::testing::TestWithParam<LayoutCase> {};
 
+// The group of the stepping tests: lr and weight decay large enough that every step moves the
+// state, in the given storage.
+AdamWHyperparameters SteppingHyper(StateDType state, ParamsDType params) {
+  AdamWHyperparameters h;
+  h.lr = 0.01;
+  h.weight_decay = 0.1;
+  h.state_dtype = state;
+  h.params_dtype = params;
+  h.rounding_seed = 5;
+  return h;
+}
+
 TEST_P(CpuBackendStateTest, EachStepMatchesTheFloat64AlgorithmFromItsStoredState) {
   const LayoutCase lc = GetParam();
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto backend = MakeCpuBackend({.threads = 2});
-  AdamWHyperparameters h;
-  h.lr = 0.01;
-  h.weight_decay = 0.1;
-  h.state_dtype = lc.state;
-  h.params_dtype = lc.params;
-  h.rounding_seed = 5;
+  const AdamWHyperparameters h = SteppingHyper(lc.state, lc.params);
   ASSERT_TRUE(backend->SetParamGroup(0, h).ok());
   // Under and over the int8 threshold, partial blocks, several 32K-element pieces.
   const std::vector<uint64_t> sizes = {100, 4095, 4096, 5000, 70001};
@@ -243,10 +250,7 @@ TEST(CpuBackendStateTest, Int8StepIsTheHeadersStepBitForBit) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto backend = MakeCpuBackend({.threads = 2});
-  AdamWHyperparameters h;
-  h.lr = 0.01;
-  h.weight_decay = 0.1;
-  h.state_dtype = StateDType::kInt8;
+  const AdamWHyperparameters h = SteppingHyper(StateDType::kInt8, ParamsDType::kFloat32);
   ASSERT_TRUE(backend->SetParamGroup(0, h).ok());
   constexpr uint64_t kN = 5000;  // 19 whole blocks and a partial one.
   ASSERT_TRUE(backend->AddTensors({{kN, 0, 1000}}).ok());
