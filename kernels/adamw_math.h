@@ -123,9 +123,10 @@ FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters&
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   s.eps = static_cast<float>(h.eps);
   s.step_size = static_cast<float>(lr / bias_correction1);
-  s.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
-  s.folded_step_size = static_cast<float>(lr * sqrt(bias_correction2) / bias_correction1);
-  s.folded_eps = static_cast<float>(h.eps * sqrt(bias_correction2));
+  const double bias_correction2_sqrt = sqrt(bias_correction2);
+  s.bias_correction2_sqrt = static_cast<float>(bias_correction2_sqrt);
+  s.folded_step_size = static_cast<float>(lr * bias_correction2_sqrt / bias_correction1);
+  s.folded_eps = static_cast<float>(h.eps * bias_correction2_sqrt);
   s.has_grad_scale = grad_scale > 0.0f;
   s.grad_scale = s.has_grad_scale ? grad_scale : 1.0f;
   s.amsgrad = h.amsgrad;

@@ -434,15 +434,16 @@ uint64_t PortionsIn(const std::vector<Chunk>& chunks) {
   return portions;
 }
 
-UnitPlan PlanUnits(uint64_t portions, uint32_t warps, ApplyKinds kinds, bool int8_state) {
+UnitPlan PlanUnits(uint64_t portions, uint32_t warps, const LaunchStorage& storage) {
   UnitPlan plan;
   plan.portions = static_cast<uint32_t>(portions);
-  if (int8_state && kinds == ApplyKinds::kAny) {
+  if (storage.int8_state && storage.kinds == ApplyKinds::kAny) {
     plan.unit_portions =
         static_cast<uint32_t>(std::max<uint64_t>(1, (portions + warps - 1) / warps));
     return plan;
   }
-  plan.unit_portions = kinds == ApplyKinds::kInt8State ? kInt8UnitPortions : kUnitPortions;
+  plan.unit_portions =
+      storage.kinds == ApplyKinds::kInt8State ? kInt8UnitPortions : kUnitPortions;
   plan.tail = static_cast<uint32_t>(
       std::min<uint64_t>(portions, static_cast<uint64_t>(kTailUnitsPerWarp) * warps));
   return plan;
@@ -450,8 +451,7 @@ UnitPlan PlanUnits(uint64_t portions, uint32_t warps, ApplyKinds kinds, bool int
 
 uint64_t MostUnits(uint64_t portions, int grid) {
   // The int8 plans have no more units: longer units with the same tail, or one per warp.
-  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock,
-                   ApplyKinds::kFloat32Only, false)
+  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock, LaunchStorage{})
       .units();
 }
 

@@ -9,7 +9,7 @@
 //   AppendChunks(ChunkSource{...}, chunks);
 //   const uint64_t portions = PortionsIn(chunks);
 //   const uint32_t blocks = ApplyBlocks(grid, portions);
-//   const UnitPlan plan = PlanUnits(portions, blocks * kWarpsPerBlock, kinds, int8_state);
+//   const UnitPlan plan = PlanUnits(portions, blocks * kWarpsPerBlock, storage);
 //   std::vector<UnitStart> units = WorkUnits(chunks, plan);
 //   ... upload both and fill a DeviceArenas (its work counter zero before the first launch) ...
 //   RETURN_IF_ERROR(LaunchAdamWApply(launches, blocks, stream, {grad, copy, kinds}, arenas,
@@ -178,11 +178,24 @@ inline ApplyKinds WithLayout(ApplyKinds kinds, TensorLayout layout) {
   return std::max(kinds, needed);
 }
 
+// The storage a launch's chunks hold: the kernel that holds them all (kinds), and whether any
+// has int8 state (which the any-storage kernel's plan depends on).
+struct LaunchStorage {
+  ApplyKinds kinds = ApplyKinds::kFloat32Only;
+  bool int8_state = false;
+
+  // Once a chunk of `layout` joins.
+  void Add(TensorLayout layout) {
+    kinds = WithLayout(kinds, layout);
+    int8_state = int8_state || layout.state == StateDType::kInt8;
+  }
+};
+
 // The plan of a launch over `portions` portions (fewer than 2^32) with `warps` warps
-// (ApplyBlocks' blocks times kWarpsPerBlock) of the kernel of `kinds`, whose chunks hold int8
-// state or not: units of kUnitPortions (kInt8UnitPortions for kInt8State) with a tail of
-// kTailUnitsPerWarp x warps single portions; or, for kAny with int8 state, one unit per warp.
-UnitPlan PlanUnits(uint64_t portions, uint32_t warps, ApplyKinds kinds, bool int8_state);
+// (ApplyBlocks' blocks times kWarpsPerBlock) of chunks of `storage`: units of kUnitPortions
+// (kInt8UnitPortions in the kInt8State kernel) with a tail of kTailUnitsPerWarp x warps single
+// portions; or, in the kAny kernel with int8 state, one unit per warp.
+UnitPlan PlanUnits(uint64_t portions, uint32_t warps, const LaunchStorage& storage);
 
 struct ApplyConfig {
   GradDType grad = GradDType::kFloat32;

@@ -541,7 +541,7 @@ class CudaBackend final : public OptimizerBackend {
     uint32_t count = 0;
     uint32_t blocks = 0;
     UnitPlan plan;  // Its portions: the list's.
-    ApplyKinds kinds = ApplyKinds::kFloat32Only;
+    LaunchStorage storage;
     PinnedRing::Slot* slot = nullptr;
   };
   // Where a launch's chunk list and units are on the device.
@@ -586,23 +586,21 @@ class CudaBackend final : public OptimizerBackend {
       list.count = static_cast<uint32_t>(full_chunks_host_.size());
       list.blocks = ApplyBlocks(apply_grid_, full_portions_);
       list.plan = full_plan_;
-      list.kinds = full_kinds_;
+      list.storage = full_storage_;
       return list;
     }
     push_chunks_host_.clear();
-    bool int8_state = false;
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
       AppendChunks(
           SourceOf(t, request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
           push_chunks_host_);
-      list.kinds = WithLayout(list.kinds, table_.layout(t));
-      int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
+      list.storage.Add(table_.layout(t));
     }
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
     const uint64_t portions = PortionsIn(push_chunks_host_);
     list.blocks = ApplyBlocks(apply_grid_, portions);
-    list.plan = PlanUnits(portions, list.blocks * kWarpsPerBlock, list.kinds, int8_state);
+    list.plan = PlanUnits(portions, list.blocks * kWarpsPerBlock, list.storage);
     push_units_host_ = WorkUnits(push_chunks_host_, list.plan);
     if (absl::Status s = GrowBuffers(
             {push_chunks_.ToHold(std::max<uint64_t>(list.count, push_chunks_.capacity())),
@@ -657,20 +655,17 @@ class CudaBackend final : public OptimizerBackend {
 
   bool HasCopy() const { return options_.param_copy_dtype != ParamCopyDType::kNone; }
 
-  // The full list's launch: its portions, its kinds, and its units, uploaded (after a
+  // The full list's launch: its portions, its storage, and its units, uploaded (after a
   // registration or a truncation changed the list).
   absl::Status UploadFullUnits() {
-    full_kinds_ = ApplyKinds::kFloat32Only;
-    bool int8_state = false;
+    full_storage_ = LaunchStorage{};
     for (uint32_t t = 0; t < table_.size(); ++t) {
-      full_kinds_ = WithLayout(full_kinds_, table_.layout(t));
-      int8_state = int8_state || table_.layout(t).state == StateDType::kInt8;
+      full_storage_.Add(table_.layout(t));
     }
     full_portions_ = PortionsIn(full_chunks_host_);
     if (full_chunks_host_.empty()) return absl::OkStatus();
-    full_plan_ = PlanUnits(full_portions_,
-                           ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock, full_kinds_,
-                           int8_state);
+    const uint32_t warps = ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock;
+    full_plan_ = PlanUnits(full_portions_, warps, full_storage_);
     const std::vector<UnitStart> units = WorkUnits(full_chunks_host_, full_plan_);
     // From pageable memory: staged before cudaMemcpyAsync returns.
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_units_.data(), units.data(),
@@ -762,7 +757,7 @@ class CudaBackend final : public OptimizerBackend {
     arenas.work = work_.data();
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
     const ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
-                             options_.param_copy_dtype, list.kinds};
+                             options_.param_copy_dtype, list.storage.kinds};
     if (absl::Status s =
             LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas, chunks->chunks,
                              list.count, chunks->units, list.plan,
@@ -825,7 +820,7 @@ class CudaBackend final : public OptimizerBackend {
   std::vector<UnitStart> push_units_host_;
   uint64_t full_portions_ = 0;  // PortionsIn(full_chunks_host_), set by UploadFullUnits.
   UnitPlan full_plan_;
-  ApplyKinds full_kinds_ = ApplyKinds::kFloat32Only;
+  LaunchStorage full_storage_;
   PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
 
   // Device memory.

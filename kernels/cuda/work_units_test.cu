@@ -61,26 +61,24 @@ TEST(WorkUnitsTest, EachUnitStartsAtItsPortion) {
 // any-storage kernel with int8 state, one unit per warp and no tail. Every plan covers every
 // portion, in order, and fits the unit table (MostUnits).
 TEST(WorkUnitsTest, PlansCoverEveryPortion) {
-  struct Shape {
-    ApplyKinds kinds;
-    bool int8_state;
-  };
   for (const uint64_t portions : {1ull, 7ull, 2112ull, 2113ull, 40000ull, 485000ull}) {
     for (const int grid : {1, 264}) {
       const uint32_t warps = ApplyBlocks(grid, portions) * kWarpsPerBlock;  // As launched.
-      for (const Shape shape : {Shape{ApplyKinds::kFloat32Only, false},
-                                Shape{ApplyKinds::kAny, false}, Shape{ApplyKinds::kInt8State, true},
-                                Shape{ApplyKinds::kAny, true}}) {
-        SCOPED_TRACE(static_cast<int>(shape.kinds) * 2 + shape.int8_state);
-        const UnitPlan plan = PlanUnits(portions, warps, shape.kinds, shape.int8_state);
+      for (const LaunchStorage storage :
+           {LaunchStorage{ApplyKinds::kFloat32Only, false}, LaunchStorage{ApplyKinds::kAny, false},
+            LaunchStorage{ApplyKinds::kInt8State, true}, LaunchStorage{ApplyKinds::kAny, true}}) {
+        SCOPED_TRACE(testing::Message() << "kinds " << static_cast<int>(storage.kinds)
+                                        << (storage.int8_state ? ", int8 state" : ""));
+        const UnitPlan plan = PlanUnits(portions, warps, storage);
         EXPECT_EQ(plan.portions, portions);
-        if (shape.kinds == ApplyKinds::kAny && shape.int8_state) {
+        if (storage.kinds == ApplyKinds::kAny && storage.int8_state) {
           EXPECT_EQ(plan.tail, 0u);
           EXPECT_LE(plan.units(), warps);
           EXPECT_GE(static_cast<uint64_t>(plan.unit_portions) * warps, portions);
         } else {
-          EXPECT_EQ(plan.unit_portions, shape.kinds == ApplyKinds::kInt8State ? kInt8UnitPortions
-                                                                              : kUnitPortions);
+          EXPECT_EQ(plan.unit_portions, storage.kinds == ApplyKinds::kInt8State
+                                            ? kInt8UnitPortions
+                                            : kUnitPortions);
           EXPECT_EQ(plan.tail, std::min<uint64_t>(portions, kTailUnitsPerWarp * warps));
         }
         uint64_t covered = 0;
@@ -119,6 +117,17 @@ TEST(ApplyKindsTest, WithLayoutTakesTheNarrowestKernelThatHoldsEveryChunk) {
   EXPECT_EQ(WithLayout(WithLayout(none, int8), bf16_state), ApplyKinds::kAny);
   EXPECT_EQ(WithLayout(WithLayout(none, bf16_state), int8), ApplyKinds::kAny);
   EXPECT_EQ(WithLayout(WithLayout(none, bf16_params), fp32), ApplyKinds::kAny);
+  // LaunchStorage adds up the same kinds, and remembers int8 state in any chunk.
+  LaunchStorage storage;
+  storage.Add(fp32);
+  EXPECT_EQ(storage.kinds, ApplyKinds::kFloat32Only);
+  EXPECT_FALSE(storage.int8_state);
+  storage.Add(bf16_params);
+  EXPECT_EQ(storage.kinds, ApplyKinds::kAny);
+  EXPECT_FALSE(storage.int8_state);
+  storage.Add(bf16_params_int8);
+  EXPECT_EQ(storage.kinds, ApplyKinds::kAny);
+  EXPECT_TRUE(storage.int8_state);
 }
 
 }  // namespace
