@@ -38,7 +38,10 @@
 // 128 + 4l + 4) of the portion, so each warp-wide copy, load and store covers one contiguous
 // span (the first version gave each lane 8 adjacent elements, two 16-byte halves at a 32-byte
 // stride, and every sector crossed L2 twice: 70% of copy). Lanes copy and read back their own
-// pieces, so only the stage header needs the warp to synchronize. The per-portion device code
+// pieces, so only the stage header needs the warp to synchronize. In the int8-state kernel, lane
+// 0 instead copies each array's span of the portion with one bulk copy (cp.async.bulk), and the
+// warp waits on the stage's transaction barrier (mbarrier) as well: that kernel is bound by
+// instructions, and the bulk copies took 2.4% off its step (kBulkCopies, adamw_portion.cuh). The per-portion device code
 // is in adamw_portion.cuh.
 //
 // Computing a portion: a warp reads a tensor's step once, when it reaches the tensor, computes
@@ -222,6 +225,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   char* pipeline = stages + (threadIdx.x / 32) * kStages * kStageBytes;
 
+  uint32_t phases = 0;  // Bulk copies: bit s is the parity of stage s's next barrier phase.
+  if constexpr (kBulkCopies<kKinds>) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) BarrierInit(pipeline + s * kStageBytes + kBarrierAt);
+      BarrierInitFence();
+    }
+    __syncwarp();
+  }
   UnitCursor cursor(a, chunks, chunk_count, units, plan, warps, warp);
   uint64_t issued = 0, computed = 0;
   const auto issue = [&](int stage) {
@@ -241,6 +253,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   while (computed < issued) {
     issue(compute_stage == 0 ? kStages - 1 : compute_stage - 1);
     WaitAsync<kStages - 1>();
+    if constexpr (kBulkCopies<kKinds>) {
+      BarrierWait(pipeline + compute_stage * kStageBytes + kBarrierAt,
+                  (phases >> compute_stage) & 1);
+      phases ^= 1u << compute_stage;
+    }
     __syncwarp();
     ComputeStage<kGrad, kCopy, kKinds>(a, pipeline + compute_stage * kStageBytes, w, books, lane,
                                        grad_scale, lr_divisor);
