@@ -66,8 +66,9 @@ __device__ __forceinline__ void WaitAsync() {
 
 // Whether a kernel's warps stage their portions with bulk copies: the int8-state kernel's do. Its
 // step is bound by instructions, and one lane's four bulk copies replace eight cp.async per lane:
-// on GPT-2 small it ran 2.4% faster with fp32 grads, 0.3% slower with bf16 grads; the fp32-only
-// and any-storage kernels ran 0.1-0.9% slower with them (docs/benchmarks.md, run D1).
+// on GPT-2 small it ran 2.5% faster with fp32 grads and within 0.3% with bf16 grads. The
+// fp32-only and any-storage kernels, bound by memory, ran 0.1-0.9% slower with them
+// (docs/benchmarks.md, runs D1 and D2).
 template <ApplyKinds kKinds>
 constexpr bool kBulkCopies = kKinds == ApplyKinds::kInt8State;
 static_assert(kRegionBytes % 16 == 0 && kHeaderBytes % 16 == 0, "bulk copies land 16-aligned");
