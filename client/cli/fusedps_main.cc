@@ -87,8 +87,9 @@ Usage: fusedps [flags] COMMAND    (flags may also follow COMMAND; --a-b and --a_
 Commands:
   info      Print the server's version, backend, device, tensor and parameter counts, and
             param groups.
-  list      List tensors: name, shape, param group, step, elements (every tensor, however
-            many: a large shard is read a page at a time).
+  list      List tensors: name, shape, param group, step, how the server stores the params
+            and the state (fp32, bf16 or int8), elements (every tensor, however many: a large
+            shard is read a page at a time).
   register  Register tensors of --shapes in --group, with normal(0, --init-std) values.
   push      Push --steps synthetic gradients (standard normal, from --seed) for every tensor
             or for --tensors, in --dtype; prints the version each push produced, or why it
@@ -209,11 +210,14 @@ absl::Status RunList(Client& client) {
     group_width = std::max(group_width, t.param_group.size());
   }
   std::cout << absl::StrFormat("version %d, %d tensors\n", list->version, list->tensors.size());
-  std::cout << absl::StrFormat("%-*s  %-*s  %-*s  %8s  %s\n", name_width, "name", shape_width,
-                               "shape", group_width, "group", "step", "numel");
+  std::cout << absl::StrFormat("%-*s  %-*s  %-*s  %8s  %-6s  %-5s  %s\n", name_width, "name",
+                               shape_width, "shape", group_width, "group", "step", "params",
+                               "state", "numel");
   for (const TensorInfo& t : list->tensors) {
-    std::cout << absl::StrFormat("%-*s  %-*s  %-*s  %8d  %d\n", name_width, t.name, shape_width,
-                                 ShapeString(t.shape), group_width, t.param_group, t.step, t.numel);
+    std::cout << absl::StrFormat("%-*s  %-*s  %-*s  %8d  %-6s  %-5s  %d\n", name_width, t.name,
+                                 shape_width, ShapeString(t.shape), group_width, t.param_group,
+                                 t.step, DTypeName(t.params_dtype), StateDTypeName(t.state_dtype),
+                                 t.numel);
   }
   return absl::OkStatus();
 }

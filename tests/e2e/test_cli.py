@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -79,3 +80,34 @@ def test_pull_writes_safetensors_that_an_independent_reader_reads(client, server
     loaded = load_file(str(out))
     for name in model:
         assert torch.equal(loaded[name], expected[name].float()), name
+
+
+@pytest.mark.skipif(not os.path.exists(CLI), reason=f"no CLI at {CLI}")
+def test_list_shows_how_each_tensor_is_stored(client, server_target):
+    """`fusedps list` names each tensor's stored params and state dtypes, as the server reports
+    them to the client (a tensor under 4096 elements keeps fp32 state in an int8 group)."""
+    client.register_param_group("cli-int8", state_dtype="int8", params_dtype="bf16",
+                                rounding_seed=5)
+    client.register_param_group("cli-bf16", state_dtype="bf16")
+    g = torch.Generator().manual_seed(12)
+    client.register_model([("cli8.big", torch.randn(16, 256, generator=g)),
+                           ("cli8.small", torch.randn(300, generator=g))], param_group="cli-int8")
+    client.register_model([("cli16.w", torch.randn(4, 4, generator=g))], param_group="cli-bf16")
+    out = subprocess.run([CLI, f"--target={server_target}", "list"], check=True,
+                         capture_output=True, text=True, timeout=60).stdout.splitlines()
+    header = out[1].split()
+    assert header == ["name", "shape", "group", "step", "params", "state", "numel"], out[:2]
+    row = re.compile(r"^(\S+)\s+(\[[^\]]*\])\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)$")
+    rows = {}
+    for line in out[2:]:
+        match = row.match(line)
+        assert match, line
+        rows[match[1]] = dict(zip(header, match.groups()))
+    expected = {"cli8.big": ("bf16", "int8", "4096"), "cli8.small": ("bf16", "fp32", "300"),
+                "cli16.w": ("fp32", "bf16", "16")}
+    for name, (params, state, numel) in expected.items():
+        assert (rows[name]["params"], rows[name]["state"], rows[name]["numel"]) == \
+            (params, state, numel), rows[name]
+    listed = {t.name: (t.params_dtype, t.state_dtype) for t in client.list_tensors()}
+    for name, (params, state, _) in expected.items():
+        assert listed[name] == (params, state), name
