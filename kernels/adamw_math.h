@@ -180,34 +180,10 @@ FUSEDPS_HOST_DEVICE void AdamWMomentsAndParam(const AdamWStepScalars& s, float g
   exp_avg_sq = v;
 }
 
-// One AdamW update of one element. max_exp_avg_sq is read and written only when s.amsgrad.
-template <UpdateOrder kOrder = UpdateOrder::kTorch>
-FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
-                                     float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
-  float g = s.has_grad_scale ? UnscaledGrad(s, grad) : grad;
-  if (s.maximize) g = -g;
-  float p = param;
-  if (s.weight_decay != 0.0f) {
-    if (s.decoupled_weight_decay) {
-      p = DecoupledDecay(s, p);
-    } else {
-      g = L2Decay(s, g, p);
-    }
-  }
-  if (s.amsgrad) {
-    AdamWMomentsAndParam<true, kOrder>(s, g, p, exp_avg, exp_avg_sq, *max_exp_avg_sq);
-  } else {
-    float unused = 0.0f;
-    AdamWMomentsAndParam<false, kOrder>(s, g, p, exp_avg, exp_avg_sq, unused);
-  }
-  param = p;
-}
-
-// AdamWUpdate of n elements: grad, param, exp_avg, exp_avg_sq and max_exp_avg_sq (read and
+// AdamW updates of n elements: grad, param, exp_avg, exp_avg_sq and max_exp_avg_sq (read and
 // written only when s.amsgrad) are arrays of n; grad is overwritten. Each per-step flag is
 // tested once, not once per element: in the CUDA kernel every test per element cost a branch
-// and its reconvergence (docs/benchmarks.md, issue 16's instruction counts). Every element gets
-// AdamWUpdate's operations, so the same bits.
+// and its reconvergence (docs/benchmarks.md, issue 16's instruction counts).
 template <int n, UpdateOrder kOrder = UpdateOrder::kTorch>
 FUSEDPS_HOST_DEVICE void AdamWUpdateN(const AdamWStepScalars& s, float (&grad)[n],
                                       float (&param)[n], float (&exp_avg)[n],
@@ -236,6 +212,20 @@ FUSEDPS_HOST_DEVICE void AdamWUpdateN(const AdamWStepScalars& s, float (&grad)[n
                                           max_exp_avg_sq[k]);
     }
   }
+}
+
+// One AdamW update of one element: AdamWUpdateN of one, so every backend runs one copy of the
+// math. max_exp_avg_sq is read and written only when s.amsgrad.
+template <UpdateOrder kOrder = UpdateOrder::kTorch>
+FUSEDPS_HOST_DEVICE void AdamWUpdate(const AdamWStepScalars& s, float grad, float& param,
+                                     float& exp_avg, float& exp_avg_sq, float* max_exp_avg_sq) {
+  float g[1] = {grad}, p[1] = {param}, m[1] = {exp_avg}, v[1] = {exp_avg_sq};
+  float v_max[1] = {s.amsgrad ? *max_exp_avg_sq : 0.0f};
+  AdamWUpdateN<1, kOrder>(s, g, p, m, v, v_max);
+  param = p[0];
+  exp_avg = m[0];
+  exp_avg_sq = v[0];
+  if (s.amsgrad) *max_exp_avg_sq = v_max[0];
 }
 
 // --- Element conversions (bit-exact, host and device). ---

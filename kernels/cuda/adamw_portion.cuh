@@ -83,23 +83,26 @@ __device__ __forceinline__ void ProxyFence() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 __device__ __forceinline__ void BarrierExpect(void* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(bar)),
-               "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               :
+               : "r"(SharedAddress(bar)), "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void CopyBulk(void* dst, const void* src, uint32_t bytes, void* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          SharedAddress(dst)),
-      "l"(src), "r"(bytes), "r"(SharedAddress(bar))
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      :
+      : "r"(SharedAddress(dst)), "l"(src), "r"(bytes), "r"(SharedAddress(bar))
       : "memory");
 }
+// Spins until the barrier's phase of the given parity has completed.
 __device__ __forceinline__ void BarrierWait(void* bar, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, "
-        "0, p;\n}\n"
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(SharedAddress(bar)), "r"(parity)
         : "memory");
