@@ -135,10 +135,9 @@ FUSEDPS_HOST_DEVICE AdamWStepScalars MakeStepScalars(const AdamWHyperparameters&
   return s;
 }
 
-// The phases of one update, in op order. AdamWUpdate composes them for one element;
-// AdamWUpdateN for several at once (the CUDA kernel's 8 per lane), testing each per-step flag
-// once for all of them. Both run the same operations on each element, so they give the same
-// bits.
+// The phases of one update, in op order. AdamWUpdateN composes them for n elements at once (the
+// CUDA kernel's 8 per lane), testing each per-step flag once for all of them; AdamWUpdate is
+// AdamWUpdateN of one element (the CPU backend's), so both give the same bits.
 
 // Step 1, with s.has_grad_scale: the gradient unscaled.
 FUSEDPS_HOST_DEVICE float UnscaledGrad(const AdamWStepScalars& s, float grad) {

@@ -282,16 +282,16 @@ __device__ __forceinline__ IssueFields LoadIssue(const Chunk* chunk) {
 }
 
 // Lane 0's bulk copies of a portion of fp32 params with fp32 or int8 state (the int8-state
-// kernel's storage) into `stage`: each array's valid elements as one span, rounded up to 16 bytes
-// (offsets are multiples of 8 elements, and of 256 for int8 state, so the span starts aligned and
-// ends inside the tensor's aligned extent), counted in by the stage's barrier.
+// kernel's storage; `int8_state` as the chunk's layout says) into `stage`: each array's valid
+// elements as one span, rounded up to 16 bytes (offsets are multiples of 8 elements, and of 256
+// for int8 state, so the span starts aligned and ends inside the tensor's aligned extent),
+// counted in by the stage's barrier.
 template <GradDType kGrad>
 __device__ __forceinline__ void StageBulk(const DeviceArenas& a, const IssueFields& f,
-                                          uint32_t portion, char* stage) {
+                                          uint32_t portion, bool int8_state, char* stage) {
   void* bar = stage + kBarrierAt;
   const uint32_t first = portion * kPortionNumel;
   const uint32_t n = f.count > first ? min(kPortionNumel, f.count - first) : 0;
-  const bool int8_state = StateOf(static_cast<uint16_t>(f.layout)) == StateDType::kInt8;
   const uint32_t grad_bytes = Bytes16(n, DTypeSize(kGrad));
   const uint32_t param_bytes = Bytes16(n, 4);
   const uint32_t state_bytes = Bytes16(n, int8_state ? 1 : 4);
@@ -330,7 +330,7 @@ __device__ __forceinline__ void IssuePortion(const DeviceArenas& a, const Chunk*
   }
   if (lane == 0) *reinterpret_cast<uint32_t*>(stage + kPortionAt) = portion;
   if constexpr (kBulkCopies<kKinds>) {
-    if (lane == 0) StageBulk<kGrad>(a, f, portion, stage);
+    if (lane == 0) StageBulk<kGrad>(a, f, portion, int8_state, stage);
     return;
   }
   const LaneElements e = ElementsOf(f.count, portion, lane);
