@@ -379,8 +379,9 @@ struct WarpState {
   uint64_t seed = 0;
   AdamWStepScalars s{};
   // Countdowns left to look at, one per lane below kPendingLanes (each lane's own values: the
-  // tensor, the count's old value, what was subtracted, the step), and the lane of the next.
-  uint32_t pending_tensor = 0xffffffffu, pending_old = 0, pending_portions = 0;
+  // tensor, the count's old value, what was subtracted, the tensor's portions, the step), and
+  // the lane of the next.
+  uint32_t pending_tensor = 0xffffffffu, pending_old = 0, pending_portions = 0, pending_total = 0;
   int64_t pending_step = 0;
   uint32_t countdown_lane = 0;  // Uniform.
 };
@@ -391,12 +392,14 @@ struct WarpState {
 constexpr uint32_t kPendingLanes = 4;
 
 // This lane's countdown left, if any; if it took the count to zero, the step advances and the
-// count re-arms for the next launch.
+// count re-arms for the next launch. Stores only: the tensor's portions came with its stage
+// header, so no load waits here (a load of portions_of here, once per tensor on the path of the
+// warp that ends it, cost 10,000 x 1K 1% of its step: docs/benchmarks.md, run E1).
 __device__ __forceinline__ void Settle(const DeviceArenas& a, WarpState& w) {
   if (w.pending_tensor == 0xffffffffu) return;
   if (w.pending_old == w.pending_portions) {
     a.step[w.pending_tensor] = w.pending_step;
-    a.remaining[w.pending_tensor] = a.portions_of[w.pending_tensor];
+    a.remaining[w.pending_tensor] = w.pending_total;
   }
   w.pending_tensor = 0xffffffffu;
 }
@@ -415,6 +418,7 @@ __device__ __forceinline__ void Leave(const DeviceArenas& a, WarpState& w, uint3
     w.pending_old = atomicSub(&a.remaining[w.tensor], w.portions);
     w.pending_tensor = w.tensor;
     w.pending_portions = w.portions;
+    w.pending_total = w.tensor_portions;
     w.pending_step = w.step;
   }
   w.countdown_lane = w.countdown_lane + 1 == kPendingLanes ? 0 : w.countdown_lane + 1;
