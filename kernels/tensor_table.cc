@@ -23,6 +23,52 @@ uint64_t StartIn(uint64_t end, uint64_t numel) {
   return numel >= kQuantBlock ? Padded(end, kQuantBlock) : end;
 }
 
+// Where a tensor starts in its params and state arenas, given the arenas' ends (`sizes`), and
+// the ends after it.
+struct Placement {
+  uint64_t param = 0, state = 0;
+  ArenaSizes after;
+};
+
+Placement Place(const ArenaSizes& sizes, TensorLayout layout, uint32_t group, uint64_t numel) {
+  Placement p;
+  p.after = sizes;
+  ArenaSizes& a = p.after;
+  const bool packable = Packable(layout, numel);
+  if (packable) {
+    // Joins the open run of its group, or starts one on a whole portion (256 elements).
+    const bool joins = a.run_tensors > 0 && a.run_tensors < kPackMaxTensors && a.run_group == group;
+    p.param = joins ? a.params32 : Padded(a.params32, kQuantBlock);
+    p.state = joins ? a.state32 : Padded(a.state32, kQuantBlock);
+    a.params32 = p.param + numel;
+    a.state32 = p.state + numel;
+    a.run_tensors = joins ? a.run_tensors + 1 : 1;
+    a.run_group = group;
+    a.canonical += numel;
+    return p;
+  }
+  a.run_tensors = 0;
+  a.canonical += AlignedNumel(numel);
+  uint64_t& params = layout.params == ParamsDType::kFloat32 ? a.params32 : a.params16;
+  p.param = StartIn(params, numel);
+  params = p.param + AlignedNumel(numel);
+  switch (layout.state) {
+    case StateDType::kFloat32:
+      p.state = StartIn(a.state32, numel);
+      a.state32 = p.state + AlignedNumel(numel);
+      break;
+    case StateDType::kBFloat16:
+      p.state = StartIn(a.state16, numel);
+      a.state16 = p.state + AlignedNumel(numel);
+      break;
+    case StateDType::kInt8:
+      p.state = StartIn(a.state8, numel);
+      a.state8 = p.state + Padded(numel, kQuantBlock);
+      break;
+  }
+  return p;
+}
+
 bool SameStorage(const AdamWHyperparameters& a, const AdamWHyperparameters& b) {
   return a.state_dtype == b.state_dtype && a.params_dtype == b.params_dtype &&
          a.rounding_seed == b.rounding_seed;
@@ -66,21 +112,7 @@ absl::StatusOr<ArenaSizes> TensorTable::ArenaSizesWith(absl::Span<const NewTenso
       return absl::InvalidArgumentError(
           absl::StrCat("param group index ", t.param_group, " is not registered"));
     }
-    const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel);
-    sizes.canonical += AlignedNumel(t.numel);
-    uint64_t& params = layout.params == ParamsDType::kFloat32 ? sizes.params32 : sizes.params16;
-    params = StartIn(params, t.numel) + AlignedNumel(t.numel);
-    switch (layout.state) {
-      case StateDType::kFloat32:
-        sizes.state32 = StartIn(sizes.state32, t.numel) + AlignedNumel(t.numel);
-        break;
-      case StateDType::kBFloat16:
-        sizes.state16 = StartIn(sizes.state16, t.numel) + AlignedNumel(t.numel);
-        break;
-      case StateDType::kInt8:
-        sizes.state8 = StartIn(sizes.state8, t.numel) + Padded(t.numel, kQuantBlock);
-        break;
-    }
+    sizes = Place(sizes, LayoutOf(groups_[t.param_group], t.numel), t.param_group, t.numel).after;
   }
   return sizes;
 }
@@ -88,19 +120,16 @@ absl::StatusOr<ArenaSizes> TensorTable::ArenaSizesWith(absl::Span<const NewTenso
 void TensorTable::Append(absl::Span<const NewTensor> tensors) {
   for (const NewTensor& t : tensors) {
     const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel);
+    const Placement p = Place(sizes_, layout, t.param_group, t.numel);
     offsets_.push_back(sizes_.canonical);
-    param_offsets_.push_back(StartIn(
-        layout.params == ParamsDType::kFloat32 ? sizes_.params32 : sizes_.params16, t.numel));
-    state_offsets_.push_back(StartIn(layout.state == StateDType::kFloat32    ? sizes_.state32
-                                     : layout.state == StateDType::kBFloat16 ? sizes_.state16
-                                                                             : sizes_.state8,
-                                     t.numel));
+    param_offsets_.push_back(p.param);
+    state_offsets_.push_back(p.state);
     numels_.push_back(t.numel);
     groups_of_.push_back(t.param_group);
     layouts_.push_back(layout);
     rounding_keys_.push_back(t.rounding_key);
     steps_.push_back(0);
-    sizes_ = *ArenaSizesWith(absl::MakeConstSpan(&t, 1));
+    sizes_ = p.after;
   }
 }
 
@@ -121,6 +150,26 @@ void TensorTable::Truncate(uint32_t count) {
 
 void TensorTable::AdvanceSteps(absl::Span<const uint32_t> tensors) {
   for (uint32_t t : tensors) ++steps_[t];
+}
+
+std::vector<TensorPack> TensorTable::Packs() const {
+  std::vector<TensorPack> packs;
+  // Whether tensor t + 1 lies right after t, in t's pack if t is in one.
+  const auto continues = [&](uint32_t t) {
+    const uint32_t u = t + 1;
+    return Packable(layouts_[t], numels_[t]) && Packable(layouts_[u], numels_[u]) &&
+           groups_of_[t] == groups_of_[u] && steps_[t] == steps_[u] &&
+           offsets_[u] == offsets_[t] + numels_[t] &&
+           param_offsets_[u] == param_offsets_[t] + numels_[t] &&
+           state_offsets_[u] == state_offsets_[t] + numels_[t];
+  };
+  for (uint32_t t = 0; t < size();) {
+    uint32_t end = t + 1;
+    while (end < size() && end - t < kPackMaxTensors && continues(end - 1)) ++end;
+    if (end - t >= 2) packs.push_back({t, end - t});
+    t = end;
+  }
+  return packs;
 }
 
 absl::Status TensorTable::CheckRead(const ReadRequest& request, uint32_t tensor,

@@ -1,6 +1,7 @@
 // cuda_backend.cu: the CUDA backend (kernels/backend.h): the device arenas and resident tables
 // of one shard, the streams and events that order its work, the staging mirror and the pull
-// snapshots. The step's kernel and its launcher are in adamw_kernel.cu.
+// snapshots. The step's kernel and its launcher are in adamw_kernel.cu; the full push's chunk
+// list and its packs of small tensors in full_push_list.cuh.
 //
 // Streams. Everything that reads or changes the shard (steps, param writes, reads, table
 // uploads, snapshot allocation) is queued on one apply stream, in call order: that is the
@@ -54,6 +55,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_arenas.cuh"
 #include "kernels/cuda/device_memory.cuh"
+#include "kernels/cuda/full_push_list.cuh"
 #include "kernels/cuda/markers.cuh"
 #include "kernels/cuda/snapshots.cuh"
 #include "kernels/grad_check.h"
@@ -168,11 +170,14 @@ class CudaBackend final : public OptimizerBackend {
     const uint32_t first = table_.size();
     if (tensors.empty()) return first;
     const uint64_t count = first + tensors.size();
-    uint64_t chunk_count = full_chunks_host_.size();
-    uint64_t portion_count = full_portions_;  // PortionsIn(full_chunks_host_), kept current.
+    // The list without packs bounds any packed one (full_push_list.cuh).
+    uint64_t chunk_count = unpacked_chunks_;
+    uint64_t portion_count = unpacked_portions_;
+    std::vector<uint32_t> portions;  // The new tensors'.
     for (const NewTensor& t : tensors) {
-      chunk_count += ChunksOf(t.numel);
-      portion_count += std::max<uint64_t>(1, (t.numel + kPortionNumel - 1) / kPortionNumel);
+      portions.push_back(PortionsOfTensor(t.numel));
+      chunk_count += ChunksOfTensor(t.numel);
+      portion_count += portions.back();
     }
     if (chunk_count >= kMaxChunks) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -180,21 +185,14 @@ class CudaBackend final : public OptimizerBackend {
           " elements; the kernel's tables hold fewer than ", kMaxChunks));
     }
     std::vector<BufferGrowth> growths = arenas_.ToHold(*sizes, table_.any_amsgrad(), HasCopy());
-    for (BufferGrowth g :
-         {step_dev_.ToHold(count), remaining_.ToHold(count), portions_of_dev_.ToHold(count),
-          full_chunks_.ToHold(chunk_count),
-          full_units_.ToHold(MostUnits(portion_count, apply_grid_))}) {
+    for (BufferGrowth g : full_.ToHold(count, chunk_count, portion_count, apply_grid_, Rows())) {
       growths.push_back(g);
     }
     // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
     if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
     table_.Append(tensors);
-    // The new tensors' chunks and portion counts.
-    std::vector<Chunk> chunks;
-    std::vector<uint32_t> portions;
-    for (uint32_t t = first; t < count; ++t) {
-      portions.push_back(AppendChunks(SourceOf(t, table_.offset(t)), chunks));
-    }
+    unpacked_chunks_ = chunk_count;
+    unpacked_portions_ = portion_count;
     // The new tensors' rows of the device tables. Their arena ranges are zero already (fresh
     // memory, or zeroed by TruncateTensors), but a truncated tensor may have left a step.
     const std::vector<int64_t> zero_steps(tensors.size(), 0);
@@ -206,12 +204,7 @@ class CudaBackend final : public OptimizerBackend {
                                                    portions.size() * sizeof(uint32_t),
                                                    cudaMemcpyHostToDevice, stream_));
     }
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_chunks_.data() + full_chunks_host_.size(),
-                                                 chunks.data(), chunks.size() * sizeof(Chunk),
-                                                 cudaMemcpyHostToDevice, stream_));
-    for (uint32_t t = first; t < count; ++t) chunks_of_.push_back(ChunksOf(table_.numel(t)));
-    full_chunks_host_.insert(full_chunks_host_.end(), chunks.begin(), chunks.end());
-    if (absl::Status s = UploadFullUnits(); !s.ok()) return s;
+    full_.MarkStale();
     return first;
   }
 
@@ -222,15 +215,17 @@ class CudaBackend final : public OptimizerBackend {
     }
     if (count == table_.size()) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    uint64_t kept_chunks = 0;
-    for (uint32_t t = 0; t < count; ++t) kept_chunks += chunks_of_[t];
     table_.Truncate(count);
+    unpacked_chunks_ = unpacked_portions_ = 0;
+    for (uint32_t t = 0; t < count; ++t) {
+      unpacked_chunks_ += ChunksOfTensor(table_.numel(t));
+      unpacked_portions_ += PortionsOfTensor(table_.numel(t));
+    }
     // Zero what the removed tensors held, after the work queued so far, so that tensors added
     // later start from zero.
     if (absl::Status s = arenas_.ZeroFrom(table_.sizes(), stream_); !s.ok()) return s;
-    full_chunks_host_.resize(kept_chunks);
-    chunks_of_.resize(count);
-    return UploadFullUnits();
+    full_.MarkStale();
+    return absl::OkStatus();
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,
@@ -315,6 +310,7 @@ class CudaBackend final : public OptimizerBackend {
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_dev_.data() + tensor, &step, sizeof(int64_t),
                                                  cudaMemcpyHostToDevice, stream_));
     table_.SetStep(tensor, step);
+    full_.MarkStale();  // Its pack's steps, or its neighbours', may differ or agree now.
     return absl::OkStatus();
   }
 
@@ -343,6 +339,11 @@ class CudaBackend final : public OptimizerBackend {
     if (!finite) return StepOutcome{true, 0, 0};  // Nothing queued.
     if (chunks->count == 0) return StepOutcome{false, 0, 0};
 
+    // The kernel advances packs' steps, not their members': a partial launch reads members'.
+    if (!chunks->full && std::any_of(request.tensors.begin(), request.tensors.end(),
+                                     [&](uint32_t t) { return full_.Packed(t); })) {
+      if (absl::Status s = full_.SyncMemberSteps(table_, step_dev_, stream_); !s.ok()) return s;
+    }
     absl::StatusOr<StepEvents> events = markers_.TakeStepEvents();
     if (!events.ok()) return events.status();
     if (absl::Status s = Queue(request, *chunks, *source, *events); !s.ok()) {
@@ -350,6 +351,12 @@ class CudaBackend final : public OptimizerBackend {
       return s;
     }
     table_.AdvanceSteps(request.tensors);
+    if (chunks->full) {
+      full_.Launched();
+    } else if (std::any_of(request.tensors.begin(), request.tensors.end(),
+                           [&](uint32_t t) { return full_.Affects(table_, t); })) {
+      full_.MarkStale();
+    }
     return StepOutcome{false, static_cast<uint32_t>(request.tensors.size()), markers_.Add(*events)};
   }
 
@@ -473,7 +480,7 @@ class CudaBackend final : public OptimizerBackend {
     std::map<std::string, uint64_t> bytes = arenas_.Bytes();
     bytes["grad_staging"] = grads_.bytes() + arena_mirror_.bytes();
     bytes["grad_accumulator"] = accumulator_.bytes();
-    bytes["tables"] = full_chunks_.bytes() + full_units_.bytes() + push_chunks_.bytes() +
+    bytes["tables"] = full_.bytes() + push_chunks_.bytes() +
                       push_units_.bytes() + read_chunks_.bytes() + step_dev_.bytes() +
                       hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes() +
                       codebooks_.bytes() + work_.bytes();
@@ -583,17 +590,19 @@ class CudaBackend final : public OptimizerBackend {
     ChunkList list;
     list.full = IsFullPush(request);
     if (list.full) {
-      list.count = static_cast<uint32_t>(full_chunks_host_.size());
-      list.blocks = ApplyBlocks(apply_grid_, full_portions_);
-      list.plan = full_plan_;
-      list.storage = full_storage_;
+      if (absl::Status s = full_.Refresh(table_, apply_grid_, Rows(), stream_); !s.ok()) return s;
+      list.count = full_.count();
+      list.blocks = ApplyBlocks(apply_grid_, full_.portions());
+      list.plan = full_.plan();
+      list.storage = full_.storage();
       return list;
     }
     push_chunks_host_.clear();
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
       AppendChunks(
-          SourceOf(t, request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
+          SourceOf(table_, t,
+                   request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
           push_chunks_host_);
       list.storage.Add(table_.layout(t));
     }
@@ -618,7 +627,7 @@ class CudaBackend final : public OptimizerBackend {
 
   // Queues the upload of a partial list; returns the device list the launch walks.
   absl::StatusOr<DeviceList> QueueChunks(const ChunkList& list) {
-    if (list.full) return DeviceList{full_chunks_.data(), full_units_.data()};
+    if (list.full) return DeviceList{full_.chunks(), full_.units()};
     // From a page-locked slot that stays untouched until this copy is done; the device list
     // is rewritten only by the next partial launch's copy, queued after this one's kernel.
     const uint64_t chunk_bytes = list.count * sizeof(Chunk);
@@ -634,44 +643,17 @@ class CudaBackend final : public OptimizerBackend {
     return DeviceList{push_chunks_.data(), push_units_.data()};
   }
 
-  // Tensor t as AppendChunks takes it, its gradients at `grad`.
-  ChunkSource SourceOf(uint32_t t, uint64_t grad) const {
-    ChunkSource source;
-    source.tensor = t;
-    source.group = table_.group_of(t);
-    source.numel = table_.numel(t);
-    source.layout = table_.layout(t);
-    source.element = table_.offset(t);
-    source.param = table_.param_offset(t);
-    source.state = table_.state_offset(t);
-    source.grad = grad;
-    source.rounding_key = table_.rounding_key(t);
-    return source;
-  }
-
-  static uint32_t ChunksOf(uint64_t numel) {
-    return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kChunkNumel - 1) / kChunkNumel);
-  }
-
   bool HasCopy() const { return options_.param_copy_dtype != ParamCopyDType::kNone; }
 
-  // The full list's launch: its portions, its storage, and its units, uploaded (after a
-  // registration or a truncation changed the list).
-  absl::Status UploadFullUnits() {
-    full_storage_ = LaunchStorage{};
-    for (uint32_t t = 0; t < table_.size(); ++t) {
-      full_storage_.Add(table_.layout(t));
-    }
-    full_portions_ = PortionsIn(full_chunks_host_);
-    if (full_chunks_host_.empty()) return absl::OkStatus();
-    const uint32_t warps = ApplyBlocks(apply_grid_, full_portions_) * kWarpsPerBlock;
-    full_plan_ = PlanUnits(full_portions_, warps, full_storage_);
-    const std::vector<UnitStart> units = WorkUnits(full_chunks_host_, full_plan_);
-    // From pageable memory: staged before cudaMemcpyAsync returns.
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full_units_.data(), units.data(),
-                                                 units.size() * sizeof(UnitStart),
-                                                 cudaMemcpyHostToDevice, stream_));
-    return absl::OkStatus();
+  TensorRows Rows() { return {&step_dev_, &remaining_, &portions_of_dev_}; }
+
+  // A tensor's chunks and portions in a list without packs (AppendChunks').
+  static uint64_t ChunksOfTensor(uint64_t numel) {
+    return (std::max<uint64_t>(numel, 1) + kChunkNumel - 1) / kChunkNumel;
+  }
+  static uint32_t PortionsOfTensor(uint64_t numel) {
+    return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kPortionNumel - 1) /
+                                 kPortionNumel);
   }
 
   // A Read of fp32 from bf16 or int8 storage (every tensor of it through StateRead): into the
@@ -682,7 +664,8 @@ class CudaBackend final : public OptimizerBackend {
       if (request.dst_offsets[i] % sizeof(float) != 0) {
         return absl::InvalidArgumentError("an fp32 read needs 4-byte aligned destinations");
       }
-      AppendChunks(SourceOf(request.tensors[i], request.dst_offsets[i] / sizeof(float)), chunks);
+      AppendChunks(SourceOf(table_, request.tensors[i], request.dst_offsets[i] / sizeof(float)),
+                   chunks);
     }
     float* out = static_cast<float*>(request.dst);
     if (kind == cudaMemcpyDeviceToHost) {
@@ -789,9 +772,12 @@ class CudaBackend final : public OptimizerBackend {
   }
 
   std::vector<DeviceBuffer*> AllBuffers() {
-    return {&grads_,           &arena_mirror_, &step_dev_,    &hyper_,       &remaining_,
-            &portions_of_dev_, &full_chunks_,  &full_units_,  &push_chunks_, &push_units_,
-            &read_chunks_,     &read_scratch_, &accumulator_, &codebooks_,  &work_};
+    std::vector<DeviceBuffer*> buffers = {
+        &grads_,       &arena_mirror_, &step_dev_,    &hyper_,     &remaining_,
+        &portions_of_dev_, &push_chunks_, &push_units_, &read_chunks_, &read_scratch_,
+        &accumulator_, &codebooks_,    &work_};
+    for (DeviceBuffer* b : full_.Buffers()) buffers.push_back(b);
+    return buffers;
   }
 
   const BackendOptions options_;
@@ -815,12 +801,12 @@ class CudaBackend final : public OptimizerBackend {
 
   // Host tables (the engine thread's).
   TensorTable table_;
-  std::vector<uint32_t> chunks_of_;  // Per tensor: its chunks in the full list.
-  std::vector<Chunk> full_chunks_host_, push_chunks_host_;
+  // The lists of every tensor without packs: their chunks and portions (registration grows
+  // the buffers for them).
+  uint64_t unpacked_chunks_ = 0, unpacked_portions_ = 0;
+  FullPushList full_;  // Its device buffers too.
+  std::vector<Chunk> push_chunks_host_;
   std::vector<UnitStart> push_units_host_;
-  uint64_t full_portions_ = 0;  // PortionsIn(full_chunks_host_), set by UploadFullUnits.
-  UnitPlan full_plan_;
-  LaunchStorage full_storage_;
   PinnedRing chunk_ring_, hyper_ring_;  // Upload sources of partial chunk lists and groups.
 
   // Device memory.
@@ -829,8 +815,8 @@ class CudaBackend final : public OptimizerBackend {
   DeviceArray<int64_t> step_dev_;
   DeviceArray<AdamWHyperparameters> hyper_;
   DeviceArray<uint32_t> remaining_, portions_of_dev_;
-  DeviceArray<Chunk> full_chunks_, push_chunks_, read_chunks_;
-  DeviceArray<UnitStart> full_units_, push_units_;
+  DeviceArray<Chunk> push_chunks_, read_chunks_;
+  DeviceArray<UnitStart> push_units_;
   DeviceArray<float> read_scratch_;  // fp32 reads of converted storage into host memory.
   DeviceArray<Int8Codebooks> codebooks_;
   DeviceArray<uint32_t> work_;  // DeviceArenas::work.
