@@ -37,17 +37,17 @@ Placement Place(const ArenaSizes& sizes, TensorLayout layout, uint32_t group, ui
   const bool packable = Packable(layout, numel);
   if (packable) {
     // Joins the open run of its group, or starts one on a whole portion (256 elements).
-    const bool joins = a.run_tensors > 0 && a.run_tensors < kPackMaxTensors && a.run_group == group;
+    const bool joins = a.run_open && a.run_group == group;
     p.param = joins ? a.params32 : Padded(a.params32, kQuantBlock);
     p.state = joins ? a.state32 : Padded(a.state32, kQuantBlock);
     a.params32 = p.param + numel;
     a.state32 = p.state + numel;
-    a.run_tensors = joins ? a.run_tensors + 1 : 1;
+    a.run_open = true;
     a.run_group = group;
     a.canonical += numel;
     return p;
   }
-  a.run_tensors = 0;
+  a.run_open = false;
   a.canonical += AlignedNumel(numel);
   uint64_t& params = layout.params == ParamsDType::kFloat32 ? a.params32 : a.params16;
   p.param = StartIn(params, numel);
@@ -165,7 +165,7 @@ std::vector<TensorPack> TensorTable::Packs() const {
   };
   for (uint32_t t = 0; t < size();) {
     uint32_t end = t + 1;
-    while (end < size() && end - t < kPackMaxTensors && continues(end - 1)) ++end;
+    while (end < size() && continues(end - 1)) ++end;
     if (end - t >= 2) packs.push_back({t, end - t});
     t = end;
   }

@@ -13,9 +13,8 @@
 // every params and state arena, so that no 256-element portion of the CUDA kernel straddles a
 // 1 KB boundary (misaligned tensors cost 2 points of bandwidth on an H100); a smaller one
 // packs right after the last. Small fp32 tensors are the exception (Packable): consecutive ones
-// of one group lie end to end in a run of at most kPackMaxTensors, the run starting on a
-// multiple of 256, so that the CUDA kernel can step a run of equal steps as one tensor
-// (Packs). Besides, every tensor has a canonical offset, as if every arena were fp32: the
+// of one group lie end to end, in a run that starts on a multiple of 256, so that the CUDA
+// kernel can step a run of equal steps as one tensor (Packs). Besides, every tensor has a canonical offset, as if every arena were fp32: the
 // layout of a full push's staged gradients and of the sync-round accumulator.
 //
 // Tensors are appended; only the newest can be removed (Truncate, to undo a registration that
@@ -46,9 +45,9 @@ namespace fusedps {
 // fewer than kPackBelow elements (under one 2048-element chunk of the kernel, so each would
 // otherwise end in a partial 256-element portion), a whole number of 8-element runs (no padding
 // between them in any arena). On an H100, 10,000 tensors of 1,000 elements were 3.4 us slower
-// than one tensor of the same elements (docs/benchmarks.md, issue 16, run E1).
+// than one tensor of the same elements; as one pack, 0.3 us faster (docs/benchmarks.md, issue
+// 16, runs E1 and E6).
 constexpr uint64_t kPackBelow = 2048;
-constexpr uint32_t kPackMaxTensors = 256;
 inline bool Packable(TensorLayout layout, uint64_t numel) {
   return IsFloat32Layout(layout) && numel > 0 && numel < kPackBelow && numel % 8 == 0;
 }
@@ -68,9 +67,9 @@ struct ArenaSizes {
   uint64_t state32 = 0;     // fp32 exp_avg, exp_avg_sq, max_exp_avg_sq.
   uint64_t state16 = 0;     // bf16 exp_avg, exp_avg_sq.
   uint64_t state8 = 0;      // int8 exp_avg, exp_avg_sq codes.
-  // The run of Packable tensors at the arenas' ends (0 tensors: none), which the next Packable
-  // tensor of its group joins.
-  uint32_t run_tensors = 0;
+  // Whether the arenas end with a run of Packable tensors of group run_group, which the next
+  // Packable tensor of that group joins.
+  bool run_open = false;
   uint32_t run_group = 0;
   uint64_t scales() const { return state8 / kQuantBlock; }  // Per state, fp32.
 };
@@ -122,7 +121,7 @@ class TensorTable {
   void AdvanceSteps(absl::Span<const uint32_t> tensors);
   // The packs of the table as it is: maximal runs, of two tensors or more, of Packable tensors
   // of one group that lie end to end in the canonical, params and state arenas and have the
-  // same step. Tensors in no pack are in none of them. In tensor order.
+  // same step. In tensor order; a tensor in none is stepped on its own.
   std::vector<TensorPack> Packs() const;
   // A restored tensor's step. REQUIRES: tensor < size().
   void SetStep(uint32_t tensor, int64_t step) { steps_[tensor] = step; }

@@ -99,16 +99,15 @@ TEST(TensorTable, SmallFp32TensorsLieEndToEndAndPackByStep) {
   EXPECT_EQ(table.Packs(), (std::vector<TensorPack>{{0, 3}, {3, 2}, {9, 2}}));
 }
 
-TEST(TensorTable, PacksHoldAtMostKPackMaxTensors) {
+TEST(TensorTable, ALongRunIsOnePack) {
   TensorTable table;
   ASSERT_TRUE(table.SetGroup(0, AdamWHyperparameters{}).ok());
-  const std::vector<NewTensor> tensors(kPackMaxTensors + 44, NewTensor{24, 0, 0});
+  const std::vector<NewTensor> tensors(10000, NewTensor{1000, 0, 0});
+  ASSERT_TRUE(table.ArenaSizesWith(tensors).ok());
   table.Append(tensors);
-  // A run of kPackMaxTensors ends; the next starts on the next multiple of 256.
-  EXPECT_EQ(table.param_offset(kPackMaxTensors - 1), (kPackMaxTensors - 1) * 24u);
-  EXPECT_EQ(table.param_offset(kPackMaxTensors), 6144u);  // 256 x 24 = 6144, already whole.
-  EXPECT_EQ(table.Packs(),
-            (std::vector<TensorPack>{{0, kPackMaxTensors}, {kPackMaxTensors, 44}}));
+  EXPECT_EQ(table.param_offset(9999), 9999u * 1000);
+  EXPECT_EQ(table.sizes().params32, 10000u * 1000);
+  EXPECT_EQ(table.Packs(), (std::vector<TensorPack>{{0, 10000}}));
 }
 
 }  // namespace
