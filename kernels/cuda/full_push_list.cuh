@@ -8,7 +8,7 @@
 // (on an H100, 10,000 tensors of 1,000 elements stepped 3.4 us slower than one tensor of the
 // same elements, and as one pack as fast: docs/benchmarks.md, issue 16, runs E1 and E7). A pack
 // has no limit on its tensors: a warp whose next unit is in the same pack counts nothing down in
-// between (packs of at most 256 tensors were 1.3% slower, E6). Pack p is the kernel's tensor
+// between (packs of at most 256 tensors were 0.9-1.3% slower, E6). Pack p is the kernel's tensor
 // table.size() + p, with rows of its own in the step, remaining and portions_of tables
 // (uploaded here: its members' step, its portions). The kernel knows nothing of packs, so it
 // advances only the pack's step: its members' rows fall behind, and the host (whose table
@@ -91,7 +91,6 @@ class FullPushList {
   const LaunchStorage& storage() const { return storage_; }
   const Chunk* chunks() const { return chunks_.data(); }
   const UnitStart* units() const { return units_.data(); }
-  uint32_t pack_count() const { return static_cast<uint32_t>(packs_host_.size()); }
 
   uint64_t bytes() const { return chunks_.bytes() + units_.bytes(); }
   std::vector<DeviceBuffer*> Buffers() { return {&chunks_, &units_}; }
