@@ -42,11 +42,11 @@
 namespace fusedps {
 
 // Tensors the CUDA kernel may step together as one (a pack): fp32 params and fp32 state, of
-// fewer than kPackBelow elements (under one 2048-element chunk of the kernel, so each would
-// otherwise end in a partial 256-element portion), a whole number of 8-element runs (no padding
-// between them in any arena). On an H100, 10,000 tensors of 1,000 elements were 3.4 us slower
-// than one tensor of the same elements; as one pack, 0.3 us faster (docs/benchmarks.md, issue
-// 16, runs E1 and E6).
+// fewer than kPackBelow elements (under one 2048-element chunk of the kernel: tensors that
+// small are costly to step one by one, and most end in a partial 256-element portion), a whole
+// number of 8-element runs (no padding between them in any arena). On an H100, 10,000 tensors
+// of 1,000 elements were 3.4 us slower than one tensor of the same elements, and as one pack
+// as fast (docs/benchmarks.md, issue 16, runs E1, E6 and E7).
 constexpr uint64_t kPackBelow = 2048;
 inline bool Packable(TensorLayout layout, uint64_t numel) {
   return IsFloat32Layout(layout) && numel > 0 && numel < kPackBelow && numel % 8 == 0;

@@ -6,8 +6,10 @@
 // scale per 256-element block; max_exp_avg_sq beside fp32 state (amsgrad); an optional
 // bf16/fp16 copy beside fp32 params; the step's gradients in the wire dtype. Offsets are
 // multiples of 8 elements (of 256 for int8 state, and for any tensor of 256 elements or more in
-// the params and state arenas), so 16-byte vector accesses are always legal and a portion's
-// 256 elements never straddle a 1 KB boundary of fp32 params or state.
+// the params and state arenas but small fp32 ones, which lie end to end in runs that start on
+// a multiple of 256), so 16-byte vector accesses are always legal, and a portion's 256 elements
+// never straddle a 1 KB boundary of fp32 params or state, except a portion of a small fp32
+// tensor stepped on its own (a partial push; a full push steps its run as one pack).
 //
 // Resident tables (device memory): the chunk list of a full push, which cuts every tensor into
 // chunks of at most kChunkNumel elements, each entry carrying its offsets, layout, tensor and

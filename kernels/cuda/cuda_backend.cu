@@ -191,6 +191,7 @@ class CudaBackend final : public OptimizerBackend {
     // RESOURCE_EXHAUSTED here leaves every buffer and table as it was.
     if (absl::Status s = GrowBuffers(growths, stream_); !s.ok()) return s;
     table_.Append(tensors);
+    full_.MarkStale();  // Before anything below can fail: the list no longer matches the table.
     unpacked_chunks_ = chunk_count;
     unpacked_portions_ = portion_count;
     // The new tensors' rows of the device tables. Their arena ranges are zero already (fresh
@@ -204,7 +205,6 @@ class CudaBackend final : public OptimizerBackend {
                                                    portions.size() * sizeof(uint32_t),
                                                    cudaMemcpyHostToDevice, stream_));
     }
-    full_.MarkStale();
     return first;
   }
 
@@ -216,6 +216,7 @@ class CudaBackend final : public OptimizerBackend {
     if (count == table_.size()) return absl::OkStatus();
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     table_.Truncate(count);
+    full_.MarkStale();  // Before anything below can fail: the list no longer matches the table.
     unpacked_chunks_ = unpacked_portions_ = 0;
     for (uint32_t t = 0; t < count; ++t) {
       unpacked_chunks_ += ChunksOfTensor(table_.numel(t));
@@ -223,9 +224,7 @@ class CudaBackend final : public OptimizerBackend {
     }
     // Zero what the removed tensors held, after the work queued so far, so that tensors added
     // later start from zero.
-    if (absl::Status s = arenas_.ZeroFrom(table_.sizes(), stream_); !s.ok()) return s;
-    full_.MarkStale();
-    return absl::OkStatus();
+    return arenas_.ZeroFrom(table_.sizes(), stream_);
   }
 
   absl::Status WriteParams(uint32_t tensor, uint64_t offset,

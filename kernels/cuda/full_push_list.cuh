@@ -16,9 +16,12 @@
 // partial push of a packed tensor, or a full push after a Refresh that took a tensor out of its
 // pack (SyncMemberSteps). Partial pushes keep one tensor per chunk list entry.
 //
-// Staleness. The list is rebuilt (Refresh) on the first full push after a registration, a
-// truncation, a restored step (SetStep), or a partial push of a tensor that is or could be in
-// a pack (its step then differs from the pack's, or may now equal a neighbour's). Refresh
+// Staleness. The list is rebuilt (Refresh) on the first full push (a step, or a sync round's
+// Accumulate) after a registration, a truncation, a restored step (SetStep), or a partial push
+// of a tensor that is or could be in a pack (its step then differs from the pack's, or may now
+// equal a neighbour's). A workload that mixes full pushes with partial pushes of small tensors
+// therefore rebuilds the list (host work and an upload, in proportion to the shard's chunks)
+// once per full push that follows a partial one; not measured. Refresh
 // uploads from pageable memory, which cudaMemcpyAsync has read before it returns, on the apply
 // stream: launches queued before it read the old list, launches queued after it the new one.
 //
