@@ -149,6 +149,14 @@ struct ChunkSource {
 
 // Appends a tensor's chunks (at least one) and returns its portions.
 uint32_t AppendChunks(const ChunkSource& tensor, std::vector<Chunk>& out);
+// The chunks and portions AppendChunks gives a tensor of `numel` elements.
+inline uint64_t ChunksOfTensor(uint64_t numel) {
+  return (std::max<uint64_t>(numel, 1) + kChunkNumel - 1) / kChunkNumel;
+}
+inline uint32_t PortionsOfTensor(uint64_t numel) {
+  return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kPortionNumel - 1) /
+                               kPortionNumel);
+}
 uint64_t PortionsIn(const std::vector<Chunk>& chunks);
 
 // The most units of any plan of `portions` portions in a launch on `grid` (PlanUnits with

@@ -646,15 +646,6 @@ class CudaBackend final : public OptimizerBackend {
 
   TensorRows Rows() { return {&step_dev_, &remaining_, &portions_of_dev_}; }
 
-  // A tensor's chunks and portions in a list without packs (AppendChunks').
-  static uint64_t ChunksOfTensor(uint64_t numel) {
-    return (std::max<uint64_t>(numel, 1) + kChunkNumel - 1) / kChunkNumel;
-  }
-  static uint32_t PortionsOfTensor(uint64_t numel) {
-    return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kPortionNumel - 1) /
-                                 kPortionNumel);
-  }
-
   // A Read of fp32 from bf16 or int8 storage (every tensor of it through StateRead): into the
   // snapshot directly, or into the scratch buffer and then, in one copy, into host memory.
   absl::Status ReadConverted(const ReadRequest& request, uint64_t end, cudaMemcpyKind kind) {

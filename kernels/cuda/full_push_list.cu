@@ -99,8 +99,8 @@ absl::Status FullPushList::Refresh(const TensorTable& table, int grid, const Ten
       return s;
     }
   }
-  chunks_host_ = std::move(chunks);
-  packs_host_ = packs;
+  count_ = static_cast<uint32_t>(chunks.size());
+  has_packs_ = !packs.empty();
   packed_.assign(tensors, false);
   for (const TensorPack& pack : packs) {
     std::fill(packed_.begin() + pack.first, packed_.begin() + pack.first + pack.count, true);

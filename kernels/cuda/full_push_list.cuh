@@ -75,7 +75,7 @@ class FullPushList {
   bool Packed(uint32_t t) const { return t < packed_.size() && packed_[t]; }
 
   // A launch of the list was queued: if it has packs, their members' step rows are behind.
-  void Launched() { member_steps_behind_ = member_steps_behind_ || !packs_host_.empty(); }
+  void Launched() { member_steps_behind_ = member_steps_behind_ || has_packs_; }
   // Uploads the table's steps of every tensor on `stream` if a launch left members' rows
   // behind: before a partial launch that reads a packed tensor's step. Errors: INTERNAL with
   // CUDA's message.
@@ -88,7 +88,7 @@ class FullPushList {
                        cudaStream_t stream);
 
   // The list as last refreshed. REQUIRES: Refresh succeeded since the last MarkStale.
-  uint32_t count() const { return static_cast<uint32_t>(chunks_host_.size()); }
+  uint32_t count() const { return count_; }
   uint64_t portions() const { return portions_; }
   const UnitPlan& plan() const { return plan_; }
   const LaunchStorage& storage() const { return storage_; }
@@ -101,9 +101,9 @@ class FullPushList {
  private:
   bool stale_ = true;
   bool member_steps_behind_ = false;
-  std::vector<Chunk> chunks_host_;
-  std::vector<TensorPack> packs_host_;
+  bool has_packs_ = false;
   std::vector<bool> packed_;  // Per tensor, as last refreshed.
+  uint32_t count_ = 0;        // Chunks.
   uint64_t portions_ = 0;
   UnitPlan plan_;
   LaunchStorage storage_;
