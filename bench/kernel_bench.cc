@@ -75,6 +75,8 @@ ABSL_FLAG(std::string, state_dtype, "fp32",
           "How exp_avg and exp_avg_sq are stored: fp32, bf16 or int8");
 ABSL_FLAG(std::string, params_dtype, "fp32",
           "How params are stored: fp32, or bf16 (stochastic rounding, no fp32 master)");
+ABSL_FLAG(std::string, step_kernel, "auto",
+          "CUDA backend's step kernel: auto, persistent or chunk-blocks (BackendOptions)");
 ABSL_FLAG(int, warmup, 3, "Untimed steps before timing");
 ABSL_FLAG(int, iters, 10, "Timed steps; the median is reported");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 means one per hardware thread");
@@ -147,6 +149,7 @@ struct BenchConfig {
   ParamCopyDType param_copy = ParamCopyDType::kNone;
   StateDType state_dtype = StateDType::kFloat32;
   ParamsDType params_dtype = ParamsDType::kFloat32;
+  StepKernel step_kernel = StepKernel::kAuto;
   int warmup = 0;
   int iters = 0;
   int threads = 0;
@@ -349,6 +352,7 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
   BackendOptions options;
   options.param_copy_dtype = config.param_copy;
   options.threads = config.threads;
+  options.step_kernel = config.step_kernel;
   // The one place that picks the implementation.
   absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend = MakeBackend(config.backend, options);
   if (!backend.ok()) return backend.status();
@@ -513,6 +517,17 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--param-copy=", param_copy, ": expected none or bf16"));
+  }
+  const std::string step_kernel = absl::GetFlag(FLAGS_step_kernel);
+  if (step_kernel == "auto") {
+    config.step_kernel = StepKernel::kAuto;
+  } else if (step_kernel == "persistent") {
+    config.step_kernel = StepKernel::kPersistent;
+  } else if (step_kernel == "chunk-blocks") {
+    config.step_kernel = StepKernel::kChunkBlocks;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--step-kernel=", step_kernel, ": expected auto, persistent or chunk-blocks"));
   }
   const std::string state_dtype = absl::GetFlag(FLAGS_state_dtype);
   if (state_dtype == "fp32") {

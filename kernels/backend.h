@@ -74,10 +74,16 @@ enum class ParamCopyDType : uint8_t { kNone = 0, kBFloat16 = 2, kFloat16 = 3 };
 // "none", "bf16", "fp16": the spelling of --param-copy-dtype and of checkpoint manifests.
 const char* ParamCopyDTypeName(ParamCopyDType copy);
 
+// CUDA backend: which kernel applies a step. kAuto picks per launch (kernels/cuda/adamw_kernel.cuh,
+// RunsChunkBlocks); the others force one wherever it can apply the launch, for tests and
+// benchmarks. Both give the same bits.
+enum class StepKernel : uint8_t { kAuto = 0, kPersistent = 1, kChunkBlocks = 2 };
+
 struct BackendOptions {
   ParamCopyDType param_copy_dtype = ParamCopyDType::kNone;
   int threads = 0;  // CPU backend worker threads; 0 means one per hardware thread.
   int device_ordinal = 0;  // CUDA backend: which GPU. Every call runs on it, from any thread.
+  StepKernel step_kernel = StepKernel::kAuto;  // CUDA backend only.
 };
 
 struct NewTensor {

@@ -32,29 +32,43 @@ namespace {
 
 class CudaBackendTest : public NeedsCuda<::testing::TestWithParam<int>> {};
 
+// Three steps of case c over tensor_count tensors on both backends (the second a compact list
+// of every other tensor, in reverse), then every stored byte compared, and the params against
+// the float64 reference.
+void CheckCase(const Case& c, int tensor_count, std::mt19937& rng) {
+  SCOPED_TRACE(c.name);
+  Shard shard = MakeShard(c, tensor_count, rng);
+  for (int step = 1; step <= 3; ++step) {
+    // Step 2 pushes every other tensor in reverse order (a compact chunk list).
+    std::vector<uint32_t> tensors;
+    if (step == 2) {
+      for (int t = tensor_count - 1; t >= 0; t -= 2) tensors.push_back(t);
+    } else {
+      tensors = AllTensors(tensor_count);
+    }
+    const Staged staged = Stage(shard, tensors, c.grad_dtype, c.grad_scale, rng);
+    auto on_cpu = StepNow(*shard.cpu, staged.Request());
+    auto on_cuda = StepNow(*shard.cuda, staged.Request());
+    ASSERT_TRUE(on_cpu.ok() && on_cuda.ok()) << on_cuda.status();
+    ASSERT_FALSE(on_cuda->skipped);
+    ASSERT_EQ(on_cuda->tensors_updated, tensors.size());
+    StepReference(c, staged, *shard.cpu, shard);
+  }
+  for (int t = 0; t < tensor_count; ++t) ExpectSameState(c, shard, t);
+}
+
+// Each case with each step kernel: the persistent grid, and a block per chunk (which applies
+// only launches of fp32 storage without amsgrad; the others run the persistent grid again). Each
+// kernel's pass draws the same sizes, params and grads.
 TEST_P(CudaBackendTest, MatchesCpuBackendAndFloat64ForEveryOption) {
   const int tensor_count = GetParam();
-  std::mt19937 rng(1000 + tensor_count);
-  for (const Case& c : Cases()) {
-    SCOPED_TRACE(c.name);
-    Shard shard = MakeShard(c, tensor_count, rng);
-    for (int step = 1; step <= 3; ++step) {
-      // Step 2 pushes every other tensor in reverse order (a compact chunk list).
-      std::vector<uint32_t> tensors;
-      if (step == 2) {
-        for (int t = tensor_count - 1; t >= 0; t -= 2) tensors.push_back(t);
-      } else {
-        tensors = AllTensors(tensor_count);
-      }
-      const Staged staged = Stage(shard, tensors, c.grad_dtype, c.grad_scale, rng);
-      auto on_cpu = StepNow(*shard.cpu, staged.Request());
-      auto on_cuda = StepNow(*shard.cuda, staged.Request());
-      ASSERT_TRUE(on_cpu.ok() && on_cuda.ok()) << on_cuda.status();
-      ASSERT_FALSE(on_cuda->skipped);
-      ASSERT_EQ(on_cuda->tensors_updated, tensors.size());
-      StepReference(c, staged, *shard.cpu, shard);
+  for (StepKernel kernel : {StepKernel::kPersistent, StepKernel::kChunkBlocks}) {
+    std::mt19937 rng(1000 + tensor_count);
+    for (Case c : Cases()) {
+      c.step_kernel = kernel;
+      c.name += kernel == StepKernel::kPersistent ? " (persistent)" : " (chunk blocks)";
+      CheckCase(c, tensor_count, rng);
     }
-    for (int t = 0; t < tensor_count; ++t) ExpectSameState(c, shard, t);
   }
 }
 

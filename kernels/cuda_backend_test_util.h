@@ -34,6 +34,7 @@ struct Case {
   GradDType grad_dtype = GradDType::kFloat32;
   ParamCopyDType copy = ParamCopyDType::kNone;
   float grad_scale = 0.0f;
+  StepKernel step_kernel = StepKernel::kAuto;
 };
 
 inline std::vector<Case> Cases() {
@@ -126,6 +127,7 @@ inline Shard MakeShard(const Case& c, int tensor_count, std::mt19937& rng,
   Shard shard;
   BackendOptions options;
   options.param_copy_dtype = c.copy;
+  options.step_kernel = c.step_kernel;
   shard.cpu = MakeCpuBackend(options);
   auto cuda = MakeBackend("cuda:0", options);
   EXPECT_TRUE(cuda.ok()) << cuda.status();

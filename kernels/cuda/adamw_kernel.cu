@@ -19,7 +19,9 @@
 // hyperparameters; the int8 codebooks. A push that names only some tensors uploads a compact
 // chunk list and units of its own in the same stream.
 //
-// A step is one launch, AdamWApply, on the backend's stream, over a grid that fills the GPU
+// A step is one launch on the backend's stream. Large launches of fp32 storage without amsgrad
+// run AdamWApplyChunks, a block per chunk (adamw_chunk_blocks.cu; RunsChunkBlocks in
+// adamw_kernel.cuh says which); the others AdamWApply, over a grid that fills the GPU
 // (SMs x resident blocks). Work is split among warps, not blocks: every chunk has one 256-
 // element portion per 256 elements (a 1000-element tensor has 4, not 8), and the portions are
 // cut into units of 2 (adamw_kernel.cuh). Warp w takes unit w, then grabs the next unit nobody
@@ -79,7 +81,8 @@
 // GPT-2 small's int8 step 4% faster (1.54x to 1.61x fp32's); no load on a warp's path when a
 // tensor's last portion is counted (Settle) and packs of small tensors (full_push_list.cuh)
 // took 10,000 x 1K from 89.5% to 93.3% of copy, 88.0% to 92.4% with bf16 grads and a bf16
-// copy (runs E1 to E7).
+// copy (runs E1 to E7); a block per chunk for large fp32 launches took 1 x 100M, GPT-2 small
+// and 1000 x 100K 1.1-2.0% faster, past torch.compile's step (runs F1 to F6).
 #include <algorithm>
 
 #include "kernels/cuda/adamw_kernel.cuh"
@@ -528,10 +531,28 @@ uint32_t ApplyBlocks(int grid, uint64_t portions) {
   return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(grid, wanted)));
 }
 
+bool RunsChunkBlocks(const ApplyConfig& config, uint32_t chunk_count, uint64_t portions) {
+  if (config.kinds != ApplyKinds::kFloat32Only || config.amsgrad) return false;
+  switch (config.kernel) {
+    case StepKernel::kPersistent:
+      return false;
+    case StepKernel::kChunkBlocks:
+      return true;
+    case StepKernel::kAuto:
+    default:
+      return chunk_count >= kChunkBlocksMinChunks &&
+             8 * portions >= 7 * static_cast<uint64_t>(kPortions) * chunk_count;
+  }
+}
+
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
                               uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
                               float grad_scale, double lr_divisor) {
+  if (RunsChunkBlocks(config, chunk_count, plan.portions)) {
+    return LaunchAdamWApplyChunks(launches, stream, config.grad, config.copy, arenas, chunks,
+                                  chunk_count, grad_scale, lr_divisor);
+  }
   return launches.Launch("fusedps_adamw_apply", ApplyKernel(config), static_cast<int>(blocks),
                          ApplySmemBytes(config.kinds), stream, arenas, chunks, chunk_count, units,
                          plan, grad_scale, lr_divisor);

@@ -209,7 +209,24 @@ struct ApplyConfig {
   GradDType grad = GradDType::kFloat32;
   ParamCopyDType copy = ParamCopyDType::kNone;
   ApplyKinds kinds = ApplyKinds::kFloat32Only;
+  bool amsgrad = false;  // Whether any group of the hyperparameter table the launch reads has.
+  StepKernel kernel = StepKernel::kAuto;
 };
+
+// Launches with fewer chunks than this run the persistent kernel under StepKernel::kAuto.
+constexpr uint32_t kChunkBlocksMinChunks = 8192;  // 16.8M elements.
+// Whether a launch of `chunk_count` chunks holding `portions` portions runs AdamWApplyChunks (a
+// block per chunk, adamw_chunk_blocks.cu) rather than AdamWApply (the persistent grid). It can
+// only where every chunk has fp32 params and fp32 state and no group has amsgrad. Under kAuto it
+// does where, besides, the launch has kChunkBlocksMinChunks chunks or more, and 7 of every 8 of
+// their portions hold elements (a block per chunk idles a warp per empty portion). On an H100
+// (docs/benchmarks.md, runs F1 to F6) a block per chunk moved 1 x 100M at 3,005 GB/s where the
+// persistent grid moved 2,960, and 1 x 100M, GPT-2 small and 1000 x 100K 1.0-2.0% faster, with
+// fp32 grads and with bf16 grads and a bf16 copy. At 10M elements (1 x 10M, 10000 x 1K in
+// packs) it was 1.2-1.5% faster with fp32 grads and 0.3-0.6% slower with bf16 grads. With
+// 10,000 tensors of 1,001 elements (half of each chunk's portions empty), earlier versions were
+// 15-53% (F1) and, with bf16 grads, 10% (F4) slower; this one was not timed there.
+bool RunsChunkBlocks(const ApplyConfig& config, uint32_t chunk_count, uint64_t portions);
 
 // Device pointers of a step, passed by value to the kernel (tensor_table.h's arenas).
 struct DeviceArenas {
@@ -284,6 +301,12 @@ absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStre
                               uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
                               float grad_scale, double lr_divisor);
 
+// Launches AdamWApplyChunks (adamw_chunk_blocks.cu): one block per chunk, for launches whose
+// chunks all have fp32 params and fp32 state.
+absl::Status LaunchAdamWApplyChunks(LaunchCounter& launches, cudaStream_t stream, GradDType grad,
+                                    ParamCopyDType copy, const DeviceArenas& arenas,
+                                    const Chunk* chunks, uint32_t chunk_count, float grad_scale,
+                                    double lr_divisor);
 // Launches GradAccumulate over `chunk_count` chunks: for each element of each chunk,
 // accumulator[element + i] = (first ? 0 : itself) + grads[grad + i] / grad_scale
 // (grad_scale <= 0: none), in fp32; counted as "fusedps_grad_accumulate".

@@ -1,8 +1,9 @@
-// adamw_portion.cuh (adamw_kernel.cu only): how AdamWApply's warps move and compute their
-// portions: each warp's shared-memory pipeline (asynchronous copies of a portion's gradients,
-// params, state, chunk entry, step and scales), the lanes' share of a portion, the per-warp
-// tensor bookkeeping (steps, countdowns), and one portion's update for each storage layout.
-// See adamw_kernel.cu's header for the design; everything here is inlined into the kernel.
+// adamw_portion.cuh (adamw_kernel.cu and adamw_chunk_blocks.cu): how AdamWApply's warps move and
+// compute their portions: each warp's shared-memory pipeline (asynchronous copies of a portion's
+// gradients, params, state, chunk entry, step and scales), the lanes' share of a portion, the
+// per-warp tensor bookkeeping (steps, countdowns), and one portion's update for each storage
+// layout, which AdamWApplyChunks shares. See adamw_kernel.cu's header for the design; everything
+// here is inlined into the kernels.
 #ifndef FUSEDPS_KERNELS_CUDA_ADAMW_PORTION_CUH_
 #define FUSEDPS_KERNELS_CUDA_ADAMW_PORTION_CUH_
 

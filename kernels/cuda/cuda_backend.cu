@@ -730,7 +730,8 @@ class CudaBackend final : public OptimizerBackend {
     arenas.work = work_.data();
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
     const ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
-                             options_.param_copy_dtype, list.storage.kinds};
+                             options_.param_copy_dtype, list.storage.kinds,
+                             table_.any_amsgrad(), options_.step_kernel};
     if (absl::Status s =
             LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas, chunks->chunks,
                              list.count, chunks->units, list.plan,

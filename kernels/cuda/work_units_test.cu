@@ -1,5 +1,6 @@
 // work_units_test.cu (CUDA builds, part of cuda_backend_test): the host code that cuts a
-// launch's chunk list into units of work (adamw_kernel.cuh), against a walk over every portion.
+// launch's chunk list into units of work (adamw_kernel.cuh), against a walk over every portion,
+// and the choice of a launch's kernel.
 // It needs no device. Compiled by nvcc because adamw_kernel.cuh holds a kernel launch.
 #include <algorithm>
 #include <cstdint>
@@ -128,6 +129,36 @@ TEST(ApplyKindsTest, WithLayoutTakesTheNarrowestKernelThatHoldsEveryChunk) {
   storage.Add(bf16_params_int8);
   EXPECT_EQ(storage.kinds, ApplyKinds::kAny);
   EXPECT_TRUE(storage.int8_state);
+}
+
+// Which launches run a block per chunk: only fp32 storage without amsgrad can; kAuto takes the
+// large, well-filled ones; kPersistent and kChunkBlocks force the choice where it can be made.
+TEST(WorkUnitsTest, RunsChunkBlocksOnlyWhereItCanAndPays) {
+  const uint32_t big = kChunkBlocksMinChunks;
+  const uint64_t full = static_cast<uint64_t>(kPortions) * big;  // Every portion holds elements.
+  ApplyConfig fp32;
+  EXPECT_TRUE(RunsChunkBlocks(fp32, big, full));
+  EXPECT_TRUE(RunsChunkBlocks(fp32, big, full * 7 / 8));
+  EXPECT_FALSE(RunsChunkBlocks(fp32, big, full * 7 / 8 - 1));  // Too many empty portions.
+  EXPECT_FALSE(RunsChunkBlocks(fp32, big - 1, full - kPortions));  // Too small.
+  ApplyConfig amsgrad = fp32;
+  amsgrad.amsgrad = true;
+  EXPECT_FALSE(RunsChunkBlocks(amsgrad, big, full));
+  for (ApplyKinds kinds : {ApplyKinds::kInt8State, ApplyKinds::kAny}) {
+    ApplyConfig other = fp32;
+    other.kinds = kinds;
+    EXPECT_FALSE(RunsChunkBlocks(other, big, full));
+    other.kernel = StepKernel::kChunkBlocks;  // Cannot: the storage is not fp32.
+    EXPECT_FALSE(RunsChunkBlocks(other, big, full));
+  }
+  ApplyConfig forced = fp32;
+  forced.kernel = StepKernel::kChunkBlocks;
+  EXPECT_TRUE(RunsChunkBlocks(forced, 1, 1));
+  forced.amsgrad = true;  // Cannot: the kernel has no amsgrad path.
+  EXPECT_FALSE(RunsChunkBlocks(forced, 1, 1));
+  ApplyConfig persistent = fp32;
+  persistent.kernel = StepKernel::kPersistent;
+  EXPECT_FALSE(RunsChunkBlocks(persistent, big, full));
 }
 
 }  // namespace
