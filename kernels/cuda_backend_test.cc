@@ -4,9 +4,9 @@
 // run on the GPU machine. Queued work (markers, reads, snapshots, registration) is tested in
 // cuda_backend_queue_test.cc.
 //
-// Every run draws fresh random inputs. The gradient staging between tensors is poisoned with
-// NaN (a kernel that read padding would skip the step), and every param changes on every step,
-// so an element the kernel failed to write shows up as a mismatch.
+// Each test draws its random inputs from a fixed seed. The gradient staging between tensors is
+// poisoned with NaN (a kernel that read padding would skip the step), and every param changes on
+// every step, so an element the kernel failed to write shows up as a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>

@@ -5,7 +5,8 @@
 //
 // Block b computes chunk b. Its warp w computes the chunk's portion w (256 elements: lane l's
 // elements [4l, 4l + 4) and [128 + 4l, 128 + 4l + 4), as in AdamWApply, adamw_portion.cuh), with
-// 16-byte loads straight into registers, and the same per-portion update and stores
+// vector loads straight into registers (16 bytes; 8 for 16-bit grads), and the same per-portion
+// update and stores
 // (UpdateAndStore), so both kernels give the same bits. There is no pipeline and no unit
 // counter: the hardware's block scheduler is the queue. A block whose chunk has fewer portions
 // has idle warps, which is why small or ragged launches stay on the persistent grid.
@@ -17,8 +18,9 @@
 // short-lived blocks with their loads in registers reached a higher one than the persistent grid.
 //
 // Steps: thread 0 reads the chunk's tensor's step (as read before this launch advanced it) and
-// computes the step's scalars (MakeStepScalars, float64) into shared memory while the block's
-// loads are in flight; a barrier publishes them. After its stores, thread 0 writes the step + 1
+// computes the step's scalars (MakeStepScalars, float64) into shared memory while warps 1 to 7
+// have their loads in flight; a barrier publishes them. After its warp's stores (no thread of
+// the block reads the step after the barrier), thread 0 writes the step + 1
 // if the chunk is its tensor's only one, else counts the chunk's portions down from
 // remaining[t]; the block that takes the count to zero writes the step + 1 and re-arms the
 // count from portions_of[t], as AdamWApply's last reader does. So both kernels leave the same
@@ -48,8 +50,10 @@ __device__ __forceinline__ Chunk LoadChunk(const Chunk* chunk) {
   return c;
 }
 
-// Each run of this lane's that holds a valid element, whole, with one vector load (a tensor's
-// extent in every array is a whole number of 8-element runs, so it stays inside it).
+// Each run of this lane's that holds a valid element, whole, with one vector load, as
+// AdamWApply's StageRuns copies it: runs are aligned to their size, and every device buffer is
+// a whole number of 16-byte units, so the load stays inside the buffer. Its elements past the
+// tensor (padding, or the next tensor's grads) are computed on, never stored.
 template <typename T>
 __device__ __forceinline__ void LoadValidRuns(const T* chunk_base, const LaneElements& e,
                                               T (&out)[kVec]) {
@@ -80,7 +84,7 @@ __device__ __forceinline__ void LoadPortion(const DeviceArenas& a, const Chunk& 
 // Bounded to 3 blocks per SM, the fp32-grads kernel takes 69 registers and runs 3 blocks of 8
 // warps per SM. Bounded to 4 (60 registers), 1 x 100M ran 0.2-0.3% slower (runs F2 and F3);
 // a variant with 64 registers and 4 blocks 0.4% slower (F4), and the same variant held to 3
-// blocks by reserving shared memory 5% slower (F5).
+// blocks by reserving shared memory 2-5% slower (F5).
 template <GradDType kGrad, ParamCopyDType kCopy>
 __global__ void __launch_bounds__(kThreads, 3)
     AdamWApplyChunks(DeviceArenas a, const Chunk* chunks, float grad_scale, double lr_divisor) {
@@ -98,12 +102,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   const LaneElements e = ElementsOf(c.count, portion, lane);
   PortionValues x;
   if (active) LoadPortion<kGrad>(a, c, e, x);
-  __syncthreads();  // The scalars are in; every warp's step read is done.
+  __syncthreads();  // The scalars are in.
   if (active) {
     WarpState w;
     w.s = scalars;
     // The launcher's condition: no group has amsgrad. Known here, the kernel has no amsgrad
-    // path (its max_exp_avg_sq registers took it from 60 to 69 registers at 4 blocks per SM).
+    // path: with it (F1), the kernel took 76 registers at 3 blocks per SM and spilled at 4.
     w.s.amsgrad = false;
     UpdateAndStore<kGrad, kCopy, ParamsDType::kFloat32, StateDType::kFloat32>(
         a, c, portion, e, w, nullptr, lane, x);

@@ -1,5 +1,6 @@
-// adamw_kernel.cu: the kernel of an optimizer step, fused multi-tensor AdamW over flat device
-// arenas, one launch per step whatever the tensor count and storage; and its launchers.
+// adamw_kernel.cu: AdamWApply, the persistent kernel of an optimizer step, fused multi-tensor
+// AdamW over flat device arenas, one launch per step whatever the tensor count and storage; the
+// launchers; and which launches run AdamWApplyChunks (adamw_chunk_blocks.cu) instead.
 //
 // Storage (per shard, device memory, cuda_backend.cu; tensor_table.h says where each tensor
 // lies): params in fp32 or bf16; exp_avg and exp_avg_sq in fp32, bf16 or int8 codes with a
@@ -68,21 +69,21 @@
 // Non-finite gradients are caught on the host where they are staged (kernels/grad_check.h):
 // a skipped step launches nothing and writes nothing.
 //
-// Tuning history (docs/benchmarks.md): one block per chunk with a barrier per chunk reached
-// ~55% of copy bandwidth; contiguous chunk ranges per block with scalars cached ~90% on large
-// tensors; independent warps lifted 10,000 x 1K from ~53% to ~75%; dtype template parameters
-// lifted the bf16 path by 2-5 points; issue 16 (the variants table): portions without empty
-// ones, the deferred countdown and the cp.async pipeline kept the large workloads where they
-// were (92-93% on an H100) and gained about a point on 10,000 x 1K; units grabbed from a
-// counter lifted them to 98-100% and 10,000 x 1K from 84% to 88%; a tail of single-portion
-// units gained 0.6-1.6 points on 10,000 x 1K, and a kernel of its own for int8 state (85 KB
-// of machine code where the any-storage kernel has 194 KB) 1.5% on int8 launches; int8 state's
-// update with one division per element (quant_math.h's kInt8StateOrder) and units of 3 took
-// GPT-2 small's int8 step 4% faster (1.54x to 1.61x fp32's); no load on a warp's path when a
-// tensor's last portion is counted (Settle) and packs of small tensors (full_push_list.cuh)
-// took 10,000 x 1K from 89.5% to 93.3% of copy, 88.0% to 92.4% with bf16 grads and a bf16
-// copy (runs E1 to E7); a block per chunk for large fp32 launches took 1 x 100M, GPT-2 small
-// and 1000 x 100K 1.1-2.0% faster, past torch.compile's step (runs F1 to F6).
+// Tuning history (docs/benchmarks.md): the first kernel, one block per chunk with a barrier per
+// chunk, reached ~55% of copy bandwidth; contiguous chunk ranges per block with scalars cached ~90%
+// on large tensors; independent warps lifted 10,000 x 1K from ~53% to ~75%; dtype template
+// parameters lifted the bf16 path by 2-5 points; issue 16 (the variants table): portions without
+// empty ones, the deferred countdown and the cp.async pipeline kept the large workloads where they
+// were (92-93% on an H100) and gained about a point on 10,000 x 1K; units grabbed from a counter
+// lifted them to 98-100% and 10,000 x 1K from 84% to 88%; a tail of single-portion units gained
+// 0.6-1.6 points on 10,000 x 1K, and a kernel of its own for int8 state (85 KB of machine code
+// where the any-storage kernel has 194 KB) 1.5% on int8 launches; int8 state's update with one
+// division per element (quant_math.h's kInt8StateOrder) and units of 3 took GPT-2 small's int8 step
+// 4% faster (1.54x to 1.61x fp32's); no load on a warp's path when a tensor's last portion is
+// counted (Settle) and packs of small tensors (full_push_list.cuh) took 10,000 x 1K from 89.5% to
+// 93.3% of copy, 88.0% to 92.4% with bf16 grads and a bf16 copy (runs E1 to E7); a block per chunk
+// for large fp32 launches took 1 x 100M, GPT-2 small and 1000 x 100K 1.0-2.0% faster, past
+// torch.compile's step (runs F1 to F6).
 #include <algorithm>
 
 #include "kernels/cuda/adamw_kernel.cuh"

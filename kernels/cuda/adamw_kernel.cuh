@@ -1,8 +1,9 @@
-// adamw_kernel.cuh (CUDA backend only): the one kernel of an optimizer step, AdamWApply, as the
-// rest of the backend sees it: the chunk list it walks, the units of work its warps take, the
-// arenas it updates, the grid that fills the GPU, and the launchers that check and count every
-// launch. The kernel itself and its tuning history are in adamw_kernel.cu; the device memory and
-// tables that feed it are in cuda_backend.cu.
+// adamw_kernel.cuh (CUDA backend only): the kernels of an optimizer step as the rest of the
+// backend sees them: the chunk list they walk, the units of work AdamWApply's warps take, the
+// arenas they update, the grid that fills the GPU, which kernel a launch runs (RunsChunkBlocks:
+// AdamWApply, the persistent grid, or AdamWApplyChunks, a block per chunk), and the launchers
+// that check and count every launch. The kernels and their tuning history are in adamw_kernel.cu
+// and adamw_chunk_blocks.cu; the device memory and tables that feed them are in cuda_backend.cu.
 //
 // Usage:
 //   std::vector<Chunk> chunks;
@@ -221,11 +222,12 @@ constexpr uint32_t kChunkBlocksMinChunks = 8192;  // 16.8M elements.
 // does where, besides, the launch has kChunkBlocksMinChunks chunks or more, and 7 of every 8 of
 // their portions hold elements (a block per chunk idles a warp per empty portion). On an H100
 // (docs/benchmarks.md, runs F1 to F6) a block per chunk moved 1 x 100M at 3,005 GB/s where the
-// persistent grid moved 2,960, and 1 x 100M, GPT-2 small and 1000 x 100K 1.0-2.0% faster, with
+// persistent grid moved 2,960, and 1 x 100M, GPT-2 small and 1000 x 100K 1.0-2.0% faster (F6), with
 // fp32 grads and with bf16 grads and a bf16 copy. At 10M elements (1 x 10M, 10000 x 1K in
-// packs) it was 1.2-1.5% faster with fp32 grads and 0.3-0.6% slower with bf16 grads. With
-// 10,000 tensors of 1,001 elements (half of each chunk's portions empty), earlier versions were
-// 15-53% (F1) and, with bf16 grads, 10% (F4) slower; this one was not timed there.
+// packs) it was 1.0-1.5% faster with fp32 grads and 0.3-0.8% slower with bf16 grads (F2). With
+// 10,000 tensors of 1,001 elements (half of each chunk's portions empty), F1's version took
+// 15-53% longer than the persistent grid, and F4's (64 registers, 4 blocks per SM) 10% longer
+// with bf16 grads and a bf16 copy, 4% less with fp32 grads; the kept build was not timed there.
 bool RunsChunkBlocks(const ApplyConfig& config, uint32_t chunk_count, uint64_t portions);
 
 // Device pointers of a step, passed by value to the kernel (tensor_table.h's arenas).
@@ -291,18 +293,20 @@ absl::StatusOr<int> AdamWApplyGrid();
 // kUnitPortions for every warp.
 uint32_t ApplyBlocks(int grid, uint64_t portions);
 
-// Launches one step, AdamWApply over the chunks' plan.portions portions (`units`: WorkUnits with
-// `plan`), in `blocks` blocks (ApplyBlocks), on `stream`, checks the launch
-// and counts it in `launches` as "fusedps_adamw_apply". Each step's lr is its group's lr /
-// lr_divisor (float64, MakeStepScalars). REQUIRES: the stream's device is current;
-// AdamWApplyGrid ran on it.
+// Launches one step over the chunks' plan.portions portions on `stream`, checks the launch and
+// counts it in `launches` as "fusedps_adamw_apply": AdamWApplyChunks, a block per chunk, where
+// RunsChunkBlocks(config, chunk_count, plan.portions) (`blocks`, `units` and `plan` are then
+// unused); else AdamWApply (`units`: WorkUnits with `plan`) in `blocks` blocks (ApplyBlocks).
+// Each step's lr is its group's lr / lr_divisor (float64, MakeStepScalars). REQUIRES: the
+// stream's device is current; AdamWApplyGrid ran on it.
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
                               uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
                               float grad_scale, double lr_divisor);
 
-// Launches AdamWApplyChunks (adamw_chunk_blocks.cu): one block per chunk, for launches whose
-// chunks all have fp32 params and fp32 state.
+// Launches AdamWApplyChunks (adamw_chunk_blocks.cu): one block per chunk. REQUIRES: every chunk
+// has fp32 params and fp32 state, and no group of the hyperparameter table the launch reads has
+// amsgrad (the kernel has no amsgrad path: it would step such a group without it).
 absl::Status LaunchAdamWApplyChunks(LaunchCounter& launches, cudaStream_t stream, GradDType grad,
                                     ParamCopyDType copy, const DeviceArenas& arenas,
                                     const Chunk* chunks, uint32_t chunk_count, float grad_scale,

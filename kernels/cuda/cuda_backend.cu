@@ -1,7 +1,8 @@
 // cuda_backend.cu: the CUDA backend (kernels/backend.h): the device arenas and resident tables
 // of one shard, the streams and events that order its work, the staging mirror and the pull
-// snapshots. The step's kernel and its launcher are in adamw_kernel.cu; the full push's chunk
-// list and its packs of small tensors in full_push_list.cuh.
+// snapshots. The step's kernels and their launcher are in adamw_kernel.cu and
+// adamw_chunk_blocks.cu; the full push's chunk list and its packs of small tensors in
+// full_push_list.cuh.
 //
 // Streams. Everything that reads or changes the shard (steps, param writes, reads, table
 // uploads, snapshot allocation) is queued on one apply stream, in call order: that is the
