@@ -59,7 +59,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/ingest/push_message.h"
-#include "server/service/byte_buffer_view.h"
+#include "common/byte_buffer_view.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",

@@ -51,6 +51,11 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
     return absl::InvalidArgumentError(absl::StrCat("header.grad_scale = ", header.grad_scale(),
                                                    " must be finite and > 0"));
   }
+  if (header.commit_at_end() && header.has_grad_scale()) {
+    return absl::InvalidArgumentError(
+        "header.grad_scale must be unset with header.commit_at_end: the push's commit carries "
+        "its grad_scale");
+  }
   if (header.worker_count() > 1) {
     return absl::UnimplementedError(absl::StrCat(
         "header.worker_count = ", header.worker_count(),
@@ -177,8 +182,18 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
   for (PushPart* p : joined) p->OnStagingReady();
 }
 
-absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint64_t* bytes_added) {
+absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_t part_index,
+                                      uint64_t* bytes_added) {
+  // With commit_at_end the scale is not known yet: the gradients are checked as they are, and
+  // again at the end if the commit's scale could make a finite gradient overflow (PartEnded).
   const float grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (commit_part_ == static_cast<int64_t>(part_index)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "part ", part_index, " sent a message after its commit (the commit comes last)"));
+    }
+  }
   char* staging = nullptr;  // reservation_'s memory, fixed once ready_.
   uint64_t staging_offset = 0;
   const auto claim = [&](absl::string_view tensor, uint64_t offset,
@@ -210,7 +225,9 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint64_
     return absl::OkStatus();
   };
   const absl::Time start = absl::Now();
-  absl::Status read = ReadPushChunks(message, first, claim, staged);
+  std::optional<v1::PushCommit> commit;
+  absl::Status read = ReadPushChunks(message, first, claim, staged, &commit);
+  if (read.ok() && commit.has_value()) read = TakeCommit(*std::move(commit), part_index);
   // One device copy per message, not per chunk (a message of many small tensors has hundreds).
   // It may span bytes of this push that other messages or parts write meanwhile: each of those
   // issues its own copy after writing, later on the same copy stream, so the last copy of every
@@ -223,12 +240,36 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint64_
   return read;
 }
 
+absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index) {
+  if (!header_.commit_at_end()) {
+    return absl::InvalidArgumentError(
+        "a commit in a push whose header.commit_at_end is false (its scale is in the header)");
+  }
+  if (commit.has_grad_scale() &&
+      !(std::isfinite(commit.grad_scale()) && commit.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("commit.grad_scale = ", commit.grad_scale(),
+                                                   " must be finite and > 0"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (commit_.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("part ", part_index, " sent a second commit (part ",
+                                                   commit_part_, " sent the first)"));
+  }
+  commit_ = std::move(commit);
+  commit_part_ = part_index;
+  return absl::OkStatus();
+}
+
 void PushAssembly::PartEnded() {
   absl::Status complete;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (over_ || ++ended_ < checked_.part_count) return;
     complete = assembler_->Finish();
+    if (complete.ok() && header_.commit_at_end() && !commit_.has_value()) {
+      complete = absl::InvalidArgumentError(
+          "every part of the push ended without its commit (header.commit_at_end)");
+    }
     if (complete.ok()) {
       over_ = true;  // Submitted: no part can fail it any more.
       received_ = absl::Now();
@@ -239,6 +280,9 @@ void PushAssembly::PartEnded() {
       push_.grads = assembler_->staging();
       push_.grad_dtype = checked_.dtype;
       push_.grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
+      if (commit_.has_value() && commit_->has_grad_scale()) {
+        push_.grad_scale = commit_->grad_scale();
+      }
       push_.grads_finite = grads_finite_;
       push_.grad_bytes = assembler_->bytes_received();
       push_.base_version = header_.base_version();
@@ -247,6 +291,14 @@ void PushAssembly::PartEnded() {
     }
   }
   if (!complete.ok()) return FailAll(complete);
+  // The messages were checked without the commit's scale. Dividing a finite gradient by a
+  // scale >= 1 keeps it finite; by a smaller one it may overflow, so those are read again.
+  if (push_.grads_finite && push_.grad_scale > 0.0f && push_.grad_scale < 1.0f) {
+    StepRequest check = GradsOf(push_);
+    check.grads_checked = false;  // What this is for.
+    push_.grads_finite =
+        PushGradsAllFinite(check, [this](uint32_t t) { return view_->tensor(t).numel; });
+  }
   // The staging goes back once the engine no longer reads the grads: in sync mode when they
   // are summed into the round, long before the round's step.
   services_.engine->Step(

@@ -9,7 +9,8 @@
 //   2. checks each message's chunks (ChunkAssembler: tensor, range, overlap), copies each
 //      payload once from the transport's buffer into staging, checks it for non-finite values
 //      and starts its copy to the device, outside its lock, so that parts ingest concurrently;
-//   3. once every part has ended well and every element has arrived, hands the push to the
+//   3. once every part has ended well and every element has arrived (and, for a push whose
+//      header has commit_at_end, its commit with the step's grad_scale), hands the push to the
 //      UpdateEngine as one step, and gives every part the same reply when the step is back.
 // A part that fails fails the push: that part gets its error, the others ABORTED. Nothing before
 // step 3 touches the shard, so a failed push leaves it bit-identical.
@@ -114,10 +115,16 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   void Reserve();
 
   // Checks one message's chunks and copies them into staging (see the file comment). Only the
-  // checks hold the assembly's lock. `first`: the message that carried the header.
-  absl::Status AddMessage(MessageSlices message, bool first, uint64_t* bytes_added);
+  // checks hold the assembly's lock. `first`: the message that carried the header;
+  // `part_index`: the part it came on. A message's commit (PushHeader.commit_at_end) is taken
+  // here. Errors (besides the chunks'): INVALID_ARGUMENT for a commit in a push without
+  // commit_at_end, a second commit, a commit.grad_scale that is not finite and > 0, and a
+  // message after its part's commit.
+  absl::Status AddMessage(MessageSlices message, bool first, uint32_t part_index,
+                          uint64_t* bytes_added);
 
-  // A part's stream ended well. The last one submits the push.
+  // A part's stream ended well. The last one submits the push; with commit_at_end, the push
+  // fails (INVALID_ARGUMENT) when no part sent the commit.
   void PartEnded();
 
   // The push fails: `part` (if any) gets `status`, the other parts ABORTED.
@@ -131,6 +138,7 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
 
  private:
   void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation);
+  absl::Status TakeCommit(v1::PushCommit commit, uint32_t part_index);
   void OnApplied(const absl::StatusOr<StepResult>& result);
   void Fail(const PushPart* part, const absl::Status& status, bool whole_push);
   std::vector<PushPart*> TakePartsLocked();
@@ -155,6 +163,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   StagingPool::Reservation reservation_;  // Set once, before ready_.
   std::optional<ChunkAssembler> assembler_;
   bool grads_finite_ = true;
+  std::optional<v1::PushCommit> commit_;  // commit_at_end: the commit, once it came.
+  int64_t commit_part_ = -1;              // The part that sent it.
   // Guarded by mu_ up to here.
   std::atomic<int64_t> ingest_nanos_{0};  // PushStageSeconds::ingest, summed over messages.
   absl::Time received_;  // Written once, before the push is submitted.

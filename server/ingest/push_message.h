@@ -4,8 +4,8 @@
 // staging after. Free of gRPC: the caller hands over the message's slices.
 //
 // The wire format is proto/fusedps/v1's PushGradientsRequest {PushHeader header = 1;
-// repeated TensorChunk chunks = 2}, TensorChunk {string tensor = 1; uint64 offset = 2; bytes
-// data = 3}. Every protobuf serializer writes a chunk's fields in that order, so `data` is last
+// repeated TensorChunk chunks = 2; PushCommit commit = 3}, TensorChunk {string tensor = 1;
+// uint64 offset = 2; bytes data = 3}. Every protobuf serializer writes a chunk's fields in that order, so `data` is last
 // and its destination is known when it starts: the payload is then read directly into it. A
 // chunk whose `data` is followed by other fields (legal protobuf, from an unusual writer) is
 // still read correctly, through a temporary copy. Unknown fields are skipped, as protobuf does.
@@ -24,29 +24,25 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/slice_input_stream.h"
+#include "common/tensor_chunk_reader.h"
 #include "fusedps/v1/parameter_service.pb.h"
 
 namespace fusedps {
 
-// A serialized message as the consecutive pieces (gRPC's slices) it arrived in.
-using MessageSlices = absl::Span<const absl::string_view>;
 
 // The message's header, or nullopt when it has none. Chunks are skipped, not copied.
 absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices message);
 
-// Where a chunk's `bytes` of payload go: claim(tensor, offset, bytes) checks the chunk and
-// returns a destination of `bytes` bytes, or nullptr to drop the payload (an empty chunk).
-using ClaimChunkFn =
-    absl::FunctionRef<absl::StatusOr<char*>(absl::string_view tensor, uint64_t offset,
-                                            uint64_t bytes)>;
-// Called once a claimed destination holds its payload.
-using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)>;
 
 // Reads the message's chunks in order: for each, claim, copy the payload once to the claimed
 // destination, then staged. `header_allowed`: whether the message may carry a header (the
 // first message of a call), which is then skipped; elsewhere a header is INVALID_ARGUMENT.
+// The message's commit (PushHeader.commit_at_end), if any, goes to *commit (reset first);
+// with commit null it is skipped. Two commits in one message are INVALID_ARGUMENT.
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
-                            ChunkStagedFn staged);
+                            ChunkStagedFn staged,
+                            std::optional<v1::PushCommit>* commit = nullptr);
 
 }  // namespace fusedps
 

@@ -1,6 +1,7 @@
 #include "server/ingest/push_message.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,63 @@ TEST(PushMessageTest, TruncatedOrGarbageIsMalformed) {
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "malformed PushGradientsRequest")) << s;
   }
+}
+
+// Reads a message's chunks and commit, as the assembly does.
+absl::Status ReadWithCommit(MessageSlices buffer, std::optional<v1::PushCommit>* commit) {
+  std::vector<Received> got;
+  int staged = 0;
+  std::vector<char> sink(64);
+  return ReadPushChunks(
+      buffer, /*header_allowed=*/true,
+      [&](absl::string_view, uint64_t, uint64_t bytes) -> absl::StatusOr<char*> {
+        sink.resize(bytes);
+        return bytes == 0 ? nullptr : sink.data();
+      },
+      [&](char*, uint64_t) {
+        ++staged;
+        return absl::OkStatus();
+      },
+      commit);
+}
+
+TEST(PushMessageTest, ReadsACommitBesideTheChunks) {
+  v1::PushGradientsRequest request = Request();
+  request.mutable_commit()->set_grad_scale(0.5f);
+  Buffer buffer(request.SerializeAsString());
+  std::optional<v1::PushCommit> commit;
+  ASSERT_TRUE(ReadWithCommit(buffer, &commit).ok());
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_EQ(commit->grad_scale(), 0.5f);
+  // A commit without a scale is a commit all the same; a message without one leaves none.
+  request.mutable_commit()->clear_grad_scale();
+  Buffer unscaled(request.SerializeAsString());
+  ASSERT_TRUE(ReadWithCommit(unscaled, &commit).ok());
+  ASSERT_TRUE(commit.has_value());
+  EXPECT_FALSE(commit->has_grad_scale());
+  request.clear_commit();
+  Buffer none(request.SerializeAsString());
+  ASSERT_TRUE(ReadWithCommit(none, &commit).ok());
+  EXPECT_FALSE(commit.has_value());
+  // Without a place for it, a commit is skipped like an unknown field.
+  request.mutable_commit()->set_grad_scale(2.0f);
+  Buffer skipped(request.SerializeAsString());
+  std::vector<Received> got;
+  int staged = 0;
+  EXPECT_TRUE(ReadAll(skipped, true, &got, &staged).ok());
+  EXPECT_EQ(got.size(), 3u);
+}
+
+TEST(PushMessageTest, TwoCommitsInOneMessageAreInvalidArgument) {
+  // protobuf would merge them into one; a push takes one commit.
+  v1::PushGradientsRequest first, second;
+  first.mutable_commit()->set_grad_scale(2.0f);
+  second.mutable_commit()->set_grad_scale(3.0f);
+  Buffer buffer(first.SerializeAsString() + second.SerializeAsString());
+  std::optional<v1::PushCommit> commit;
+  const absl::Status s = ReadWithCommit(buffer, &commit);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "a message carries two commits");
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include "common/logging.h"
 #include "common/tsan.h"
 #include "server/ingest/push_message.h"
-#include "server/service/byte_buffer_view.h"
+#include "common/byte_buffer_view.h"
 #include "server/service/convert.h"
 
 namespace fusedps {
@@ -173,7 +173,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     absl::Status added;
     {
       const ByteBufferView view(message);
-      added = view.ok() ? assembly.AddMessage(view.views(), first, &bytes)
+      added = view.ok() ? assembly.AddMessage(view.views(), first, part_index_, &bytes)
                         : absl::InternalError("cannot read the message's slices");
     }
     message.Clear();  // gRPC's buffer goes back now.
@@ -209,6 +209,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       std::lock_guard<std::mutex> lock(mu_);
       client_id_ = header.client_id();
     }
+    part_index_ = header.part_index();
     // With authentication on, the retry table's key is the caller's own identity.
     if (absl::Status s =
             services_.authorizer->CheckClientId(caller_, header.client_id(), *context_);
@@ -287,6 +288,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   grpc::ByteBuffer request_;  // The message being read: a serialized PushGradientsRequest.
   grpc::ByteBuffer first_;    // The header's message, kept for its chunks until staging is ready.
   std::atomic<uint64_t> bytes_{0};  // Gradient payload this part received.
+  // The header's part_index: set before the part joins its push, read by the message adds.
+  uint32_t part_index_ = 0;
   std::mutex mu_;
   std::string client_id_;                   // Guarded by mu_: the header's, for the log.
   std::shared_ptr<PushAssembly> assembly_;  // Guarded by mu_.

@@ -1,7 +1,8 @@
-// byte_buffer_view.h (server internal): a gRPC ByteBuffer's slices as string views, without
-// copying, for the readers of server/ingest/push_message.h.
-#ifndef FUSEDPS_SERVER_SERVICE_BYTE_BUFFER_VIEW_H_
-#define FUSEDPS_SERVER_SERVICE_BYTE_BUFFER_VIEW_H_
+// byte_buffer_view.h: a gRPC ByteBuffer's slices as string views, without copying, for readers
+// that parse messages from gRPC's slices (common/slice_input_stream.h): the server's push
+// reader (server/ingest/push_message.h) and the client's pull reader (client/pull_into.cc).
+#ifndef FUSEDPS_COMMON_BYTE_BUFFER_VIEW_H_
+#define FUSEDPS_COMMON_BYTE_BUFFER_VIEW_H_
 
 #include <vector>
 
@@ -37,4 +38,4 @@ class ByteBufferView {
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_SERVER_SERVICE_BYTE_BUFFER_VIEW_H_
+#endif  // FUSEDPS_COMMON_BYTE_BUFFER_VIEW_H_

@@ -1,0 +1,98 @@
+// tensor_chunk_reader.h: reads one TensorChunk {string tensor = 1; uint64 offset = 2; bytes data
+// = 3} of a serialized message (proto/fusedps/v1/parameter_service.proto) and copies its payload
+// once, from the input (gRPC's slices, common/slice_input_stream.h) straight to where it
+// belongs. The server reads pushes with it (server/ingest/push_message.cc), the client pulls
+// (client/pull_into.cc).
+//
+// Every protobuf serializer writes a chunk's fields in that order, so `data` is last and its
+// destination is known when it starts. A chunk whose `data` is followed by other fields (legal
+// protobuf, from an unusual writer) is still read correctly, through a temporary copy. Unknown
+// fields are skipped, as protobuf does.
+#ifndef FUSEDPS_COMMON_TENSOR_CHUNK_READER_H_
+#define FUSEDPS_COMMON_TENSOR_CHUNK_READER_H_
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+
+namespace fusedps {
+
+// Where a chunk's `bytes` of payload go: claim(tensor, offset, bytes) checks the chunk and
+// returns a destination of `bytes` bytes, or nullptr to drop the payload.
+using ClaimChunkFn =
+    absl::FunctionRef<absl::StatusOr<char*>(absl::string_view tensor, uint64_t offset,
+                                            uint64_t bytes)>;
+// Called once a claimed destination holds its payload.
+using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)>;
+// The caller's error for bytes that are not a TensorChunk; `what` names the part.
+using MalformedFn = absl::FunctionRef<absl::Status(absl::string_view what)>;
+
+// Reads one TensorChunk, whose length limit `in` has pushed: claim, copy, staged. A claim's or
+// staged's error is returned as it is.
+inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, ClaimChunkFn claim,
+                                    ChunkStagedFn staged, MalformedFn malformed) {
+  using google::protobuf::internal::WireFormatLite;
+  constexpr int kTensor = 1, kOffset = 2, kData = 3;
+  const auto is = [](uint32_t tag, int number, WireFormatLite::WireType type) {
+    return WireFormatLite::GetTagFieldNumber(tag) == number &&
+           WireFormatLite::GetTagWireType(tag) == type;
+  };
+  std::string tensor;
+  uint64_t offset = 0;
+  std::optional<std::string> held;  // data that other fields follow (an unusual order)
+  bool done = false;  // data went straight to its destination; nothing can follow it
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (is(tag, kTensor, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      if (!WireFormatLite::ReadString(&in, &tensor)) return malformed("chunks.tensor");
+    } else if (is(tag, kOffset, WireFormatLite::WIRETYPE_VARINT)) {
+      if (!in.ReadVarint64(&offset)) return malformed("chunks.offset");
+    } else if (is(tag, kData, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      uint32_t bytes = 0;
+      if (!in.ReadVarint32(&bytes) || bytes > INT_MAX ||
+          static_cast<int>(bytes) > in.BytesUntilLimit()) {
+        return malformed("chunks.data");
+      }
+      if (static_cast<int>(bytes) != in.BytesUntilLimit()) {
+        held.emplace();
+        if (!in.ReadString(&*held, static_cast<int>(bytes))) return malformed("chunks.data");
+        continue;
+      }
+      // The last field of the chunk: tensor and offset are final, so is the destination.
+      held.reset();
+      absl::StatusOr<char*> destination = claim(tensor, offset, bytes);
+      if (!destination.ok()) return destination.status();
+      if (*destination == nullptr) {
+        if (!in.Skip(static_cast<int>(bytes))) return malformed("chunks.data");
+      } else {
+        if (!in.ReadRaw(*destination, static_cast<int>(bytes))) return malformed("chunks.data");
+        if (absl::Status s = staged(*destination, bytes); !s.ok()) return s;
+      }
+      done = true;
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return malformed("chunks: an unknown field");
+    }
+  }
+  if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) {
+    return malformed("chunks: truncated");
+  }
+  if (done) return absl::OkStatus();
+  const std::string data = held.has_value() ? *std::move(held) : std::string();
+  absl::StatusOr<char*> destination = claim(tensor, offset, data.size());
+  if (!destination.ok()) return destination.status();
+  if (*destination == nullptr) return absl::OkStatus();
+  if (!data.empty()) std::memcpy(*destination, data.data(), data.size());
+  return staged(*destination, data.size());
+}
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_COMMON_TENSOR_CHUNK_READER_H_
