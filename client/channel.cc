@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/wire.h"
 #include "common/file_io.h"
+#include "common/grpc_args.h"
 
 namespace fusedps::client {
 namespace {
@@ -32,6 +33,7 @@ grpc::ChannelArguments ChannelArgs(const ClientOptions& options) {
     // the server (a push being applied) a dead peer would go unnoticed from the third on.
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   }
+  ForEachTransportArg([&](const std::string& name, int value) { args.SetInt(name, value); });
   return args;
 }
 

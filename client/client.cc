@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/channel.h"
+#include "client/connection.h"
 #include "client/wire.h"
 #include "common/tsan.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
@@ -27,11 +28,6 @@ using internal::ChunkSpan;
 using internal::MessagePlan;
 using internal::TensorExtent;
 using internal::ToAbslStatus;
-
-struct Client::Connection {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::ParameterService::Stub> stub;
-};
 
 namespace {
 
@@ -423,23 +419,8 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
     statuses[p] = FinishWrites(*writer, writes_ok);
     return statuses[p];
   });
-  // The root cause of a failed push: the parts that did not fail themselves are ABORTED.
-  for (const absl::Status& status : statuses) {
-    if (!status.ok() && !absl::IsAborted(status)) return status;
-  }
-  for (const absl::Status& status : statuses) {
-    if (!status.ok()) return status;
-  }
-  const v1::PushGradientsResponse& response = responses[0];
-  PushResult result;
-  result.version = response.version();
-  result.step_skipped = response.step_skipped();
-  result.skip_reason = response.skip_reason();
-  result.tensors_updated = response.tensors_updated();
-  result.grad_bytes = response.grad_bytes();
-  result.duplicate = response.duplicate();
-  result.round_workers = response.round_workers();
-  return result;
+  if (absl::Status status = internal::PushPartsStatus(statuses); !status.ok()) return status;
+  return internal::FromProtoPushResult(responses[0]);
 }
 
 absl::StatusOr<PullResult> Client::PullParameters(const PullOptions& options) {

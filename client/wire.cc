@@ -363,5 +363,27 @@ TensorInfo FromProtoTensorInfo(const v1::TensorInfo& info) {
   return out;
 }
 
+absl::Status PushPartsStatus(absl::Span<const absl::Status> statuses) {
+  for (const absl::Status& status : statuses) {
+    if (!status.ok() && !absl::IsAborted(status)) return status;
+  }
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+PushResult FromProtoPushResult(const v1::PushGradientsResponse& response) {
+  PushResult result;
+  result.version = response.version();
+  result.step_skipped = response.step_skipped();
+  result.skip_reason = response.skip_reason();
+  result.tensors_updated = response.tensors_updated();
+  result.grad_bytes = response.grad_bytes();
+  result.duplicate = response.duplicate();
+  result.round_workers = response.round_workers();
+  return result;
+}
+
 }  // namespace internal
 }  // namespace fusedps::client

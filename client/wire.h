@@ -154,6 +154,14 @@ class PullAssembler {
 // Same code and message.
 absl::Status ToAbslStatus(const grpc::Status& status);
 
+// The outcome of a push sent as parts: the root cause when any part failed (the first status
+// that is not ABORTED: the parts that did not fail themselves get ABORTED), else the first
+// error; OK when every part succeeded.
+absl::Status PushPartsStatus(absl::Span<const absl::Status> statuses);
+
+// A push's reply as the public struct.
+PushResult FromProtoPushResult(const v1::PushGradientsResponse& response);
+
 // Public structs <-> proto messages.
 v1::DType ToProtoDType(DType dtype);
 absl::StatusOr<DType> FromProtoDType(v1::DType dtype);  // INVALID_ARGUMENT for UNSPECIFIED.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,10 @@ namespace fc = fusedps::client;
 
 struct fusedps_client {
   std::unique_ptr<fc::Client> client;
+};
+
+struct fusedps_push {
+  std::unique_ptr<fc::PushTransaction> push;
 };
 
 namespace {
@@ -67,6 +72,42 @@ absl::StatusOr<fc::TensorField> ToField(int32_t field) {
   return static_cast<fc::TensorField>(field);
 }
 
+// The options of a pull of `dtype` (1 float32, 2 bfloat16) and `field`, both checked.
+absl::StatusOr<fc::PullOptions> PullOptionsOf(int32_t dtype, int32_t field) {
+  absl::StatusOr<fc::DType> wire = ToDType(dtype, /*pull=*/true);
+  if (!wire.ok()) return wire.status();
+  absl::StatusOr<fc::TensorField> tensor_field = ToField(field);
+  if (!tensor_field.ok()) return tensor_field.status();
+  fc::PullOptions options;
+  options.dtype = *wire;
+  options.field = *tensor_field;
+  return options;
+}
+
+void CopyResult(const fc::PushResult& pushed, fusedps_push_result* result) {
+  result->version = pushed.version;
+  result->step_skipped = pushed.step_skipped ? 1 : 0;
+  CopyString(pushed.skip_reason, result->skip_reason, sizeof(result->skip_reason));
+  result->tensors_updated = pushed.tensors_updated;
+  result->grad_bytes = pushed.grad_bytes;
+  result->duplicate = pushed.duplicate ? 1 : 0;
+  result->round_workers = pushed.round_workers;
+}
+
+// The push options of a C header; the dtype is checked.
+absl::StatusOr<fc::PushOptions> PushOptionsOf(const fusedps_push_header& header) {
+  absl::StatusOr<fc::DType> dtype = ToDType(header.grad_dtype, /*pull=*/false);
+  if (!dtype.ok()) return dtype.status();
+  fc::PushOptions options;
+  options.client_id = header.client_id != nullptr ? header.client_id : "";
+  options.sequence_number = header.sequence_number;
+  options.grad_dtype = *dtype;
+  if (header.grad_scale > 0) options.grad_scale = header.grad_scale;
+  options.base_version = header.base_version;
+  options.plan_hash = header.plan_hash != nullptr ? header.plan_hash : "";
+  return options;
+}
+
 }  // namespace
 
 extern "C" {
@@ -114,29 +155,101 @@ int32_t fusedps_push_gradients(fusedps_client* client, const fusedps_push_header
       (count > 0 && (names == nullptr || grads == nullptr || numels == nullptr))) {
     return Report(absl::InvalidArgumentError("a required pointer is NULL"), error, true);
   }
-  absl::StatusOr<fc::DType> dtype = ToDType(header->grad_dtype, /*pull=*/false);
-  if (!dtype.ok()) return Report(dtype.status(), error, true);
-  fc::PushOptions options;
-  options.client_id = header->client_id != nullptr ? header->client_id : "";
-  options.sequence_number = header->sequence_number;
-  options.grad_dtype = *dtype;
-  if (header->grad_scale > 0) options.grad_scale = header->grad_scale;
-  options.base_version = header->base_version;
-  options.plan_hash = header->plan_hash != nullptr ? header->plan_hash : "";
+  absl::StatusOr<fc::PushOptions> options = PushOptionsOf(*header);
+  if (!options.ok()) return Report(options.status(), error, true);
   std::vector<fc::TensorGrad> tensor_grads(count);
   for (size_t i = 0; i < count; ++i) {
     tensor_grads[i].name = names[i];
     tensor_grads[i].grads = absl::MakeConstSpan(grads[i], numels[i]);
   }
-  absl::StatusOr<fc::PushResult> pushed = client->client->PushGradients(options, tensor_grads);
+  absl::StatusOr<fc::PushResult> pushed = client->client->PushGradients(*options, tensor_grads);
   if (!pushed.ok()) return Report(pushed.status(), error);
-  result->version = pushed->version;
-  result->step_skipped = pushed->step_skipped ? 1 : 0;
-  CopyString(pushed->skip_reason, result->skip_reason, sizeof(result->skip_reason));
-  result->tensors_updated = pushed->tensors_updated;
-  result->grad_bytes = pushed->grad_bytes;
-  result->duplicate = pushed->duplicate ? 1 : 0;
-  result->round_workers = pushed->round_workers;
+  CopyResult(*pushed, result);
+  return Report(absl::OkStatus(), error);
+}
+
+fusedps_push* fusedps_push_begin(fusedps_client* client, const fusedps_push_header* header,
+                                 size_t count, const char* const* names, const uint64_t* numels,
+                                 fusedps_error* error) {
+  if (client == nullptr || header == nullptr || count == 0 || names == nullptr ||
+      numels == nullptr) {
+    Report(absl::InvalidArgumentError("a required pointer is NULL, or count is 0"), error, true);
+    return nullptr;
+  }
+  absl::StatusOr<fc::PushOptions> options = PushOptionsOf(*header);
+  if (!options.ok()) {
+    Report(options.status(), error, true);
+    return nullptr;
+  }
+  options->grad_scale.reset();  // The commit carries it.
+  std::vector<fc::TensorSize> tensors(count);
+  for (size_t i = 0; i < count; ++i) tensors[i] = {names[i], numels[i]};
+  absl::StatusOr<std::unique_ptr<fc::PushTransaction>> push =
+      client->client->BeginPush(*options, tensors);
+  if (!push.ok()) {
+    Report(push.status(), error, true);
+    return nullptr;
+  }
+  Report(absl::OkStatus(), error);
+  return new fusedps_push{std::move(*push)};
+}
+
+int32_t fusedps_push_write(fusedps_push* push, size_t count, const uint64_t* tensors,
+                           const uint64_t* offsets, const uint64_t* counts, const void* const* data,
+                           fusedps_error* error) {
+  if (push == nullptr || (count > 0 && (tensors == nullptr || offsets == nullptr ||
+                                        counts == nullptr || data == nullptr))) {
+    return Report(absl::InvalidArgumentError("a required pointer is NULL"), error, true);
+  }
+  std::vector<fc::PushTransaction::Piece> pieces(count);
+  for (size_t i = 0; i < count; ++i) {
+    pieces[i] = {static_cast<size_t>(tensors[i]), offsets[i], counts[i], data[i]};
+  }
+  const absl::Status written = push->push->Write(pieces);
+  return Report(written, error, absl::IsInvalidArgument(written));
+}
+
+int32_t fusedps_push_commit(fusedps_push* push, float grad_scale, fusedps_push_result* result,
+                            fusedps_error* error) {
+  if (push == nullptr || result == nullptr) {
+    return Report(absl::InvalidArgumentError("a required pointer is NULL"), error, true);
+  }
+  absl::StatusOr<fc::PushResult> pushed =
+      push->push->Commit(grad_scale > 0 ? std::optional<float>(grad_scale) : std::nullopt);
+  if (!pushed.ok()) return Report(pushed.status(), error);
+  CopyResult(*pushed, result);
+  return Report(absl::OkStatus(), error);
+}
+
+void fusedps_push_cancel(fusedps_push* push) {
+  if (push != nullptr) push->push->Cancel();
+}
+
+void fusedps_push_destroy(fusedps_push* push) { delete push; }
+
+int32_t fusedps_pull_into(fusedps_client* client, int32_t stream, int32_t dtype, int32_t field,
+                          size_t count, const char* const* names, void* const* dst,
+                          const uint64_t* numels, uint64_t* version, int64_t* steps,
+                          fusedps_error* error) {
+  if (client == nullptr || version == nullptr || count == 0 || names == nullptr || dst == nullptr ||
+      numels == nullptr || steps == nullptr || stream < 0) {
+    return Report(
+        absl::InvalidArgumentError("a required pointer is NULL, count is 0 or stream < 0"), error,
+        true);
+  }
+  absl::StatusOr<fc::PullOptions> options = PullOptionsOf(dtype, field);
+  if (!options.ok()) return Report(options.status(), error, true);
+  std::vector<fc::PullTarget> targets(count);
+  for (size_t i = 0; i < count; ++i) targets[i] = {names[i], dst[i], numels[i]};
+  absl::StatusOr<fc::PullIntoResult> pulled = client->client->PullInto(*options, targets, stream);
+  if (!pulled.ok()) {
+    // A target of another size is the caller's mistake, found against the server's reply.
+    const bool local = absl::IsInvalidArgument(pulled.status()) &&
+                       pulled.status().message().find("; its target") != absl::string_view::npos;
+    return Report(pulled.status(), error, local);
+  }
+  *version = pulled->version;
+  std::copy(pulled->steps.begin(), pulled->steps.end(), steps);
   return Report(absl::OkStatus(), error);
 }
 
@@ -148,15 +261,10 @@ int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field, size_
     return Report(absl::InvalidArgumentError("a required pointer is NULL, or count is 0"), error,
                   true);
   }
-  absl::StatusOr<fc::DType> wire = ToDType(dtype, /*pull=*/true);
-  if (!wire.ok()) return Report(wire.status(), error, true);
-  absl::StatusOr<fc::TensorField> tensor_field = ToField(field);
-  if (!tensor_field.ok()) return Report(tensor_field.status(), error, true);
-  fc::PullOptions options;
-  options.dtype = *wire;
-  options.field = *tensor_field;
-  options.tensors.assign(names, names + count);
-  absl::StatusOr<fc::PullResult> pulled = client->client->PullParameters(options);
+  absl::StatusOr<fc::PullOptions> options = PullOptionsOf(dtype, field);
+  if (!options.ok()) return Report(options.status(), error, true);
+  options->tensors.assign(names, names + count);
+  absl::StatusOr<fc::PullResult> pulled = client->client->PullParameters(*options);
   if (!pulled.ok()) return Report(pulled.status(), error);
   const int64_t* shape = dims;
   for (size_t i = 0; i < count; ++i) {

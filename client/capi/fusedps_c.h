@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 3
+#define FUSEDPS_C_API_VERSION 4
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -106,6 +106,51 @@ FUSEDPS_C_EXPORT int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int
                                       size_t count, const char* const* names, float* const* dst,
                                       const uint64_t* ranks, const int64_t* dims, uint64_t* version,
                                       int64_t* steps, fusedps_error* error);
+
+// A push sent a piece at a time and committed at the end (fusedps::client::PushTransaction):
+// begin, write pieces of raw wire-dtype gradients (host memory that stays valid and unchanged
+// until commit or cancel returns), then commit with the step's grad_scale, or cancel. One
+// thread at a time per push; a push lives until fusedps_push_destroy.
+typedef struct fusedps_push fusedps_push;
+
+// Begins a push of `count` tensors (names[i], numels[i] elements); header->grad_scale is
+// ignored (the commit carries it). Opens the push's calls, one part per stream. NULL with
+// *error set for bad arguments.
+FUSEDPS_C_EXPORT fusedps_push* fusedps_push_begin(fusedps_client* client,
+                                                  const fusedps_push_header* header, size_t count,
+                                                  const char* const* names, const uint64_t* numels,
+                                                  fusedps_error* error);
+
+// Queues `count` pieces: elements [offsets[i], offsets[i] + counts[i]) of tensor number
+// tensors[i] (an index into the begun push's names), raw little-endian elements of the push's
+// grad_dtype at data[i]. Returns without waiting for them to be sent. Errors: INVALID_ARGUMENT
+// (local) for a piece outside its tensor; the status of a part that has failed already.
+FUSEDPS_C_EXPORT int32_t fusedps_push_write(fusedps_push* push, size_t count,
+                                            const uint64_t* tensors, const uint64_t* offsets,
+                                            const uint64_t* counts, const void* const* data,
+                                            fusedps_error* error);
+
+// Commits the push with grad_scale (> 0: the server divides the gradients by it; <= 0: none)
+// and waits for its reply. Errors: as fusedps_push_gradients.
+FUSEDPS_C_EXPORT int32_t fusedps_push_commit(fusedps_push* push, float grad_scale,
+                                             fusedps_push_result* result, fusedps_error* error);
+
+// Cancels the push (nothing is applied) and waits until its memory is no longer read. Does
+// nothing after a commit.
+FUSEDPS_C_EXPORT void fusedps_push_cancel(fusedps_push* push);
+
+// Cancels the push unless it was committed, and frees it. NULL is a no-op.
+FUSEDPS_C_EXPORT void fusedps_push_destroy(fusedps_push* push);
+
+// Pulls one field of `count` named tensors, all at one version, over one call on stream
+// `stream` (modulo the client's streams), in `dtype` (1 float32 or 2 bfloat16), writing each
+// tensor's numels[i] raw little-endian elements of that dtype to dst[i] (no conversion).
+// Writes the version and each tensor's step. INVALID_ARGUMENT (local) naming a tensor whose
+// element count on the server differs from numels[i] (dst is then partly written).
+FUSEDPS_C_EXPORT int32_t fusedps_pull_into(fusedps_client* client, int32_t stream, int32_t dtype,
+                                           int32_t field, size_t count, const char* const* names,
+                                           void* const* dst, const uint64_t* numels,
+                                           uint64_t* version, int64_t* steps, fusedps_error* error);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -10,6 +10,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/byte_buffer_view.h"
+#include "common/chunk_framing.h"
 #include "common/logging.h"
 #include "common/tsan.h"
 #include "server/ingest/state_loader.h"
@@ -24,9 +26,26 @@ constexpr uint32_t kMinPullChunkBytes = 16;
 // Room left in a message for its framing, beside the payload or the TensorInfo it carries.
 constexpr uint64_t kMessageMarginBytes = 64 << 10;
 
-class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResponse> {
+// Keeps a pull's staging window while gRPC holds slices of it (the user data of each slice).
+void ReleaseWindow(void* user_data) {
+  FUSEDPS_HAPPENS_AFTER(user_data);  // Made on the reactor's thread (WriteNext).
+  delete static_cast<std::shared_ptr<StagingPool::Reservation>*>(user_data);
+}
+
+absl::StatusOr<v1::PullParametersRequest> ParseRequest(const grpc::ByteBuffer& bytes) {
+  const ByteBufferView view(bytes);
+  std::string whole;
+  for (absl::string_view piece : view.views()) whole.append(piece.data(), piece.size());
+  v1::PullParametersRequest request;
+  if (!view.ok() || !request.ParseFromString(whole)) {
+    return absl::InvalidArgumentError("malformed PullParametersRequest");
+  }
+  return request;
+}
+
+class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(grpc::CallbackServerContext* context, const v1::PullParametersRequest& request,
+  PullReactor(grpc::CallbackServerContext* context, const grpc::ByteBuffer& request_bytes,
               const ServiceContext& services)
       : context_(context), services_(services), watch_(services.watchdog->Watch([this] {
           idle_ = true;
@@ -34,7 +53,9 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
         })) {
     FUSEDPS_HAPPENS_BEFORE(this);
     absl::Status ready = services_.Admit(*context_, Rpc::kPullParameters);
-    if (ready.ok()) ready = Prepare(request);
+    absl::StatusOr<v1::PullParametersRequest> request = ParseRequest(request_bytes);
+    if (ready.ok()) ready = request.status();
+    if (ready.ok()) ready = Prepare(*request);
     if (!ready.ok()) {
       FinishCall(ready);
       return;
@@ -43,7 +64,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     window_limit_ = services_.window_bytes();
     if (total_bytes_ <= window_limit_) {
       Reserve(services_.staging, total_bytes_, [this](StagingPool::Reservation r) {
-        window_ = std::move(r);
+        window_ = std::make_shared<StagingPool::Reservation>(std::move(r));
         window_end_ = total_bytes_;
         Read(/*snapshot_bytes=*/0);
       });
@@ -52,7 +73,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
         budget_ = std::move(budget);
         Hold();
         Reserve(services_.staging, window_limit_, [this](StagingPool::Reservation r) {
-          window_ = std::move(r);
+          window_ = std::make_shared<StagingPool::Reservation>(std::move(r));
           Read(total_bytes_);
         });
       });
@@ -210,7 +231,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     job.param_copy = param_copy_;
     job.tensors = tensors_;
     job.dst_offsets = offsets_;
-    job.dst = window_.data();
+    job.dst = window_->data();
     job.snapshot_bytes = snapshot_bytes;
     Hold();
     services_.engine->Read(std::move(job), [this](absl::StatusOr<ReadResult> result) {
@@ -238,7 +259,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     header->set_tensor_count(static_cast<uint32_t>(tensors_.size()));
     AddInfos(header->mutable_tensors());
     message_payload_ = 0;
-    StartWriting();
+    StartWritingMessage();
   }
 
   // Adds TensorInfo from the next one on, as many as fit in a message.
@@ -256,27 +277,39 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     }
   }
 
+  // Writes message_ (the header, or TensorInfo), serialized.
+  void StartWritingMessage() {
+    const std::string bytes = message_.SerializeAsString();
+    grpc::Slice slice(bytes);
+    buffer_ = grpc::ByteBuffer(&slice, 1);
+    StartWriting();
+  }
+
   void StartWriting() {
     watch_->Arm();
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     FUSEDPS_HAPPENS_BEFORE(this);
-    StartWrite(&message_);
+    StartWrite(&buffer_);
   }
 
-  // The next message: TensorInfo that did not fit, then chunks, then the end.
+  // The next message: TensorInfo that did not fit, then chunks, then the end. A chunk is its
+  // framing and its payload: a slice of the window itself when the whole pull is in it and the
+  // wire has the stored dtype (the slice holds the window until gRPC is done with it), else a
+  // copy (the window is reloaded from a snapshot, or the values are rounded to 16 bits here).
   void WriteNext() {
     message_.Clear();
     message_payload_ = 0;
     if (next_info_ < tensors_.size()) {
       AddInfos(message_.mutable_tensors());
-      return StartWriting();
+      return StartWritingMessage();
     }
     const uint32_t wire_size = DTypeSize(dtype_);
     uint64_t room = chunk_bytes_ / wire_size;  // Elements left in this message.
     // Names count too: many small tensors with long names must not outgrow a message.
     const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
     uint64_t message_bytes = 0;
+    std::vector<grpc::Slice> slices;
     while (room > 0 && cursor_tensor_ < tensors_.size()) {
       const TensorMeta& meta = view_->tensor(tensors_[cursor_tensor_]);
       if (cursor_element_ == meta.numel) {
@@ -285,30 +318,35 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
         continue;
       }
       const uint64_t overhead = meta.name.size() + 32;  // Name, offset and framing.
-      if (message_.chunks_size() > 0 && message_bytes + overhead + wire_size > budget) break;
+      if (!slices.empty() && message_bytes + overhead + wire_size > budget) break;
       const uint64_t position = offsets_[cursor_tensor_] + cursor_element_ * stored_size_;
       if (position + stored_size_ > window_end_) {
         if (absl::Status s = LoadWindow(position); !s.ok()) return FinishCall(s);
       }
       const uint64_t count =
           std::min({room, meta.numel - cursor_element_, (window_end_ - position) / stored_size_});
-      const char* data = window_.data() + (position - window_begin_);
-      v1::TensorChunk* chunk = message_.add_chunks();
-      chunk->set_tensor(meta.name);
-      chunk->set_offset(cursor_element_);
-      if (stored_size_ == wire_size) {
-        chunk->set_data(data, count * wire_size);
-      } else {  // fp32 stored, 16-bit on the wire: rounded here.
-        std::string* out = chunk->mutable_data();
-        out->resize(count * wire_size);
-        StoreFloats(reinterpret_cast<const float*>(data), count, dtype_, out->data());
+      char* data = window_->data() + (position - window_begin_);
+      const uint64_t bytes = count * wire_size;
+      slices.emplace_back(ChunkFraming(meta.name, cursor_element_, bytes));
+      if (stored_size_ == wire_size && snapshot_ == nullptr) {
+        auto* hold = new std::shared_ptr<StagingPool::Reservation>(window_);
+        FUSEDPS_HAPPENS_BEFORE(hold);
+        slices.emplace_back(data, bytes, &ReleaseWindow, hold);
+      } else if (stored_size_ == wire_size) {
+        slices.emplace_back(data, bytes);  // A copy: the window is reloaded later.
+      } else {                             // fp32 stored, 16-bit on the wire: rounded here.
+        grpc::Slice rounded(bytes);
+        StoreFloats(reinterpret_cast<const float*>(data), count, dtype_,
+                    const_cast<uint8_t*>(rounded.begin()));
+        slices.push_back(std::move(rounded));
       }
       cursor_element_ += count;
       room -= count;
-      message_payload_ += count * wire_size;
-      message_bytes += overhead + count * wire_size;
+      message_payload_ += bytes;
+      message_bytes += overhead + bytes;
     }
-    if (message_.chunks_size() == 0) return FinishCall(absl::OkStatus());
+    if (slices.empty()) return FinishCall(absl::OkStatus());
+    buffer_ = grpc::ByteBuffer(slices.data(), slices.size());
     StartWriting();
   }
 
@@ -317,9 +355,9 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
     if (snapshot_ == nullptr) {
       return absl::InternalError(absl::StrCat("a pull read past its window at byte ", position));
     }
-    const uint64_t bytes = std::min(window_.bytes(), total_bytes_ - position);
+    const uint64_t bytes = std::min(window_->bytes(), total_bytes_ - position);
     if (absl::Status s =
-            services_.engine->CopyFromSnapshot(snapshot_, position, bytes, window_.data());
+            services_.engine->CopyFromSnapshot(snapshot_, position, bytes, window_->data());
         !s.ok()) {
       return s;
     }
@@ -365,14 +403,16 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
   uint64_t version_ = 0;
   std::vector<int64_t> steps_;
   void* snapshot_ = nullptr;
-  StagingPool::Reservation budget_;             // Of the snapshot budget.
-  StagingPool::Reservation window_;             // Of staging.
+  StagingPool::Reservation budget_;  // Of the snapshot budget.
+  // Of staging; shared with the slices of it that gRPC holds (WriteNext).
+  std::shared_ptr<StagingPool::Reservation> window_;
   uint64_t window_begin_ = 0, window_end_ = 0;  // The layout's bytes the window holds.
   size_t next_info_ = 0;                        // The next TensorInfo to send.
   size_t cursor_tensor_ = 0;                    // The next chunk's tensor and first element.
   uint64_t cursor_element_ = 0;
-  v1::PullParametersResponse message_;
-  uint64_t message_payload_ = 0;  // Tensor bytes in message_.
+  v1::PullParametersResponse message_;  // The header or TensorInfo message being built.
+  grpc::ByteBuffer buffer_;             // The message being written.
+  uint64_t message_payload_ = 0;        // Tensor bytes in buffer_.
   uint64_t bytes_sent_ = 0;
   std::atomic<bool> idle_{false};
 
@@ -387,9 +427,9 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullParametersResp
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::PullParametersResponse>* NewPullReactor(
-    grpc::CallbackServerContext* context, const v1::PullParametersRequest* request,
-    const ServiceContext& services) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           const ServiceContext& services) {
   return new PullReactor(context, *request, services);
 }
 

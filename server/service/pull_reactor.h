@@ -25,9 +25,12 @@
 
 namespace fusedps {
 
-grpc::ServerWriteReactor<v1::PullParametersResponse>* NewPullReactor(
-    grpc::CallbackServerContext* context, const v1::PullParametersRequest* request,
-    const ServiceContext& services);
+// `request` is a serialized PullParametersRequest; the reactor's messages are serialized
+// PullParametersResponses whose chunk payloads are slices of the pull's staging window, when the
+// pull fits in one (no copy), or copies of it otherwise.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           const ServiceContext& services);
 
 }  // namespace fusedps
 

@@ -193,8 +193,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::PushGradients(
   return NewPushReactor(context, response, services_);
 }
 
-grpc::ServerWriteReactor<v1::PullParametersResponse>* ParameterServiceImpl::PullParameters(
-    grpc::CallbackServerContext* context, const v1::PullParametersRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullParameters(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return NewPullReactor(context, request, services_);
 }
 

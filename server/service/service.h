@@ -22,8 +22,10 @@
 
 namespace fusedps {
 
+// Pushes and pulls are raw (grpc::ByteBuffer): a push is read from gRPC's slices straight into
+// staging, and a pull's chunks are gRPC slices of the staging that holds them (no copies).
 using ParameterServiceBase = v1::ParameterService::WithRawCallbackMethod_PushGradients<
-    v1::ParameterService::WithCallbackMethod_PullParameters<v1::ParameterService::Service>>;
+    v1::ParameterService::WithRawCallbackMethod_PullParameters<v1::ParameterService::Service>>;
 
 class ParameterServiceImpl final : public ParameterServiceBase {
  public:
@@ -37,8 +39,8 @@ class ParameterServiceImpl final : public ParameterServiceBase {
                                v1::RegisterTensorsResponse* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
       grpc::CallbackServerContext* context, grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<v1::PullParametersResponse>* PullParameters(
-      grpc::CallbackServerContext* context, const v1::PullParametersRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParameters(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,
                        v1::GetInfoResponse* response) override;
   // Blocks this handler's thread until the checkpoint is durable (Checkpointer::CheckpointNow).

@@ -336,6 +336,106 @@ struct ServerInfo {
   std::string plan_hash;  // The plan hash of the server's shard; empty when it has none.
 };
 
+// The size of a tensor that a PushTransaction sends.
+struct TensorSize {
+  std::string name;
+  uint64_t numel = 0;
+};
+
+// Where a pull writes one tensor (Client::PullInto): numel elements of the pull's dtype, raw
+// (little-endian fp32 or bf16 bits, as on the wire), at data.
+struct PullTarget {
+  std::string name;
+  void* data = nullptr;
+  uint64_t numel = 0;
+};
+
+struct PullIntoResult {
+  uint64_t version = 0;        // Every element was read at this model version.
+  std::vector<int64_t> steps;  // Each target's optimizer steps, in the targets' order.
+};
+
+namespace internal {
+class RawCall;
+}  // namespace internal
+
+// A push whose gradients are sent a piece at a time, as they are produced (a backward pass
+// that hands out each layer's gradients when they are ready: RemoteAdamW(overlap=True)), and
+// whose grad_scale is given at the end (PushHeader.commit_at_end): clipping and loss scaling
+// are decided after backward. The server stages each piece as it arrives and applies the
+// push as one atomic step once it is committed; a cancelled transaction applies nothing.
+// The pieces travel over the client's streams as the parts of one push, in messages of at most
+// max_chunk_bytes whose payload is the caller's memory itself (no copy on the client).
+//
+// Usage:
+//   auto push = client->BeginPush(options, {{"w", 4096}, {"b", 64}}).value();
+//   push->Write({{0, 0, 4096, w_grads_bf16}}).IgnoreError();  // while backward runs
+//   push->Write({{1, 0, 64, b_grads_bf16}}).IgnoreError();
+//   auto result = push->Commit(/*grad_scale=*/1.0f / clip_coef);  // one step, or an error
+//
+// Lifetimes: the memory of every piece stays valid and unchanged until Commit or Cancel has
+// returned (gRPC reads it while it sends); the destructor cancels a transaction that was not
+// committed. Thread safety: one thread at a time.
+class PushTransaction {
+ public:
+  // Elements [offset, offset + numel) of tensor number `tensor` (an index into BeginPush's
+  // tensors) as raw elements of the push's grad_dtype, little-endian, at `data`.
+  struct Piece {
+    size_t tensor = 0;
+    uint64_t offset = 0;
+    uint64_t numel = 0;
+    const void* data = nullptr;
+  };
+
+  PushTransaction(const PushTransaction&) = delete;
+  PushTransaction& operator=(const PushTransaction&) = delete;
+  ~PushTransaction();
+
+  // Queues pieces for sending and returns without waiting for them. Every element of every
+  // tensor must be written exactly once before Commit (the server checks).
+  // Errors: INVALID_ARGUMENT for a tensor index out of range or a piece past its tensor's end,
+  // FAILED_PRECONDITION after Commit or Cancel, and the status of a part that has failed
+  // already (the transaction can then only be cancelled).
+  absl::Status Write(absl::Span<const Piece> pieces);
+
+  // Sends the commit (grad_scale: the server divides the gradients by it; unset: none), ends
+  // every part, and waits for the push's reply, at most the client's timeout plus the push's
+  // bytes at min_bytes_per_second from now (then DEADLINE_EXCEEDED).
+  // Errors: as Client::PushGradients (the root cause when a part fails; the server's
+  // INVALID_ARGUMENT when pieces are missing, overlap or run past a tensor); FAILED_PRECONDITION
+  // when committed or cancelled already. Nothing is applied unless it returns OK.
+  absl::StatusOr<PushResult> Commit(std::optional<float> grad_scale);
+
+  // Cancels every part: the server applies nothing and frees the push's staging. Waits until
+  // gRPC no longer reads the pieces' memory. Does nothing after Commit has returned.
+  void Cancel();
+
+  // Payload bytes queued by Write so far.
+  uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  friend class Client;
+  struct SliceTracker;  // Counts the slices of the caller's memory that gRPC still holds.
+
+  PushTransaction(const ClientOptions& options, std::vector<TensorSize> tensors, DType dtype);
+  // Opens part `index` of `count` on `channel` and queues its header message.
+  void OpenPart(const std::shared_ptr<grpc::Channel>& channel, std::string header_message);
+  // The part with the fewest bytes queued.
+  internal::RawCall& LightestPart();
+  // Waits until gRPC has released every slice of the caller's memory.
+  void AwaitSlicesReleased();
+
+  const ClientOptions options_;
+  const std::vector<TensorSize> tensors_;
+  const DType dtype_;
+  uint64_t total_bytes_ = 0;  // The push's payload: every tensor in dtype.
+  std::vector<std::unique_ptr<internal::RawCall>> parts_;
+  std::vector<std::string> replies_;  // Each part's serialized PushGradientsResponse.
+  std::shared_ptr<SliceTracker> tracker_;
+  uint64_t bytes_written_ = 0;
+  bool ended_ = false;  // Committed or cancelled.
+};
+
 class Client {
  public:
   // Connects (lazily, on the first call) to target, e.g. "localhost:50051", over channels made
@@ -408,6 +508,27 @@ class Client {
   // reply is malformed (chunks that do not cover each tensor exactly, a chunk before its
   // tensor's TensorInfo, fewer or more TensorInfo than the reply's tensor count).
   absl::StatusOr<PullResult> PullParameters(const PullOptions& options);
+
+  // Begins a push of these tensors' gradients, sent a piece at a time and committed at the end
+  // (PushTransaction). It travels as `streams` parts, one per connection, named by
+  // options.client_id and options.sequence_number (this client's own when they are empty or
+  // 0); options.grad_scale must be unset (the commit carries it). Opens the parts' calls now, so
+  // that the server reserves the push's staging at once.
+  // Errors: INVALID_ARGUMENT for no tensors or options.grad_scale set; the server's errors
+  // (NOT_FOUND for an unknown tensor, ABORTED for a stale sequence number, ...) come from
+  // Write or Commit.
+  absl::StatusOr<std::unique_ptr<PushTransaction>> BeginPush(const PushOptions& options,
+                                                             absl::Span<const TensorSize> tensors);
+
+  // Pulls one field of the targets' tensors, all at one version, over one call on stream
+  // `stream` (modulo streams), writing each chunk's raw elements of options.dtype (kFloat32 or
+  // kBFloat16) straight from gRPC's buffers into its target: no conversion, one copy.
+  // options.tensors is ignored (the targets name the tensors).
+  // Errors: as PullParameters; INVALID_ARGUMENT for no targets, a null data pointer, or a target
+  // whose numel differs from the server's (naming it; the targets may then be partly written);
+  // INTERNAL for a malformed reply.
+  absl::StatusOr<PullIntoResult> PullInto(const PullOptions& options,
+                                          absl::Span<const PullTarget> targets, int stream = 0);
 
   // Describes the server: version, backend, device, sizes and param groups.
   absl::StatusOr<ServerInfo> GetInfo();

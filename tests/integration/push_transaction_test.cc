@@ -1,0 +1,209 @@
+// The C++ client's PushTransaction (pieces written as they come, committed with the step's
+// scale) and PullInto (raw elements into the caller's memory), against a real in-process
+// server on the CPU backend; the results must equal the host-side AdamW bit for bit.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "fusedps/client.h"
+#include "tests/integration/service_harness.h"
+
+namespace fusedps::integration {
+namespace {
+
+const std::vector<TensorDef> kModel = {{"w", {64, 64}, ""}, {"b", {64}, ""}};
+
+class PushTransactionTest : public ServiceTest {
+ protected:
+  std::unique_ptr<client::Client> MakeClient(int streams) {
+    client::ClientOptions options;
+    options.streams = streams;
+    options.max_chunk_bytes = 2048;  // Many messages, so that every part carries some.
+    auto made = client::Client::Create("127.0.0.1:" + std::to_string(server_->port()), options);
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? *std::move(made) : nullptr;
+  }
+  static std::vector<client::TensorSize> Sizes() { return {{"w", 4096}, {"b", 64}}; }
+};
+
+TEST_F(PushTransactionTest, PiecesWrittenInAnyOrderAreOneStepWithTheCommitsScale) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  for (int streams : {1, 3}) {
+    SCOPED_TRACE(streams);
+    std::unique_ptr<client::Client> trainer = MakeClient(streams);
+    ASSERT_NE(trainer, nullptr);
+    for (GradDType dtype : {GradDType::kFloat32, GradDType::kBFloat16}) {
+      const auto grads = RandomGrads({"w", "b"}, 100 + streams * 10 + static_cast<int>(dtype));
+      const std::string w = Encode(dtype, grads.at("w")), b = Encode(dtype, grads.at("b"));
+      const size_t half = 2048 * ElementSize(dtype);
+      client::PushOptions options;
+      options.grad_dtype =
+          dtype == GradDType::kFloat32 ? client::DType::kFloat32 : client::DType::kBFloat16;
+      auto push = trainer->BeginPush(options, Sizes());
+      ASSERT_TRUE(push.ok()) << push.status();
+      // The second half of w, then b, then the first half: pieces come as backward makes them.
+      ASSERT_TRUE((*push)->Write({{0, 2048, 2048, w.data() + half}}).ok());
+      ASSERT_TRUE((*push)->Write({{1, 0, 64, b.data()}, {0, 0, 2048, w.data()}}).ok());
+      EXPECT_EQ((*push)->bytes_written(), w.size() + b.size());
+      const float scale = dtype == GradDType::kFloat32 ? 0.5f : 3.0f;
+      absl::StatusOr<client::PushResult> result = (*push)->Commit(scale);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_FALSE(result->step_skipped);
+      EXPECT_EQ(result->grad_bytes, w.size() + b.size());
+      for (const auto& [name, values] : grads) host_.Step(name, RoundTrip(dtype, values), scale);
+      EXPECT_EQ(result->version, server_->engine().version());
+    }
+  }
+  ExpectMatchesHost(4);
+}
+
+TEST_F(PushTransactionTest, CancelledOrDestroyedTransactionsApplyNothing) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const ShardState before = Snapshot();
+  std::unique_ptr<client::Client> trainer = MakeClient(2);
+  ASSERT_NE(trainer, nullptr);
+  const std::string w = Encode(GradDType::kFloat32, RandomGrads({"w"}, 7).at("w"));
+  client::PushOptions options;
+  options.grad_dtype = client::DType::kFloat32;
+  {
+    auto push = trainer->BeginPush(options, Sizes());
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Write({{0, 0, 4096, w.data()}}).ok());
+    (*push)->Cancel();
+    EXPECT_EQ((*push)->Write({{1, 0, 64, w.data()}}).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*push)->Commit(std::nullopt).status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    auto push = trainer->BeginPush(options, Sizes());
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Write({{0, 0, 4096, w.data()}}).ok());
+  }  // Destroyed uncommitted.
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
+  ExpectSameState(before, Snapshot());
+}
+
+TEST_F(PushTransactionTest, BadPiecesAndMissingOnesFailWithoutApplying) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const ShardState before = Snapshot();
+  std::unique_ptr<client::Client> trainer = MakeClient(2);
+  ASSERT_NE(trainer, nullptr);
+  const std::string w = Encode(GradDType::kFloat32, RandomGrads({"w"}, 8).at("w"));
+  client::PushOptions options;
+  options.grad_dtype = client::DType::kFloat32;
+  auto push = trainer->BeginPush(options, Sizes());
+  ASSERT_TRUE(push.ok()) << push.status();
+  EXPECT_EQ((*push)->Write({{2, 0, 1, w.data()}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*push)->Write({{1, 60, 5, w.data()}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*push)->Write({{1, 0, 5, nullptr}}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*push)->Write({{0, 0, 4096, w.data()}}).ok());
+  // b never comes: the server finds it missing at the commit.
+  const absl::StatusOr<client::PushResult> result = (*push)->Commit(std::nullopt);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_NE(result.status().message().find("'b'"), std::string::npos) << result.status();
+
+  client::PushOptions scaled = options;
+  scaled.grad_scale = 2.0f;
+  EXPECT_EQ(trainer->BeginPush(scaled, Sizes()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer->BeginPush(options, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // An unknown tensor: the server refuses the header, and Write or Commit says so.
+  auto unknown = trainer->BeginPush(options, {{"nope", 4}});
+  ASSERT_TRUE(unknown.ok());
+  const float grads[4] = {1, 2, 3, 4};
+  absl::Status status = (*unknown)->Write({{0, 0, 4, grads}});
+  if (status.ok()) status = (*unknown)->Commit(std::nullopt).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  ExpectSameState(before, Snapshot());
+}
+
+TEST_F(PushTransactionTest, PullIntoWritesRawElementsOfOneVersion) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  ASSERT_NO_FATAL_FAILURE(PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32,
+                                      RandomGrads({"w", "b"}, 9)));
+  std::unique_ptr<client::Client> trainer = MakeClient(2);
+  ASSERT_NE(trainer, nullptr);
+  for (GradDType dtype : {GradDType::kFloat32, GradDType::kBFloat16}) {
+    SCOPED_TRACE(static_cast<int>(dtype));
+    const size_t size = ElementSize(dtype);
+    std::string w(4096 * size, '\0'), b(64 * size, '\0');
+    client::PullOptions options;
+    options.dtype =
+        dtype == GradDType::kFloat32 ? client::DType::kFloat32 : client::DType::kBFloat16;
+    for (int stream : {0, 1}) {
+      auto pulled =
+          trainer->PullInto(options, {{"b", b.data(), 64}, {"w", w.data(), 4096}}, stream);
+      ASSERT_TRUE(pulled.ok()) << pulled.status();
+      EXPECT_EQ(pulled->version, 1u);
+      EXPECT_EQ(pulled->steps, (std::vector<int64_t>{1, 1}));
+      ExpectSameBytes(w, Encode(dtype, host_.tensor("w").param), static_cast<int>(size), "w");
+      ExpectSameBytes(b, Encode(dtype, host_.tensor("b").param), static_cast<int>(size), "b");
+    }
+  }
+  // Optimizer state too, and a target of the wrong size is named.
+  std::vector<float> exp_avg(64);
+  auto state = trainer->PullInto({{}, client::DType::kFloat32, client::TensorField::kExpAvg},
+                                 {{"b", exp_avg.data(), 64}});
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(std::memcmp(exp_avg.data(), host_.tensor("b").exp_avg.data(), 64 * 4), 0);
+  std::vector<float> small(10);
+  auto wrong = trainer->PullInto({}, {{"b", small.data(), 10}});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("tensor b has 64 elements"), std::string::npos)
+      << wrong.status();
+  EXPECT_EQ(trainer->PullInto({}, {{"nope", small.data(), 10}}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Many trainers at once, each committing, cancelling or dropping its transactions: every
+// commit is one step, nothing else is applied, and every call ends (the sanitizers' stress of
+// RawCall's hold, write queue and slice tracking).
+TEST_F(PushTransactionTest, ManyConcurrentTransactionsCommitCancelOrDropCleanly) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const auto grads = RandomGrads({"w", "b"}, 11);
+  const std::string w = Encode(GradDType::kFloat32, grads.at("w"));
+  const std::string b = Encode(GradDType::kFloat32, grads.at("b"));
+  constexpr int kTrainers = 6, kRounds = 8;
+  std::atomic<int> commits{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kTrainers; ++t) {
+    threads.emplace_back([&, t] {
+      std::unique_ptr<client::Client> trainer = MakeClient(1 + t % 3);
+      if (trainer == nullptr) return;
+      client::PushOptions options;
+      options.grad_dtype = client::DType::kFloat32;
+      for (int round = 0; round < kRounds; ++round) {
+        auto push = trainer->BeginPush(options, Sizes());
+        if (!push.ok()) {
+          ++failures;
+          continue;
+        }
+        const int fate = (t + round) % 3;  // 0: commit, 1: cancel midway, 2: drop midway
+        if (!(*push)->Write({{0, 0, 2048, w.data()}}).ok()) ++failures;
+        if (fate == 1) {
+          (*push)->Cancel();
+          continue;
+        }
+        if (fate == 2) continue;  // Destroyed here, uncommitted.
+        if (!(*push)->Write({{0, 2048, 2048, w.data() + 2048 * 4}, {1, 0, 64, b.data()}}).ok()) {
+          ++failures;
+        }
+        if ((*push)->Commit(std::nullopt).ok()) {
+          ++commits;
+        } else {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
+  for (int n = 0; n < commits.load(); ++n) {
+    for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+  }
+  ExpectMatchesHost(static_cast<uint64_t>(commits.load()));
+}
+
+}  // namespace
+}  // namespace fusedps::integration
