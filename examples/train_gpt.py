@@ -77,7 +77,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpt_model import GPT, HAS_SDPA, GPTConfig  # examples/gpt_model.py, beside this file
+try:  # The model lives in the fusedps package (the self-check trains it too).
+    from fusedps.bench.gpt import GPT, HAS_SDPA, GPTConfig
+except ImportError as e:
+    sys.exit(f"error: {e}: run with PYTHONPATH=build/python (or wherever the fusedps client is "
+             "built or installed)")
 
 CORPUS_PACKAGE = "jargon-text"
 DEFAULT_DATA = "/usr/share/doc/jargon-text/jargon.txt.gz"
@@ -93,6 +97,9 @@ PRESETS = {
     # ~39.7M parameters.
     "medium": dict(n_layer=8, d_model=640, n_head=10, context=256, batch_size=64, lr=6e-4,
                    steps=1000, eval_every=250, eval_batches=20),
+    # ~85.4M parameters: GPT-2 small's shape (12 layers, d_model 768) over bytes.
+    "gpt2": dict(n_layer=12, d_model=768, n_head=12, context=256, batch_size=64, lr=6e-4,
+                 steps=1000, eval_every=250, eval_batches=20),
 }
 
 
@@ -119,6 +126,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefix", default="gpt.", help="tensor name prefix on the server")
     p.add_argument("--streams", type=int,
                    help="concurrent streams of the fusedps client (client_options['streams'])")
+    p.add_argument("--overlap", action="store_true",
+                   help="--optimizer remote: RemoteAdamW(overlap=True), the push during "
+                        "backward and the pull during the next forward")
+    p.add_argument("--delay", type=int, default=0, choices=[0, 1],
+                   help="with --overlap: 1 for the one-step-delayed update (staleness 1)")
+    p.add_argument("--delay-warmup", type=int, default=10,
+                   help="with --delay 1: steps without delay first")
+    p.add_argument("--pull-dtype", choices=["float32", "bfloat16"],
+                   help="with --overlap: the dtype parameters are pulled in (default float32)")
+    p.add_argument("--bucket-mib", type=float, default=8.0,
+                   help="with --overlap: gradient bucket size, MiB of wire bytes")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -202,9 +220,13 @@ def split_corpus(data: torch.Tensor, val_fraction: float, context: int):
 
 def sample_batch(data: torch.Tensor, batch_size: int, context: int,
                  generator: torch.Generator):
-    """Random windows of data: (inputs, targets), int64 [batch_size, context] each, on CPU."""
+    """Random windows of data: (inputs, targets), int64 [batch_size, context] each, on data's
+    device. The offsets come from the CPU generator (the same on every device); the windows
+    are gathered where the corpus is, so that a GPU run does no per-step CPU tensor work that
+    other threads (a fusedps client's) would slow down."""
     starts = torch.randint(0, len(data) - context, (batch_size,), generator=generator)
-    windows = data[starts.view(-1, 1) + torch.arange(context + 1)].long()
+    offsets = starts.to(data.device).view(-1, 1) + torch.arange(context + 1, device=data.device)
+    windows = data[offsets].long()
     return windows[:, :-1], windows[:, 1:]
 
 
@@ -222,9 +244,9 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     hyper = dict(lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                  weight_decay=args.weight_decay)
     if args.optimizer == "torch":
-        if (args.state_dtype, args.params_dtype) != ("fp32", "fp32"):
-            raise UsageError("--state-dtype and --params-dtype are the server's storage: use "
-                             "them with --optimizer remote")
+        if (args.state_dtype, args.params_dtype) != ("fp32", "fp32") or args.overlap:
+            raise UsageError("--state-dtype, --params-dtype and --overlap are for "
+                             "--optimizer remote")
         return torch.optim.AdamW(model.parameters(), **hyper)
     try:
         from fusedps.torch import RemoteAdamW
@@ -233,10 +255,15 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
                          "PYTHONPATH=build/python (or wherever the client is built)") from None
     targets = args.targets[0] if len(args.targets) == 1 else args.targets
     client_options = {} if args.streams is None else {"streams": args.streams}
+    overlap = {}
+    if args.overlap:
+        overlap = dict(overlap=True, delay=args.delay, delay_warmup=args.delay_warmup,
+                       pull_dtype=args.pull_dtype,
+                       bucket_bytes=int(args.bucket_mib * (1 << 20)))
     return RemoteAdamW(model.named_parameters(), targets=targets, grad_dtype=args.grad_dtype,
                        client_options=client_options, prefix=args.prefix,
                        state_dtype=args.state_dtype, params_dtype=args.params_dtype,
-                       rounding_seed=args.seed, **hyper)
+                       rounding_seed=args.seed, **overlap, **hyper)
 
 
 def round_grads(model: torch.nn.Module, grad_dtype: str) -> None:
@@ -335,10 +362,15 @@ def train_step(model, optimizer, scheduler, train, batch_gen, args, device) -> d
     timings = getattr(optimizer, "last_step_timings", None) or {}
     return dict(loss=loss.item(), lr=lr, data_seconds=data_seconds, fwd_bwd_seconds=fwd_bwd,
                 optimizer_seconds=opt_seconds,
-                push_seconds=float(timings.get("push_seconds", 0.0)),
-                pull_seconds=float(timings.get("pull_seconds", 0.0)),
-                hyperparameters_seconds=float(timings.get("hyperparameters_seconds", 0.0)),
-                step_seconds=time.perf_counter() - t_start)
+                step_seconds=time.perf_counter() - t_start,
+                **{key: float(timings.get(key, 0.0)) for key in TIMING_KEYS})
+
+
+# RemoteAdamW.last_step_timings kept per step (0 with --optimizer torch). With --overlap the
+# pull that the forward waited for is the one the previous step started.
+TIMING_KEYS = ("push_seconds", "pull_seconds", "hyperparameters_seconds", "push_exposed_seconds",
+               "push_hidden_seconds", "pull_exposed_seconds", "pull_hidden_seconds",
+               "check_seconds")
 
 
 def summarize(records, val_loss: float, args) -> dict:
@@ -353,12 +385,19 @@ def summarize(records, val_loss: float, args) -> dict:
     step_ms = mean_ms("step_seconds")
     split = dict(fwd_bwd_ms=mean_ms("fwd_bwd_seconds"), push_ms=mean_ms("push_seconds"),
                  pull_ms=mean_ms("pull_seconds"))
+    overlap = {key.replace("_seconds", "_ms"): mean_ms(key) for key in TIMING_KEYS[3:]}
+    if args.overlap:
+        # Pushes and pulls ran beside the forward and backward: the step's own time is its
+        # compute plus what was exposed.
+        split["push_ms"], split["pull_ms"] = overlap["push_exposed_ms"], 0.0
     return dict(steps=len(records), first_loss=records[0]["loss"],
                 final_train_loss=records[-1]["loss"], train_loss_last5=sum(last) / len(last),
                 val_loss=val_loss, timed_steps=len(timed), step_ms=step_ms,
                 data_ms=mean_ms("data_seconds"), optimizer_ms=mean_ms("optimizer_seconds"),
                 hyperparameters_ms=mean_ms("hyperparameters_seconds"),
-                other_ms=step_ms - sum(split.values()), **split)
+                other_ms=step_ms - sum(split.values()), **split,
+                push_total_ms=mean_ms("push_seconds"), pull_total_ms=mean_ms("pull_seconds"),
+                **overlap)
 
 
 def print_sample(model, val: torch.Tensor, args, device) -> None:
@@ -391,6 +430,7 @@ def train(args) -> int:
     device = check_device(args)
     data = load_corpus(args.data)
     train_data, val_data = split_corpus(data, args.val_fraction, args.context)
+    train_data, val_data = train_data.to(device), val_data.to(device)
     torch.manual_seed(args.seed)
     cfg = GPTConfig(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
                     context=args.context, dropout=args.dropout)
@@ -459,6 +499,12 @@ def train(args) -> int:
           f"{summary['push_ms']:.2f} + pull {summary['pull_ms']:.2f} + other "
           f"{summary['other_ms']:.2f} (mean of steps {args.steps - summary['timed_steps'] + 1}"
           f"..{args.steps})")
+    if args.overlap:
+        print(f"overlap: push {summary['push_total_ms']:.2f} ms per step (hidden "
+              f"{summary['push_hidden_ms']:.2f}, exposed {summary['push_exposed_ms']:.2f}), pull "
+              f"{summary['pull_total_ms']:.2f} (hidden {summary['pull_hidden_ms']:.2f}, exposed "
+              f"{summary['pull_exposed_ms']:.2f}, inside fwd+bwd), check "
+              f"{summary['check_ms']:.2f}; fallbacks {optimizer.overlap_fallbacks}")
     if args.sample_bytes > 0:
         print_sample(model, val_data, args, device)
     print("RESULT " + json.dumps(dict(
@@ -466,7 +512,8 @@ def train(args) -> int:
         train_loss_last5=summary["train_loss_last5"], final_val_loss=summary["val_loss"],
         test_accuracy=None, steps=summary["steps"], step_ms=summary["step_ms"],
         optimizer=args.optimizer, preset=args.preset, state_dtype=args.state_dtype,
-        params_dtype=args.params_dtype, grad_dtype=args.grad_dtype, seed=args.seed)),
+        params_dtype=args.params_dtype, grad_dtype=args.grad_dtype, seed=args.seed,
+        overlap=args.overlap, delay=args.delay)),
         flush=True)
     return check_expectations(summary, args)
 

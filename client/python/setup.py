@@ -55,7 +55,7 @@ class BuildPyWithStubs(build_py):
 
 
 commands = {"build_py": BuildPyWithStubs}
-packages = ["fusedps"]
+packages = ["fusedps", "fusedps.bench"]
 if os.path.isdir(os.path.join(HERE, "fusedps", "v1")):
     packages.append("fusedps.v1")
 

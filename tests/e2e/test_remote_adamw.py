@@ -11,10 +11,7 @@ for-loop AdamW); on the GPU under fp16 autocast, where each run's forward passes
 own way, within 1e-4. The focused tests after it give both optimizers the same gradients
 (RemoteAdamW's model's, copied), so that they compare the optimizers alone.
 
-GradScaler: torch.amp.GradScaler("cpu") where torch has it (>= 2.3); on older torch (Debian's
-1.13), whose GradScaler is CUDA-only, torch's own torch.cuda.amp.GradScaler class with its two
-CUDA-only kernels (unscale-and-check, scale update) redone in Python on CPU tensors, so that its
-step()/unscale_()/update() logic, which RemoteAdamW plugs into, is torch's. With
+GradScaler: grad_scalers.make_scaler (torch's own GradScaler on every torch version). With
 FUSEDPS_TEST_DEVICE=cuda on a machine with CUDA, the model runs on the GPU under fp16 autocast
 with a real CUDA GradScaler (dynamic scale) and the servers use the CUDA backend.
 """
@@ -24,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections import defaultdict
 from typing import Callable, Dict, List
-from unittest import mock
 
 import grpc
 import pytest
@@ -35,6 +30,7 @@ import torch
 import fusedps
 from fusedps.plan import make_plan
 from fusedps.torch import RemoteAdamW
+from grad_scalers import make_scaler
 from server_fixture import running_server
 
 # torch >= 2.3 warns at each GradScaler.step that its grad_scaler keyword will go; fusedps.torch
@@ -59,64 +55,6 @@ def _has_load_state() -> bool:
 
 needs_load_state = pytest.mark.skipif(not _has_load_state(),
                                       reason="fusedps.Client.load_state not available")
-
-
-# ----------------------------------------------------------------------------------------------
-# GradScaler on every torch version
-# ----------------------------------------------------------------------------------------------
-
-class CpuGradScaler(torch.cuda.amp.GradScaler):
-    """torch 1.x's GradScaler on CPU tensors: its two CUDA-only kernels redone in Python, all
-    the rest (step, unscale_, stages, per-optimizer found_inf records) torch's own code."""
-
-    def __init__(self, **kwargs):
-        import torch.cuda.amp.grad_scaler as gs
-
-        with mock.patch.object(gs, "amp_definitely_not_available", return_value=False):
-            super().__init__(**kwargs)
-
-    def scale(self, outputs):
-        if self._scale is None:
-            self._scale = torch.full((1,), float(self._init_scale))
-            self._growth_tracker = torch.zeros(1, dtype=torch.int32)
-        return outputs * self._scale
-
-    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        if not torch.isfinite(p.grad).all():
-                            found_inf.fill_(1.0)
-                        p.grad.mul_(inv_scale)
-        return {found_inf.device: found_inf}
-
-    def update(self, new_scale=None):
-        from torch.cuda.amp.grad_scaler import _refresh_per_optimizer_state
-
-        found = [f for s in self._per_optimizer_states.values()
-                 for f in s["found_inf_per_device"].values()]
-        assert found, "No inf checks were recorded prior to update."
-        if sum(float(f.item()) for f in found):
-            self._scale.mul_(self._backoff_factor)
-            self._growth_tracker.zero_()
-        else:
-            self._growth_tracker += 1
-            if int(self._growth_tracker.item()) == self._growth_interval:
-                self._scale.mul_(self._growth_factor)
-                self._growth_tracker.zero_()
-        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-
-
-def make_scaler(init_scale: float = 1024.0, growth_interval: int = 10_000):
-    """A GradScaler for DEVICE (see the module docstring)."""
-    kwargs = dict(init_scale=init_scale, growth_interval=growth_interval)
-    amp_scaler = getattr(torch.amp, "GradScaler", None)
-    if DEVICE.type == "cuda":
-        return amp_scaler("cuda", **kwargs) if amp_scaler else torch.cuda.amp.GradScaler(**kwargs)
-    if amp_scaler is not None:
-        return amp_scaler("cpu", **kwargs)
-    return CpuGradScaler(**kwargs)
 
 
 def autocast():
@@ -727,65 +665,3 @@ def test_import_is_lazy():
     code = ("import sys, fusedps; assert 'fusedps.torch' not in sys.modules; "
             "import fusedps.torch as ft; assert ft.torch.optim.AdamW is not None")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-# ----------------------------------------------------------------------------------------------
-# overlap=True (torch >= 2.1)
-# ----------------------------------------------------------------------------------------------
-
-HAS_POST_ACCUMULATE_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-needs_hook = pytest.mark.skipif(not HAS_POST_ACCUMULATE_HOOK,
-                                reason="overlap=True needs torch >= 2.1")
-
-
-@pytest.mark.skipif(HAS_POST_ACCUMULATE_HOOK, reason="torch >= 2.1 has the hook")
-def test_overlap_needs_a_newer_torch(server_target):
-    with pytest.raises(RuntimeError, match="torch >= 2.1"):
-        RemoteAdamW(Net(16).named_parameters(), targets=server_target, prefix="ov-old/",
-                    overlap=True)
-
-
-@needs_hook
-def test_overlap_matches_torch(server_target):
-    """Pushes from the backward pass, in several buckets (each its own server step), give
-    torch's params; no_push() accumulates micro-batches; a GradScaler given to the optimizer
-    scales the pushes."""
-    ours, theirs = _models(17)
-    hyper = dict(lr=0.01, weight_decay=0.1, amsgrad=True)
-    scalers = [make_scaler(init_scale=64.0), make_scaler(init_scale=64.0)]
-    opt = RemoteAdamW(ours.named_parameters(), targets=server_target, prefix="overlap/",
-                      overlap=True, bucket_bytes=2000, grad_scaler=scalers[0], **hyper)
-    topt = torch_adamw(theirs.named_parameters(), **hyper)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    tsched = torch.optim.lr_scheduler.StepLR(topt, step_size=2, gamma=0.5)
-    for step in range(6):
-        version = opt.client.info().version
-        for o in (opt, topt):
-            o.zero_grad(set_to_none=True)
-        x, y = batch(step)
-        if step % 2:  # two micro-batches: the first one's backward pushes nothing
-            with opt.no_push():
-                scalers[0].scale(ours.loss(x[:8], y[:8], step % 3 == 0) / 2).backward()
-            scalers[0].scale(ours.loss(x[8:], y[8:], step % 3 == 0) / 2).backward()
-        else:
-            scalers[0].scale(ours.loss(x, y, step % 3 == 0)).backward()
-        scalers[1].scale(torch.zeros((), device=DEVICE))  # its lazy init; grads come copied
-        copy_grads(ours, theirs)
-        for o, scaler in zip((opt, topt), scalers):
-            scaler.step(o)
-            scaler.update()
-        sched.step()
-        tsched.step()
-        assert opt.client.info().version > version + 1, "several buckets, several steps"
-        assert opt.last_step_timings["push_seconds"] > 0
-        assert "overlap_wait_seconds" in opt.last_step_timings
-    assert_params_close(ours, theirs)
-    assert_state_dicts_close(opt.state_dict(), topt.state_dict())
-
-    # unscale_ comes too late: the gradients went out during backward.
-    opt.zero_grad()
-    scalers[0].scale(ours.loss(*batch(9), True)).backward()
-    scalers[0].unscale_(opt)
-    with pytest.raises(RuntimeError, match="unscale_"):
-        scalers[0].step(opt)
-    opt.close()

@@ -19,6 +19,7 @@ imported only by the calls that move tensors, not by ``import fusedps``.
 from fusedps import errors
 from fusedps.client import Client
 from fusedps.errors import FusedPSError
+from fusedps._push_transaction import PushTransaction
 from fusedps.plan import PlanSlice, ShardPlan, make_plan
 from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
                              ServerInfo, TensorInfo, TensorList)
@@ -47,6 +48,7 @@ __all__ = [
     "PulledShards",
     "PulledTensors",
     "PushResult",
+    "PushTransaction",
     "RegisterResult",
     "ServerInfo",
     "ShardPlan",

@@ -10,8 +10,9 @@ build and the wheel put it). It links the C++ gRPC libraries it was built agains
 which must be on the loader's path.
 
 Lifetimes: a NativeClient owns one fusedps_client from __init__ to close(). The tensors given to
-push()/pull() are held by the caller's frame for the whole call; the C side reads (or writes)
-them only during the call.
+push()/pull()/pull_raw() are held by the caller's frame for the whole call; the C side reads (or
+writes) them only during the call. A NativePush reads the memory of its writes until its
+commit() or cancel() returns; the caller keeps it alive until then.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 3  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 4  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -77,6 +78,26 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.fusedps_push_gradients.argtypes = [
         ctypes.c_void_p, p(_PushHeader), ctypes.c_size_t, p(ctypes.c_char_p),
         p(ctypes.c_void_p), p(ctypes.c_uint64), p(_PushResult), p(_Error)]
+    lib.fusedps_push_begin.restype = ctypes.c_void_p
+    lib.fusedps_push_begin.argtypes = [
+        ctypes.c_void_p, p(_PushHeader), ctypes.c_size_t, p(ctypes.c_char_p), p(ctypes.c_uint64),
+        p(_Error)]
+    lib.fusedps_push_write.restype = ctypes.c_int32
+    lib.fusedps_push_write.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, p(ctypes.c_uint64), p(ctypes.c_uint64),
+        p(ctypes.c_uint64), p(ctypes.c_void_p), p(_Error)]
+    lib.fusedps_push_commit.restype = ctypes.c_int32
+    lib.fusedps_push_commit.argtypes = [ctypes.c_void_p, ctypes.c_float, p(_PushResult),
+                                        p(_Error)]
+    lib.fusedps_push_cancel.restype = None
+    lib.fusedps_push_cancel.argtypes = [ctypes.c_void_p]
+    lib.fusedps_push_destroy.restype = None
+    lib.fusedps_push_destroy.argtypes = [ctypes.c_void_p]
+    lib.fusedps_pull_into.restype = ctypes.c_int32
+    lib.fusedps_pull_into.argtypes = [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t,
+        p(ctypes.c_char_p), p(ctypes.c_void_p), p(ctypes.c_uint64), p(ctypes.c_uint64),
+        p(ctypes.c_int64), p(_Error)]
     lib.fusedps_pull.restype = ctypes.c_int32
     lib.fusedps_pull.argtypes = [
         ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t, p(ctypes.c_char_p),
@@ -204,6 +225,87 @@ class NativeClient:
         if code:
             _raise(error)
         return int(version.value), list(steps)
+
+
+    def begin_push(self, *, client_id: str, sequence_number: int, grad_dtype: int,
+                   base_version: int, plan_hash: str, names: Sequence[str],
+                   numels: Sequence[int]) -> "NativePush":
+        """Begins a push of ``names`` (numels[i] elements each), committed at the end
+        (fusedps_push_begin). Raises ValueError for arguments the library refuses."""
+        header = _PushHeader(client_id.encode("utf-8"), sequence_number, grad_dtype, -1.0,
+                             base_version, plan_hash.encode("utf-8"))
+        counts = (ctypes.c_uint64 * len(numels))(*numels)
+        error = _Error()
+        handle = self._lib.fusedps_push_begin(self._handle, ctypes.byref(header), len(names),
+                                              _names(names), counts, ctypes.byref(error))
+        if not handle:
+            _raise(error)
+        return NativePush(self._lib, handle)
+
+    def pull_raw(self, names: Sequence[str], pointers: Sequence[int], numels: Sequence[int], *,
+                 dtype: int, field: int, stream: int = 0) -> Tuple[int, List[int]]:
+        """Pulls one field of ``names`` over one call on ``stream``, writing numels[i] raw
+        elements of ``dtype`` at pointers[i] (host memory the caller keeps alive). Returns
+        (version, steps). Raises ValueError naming a tensor of another size, FusedPSError for
+        the call's status."""
+        n = len(names)
+        dst = (ctypes.c_void_p * n)(*pointers)
+        counts = (ctypes.c_uint64 * n)(*numels)
+        steps = (ctypes.c_int64 * n)()
+        version = ctypes.c_uint64()
+        error = _Error()
+        code = self._lib.fusedps_pull_into(self._handle, stream, dtype, field, n, _names(names),
+                                           dst, counts, ctypes.byref(version), steps,
+                                           ctypes.byref(error))
+        if code:
+            _raise(error)
+        return int(version.value), list(steps)
+
+
+class NativePush:
+    """One fusedps_push: a push written a piece at a time and committed at the end.
+
+    Lifetimes: the memory each write() points at is read until commit() or cancel() returns;
+    close() (or commit/cancel, then close) frees the handle. One thread at a time.
+    """
+
+    def __init__(self, lib: ctypes.CDLL, handle: int):
+        self._lib = lib
+        self._handle = handle
+
+    def write(self, tensors: Sequence[int], offsets: Sequence[int], counts: Sequence[int],
+              pointers: Sequence[int]) -> None:
+        """Queues pieces: elements [offsets[i], + counts[i]) of tensor number tensors[i], raw
+        wire-dtype elements at pointers[i]. Raises ValueError for a piece outside its tensor,
+        FusedPSError when a part of the push has failed."""
+        n = len(tensors)
+        error = _Error()
+        code = self._lib.fusedps_push_write(
+            self._handle, n, (ctypes.c_uint64 * n)(*tensors), (ctypes.c_uint64 * n)(*offsets),
+            (ctypes.c_uint64 * n)(*counts), (ctypes.c_void_p * n)(*pointers),
+            ctypes.byref(error))
+        if code:
+            _raise(error)
+
+    def commit(self, grad_scale: Optional[float]) -> _PushResult:
+        """Commits with grad_scale (None: none) and returns the reply. Raises FusedPSError."""
+        result = _PushResult()
+        error = _Error()
+        code = self._lib.fusedps_push_commit(self._handle,
+                                             -1.0 if grad_scale is None else grad_scale,
+                                             ctypes.byref(result), ctypes.byref(error))
+        if code:
+            _raise(error)
+        return result
+
+    def cancel(self) -> None:
+        if self._handle:
+            self._lib.fusedps_push_cancel(self._handle)
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.fusedps_push_destroy(handle)
 
 
 def pull_into(native: NativeClient, targets: Sequence, wire: str, field: int) -> PulledTensors:

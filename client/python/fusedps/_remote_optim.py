@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import grpc
 import torch
 
 from fusedps._requests import (PARAMS_DTYPES, STATE_DTYPES, checked_rounding_seed,
@@ -193,6 +194,84 @@ def new_timings() -> Dict[str, float]:
     """RemoteAdamW.last_step_timings with nothing done."""
     return {"push_seconds": 0.0, "pull_seconds": 0.0, "hyperparameters_seconds": 0.0,
             "load_state_seconds": 0.0}
+
+
+def check_overlap_options(overlap: bool, bucket_bytes: int, delay: int, delay_warmup: int,
+                          pull_dtype: Optional[str]) -> None:
+    """ValueError for RemoteAdamW's overlap arguments out of range (delay without overlap,
+    too)."""
+    if int(bucket_bytes) < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    if delay not in (0, 1):
+        raise ValueError(f"delay must be 0 or 1, got {delay!r}")
+    if delay and not overlap:
+        raise ValueError("delay=1 needs overlap=True")
+    if int(delay_warmup) < 0:
+        raise ValueError(f"delay_warmup must be >= 0, got {delay_warmup}")
+    if pull_dtype is not None and pull_dtype not in GRAD_DTYPES:
+        raise ValueError(f"pull_dtype must be None, 'float32' or 'bfloat16', got {pull_dtype!r}")
+
+
+# The streams of a client RemoteAdamW(overlap=True) makes, unless client_options say: a push's
+# parts and the pull's groups move over that many connections at once.
+OVERLAP_STREAMS = 8
+
+
+def overlap_client_options(options: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The client options of RemoteAdamW(overlap=True): ``options`` with OVERLAP_STREAMS
+    streams unless they set streams."""
+    options = dict(options or {})
+    options.setdefault("streams", OVERLAP_STREAMS)
+    return options
+
+
+def register_group(client: Any, name: str, h: HyperTuple, amsgrad: bool,
+                   storage: Storage) -> None:
+    """Registers a server param group with these values; a group that exists already (a
+    restarted trainer, an lr a schedule changed) takes them, unless its amsgrad or storage
+    differs, which no call can change (ValueError)."""
+    kwargs = hyperparameter_kwargs(h)
+    try:
+        client.register_param_group(
+            name, amsgrad=amsgrad, decoupled_weight_decay=True,
+            state_dtype=storage.state_dtype, params_dtype=storage.params_dtype,
+            rounding_seed=storage.rounding_seed, **kwargs)
+        return
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise
+    infos = client.info()
+    for info in infos if isinstance(infos, list) else [infos]:
+        for g in info.param_groups:
+            if g.name != name:
+                continue
+            if g.amsgrad is not None and bool(g.amsgrad) != amsgrad:
+                raise ValueError(f"the server's param group {name!r} has amsgrad="
+                                 f"{g.amsgrad}; this optimizer's has amsgrad={amsgrad}")
+            check_server_storage(name, g, storage)
+    client.set_hyperparameters(name, decoupled_weight_decay=True, **kwargs)
+
+
+def register_tensors(client: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
+                     groups: Sequence[str]) -> None:
+    """Registers each (name, param) in its server group (groups[i]) with its current value,
+    on one server or through a ShardedClient's plan (ValueError when that plan puts a tensor
+    in another group)."""
+    detached = [(n, p.detach()) for n, p in pairs]
+    if isinstance(client, ShardedClient):
+        group_of = {n: groups[i] for i, (n, _) in enumerate(detached)}
+        plan = client.plan
+        for s in plan.slices if plan is not None else ():
+            if s.tensor in group_of and s.param_group != group_of[s.tensor]:
+                raise ValueError(f"the ShardedClient's plan puts {s.tensor!r} in param "
+                                 f"group {s.param_group!r}, this optimizer in "
+                                 f"{group_of[s.tensor]!r} (make the plan with "
+                                 "the optimizer's group names)")
+        client.register_model(detached, param_group=group_of)
+        return
+    for group_name in dict.fromkeys(groups):
+        batch = [pair for pair, g in zip(detached, groups) if g == group_name]
+        client.register_model(batch, param_group=group_name)
 
 
 def make_client(targets: Union[str, Sequence[str]],
@@ -461,128 +540,3 @@ def write_state(client: Any, states: Mapping[str, Mapping[str, torch.Tensor]],
         raise RuntimeError(f"{type(client).__name__} has no load_state: this fusedps client "
                            "cannot write optimizer state")
     load(states, steps)
-
-
-# ----------------------------------------------------------------------------------------------
-# overlap=True: pushes from the backward pass
-# ----------------------------------------------------------------------------------------------
-
-class OverlapPusher:
-    """Pushes gradients while backward() runs (RemoteAdamW(overlap=True)).
-
-    A post-accumulate-grad hook on each param (torch >= 2.1) adds the param to the current
-    bucket; a bucket of ``bucket_bytes`` wire bytes or more goes to one worker thread, which
-    pushes it (one server step). The first bucket of a step is preceded by ``start()`` (state
-    writes, hyperparameters) on the same thread: every call to the client comes from that one
-    thread while the backward runs. ``finish()`` pushes the last bucket and waits for all.
-
-    Args:
-      pairs: (name, param) of every param.
-      bucket_bytes: the wire bytes that close a bucket.
-      wire_itemsize: bytes per element on the wire.
-      start: called on the worker before the first push of a step; when it fails, the step's
-        pushes are dropped and finish() raises its error.
-      push: push(names) -> PushResult, called on the worker.
-    """
-
-    def __init__(self, pairs: Sequence[Tuple[str, torch.Tensor]], bucket_bytes: int,
-                 wire_itemsize: int, start: Callable[[], None],
-                 push: Callable[[List[str]], Any]):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
-        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
-            raise RuntimeError("overlap=True needs torch >= 2.1 (Tensor."
-                               f"register_post_accumulate_grad_hook); this is {torch.__version__}")
-        if int(bucket_bytes) < 1:
-            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-        self.bucket_bytes = int(bucket_bytes)
-        self.enabled = True
-        self._itemsize = wire_itemsize
-        self._start, self._push = start, push
-        self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedps-overlap")
-        self._bucket: List[Tuple[str, torch.Tensor]] = []
-        self._bytes = 0
-        self._futures: List[Any] = []
-        self._started = False
-        self._start_failed = False
-        self.push_seconds = 0.0
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in pairs]
-
-    @property
-    def pending(self) -> bool:
-        """True when the current step has pushed (or queued) something."""
-        return self._started
-
-    def _hook(self, name: str):
-        def hook(param: torch.Tensor) -> None:
-            if not self.enabled:
-                return
-            with self._lock:
-                if not self._started:
-                    self._started = True
-                    self._start_failed = False
-                    self._futures.append(self._executor.submit(self._run_start))
-                self._bucket.append((name, param))
-                self._bytes += param.numel() * self._itemsize
-                if self._bytes >= self.bucket_bytes:
-                    self._flush_locked()
-        return hook
-
-    def _flush_locked(self) -> None:
-        if not self._bucket:
-            return
-        bucket, self._bucket, self._bytes = self._bucket, [], 0
-        # The worker reads the grads on its own CUDA stream: it waits for the streams the
-        # backward wrote them on, up to now.
-        events = []
-        for device in {p.grad.device for _, p in bucket if p.grad is not None}:
-            if device.type == "cuda":
-                events.append(torch.cuda.current_stream(device).record_event())
-        names = [n for n, _ in bucket]
-
-        def push():
-            if self._start_failed:  # no push on hyperparameters or state not sent
-                return None
-            for e in events:
-                e.synchronize()
-            return self._push(names)
-
-        self._futures.append(self._executor.submit(self._timed, push))
-
-    def _run_start(self) -> None:
-        try:
-            self._start()
-        except BaseException:
-            self._start_failed = True
-            raise
-
-    def _timed(self, fn: Callable[[], Any]) -> Any:
-        import time
-
-        start = time.perf_counter()
-        try:
-            return fn()
-        finally:
-            self.push_seconds += time.perf_counter() - start
-
-    def finish(self) -> Tuple[List[Any], float]:
-        """Pushes the last bucket and waits for every push of the step. Returns (the pushes'
-        results, in order; the seconds the worker spent pushing). Raises the first error,
-        after all have ended."""
-        with self._lock:
-            self._flush_locked()
-            futures, self._futures, self._started = self._futures, [], False
-        errors = [f.exception() for f in futures]
-        push_seconds, self.push_seconds = self.push_seconds, 0.0
-        for e in errors:
-            if e is not None:
-                raise e
-        return [r for r in (f.result() for f in futures[1:]) if r is not None], push_seconds
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        self._executor.shutdown(wait=True)

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Seque
 
 import grpc
 
-from fusedps import _chunks, _deadlines, _native, _replies, _security, _transport, errors
+from fusedps import (_chunks, _deadlines, _native, _push_transaction, _replies, _security,
+                     _transport, errors)
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
                                _named_tensors, checked_group_hyperparameters, checked_states)
@@ -57,6 +58,8 @@ from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc a
 
 if TYPE_CHECKING:
     import torch
+
+    from fusedps._push_transaction import PushTransaction
 else:
     torch = LazyModule("torch")
 
@@ -493,6 +496,67 @@ class Client:
         return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
                           int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
                           int(r.round_workers))
+
+    def begin_push(self, tensors: Sequence[Tuple[str, int]], *, grad_dtype="float32",
+                   base_version: Optional[int] = None, plan_hash: str = "",
+                   client_id: Optional[str] = None,
+                   sequence_number: int = 0) -> "PushTransaction":
+        """Begins a push of ``tensors`` ((name, numel) pairs) written a piece at a time and
+        committed with its grad_scale at the end (fusedps.PushTransaction; the server applies
+        it as one atomic step). It goes as one part per stream; client_id None and
+        sequence_number 0 take this client's own, as pushes in parts do (see ``streams``).
+
+        Raises:
+          ValueError: no tensors, an unknown grad_dtype. Server errors (NOT_FOUND for an
+            unknown tensor, ABORTED for a stale sequence number) come from its write/commit.
+        """
+        if not tensors:
+            raise ValueError("begin_push needs a tensor")
+        header = pb.PushHeader(client_id=self.client_id if client_id is None else client_id,
+                               sequence_number=int(sequence_number))
+        self._name_push(header)
+        return _push_transaction.begin(
+            self, [(str(n), int(k)) for n, k in tensors], _chunks.wire_dtype_name(grad_dtype),
+            self.last_pulled_version if base_version is None else int(base_version), plan_hash,
+            header.client_id, header.sequence_number)
+
+    def pull_into(self, targets: Sequence[Tuple[str, "torch.Tensor"]], dtype="float32", *,
+                  field: str = "param", stream: int = 0) -> Tuple[int, Dict[str, int]]:
+        """Pulls one field of the targets' tensors at one version, over one call on stream
+        ``stream`` (modulo ``streams``), writing raw wire elements straight into each target:
+        a contiguous CPU tensor of the wire dtype (torch.float32 or torch.bfloat16) with the
+        tensor's element count (any shape; a view into a larger buffer works).
+
+        Returns:
+          (version, name -> steps).
+        Raises:
+          ValueError: a target that is not such a tensor, or whose element count differs from
+            the server's. FusedPSError: as pull_parameters.
+        """
+        wire = _chunks.wire_dtype_name(dtype)
+        if field not in _FIELDS:
+            raise ValueError(f"field must be one of {sorted(_FIELDS)}, got {field!r}")
+        for name, t in targets:
+            if (t.device.type != "cpu" or not t.is_contiguous()
+                    or t.dtype != _chunks.torch_dtype(wire)):
+                raise ValueError(f"{name}: pull_into writes into a contiguous CPU tensor of "
+                                 f"{wire}, got {t.dtype} on {t.device}")
+        if not targets:
+            raise ValueError("nothing to pull")
+        names = [n for n, _ in targets]
+        if self._native is not None:
+            version, steps = self._native.pull_raw(
+                names, [t.data_ptr() for _, t in targets], [t.numel() for _, t in targets],
+                dtype=_DTYPE_TO_PB[wire], field=_FIELDS[field], stream=int(stream) % self.streams)
+            return version, dict(zip(names, steps))
+        channels = [self._channel] + self._extra_channels
+        stub = pb_grpc.ParameterServiceStub(channels[int(stream) % len(channels)])
+        direct = {n: (_chunks.tensor_as_wire_array(t.view(-1), wire), (t.numel(),))
+                  for n, t in targets}
+        out = _transport.pull(stub, names, wire, _FIELDS[field], direct,
+                              max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
+                              min_bytes_per_second=self.min_bytes_per_second)
+        return out.version, dict(out.steps)
 
     def pull_parameters(self, model_or_names=None, dtype="float32", *,
                         prefix: str = "") -> PulledTensors:

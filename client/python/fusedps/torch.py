@@ -50,9 +50,8 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import grpc
 import torch
 
 from fusedps import _remote_optim as ro
@@ -101,23 +100,35 @@ class RemoteAdamW(torch.optim.Optimizer):
         models can share servers.
       connect_timeout: seconds to wait for the server(s) when ``targets`` is given (None: do
         not wait; the first call then fails at once when a server is not up).
-      overlap: push each param's gradient during backward(), as soon as it is accumulated, in
-        buckets of about ``bucket_bytes`` wire bytes (default 25 MiB), from a worker thread,
-        so that the pushes hide behind the rest of the backward pass; step() then waits for
-        them and pulls. Needs torch >= 2.1 (RuntimeError otherwise). Caveats, unlike
-        torch.optim.AdamW and overlap=False:
-          * each bucket is its own server step (the version advances once per bucket), and a
-            bucket with inf/NaN is skipped alone while the others are applied;
-          * the gradients go out as backward() leaves them: no clipping or scaler.unscale_()
-            (RuntimeError at step()), and gradient accumulation needs ``with
-            opt.no_push():`` around the earlier backward passes;
-          * with a GradScaler, pass it here (``grad_scaler=``): the pushes divide by its scale
-            at backward time; scaler.step(opt) then reports the buckets' skips to it;
-          * hyperparameter changes and a pending load_state_dict are sent before the first
-            bucket, i.e. they must be made before backward(), not between backward and step;
-          * not for sync mode (docs/consistency.md): a round takes one whole push per trainer.
-      bucket_bytes: see overlap.
-      grad_scaler: see overlap (ignored without it).
+      overlap: hide the remote step behind compute (docs/python.md, "Overlap"). Each
+        param's gradient leaves as soon as backward has accumulated it, in buckets of about
+        ``bucket_bytes`` wire bytes, and the server stages them; step() commits the push with
+        the step's scale and returns once it is applied, and the parameters come back in the
+        order the forward uses them while the next forward runs (each module's forward waits
+        for its own). Every recipe of the loop stays exact: lr schedulers,
+        clip_grad_norm_ and GradScaler (with or without unscale_) between backward and
+        step() (found by comparing the gradients with what was sent, on the device, when a
+        gradient's version counter moved: a common factor goes to the server as the step's
+        scale; writes through ``.data`` move no counter and are not seen), ``with
+        opt.no_sync():`` around the
+        earlier micro-batches of gradient accumulation. Anything else that changes a gradient
+        after it left, or a changed set of params with a gradient, is found too: that step is
+        pushed again in full after backward (correct, not hidden; warned once, counted in
+        ``overlap_fallbacks``). Parameters are current inside a forward and after
+        wait_parameters() (and model.state_dict() waits); read them elsewhere only after
+        wait_parameters(). Works on torch 1.13 and 2.x, with one server or several.
+      bucket_bytes: see overlap (default 8 MiB).
+      delay: with overlap, 1 turns on the one-step-delayed update (ZeRO-Offload's DPU): after
+        ``delay_warmup`` steps, step() returns at once and the push, the server's step and
+        the pull complete behind the next forward and backward, which run on the parameters
+        of the step before: the gradient of step t is computed at the parameters of step
+        t - 2 and applied to those of step t - 1 (bounded staleness 1). 0 (default): none.
+      delay_warmup: steps run without delay first (default 10).
+      pull_dtype: with overlap, the dtype parameters are pulled in: None (default) "float32"
+        (exact) unless every group keeps bf16 params; "bfloat16" halves the pull's bytes, the
+        model then holding the fp32 master rounded to bf16 (the server keeps fp32).
+      grad_scaler: accepted for compatibility and ignored: the scale of a GradScaler comes
+        with the step (scaler.step(opt)).
       state_dtype, params_dtype, rounding_seed: how the server stores each group, fixed at
         registration (Client.register_param_group; a group's dict may set its own; costs in
         docs/python.md, "Low-precision optimizer state"). state_dtype "fp32" (the default:
@@ -171,8 +182,14 @@ class RemoteAdamW(torch.optim.Optimizer):
       storage: each param group's Storage (state_dtype, params_dtype, rounding_seed).
       last_step_timings: the last step()'s {"push_seconds", "pull_seconds",
         "hyperparameters_seconds", "load_state_seconds"} (wall-clock seconds; 0.0 for what it
-        did not do); with overlap, "push_seconds" is the worker's time pushing, mostly during
-        backward, and "overlap_wait_seconds" what step() waited for the pushes.
+        did not do). With overlap also: "push_exposed_seconds" (what step() waited for the
+        push) and "push_hidden_seconds" (the rest of push_seconds, during backward);
+        "pull_seconds", "pull_exposed_seconds" (what the forward passes and step() waited
+        for it) and "pull_hidden_seconds", of the pull that brought this step's forward its
+        parameters; "check_seconds" (comparing the gradients with what was sent);
+        "step_wait_seconds" (all of step()); "exposed_seconds" (step_wait_seconds plus
+        pull_exposed_seconds: all the loop waited for fusedps).
+      overlap_fallbacks: steps that overlap=True had to push again in full (see overlap).
       last_step_skipped: True when the last step() changed nothing because of inf/NaN
         gradients (found by the scaler, or by the server).
       last_push_result: the last push's PushResult (ShardedPushResult for several servers).
@@ -192,7 +209,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                  client_options: Optional[Mapping[str, Any]] = None,
                  grad_dtype: Union[str, torch.dtype] = "float32", prefix: str = "",
                  connect_timeout: Optional[float] = 30.0, overlap: bool = False,
-                 bucket_bytes: int = 25 << 20, grad_scaler: Any = None,
+                 bucket_bytes: int = 8 << 20, delay: int = 0, delay_warmup: int = 10,
+                 pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
                  rounding_seed: int = 0):
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
@@ -201,6 +219,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(f"grad_dtype must be 'float32' or 'bfloat16', got {grad_dtype!r}")
         if (targets is None) == (client is None):
             raise ValueError("give exactly one of targets= and client=")
+        ro.check_overlap_options(overlap, bucket_bytes, delay, delay_warmup, pull_dtype)
         facts = ro.torch_adamw_facts(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                      amsgrad=amsgrad, maximize=maximize)
         groups = ro.named_param_groups(params)
@@ -234,6 +253,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         # else fp32, also exact (bf16 params widened), in one pull at one version.
         self._pull_dtype = "bfloat16" if all(s.params_dtype == "bf16"
                                              for s in self.storage) else "float32"
+        if pull_dtype is not None:
+            self._pull_dtype = ro.GRAD_DTYPES[pull_dtype]
         self.group_names: List[str] = self._group_names(prefix)
         self._pending: Optional[ro.LoadedState] = None
         self.last_step_timings: Dict[str, float] = ro.new_timings()
@@ -241,6 +262,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         self.last_push_result = None
 
         self._owns_client = client is None
+        self._overlap = None
+        if client is None and overlap:
+            client_options = ro.overlap_client_options(client_options)
         self.client = client if client is not None else ro.make_client(targets, client_options)
         try:
             if self._owns_client and connect_timeout is not None:
@@ -248,18 +272,18 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._sent: List[ro.HyperTuple] = [ro.hyperparameters_of(g)
                                                for g in self.param_groups]
             for i, name in enumerate(self.group_names):
-                self._register_group(name, self._sent[i], self._amsgrad[i], self.storage[i])
-            self._register_tensors()
+                ro.register_group(self.client, name, self._sent[i], self._amsgrad[i],
+                                  self.storage[i])
+            ro.register_tensors(self.client, self._pairs,
+                                [self.group_names[g] for g in self._group_of])
             self._pull_parameters()
-            self._overlap: Optional[ro.OverlapPusher] = None
-            self._overlap_scaler = grad_scaler
-            self._overlap_scale: Optional[float] = None
-            self._overlap_timings: Dict[str, float] = ro.new_timings()
             if overlap:
-                self._overlap = ro.OverlapPusher(
-                    self._pairs, bucket_bytes, 4 if self.grad_dtype == "float32" else 2,
-                    start=self._start_overlapped_step,
-                    push=lambda names: self._push(names, self._overlap_scale))
+                from fusedps._overlap import OverlapEngine
+
+                self._overlap = OverlapEngine(
+                    self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
+                    pull_group_bytes=8 << 20, delay=delay,
+                    delay_warmup=delay_warmup)
         except BaseException:
             self.close()
             raise
@@ -291,6 +315,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         eps, weight_decay, maximize) are sent; the gradients of the params whose ``.grad`` is
         not None are pushed (their step counts advance; the others' do not, as in torch); then
         every param is pulled, in place. With no gradient at all nothing happens (as torch).
+        With overlap=True the gradients left during backward: step() checks them against what
+        was sent and commits; the pull then lands during the next forward (see overlap and
+        delay in the class docstring).
 
         Returns:
           The closure's loss, or None.
@@ -303,32 +330,34 @@ class RemoteAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._overlap is not None and self._overlap.pending:
-            self._finish_overlapped_step(grad_scaler)
+        if self._overlap is not None:
+            self.last_step_timings = self._overlap.step(grad_scaler, grad_scale)
             return loss
         timings = self.last_step_timings = ro.new_timings()
+        self._step_in_full(self._scaling_plan(grad_scaler, grad_scale), timings)
+        return loss
+
+    def _step_in_full(self, plan: ro.ScalerPlan, timings: Dict[str, float]) -> None:
+        """The step without overlap (and overlap's fallback): state and hyperparameters, the
+        push of every gradient, then a pull of every param."""
         self.last_step_skipped = False
-        plan = self._scaling_plan(grad_scaler, grad_scale)
         names = [n for n, p in self._pairs if p.grad is not None]
         if not names:
             plan.report(False)
-            return loss
+            return
         if plan.skip:
             self.last_step_skipped = True
-            return loss
+            return
         self._before_push(timings)
-
         start = time.perf_counter()
         result = self._push(names, plan.grad_scale)
         timings["push_seconds"] = time.perf_counter() - start
         self.last_push_result = result
         self.last_step_skipped = bool(result.step_skipped)
         plan.report(self.last_step_skipped)
-
         start = time.perf_counter()
         self._pull_parameters()
         timings["pull_seconds"] = time.perf_counter() - start
-        return loss
 
     def state_dict(self) -> Dict[str, Any]:
         """The optimizer's state in torch.optim.AdamW's format, read from the server(s).
@@ -347,6 +376,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         The fields are read one after the other; read while no other trainer pushes to the
         same tensors, or the fields may come from different steps.
         """
+        if self._overlap is not None:
+            self._overlap.wait_parameters()  # The last commit in: the state is of that step.
         groups = ro.pack_groups(self.param_groups)
         state: Dict[int, Dict[str, torch.Tensor]] = {}
         if self._pending is not None:
@@ -431,10 +462,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     @contextlib.contextmanager
-    def no_push(self):
+    def no_sync(self):
         """overlap=True: backward passes inside the with-block push nothing (the earlier
-        micro-batches of gradient accumulation); the gradients accumulate in ``.grad`` and
-        the next backward outside it pushes their sum. Without overlap: does nothing."""
+        micro-batches of gradient accumulation, as DistributedDataParallel.no_sync); the
+        gradients accumulate in ``.grad`` and the next backward outside it pushes their sum.
+        Without overlap: does nothing."""
         if self._overlap is None:
             yield
             return
@@ -444,14 +476,37 @@ class RemoteAdamW(torch.optim.Optimizer):
         finally:
             self._overlap.enabled = previous
 
+    no_push = no_sync  # Its earlier name.
+
+    def wait_parameters(self) -> None:
+        """overlap=True: waits until the last step's parameters are all in the model (and, on
+        a GPU, orders the current stream after their copies), and until the last commit has
+        ended (delay=1: its values are installed at the next step, not here). Call it before
+        reading parameters outside a forward pass. Without overlap: does nothing.
+
+        Raises:
+          FusedPSError: a pull or commit that failed.
+        """
+        if self._overlap is not None:
+            self._overlap.wait_parameters()
+
+    @property
+    def overlap_fallbacks(self) -> int:
+        """Steps overlap=True pushed again in full (0 without overlap)."""
+        if self._overlap is None:
+            return getattr(self, "_closed_fallbacks", 0)
+        return self._overlap.fallbacks
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the overlap worker (removing its hooks) and closes the client if the
-        optimizer made it (from targets). Idempotent."""
+        """overlap=True: waits for the last commit and pull, then stops the overlap worker
+        (removing its hooks). Closes the client if the optimizer made it (from targets).
+        Idempotent."""
         if getattr(self, "_overlap", None) is not None:
-            self._overlap.close()
-            self._overlap = None
+            overlap, self._overlap = self._overlap, None
+            self._closed_fallbacks = overlap.fallbacks
+            overlap.close()
         if getattr(self, "_owns_client", False) and getattr(self, "client", None) is not None:
             self.client.close()
             self._owns_client = False
@@ -476,49 +531,6 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(f"two param groups have the same name: {names}")
         return names
 
-    def _register_group(self, name: str, h: ro.HyperTuple, amsgrad: bool,
-                        storage: ro.Storage) -> None:
-        kwargs = ro.hyperparameter_kwargs(h)
-        try:
-            self.client.register_param_group(
-                name, amsgrad=amsgrad, decoupled_weight_decay=True,
-                state_dtype=storage.state_dtype, params_dtype=storage.params_dtype,
-                rounding_seed=storage.rounding_seed, **kwargs)
-            return
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
-        # The group exists with other values (a restarted trainer, an lr a schedule changed):
-        # it takes ours, unless its amsgrad or storage differs (which no call can change).
-        infos = self.client.info()
-        for info in infos if isinstance(infos, list) else [infos]:
-            for g in info.param_groups:
-                if g.name != name:
-                    continue
-                if g.amsgrad is not None and bool(g.amsgrad) != amsgrad:
-                    raise ValueError(f"the server's param group {name!r} has amsgrad="
-                                     f"{g.amsgrad}; this optimizer's has amsgrad={amsgrad}")
-                ro.check_server_storage(name, g, storage)
-        self.client.set_hyperparameters(name, decoupled_weight_decay=True, **kwargs)
-
-    def _register_tensors(self) -> None:
-        detached = [(n, p.detach()) for n, p in self._pairs]
-        if isinstance(self.client, ShardedClient):
-            group_of = {n: self.group_names[self._group_of[i]]
-                        for i, (n, _) in enumerate(detached)}
-            plan = self.client.plan
-            for s in plan.slices if plan is not None else ():
-                if s.tensor in group_of and s.param_group != group_of[s.tensor]:
-                    raise ValueError(f"the ShardedClient's plan puts {s.tensor!r} in param "
-                                     f"group {s.param_group!r}, this optimizer in "
-                                     f"{group_of[s.tensor]!r} (make the plan with "
-                                     "the optimizer's group names)")
-            self.client.register_model(detached, param_group=group_of)
-            return
-        for gi, group_name in enumerate(self.group_names):
-            batch = [pair for i, pair in enumerate(detached) if self._group_of[i] == gi]
-            self.client.register_model(batch, param_group=group_name)
-
     def _pull_parameters(self) -> None:
         """Pulls every param into the model, in place (see _pull_dtype)."""
         self.client.pull_parameters(self._pairs, dtype=self._pull_dtype)
@@ -529,14 +541,23 @@ class RemoteAdamW(torch.optim.Optimizer):
                 raise ValueError(f"param group {i}: amsgrad cannot change after construction "
                                  "(the server keeps max_exp_avg_sq or not from registration)")
 
-    def _send_hyperparameters(self) -> None:
-        """set_hyperparameters for each group whose values differ from the last ones sent."""
+    def _changed_hyperparameters(self) -> List[Tuple[int, ro.HyperTuple]]:
+        """(group index, hyperparameters) of each group whose values differ from the last
+        ones sent."""
+        changed = []
         for i, g in enumerate(self.param_groups):
             h = ro.hyperparameters_of(g)
             if h != self._sent[i]:
-                self.client.set_hyperparameters(self.group_names[i],
-                                                **ro.hyperparameter_kwargs(h))
-                self._sent[i] = h
+                changed.append((i, h))
+        return changed
+
+    def _send_hyperparameters(self, changed: Optional[List[Tuple[int, ro.HyperTuple]]] = None
+                              ) -> None:
+        """set_hyperparameters for each changed group (_changed_hyperparameters() when
+        None)."""
+        for i, h in self._changed_hyperparameters() if changed is None else changed:
+            self.client.set_hyperparameters(self.group_names[i], **ro.hyperparameter_kwargs(h))
+            self._sent[i] = h
 
     def _scaling_plan(self, grad_scaler: Any, grad_scale: Optional[float]) -> ro.ScalerPlan:
         own = ro.check_grad_scale(grad_scale)
@@ -560,42 +581,6 @@ class RemoteAdamW(torch.optim.Optimizer):
         start = time.perf_counter()
         self._send_hyperparameters()
         timings["hyperparameters_seconds"] = time.perf_counter() - start
-
-    def _start_overlapped_step(self) -> None:
-        """overlap=True, on the worker, before the first push of a step: what step() does
-        before its push (state, amsgrad check, hyperparameters), and the step's grad_scale."""
-        timings = self._overlap_timings = ro.new_timings()
-        self._before_push(timings)
-        scale = ro.attribute_plan(getattr(self, "grad_scale", None), None).grad_scale
-        scaler = self._overlap_scaler
-        if scaler is not None and getattr(scaler, "_enabled", True) and \
-                scaler._get_scale_async() is not None:
-            scale = float(scaler._get_scale_async().double().item()) * (scale or 1.0)
-        self._overlap_scale = ro.check_grad_scale(scale)
-
-    def _finish_overlapped_step(self, grad_scaler: Any) -> None:
-        """overlap=True: waits for the step's pushes, tells the scaler, pulls."""
-        start = time.perf_counter()
-        try:
-            results, push_seconds = self._overlap.finish()
-        finally:
-            timings = self.last_step_timings = self._overlap_timings
-            timings["overlap_wait_seconds"] = time.perf_counter() - start
-        timings["push_seconds"] = push_seconds
-        self.last_push_result = results[-1] if results else None
-        self.last_step_skipped = any(r.step_skipped for r in results)
-        if grad_scaler is not None and getattr(grad_scaler, "_enabled", True):
-            stage = grad_scaler._per_optimizer_states[id(self)]["stage"].name
-            if stage == "UNSCALED" or grad_scaler is not self._overlap_scaler:
-                raise RuntimeError(
-                    "overlap=True pushed the gradients during backward: give the GradScaler "
-                    "to RemoteAdamW(grad_scaler=...) and do not call scaler.unscale_() (the "
-                    "pushes used " + ("no" if self._overlap_scaler is None else "its") +
-                    " scale)")
-            ro.scaler_plan(grad_scaler, self, None).report(self.last_step_skipped)
-        start = time.perf_counter()
-        self._pull_parameters()
-        timings["pull_seconds"] = time.perf_counter() - start
 
     def _push(self, names: List[str], grad_scale: Optional[float]):
         if isinstance(self.client, ShardedClient):

@@ -1,4 +1,5 @@
-"""A small decoder-only transformer (GPT) over bytes, for examples/train_gpt.py.
+"""A small decoder-only transformer (GPT) over bytes: examples/train_gpt.py trains it, and
+``python -m fusedps.bench e2e`` times it (fusedps/bench/e2e.py).
 
     model = GPT(GPTConfig(n_layer=6, d_model=512, n_head=8, context=256))
     logits = model(tokens)              # tokens: int64 [batch, time], time <= context

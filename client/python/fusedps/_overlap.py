@@ -1,0 +1,600 @@
+"""RemoteAdamW(overlap=True): the remote step hidden behind compute.
+
+Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A step goes:
+
+1. Backward. As backward finishes each parameter's gradient (fusedps._grad_hooks), the
+   parameter joins the open bucket; a bucket of ``bucket_bytes`` wire bytes is staged on a side
+   CUDA stream by a stager thread (its gradients gathered into the flat fp32 buffer ``sent``,
+   rounded to the wire dtype, copied to pinned host memory) and handed to a worker thread,
+   which waits for the copy and writes it into the step's push (fusedps.PushTransaction, one
+   per server): the server stages it while backward goes on. At the end of backward the
+   loop's stream waits for the gathering (so that what was sent is each gradient as backward
+   left it, whatever the loop writes next). On the CPU the hook gathers the bucket itself.
+2. step(). The rest is staged. Then the check: every gradient as it is now (after clipping,
+   GradScaler.unscale_, anything the loop did) against what was sent. Unchanged: the commit's
+   grad_scale is the step's own (the GradScaler's scale, or none). All multiplied by one
+   factor c (clip_grad_norm_, unscale_, both): grad_scale / c. Anything else: the push is
+   cancelled and the step pushed again in full (a fallback, counted and warned about once).
+   Non-finite gradients skip the step without a commit. The worker then sends changed
+   hyperparameters and commits.
+3. The pull. delay=0: step() waits for the commit, then starts the pulls in forward order
+   (fusedps._pull_pipeline) and returns; the next forward waits for each module's own
+   parameters. delay=1 (after ``delay_warmup`` steps as delay=0): step() returns at once; the
+   worker commits and pulls into a device buffer, and the next step() installs those values.
+   The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
+   ZeRO-Offload's delayed parameter update).
+
+Lifetimes: the engine owns its hooks, worker thread, buffers and pull pipeline until close().
+A transaction reads the pinned buffer of its step until its commit or cancel returns; with
+delay=1 two buffers alternate, since step t + 1's backward stages while step t commits.
+Thread safety: hooks run on autograd's thread, step() on the training thread, the stager and the
+worker on their own; _lock guards the bucket state they share. The stager never waits for the
+device or the network; the worker does (a bucket's copy, a commit).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fusedps import _chunks, _trace
+from fusedps._grad_hooks import GradReadyHooks
+from fusedps._pull_pipeline import PullPipeline
+from fusedps._route import Route
+
+__all__ = ["OverlapEngine"]
+
+# A gradient changed by one factor c, as fl(g * c): with c estimated in fp32 from one element,
+# |new - fl(old * c_est)| stays within about 4 roundings of |new| (2^-22); the bound allows 16,
+# and an absolute 1e-30 for subnormals.
+_RATIO_RTOL = 2.0 ** -20
+_RATIO_ATOL = 1e-30
+
+
+@dataclass
+class _Bucket:
+    params: List[int]
+    begin: int  # Elements into the step's flat buffers.
+    end: int
+    event: Optional[object] = None  # The staging's device copy; None on the CPU.
+
+
+@dataclass
+class _Step:
+    """What the hooks and step() gathered for one step."""
+
+    params: List[int] = field(default_factory=list)  # In staging order.
+    offset: Dict[int, int] = field(default_factory=dict)
+    cursor: int = 0
+    bucket: List[int] = field(default_factory=list)
+    bucket_begin: int = 0
+    bucket_bytes: int = 0
+    buckets: List[_Bucket] = field(default_factory=list)
+    buffer: int = 0  # Which host buffer (delay=1 alternates two).
+    tensors: Optional[List[int]] = None  # The push's params, fixed when it began.
+    transactions: Optional[list] = None  # Per shard; set by the worker.
+    index: Dict[Tuple[int, int], int] = field(default_factory=dict)
+    error: Optional[BaseException] = None  # The worker's, while writing.
+    mismatch: bool = False  # A gradient of a param the push does not name.
+    fenced: bool = False  # The end-of-backward fence is queued (GPU).
+    # Per staged param, its gradient tensor and that tensor's version counter when it was
+    # staged: both the same at step() means nothing wrote it since, through autograd's view.
+    versions: Dict[int, Tuple[torch.Tensor, int]] = field(default_factory=dict)
+    push_started: float = 0.0
+
+
+class OverlapEngine:
+    """Args:
+      optimizer: the RemoteAdamW (its client, _scaling_plan, hyperparameter and fallback
+        methods are used).
+      pairs: (server name, param) of every param.
+      grad_dtype, pull_dtype: wire dtypes ("float32" / "bfloat16").
+      bucket_bytes: wire bytes that close a bucket.
+      pull_group_bytes: wire bytes per pull group.
+      delay: 0 or 1; delay_warmup: steps run with delay 0 first.
+    """
+
+    def __init__(self, optimizer: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
+                 grad_dtype: str, pull_dtype: str, bucket_bytes: int, pull_group_bytes: int,
+                 delay: int, delay_warmup: int):
+        self._opt = optimizer
+        self._names = [n for n, _ in pairs]
+        self._params = [p for _, p in pairs]
+        devices = {p.device for p in self._params}
+        if len(devices) != 1:
+            raise ValueError(f"overlap=True needs every param on one device, got {devices}")
+        self.device = devices.pop()
+        self._cuda = self.device.type == "cuda"
+        self._wire = grad_dtype
+        self._wire_dtype = _chunks.torch_dtype(grad_dtype)
+        self._itemsize = _chunks.element_size(grad_dtype)
+        self._bucket_bytes = int(bucket_bytes)
+        self._numel = [p.numel() for p in self._params]
+        self._delay = int(delay)
+        self._delay_warmup = int(delay_warmup)
+        self._route = Route(optimizer.client, self._names, self._numel)
+        streams = max(getattr(c, "streams", 1) for c in self._route.clients)
+        self.pulls = PullPipeline(self._route, self._params, pull_dtype, streams,
+                                  pull_group_bytes)
+        self.enabled = True  # False inside no_sync().
+        self.steps = 0
+        self.fallbacks = 0
+        self.buckets_before_step = 0  # Of the last step: staged while backward ran.
+        # Compare every gradient with what was sent at each step, also when no version
+        # counter moved (for loops that write gradients through .data).
+        self.always_check = False
+        self._warned = set()
+        self._expected: List[int] = []
+        self._expected_set = set()
+        self._expect([i for i, p in enumerate(self._params) if p.requires_grad])
+        self._lock = threading.Lock()
+        self._step = _Step()
+        self._sent: Optional[torch.Tensor] = None
+        self._current: Optional[torch.Tensor] = None
+        self._wire_dev: Optional[torch.Tensor] = None
+        self._hosts: List[Optional[torch.Tensor]] = [None, None]
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._check_host = torch.zeros(4, dtype=torch.float64, pin_memory=self._cuda)
+        self._tasks: "queue.Queue" = queue.Queue()
+        self._commit: Optional[Future] = None  # The last commit (and pull start), delay=1.
+        self._worker = threading.Thread(target=self._work, name="fusedps-overlap", daemon=True)
+        self._worker.start()
+        self._stages: "queue.Queue" = queue.Queue()
+        self._stager = None
+        if self._cuda:
+            self._stager = threading.Thread(target=self._stage_loop, name="fusedps-stage",
+                                            daemon=True)
+            self._stager.start()
+        self._hooks = GradReadyHooks(self._params, self._on_grad_ready)
+
+    # -- hooks (autograd's thread) ------------------------------------------------------------
+
+    def _on_grad_ready(self, i: int) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            step = self._step
+            if step.tensors is None:  # The step's first gradient: its push names these.
+                step.tensors = list(self._expected)
+            if self._cuda and not step.fenced:
+                # At the end of this backward, the loop's next writes to the gradients (clipping,
+                # unscale_) must come after the buckets' gathering: see _fence.
+                step.fenced = True
+                stream = torch.cuda.current_stream(self.device)  # Backward's (the forward's).
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: self._fence(stream))
+            if i in step.offset:  # A second backward without no_sync: caught at step().
+                return
+            if i not in self._expected_set:  # A param the push does not name.
+                step.mismatch = True
+                return
+            self._add_locked(step, i)
+            if step.bucket_bytes >= self._bucket_bytes:
+                self._close_bucket_locked(step)
+
+    def _add_locked(self, step: _Step, i: int) -> None:
+        step.offset[i] = step.cursor
+        step.params.append(i)
+        step.bucket.append(i)
+        step.cursor += self._numel[i]
+        step.bucket_bytes += self._numel[i] * self._itemsize
+
+    def _close_bucket_locked(self, step: _Step) -> None:
+        if not step.bucket:
+            return
+        _trace.mark("bucket", step.cursor - step.bucket_begin)
+        bucket = _Bucket(step.bucket, step.bucket_begin, step.cursor)
+        step.bucket, step.bucket_begin, step.bucket_bytes = [], step.cursor, 0
+        if not step.buckets:
+            step.push_started = time.perf_counter()
+        step.buckets.append(bucket)
+        grads = [self._params[i].grad for i in bucket.params]
+        for i, g in zip(bucket.params, grads):  # What the check compares with at step().
+            step.versions[i] = (g, g._version)
+        if not self._cuda:  # Gathered now: nothing orders a later read with backward's writes.
+            self._stage(step, bucket, grads, None)
+            self._tasks.put(("write", step, bucket))
+            return
+        # On a GPU the worker gathers them, on the side stream after this point of the stream
+        # backward wrote them on: the backward's thread only records an event.
+        ready = torch.cuda.current_stream(self.device).record_event()
+        self._stages.put((step, bucket, grads, ready))
+
+    def _fence(self, stream) -> None:
+        """At the end of backward (autograd's final callback, on its thread): the stream the
+        loop goes on in waits for every bucket the worker has been handed to be gathered, so
+        that what was sent is each gradient as backward left it, whatever the loop does next.
+        Costs a wait for the worker to queue those copies, and a stream dependency."""
+        self._staged()
+        stream.wait_event(self._stream.record_event())
+
+    def _buffers(self, buffer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(sent, host) of a step, made on first use: sent is fp32 on the device; host holds
+        the wire bytes (pinned on a GPU; on the CPU, sent itself for fp32)."""
+        total = sum(self._numel)
+        if self._sent is None:
+            self._sent = torch.empty(total, dtype=torch.float32, device=self.device)
+            if self._cuda and self._wire_dtype != torch.float32:
+                self._wire_dev = torch.empty(total, dtype=self._wire_dtype, device=self.device)
+        if self._hosts[buffer] is None:
+            if not self._cuda and self._wire_dtype == torch.float32:
+                self._hosts[buffer] = self._sent if buffer == 0 else torch.empty(total)
+            else:
+                self._hosts[buffer] = torch.empty(total, dtype=self._wire_dtype,
+                                                  pin_memory=self._cuda)
+        return self._sent, self._hosts[buffer]
+
+    def _stage(self, step: _Step, bucket: _Bucket, grads: List[torch.Tensor], ready) -> None:
+        """Gathers the bucket's gradients into sent and the host buffer: on a GPU on the side
+        stream, after `ready` (where backward wrote them), without waiting for it."""
+        sent, host = self._buffers(step.buffer)
+        r = slice(bucket.begin, bucket.end)
+        with torch.no_grad():
+            if not self._cuda:
+                torch.cat([g.reshape(-1).float() for g in grads], out=sent[r])
+                if host.data_ptr() != sent.data_ptr():
+                    host[r].copy_(sent[r])
+                return
+            with torch.cuda.stream(self._stream):
+                self._stream.wait_event(ready)
+                torch.cat([g.reshape(-1) if g.dtype == torch.float32 else g.reshape(-1).float()
+                           for g in grads], out=sent[r])
+                for g in grads:  # Not reused by the allocator before the side stream read it.
+                    g.record_stream(self._stream)
+                source = sent[r]
+                if self._wire_dev is not None:
+                    self._wire_dev[r].copy_(source)
+                    source = self._wire_dev[r]
+                host[r].copy_(source, non_blocking=True)
+                bucket.event = self._stream.record_event()
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def _stage_loop(self) -> None:
+        """The stager's loop (GPU): queues each bucket's gathering on the side stream as soon as
+        backward hands it over, then hands it to the worker to write. Never waits for the
+        device or the network, so that the fences (_fence, _check) wait only for it."""
+        torch.cuda.set_device(self.device)
+        while True:
+            task = self._stages.get()
+            if task is None:
+                return
+            if isinstance(task, threading.Event):  # Every bucket before it is queued.
+                task.set()
+                continue
+            step, bucket, grads, ready = task
+            self._stage(step, bucket, grads, ready)
+            self._tasks.put(("write", step, bucket))
+
+    def _staged(self) -> None:
+        """Returns once the stager has queued the gathering of every bucket handed to it."""
+        issued = threading.Event()
+        self._stages.put(issued)
+        issued.wait()
+
+    def _work(self) -> None:
+        """The worker's loop: writes, commits and cancels, in the order they come."""
+        if self._cuda:
+            torch.cuda.set_device(self.device)
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            kind, *args = task
+            if kind == "write":
+                self._write(*args)
+            else:  # ("call", future, fn)
+                future, fn = args
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                        future.set_exception(e)
+
+    def _call(self, fn: Callable[[], Any]) -> Future:
+        """Runs fn on the worker, after everything queued before it, the writes of the buckets
+        the stager still holds included."""
+        if self._stager is not None:
+            self._staged()
+        future: Future = Future()
+        self._tasks.put(("call", future, fn))
+        return future
+
+    def _begin(self, step: _Step) -> None:
+        """Begins the step's push on every server that holds some of its params."""
+        by_shard, step.index = self._route.tensors_by_shard(step.tensors)
+        step.transactions = []
+        for shard, tensors in enumerate(by_shard):
+            client = self._route.clients[shard]
+            step.transactions.append(None if not tensors else client.begin_push(
+                tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash))
+
+    def _write(self, step: _Step, bucket: _Bucket) -> None:
+        if step.error is not None:
+            return
+        try:
+            if step.transactions is None:
+                self._begin(step)
+            if bucket.event is not None:
+                bucket.event.synchronize()
+            _trace.mark("write", bucket.end - bucket.begin)
+            host = self._hosts[step.buffer]
+            base = host.data_ptr()
+            pieces: List[list] = [[] for _ in step.transactions]
+            for i in bucket.params:
+                at = step.offset[i]
+                for k, seg in enumerate(self._route.segments[i]):
+                    address = base + (at + seg.begin) * self._itemsize
+                    pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
+            for txn, shard_pieces in zip(step.transactions, pieces):
+                if shard_pieces:
+                    txn.write(shard_pieces)
+        except BaseException as e:  # noqa: BLE001 - reported at step()
+            step.error = e
+
+    def _end(self, step: _Step, grad_scale: Optional[float]) -> list:
+        """Commits (grad_scale, or cancels when it is False) every transaction of the step;
+        returns the commits' results. Raises the first error (the others are cancelled)."""
+        if step.error is not None:
+            self._cancel(step)
+            raise step.error
+        if step.transactions is None:
+            raise RuntimeError("internal: a step with nothing staged was committed")
+        results, error = [], None
+        for txn in step.transactions:
+            if txn is None:
+                continue
+            try:
+                if error is None:
+                    results.append(txn.commit(grad_scale))
+                else:
+                    txn.cancel()
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                error = e
+            finally:
+                txn.close()
+        if error is not None:
+            raise error
+        return results
+
+    @staticmethod
+    def _cancel(step: _Step) -> None:
+        for txn in step.transactions or ():
+            if txn is not None:
+                txn.close()
+
+    # -- step() (the training thread) ---------------------------------------------------------
+
+    def _expect(self, params: List[int]) -> None:
+        """The params the next pushes name."""
+        self._expected = list(params)
+        self._expected_set = set(params)
+
+    def wait_parameters(self) -> None:
+        """Waits until nothing of fusedps runs: the last commit and pull (delay=1: its values
+        are not installed) and every pull into the parameters."""
+        if self._commit is not None:
+            commit, self._commit = self._commit, None
+            commit.result()
+        self.pulls.wait()
+
+    def close(self) -> None:
+        """Waits for the last commit and pull, then removes the hooks and stops the threads."""
+        try:
+            self.wait_parameters()
+        finally:
+            self._hooks.remove()
+            if self._stager is not None:
+                self._stages.put(None)
+                self._stager.join()
+            self._tasks.put(None)
+            self._worker.join()
+            self.pulls.close()
+            _trace.dump()
+
+    def _take_step(self) -> _Step:
+        """The step the hooks gathered; the next one starts empty (delay=1: staging into the
+        other host buffer, since this step's push may still read its own)."""
+        with self._lock:
+            step, self._step = self._step, _Step()
+            self._step.buffer = (1 - step.buffer) if self._delay else 0
+        return step
+
+    def _delayed(self) -> bool:
+        return self._delay > 0 and self.steps >= self._delay_warmup
+
+    def step(self, grad_scaler: Any, grad_scale: Optional[float]) -> Dict[str, float]:
+        """The overlapped step (see the module docstring). Returns its timings."""
+        opt = self._opt
+        t0 = time.perf_counter()
+        _trace.mark("step")
+        timings = _new_timings()
+        delayed = self._delayed()
+        # The previous step's commit and pull must be done before this one commits; with
+        # delay=0 the forward has waited for most of the pull already.
+        self.wait_parameters()
+        timings["pull_seconds"] = self.pulls.seconds
+        timings["pull_exposed_seconds"] = self.pulls.exposed_seconds
+        plan = opt._scaling_plan(grad_scaler, grad_scale)
+        with_grad = [i for i, p in enumerate(self._params) if p.grad is not None]
+        if not with_grad or plan.skip:
+            self._discard(self._take_step())
+            opt.last_step_skipped = bool(plan.skip)
+            if not plan.skip:
+                plan.report(False)
+            return self._finish_timings(timings, t0)
+        with self._lock:
+            step = self._step
+            self.buckets_before_step = len(step.buckets)
+            mismatch = step.mismatch or with_grad != self._expected
+            if not mismatch:
+                if step.tensors is None:
+                    step.tensors = list(self._expected)
+                for i in with_grad:
+                    if i not in step.offset:  # No hook ran for it: staged now.
+                        self._add_locked(step, i)
+                self._close_bucket_locked(step)
+        step = self._take_step()
+        if mismatch:
+            # Another set of params has gradients than the push named: this step goes in
+            # full, and the next pushes name this set.
+            self._expect(with_grad)
+            self._fallback(step, plan, timings, "the set of params with a gradient changed "
+                           "(a param without a grad, or one that has a grad again)")
+            return self._finish_timings(timings, t0)
+        _trace.mark("check")
+        if self._untouched(step) and not (delayed and plan.grad_scale is not None):
+            # No gradient was written after it was staged: the common case needs no pass
+            # over them (a GradScaler's inf/NaN is then the server's verdict).
+            unchanged, finite, uniform, factor = True, True, True, 1.0
+        else:
+            unchanged, finite, uniform, factor = self._check(step)
+        timings["check_seconds"] = time.perf_counter() - t0
+        _trace.mark("checked")
+        if not finite:
+            self._discard(step)
+            opt.last_step_skipped = True
+            plan.report(True)
+            return self._finish_timings(timings, t0)
+        if not (unchanged or uniform):
+            self._fallback(step, plan, timings, "a gradient changed after it was sent, not by "
+                           "one factor for all (as clipping or GradScaler.unscale_ change them)")
+            return self._finish_timings(timings, t0)
+        commit_scale = plan.grad_scale if unchanged else (plan.grad_scale or 1.0) / factor
+        hyper = opt._changed_hyperparameters()
+        if opt._pending is not None:
+            start = time.perf_counter()
+            self._call(opt.write_pending_state).result()
+            timings["load_state_seconds"] = time.perf_counter() - start
+
+        def commit():
+            start = time.perf_counter()
+            opt._send_hyperparameters(hyper)
+            sent = time.perf_counter()
+            _trace.mark("commit")
+            results = self._end(step, commit_scale)
+            pushed = time.perf_counter()
+            _trace.mark("committed")
+            self.pulls.start("shadow" if delayed else "direct")
+            return results, sent - start, pushed - step.push_started
+
+        self.steps += 1
+        if delayed:
+            # The values the last commit's pull brought (waited for above) go in now; this
+            # step commits behind the next forward.
+            self.pulls.install()
+            self._commit = self._call(commit)
+            opt.last_step_skipped = False
+            plan.report(False)
+            return self._finish_timings(timings, t0)
+        wait = time.perf_counter()
+        results, hyper_seconds, push_seconds = self._call(commit).result()
+        timings["push_exposed_seconds"] = time.perf_counter() - wait
+        timings["push_seconds"] = push_seconds
+        timings["hyperparameters_seconds"] = hyper_seconds
+        opt.last_push_result = results[0] if len(results) == 1 else tuple(results)
+        opt.last_step_skipped = any(r.step_skipped for r in results)
+        plan.report(opt.last_step_skipped)
+        return self._finish_timings(timings, t0)
+
+    def _finish_timings(self, timings: Dict[str, float], t0: float) -> Dict[str, float]:
+        timings["step_wait_seconds"] = time.perf_counter() - t0
+        _trace.mark("step_end")
+        timings["push_hidden_seconds"] = max(
+            0.0, timings["push_seconds"] - timings["push_exposed_seconds"])
+        timings["pull_hidden_seconds"] = max(
+            0.0, timings["pull_seconds"] - timings["pull_exposed_seconds"])
+        timings["exposed_seconds"] = (timings["step_wait_seconds"]
+                                      + timings["pull_exposed_seconds"])
+        return timings
+
+    def _discard(self, step: _Step) -> None:
+        """Cancels the step's push (on the worker, after its writes)."""
+        self._call(lambda: self._cancel(step)).result()
+
+    def _untouched(self, step: _Step) -> bool:
+        """Every param's gradient is the tensor staged, at the version staged (in-place writes
+        through autograd's views, as clip_grad_norm_ and GradScaler.unscale_ make, count; writes
+        through .data do not, see RemoteAdamW's overlap)."""
+        if self.always_check:
+            return False
+        for i in step.params:
+            g = self._params[i].grad
+            staged = step.versions.get(i)
+            if staged is None or staged[0] is not g or staged[1] != g._version:
+                return False
+        return True
+
+    def _check(self, step: _Step) -> Tuple[bool, bool, bool, float]:
+        """(unchanged, finite, uniform, c): the gradients now against what was sent, on the
+        device, in one pass; one synchronization. uniform: every gradient is what was sent
+        times one c, within fp32 rounding (c from the largest sent element)."""
+        if self._cuda:  # Every bucket's gathering is queued before the check.
+            self._staged()
+        n = step.cursor
+        if self._current is None:
+            self._current = torch.empty_like(self._sent)
+        sent, current = self._sent[:n], self._current[:n]
+        grads = [self._params[i].grad for i in step.params]
+        with torch.no_grad():
+            if self._cuda:
+                ready = torch.cuda.current_stream(self.device).record_event()
+                context = torch.cuda.stream(self._stream)
+            else:
+                context = _nullcontext()
+            with context:
+                if self._cuda:
+                    self._stream.wait_event(ready)
+                torch.cat([g.reshape(-1).float() for g in grads], out=current)
+                unchanged = (current.view(torch.int32) == sent.view(torch.int32)).all()
+                finite = torch.isfinite(current).all()
+                k = sent.abs().argmax()
+                factor = current[k] / sent[k]
+                residual = torch.mul(sent, factor).sub_(current).abs_()
+                bound = current.abs().mul_(_RATIO_RTOL).add_(_RATIO_ATOL)
+                uniform = (residual <= bound).all()
+                self._check_host.copy_(torch.stack([
+                    unchanged.double(), finite.double(), uniform.double(), factor.double()]),
+                    non_blocking=self._cuda)
+                if self._cuda:
+                    event = self._stream.record_event()
+        if self._cuda:
+            event.synchronize()
+        values = self._check_host.tolist()
+        return bool(values[0]), bool(values[1]), bool(values[2]), float(values[3])
+
+    def _fallback(self, step: _Step, plan, timings: Dict[str, float], why: str) -> None:
+        """Cancels the step's push and pushes the gradients again in full, then pulls."""
+        self._discard(step)
+        self.pulls.discard()  # The full pull below brings newer values than any shadow.
+        self.fallbacks += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(f"RemoteAdamW(overlap=True): {why}; this step was pushed again in "
+                          "full after backward (the push was not hidden). Further steps like it "
+                          "are counted in the optimizer's overlap_fallbacks.", RuntimeWarning,
+                          stacklevel=4)
+        self.steps += 1
+        self._opt._step_in_full(plan, timings)
+
+
+def _new_timings() -> Dict[str, float]:
+    keys = ("push_seconds", "push_exposed_seconds", "pull_seconds", "pull_exposed_seconds",
+            "check_seconds", "hyperparameters_seconds", "load_state_seconds",
+            "step_wait_seconds")
+    return {k: 0.0 for k in keys}
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

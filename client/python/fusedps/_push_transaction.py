@@ -1,0 +1,269 @@
+"""PushTransaction: a push written a piece at a time and committed at the end.
+
+Made by fusedps.Client.begin_push. The gradients of a step are sent as a backward pass makes
+them (fusedps.torch.RemoteAdamW(overlap=True) writes each bucket as it is ready), and the
+step's grad_scale is given at the end, once clipping and loss scaling are decided
+(PushHeader.commit_at_end in proto/fusedps/v1/parameter_service.proto). The server stages each
+piece as it arrives and applies the push as one atomic step at the commit; a cancelled push
+applies nothing.
+
+Two implementations with one interface: over the native transport (the C++ client; each
+piece's payload is sent straight from the caller's memory, without a copy) and over grpcio
+(each message serialized in Python; slower, for installs without the native library).
+
+Lifetimes: the memory a piece points at must stay alive and unchanged until commit() or
+cancel() has returned. Thread safety: one thread at a time per transaction.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import grpc
+
+from fusedps import _chunks, _replies, errors
+from fusedps.results import PushResult
+from fusedps.v1 import parameter_service_pb2 as pb
+
+__all__ = ["PushTransaction"]
+
+# (tensor index, first element, element count, address of the raw wire-dtype elements)
+Piece = Tuple[int, int, int, int]
+
+
+class PushTransaction:
+    """A push begun by Client.begin_push; see the module docstring.
+
+    Use it as a context manager (an exception, or leaving without commit, cancels it), or call
+    commit() or cancel() yourself.
+    """
+
+    def __init__(self, impl, tensors: Sequence[Tuple[str, int]], itemsize: int):
+        self._impl = impl
+        self._numels = [int(n) for _, n in tensors]
+        self._names = [n for n, _ in tensors]
+        self._itemsize = itemsize
+        self._ended = False
+        self._keep: List[object] = []  # Tensors given to write_tensor, alive until the end.
+        self.bytes_written = 0
+
+    @property
+    def tensors(self) -> List[str]:
+        """The names of the push's tensors, in the order pieces index them."""
+        return list(self._names)
+
+    def write(self, pieces: Sequence[Piece]) -> None:
+        """Queues pieces for sending and returns without waiting for them.
+
+        Each piece is (tensor index, first element, element count, address): raw little-endian
+        elements of the push's grad_dtype in host memory, alive until commit() or cancel()
+        returns. Every element of every tensor must be written exactly once before commit().
+
+        Raises:
+          ValueError: a tensor index out of range or a piece past its tensor's end.
+          RuntimeError: after commit() or cancel().
+          FusedPSError: a part of the push has failed already (cancel it).
+        """
+        if self._ended:
+            raise RuntimeError("the push was committed or cancelled")
+        for t, offset, count, address in pieces:
+            if not 0 <= t < len(self._numels):
+                raise ValueError(f"piece of tensor number {t}; the push has {len(self._numels)}")
+            if offset < 0 or count < 0 or offset + count > self._numels[t] or (
+                    count and not address):
+                raise ValueError(f"piece [{offset}, {offset + count}) of tensor "
+                                 f"{self._names[t]!r} ({self._numels[t]} elements)")
+        if pieces:
+            self._impl.write(pieces)
+            self.bytes_written += sum(p[2] for p in pieces) * self._itemsize
+
+    def write_tensor(self, index: int, tensor, offset: int = 0) -> None:
+        """Queues a contiguous CPU tensor of the wire dtype as elements [offset, offset +
+        numel) of tensor number ``index``; the transaction keeps it alive until it ends."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError("write_tensor takes a contiguous CPU tensor")
+        if tensor.element_size() != self._itemsize:
+            raise ValueError(f"write_tensor takes {self._itemsize}-byte elements (the push's "
+                             f"grad_dtype), got {tensor.dtype}")
+        self._keep.append(tensor)
+        self.write([(index, offset, tensor.numel(), tensor.data_ptr())])
+
+    def commit(self, grad_scale: Optional[float] = None) -> PushResult:
+        """Commits the push: the server divides the gradients by ``grad_scale`` (None: none)
+        and applies them as one step. Waits for the reply.
+
+        Raises:
+          FusedPSError: as Client.push_gradients (INVALID_ARGUMENT when pieces are missing);
+            nothing was applied. RuntimeError: committed or cancelled already.
+        """
+        if self._ended:
+            raise RuntimeError("the push was committed or cancelled")
+        self._ended = True
+        try:
+            return self._impl.commit(grad_scale)
+        finally:
+            self._keep.clear()
+
+    def cancel(self) -> None:
+        """Cancels the push (the server applies nothing) and waits until its memory is no
+        longer read. Does nothing once committed or cancelled."""
+        if not self._ended:
+            self._ended = True
+            self._impl.cancel()
+            self._keep.clear()
+
+    def close(self) -> None:
+        """Cancels unless committed; frees the transport's resources. Idempotent."""
+        self.cancel()
+        self._impl.close()
+
+    def __enter__(self) -> "PushTransaction":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NativeTransactionImpl:
+    """Over _native.NativePush: pieces go out from the caller's memory."""
+
+    def __init__(self, native_push):
+        self._push = native_push
+
+    def write(self, pieces: Sequence[Piece]) -> None:
+        self._push.write([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces],
+                         [p[3] for p in pieces])
+
+    def commit(self, grad_scale: Optional[float]) -> PushResult:
+        r = self._push.commit(grad_scale)
+        return PushResult(int(r.version), bool(r.step_skipped),
+                          r.skip_reason.decode("utf-8", "replace"), int(r.tensors_updated),
+                          int(r.grad_bytes), bool(r.duplicate), int(r.round_workers))
+
+    def cancel(self) -> None:
+        self._push.cancel()
+
+    def close(self) -> None:
+        self._push.close()
+
+
+_END = object()  # Ends a part's request stream.
+
+
+class GrpcioTransactionImpl:
+    """Over grpcio: one PushGradients call per channel, each fed its messages from a queue by
+    grpcio's own thread. Each message is serialized in Python (one copy of the payload)."""
+
+    def __init__(self, calls: Sequence[Callable], header: "pb.PushHeader", names: Sequence[str],
+                 itemsize: int, max_message_bytes: int, timeout: Optional[float]):
+        self._names = [n.encode("utf-8") for n in names]
+        self._itemsize = itemsize
+        self._max_message_bytes = max_message_bytes
+        self._queues: List[queue.Queue] = []
+        self._futures = []
+        self._next = 0
+        parts = len(calls)
+        for p, call in enumerate(calls):
+            first = pb.PushGradientsRequest(header=header)
+            if parts > 1:
+                first.header.part_index = p
+                first.header.part_count = parts
+            q: queue.Queue = queue.Queue()
+            q.put(first.SerializeToString())
+            self._queues.append(q)
+            self._futures.append(call.future(self._requests(q), timeout=timeout))
+
+    @staticmethod
+    def _requests(q: queue.Queue):
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            yield item
+
+    def _send(self, message: bytes) -> None:
+        self._queues[self._next].put(message)
+        self._next = (self._next + 1) % len(self._queues)
+
+    def write(self, pieces: Sequence[Piece]) -> None:
+        budget = self._max_message_bytes - 64 - 256  # Framing and the longest name.
+        per_chunk = max(1, budget // self._itemsize)
+        parts: List[bytes] = []
+        size = 0
+        for t, offset, count, address in pieces:
+            done = 0
+            while done < count:
+                n = min(count - done, per_chunk)
+                nbytes = n * self._itemsize
+                if parts and size + nbytes > budget:
+                    self._send(b"".join(parts))
+                    parts, size = [], 0
+                prefix, _ = _chunks.chunk_framing(self._names[t], offset + done, nbytes)
+                parts.append(prefix)
+                parts.append(ctypes.string_at(address + done * self._itemsize, nbytes))
+                size += nbytes + len(prefix)
+                done += n
+        if parts:
+            self._send(b"".join(parts))
+
+    def commit(self, grad_scale: Optional[float]) -> PushResult:
+        commit = pb.PushGradientsRequest(commit=pb.PushCommit())
+        if grad_scale is not None:
+            commit.commit.grad_scale = grad_scale
+        self._queues[0].put(commit.SerializeToString())
+        for q in self._queues:
+            q.put(_END)
+        outcomes: List[object] = []
+        for f in self._futures:
+            try:
+                outcomes.append(f.result())
+            except grpc.RpcError as e:
+                outcomes.append(errors.from_rpc_error(e))
+        failures = [o for o in outcomes if isinstance(o, errors.FusedPSError)]
+        for failure in failures:  # The root cause: the others are ABORTED.
+            if not isinstance(failure, errors.Aborted):
+                raise failure
+        if failures:
+            raise failures[0]
+        r = outcomes[0]
+        return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
+                          int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
+                          int(r.round_workers))
+
+    def cancel(self) -> None:
+        for f in self._futures:
+            f.cancel()
+        for q in self._queues:
+            q.put(_END)
+        for f in self._futures:
+            try:
+                f.result()
+            except (grpc.RpcError, grpc.FutureCancelledError):
+                pass
+
+    def close(self) -> None:
+        pass
+
+
+def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_version: int,
+          plan_hash: str, client_id: str, sequence_number: int) -> PushTransaction:
+    """Client.begin_push: a transaction over the client's native transport when it has one,
+    else over its grpcio channels (one part per channel)."""
+    itemsize = _chunks.element_size(grad_dtype)
+    names = [n for n, _ in tensors]
+    if client._native is not None:
+        native = client._native.begin_push(
+            client_id=client_id, sequence_number=sequence_number,
+            grad_dtype=_replies._WIRE_TO_PB[grad_dtype], base_version=base_version,
+            plan_hash=plan_hash, names=names, numels=[int(n) for _, n in tensors])
+        return PushTransaction(NativeTransactionImpl(native), tensors, itemsize)
+    header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
+                           grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
+                           base_version=base_version, tensors=names, plan_hash=plan_hash,
+                           commit_at_end=True)
+    impl = GrpcioTransactionImpl(client._pusher._calls, header, names, itemsize,
+                                 client.max_chunk_bytes, client.timeout)
+    return PushTransaction(impl, tensors, itemsize)
+

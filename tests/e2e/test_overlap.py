@@ -1,0 +1,267 @@
+"""RemoteAdamW(overlap=True) against torch.optim.AdamW (the oracle), over real CPU servers.
+
+The gradients leave during backward, in small buckets, and step() commits them. For each
+standard recipe, one training function runs 24 steps with either optimizer on the same
+batches: plain steps with an lr scheduler; clip_grad_norm_ between backward and step; a
+GradScaler with a fixed scale, unscale_ and clipping; 4 micro-batches with no_sync(); a gradient
+changed in place after its bucket left. Params and optimizer state must then match within
+test_parity.py's tolerances (torch's own for fused vs for-loop AdamW), with no step pushed again
+in full (but the last recipe's, which must be).
+
+Each recipe has a negative control: the same run with the mechanism that keeps it exact
+switched off (monkeypatched) must fail the same check, so that these tests can fail.
+Then: the one-step-delayed update against a torch reference that computes each gradient on the
+parameters of two steps back, sharded servers, a param that stops having a gradient, and a
+GradScaler's overflow. With FUSEDPS_TEST_DEVICE=cuda (on a GPU machine) the models train on the
+GPU, so that the staging on a side stream, the check and the pulls' device copies run there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Callable, Dict, Tuple
+
+import pytest
+import torch
+
+import fusedps
+from fusedps import _overlap
+from fusedps.plan import make_plan
+from fusedps.torch import RemoteAdamW
+from grad_scalers import DEVICE, make_scaler
+from server_fixture import running_server
+
+RTOL = 1.3e-6  # test_parity.py's: torch's own for fused vs for-loop AdamW.
+ATOL = 1e-5
+STEPS = 24
+HYPER = dict(lr=0.01, betas=(0.9, 0.99), weight_decay=0.05)
+RECIPES = ("plain", "clip", "scaler", "accumulate", "inplace")
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, seed: int, extra: bool = False):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(16, 48), torch.nn.Tanh(), torch.nn.Linear(48, 48), torch.nn.Tanh(),
+            torch.nn.Linear(48, 4))
+        self.extra = torch.nn.Linear(48, 4) if extra else None
+        self.to(DEVICE)
+
+    def forward(self, x, use_extra: bool = False):
+        h = self.layers[:4](x)
+        out = self.layers[4](h)
+        return out + self.extra(h) if use_extra else out
+
+
+def batch(step: int, micro: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + 10 * step + micro)
+    x, y = torch.randn(32, 16, generator=gen), torch.randint(0, 4, (32,), generator=gen)
+    return x.to(DEVICE), y.to(DEVICE)
+
+
+def loss_of(model, step: int, micro: int = 0, parts: int = 1, use_extra: bool = False):
+    x, y = batch(step, micro)
+    return torch.nn.functional.cross_entropy(model(x, use_extra), y) / parts
+
+
+def train(recipe: str, opt, model: Mlp, steps: int = STEPS):
+    """The same loop for either optimizer; RemoteAdamW's no_sync where DDP users put it."""
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.6)
+    scaler = make_scaler(init_scale=1024.0, growth_interval=1_000_000)
+    remote = isinstance(opt, RemoteAdamW)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        if recipe == "accumulate":
+            for micro in range(4):
+                quiet = opt.no_sync() if remote and micro < 3 else contextlib.nullcontext()
+                with quiet:
+                    loss_of(model, step, micro, parts=4).backward()
+        elif recipe == "scaler":
+            scaler.scale(loss_of(model, step)).backward()
+        else:
+            loss_of(model, step).backward()
+        if recipe == "clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.3)
+        if recipe == "inplace":  # One gradient changed after its bucket left.
+            model.layers[2].weight.grad[0].mul_(-0.5)
+        if recipe == "scaler":
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.3)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        sched.step()
+
+
+def assert_close(ours: RemoteAdamW, model: Mlp, ref: torch.optim.AdamW, ref_model: Mlp):
+    ours.wait_parameters()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=RTOL, atol=ATOL,
+                                   msg=lambda m: f"{name}: {m}")
+    theirs = ref.state_dict()["state"]
+    mine = ours.state_dict()["state"]
+    assert set(mine) == set(theirs)
+    for i, entry in mine.items():
+        assert int(entry["step"]) == int(theirs[i]["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(entry[key], theirs[i][key], rtol=RTOL, atol=ATOL,
+                                       msg=lambda m: f"state {i} {key}: {m}")
+
+
+def run_recipe(target: str, recipe: str, prefix: str) -> Tuple[RemoteAdamW, Mlp]:
+    """Trains both ways and checks them: parity, and no full push but the inplace recipe's."""
+    model, ref_model = Mlp(1), Mlp(1)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=target, prefix=prefix, overlap=True,
+                      bucket_bytes=2048, **HYPER)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            train(recipe, opt, model)
+        train(recipe, ref, ref_model)
+        assert_close(opt, model, ref, ref_model)
+        if recipe == "inplace":
+            assert opt.overlap_fallbacks == STEPS
+            assert any("changed after it was sent" in str(w.message) for w in caught)
+        else:
+            assert opt.overlap_fallbacks == 0, "a step was pushed again in full"
+            # Pushed during backward: buckets were staged before step() on every step.
+            assert opt._overlap.buckets_before_step > 1
+            assert opt.last_step_timings["push_seconds"] > 0
+        return opt, model
+    finally:
+        opt.close()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_overlap_matches_torch(server_target, recipe):
+    run_recipe(server_target, recipe, prefix=f"{recipe}/")
+
+
+# What keeps each recipe exact, switched off: each must make its recipe fail.
+SWITCH_OFF: Dict[str, Callable] = {
+    # The lr the scheduler set is never sent.
+    "plain": lambda mp: mp.setattr(RemoteAdamW, "_changed_hyperparameters", lambda self: []),
+    # The check believes every gradient is as it was sent (so no clipping factor, no unscale).
+    "clip": lambda mp: mp.setattr(_overlap.OverlapEngine, "_check",
+                                  lambda self, step: (True, True, True, 1.0)),
+    "scaler": lambda mp: mp.setattr(_overlap.OverlapEngine, "_check",
+                                    lambda self, step: (True, True, True, 1.0)),
+    # The earlier micro-batches push: their buckets go out, and the step is pushed again.
+    "accumulate": lambda mp: mp.setattr(RemoteAdamW, "no_sync",
+                                        lambda self: contextlib.nullcontext()),
+    "inplace": lambda mp: mp.setattr(_overlap.OverlapEngine, "_check",
+                                     lambda self, step: (True, True, True, 1.0)),
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_each_recipe_fails_with_its_mechanism_switched_off(server_target, recipe, monkeypatch):
+    SWITCH_OFF[recipe](monkeypatch)
+    with pytest.raises(AssertionError):
+        run_recipe(server_target, recipe, prefix=f"off-{recipe}/")
+
+
+def test_delayed_update_matches_a_reference_one_step_stale(server_target):
+    """delay=1 after 3 warm-up steps: each gradient is computed on the parameters of two steps
+    back and applied to those of the step before, exactly as the reference does it."""
+    warmup = 3
+    model, ref_model, stale = Mlp(3), Mlp(3), Mlp(3)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="delay/",
+                      overlap=True, bucket_bytes=2048, delay=1, delay_warmup=warmup, **HYPER)
+    try:
+        for step in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            loss_of(model, step).backward()
+            opt.step()
+            # The reference: gradients of the stale copy, stepped on the current one.
+            stale.zero_grad(set_to_none=True)
+            loss_of(stale, step).backward()
+            before = [q.detach().clone() for q in ref_model.parameters()]
+            for q, s in zip(ref_model.parameters(), stale.parameters()):
+                q.grad = s.grad.clone()
+            ref.step()
+            values = before if step >= warmup else [q.detach() for q in ref_model.parameters()]
+            with torch.no_grad():
+                for s, v in zip(stale.parameters(), values):
+                    s.copy_(v)
+            opt.wait_parameters()  # In the warm-up, the pull lands during the next forward.
+            for (name, p), s in zip(model.named_parameters(), stale.parameters()):
+                torch.testing.assert_close(p.detach(), s.detach(), rtol=RTOL, atol=ATOL,
+                                           msg=lambda m: f"step {step} {name}: {m}")
+        assert opt.overlap_fallbacks == 0
+        opt.wait_parameters()
+        theirs = ref.state_dict()["state"]
+        for i, entry in opt.state_dict()["state"].items():  # The server: every step applied.
+            assert int(entry["step"]) == int(theirs[i]["step"]) == STEPS
+            torch.testing.assert_close(entry["exp_avg"], theirs[i]["exp_avg"], rtol=RTOL,
+                                       atol=ATOL)
+    finally:
+        opt.close()
+
+
+def test_sharded_servers_match_torch():
+    """Two servers, the tensors cut into slices of 500 elements: each step is a push on
+    each server, its slices written from the bucket they are in."""
+    with running_server() as a, running_server() as b, contextlib.ExitStack() as stack:
+        model, ref_model = Mlp(4), Mlp(4)
+        ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+        plan = make_plan([(n, tuple(p.shape), "group0") for n, p in model.named_parameters()],
+                         2, slice_elements=500)
+        client = fusedps.ShardedClient([a, b], plan=plan, streams=2)
+        stack.callback(client.close)
+        opt = RemoteAdamW(model.named_parameters(), client=client, overlap=True,
+                          bucket_bytes=2048, **HYPER)
+        try:
+            train("clip", opt, model, steps=12)
+            train("clip", ref, ref_model, steps=12)
+            assert_close(opt, model, ref, ref_model)
+            assert opt.overlap_fallbacks == 0
+        finally:
+            opt.close()
+
+
+def test_a_param_that_loses_its_gradient_is_pushed_in_full_once(server_target):
+    """extra has a gradient on even steps only: each change of the set of params with a
+    gradient pushes that step in full (warned once); the results stay exact."""
+    model, ref_model = Mlp(5, extra=True), Mlp(5, extra=True)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="extra/",
+                      overlap=True, bucket_bytes=2048, **HYPER)
+    try:
+        with pytest.warns(RuntimeWarning, match="set of params with a gradient changed"):
+            for step in range(6):
+                for m, o in ((model, opt), (ref_model, ref)):
+                    o.zero_grad(set_to_none=True)
+                    loss_of(m, step, use_extra=step < 3).backward()
+                    o.step()
+        assert opt.overlap_fallbacks == 1  # Step 3, when extra stopped having a gradient.
+        assert_close(opt, model, ref, ref_model)
+    finally:
+        opt.close()
+
+
+def test_a_scaler_overflow_skips_the_step_as_torch_does(server_target):
+    model, ref_model = Mlp(6), Mlp(6)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="inf/",
+                      overlap=True, bucket_bytes=2048, **HYPER)
+    scalers = [make_scaler(init_scale=1024.0), make_scaler(init_scale=1024.0)]
+    try:
+        for step in range(4):
+            for m, o, scaler in ((model, opt, scalers[0]), (ref_model, ref, scalers[1])):
+                o.zero_grad(set_to_none=True)
+                loss = loss_of(m, step) * (float("inf") if step == 2 else 1.0)
+                scaler.scale(loss).backward()
+                scaler.step(o)
+                scaler.update()
+        assert scalers[0].get_scale() == scalers[1].get_scale() == 512.0
+        assert_close(opt, model, ref, ref_model)
+        assert opt.overlap_fallbacks == 0
+    finally:
+        opt.close()
+
