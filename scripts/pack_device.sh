@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds what the GPU machine's scripts (scripts/device_*.sh) need and packs it into .device-pack
+# with the workplace's device-pack tool (DEVICE_PACK, default ../shared/tools/device-pack): the
+# CUDA fusedps-server, the fusedps CLI, fusedps-bench, fusedps-transport-bench, the native
+# transport (libfusedps_c.so), each stripped, with the shared libraries a bare GPU machine lacks;
+# the Python package in .device-pack/python; the GPT example's corpus (Debian's jargon-text).
+# Then carry .device-pack to the device and run a scripts/device_*.sh there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh fusedps-server fusedps fusedps-bench fusedps-transport-bench fusedps_c \
+  fusedps_python
+build=${BUILD_DIR:-build}
+rm -rf .device-pack
+"${DEVICE_PACK:-../shared/tools/device-pack}" .device-pack "$build/server/fusedps-server" \
+  "$build/client/fusedps" "$build/bench/fusedps-bench" "$build/bench/fusedps-transport-bench" \
+  "$build/python/fusedps/libfusedps_c.so"
+strip .device-pack/bin/*
+strip --strip-unneeded .device-pack/lib/* 2>/dev/null || true
+mkdir -p .device-pack/python
+cp -r "$build/python/fusedps" .device-pack/python/
+rm -f .device-pack/python/fusedps/libfusedps_c.so  # python_env loads .device-pack/bin's.
+cp /usr/share/doc/jargon-text/jargon.txt.gz .device-pack/
+du -sh .device-pack
