@@ -12,7 +12,9 @@
 # Env: ONLY="transport train selfcheck tests" (the parts to run; default all but tuning), PRESETS
 # ("small gpt2"), STEPS_small (200), STEPS_gpt2 (100), VARIANTS (every one: local local2 fp32
 # bf16 delay), STREAMS (the client's; RemoteAdamW's default otherwise), TRAIN_FLAGS (more flags
-# of the remote runs), MPS=1 (the trainer and the server share the GPU through MPS).
+# of the remote runs), MPS=1 (the trainer and the server share the GPU through MPS),
+# SERVER_DEVICE (the servers' --device, cuda:0 by default; cuda:1 on a machine of two GPUs puts
+# them on their own GPU, the trainer staying on cuda:0).
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out"
@@ -31,7 +33,7 @@ if [[ ${MPS:-0} == 1 ]]; then
   nvidia-cuda-mps-control -d && echo "MPS on" || echo "MPS did not start"
   trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
-server_flags=(--device=cuda:0 --metrics-listen= --staging-pool-bytes=$((4 << 30)))
+server_flags=(--device="${SERVER_DEVICE:-cuda:0}" --metrics-listen= --staging-pool-bytes=$((4 << 30)))
 
 if part transport; then
   echo "== 1. transport"
