@@ -334,11 +334,11 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         slices.emplace_back(data, bytes, &ReleaseWindow, hold);
       } else if (stored_size_ == wire_size) {
         slices.emplace_back(data, bytes);  // A copy: the window is reloaded later.
-      } else {                             // fp32 stored, 16-bit on the wire: rounded here.
-        grpc::Slice rounded(bytes);
-        StoreFloats(reinterpret_cast<const float*>(data), count, dtype_,
-                    const_cast<uint8_t*>(rounded.begin()));
-        slices.push_back(std::move(rounded));
+      } else {  // fp32 stored, 16-bit on the wire: rounded here, into aligned memory (a
+                // small grpc::Slice keeps its bytes inline, at any alignment).
+        std::string rounded(bytes, '\0');
+        StoreFloats(reinterpret_cast<const float*>(data), count, dtype_, rounded.data());
+        slices.emplace_back(rounded);
       }
       cursor_element_ += count;
       room -= count;
