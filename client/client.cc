@@ -225,6 +225,18 @@ Client::Client(ClientOptions options, std::vector<std::unique_ptr<Connection>> c
 
 Client::~Client() = default;
 
+absl::Status Client::WaitForReady(absl::Duration timeout) {
+  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+  size_t connected = 0;
+  for (const std::unique_ptr<Connection>& connection : connections_) {
+    if (connection->channel->WaitForConnected(deadline)) ++connected;
+  }
+  if (connected == connections_.size()) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(connected, " of ", connections_.size(),
+                                                  " channels connected within ",
+                                                  absl::FormatDuration(timeout)));
+}
+
 absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
   // grpc.health.v1 has no C++ stubs in Debian's packages: call it through the generic stub.
   // HealthCheckRequest is {string service = 1}; HealthCheckResponse is {ServingStatus status

@@ -147,6 +147,14 @@ fusedps_client* fusedps_client_create(const char* target, const fusedps_client_o
 
 void fusedps_client_destroy(fusedps_client* client) { delete client; }
 
+int32_t fusedps_client_wait_ready(fusedps_client* client, double timeout_seconds,
+                                  fusedps_error* error) {
+  if (client == nullptr || !(timeout_seconds >= 0)) {
+    return Report(absl::InvalidArgumentError("a NULL client, or a negative timeout"), error, true);
+  }
+  return Report(client->client->WaitForReady(absl::Seconds(timeout_seconds)), error);
+}
+
 int32_t fusedps_push_gradients(fusedps_client* client, const fusedps_push_header* header,
                                size_t count, const char* const* names, const float* const* grads,
                                const uint64_t* numels, fusedps_push_result* result,

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 4
+#define FUSEDPS_C_API_VERSION 5
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -86,6 +86,11 @@ FUSEDPS_C_EXPORT fusedps_client* fusedps_client_create(const char* target,
                                                        const fusedps_client_options* options,
                                                        fusedps_error* error);
 FUSEDPS_C_EXPORT void fusedps_client_destroy(fusedps_client* client);  // NULL is a no-op.
+
+// Connects every stream's channel, at most `timeout_seconds` in all
+// (fusedps::client::Client::WaitForReady). DEADLINE_EXCEEDED when they have not all connected.
+FUSEDPS_C_EXPORT int32_t fusedps_client_wait_ready(fusedps_client* client, double timeout_seconds,
+                                                   fusedps_error* error);
 
 // One push of `count` tensors: names[i] with numels[i] float32 gradients at grads[i] (host
 // memory, row-major), converted to header->grad_dtype on the way out. Applied by the server as

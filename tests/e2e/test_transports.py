@@ -4,6 +4,7 @@ the model's tensors, and errors keep their status."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 import torch
 
@@ -75,3 +76,20 @@ def test_errors_keep_their_status_on_both_transports(server_target, transport):
         assert info.value.code().name == "INVALID_ARGUMENT"
         with pytest.raises(ValueError, match="server shape"):
             client.pull_parameters({f"err.{transport}": torch.zeros(2, 3)})
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_wait_ready_connects_every_stream(server_target, transport):
+    """wait_ready connects every stream's connection (grpcio's and the native client's), and
+    times out against a port nobody listens on."""
+    import socket
+
+    with fusedps.Client(server_target, streams=3, transport=transport) as c:
+        c.wait_ready(timeout=10)
+        c.pull_parameters(None)  # Every connection is up: no call meets one being made.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    with fusedps.Client(dead, streams=2, transport=transport) as c:
+        with pytest.raises(grpc.FutureTimeoutError):
+            c.wait_ready(timeout=0.3)

@@ -155,6 +155,23 @@ TEST_F(PushTransactionTest, PullIntoWritesRawElementsOfOneVersion) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(PushTransactionTest, WaitForReadyConnectsEveryStreamOrSaysHowManyDid) {
+  std::unique_ptr<client::Client> trainer = MakeClient(3);
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_TRUE(trainer->WaitForReady(absl::Seconds(10)).ok());
+  // A port nobody listens on (the server's, once it has stopped).
+  const int port = server_->port();
+  server_->Shutdown(absl::Seconds(5));
+  server_.reset();
+  client::ClientOptions options;
+  options.streams = 2;
+  auto orphan = client::Client::Create("127.0.0.1:" + std::to_string(port), options);
+  ASSERT_TRUE(orphan.ok());
+  const absl::Status status = (*orphan)->WaitForReady(absl::Milliseconds(300));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("0 of 2 channels connected"), std::string::npos) << status;
+}
+
 // Many trainers at once, each committing, cancelling or dropping its transactions: every
 // commit is one step, nothing else is applied, and every call ends (the sanitizers' stress of
 // RawCall's hold, write queue and slice tracking).

@@ -455,6 +455,13 @@ class Client {
   Client& operator=(const Client&) = delete;
   ~Client();
 
+  // Connects every stream's channel, waiting at most `timeout` in all: gRPC retries a failed
+  // connection attempt meanwhile, so that the first calls do not meet a channel still
+  // connecting or one whose first attempt failed (calls fail at once there unless
+  // ClientOptions::wait_for_ready). Errors: DEADLINE_EXCEEDED naming how many of the channels
+  // connected.
+  absl::Status WaitForReady(absl::Duration timeout);
+
   // Asks the server's grpc.health.v1 service about `service` ("" means the whole server,
   // "fusedps.v1.ParameterService" the parameter service). Returns true when it is SERVING,
   // false for NOT_SERVING or UNKNOWN. Errors: the call's status, e.g. NOT_FOUND for a service

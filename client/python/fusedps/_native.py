@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 4  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 5  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -78,6 +78,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.fusedps_push_gradients.argtypes = [
         ctypes.c_void_p, p(_PushHeader), ctypes.c_size_t, p(ctypes.c_char_p),
         p(ctypes.c_void_p), p(ctypes.c_uint64), p(_PushResult), p(_Error)]
+    lib.fusedps_client_wait_ready.restype = ctypes.c_int32
+    lib.fusedps_client_wait_ready.argtypes = [ctypes.c_void_p, ctypes.c_double, p(_Error)]
     lib.fusedps_push_begin.restype = ctypes.c_void_p
     lib.fusedps_push_begin.argtypes = [
         ctypes.c_void_p, p(_PushHeader), ctypes.c_size_t, p(ctypes.c_char_p), p(ctypes.c_uint64),
@@ -226,6 +228,14 @@ class NativeClient:
             _raise(error)
         return int(version.value), list(steps)
 
+
+    def wait_ready(self, timeout: float) -> None:
+        """Connects every stream's channel within ``timeout`` seconds. Raises
+        DeadlineExceeded (FusedPSError) when they have not all connected."""
+        error = _Error()
+        if self._lib.fusedps_client_wait_ready(self._handle, float(timeout),
+                                               ctypes.byref(error)):
+            _raise(error)
 
     def begin_push(self, *, client_id: str, sequence_number: int, grad_dtype: int,
                    base_version: int, plan_hash: str, names: Sequence[str],

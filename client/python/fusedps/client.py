@@ -257,12 +257,22 @@ class Client:
         self.close()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Blocks until the channel is connected.
+        """Blocks until the channel is connected, and the connections of the other streams and
+        of the native transport too (gRPC retries a failed attempt meanwhile, so that the
+        first pushes and pulls do not fail on a connection still being made).
 
         Raises:
           grpc.FutureTimeoutError: when the server is not reachable within ``timeout`` seconds.
         """
-        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for channel in [self._channel] + self._extra_channels:
+            grpc.channel_ready_future(channel).result(
+                timeout=max(0.0, deadline - time.monotonic()))
+        if self._native is not None:
+            try:
+                self._native.wait_ready(max(0.0, deadline - time.monotonic()))
+            except errors.DeadlineExceeded as e:
+                raise grpc.FutureTimeoutError(str(e)) from None
 
     # -- param groups ---------------------------------------------------------------------------
 
