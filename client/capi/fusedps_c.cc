@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "fusedps/client.h"
+#include "fusedps/pipelined_pull.h"
 
 namespace fc = fusedps::client;
 
@@ -23,6 +24,10 @@ struct fusedps_client {
 
 struct fusedps_push {
   std::unique_ptr<fc::PushTransaction> push;
+};
+
+struct fusedps_pipelined_pull {
+  std::unique_ptr<fc::PipelinedPull> pull;
 };
 
 namespace {
@@ -300,3 +305,78 @@ int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field, size_
 }
 
 }  // extern "C"
+
+fusedps_pipelined_pull* fusedps_pipelined_pull_start(
+    fusedps_client* const* clients, size_t client_count, int32_t dtype, int32_t field,
+    int32_t threads, size_t groups, size_t count, const uint64_t* group_of,
+    const uint64_t* client_of, const char* const* names, void* const* dst, const uint64_t* numels,
+    fusedps_error* error) {
+  if (clients == nullptr || client_count == 0 || groups == 0 || count == 0 ||
+      group_of == nullptr || client_of == nullptr || names == nullptr || dst == nullptr ||
+      numels == nullptr) {
+    Report(absl::InvalidArgumentError("a required pointer is NULL, or a count is 0"), error,
+           true);
+    return nullptr;
+  }
+  absl::StatusOr<fc::PullOptions> options = PullOptionsOf(dtype, field);
+  if (!options.ok()) {
+    Report(options.status(), error, true);
+    return nullptr;
+  }
+  std::vector<fc::Client*> cs(client_count);
+  for (size_t c = 0; c < client_count; ++c) {
+    if (clients[c] == nullptr) {
+      Report(absl::InvalidArgumentError(absl::StrCat("clients[", c, "] is NULL")), error, true);
+      return nullptr;
+    }
+    cs[c] = clients[c]->client.get();
+  }
+  std::vector<fc::PipelinedPull::Group> made(groups);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t g = group_of[i], c = client_of[i];
+    if (g >= groups || c >= client_count || (i > 0 && g < group_of[i - 1]) ||
+        names[i] == nullptr || dst[i] == nullptr) {
+      Report(absl::InvalidArgumentError(absl::StrCat(
+                 "target ", i, ": group ", g, " of ", groups, ", client ", c, " of ",
+                 client_count, " (groups nondecreasing, names and dst not NULL)")),
+             error, true);
+      return nullptr;
+    }
+    fc::PipelinedPull::Group& group = made[g];
+    auto part = std::find_if(group.begin(), group.end(),
+                             [&](const auto& p) { return p.first == static_cast<int>(c); });
+    if (part == group.end()) part = group.insert(group.end(), {static_cast<int>(c), {}});
+    part->second.push_back({names[i], dst[i], numels[i]});
+  }
+  auto* pull = new fusedps_pipelined_pull;
+  pull->pull = std::make_unique<fc::PipelinedPull>(std::move(cs), *std::move(options),
+                                                   std::move(made), threads);
+  Report(absl::OkStatus(), error);
+  return pull;
+}
+
+int32_t fusedps_pipelined_pull_wait(fusedps_pipelined_pull* pull, int64_t group,
+                                    fusedps_error* error) {
+  if (pull == nullptr || group < 0) {
+    return Report(absl::InvalidArgumentError("pull is NULL or group < 0"), error, true);
+  }
+  const absl::Status status = pull->pull->WaitUpTo(static_cast<int>(
+      std::min<int64_t>(group, pull->pull->groups() - 1)));
+  const bool local = absl::IsInvalidArgument(status) &&
+                     status.message().find("; its target") != absl::string_view::npos;
+  return Report(status, error, local);
+}
+
+int64_t fusedps_pipelined_pull_landed(fusedps_pipelined_pull* pull) {
+  return pull == nullptr ? 0 : pull->pull->LandedPrefix();
+}
+
+uint64_t fusedps_pipelined_pull_version(fusedps_pipelined_pull* pull, size_t client) {
+  return pull == nullptr ? 0 : pull->pull->Version(static_cast<int>(client));
+}
+
+double fusedps_pipelined_pull_seconds(fusedps_pipelined_pull* pull) {
+  return pull == nullptr ? 0 : pull->pull->Seconds();
+}
+
+void fusedps_pipelined_pull_destroy(fusedps_pipelined_pull* pull) { delete pull; }

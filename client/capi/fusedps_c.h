@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 5
+#define FUSEDPS_C_API_VERSION 6
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -156,6 +156,42 @@ FUSEDPS_C_EXPORT int32_t fusedps_pull_into(fusedps_client* client, int32_t strea
                                            int32_t field, size_t count, const char* const* names,
                                            void* const* dst, const uint64_t* numels,
                                            uint64_t* version, int64_t* steps, fusedps_error* error);
+
+// A pipelined pull (fusedps/pipelined_pull.h): `groups` groups of tensors pulled over the
+// clients' streams, `threads` at a time, in order, each landing as raw elements of `dtype` in
+// the caller's memory; the caller waits for them group by group. The targets are given as flat
+// arrays of `count` entries: group_of[i] (0..groups-1, nondecreasing), client_of[i] (an index
+// into clients), names[i], dst[i], numels[i]; one call per (group, client). Lifetimes: every
+// client, and the memory at every dst, outlive the pull (fusedps_pipelined_pull_destroy waits for
+// the groups in flight; it cancels nothing). The arrays are read during the start call only.
+// Thread safety: wait, landed, version and seconds may be called from several threads at once.
+typedef struct fusedps_pipelined_pull fusedps_pipelined_pull;
+
+// Returns NULL (and the error, INVALID_ARGUMENT) for NULL pointers, a bad dtype or field, a
+// group or client index out of range, or groups out of order.
+FUSEDPS_C_EXPORT fusedps_pipelined_pull* fusedps_pipelined_pull_start(
+    fusedps_client* const* clients, size_t client_count, int32_t dtype, int32_t field,
+    int32_t threads, size_t groups, size_t count, const uint64_t* group_of,
+    const uint64_t* client_of, const char* const* names, void* const* dst,
+    const uint64_t* numels, fusedps_error* error);
+
+// Blocks until groups 0..group have landed; returns the first error among them (the pull's
+// status, as fusedps_pull_into's: INVALID_ARGUMENT, local, naming a tensor of another size).
+FUSEDPS_C_EXPORT int32_t fusedps_pipelined_pull_wait(fusedps_pipelined_pull* pull, int64_t group,
+                                                     fusedps_error* error);
+
+// The number of leading groups that have landed, without waiting.
+FUSEDPS_C_EXPORT int64_t fusedps_pipelined_pull_landed(fusedps_pipelined_pull* pull);
+
+// The highest version a landed group read from clients[client] (0 before one has).
+FUSEDPS_C_EXPORT uint64_t fusedps_pipelined_pull_version(fusedps_pipelined_pull* pull,
+                                                         size_t client);
+
+// Seconds from the start to the last group that has landed so far.
+FUSEDPS_C_EXPORT double fusedps_pipelined_pull_seconds(fusedps_pipelined_pull* pull);
+
+// Waits for the groups in flight and frees the pull. NULL is ignored.
+FUSEDPS_C_EXPORT void fusedps_pipelined_pull_destroy(fusedps_pipelined_pull* pull);
 
 #ifdef __cplusplus
 }  // extern "C"
