@@ -8,6 +8,7 @@
 #      CUDA server per run: fp32 grads, bf16 grads (+ bf16 pulls), bf16 grads with delay=1;
 #   3. the self-check, python -m fusedps.bench e2e, against a CUDA server;
 #   4. the overlap e2e tests on the GPU (FUSEDPS_TEST_DEVICE=cuda) against CUDA servers.
+#   5. probe (only when ONLY names it): bench/contention_probe.py.
 # A table of step times is printed last (bench/training_report.py).
 # Env: ONLY="transport train selfcheck tests" (the parts to run; default all but tuning), PRESETS
 # ("small gpt2"), STEPS_small (200), STEPS_gpt2 (100), VARIANTS (every one: local local2 fp32
@@ -23,7 +24,7 @@ PY_PATH=$PWD/.device-pack/python python_env
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, fusedps._native as n; print('torch', torch.__version__, \
 'native', n.library() is not None, n.load_error())"
-part() { [[ (-z ${ONLY:-} && $1 != tuning) || " ${ONLY:-} " == *" $1 "* ]]; }
+part() { [[ (-z ${ONLY:-} && $1 != tuning && $1 != probe) || " ${ONLY:-} " == *" $1 "* ]]; }
 if [[ ${MPS:-0} == 1 ]]; then
   # Trainer and server share the GPU: without MPS their kernels and copies take turns in time
   # slices; with it they run side by side (docs/operations.md, "One GPU for the trainer and the
@@ -104,6 +105,18 @@ if part selfcheck; then
   start_server selfcheck fusedps-server "${server_flags[@]}" || exit 1
   timeout 300 python3 -m fusedps.bench e2e --target 127.0.0.1:$(cat /tmp/selfcheck.port) \
     --preset small | tee "$out/selfcheck_small.txt"
+  kill -TERM $server_pid; wait $server_pid
+fi
+
+# probe: local training beside each kind of background load (bench/contention_probe.py).
+if part probe; then
+  echo "== probe"
+  start_server probe fusedps-server "${server_flags[@]}" || exit 1
+  port=$(cat /tmp/probe.port)
+  timeout 300 python3 bench/contention_probe.py --target 127.0.0.1:$port \
+    --preset "${PROBE_PRESET:-gpt2}" ${PROBE_LOADS:+--loads "$PROBE_LOADS"} --bench ".device-pack/run \
+    fusedps-transport-bench --target=127.0.0.1:$port --mib=256 --streams=8 --iters=100000" \
+    | tee "$out/probe.txt"
   kill -TERM $server_pid; wait $server_pid
 fi
 

@@ -111,12 +111,13 @@ def assert_close(ours: RemoteAdamW, model: Mlp, ref: torch.optim.AdamW, ref_mode
                                        msg=lambda m: f"state {i} {key}: {m}")
 
 
-def run_recipe(target: str, recipe: str, prefix: str) -> Tuple[RemoteAdamW, Mlp]:
+def run_recipe(target: str, recipe: str, prefix: str,
+               transport: str = "auto") -> Tuple[RemoteAdamW, Mlp]:
     """Trains both ways and checks them: parity, and no full push but the inplace recipe's."""
     model, ref_model = Mlp(1), Mlp(1)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=target, prefix=prefix, overlap=True,
-                      bucket_bytes=2048, **HYPER)
+                      bucket_bytes=2048, client_options={"transport": transport}, **HYPER)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
@@ -139,6 +140,12 @@ def run_recipe(target: str, recipe: str, prefix: str) -> Tuple[RemoteAdamW, Mlp]
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_overlap_matches_torch(server_target, recipe):
     run_recipe(server_target, recipe, prefix=f"{recipe}/")
+
+
+def test_overlap_over_grpcio_matches_torch(server_target):
+    """Without the native transport the pulls land on Python threads (_ThreadLanding), and
+    the pushes go through grpcio: the same results."""
+    run_recipe(server_target, "clip", prefix="grpcio-clip/", transport="grpcio")
 
 
 # What keeps each recipe exact, switched off: each must make its recipe fail.
@@ -165,14 +172,16 @@ def test_each_recipe_fails_with_its_mechanism_switched_off(server_target, recipe
         run_recipe(server_target, recipe, prefix=f"off-{recipe}/")
 
 
-def test_delayed_update_matches_a_reference_one_step_stale(server_target):
+@pytest.mark.parametrize("transport", ["auto", "grpcio"])
+def test_delayed_update_matches_a_reference_one_step_stale(server_target, transport):
     """delay=1 after 3 warm-up steps: each gradient is computed on the parameters of two steps
     back and applied to those of the step before, exactly as the reference does it."""
     warmup = 3
     model, ref_model, stale = Mlp(3), Mlp(3), Mlp(3)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
-    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="delay/",
-                      overlap=True, bucket_bytes=2048, delay=1, delay_warmup=warmup, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target,
+                      prefix=f"delay-{transport}/", overlap=True, bucket_bytes=2048, delay=1,
+                      delay_warmup=warmup, client_options={"transport": transport}, **HYPER)
     try:
         for step in range(STEPS):
             opt.zero_grad(set_to_none=True)

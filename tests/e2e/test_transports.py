@@ -66,6 +66,26 @@ def test_a_pull_writes_straight_into_a_float32_cpu_tensor(server_target, transpo
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
+def test_pull_into_writes_raw_elements_into_flat_views(server_target, transport, wire):
+    """pull_into: each tensor's elements, whatever its shape, into a flat view of one buffer
+    (as RemoteAdamW(overlap=True) lands its pulls); a view of another element count is a
+    ValueError naming the tensor."""
+    with fusedps.Client(server_target, transport=transport, streams=2) as client:
+        values = {f"into.{transport}.{wire}.a": torch.randn(3, 4),
+                  f"into.{transport}.{wire}.b": torch.randn(5)}
+        client.register_model(values)
+        dtype = getattr(torch, wire)
+        buffer = torch.full((17,), -1.0, dtype=dtype)
+        (a, va), (b, vb) = values.items()
+        version, steps = client.pull_into([(a, buffer[:12]), (b, buffer[12:])], wire, stream=1)
+        assert version == client.info().version and steps == {a: 0, b: 0}
+        assert torch.equal(buffer, torch.cat([va.flatten(), vb]).to(dtype))
+        with pytest.raises(ValueError, match=b.replace(".", r"\.")):
+            client.pull_into([(b, buffer[:4])], wire)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_errors_keep_their_status_on_both_transports(server_target, transport):
     with fusedps.Client(server_target, transport=transport) as client:
         client.register_model({f"err.{transport}": torch.zeros(6)})

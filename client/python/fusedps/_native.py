@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 5  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 6  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -100,6 +100,21 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t,
         p(ctypes.c_char_p), p(ctypes.c_void_p), p(ctypes.c_uint64), p(ctypes.c_uint64),
         p(ctypes.c_int64), p(_Error)]
+    lib.fusedps_pipelined_pull_start.restype = ctypes.c_void_p
+    lib.fusedps_pipelined_pull_start.argtypes = [
+        p(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+        ctypes.c_size_t, ctypes.c_size_t, p(ctypes.c_uint64), p(ctypes.c_uint64),
+        p(ctypes.c_char_p), p(ctypes.c_void_p), p(ctypes.c_uint64), p(_Error)]
+    lib.fusedps_pipelined_pull_wait.restype = ctypes.c_int32
+    lib.fusedps_pipelined_pull_wait.argtypes = [ctypes.c_void_p, ctypes.c_int64, p(_Error)]
+    lib.fusedps_pipelined_pull_landed.restype = ctypes.c_int64
+    lib.fusedps_pipelined_pull_landed.argtypes = [ctypes.c_void_p]
+    lib.fusedps_pipelined_pull_version.restype = ctypes.c_uint64
+    lib.fusedps_pipelined_pull_version.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.fusedps_pipelined_pull_seconds.restype = ctypes.c_double
+    lib.fusedps_pipelined_pull_seconds.argtypes = [ctypes.c_void_p]
+    lib.fusedps_pipelined_pull_destroy.restype = None
+    lib.fusedps_pipelined_pull_destroy.argtypes = [ctypes.c_void_p]
     lib.fusedps_pull.restype = ctypes.c_int32
     lib.fusedps_pull.argtypes = [
         ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t, p(ctypes.c_char_p),
@@ -316,6 +331,62 @@ class NativePush:
         handle, self._handle = self._handle, None
         if handle:
             self._lib.fusedps_push_destroy(handle)
+
+
+class PipelinedPull:
+    """One fusedps_pipelined_pull: groups of tensors pulled over the clients' streams on the C++
+    client's threads (no Python thread, no GIL while they run), waited for group by group.
+
+    Args:
+      clients: NativeClients (one per shard); they outlive the pull.
+      groups: per group, (client index, name, address, numel) entries: numel raw elements of
+        ``dtype`` are written at address (host memory the caller keeps alive until close()).
+      dtype, field: proto enum numbers (fusedps_c.h); threads: groups in flight at once.
+    Raises:
+      ValueError: arguments the library refuses.
+    Lifetimes: close() waits for the groups in flight and frees the handle.
+    """
+
+    def __init__(self, clients: Sequence[NativeClient], groups: Sequence[Sequence[tuple]], *,
+                 dtype: int, field: int, threads: int):
+        self._lib = clients[0]._lib
+        entries = [(g, c, n, a, k) for g, group in enumerate(groups) for c, n, a, k in group]
+        count = len(entries)
+        u64 = ctypes.c_uint64 * count
+        handles = (ctypes.c_void_p * len(clients))(*[c._handle for c in clients])
+        error = _Error()
+        handle = self._lib.fusedps_pipelined_pull_start(
+            handles, len(clients), dtype, field, threads, len(groups), count,
+            u64(*[e[0] for e in entries]), u64(*[e[1] for e in entries]),
+            _names([e[2] for e in entries]), (ctypes.c_void_p * count)(*[e[3] for e in entries]),
+            u64(*[e[4] for e in entries]), ctypes.byref(error))
+        if not handle:
+            _raise(error)
+        self._handle = handle
+        self.groups = len(groups)
+
+    def wait(self, group: int) -> None:
+        """Blocks until groups 0..group have landed. Raises the first one's error (ValueError
+        for a tensor of another size, FusedPSError for a call's status)."""
+        error = _Error()
+        if self._lib.fusedps_pipelined_pull_wait(self._handle, int(group), ctypes.byref(error)):
+            _raise(error)
+
+    def landed(self) -> int:
+        """How many leading groups have landed, without waiting."""
+        return int(self._lib.fusedps_pipelined_pull_landed(self._handle))
+
+    def version(self, client: int) -> int:
+        return int(self._lib.fusedps_pipelined_pull_version(self._handle, client))
+
+    def seconds(self) -> float:
+        """Seconds from the start to the last group landed so far."""
+        return float(self._lib.fusedps_pipelined_pull_seconds(self._handle))
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.fusedps_pipelined_pull_destroy(handle)
 
 
 def pull_into(native: NativeClient, targets: Sequence, wire: str, field: int) -> PulledTensors:

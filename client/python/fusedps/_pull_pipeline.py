@@ -2,8 +2,17 @@
 
 Internal module of fusedps.torch. After a step is applied, PullPipeline pulls every parameter in
 groups of about ``group_bytes``, in the order the last forward pass first used them, over the
-client's streams at once. Each group lands in pinned host memory (the native transport writes
-the wire's bytes there, no conversion) and is copied to the device on a side stream.
+client's streams at once. Each group lands in pinned host memory (the wire's bytes, no
+conversion) and is copied to the device on a side stream.
+
+Who does what: the landing runs on the C++ client's threads (fusedps._native.PipelinedPull)
+when every server is reached through the native transport, else on a pool of Python threads
+(_ThreadLanding). The device copies are queued by the training loop's own thread, in the
+forward pre-hook and in wait(): each time, every group landed so far is queued. No Python
+thread of fusedps then runs while the forward computes: a Python thread beside the loop costs
+its interpreter lock, and the loop's kernel launches wait for it (bench/contention_probe.py
+measured local training 1.3-2.0x slower beside a Python pulling thread, 1.0-1.2x beside the
+same pulls in another process).
 
 Where the values go:
   * "direct" (delay 0): into the parameters. A global forward pre-hook makes each module's
@@ -14,11 +23,12 @@ Where the values go:
   * "shadow" (delay 1): into a device buffer, installed into the parameters at the next step
     boundary (install()), while the model meanwhile computes with the previous values.
 
-Lifetimes: the pipeline owns its thread pool, its buffers and the global hook until close().
-A pull in flight reads and writes only the pipeline's buffers and, in "direct" mode, the
-parameters, which nothing else writes until wait() or a module's pre-hook has waited for them.
+Lifetimes: the pipeline owns its landing (threads), its buffers and the global hook until
+close(). A landing writes only the host buffer, which nothing reads before its group is waited
+for; the device copies write the parameters ("direct") or the shadow buffer, which nothing
+else writes until wait() or a module's pre-hook has waited for them.
 Thread safety: start, wait, install and close are called from the optimizer's threads, one at a
-time; the pool threads land groups; the hooks run on the forward's thread.
+time; the hooks run on the forward's thread; _lock guards the state they share.
 """
 
 from __future__ import annotations
@@ -27,29 +37,89 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fusedps import _chunks, _trace
+from fusedps import _chunks, _native, _replies, _trace
 from fusedps._route import Route
 
 __all__ = ["PullPipeline"]
 
 # torch >= 2.1: one call copies a group's tensors (torch 1.13 copies them one by one).
 _FOREACH_COPY = hasattr(torch, "_foreach_copy_")
+_FIELD_PARAM = 1  # fusedps.v1.TensorField.TENSOR_FIELD_PARAM
 
 
 @dataclass
 class _Group:
     params: List[int]
-    # Made once per layout (start() reuses them while the order does not change):
-    targets: Dict[int, list] = field(default_factory=dict)  # shard -> (name, host view)
+    # (shard, server name, host view) of each segment of its params.
+    targets: List[Tuple[int, str, torch.Tensor]] = field(default_factory=list)
     sources: List[torch.Tensor] = field(default_factory=list)  # Host views, as the params.
-    landed: threading.Event = field(default_factory=threading.Event)
-    landed_at: float = 0.0
-    event: Optional[object] = None  # torch.cuda.Event once the device copy is queued
-    future: Optional[Future] = None
+
+
+@dataclass
+class _Pull:
+    """One pull in flight, published whole by start(): the forward's hooks (and, with delay=1,
+    the worker's start() beside them) see either all of it or none."""
+
+    mode: str
+    groups: List[_Group]
+    landing: object  # _native.PipelinedPull or _ThreadLanding
+    ready: Optional[object]  # Event: where the step's device work stood at start() (GPU).
+    events: List[Optional[object]]  # Per group, its copies' event once queued (GPU).
+    queued: int = 0  # Groups whose device copies are queued.
+    waited_upto: int = -1  # Groups the current stream waits for.
+
+
+class _ThreadLanding:
+    """Lands the groups with Client.pull_into on a pool of Python threads (the transport is
+    grpcio, or some server is): the interface of fusedps._native.PipelinedPull."""
+
+    def __init__(self, pool: ThreadPoolExecutor, route: Route, groups: List[_Group], wire: str):
+        self._route = route
+        self._wire = wire
+        self._lock = threading.Lock()
+        self._versions = [0] * route.shards
+        self._started = time.perf_counter()
+        self._last = self._started
+        self.groups = len(groups)
+        self._futures: List[Future] = [pool.submit(self._land, g, group)
+                                       for g, group in enumerate(groups)]
+
+    def _land(self, g: int, group: _Group) -> None:
+        by_shard: Dict[int, list] = {}
+        for shard, name, view in group.targets:
+            by_shard.setdefault(shard, []).append((name, view))
+        for shard, targets in by_shard.items():
+            version, _ = self._route.clients[shard].pull_into(targets, self._wire, stream=g)
+            with self._lock:
+                self._versions[shard] = max(self._versions[shard], version)
+        with self._lock:
+            self._last = time.perf_counter()
+
+    def wait(self, group: int) -> None:
+        for f in self._futures[:group + 1]:
+            f.result()
+
+    def landed(self) -> int:
+        for g, f in enumerate(self._futures):
+            if not f.done():
+                return g
+        return len(self._futures)
+
+    def version(self, shard: int) -> int:
+        with self._lock:
+            return self._versions[shard]
+
+    def seconds(self) -> float:
+        with self._lock:
+            return self._last - self._started
+
+    def close(self) -> None:
+        for f in self._futures:
+            f.exception()  # Waits; the error was raised by wait() if anyone asked.
 
 
 class PullPipeline:
@@ -74,29 +144,30 @@ class PullPipeline:
         self._cuda = self.device.type == "cuda"
         self._index: Dict[int, int] = {id(p): i for i, p in enumerate(self._params)}
         self._numel = [p.numel() for p in self._params]
-        self._pool = ThreadPoolExecutor(
-            max_workers=self._streams, thread_name_prefix="fusedps-pull",
-            initializer=(lambda: torch.cuda.set_device(self.device)) if self._cuda else None)
+        natives = [getattr(c, "_native", None) for c in route.clients]
+        self._natives = natives if all(n is not None for n in natives) else None
+        self._pool = None if self._natives is not None else ThreadPoolExecutor(
+            max_workers=self._streams, thread_name_prefix="fusedps-pull")
+        # The pull in flight, until wait(); the copying (its queued, waited_upto) is done by one
+        # thread at a time: the loop's (pre-hooks, wait) or, with delay=0, the optimizer's.
+        self._pull: Optional[_Pull] = None
+        self._last_event = None  # The last pull's last device copy (GPU).
         self._lock = threading.Lock()
         self._groups: List[_Group] = []
         self._group_of: List[int] = [0] * len(self._params)
         self._offset: List[int] = [0] * len(self._params)
-        self._waited_upto = -1  # Groups the forward has waited for, this pull.
-        self._active = False    # A "direct" pull whose groups the forward may still wait for.
-        self._mode = "direct"
+        self._mode = "direct"  # The last pull's; _source reads it for install().
         self._to_install = False  # A "shadow" pull not installed yet.
         # The order of first use, recorded by the pre-hook since the last start().
         self._recorded: List[int] = []
         self._recorded_set = set()
         self._modules_hooked = set()
         self._host: Optional[torch.Tensor] = None
-        self._laid_out: List[int] = []  # The order _template was laid out in.
-        self._template: List[_Group] = []
+        self._laid_out: List[int] = []  # The order _groups was laid out in.
         self._shadow: Optional[torch.Tensor] = None
         self._h2d_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._shadow_free: Optional[object] = None  # Event: the last install has read shadow.
         self.versions: List[Optional[int]] = [None] * route.shards
-        self.started_at = 0.0
         self.seconds = 0.0          # The last finished pull's wall time.
         self.exposed_seconds = 0.0  # What the forward and the optimizer waited for it.
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
@@ -129,7 +200,7 @@ class PullPipeline:
                 base = self._offset[i]
                 for seg in self._route.segments[i]:
                     view = self._host[base + seg.begin:base + seg.begin + seg.numel]
-                    group.targets.setdefault(seg.shard, []).append((seg.server_name, view))
+                    group.targets.append((seg.shard, seg.server_name, view))
                 group.sources.append(self._host[base:base + self._numel[i]].view(
                     self._params[i].shape))
         return groups
@@ -139,9 +210,8 @@ class PullPipeline:
         order = self._order()
         self._recorded, self._recorded_set = [], set()
         if order != self._laid_out:
-            self._template = self._layout(order)
+            self._groups = self._layout(order)
             self._laid_out = order
-        groups = [_Group(t.params, t.targets, t.sources) for t in self._template]
         ready = None
         if self._cuda:
             # Backward (and the step's check) may still read the parameters on the device.
@@ -149,31 +219,50 @@ class PullPipeline:
             if mode == "shadow" and self._shadow is None:
                 self._shadow = torch.empty(sum(self._numel), dtype=self._wire_dtype,
                                            device=self.device)
-        with self._lock:  # Every group has its future before anyone can see the groups.
-            for g, group in enumerate(groups):
-                group.future = self._pool.submit(self._land, g, group, ready)
-            self._groups = groups
+        if self._last_event is not None:
+            # The last pull's copies read the host buffer that this one writes: done by now
+            # (the loop's stream waited for them), but the CPU must know before it writes.
+            self._last_event.synchronize()
+            self._last_event = None
+        if self._natives is not None:
+            landing = _native.PipelinedPull(
+                self._natives, [[(shard, name, view.data_ptr(), view.numel())
+                                 for shard, name, view in group.targets]
+                                for group in self._groups],
+                dtype=_replies._WIRE_TO_PB[self._wire], field=_FIELD_PARAM,
+                threads=self._streams)
+        else:
+            landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire)
+        pull = _Pull(mode, self._groups, landing, ready, [None] * len(self._groups))
+        with self._lock:
             self._mode = mode
-            self._waited_upto = -1
-            self._active = mode == "direct"
             self._to_install = mode == "shadow"
             self.exposed_seconds = 0.0
-            self.started_at = time.perf_counter()
+            self._pull = pull
+        _trace.mark("pull", len(self._groups))
 
     def wait(self) -> None:
-        """Waits until every group has landed (and, on a GPU, makes the current stream wait for
-        its copies); adds the time to exposed_seconds. Raises the first group's error."""
+        """Waits until every group has landed and queues its device copies (on a GPU the
+        current stream waits for them); adds the time to exposed_seconds. Raises the first
+        group's error. Then frees the landing."""
         with self._lock:
-            groups = list(self._groups)
+            pull = self._pull
+        if pull is None:
+            return
         start = time.perf_counter()
         try:
-            self._wait_groups(len(groups) - 1)
+            self._wait_groups(pull, len(pull.groups) - 1)
         finally:
+            landing = pull.landing
             with self._lock:
                 self.exposed_seconds += time.perf_counter() - start
-                self._active = False
-                if groups:
-                    self.seconds = max(g.landed_at for g in groups) - self.started_at
+                self._pull = None
+                self.seconds = landing.seconds()
+                for shard in range(self._route.shards):
+                    self.versions[shard] = max(self.versions[shard] or 0,
+                                               landing.version(shard))
+            self._last_event = next((e for e in reversed(pull.events) if e is not None), None)
+            landing.close()
 
     def discard(self) -> None:
         """Drops a "shadow" pull's values uninstalled (newer ones were pulled otherwise)."""
@@ -197,52 +286,46 @@ class PullPipeline:
 
     def close(self) -> None:
         self._hook.remove()
-        self._pool.shutdown(wait=True)
+        with self._lock:
+            pull, self._pull = self._pull, None
+        if pull is not None:
+            pull.landing.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
-    # -- the pool's side ----------------------------------------------------------------------
+    # -- the copies (the thread that waits: the loop's) -------------------------------------
 
     def _source(self, i: int) -> torch.Tensor:
         begin = self._offset[i]
         buffer = self._shadow if (self._cuda and self._mode == "shadow") else self._host
         return buffer[begin:begin + self._numel[i]]
 
-    def _land(self, g: int, group: _Group, ready) -> None:
-        try:
-            _trace.mark("pull", g)
-            self._pull(g, group)
-            _trace.mark("pulled", g)
-            if self._cuda:
-                with torch.cuda.stream(self._h2d_stream):
-                    self._h2d_stream.wait_event(ready)
-                    self._copy_to_device(group)
-                    group.event = self._h2d_stream.record_event()
-            elif self._mode == "direct":
-                with torch.no_grad():
-                    for i in group.params:
-                        p = self._params[i]
-                        p.copy_(self._source(i).view(p.shape))
-        finally:
-            group.landed_at = time.perf_counter()
-            group.landed.set()
-            _trace.mark("landed", g)
+    def _queue_copies(self, pull: _Pull, landed: int) -> None:
+        """Queues the device copies of groups [pull.queued, landed) (each has landed)."""
+        while pull.queued < landed:
+            g = pull.queued
+            pull.queued += 1
+            group = pull.groups[g]
+            if not self._cuda:
+                if pull.mode == "direct":
+                    with torch.no_grad():
+                        for i, src in zip(group.params, group.sources):
+                            self._params[i].copy_(src)
+                continue
+            with torch.cuda.stream(self._h2d_stream):
+                if g == 0:
+                    self._h2d_stream.wait_event(pull.ready)
+                self._copy_to_device(pull.mode, group)
+                pull.events[g] = self._h2d_stream.record_event()
 
-    def _pull(self, g: int, group: _Group) -> None:
-        """Pulls the group's segments into the host buffer, one call per shard holding some."""
-        for shard, targets in group.targets.items():
-            version, _ = self._route.clients[shard].pull_into(targets, self._wire, stream=g)
-            with self._lock:
-                if self.versions[shard] is None or version > self.versions[shard]:
-                    self.versions[shard] = version
-
-    def _copy_to_device(self, group: _Group) -> None:
+    def _copy_to_device(self, mode: str, group: _Group) -> None:
         with torch.no_grad():
-            if self._mode == "shadow":
+            if mode == "shadow":
                 if self._shadow_free is not None:
                     self._h2d_stream.wait_event(self._shadow_free)
-                for i in group.params:
-                    begin, n = self._offset[i], self._numel[i]
-                    self._shadow[begin:begin + n].copy_(self._host[begin:begin + n],
-                                                        non_blocking=True)
+                begin = self._offset[group.params[0]]
+                end = self._offset[group.params[-1]] + self._numel[group.params[-1]]
+                self._shadow[begin:end].copy_(self._host[begin:end], non_blocking=True)
                 return
             params = [self._params[i] for i in group.params]
             if all(p.dtype == self._wire_dtype for p in params):
@@ -260,6 +343,17 @@ class PullPipeline:
             for p, src in zip(params, sources):
                 p.copy_(src, non_blocking=True)
 
+    def _wait_groups(self, pull: _Pull, upto: int) -> None:
+        """Waits for groups 0..upto to land, queues the copies of every group landed so far,
+        and makes the current stream wait for those of groups 0..upto."""
+        if upto > pull.waited_upto:
+            pull.landing.wait(upto)  # Raises a group's error: the forward must not go on.
+        self._queue_copies(pull, max(pull.landing.landed(), upto + 1))
+        if upto > pull.waited_upto:
+            if self._cuda:  # The side stream is in order: the last group's event covers all.
+                torch.cuda.current_stream(self.device).wait_event(pull.events[upto])
+            pull.waited_upto = upto
+
     # -- the forward's side -------------------------------------------------------------------
 
     def _order(self) -> List[int]:
@@ -269,17 +363,6 @@ class PullPipeline:
         if not recorded:
             return list(range(len(self._params)))
         return [i for i in range(len(self._params)) if i not in seen] + recorded
-
-    def _wait_groups(self, upto: int) -> None:
-        with self._lock:
-            groups = self._groups[self._waited_upto + 1:upto + 1]
-            first = self._waited_upto + 1
-        for group in groups:
-            group.future.result()  # Raises the group's error: the forward must not go on.
-            if self._cuda and group.event is not None:
-                torch.cuda.current_stream(self.device).wait_event(group.event)
-        with self._lock:
-            self._waited_upto = max(self._waited_upto, first + len(groups) - 1)
 
     def _pre_forward(self, module: torch.nn.Module, inputs) -> None:
         own = [self._index[id(p)] for p in module._parameters.values()
@@ -294,18 +377,24 @@ class PullPipeline:
             self._modules_hooked.add(id(module))
             # state_dict() reads the parameters outside a forward: it waits for them too.
             module._register_state_dict_hook(self._before_state_dict)
-        if not self._active:
+        pull = self._pull
+        if pull is None:
+            return
+        if pull.mode == "shadow":  # Nothing to wait for: queue the copies of what has landed.
+            self._queue_copies(pull, pull.landing.landed())
             return
         upto = max(self._group_of[i] for i in own)
-        if upto <= self._waited_upto:
+        if upto <= pull.waited_upto:
+            self._queue_copies(pull, pull.landing.landed())
             return
         start = time.perf_counter()
         _trace.mark("wait", upto)
-        self._wait_groups(upto)
+        self._wait_groups(pull, upto)
         _trace.mark("waited", upto)
         with self._lock:
             self.exposed_seconds += time.perf_counter() - start
 
     def _before_state_dict(self, module, state_dict, prefix, local_metadata) -> None:
-        if self._active:
+        pull = self._pull
+        if pull is not None and pull.mode == "direct":
             self.wait()

@@ -62,7 +62,8 @@ class PullAssembler:
                  destinations: Optional[Dict[str, Tuple[object, tuple]]] = None):
         """``destinations``: name -> (1-D numpy array of the wire dtype, the local shape): that
         tensor's elements are decoded straight into the array (a view of the caller's tensor),
-        once its TensorInfo has the same shape; another shape raises ValueError."""
+        once its TensorInfo has the same shape (None: any shape of the array's element count,
+        as Client.pull_into writes raw elements); another raises ValueError."""
         self._wire = wire
         self._destinations = destinations or {}
         self._version: Optional[int] = None
@@ -133,7 +134,11 @@ class PullAssembler:
         if info.name in self._arrays:
             raise _malformed(f"tensor {info.name!r} is described twice")
         destination = self._destinations.get(info.name)
-        if destination is not None and tuple(info.shape) != destination[1]:
+        if destination is not None and destination[1] is None:
+            if len(destination[0]) != numel:
+                raise ValueError(f"{info.name}: the server has {numel} elements; its target "
+                                 f"has {len(destination[0])}")
+        elif destination is not None and tuple(info.shape) != destination[1]:
             raise ValueError(f"{info.name}: server shape {tuple(info.shape)} != local shape "
                              f"{destination[1]}")
         self._infos.append(info)

@@ -561,7 +561,7 @@ class Client:
             return version, dict(zip(names, steps))
         channels = [self._channel] + self._extra_channels
         stub = pb_grpc.ParameterServiceStub(channels[int(stream) % len(channels)])
-        direct = {n: (_chunks.tensor_as_wire_array(t.view(-1), wire), (t.numel(),))
+        direct = {n: (_chunks.tensor_as_wire_array(t.view(-1), wire), None)
                   for n, t in targets}
         out = _transport.pull(stub, names, wire, _FIELDS[field], direct,
                               max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,

@@ -117,7 +117,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         ``overlap_fallbacks``). Parameters are current inside a forward and after
         wait_parameters() (and model.state_dict() waits); read them elsewhere only after
         wait_parameters(). Works on torch 1.13 and 2.x, with one server or several.
-      bucket_bytes: see overlap (default 8 MiB).
+      bucket_bytes: see overlap (default 8 MiB); the pulls go in groups of this size too.
       delay: with overlap, 1 turns on the one-step-delayed update (ZeRO-Offload's DPU): after
         ``delay_warmup`` steps, step() returns at once and the push, the server's step and
         the pull complete behind the next forward and backward, which run on the parameters
@@ -282,7 +282,7 @@ class RemoteAdamW(torch.optim.Optimizer):
 
                 self._overlap = OverlapEngine(
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
-                    pull_group_bytes=8 << 20, delay=delay,
+                    pull_group_bytes=bucket_bytes, delay=delay,
                     delay_warmup=delay_warmup)
         except BaseException:
             self.close()
