@@ -5,7 +5,7 @@
 // it. It fits when both succeed; RESOURCE_EXHAUSTED means it does not.
 //
 // Models: GPT-3's sizes (Brown et al. 2020, table 2.1: n_layers, d_model; vocabulary 50257,
-// context 2048) with GPT-2's tensors (DESIGN.md: wte, wpe, per layer ln_1, c_attn, attn
+// context 2048) with GPT-2's tensors (as bench/workloads.h lists them: wte, wpe, per layer ln_1, c_attn, attn
 // c_proj, ln_2, c_fc, mlp c_proj, then ln_f), then the most layers at the widest size that fits.
 //
 // Usage: fusedps-gpt-fit --backend=cuda:0 [--json]
@@ -16,10 +16,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/flag_usage.h"
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 #include "kernels/tensor_layout.h"
@@ -104,6 +106,13 @@ absl::StatusOr<bool> Fits(const std::string& backend_name, const Storage& storag
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Finds the largest GPT whose whole AdamW state fits one device, per storage option.\n"
+      "  fusedps-gpt-fit --backend=cuda:0 [--json]");
+  if (HelpRequested(argc, argv)) {
+    PrintHelp(__FILE__);
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   const bool json = absl::GetFlag(FLAGS_json);

@@ -1,4 +1,4 @@
-// fusedps-kernel-bench: times one optimizer step of a backend on DESIGN.md's workloads.
+// fusedps-kernel-bench: times one optimizer step of a backend on bench/workloads.h's workloads.
 //
 // For each workload it registers the tensors with a fresh backend, writes random normal params,
 // stages random normal gradients once with StageGrads (as the server does while a push arrives;
@@ -576,7 +576,8 @@ std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::st
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Validates, then times one AdamW step of an fusedps backend on DESIGN.md's workloads.\n"
+      "Validates, then times one AdamW step of a fusedps backend on the workloads of\n"
+      "bench/workloads.h (GPT-2 small and others).\n"
       "  fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10");
   if (HelpRequested(argc, argv)) {
     PrintHelp(__FILE__);

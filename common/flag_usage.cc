@@ -79,6 +79,40 @@ std::string FlagsHelp(absl::string_view main_file) {
   return out;
 }
 
+std::string CheckFlags(const std::vector<char*>& args) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "-")) continue;  // A positional argument.
+    absl::ConsumePrefix(&arg, "-");
+    const size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    std::string kebab(name);  // As the user wrote it (KebabToSnakeFlags made it snake_case).
+    std::replace(kebab.begin(), kebab.end(), '_', '-');
+    if (flag == nullptr) return absl::StrCat("unknown flag --", kebab, " (see --help)");
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      value = "true";
+    } else if (i + 1 < args.size()) {
+      value = args[++i];  // absl takes "--name value" for a flag that is not a bool.
+    } else {
+      return absl::StrCat("flag --", kebab, " is missing its value");
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::StrCat("flag --", kebab, ": ", error);
+    }
+  }
+  return "";
+}
+
 void PrintHelp(absl::string_view main_file) {
   const std::string help =
       absl::StrCat(absl::ProgramUsageMessage(),

@@ -16,6 +16,7 @@
 #define FUSEDPS_COMMON_FLAG_USAGE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -33,6 +34,13 @@ std::string FlagsHelp(absl::string_view main_file);
 
 // Prints absl::ProgramUsageMessage(), then FlagsHelp(main_file), to stdout.
 void PrintHelp(absl::string_view main_file);
+
+// Checks the flags of `args` (argv after KebabToSnakeFlags, args[0] the program; up to "--")
+// as absl::ParseCommandLine would parse them, without exiting: every --name (or --noname of a
+// bool) must be a defined flag and every value must parse. Returns "" when they do, else the
+// first error, naming the flag. absl::ParseCommandLine exits 1 on these; our programs exit 2
+// for a bad flag (docs/errors.md), so they call this first.
+std::string CheckFlags(const std::vector<char*>& args);
 
 }  // namespace fusedps
 

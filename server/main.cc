@@ -148,6 +148,10 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> arg_storage;
   std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
+  if (const std::string bad = fusedps::CheckFlags(args); !bad.empty()) {
+    LOG(ERROR) << bad;
+    return 2;
+  }
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
   // Block the stop signals in every thread; one thread below waits for them. SIGUSR1 is the

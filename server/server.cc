@@ -155,10 +155,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   ForEachTransportArg(
       [&](const std::string& name, int value) { builder.AddChannelArgument(name, value); });
+  // One port, one server. gRPC sets SO_REUSEPORT by default: a second server on a port in use
+  // would then start beside the first, and the kernel would split new connections between two
+  // independent shards (a restart overlapping a draining process did this silently).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->service_.get());
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen, "'"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", options.listen,
+        "': the address is in use (another server?) or cannot be bound here"));
   }
   server->SetServing(false);  // Until the restore is done.
   if (absl::Status s = server->Restore(options); !s.ok()) return s;
