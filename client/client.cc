@@ -12,6 +12,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/memory/memory.h"
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/channel.h"
@@ -30,6 +33,40 @@ using internal::TensorExtent;
 using internal::ToAbslStatus;
 
 namespace {
+
+// A target is HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one; PORT 1..65535) or a
+// gRPC target with a scheme, which gRPC parses. gRPC itself takes "127.0.0.1:50051x" as port
+// 50051: a typo must not reach another port silently.
+absl::Status ValidateTarget(const std::string& target) {
+  for (absl::string_view scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:",
+                                   "xds:"}) {
+    if (absl::StartsWith(target, scheme)) return absl::OkStatus();
+  }
+  if (absl::StrContains(target, "://")) return absl::OkStatus();
+  const size_t colon = target.rfind(':');
+  const absl::string_view host =
+      colon == std::string::npos ? "" : absl::string_view(target).substr(0, colon);
+  const absl::string_view port =
+      colon == std::string::npos ? "" : absl::string_view(target).substr(colon + 1);
+  bool ok = !host.empty() && !port.empty() && port.size() <= 5 &&
+            std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (ok && host.front() == '[') {
+    ok = host.back() == ']' && host.size() > 2;
+  } else if (ok) {
+    ok = std::all_of(host.begin(), host.end(), [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
+             c == '_';
+    });
+  }
+  int number = 0;
+  if (!ok || !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target '", target,
+        "' is not HOST:PORT with a port in 1..65535 (or a gRPC target with a scheme, such as "
+        "dns:///HOST:PORT or unix:PATH)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateOptions(const ClientOptions& options) {
   if (options.timeout <= absl::ZeroDuration()) {
@@ -188,6 +225,7 @@ class GrowingDeadline {
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
                                                        ClientOptions options) {
   if (target.empty()) return absl::InvalidArgumentError("empty target");
+  if (absl::Status status = ValidateTarget(target); !status.ok()) return status;
   if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
   if (absl::Status status = internal::LoadToken(&options); !status.ok()) return status;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =

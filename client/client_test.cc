@@ -192,6 +192,17 @@ TEST_F(ClientTest, BadArgumentsFailBeforeAnyCall) {
   EXPECT_EQ(Client::Create("127.0.0.1:1", options).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Client::Create("").status().code(), absl::StatusCode::kInvalidArgument);
+  // gRPC would take "50051x" as port 50051: a typo must not reach another port.
+  for (const char* bad : {"127.0.0.1:50051x", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000",
+                          ":50051", "host:port", "[::1:50051"}) {
+    const absl::Status status = Client::Create(bad).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find(bad), std::string::npos) << status;
+  }
+  for (const char* good : {"localhost:50051", "[::1]:50051", "dns:///ps-0:50051",
+                           "unix:/tmp/fusedps.sock", "ipv4:127.0.0.1:50051", "ps-0.ns.svc:1"}) {
+    EXPECT_TRUE(Client::Create(good).ok()) << good;
+  }
   EXPECT_EQ(Client::CreateWithChannel(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -111,5 +111,5 @@ def test_wait_ready_connects_every_stream(server_target, transport):
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
     with fusedps.Client(dead, streams=2, transport=transport) as c:
-        with pytest.raises(grpc.FutureTimeoutError):
+        with pytest.raises(fusedps.errors.Unavailable, match=f"{dead}.*refused"):
             c.wait_ready(timeout=0.3)

@@ -441,6 +441,9 @@ def validate_state_dict(state_dict: Mapping[str, Any], param_groups: Sequence[Di
             raise ValueError(f"group {i}: the state_dict has amsgrad={saved.get('amsgrad')}, the "
                              f"optimizer {amsgrad[i]}; amsgrad cannot change on the server")
         new_group = dict(group)
+        # A key the saved group lacks takes torch's default, as AdamW.__setstate__ gives it
+        # when torch loads (a state_dict of an older torch has no "maximize").
+        new_group["maximize"] = False
         for k, v in saved.items():
             if k not in ("params", "param_names") and k not in IMPLEMENTATION_KEYS + \
                     STORAGE_KEYS:

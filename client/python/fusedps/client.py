@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Seque
 
 import grpc
 
-from fusedps import (_chunks, _deadlines, _native, _push_transaction, _replies, _security,
-                     _transport, errors)
+from fusedps import (_chunks, _connect, _deadlines, _native, _push_transaction, _replies,
+                     _security, _transport, errors)
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
                                _named_tensors, checked_group_hyperparameters, checked_states)
@@ -186,7 +186,7 @@ class Client:
         if channel is not None and security.tls:
             raise ValueError("tls, tls_ca, tls_cert and tls_key are for the channels the "
                              "client makes; a given channel has its own credentials")
-        self.target = target
+        self.target = target if channel is not None else _connect.check_target(target)
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.client_id = client_id
         self.timeout = timeout
@@ -257,22 +257,30 @@ class Client:
         self.close()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Blocks until the channel is connected, and the connections of the other streams and
-        of the native transport too (gRPC retries a failed attempt meanwhile, so that the
-        first pushes and pulls do not fail on a connection still being made).
+        """Blocks until the server answers, and every stream's connection (the native
+        transport's too) is made, so that the first pushes and pulls do not fail on a
+        connection still being made. A refused connection (the server not up yet) is tried
+        again until ``timeout`` seconds have passed; any other failure is raised at once.
 
         Raises:
-          grpc.FutureTimeoutError: when the server is not reachable within ``timeout`` seconds.
+          fusedps.errors.Unavailable: the server cannot be reached; the message names the
+            target and the cause (refused, a TLS mismatch, no client certificate).
+          fusedps.errors.DeadlineExceeded: no answer within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
-        for channel in [self._channel] + self._extra_channels:
-            grpc.channel_ready_future(channel).result(
-                timeout=max(0.0, deadline - time.monotonic()))
+        _connect.wait_answering(
+            self.target, lambda seconds: self._stub.GetInfo(pb.GetInfoRequest(),
+                                                            timeout=seconds), timeout)
+        try:
+            for channel in self._extra_channels:
+                grpc.channel_ready_future(channel).result(
+                    timeout=max(0.0, deadline - time.monotonic()))
+        except grpc.FutureTimeoutError:
+            raise errors.error_for(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                f"the fusedps server at {self.target} answered, but not every stream's "
+                f"connection was made within {timeout:g} s")) from None
         if self._native is not None:
-            try:
-                self._native.wait_ready(max(0.0, deadline - time.monotonic()))
-            except errors.DeadlineExceeded as e:
-                raise grpc.FutureTimeoutError(str(e)) from None
+            self._native.wait_ready(max(0.0, deadline - time.monotonic()))
 
     # -- param groups ---------------------------------------------------------------------------
 

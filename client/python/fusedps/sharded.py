@@ -152,7 +152,8 @@ class ShardedClient:
         self.close()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Blocks until every shard's channel is connected (grpc.FutureTimeoutError if not)."""
+        """Blocks until every shard answers (Client.wait_ready: fusedps.errors.Unavailable or
+        DeadlineExceeded, naming the shard's target, if one does not)."""
         self._fan_out(lambda i, c: c.wait_ready(timeout))
 
     # -- param groups ---------------------------------------------------------------------------

@@ -155,8 +155,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         group whose amsgrad or storage differs. TypeError: parameters without names.
       grpc.RpcError (fusedps.errors.*): from the server(s) (UNAVAILABLE: not reachable;
         ALREADY_EXISTS: a tensor registered with another shape or group; FAILED_PRECONDITION:
-        a shard of another plan). grpc.FutureTimeoutError: the servers were not reachable
-        within connect_timeout.
+        a shard of another plan; UNAVAILABLE or DEADLINE_EXCEEDED from connecting, naming the
+        target and the cause: a refused connection is tried again until connect_timeout, any
+        other failure to connect is raised at once, see Client.wait_ready).
 
     Differences from torch.optim.AdamW:
       * The optimizer state (exp_avg, exp_avg_sq, max_exp_avg_sq, step) lives on the servers;

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -178,6 +179,24 @@ def test_a_tls_client_cannot_reach_a_plaintext_server(certs, transport):
         with fusedps.Client(target, tls_ca=certs.ca, transport=transport, **SMALL) as client:
             with pytest.raises(errors.Unavailable):
                 client.pull_parameters({"tls.missing": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_connecting_with_the_wrong_security_says_so_at_once(tls_server, mtls_server, certs,
+                                                            transport):
+    """wait_ready (RemoteAdamW's connect_timeout) against a server whose security the client
+    does not match: a FusedPSError naming the target and the cause, at once, not a bare
+    timeout after connect_timeout (issue 35, item 4)."""
+    with _started_server([]) as plaintext:
+        cases = [(tls_server, {}), (plaintext, {"tls_ca": certs.ca}),
+                 (mtls_server, {"tls_ca": certs.ca})]
+        for target, options in cases:
+            with fusedps.Client(target, transport=transport, **options, **SMALL) as client:
+                start = time.monotonic()
+                with pytest.raises(errors.Unavailable) as info:
+                    client.wait_ready(30.0)
+                assert time.monotonic() - start < 10, (target, options)
+                assert target in str(info.value), str(info.value)
 
 
 # -- mutual TLS -----------------------------------------------------------------------------------
