@@ -14,7 +14,8 @@
 # ("small gpt2"), STEPS_small (200), STEPS_gpt2 (100), VARIANTS (every one: local local2 fp32
 # bf16 delay), STREAMS (the client's; RemoteAdamW's default otherwise), TRAIN_FLAGS (more flags
 # of the remote runs), MPS=1 (the trainer and the server share the GPU through MPS),
-# SERVER_DEVICE (the servers' --device, cuda:0 by default; cuda:1 on a machine of two GPUs puts
+# TRAIN_PREFIX and SERVER_PREFIX (commands before the trainer and the server, e.g. "taskset -c
+# 0-7"), SERVER_DEVICE (the servers' --device, cuda:0 by default; cuda:1 on a machine of two GPUs puts
 # them on their own GPU, the trainer staying on cuda:0).
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
@@ -75,7 +76,7 @@ if part train; then
     for variant in ${VARIANTS:-local local2 fp32 bf16 delay}; do
       log=$out/train_${preset}_$variant
       case $variant in
-        local) python3 examples/train_gpt.py "${common[@]}" --optimizer torch \
+        local) ${TRAIN_PREFIX:-} python3 examples/train_gpt.py "${common[@]}" --optimizer torch \
                  --log-json "$log.jsonl" > "$log.txt" 2>&1 ;;
         local2) python3 examples/train_gpt.py "${common[@]}" --optimizer torch --seed 1 \
                   --log-json "$log.jsonl" > "$log.txt" 2>&1 ;;
@@ -91,7 +92,7 @@ if part train; then
             delay) flags+=(--grad-dtype bfloat16 --pull-dtype bfloat16 --delay 1
                            --delay-warmup 10) ;;
           esac
-          timeout 400 python3 examples/train_gpt.py "${common[@]}" "${flags[@]}" \
+          timeout 400 ${TRAIN_PREFIX:-} python3 examples/train_gpt.py "${common[@]}" "${flags[@]}" \
             --log-json "$log.jsonl" > "$log.txt" 2>&1 || echo "$preset $variant failed"
           kill -TERM $server_pid; wait $server_pid ;;
       esac
