@@ -111,6 +111,11 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
   options.every_versions = 3;
   options.host_buffer_bytes = fenced ? 20000 : 0;  // Fenced: smaller than the shard.
   {
+    // A sync round's reply: its retry after a restart must say how many pushes it averaged.
+    PushReply round_reply;
+    round_reply.round_workers = 3;
+    ASSERT_EQ(shard.retries.Begin("sync-trainer", 9).kind, RetryTable::Kind::kNew);
+    shard.retries.Finish("sync-trainer", 9, round_reply);
     Checkpointer checkpointer(&engine, &shard.metrics, options);
     checkpointer.Start();
     constexpr int kPushers = 2, kSteps = 60;
@@ -166,6 +171,9 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
                 shard.retries.Lookup(id, kSteps).reply.version);
       EXPECT_EQ(restored.retries.Lookup(id, kSteps + 1).kind, RetryTable::Kind::kNew);
     }
+    const RetryTable::Verdict round = restored.retries.Lookup("sync-trainer", 9);
+    EXPECT_EQ(round.kind, RetryTable::Kind::kDone);
+    EXPECT_EQ(round.reply.round_workers, 3u);
     EXPECT_LE(ListCheckpoints(root).size(), 3u) << "keep 2, and at most one being written";
   }
   fs::remove_all(root);

@@ -60,7 +60,8 @@ json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& setti
                          {"version", reply.version},
                          {"skipped", reply.skipped},
                          {"tensors_updated", reply.tensors_updated},
-                         {"grad_bytes", reply.grad_bytes}});
+                         {"grad_bytes", reply.grad_bytes},
+                         {"round_workers", reply.round_workers}});
     }
     retries.push_back({{"client_id", r.client_id}, {"highest", r.highest}, {"replies", replies}});
   }

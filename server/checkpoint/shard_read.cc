@@ -240,6 +240,10 @@ absl::Status ReadRetries(const ManifestReader& m, const json& root, RestoredShar
       reply.skipped = skipped.get<bool>();
       reply.tensors_updated = updated.get<uint32_t>();
       reply.grad_bytes = bytes.get<uint64_t>();
+      if (r.contains("round_workers")) {  // Checkpoints before it have none: 0, as async's.
+        FUSEDPS_ASSIGN(workers, m.Get(r, "round_workers", json::value_t::number_unsigned, at));
+        reply.round_workers = workers.get<uint32_t>();
+      }
       record.replies.emplace_back(seq.get<uint64_t>(), reply);
     }
     shard->retries.push_back(std::move(record));
