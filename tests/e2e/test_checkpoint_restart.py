@@ -260,3 +260,44 @@ def test_the_cli_checkpoint_command_prints_the_version_and_the_directory(tmp_pat
         failed = subprocess.run([cli, f"--target={plain.target}", "checkpoint"],
                                 capture_output=True, text=True)
         assert failed.returncode == 1 and "FAILED_PRECONDITION" in failed.stderr, failed
+
+
+@pytest.mark.parametrize("transport", ["grpcio", "native"])
+def test_a_pull_after_a_restore_that_rolled_back_raises_naming_both_versions(tmp_path,
+                                                                             transport):
+    """Issue 35, item 7: a server killed after its last checkpoint comes back at that
+    checkpoint's version; a client that had pulled a later one must hear of it, not train on
+    silently, unless it was told to (allow_version_regression)."""
+    from fusedps import _native
+
+    if transport == "native" and _native.library() is None:
+        pytest.skip(f"no native library: {_native.load_error()}")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [f"--checkpoint-dir={tmp_path / 'ckpt'}", f"--listen=127.0.0.1:{port}"]
+    names = list(SHAPES)
+    with ServerProcess(args) as server:
+        client = fusedps.Client(server.target, transport=transport, streams=2)
+        register(client)
+        for seq in range(1, 4):
+            push(client, 0, seq)
+        assert client.checkpoint()[0] == 3
+        for seq in range(4, 6):
+            push(client, 0, seq)
+        targets = [(n, torch.empty(int(torch.tensor(SHAPES[n]).prod()))) for n in names]
+        assert client.pull_into(targets)[0] == 5
+        server.kill()  # SIGKILL: no checkpoint on exit; versions 4 and 5 are lost.
+    with ServerProcess(args):  # The same port, restored at version 3.
+        client.wait_ready(30.0)
+        with pytest.raises(fusedps.errors.VersionRegression) as info:
+            client.pull_into(targets)
+        assert (info.value.seen, info.value.now) == (5, 3)
+        assert "from version 5 to 3" in str(info.value) and str(port) in str(info.value)
+        with pytest.raises(fusedps.errors.VersionRegression):
+            client.pull_parameters(names)
+        client.allow_version_regression = True  # Told to go on from the restored values.
+        assert client.pull_parameters(names).version == 3
+        client.close()

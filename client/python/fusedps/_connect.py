@@ -21,6 +21,7 @@ _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.%a-zA-Z]+\]|[A-Za-z0-9_.-]+):([0-9]+)$
 
 # Causes that waiting can cure: nothing listens yet (a server still starting), or its name does
 # not resolve yet (a Kubernetes service being created). Anything else is answered at once.
+_REPEATS = 3
 _NOT_UP_YET = ("connection refused", "no such file or directory", "dns resolution failed",
                "name or service not known", "failed to resolve")
 
@@ -46,7 +47,9 @@ def check_target(target: str) -> str:
 def wait_answering(target: str, probe: Callable[[float], None], timeout: float) -> None:
     """Calls ``probe(seconds)`` (one cheap call with that deadline, raising grpc.RpcError) until
     it returns, for at most ``timeout`` seconds. A refused connection (the server not up yet)
-    is tried again; any other failure to connect is raised at once.
+    is tried again; any other failure to connect is raised once it has repeated three times
+    in a row (a fraction of a second: a connection that broke once, as when the server
+    restarted, is tried again).
 
     Raises:
       fusedps.errors.Unavailable: the server cannot be reached; the message names the target
@@ -56,6 +59,7 @@ def wait_answering(target: str, probe: Callable[[float], None], timeout: float) 
     """
     deadline = time.monotonic() + timeout
     cause: Optional[str] = None
+    repeats = 0  # Consecutive failures of a cause that waiting does not cure.
     while True:
         left = deadline - time.monotonic()
         try:
@@ -68,7 +72,10 @@ def wait_answering(target: str, probe: Callable[[float], None], timeout: float) 
                 return  # It answered: the calls themselves will say what the caller may do.
             if code == grpc.StatusCode.UNAVAILABLE:
                 cause = details
-                if not any(c in details.lower() for c in _NOT_UP_YET):
+                # One failure can be a connection that broke (a server restarted on the
+                # port): try again at once. The same one three times is the answer.
+                repeats = 0 if any(c in details.lower() for c in _NOT_UP_YET) else repeats + 1
+                if repeats >= _REPEATS:
                     raise errors.error_for(code, _unreachable(target, details)) from None
             elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 cause = "no answer"
@@ -81,7 +88,7 @@ def wait_answering(target: str, probe: Callable[[float], None], timeout: float) 
             raise errors.error_for(grpc.StatusCode.DEADLINE_EXCEEDED,
                                    f"the fusedps server at {target} did not answer within "
                                    f"{timeout:g} s")
-        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(0.1 if repeats == 0 else 0.02, max(0.0, deadline - time.monotonic())))
 
 
 def _unreachable(target: str, cause: str) -> str:

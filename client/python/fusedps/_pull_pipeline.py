@@ -258,11 +258,14 @@ class PullPipeline:
                 self.exposed_seconds += time.perf_counter() - start
                 self._pull = None
                 self.seconds = landing.seconds()
-                for shard in range(self._route.shards):
-                    self.versions[shard] = max(self.versions[shard] or 0,
-                                               landing.version(shard))
+                pulled = [landing.version(shard) for shard in range(self._route.shards)]
+                for shard, version in enumerate(pulled):
+                    self.versions[shard] = max(self.versions[shard] or 0, version)
             self._last_event = next((e for e in reversed(pull.events) if e is not None), None)
             landing.close()
+        if self._natives is not None:  # _ThreadLanding's pulls went through Client.pull_into.
+            for client, version in zip(self._route.clients, pulled):
+                client._observe_version(version)
 
     def discard(self) -> None:
         """Drops a "shadow" pull's values uninstalled (newer ones were pulled otherwise)."""

@@ -41,6 +41,7 @@ Conventions:
 from __future__ import annotations
 
 import math
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -144,6 +145,10 @@ class Client:
         the clear without TLS.
       token_file: path of a file holding the token (surrounding whitespace ignored; e.g. a
         mounted Kubernetes Secret), read once here. Exclusive with ``token``.
+      allow_version_regression: False (default): a pull that finds the server's version below
+        the highest this client has pulled (the server was restored from a checkpoint and the
+        steps after it are lost) raises fusedps.errors.VersionRegression, after the pull.
+        True: go on from the restored values.
 
     The defaults, 30 s plus 10 MB/s, are the C++ client's (its ClientOptions says why): room
     for connecting, back-pressure and a large step, yet a small call left unanswered fails in
@@ -170,7 +175,8 @@ class Client:
                  options: Sequence[Tuple[str, object]] = (), streams: int = 1,
                  transport: str = "auto", tls: bool = False, tls_ca: Optional[str] = None,
                  tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
-                 token: Optional[str] = None, token_file: Optional[str] = None):
+                 token: Optional[str] = None, token_file: Optional[str] = None,
+                 allow_version_regression: bool = False):
         if int(max_chunk_bytes) < _chunks.MIN_MESSAGE_BYTES:
             raise ValueError(
                 f"max_chunk_bytes must be >= {_chunks.MIN_MESSAGE_BYTES}, got {max_chunk_bytes}")
@@ -206,6 +212,9 @@ class Client:
                                                        pb.LoadStateResponse)
         # The version of the most recent pull_parameters; the default base_version of pushes.
         self.last_pulled_version = 0
+        self.allow_version_regression = bool(allow_version_regression)
+        self.highest_pulled_version = 0  # Over every pull (see _observe_version).
+        self._version_lock = threading.Lock()  # Pulls may come from several threads.
         self.streams = int(streams)
         # The names of pushes in parts that came without one (see streams). Sequence numbers
         # count on from the clock at creation, as the C++ client's do, so that a restarted
@@ -566,6 +575,7 @@ class Client:
             version, steps = self._native.pull_raw(
                 names, [t.data_ptr() for _, t in targets], [t.numel() for _, t in targets],
                 dtype=_DTYPE_TO_PB[wire], field=_FIELDS[field], stream=int(stream) % self.streams)
+            self._observe_version(version)
             return version, dict(zip(names, steps))
         channels = [self._channel] + self._extra_channels
         stub = pb_grpc.ParameterServiceStub(channels[int(stream) % len(channels)])
@@ -574,6 +584,7 @@ class Client:
         out = _transport.pull(stub, names, wire, _FIELDS[field], direct,
                               max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
                               min_bytes_per_second=self.min_bytes_per_second)
+        self._observe_version(out.version)
         return out.version, dict(out.steps)
 
     def pull_parameters(self, model_or_names=None, dtype="float32", *,
@@ -609,7 +620,17 @@ class Client:
         targets, names = self._targets_and_names(model_or_names, prefix)
         out = self._pull(names, wire, pb.TENSOR_FIELD_PARAM, targets)
         self.last_pulled_version = out.version
+        self._observe_version(out.version)
         return out
+
+    def _observe_version(self, version: int) -> None:
+        """Records a version a pull read; raises errors.VersionRegression when it is below the
+        highest one pulled before (see allow_version_regression)."""
+        with self._version_lock:
+            seen = self.highest_pulled_version
+            self.highest_pulled_version = max(seen, int(version))
+        if int(version) < seen and not self.allow_version_regression:
+            raise errors.VersionRegression(self.target, seen, int(version))
 
     def pull_state(self, field: str = "exp_avg", names=None, *, prefix: str = ""
                    ) -> Tuple[Dict[str, torch.Tensor], int, Dict[str, int]]:

@@ -41,6 +41,7 @@ __all__ = [
     "Unavailable",
     "DataLoss",
     "Unauthenticated",
+    "VersionRegression",
     "from_rpc_error",
 ]
 
@@ -124,6 +125,28 @@ Unavailable = _status_class(
 DataLoss = _status_class("DataLoss", grpc.StatusCode.DATA_LOSS, "Unrecoverable data loss.")
 Unauthenticated = _status_class("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED,
                                 "The call carried no valid credentials.")
+
+
+
+class VersionRegression(RuntimeError):
+    """A server's version went backwards between two pulls of one client: the server was
+    restored from a checkpoint (or replaced), and the steps after that checkpoint are gone. The
+    pull that found it has completed (its values are the restored ones). Raised unless the
+    client was made with ``allow_version_regression=True``.
+
+    Attributes:
+      target: the server. seen: the highest version this client had pulled. now: the version
+        the server reports now.
+    """
+
+    def __init__(self, target: str, seen: int, now: int):
+        super().__init__(
+            f"the fusedps server at {target} went back from version {seen} to {now}: it was "
+            f"restored from a checkpoint, and the {seen - now} steps after it are lost. The "
+            "pulled values are the restored ones; to train on from them, make the client with "
+            "allow_version_regression=True (RemoteAdamW: client_options)")
+        self.target, self.seen, self.now = target, seen, now
+
 
 _BY_CODE: Dict[grpc.StatusCode, Type[FusedPSError]] = {
     cls.status_code: cls
