@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import fusedps
+from fusedps.torch import RemoteAdamW
 from prometheus_text import Samples, scrape_samples
 from server_fixture import running_server
 
@@ -200,6 +201,41 @@ def test_sync_rounds_match_torch_adamw_on_the_mean_gradient(trainers, shards):
             assert m.value("fusedps_round_workers_sum") == trainers * steps - 1
             assert m.value("fusedps_push_staleness_count") == trainers * steps - 1
             assert m.value("fusedps_push_staleness_sum") == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_remote_adamw_trains_in_sync_mode_as_docs_python_md_shows(overlap):
+    """docs/python.md's sync recipe: N trainers, each a RemoteAdamW with its own client_id,
+    against a --mode=sync server; after every round each trainer's params are torch's AdamW on
+    the mean of the N gradients (issue 35, item 6: the docs never said how)."""
+    trainers, steps = 2, 8
+    with running_server(["--mode=sync", f"--total-replicas={trainers}",
+                         "--round-timeout-seconds=30"]) as target, \
+            ThreadPoolExecutor(trainers) as pool:
+        models = [make_mlp() for _ in range(trainers)]
+        opts = [RemoteAdamW(m.named_parameters(), targets=target, prefix="sync-mlp/", lr=LR,
+                            weight_decay=WEIGHT_DECAY, overlap=overlap,
+                            client_options={"client_id": f"trainer-{rank}"})
+                for rank, m in enumerate(models)]
+        oracle = make_mlp()
+        opt = torch.optim.AdamW(oracle.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                                foreach=False)
+
+        def train_step(rank: int, step: int) -> None:
+            opts[rank].zero_grad(set_to_none=True)
+            trainer_loss(models[rank], step, rank).backward()
+            opts[rank].step()  # Returns once the round of all N pushes is applied.
+            opts[rank].wait_parameters() if overlap else None
+
+        try:
+            for step in range(steps):
+                list(pool.map(lambda r: train_step(r, step), range(trainers)))
+                oracle_step(oracle, opt, step, range(trainers))
+                for rank, m in enumerate(models):
+                    assert_params_close(m, oracle, f"step {step} trainer {rank}")
+        finally:
+            for o in opts:
+                o.close()
 
 
 def test_sync_round_refusals_skips_and_grad_scale():

@@ -258,14 +258,8 @@ class PullPipeline:
                 self.exposed_seconds += time.perf_counter() - start
                 self._pull = None
                 self.seconds = landing.seconds()
-                pulled = [landing.version(shard) for shard in range(self._route.shards)]
-                for shard, version in enumerate(pulled):
-                    self.versions[shard] = max(self.versions[shard] or 0, version)
             self._last_event = next((e for e in reversed(pull.events) if e is not None), None)
             landing.close()
-        if self._natives is not None:  # _ThreadLanding's pulls went through Client.pull_into.
-            for client, version in zip(self._route.clients, pulled):
-                client._observe_version(version)
 
     def discard(self) -> None:
         """Drops a "shadow" pull's values uninstalled (newer ones were pulled otherwise)."""
@@ -356,6 +350,21 @@ class PullPipeline:
             if self._cuda:  # The side stream is in order: the last group's event covers all.
                 torch.cuda.current_stream(self.device).wait_event(pull.events[upto])
             pull.waited_upto = upto
+            if upto == len(pull.groups) - 1:
+                self._landed_all(pull)
+
+    def _landed_all(self, pull: _Pull) -> None:
+        """Every group of ``pull`` has landed: its versions become each client's
+        last_pulled_version (the base_version of the next push: sync mode checks it), as
+        Client.pull_parameters does, before the next backward pushes."""
+        pulled = [pull.landing.version(shard) for shard in range(self._route.shards)]
+        with self._lock:
+            for shard, version in enumerate(pulled):
+                self.versions[shard] = max(self.versions[shard] or 0, version)
+        for client, version in zip(self._route.clients, pulled):
+            if self._natives is not None:  # _ThreadLanding's went through Client.pull_into.
+                client._observe_version(version)
+            client.last_pulled_version = version
 
     # -- the forward's side -------------------------------------------------------------------
 
