@@ -145,7 +145,6 @@ TEST_F(PipelinedPullTest, DestroyedUnwaitedWhilePushesRunFromOtherThreads) {
         if (round % 2 == 0) {
           const absl::Status status = pull.WaitUpTo(pull.groups() - 1);
           EXPECT_TRUE(status.ok()) << status;
-          EXPECT_GE(pull.Version(0), 0u);
         }
         // Odd rounds: destroyed at once, its groups still in flight.
       }
