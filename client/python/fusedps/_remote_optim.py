@@ -386,14 +386,27 @@ def scalar_step(step: int) -> torch.Tensor:
     return torch.tensor(float(step), dtype=dtype)
 
 
+def param_indices(param_groups: Sequence[Mapping[str, Any]]) -> Dict[int, int]:
+    """id(param) -> its index in torch's state_dict, as torch.optim.Optimizer.state_dict
+    numbers them: counted over all groups in order, a param seen in an earlier group keeping
+    that group's index (within one group, torch's mapping keeps the last position)."""
+    indices: Dict[int, int] = {}
+    start = 0
+    for group in param_groups:
+        indices.update({id(p): i for i, p in enumerate(group["params"], start)
+                        if id(p) not in indices})
+        start += len(group["params"])
+    return indices
+
+
 def pack_groups(param_groups: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """torch's packed param groups: every key but "params", then "params" as indices counted
-    over all groups."""
-    packed, start = [], 0
+    """torch's packed param groups: every key but "params", then "params" as the indices of
+    param_indices()."""
+    indices = param_indices(param_groups)
+    packed = []
     for group in param_groups:
         p = {k: v for k, v in group.items() if k != "params"}
-        p["params"] = list(range(start, start + len(group["params"])))
-        start += len(group["params"])
+        p["params"] = [indices[id(param)] for param in group["params"]]
         packed.append(p)
     return packed
 
@@ -452,17 +465,19 @@ def validate_state_dict(state_dict: Mapping[str, Any], param_groups: Sequence[Di
         new_groups.append(new_group)
         params.extend(group["params"])
         group_of.extend([i] * len(group["params"]))
-    index_of_saved = {}
+    # Saved index -> the positions it stands for: several when a param appears twice (torch
+    # then files one state under one index, which every appearance of that param takes).
+    positions_of: Dict[Any, List[int]] = {}
     start = 0
     for saved in saved_groups:
         for j, saved_index in enumerate(saved["params"]):
-            index_of_saved[saved_index] = start + j
+            positions_of.setdefault(saved_index, []).append(start + j)
         start += len(saved["params"])
     entries: Dict[int, Dict[str, Any]] = {}
     for key, entry in state_dict["state"].items():
-        if key not in index_of_saved:
+        if key not in positions_of:
             raise ValueError(f"state entry {key!r} names no parameter of the param groups")
-        index = index_of_saved[key]
+        index = positions_of[key][0]
         fields = STATE_FIELDS + ((AMSGRAD_FIELD,) if amsgrad[group_of[index]] else ())
         missing = [f for f in ("step",) + fields if f not in entry]
         if missing:
@@ -480,7 +495,8 @@ def validate_state_dict(state_dict: Mapping[str, Any], param_groups: Sequence[Di
                 raise ValueError(f"state entry {key}: {f} must be a tensor of shape {shape}, "
                                  f"got {got}")
             converted[f] = t.detach().to("cpu", torch.float32, copy=True)
-        entries[index] = converted
+        for position in positions_of[key]:
+            entries[position] = converted
     return LoadedState(new_groups, entries)
 
 

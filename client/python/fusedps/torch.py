@@ -368,7 +368,8 @@ class RemoteAdamW(torch.optim.Optimizer):
           "exp_avg_sq": tensor, ["max_exp_avg_sq": tensor (amsgrad groups)]}},
           "param_groups": [{every key of this torch version's AdamW groups (from a real
           torch.optim.AdamW), plus the group's own keys, "params": [indices]}]}.
-          Indices count the params over all groups in order; state tensors have the param's
+          Indices count the params over all groups in order, as torch numbers them (a param
+          that appears again keeps the index torch gives it); state tensors have the param's
           shape, dtype and device. A param never stepped has no entry (as in torch). After a
           load_state_dict() not yet written (see there), the loaded state is returned.
         Raises:
@@ -380,10 +381,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         if self._overlap is not None:
             self._overlap.wait_parameters()  # The last commit in: the state is of that step.
         groups = ro.pack_groups(self.param_groups)
+        index_of = ro.param_indices(self.param_groups)
         state: Dict[int, Dict[str, torch.Tensor]] = {}
         if self._pending is not None:
-            for index, entry in sorted(self._pending.entries.items()):
-                state[index] = ro.state_entry(entry["step"], entry, self._params[index])
+            for position, entry in sorted(self._pending.entries.items()):
+                param = self._params[position]
+                state[index_of[id(param)]] = ro.state_entry(entry["step"], entry, param)
             return {"state": state, "param_groups": groups}
         fields: Dict[str, Dict[str, torch.Tensor]] = {}
         steps: Dict[str, int] = {}
@@ -394,10 +397,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         if amsgrad_names:
             fields[ro.AMSGRAD_FIELD], _ = ro.pull_state(self.client, ro.AMSGRAD_FIELD,
                                                         amsgrad_names)
-        for index, name in enumerate(self.tensor_names):
+        for name, param in self._pairs:
             if steps[name] > 0:
                 entry = {f: values[name] for f, values in fields.items() if name in values}
-                state[index] = ro.state_entry(steps[name], entry, self._params[index])
+                state[index_of[id(param)]] = ro.state_entry(steps[name], entry, param)
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
