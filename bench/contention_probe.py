@@ -110,7 +110,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # The model's tensors on the server, registered by a RemoteAdamW of a copy.
     shadow = GPT(GPTConfig(**preset))
-    remote = RemoteAdamW(shadow.named_parameters(), targets=args.target, prefix="probe/")
+    remote = RemoteAdamW(shadow.named_parameters(), targets=args.target, prefix="probe/",
+                         on_existing="resume")  # a probe run again reuses them
     names = [("probe/" + n, p.numel()) for n, p in shadow.named_parameters()]
     client = Client(args.target, streams=8, max_chunk_bytes=1 << 20)
     client.wait_ready()

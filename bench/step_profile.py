@@ -109,7 +109,8 @@ def main():
             opt = RemoteAdamW(model.named_parameters(), lr=1e-4, targets=args.target,
                               prefix=f"profile/{args.preset}/", overlap=True,
                               grad_dtype=args.grad_dtype, pull_dtype=args.pull_dtype,
-                              delay=args.delay, delay_warmup=3)
+                              delay=args.delay, delay_warmup=3,
+                              on_existing="resume")  # a run again: timings need no fresh values
         cfg = model.cfg
         batches = [torch.randint(0, cfg.vocab_size, (batch, cfg.context + 1), generator=gen,
                                  device=device) for _ in range(4)]

@@ -603,8 +603,9 @@ def test_load_order(server_target, order):
 
 
 def test_restart_takes_the_server_values(server_target):
-    """A second optimizer over the same names (a restarted trainer) leaves the server's values
-    and state, pulls them into its model, and takes its own hyperparameters."""
+    """A second optimizer over the same names (a restarted trainer, on_existing="resume")
+    leaves the server's values and state, pulls them into its model, and takes its own
+    hyperparameters."""
     model = Net(12).to(DEVICE)
     opt = RemoteAdamW(model.named_parameters(), lr=0.01, targets=server_target,
                       prefix="restart/")
@@ -613,7 +614,7 @@ def test_restart_takes_the_server_values(server_target):
     opt.close()
     restarted = Net(13).to(DEVICE)
     opt2 = RemoteAdamW(restarted.named_parameters(), lr=0.03, targets=server_target,
-                       prefix="restart/")
+                       prefix="restart/", on_existing="resume")
     for p, q in zip(model.parameters(), restarted.parameters()):
         assert torch.equal(p, q)
     group = {g.name: g for g in opt2.client.info().param_groups}["restart/group0"]
@@ -621,7 +622,7 @@ def test_restart_takes_the_server_values(server_target):
     assert {int(e["step"].item()) for e in opt2.state_dict()["state"].values()} == {2}
     with pytest.raises(ValueError, match="amsgrad"):
         RemoteAdamW(Net(14).named_parameters(), amsgrad=True, targets=server_target,
-                    prefix="restart/")
+                    prefix="restart/", on_existing="resume")
     opt2.close()
 
 

@@ -185,10 +185,11 @@ def test_storage_mistakes_are_refused_before_any_call(server_target):
     RemoteAdamW(named, targets=server_target, prefix="restart-i8/", state_dtype="int8").close()
     with pytest.raises(ValueError, match="has state_dtype='int8'; this optimizer's has "
                                          "state_dtype='fp32'"):
-        RemoteAdamW(named, lr=0.5, targets=server_target, prefix="restart-i8/")
+        RemoteAdamW(named, lr=0.5, targets=server_target, prefix="restart-i8/",
+                    on_existing="resume")
     # The same storage with another lr: the group takes the new lr.
     opt = RemoteAdamW(named, lr=0.5, targets=server_target, prefix="restart-i8/",
-                      state_dtype="int8")
+                      state_dtype="int8", on_existing="resume")
     group = {g.name: g for g in opt.client.info().param_groups}["restart-i8/group0"]
     assert (group.lr, group.state_dtype) == (0.5, "int8")
     opt.close()

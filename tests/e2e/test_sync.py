@@ -214,7 +214,7 @@ def test_remote_adamw_trains_in_sync_mode_as_docs_python_md_shows(overlap):
             ThreadPoolExecutor(trainers) as pool:
         models = [make_mlp() for _ in range(trainers)]
         opts = [RemoteAdamW(m.named_parameters(), targets=target, prefix="sync-mlp/", lr=LR,
-                            weight_decay=WEIGHT_DECAY, overlap=overlap,
+                            weight_decay=WEIGHT_DECAY, overlap=overlap, on_existing="resume",
                             client_options={"client_id": f"trainer-{rank}"})
                 for rank, m in enumerate(models)]
         oracle = make_mlp()

@@ -48,17 +48,21 @@ gRPC status code). This module is not imported by ``import fusedps``; import it 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from fusedps import _on_existing
 from fusedps import _remote_optim as ro
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
 
 __all__ = ["RemoteAdamW"]
+
+logger = logging.getLogger(__name__)
 
 # torch >= 2.3 warns, at every GradScaler.step, that passing the scaler as the grad_scaler
 # keyword is going away. RemoteAdamW uses that keyword on purpose (the one contract torch 1.x
@@ -139,23 +143,34 @@ class RemoteAdamW(torch.optim.Optimizer):
         the tensor's name, its step and the element); the model's params then hold bf16
         values. Device bytes per parameter, fp32 / bf16 params: fp32 state 12 / 10, bf16
         state 8 / 6, int8 state 6.03 / 4.03.
+      on_existing: what to do when the server(s) hold some of this model's tensors already
+        (a second run of the script, a restarted trainer, a trainer joining a sync job),
+        checked by listing every server's tensors before anything is registered or written:
+        "error" (the default) raises fusedps.errors.AlreadyExists, whose message names the
+        server(s), their version, how many of the tensors are there and these choices;
+        "resume" continues from the server's values and optimizer state (below) and logs the
+        version resumed from (INFO, logger "fusedps.torch"). Every trainer of a sync job
+        passes "resume". ("replace", to delete the server's copy and start over, is not
+        available yet.)
 
     On construction, each torch param group becomes a server param group named by its "name"
     key or ``f"{prefix}group{i}"``, registered with the group's hyperparameters (decoupled
     weight decay), and every param is registered with its current value. A group that exists
     already gets this optimizer's hyperparameters (its amsgrad and storage must match).
-    Tensors that exist already (a restarted trainer) keep the server's values, NOT the local
-    ones: after registering, the optimizer always pulls every param, so that the model holds
-    exactly the server's values (local == server) before the first step.
+    With on_existing="resume", tensors that exist already keep the server's values, NOT the
+    local ones: after registering, the optimizer always pulls every param, so that the model
+    holds exactly the server's values (local == server) before the first step.
 
     Raises (construction):
       ValueError: bad hyperparameters (as torch), an implementation flag set to True, neither
-        or both of targets and client, an unknown grad_dtype, state_dtype, params_dtype or
-        rounding_seed, amsgrad with state_dtype other than "fp32", repeated names, a server
-        group whose amsgrad or storage differs. TypeError: parameters without names.
+        or both of targets and client, an unknown grad_dtype, state_dtype, params_dtype,
+        rounding_seed or on_existing, amsgrad with state_dtype other than "fp32", repeated
+        names, a server group whose amsgrad or storage differs. TypeError: parameters
+        without names.
       grpc.RpcError (fusedps.errors.*): from the server(s) (UNAVAILABLE: not reachable;
-        ALREADY_EXISTS: a tensor registered with another shape or group; FAILED_PRECONDITION:
-        a shard of another plan; UNAVAILABLE or DEADLINE_EXCEEDED from connecting, naming the
+        ALREADY_EXISTS: tensors of the model exist and on_existing is "error", or a tensor
+        registered with another shape or group; FAILED_PRECONDITION: a shard of another
+        plan; UNAVAILABLE or DEADLINE_EXCEEDED from connecting, naming the
         target and the cause: a refused connection is tried again until connect_timeout, any
         other failure to connect is raised at once, see Client.wait_ready).
 
@@ -213,7 +228,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                  bucket_bytes: int = 8 << 20, delay: int = 0, delay_warmup: int = 10,
                  pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
-                 rounding_seed: int = 0):
+                 rounding_seed: int = 0, on_existing: str = "error"):
+        _on_existing.check_on_existing(on_existing)
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
         if grad_dtype not in ro.GRAD_DTYPES:
@@ -270,6 +286,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         try:
             if self._owns_client and connect_timeout is not None:
                 self.client.wait_ready(connect_timeout)
+            _on_existing.check(self.client, self.tensor_names, on_existing, logger)
             self._sent: List[ro.HyperTuple] = [ro.hyperparameters_of(g)
                                                for g in self.param_groups]
             for i, name in enumerate(self.group_names):

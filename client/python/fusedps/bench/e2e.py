@@ -9,8 +9,9 @@ the speed of a step does not depend on the data.
     python -m fusedps.bench e2e --target 127.0.0.1:50051
     python -m fusedps.bench e2e --target HOST:PORT --preset gpt2 --grad-dtype bfloat16 --delay 1
 
-The remote run registers the model under the prefix ``fusedps-selfcheck/<preset>/`` (a run
-again reuses the tensors; nothing deletes them until the server restarts) with fp32 storage.
+The remote run registers the model under the prefix ``fusedps-selfcheck/<preset>/`` with fp32
+storage; a run again resumes from those tensors (``on_existing="resume"``: the speed of a step
+does not depend on their values; nothing deletes them until the server restarts).
 Exit status 0, 2 on bad arguments or servers that cannot be reached.
 """
 
@@ -187,7 +188,8 @@ def main(argv=None) -> int:
                                 client_options=options, prefix=f"fusedps-selfcheck/{args.preset}/",
                                 grad_dtype=args.grad_dtype, pull_dtype=args.pull_dtype,
                                 overlap=True, bucket_bytes=int(args.bucket_mib * (1 << 20)),
-                                delay=args.delay, delay_warmup=min(args.warmup, 3))
+                                delay=args.delay, delay_warmup=min(args.warmup, 3),
+                                on_existing="resume")
     except Exception as e:  # noqa: BLE001 - the reason, for the user
         print(f"error: cannot train through {args.target}: {e}", file=sys.stderr)
         return 2
