@@ -183,6 +183,14 @@ struct ReadRequest {
   bool dst_is_snapshot = false;
 };
 
+// A staging arena (OptimizerBackend::AllocateStagingArena): page-locked host memory, and on a
+// GPU backend its device mirror at the same offsets.
+struct StagingArena {
+  char* host = nullptr;
+  void* device = nullptr;  // The mirror; null on the CPU backend.
+  uint64_t bytes = 0;
+};
+
 class OptimizerBackend {
  public:
   virtual ~OptimizerBackend() = default;
@@ -302,6 +310,19 @@ class OptimizerBackend {
   // move to the device as soon as it is written (CopyStagingToDevice). A Step whose grads lie
   // in the arena reads them from the mirror. Errors: RESOURCE_EXHAUSTED.
   virtual absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) = 0;
+
+  // The staging arena this backend reads from (its own, AllocateStagingArena's, or one it
+  // shares), as ShareStagingArena takes it; all zero before there is one. Thread-safe.
+  virtual StagingArena staging_arena() const = 0;
+  // Uses `arena`, the staging arena of another backend of the same device (its
+  // staging_arena()), as its own: CopyStagingToDevice copies into the arena's device mirror on
+  // this backend's copy stream, and this backend's steps read their grads from there. Several
+  // backends (one per model of a server) then share one pool of staging. Nothing is allocated.
+  // REQUIRES: the owner outlives this backend, and the callers keep the backends' ranges
+  // disjoint (the staging pool does). Errors: FAILED_PRECONDITION when this backend has an
+  // arena already; INVALID_ARGUMENT for an empty arena, or one without a device mirror on a
+  // GPU backend.
+  virtual absl::Status ShareStagingArena(const StagingArena& arena) = 0;
 
   // Thread-safe. Starts copying [offset, offset + bytes) of the staging arena to its device
   // mirror: on a GPU backend asynchronously, on a copy stream that the next Step waits for;

@@ -314,12 +314,33 @@ class CpuBackend final : public OptimizerBackend {
   }
 
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(arena_mu_);
+    if (arena_view_.host != nullptr) {
+      return absl::FailedPreconditionError("the backend has a staging arena already");
+    }
     // Plain memory: untouched pages are not committed, so a large pool costs what it holds.
     arena_.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
     if (arena_ == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("host staging arena of ", bytes, " bytes"));
     }
+    arena_view_ = {arena_.get(), nullptr, bytes};
     return arena_.get();
+  }
+
+  StagingArena staging_arena() const override {
+    std::lock_guard<std::mutex> lock(arena_mu_);
+    return arena_view_;
+  }
+  absl::Status ShareStagingArena(const StagingArena& arena) override {
+    if (arena.host == nullptr || arena.bytes == 0) {
+      return absl::InvalidArgumentError("the staging arena to share is empty");
+    }
+    std::lock_guard<std::mutex> lock(arena_mu_);
+    if (arena_view_.host != nullptr) {
+      return absl::FailedPreconditionError("the backend has a staging arena already");
+    }
+    arena_view_ = arena;  // Steps read host grads wherever they lie: nothing else to do.
+    return absl::OkStatus();
   }
 
   absl::Status CopyStagingToDevice(uint64_t, uint64_t) override { return absl::OkStatus(); }
@@ -551,6 +572,8 @@ class CpuBackend final : public OptimizerBackend {
     void operator()(char* p) const { std::free(p); }
   };
   std::unique_ptr<char, FreeDeleter> arena_;  // AllocateStagingArena's.
+  mutable std::mutex arena_mu_;
+  StagingArena arena_view_;  // Guarded by arena_mu_: arena_'s, or a shared one.
 };
 
 }  // namespace

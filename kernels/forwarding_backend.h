@@ -67,6 +67,10 @@ class ForwardingBackend : public OptimizerBackend {
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
     return inner_->AllocateStagingArena(bytes);
   }
+  StagingArena staging_arena() const override { return inner_->staging_arena(); }
+  absl::Status ShareStagingArena(const StagingArena& arena) override {
+    return inner_->ShareStagingArena(arena);
+  }
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override {
     return inner_->CopyStagingToDevice(offset, bytes);
   }

@@ -101,7 +101,7 @@ class CudaBackend final : public OptimizerBackend {
     for (DeviceBuffer* b : arenas_.Buffers()) b->Free();
     chunk_ring_.Free();
     hyper_ring_.Free();
-    if (arena_ != nullptr) cudaFreeHost(arena_);
+    if (owns_arena_) cudaFreeHost(arena_);
     for (cudaStream_t s : {stream_, copy_stream_}) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -502,7 +502,23 @@ class CudaBackend final : public OptimizerBackend {
     }
     arena_ = arena;
     arena_bytes_ = bytes;
+    arena_device_ = reinterpret_cast<char*>(arena_mirror_.data());
+    owns_arena_ = true;
     return arena_;
+  }
+
+  StagingArena staging_arena() const override { return {arena_, arena_device_, arena_bytes_}; }
+
+  absl::Status ShareStagingArena(const StagingArena& arena) override {
+    if (arena_ != nullptr) return absl::FailedPreconditionError("the arena exists already");
+    if (arena.host == nullptr || arena.device == nullptr || arena.bytes == 0) {
+      return absl::InvalidArgumentError(
+          "the staging arena to share is empty or has no device mirror");
+    }
+    arena_ = arena.host;
+    arena_bytes_ = arena.bytes;
+    arena_device_ = static_cast<char*>(arena.device);
+    return absl::OkStatus();
   }
 
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override {
@@ -511,7 +527,7 @@ class CudaBackend final : public OptimizerBackend {
     }
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     FUSEDPS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(reinterpret_cast<char*>(arena_mirror_.data()) + offset, arena_ + offset,
+        cudaMemcpyAsync(arena_device_ + offset, arena_ + offset,
                         bytes, cudaMemcpyHostToDevice, copy_stream_));
     return absl::OkStatus();
   }
@@ -702,7 +718,7 @@ class CudaBackend final : public OptimizerBackend {
       // In the staging arena: its ranges are on their way on the copy stream; wait for them.
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done_, copy_stream_));
       FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, copies_done_, 0));
-      return reinterpret_cast<const char*>(arena_mirror_.data()) + (host - arena_);
+      return static_cast<const char*>(arena_device_ + (host - arena_));
     }
     if (host != nullptr) {
       // The caller keeps the grads valid until the marker (backend.h's StepRequest).
@@ -781,8 +797,13 @@ class CudaBackend final : public OptimizerBackend {
 
   // The staging arena (page-locked) and its device mirror, filled by CopyStagingToDevice on
   // copy_stream_; a step waits for the copies queued before it through copies_done_.
+  // Set once, before the backend is shared between threads: by AllocateStagingArena (owned:
+  // arena_mirror_ holds the mirror) or ShareStagingArena (another backend's; arena_mirror_
+  // stays empty).
   char* arena_ = nullptr;
   uint64_t arena_bytes_ = 0;
+  char* arena_device_ = nullptr;  // The mirror.
+  bool owns_arena_ = false;
   DeviceArray<uint4> arena_mirror_;
   cudaEvent_t copies_done_ = nullptr;
 
