@@ -313,6 +313,7 @@ absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
 absl::StatusOr<RegisterParamGroupResult> Client::RegisterParamGroup(
     const std::string& name, const ParamGroupOptions& options) {
   v1::RegisterParamGroupRequest request;
+  request.set_model(options_.model);
   request.mutable_param_group()->set_name(name);
   *request.mutable_param_group()->mutable_hyperparameters() =
       internal::ToProtoHyperparameters(options);
@@ -379,6 +380,7 @@ absl::StatusOr<RegisterTensorsResult> Client::RegisterTensorsOnce(
     const std::string& plan_hash) {
   v1::RegisterTensorsRequest message;
   message.mutable_header()->set_plan_hash(plan_hash);
+  message.mutable_header()->set_model(options_.model);
   std::vector<TensorExtent> extents;
   std::vector<const std::string*> names;
   for (size_t index : indices) {
@@ -424,6 +426,7 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
   if (options.grad_scale) header->set_grad_scale(*options.grad_scale);
   header->set_base_version(options.base_version);
   header->set_plan_hash(options.plan_hash);
+  header->set_model(options_.model);
   std::vector<TensorExtent> extents;
   std::vector<const std::string*> names;
   extents.reserve(grads.size());
@@ -518,6 +521,7 @@ absl::StatusOr<PullResult> Client::PullParameters(const PullOptions& options) {
 
 absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOptions& options) {
   v1::PullParametersRequest request;
+  request.set_model(options_.model);
   for (const std::string& name : options.tensors) request.add_tensors(name);
   request.set_dtype(internal::ToProtoDType(options.dtype));
   request.set_field(internal::ToProtoField(options.field));
@@ -552,12 +556,43 @@ absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOp
   return std::move(assembler).result();
 }
 
+namespace {
+
+Consistency FromProtoConsistency(const v1::Consistency& consistency) {
+  static constexpr const char* kModes[] = {"", "async", "sync", "bounded"};
+  Consistency c;
+  const int mode = consistency.mode();
+  c.mode = mode >= 0 && mode < 4 ? kModes[mode] : absl::StrCat("mode ", mode);
+  c.replicas_to_aggregate = consistency.replicas_to_aggregate();
+  c.total_replicas = consistency.total_replicas();
+  c.round_timeout = absl::Seconds(consistency.round_timeout_seconds());
+  c.max_staleness = consistency.max_staleness();
+  c.staleness_lr_scaling = consistency.staleness_lr_scaling();
+  return c;
+}
+
+ModelInfo FromProtoModel(const v1::ModelInfo& p) {
+  ModelInfo m;
+  m.name = p.name();
+  m.version = p.version();
+  m.tensor_count = p.tensor_count();
+  m.parameter_count = p.parameter_count();
+  m.consistency = FromProtoConsistency(p.consistency());
+  m.memory_bytes = p.memory_bytes();
+  m.plan_hash = p.plan_hash();
+  return m;
+}
+
+}  // namespace
+
 absl::StatusOr<ServerInfo> Client::GetInfo() {
+  v1::GetInfoRequest request;
+  request.set_model(options_.model);
   v1::GetInfoResponse response;
   grpc::ClientContext context;
   ConfigureContext(options_, &context);
   absl::Status status =
-      ToAbslStatus(connection(0).stub->GetInfo(&context, v1::GetInfoRequest(), &response));
+      ToAbslStatus(connection(0).stub->GetInfo(&context, request, &response));
   if (!status.ok()) return status;
   ServerInfo info;
   info.version = response.version();
@@ -574,22 +609,76 @@ absl::StatusOr<ServerInfo> Client::GetInfo() {
       dtype.ok()) {
     info.param_copy_dtype = *dtype;
   }
-  const v1::Consistency& consistency = response.consistency();
-  static constexpr const char* kModes[] = {"", "async", "sync", "bounded"};
-  const int mode = consistency.mode();
-  info.consistency.mode = mode >= 0 && mode < 4 ? kModes[mode] : absl::StrCat("mode ", mode);
-  info.consistency.replicas_to_aggregate = consistency.replicas_to_aggregate();
-  info.consistency.total_replicas = consistency.total_replicas();
-  info.consistency.round_timeout = absl::Seconds(consistency.round_timeout_seconds());
-  info.consistency.max_staleness = consistency.max_staleness();
-  info.consistency.staleness_lr_scaling = consistency.staleness_lr_scaling();
+  info.consistency = FromProtoConsistency(response.consistency());
   info.plan_hash = response.plan_hash();
+  info.model = response.model();
+  info.memory_bytes = response.memory_bytes();
+  info.server_memory_bytes = response.server_memory_bytes();
+  info.model_count = response.model_count();
   return info;
+}
+
+absl::StatusOr<CreateModelResult> Client::CreateModel(const std::string& name,
+                                                      const Consistency& consistency) {
+  v1::CreateModelRequest request;
+  request.set_name(name);
+  if (!consistency.mode.empty()) {
+    v1::Consistency* c = request.mutable_consistency();
+    static constexpr const char* kModes[] = {"async", "sync", "bounded"};
+    bool known = false;
+    for (int m = 0; m < 3; ++m) {
+      if (consistency.mode == kModes[m]) {
+        c->set_mode(static_cast<v1::ConsistencyMode>(m + 1));
+        known = true;
+      }
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "consistency.mode '", consistency.mode, "' must be async, sync or bounded"));
+    }
+    c->set_replicas_to_aggregate(consistency.replicas_to_aggregate);
+    c->set_total_replicas(consistency.total_replicas);
+    c->set_round_timeout_seconds(absl::ToDoubleSeconds(consistency.round_timeout));
+    c->set_max_staleness(consistency.max_staleness);
+    c->set_staleness_lr_scaling(consistency.staleness_lr_scaling);
+  }
+  v1::CreateModelResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->CreateModel(&context, request, &response));
+  if (!status.ok()) return status;
+  return CreateModelResult{response.created(), FromProtoModel(response.model())};
+}
+
+absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
+  v1::ListModelsResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status = ToAbslStatus(
+      connection(0).stub->ListModels(&context, v1::ListModelsRequest(), &response));
+  if (!status.ok()) return status;
+  std::vector<ModelInfo> models;
+  for (const v1::ModelInfo& m : response.models()) models.push_back(FromProtoModel(m));
+  return models;
+}
+
+absl::StatusOr<DeleteModelResult> Client::DeleteModel(const std::string& name) {
+  v1::DeleteModelRequest request;
+  request.set_name(name);
+  v1::DeleteModelResponse response;
+  grpc::ClientContext context;
+  ConfigureContext(options_, &context);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->DeleteModel(&context, request, &response));
+  if (!status.ok()) return status;
+  return DeleteModelResult{response.freed_bytes(), response.memory_freed()};
 }
 
 absl::StatusOr<TensorList> Client::ListTensors() {
   TensorList list;
   v1::ListTensorsRequest request;  // page_size 0: as many as fit in one reply.
+  request.set_model(options_.model);
   for (bool first = true;; first = false) {
     v1::ListTensorsResponse response;
     grpc::ClientContext context;
@@ -613,6 +702,7 @@ absl::StatusOr<TensorList> Client::ListTensors() {
 absl::StatusOr<ParamGroup> Client::SetHyperparameters(const std::string& param_group,
                                                       const ParamGroupOptions& changes) {
   v1::SetHyperparametersRequest request;
+  request.set_model(options_.model);
   request.set_param_group(param_group);
   *request.mutable_hyperparameters() = internal::ToProtoHyperparameters(changes);
   v1::SetHyperparametersResponse response;
@@ -629,8 +719,10 @@ absl::StatusOr<Client::CheckpointWritten> Client::Checkpoint(absl::Duration time
   grpc::ClientContext context;
   internal::ConfigureCall(options_, &context);
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  absl::Status status = ToAbslStatus(
-      connection(0).stub->Checkpoint(&context, v1::CheckpointRequest(), &response));
+  v1::CheckpointRequest request;
+  request.set_model(options_.model);
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->Checkpoint(&context, request, &response));
   if (!status.ok()) return status;
   return CheckpointWritten{response.version(), response.path()};
 }

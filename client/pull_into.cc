@@ -182,6 +182,7 @@ absl::StatusOr<PullIntoResult> Client::PullInto(const PullOptions& options,
     return absl::InvalidArgumentError("PullInto pulls fp32 or bf16");
   }
   v1::PullParametersRequest request;
+  request.set_model(options_.model);
   uint64_t payload = 0;
   for (const PullTarget& target : targets) {
     if (target.data == nullptr && target.numel > 0) {

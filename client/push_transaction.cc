@@ -234,6 +234,7 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
   header->set_grad_dtype(internal::ToProtoDType(options.grad_dtype));
   header->set_base_version(options.base_version);
   header->set_plan_hash(options.plan_hash);
+  header->set_model(options_.model);
   header->set_commit_at_end(true);
   for (const TensorSize& t : tensors) header->add_tensors(t.name);
   const uint32_t parts = static_cast<uint32_t>(connections_.size());

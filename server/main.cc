@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   LOG(INFO) << "fusedps-server listening on " << host << ":" << (*server)->port() << " (backend "
-            << (*server)->engine().backend_name() << ", device " << (*server)->engine().device()
+            << (*server)->backend_name() << ", device " << (*server)->device()
             << ")";
   if (!options.metrics_listen.empty()) {
     LOG(INFO) << "fusedps-server metrics on http://"
@@ -316,12 +316,15 @@ int main(int argc, char** argv) {
   int status = 0;
   if (!options.checkpoint.root.empty() && absl::GetFlag(FLAGS_checkpoint_on_sigterm)) {
     // Every push acknowledged was applied in the drain; the checkpoint holds them all.
-    absl::StatusOr<fusedps::checkpoint::CheckpointResult> written = (*server)->Checkpoint();
-    if (written.ok()) {
-      LOG(INFO) << "checkpoint on exit: version " << written->version << " in " << written->path;
-    } else {
-      LOG(ERROR) << "the checkpoint on exit failed: " << written.status();
-      status = 4;
+    for (const auto& [model, written] : (*server)->CheckpointAll()) {
+      if (written.ok()) {
+        LOG(INFO) << "checkpoint on exit: version " << written->version << " of model '"
+                  << model << "' in " << written->path;
+      } else {
+        LOG(ERROR) << "the checkpoint on exit of model '" << model
+                   << "' failed: " << written.status();
+        status = 4;
+      }
     }
   }
   server->reset();

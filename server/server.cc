@@ -10,7 +10,6 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend_factory.h"
-#include "server/checkpoint/shard_files.h"
 
 #ifndef FUSEDPS_VERSION
 #define FUSEDPS_VERSION "dev"
@@ -33,9 +32,13 @@ absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend =
-      options.backend_factory ? options.backend_factory()
-                              : MakeBackend(options.device, options.backend);
+  // Copies what it needs: models are made after Start returns too.
+  const auto make_backend =
+      [factory = options.backend_factory, device = options.device,
+       backend_options = options.backend]() -> absl::StatusOr<std::unique_ptr<OptimizerBackend>> {
+    return factory ? factory() : MakeBackend(device, backend_options);
+  };
+  absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend = make_backend();
   if (!backend.ok()) return backend.status();
   if (absl::Status s = ValidateConsistency(options.consistency); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
@@ -44,42 +47,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   std::unique_ptr<Server> server(new Server());
   Server* self = server.get();
   server->fault_ = std::make_unique<ShardFault>();
-  server->retries_ = std::make_unique<RetryTable>(options.retry_table_clients);
-  // The metrics before the engine, which reports to them; they read the engine only on a
+  server->arena_owner_ = *std::move(backend);
+  // The metrics before the models, which report to them; they read the models only on a
   // scrape, once serving.
   server->metrics_ = std::make_unique<Metrics>(
-      Metrics::BuildInfo{FUSEDPS_VERSION, (*backend)->name(), (*backend)->device()},
-      [self, cert_file = options.tls.cert_file] {
-        ShardMetrics shard;
-        shard.parameters = self->engine_->view()->parameter_count();
-        shard.version = self->engine_->version();
-        shard.kernel_launches = self->engine_->launch_counts();
-        shard.memory_bytes = self->engine_->memory_bytes();
-        shard.staging_capacity_bytes = self->staging_->capacity();
-        shard.staging_in_use_bytes = self->staging_->in_use();
-        shard.staging_waiters = self->staging_->waiting();
-        shard.staging_oldest_wait_seconds =
-            absl::ToDoubleSeconds(self->staging_->oldest_wait());
-        shard.retry_table_clients = self->retries_->clients();
-        shard.retry_table_evictions = self->retries_->evictions();
-        if (!cert_file.empty()) {
-          // Read again at each scrape: the file is what a rotation replaces.
-          absl::StatusOr<double> expiry = CertificateNotAfter(cert_file);
-          if (expiry.ok()) shard.tls_certificate_expiry_seconds = *expiry;
-        }
-        return shard;
-      });
-  server->engine_ = std::make_unique<UpdateEngine>(*std::move(backend), server->fault_.get(),
-                                                   server->retries_.get(), options.consistency,
-                                                   server->metrics_->consistency());
-  if (absl::Status s = server->fault_->status(); !s.ok()) return s;
-  absl::StatusOr<char*> arena = server->engine_->AllocateStagingArena(options.staging_pool_bytes);
+      Metrics::BuildInfo{FUSEDPS_VERSION, server->arena_owner_->name(),
+                         server->arena_owner_->device()},
+      [self, cert_file = options.tls.cert_file] { return self->ScrapeShard(cert_file); });
+  absl::StatusOr<char*> arena =
+      server->arena_owner_->AllocateStagingArena(options.staging_pool_bytes);
   if (!arena.ok()) return arena.status();
   server->staging_ =
       std::make_unique<StagingPool>(options.staging_pool_bytes, *arena, "--staging-pool-bytes");
   server->snapshot_budget_ = std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr,
                                                            "--pull-snapshot-bytes");
-  server->assemblies_ = std::make_unique<PushAssemblies>(options.push_part_wait);
   // A line that stops moving leaves a line in the log (and the oldest-wait gauge shows it).
   server->watchdog_ = std::make_unique<CallWatchdog>(options.call_idle, [self] {
     const absl::Duration waited = self->staging_->oldest_wait();
@@ -91,16 +72,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   });
 
-  UpdateEngine* engine = server->engine_.get();
+  ModelOptions models;
+  models.make_backend = make_backend;
+  models.arena = server->arena_owner_->staging_arena();
+  models.fault = server->fault_.get();
+  models.metrics = server->metrics_.get();
+  models.push_part_wait = options.push_part_wait;
+  models.retry_table_clients = options.retry_table_clients;
+  if (!options.checkpoint.root.empty()) {
+    models.checkpoint = options.checkpoint;
+    if (models.checkpoint.server_version.empty()) {
+      models.checkpoint.server_version = FUSEDPS_VERSION;
+    }
+  }
+  server->models_ = std::make_unique<ModelRegistry>(std::move(models), options.consistency);
+  if (absl::Status s = server->fault_->status(); !s.ok()) return s;
+
   if (!options.metrics_listen.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
-  }
-
-  if (!options.checkpoint.root.empty()) {
-    checkpoint::CheckpointerOptions checkpoint = options.checkpoint;
-    if (checkpoint.server_version.empty()) checkpoint.server_version = FUSEDPS_VERSION;
-    server->checkpointer_ =
-        std::make_unique<checkpoint::Checkpointer>(engine, server->metrics_.get(), checkpoint);
   }
 
   AuthOptions auth;
@@ -121,17 +110,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
 
   ServiceContext context;
-  context.engine = engine;
+  context.models = server->models_.get();
+  context.arena_owner = server->arena_owner_.get();
   context.authorizer = server->authorizer_.get();
   context.fault = server->fault_.get();
-  context.retries = server->retries_.get();
   context.staging = server->staging_.get();
   context.snapshot_budget = server->snapshot_budget_.get();
   context.metrics = server->metrics_.get();
-  context.assemblies = server->assemblies_.get();
   context.watchdog = server->watchdog_.get();
-  context.registration_gate = &server->registration_gate_;
-  context.checkpointer = server->checkpointer_.get();
   context.restoring = &server->restoring_;
   server->testing_before_push_join_ = options.testing_before_push_join;
   if (server->testing_before_push_join_) {
@@ -167,9 +153,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         "': the address is in use (another server?) or cannot be bound here"));
   }
   server->SetServing(false);  // Until the restore is done.
-  if (absl::Status s = server->Restore(options); !s.ok()) return s;
+  if (absl::Status s = server->models_->Open(options.restore); !s.ok()) return s;
   server->restoring_.store(false, std::memory_order_release);
-  if (server->checkpointer_ != nullptr) server->checkpointer_->Start();
+  server->models_->StartCheckpoints();
   server->SetServing(true);
   server->fault_->OnFault([self, on_fault = options.on_fault](const absl::Status& cause) {
     self->SetServing(false);
@@ -178,68 +164,58 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return server;
 }
 
-absl::Status Server::Restore(const ServerOptions& options) {
-  const std::string& root = options.checkpoint.root;
-  if (options.restore == "none" || (options.restore == "latest" && root.empty())) {
-    return absl::OkStatus();
-  }
-  const auto start = std::chrono::steady_clock::now();
-  uint64_t bytes = 0;
-  const auto load = [&](const checkpoint::Loaded& c) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<checkpoint::ShardReader>> reader =
-        checkpoint::ShardReader::Open(c, engine_.get());
-    if (!reader.ok()) return reader.status();
-    absl::StatusOr<uint64_t> version =
-        UpdateEngine::Wait<uint64_t>([&](UpdateEngine::Done<uint64_t> done) {
-          engine_->Restore(&(*reader)->shard(), reader->get(), done);
-        });
-    if (!version.ok()) {
-      // A restore that failed is undone (DATA_LOSS: the next older checkpoint is tried), but
-      // after a device fault, which stops the server.
-      return absl::Status(version.status().code(), absl::StrCat("restoring ", c.directory, ": ",
-                                                                version.status().message()));
+ShardMetrics Server::ScrapeShard(const std::string& cert_file) {
+  ShardMetrics shard;
+  const ModelRegistry::Retired retired = models_->retired();
+  shard.kernel_launches = retired.kernel_launches;
+  shard.retry_table_evictions = retired.retry_table_evictions;
+  shard.memory_bytes = arena_owner_->memory_bytes();
+  for (const std::shared_ptr<Model>& model : models_->List()) {
+    ModelMetrics m;
+    m.name = model->name();
+    m.parameters = model->engine().view()->parameter_count();
+    m.version = model->engine().version();
+    m.memory_bytes = model->memory_bytes();
+    shard.models.push_back(std::move(m));
+    for (const auto& [kernel, count] : model->engine().launch_counts()) {
+      shard.kernel_launches[kernel] += count;
     }
-    bytes = (*reader)->bytes();
-    return absl::OkStatus();
-  };
-  absl::StatusOr<checkpoint::Loaded> loaded;
-  if (options.restore == "latest") {
-    loaded = checkpoint::LoadLatestGood(
-        root, load, [](const std::string& directory, const absl::Status& why) {
-          LOG(ERROR) << "checkpoint " << directory << " is skipped: " << why;
-        });
-    if (absl::IsNotFound(loaded.status())) {
-      LOG(INFO) << "no complete checkpoint under " << root << ": the shard starts empty";
-      return absl::OkStatus();
+    for (const auto& [kind, bytes] : model->engine().memory_bytes()) {
+      shard.memory_bytes[kind] += bytes;
     }
-  } else {
-    loaded = checkpoint::ReadManifest(options.restore);
-    if (loaded.ok()) {
-      if (absl::Status s = load(*loaded); !s.ok()) loaded = s;
-    }
+    shard.retry_table_clients += model->retries().clients();
+    shard.retry_table_evictions += model->retries().evictions();
   }
-  if (!loaded.ok()) {
-    return absl::Status(loaded.status().code(),
-                        absl::StrCat("--restore=", options.restore, ": ",
-                                     loaded.status().message()));
+  shard.staging_capacity_bytes = staging_->capacity();
+  shard.staging_in_use_bytes = staging_->in_use();
+  shard.staging_waiters = staging_->waiting();
+  shard.staging_oldest_wait_seconds = absl::ToDoubleSeconds(staging_->oldest_wait());
+  if (!cert_file.empty()) {
+    // Read again at each scrape: the file is what a rotation replaces.
+    absl::StatusOr<double> expiry = CertificateNotAfter(cert_file);
+    if (expiry.ok()) shard.tls_certificate_expiry_seconds = *expiry;
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics_->RecordCheckpointPhase("restore", seconds);
-  LOG(INFO) << "restored version " << loaded->version << " from " << loaded->directory << ": "
-            << bytes << " bytes in " << seconds << " s (" << bytes / std::max(seconds, 1e-9) / 1e9
-            << " GB/s)";
-  if (checkpointer_ != nullptr && options.restore == "latest") {
-    checkpointer_->Restored({loaded->version, loaded->directory});
-  }
-  return absl::OkStatus();
+  return shard;
 }
 
-absl::StatusOr<checkpoint::CheckpointResult> Server::Checkpoint() {
-  if (checkpointer_ == nullptr) {
-    return absl::FailedPreconditionError("the server has no --checkpoint-dir");
+UpdateEngine& Server::engine() {
+  absl::StatusOr<std::shared_ptr<Model>> model = models_->Find(kDefaultModel);
+  return (*model)->engine();  // The registry keeps "default" alive.
+}
+
+absl::StatusOr<checkpoint::CheckpointResult> Server::Checkpoint(absl::string_view model) {
+  absl::StatusOr<std::shared_ptr<Model>> found = models_->Find(model);
+  if (!found.ok()) return found.status();
+  return (*found)->CheckpointNow();
+}
+
+std::vector<std::pair<std::string, absl::StatusOr<checkpoint::CheckpointResult>>>
+Server::CheckpointAll() {
+  std::vector<std::pair<std::string, absl::StatusOr<checkpoint::CheckpointResult>>> results;
+  for (const std::shared_ptr<Model>& model : models_->List()) {
+    results.emplace_back(model->name(), model->CheckpointNow());
   }
-  return checkpointer_->CheckpointNow();
+  return results;
 }
 
 void Server::SetServing(bool serving) {
@@ -263,8 +239,7 @@ void Server::Wait() {
 
 Server::~Server() {
   // In the order that keeps every pointer valid: no calls, then no scrapes, then no watchdog
-  // or part-wait callbacks, then the engine finishes what was submitted (its callbacks release
-  // staging into the pools and report to the metrics), then the metrics and the pools.
+  // callbacks, then the models, then the metrics and the pools.
   Shutdown(absl::ZeroDuration());
   Wait();
   {
@@ -273,14 +248,16 @@ Server::~Server() {
   }
   service_.reset();
   authorizer_.reset();
-  checkpointer_.reset();  // Its checkpoint in progress finishes (the engine still runs).
-  metrics_->StopServing();  // No scrape reads the engine from here on.
+  metrics_->StopServing();  // No scrape reads the models from here on.
   watchdog_.reset();
-  assemblies_.reset();
-  engine_.reset();
-  metrics_.reset();  // After the engine, which reports its last rounds to them.
+  // Each model stops its checkpoints (letting one in progress finish), its part checks and its
+  // engine, which finishes what was submitted (its callbacks release staging into the pools
+  // and report to the metrics).
+  models_.reset();
+  metrics_.reset();  // After the engines, which report their last rounds to them.
   snapshot_budget_.reset();
   staging_.reset();
+  arena_owner_.reset();  // Last: every model's backend shared its staging arena.
 }
 
 }  // namespace fusedps

@@ -1,10 +1,13 @@
-// server.h: a running fusedps server: gRPC ParameterService, health and reflection, over one
-// shard, and its Prometheus metrics (served over HTTP when options.metrics_listen is set).
-// Used by main.cc and by tests that start servers in-process on port 0.
+// server.h: a running fusedps server: gRPC ParameterService, health and reflection, over its
+// models (each a shard: models/model.h), and its Prometheus metrics (served over HTTP when
+// options.metrics_listen is set). Used by main.cc and by tests that start servers in-process
+// on port 0.
 //
-// The pieces, along the data path (docs/architecture.md): service/ (gRPC adapters) -> ingest/
-// (push assembly, staging, registration windows) -> engine/ (the shard's single writer, over
-// the optimizer backend) -> store/ (the view readers share, the retry table).
+// The pieces, along the data path (docs/architecture.md): service/ (gRPC adapters) -> models/
+// (the namespaces: which shard a call is about) -> ingest/ (push assembly, staging,
+// registration windows) -> engine/ (each model's single writer, over its optimizer backend) ->
+// store/ (the view readers share, the retry table). The device, its fault state, the staging
+// pool and the metrics are the server's, shared by every model.
 //
 // Faults (engine/shard_fault.h): when the device fails, health turns NOT_SERVING at once, every
 // call fails with UNAVAILABLE, and options.on_fault runs (main.cc exits non-zero after a short
@@ -24,6 +27,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -34,12 +39,11 @@
 #include "server/checkpoint/checkpointer.h"
 #include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
-#include "server/ingest/push_assembly.h"
 #include "server/ingest/staging_pool.h"
 #include "server/metrics/metrics.h"
+#include "server/models/model_registry.h"
 #include "server/service/call_watchdog.h"
 #include "server/service/service.h"
-#include "server/store/retry_table.h"
 
 namespace fusedps {
 
@@ -66,18 +70,21 @@ struct ServerOptions {
   absl::Duration keepalive = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   // How pushes become steps: async, sync rounds or bounded staleness (server/engine/
-  // consistency.h). Start fails with INVALID_ARGUMENT for options ValidateConsistency refuses.
+  // consistency.h): the default model's, and that of models created without their own. Start
+  // fails with INVALID_ARGUMENT for options ValidateConsistency refuses.
   ConsistencyOptions consistency;
-  // Clients whose recent pushes the retry table remembers (LRU).
+  // Clients whose recent pushes each model's retry table remembers (LRU).
   size_t retry_table_clients = 10000;
   // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
   // metrics are still kept, see Server::metrics()).
   std::string metrics_listen;
   // Checkpoints (docs/checkpoints.md); checkpoint.root empty: none are written.
   checkpoint::CheckpointerOptions checkpoint;
-  // What the shard starts from: "latest" (the newest good checkpoint under checkpoint.root, or
-  // empty when there is none), "none" (empty), or a checkpoint directory's path (which must
-  // load). Health is NOT_SERVING and every call UNAVAILABLE until the restore is done.
+  // What the models start from: "latest" (each its newest good checkpoint under checkpoint.root,
+  // or empty when there is none), "none" (empty), or a checkpoint directory's path (which must
+  // load) for the default model (the others then restore their latest). The models the root
+  // lists are made again either way (models/model_files.h). Health is NOT_SERVING and every
+  // call UNAVAILABLE until the restore is done.
   std::string restore = "latest";
   // Transport security of the gRPC port (auth/tls.h): TLS with tls.cert_file, mutual TLS with
   // tls.client_ca_file; plaintext without. /metrics stays plain HTTP (docs/operations.md,
@@ -88,7 +95,8 @@ struct ServerOptions {
   // must be the caller's principal (auth/authorizer.h).
   std::string auth_tokens_file;
   absl::Duration auth_tokens_reload = absl::Seconds(10);
-  // Tests: makes the backend instead of `device` (e.g. one that injects faults).
+  // Tests: makes the backends instead of `device` (e.g. one that injects faults): one that owns
+  // the staging arena, then one per model.
   std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()> backend_factory;
   // Runs once if the shard faults, after health has turned NOT_SERVING (on the thread that
   // saw the fault; it must not block).
@@ -109,14 +117,23 @@ class Server {
   int port() const { return port_; }
   // The bound /metrics port, or 0 when metrics are not served.
   int metrics_port() const { return metrics_->port(); }
-  UpdateEngine& engine() { return *engine_; }
+  ModelRegistry& models() { return *models_; }
+  // The default model's engine (tests; a reference that deleting "default" invalidates).
+  UpdateEngine& engine();
+  // The device's backend name ("cpu", "cuda") and description.
+  std::string backend_name() const { return arena_owner_->name(); }
+  std::string device() const { return arena_owner_->device(); }
   Metrics& metrics() { return *metrics_; }
   StagingPool& staging_pool() { return *staging_; }
   const ShardFault& fault() const { return *fault_; }
 
-  // A checkpoint holding every push acknowledged so far (Checkpointer::CheckpointNow), e.g.
-  // after Shutdown's drain. FAILED_PRECONDITION without checkpoint.root.
-  absl::StatusOr<checkpoint::CheckpointResult> Checkpoint();
+  // A checkpoint of `model` holding every push acknowledged so far (Model::CheckpointNow),
+  // e.g. after Shutdown's drain. FAILED_PRECONDITION without checkpoint.root; NOT_FOUND.
+  absl::StatusOr<checkpoint::CheckpointResult> Checkpoint(
+      absl::string_view model = kDefaultModel);
+  // Checkpoints every model (each is tried): each model's name and result, by name.
+  std::vector<std::pair<std::string, absl::StatusOr<checkpoint::CheckpointResult>>>
+  CheckpointAll();
 
   // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
   // them), and applies every push already complete. Idempotent.
@@ -128,20 +145,19 @@ class Server {
  private:
   Server() = default;
   void SetServing(bool serving);
-  // Loads the shard as options.restore says (Start's).
-  absl::Status Restore(const ServerOptions& options);
+  // The values the metrics export, read on each scrape.
+  ShardMetrics ScrapeShard(const std::string& cert_file);
 
   std::unique_ptr<ShardFault> fault_;
-  std::unique_ptr<RetryTable> retries_;
-  std::unique_ptr<UpdateEngine> engine_;
+  // The backend that owns the staging arena (and holds no tensors); each model's backend
+  // shares its arena.
+  std::unique_ptr<OptimizerBackend> arena_owner_;
   std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<StagingPool> snapshot_budget_;
-  std::unique_ptr<PushAssemblies> assemblies_;
   std::unique_ptr<CallWatchdog> watchdog_;
-  std::timed_mutex registration_gate_;
   std::function<void()> testing_before_push_join_;
   std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  std::unique_ptr<ModelRegistry> models_;
   std::atomic<bool> restoring_{true};
   std::unique_ptr<Authorizer> authorizer_;  // Outlives service_ and grpc_server_.
   std::unique_ptr<ParameterServiceImpl> service_;

@@ -142,6 +142,7 @@ fusedps_client* fusedps_client_create(const char* target, const fusedps_client_o
   client_options.tls_cert_file = OptionalString(options->tls_cert_file);
   client_options.tls_key_file = OptionalString(options->tls_key_file);
   client_options.token = OptionalString(options->token);
+  client_options.model = OptionalString(options->model);
   absl::StatusOr<std::unique_ptr<fc::Client>> client = fc::Client::Create(target, client_options);
   if (!client.ok()) {
     Report(client.status(), error, true);  // Bad options, or TLS files that cannot be read.

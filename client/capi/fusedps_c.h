@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 6
+#define FUSEDPS_C_API_VERSION 7
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -56,6 +56,7 @@ typedef struct fusedps_client_options {
   const char* tls_cert_file;  // PEM client certificate (mTLS), with tls_key_file.
   const char* tls_key_file;   // Its PEM private key.
   const char* token;          // Sent on every call as `authorization: Bearer TOKEN`.
+  const char* model;          // The model every call is about (ClientOptions::model); NULL: "".
 } fusedps_client_options;
 
 typedef struct fusedps_push_header {

@@ -26,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -37,6 +38,7 @@
 #include "absl/time/time.h"
 #include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
+#include "client/cli/models_command.h"
 #include "common/kebab_flags.h"
 #include "common/safetensors.h"
 #include "fusedps/client.h"
@@ -100,6 +102,11 @@ Commands:
             docs/checkpoints.md) holding every push acknowledged before; prints its version
             and directory once it is durable.
   health    Ask grpc.health.v1 about the server (or --service); exit 0 only when SERVING.
+  models list | create NAME | describe NAME | delete NAME
+            The server's models (namespaces, each a shard of its own: docs/api.md, "Models").
+            create takes --mode and its options (the server's flags when --mode is empty);
+            delete frees the model's memory and removes its checkpoints. Every other command
+            is about --model ("default" when empty).
   plan      Print the sharding plan (docs/sharding.md) of the tensors of --tensors-file over
             --shards servers in slices of at most --slice-elements, as one line of JSON:
             {"hash", "shards", "slice_elements", "slices": [[tensor, begin, end, shard], ...]}.
@@ -116,7 +123,8 @@ pulled in bf16 are widened to fp32. safetensors.torch.load_file() reads it.
 )";
 
 void PrintHelp() {
-  std::cout << kUsage << "\nFlags:\n" << FlagsHelp(__FILE__) << SecurityFlagsHelp();
+  std::cout << kUsage << "\nFlags:\n" << FlagsHelp(__FILE__) << ModelsFlagsHelp()
+            << SecurityFlagsHelp();
 }
 
 // --dtype, or `fallback` when it is empty.
@@ -170,30 +178,20 @@ std::string DescribeGroup(const ParamGroup& group) {
       ") amsgrad=", OptionalString(h.amsgrad), " maximize=", OptionalString(h.maximize), storage);
 }
 
-std::string DescribeConsistency(const Consistency& c) {
-  if (c.mode == "sync") {
-    return absl::StrFormat("sync (%d of %d per round, round timeout %s)", c.replicas_to_aggregate,
-                           c.total_replicas, absl::FormatDuration(c.round_timeout));
-  }
-  if (c.mode == "bounded") {
-    return absl::StrFormat("bounded (max staleness %d%s)", c.max_staleness,
-                           c.staleness_lr_scaling ? ", lr / (1 + staleness)" : "");
-  }
-  return c.mode.empty() ? "async (not reported)" : c.mode;
-}
-
 absl::Status RunInfo(Client& client) {
   absl::StatusOr<ServerInfo> info = client.GetInfo();
   if (!info.ok()) return info.status();
   std::string copy = "none";
   if (info->param_copy_dtype) copy = DTypeName(*info->param_copy_dtype);
   std::cout << absl::StrFormat(
-      "server       %s\nversion      %d\nbackend      %s\ndevice       %s\n"
-      "tensors      %d\nparams       %d\nmax message  %d bytes\nparam copy   %s\n"
-      "consistency  %s\nplan hash    %s\ngroups       %d\n",
-      info->server_version, info->version, info->backend, info->device, info->tensor_count,
-      info->parameter_count, info->max_message_bytes, copy, DescribeConsistency(info->consistency),
-      info->plan_hash.empty() ? "none" : info->plan_hash, info->param_groups.size());
+      "server       %s\nmodel        %s (%d on the server)\nversion      %d\nbackend      %s\n"
+      "device       %s\ntensors      %d\nparams       %d\nmax message  %d bytes\n"
+      "param copy   %s\nconsistency  %s\nplan hash    %s\nmemory       %d bytes (server: %d)\n"
+      "groups       %d\n",
+      info->server_version, info->model, info->model_count, info->version, info->backend,
+      info->device, info->tensor_count, info->parameter_count, info->max_message_bytes, copy,
+      DescribeConsistency(info->consistency), info->plan_hash.empty() ? "none" : info->plan_hash,
+      info->memory_bytes, info->server_memory_bytes, info->param_groups.size());
   for (const ParamGroup& group : info->param_groups) {
     std::cout << "  " << DescribeGroup(group) << "\n";
   }
@@ -459,7 +457,7 @@ absl::Status RunPlan() {
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "fusedps [flags] info|list|register|push|pull|set-lr|checkpoint|health|plan|help");
+      "fusedps [flags] info|list|register|push|pull|set-lr|checkpoint|health|models|plan|help");
   if (HelpRequested(argc, argv)) {
     PrintHelp();
     return 0;
@@ -472,11 +470,12 @@ int Main(int argc, char** argv) {
     PrintHelp();
     return args.size() < 2 ? 2 : 0;
   }
-  if (args.size() > 2) {
+  const std::string command = args[1];
+  if (args.size() > 2 && command != "models") {
     std::cerr << "fusedps: unexpected argument " << args[2] << " (see fusedps help)\n";
     return 2;
   }
-  const std::string command = args[1];
+  const std::vector<std::string> words(args.begin() + 2, args.end());
   if (command == "plan") {
     absl::Status status = RunPlan();
     if (status.ok()) return 0;
@@ -488,7 +487,7 @@ int Main(int argc, char** argv) {
       {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}, {"health", RunHealth},
       {"checkpoint", RunCheckpoint}};
   auto it = commands.find(command);
-  if (it == commands.end()) {
+  if (it == commands.end() && command != "models") {
     std::cerr << "fusedps: unknown command " << command << " (see fusedps help)\n";
     return 2;
   }
@@ -497,13 +496,18 @@ int Main(int argc, char** argv) {
       static_cast<size_t>(std::max<int64_t>(absl::GetFlag(FLAGS_max_chunk_bytes), 0));
   options.streams = absl::GetFlag(FLAGS_streams);
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  options.model = ModelFlag();
   ApplySecurityFlags(&options);
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(absl::GetFlag(FLAGS_target), options);
-  absl::Status status = client.ok() ? it->second(**client) : client.status();
+  absl::Status status = !client.ok()           ? client.status()
+                        : command == "models" ? RunModels(**client, words)
+                                              : it->second(**client);
   if (!status.ok()) {
     std::cerr << "fusedps " << command << ": " << status << "\n";
-    return status.code() == absl::StatusCode::kInvalidArgument && !client.ok() ? 2 : 1;
+    const bool usage = absl::StartsWith(status.message(), "usage:");
+    return status.code() == absl::StatusCode::kInvalidArgument && (!client.ok() || usage) ? 2
+                                                                                        : 1;
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "server/auth/authorizer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -31,6 +32,12 @@ const char* RpcName(Rpc rpc) {
       return "SetHyperparameters";
     case Rpc::kLoadState:
       return "LoadState";
+    case Rpc::kCreateModel:
+      return "CreateModel";
+    case Rpc::kListModels:
+      return "ListModels";
+    case Rpc::kDeleteModel:
+      return "DeleteModel";
   }
   return "unknown";
 }
@@ -40,6 +47,7 @@ Role RequiredRole(Rpc rpc) {
     case Rpc::kPullParameters:
     case Rpc::kGetInfo:
     case Rpc::kListTensors:
+    case Rpc::kListModels:
       return Role::kReader;
     case Rpc::kPushGradients:
       return Role::kTrainer;
@@ -48,6 +56,8 @@ Role RequiredRole(Rpc rpc) {
     case Rpc::kCheckpoint:
     case Rpc::kSetHyperparameters:
     case Rpc::kLoadState:
+    case Rpc::kCreateModel:
+    case Rpc::kDeleteModel:
       return Role::kAdmin;
   }
   return Role::kAdmin;
@@ -177,7 +187,22 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
   }
   caller.role = identity->role;
   caller.principals.push_back(std::move(identity->principal));
+  caller.models = std::move(identity->models);
   return caller;
+}
+
+bool Caller::MayReach(absl::string_view model) const {
+  return models.empty() || std::find(models.begin(), models.end(), model) != models.end();
+}
+
+absl::Status Authorizer::CheckModel(const Caller& caller, absl::string_view model,
+                                    const grpc::ServerContextBase& context) const {
+  if (caller.MayReach(model)) return absl::OkStatus();
+  return Refuse(absl::StatusCode::kPermissionDenied, "wrong_model",
+                absl::StrCat("principal '", absl::StrJoin(caller.principals, "', '"),
+                             "' may not reach model '", model, "': its token is limited to ",
+                             "models '", absl::StrJoin(caller.models, "', '"), "'"),
+                context);
 }
 
 absl::Status Authorizer::CheckClientId(const Caller& caller, absl::string_view client_id,

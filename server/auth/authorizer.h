@@ -14,10 +14,12 @@
 //     a push's client_id is whatever the client says.
 //
 // What each role may call (wrong role: PERMISSION_DENIED, "wrong_role"):
-//   reader:  PullParameters, GetInfo, ListTensors
+//   reader:  PullParameters, GetInfo, ListTensors, ListModels
 //   trainer: those and PushGradients
 //   admin:   everything: also RegisterParamGroup, RegisterTensors, SetHyperparameters,
-//            LoadState and Checkpoint
+//            LoadState, Checkpoint, CreateModel and DeleteModel
+// A token may also be limited to some models (token_table.h, models=): CheckModel refuses
+// the others (PERMISSION_DENIED, "wrong_model"). Client certificates reach every model.
 //
 // The identity binding: once the caller is authenticated, a push's PushHeader.client_id must be
 // one of its principals (CheckClientId; else PERMISSION_DENIED, "client_id_mismatch"). The
@@ -62,6 +64,9 @@ enum class Rpc : uint8_t {
   kListTensors,
   kSetHyperparameters,
   kLoadState,
+  kCreateModel,
+  kListModels,
+  kDeleteModel,
 };
 
 // "PushGradients", ...
@@ -85,6 +90,10 @@ struct Caller {
   bool authenticated = false;  // False when the server has no authentication.
   Role role = Role::kAdmin;
   std::vector<std::string> principals;  // Who it is; empty when not authenticated.
+  std::vector<std::string> models;      // The models it may reach; empty: every model.
+
+  // True when the caller may reach `model`.
+  bool MayReach(absl::string_view model) const;
 };
 
 class Authorizer {
@@ -108,6 +117,11 @@ class Authorizer {
   // else when client_id is one of its principals. Errors: PERMISSION_DENIED naming both.
   absl::Status CheckClientId(const Caller& caller, absl::string_view client_id,
                              const grpc::ServerContextBase& context) const;
+
+  // OK when `caller` may reach `model` (Caller::MayReach). Errors: PERMISSION_DENIED naming
+  // the model and the ones the caller's token is limited to.
+  absl::Status CheckModel(const Caller& caller, absl::string_view model,
+                          const grpc::ServerContextBase& context) const;
 
  private:
   explicit Authorizer(AuthOptions options);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace fusedps {
 namespace {
@@ -67,9 +68,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, absl::strin
       return absl::InvalidArgumentError(
           absl::StrCat("--auth-tokens ", source, " line ", line_number, ": ", what));
     };
-    if (fields.size() != 3) {
-      return bad(
-          absl::StrCat("has ", fields.size(), " fields; each line is 'TOKEN ROLE PRINCIPAL'"));
+    if (fields.size() != 3 && fields.size() != 4) {
+      return bad(absl::StrCat("has ", fields.size(),
+                              " fields; each line is 'TOKEN ROLE PRINCIPAL [models=NAME,...]'"));
     }
     const absl::string_view token = fields[0];
     if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes || !PrintableAscii(token)) {
@@ -83,7 +84,17 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, absl::strin
     if (fields[2].size() > kMaxPrincipalBytes) {
       return bad(absl::StrCat("the principal is longer than ", kMaxPrincipalBytes, " bytes"));
     }
-    Entry entry{Sha256(token), Identity{std::string(fields[2]), *role}};
+    Entry entry{Sha256(token), Identity{std::string(fields[2]), *role, {}}};
+    if (fields.size() == 4) {
+      absl::string_view models = fields[3];
+      if (!absl::ConsumePrefix(&models, "models=") || models.empty()) {
+        return bad("the fourth field must be models=NAME[,NAME...]");
+      }
+      for (absl::string_view model : absl::StrSplit(models, ',')) {
+        if (model.empty()) return bad("models= has an empty name");
+        entry.identity.models.emplace_back(model);
+      }
+    }
     for (const Entry& other : table.entries_) {
       if (other.digest == entry.digest) return bad("repeats the token of an earlier line");
     }

@@ -28,6 +28,16 @@ TEST(TokenTableTest, FindsEachTokensIdentity) {
   EXPECT_EQ(table->Find("reader-token-0123456789")->role, Role::kReader);
 }
 
+TEST(TokenTableTest, ModelsLimitAToken) {
+  absl::StatusOr<TokenTable> table =
+      TokenTable::Parse(std::string(kTrainerToken) + " trainer t0 models=job-a,job-b\n" +
+                            kAdminToken + " admin ops\n",
+                        "t");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->Find(kTrainerToken)->models, (std::vector<std::string>{"job-a", "job-b"}));
+  EXPECT_TRUE(table->Find(kAdminToken)->models.empty());  // Every model.
+}
+
 TEST(TokenTableTest, UnknownPrefixesAndExtensionsAreNotFound) {
   absl::StatusOr<TokenTable> table =
       TokenTable::Parse(std::string(kTrainerToken) + " trainer trainer-0\n", "t");
@@ -52,6 +62,10 @@ TEST(TokenTableTest, RefusesBadLinesNamingTheLineButNotTheToken) {
       {good + std::string(kTrainerToken) + " admin ops\n", "line 2: repeats the token"},
       {good + "admin-token-abcdefghijk admin " + std::string(257, 'p') + "\n",
        "principal is longer than 256"},
+      {good + "admin-token-abcdefghijk admin ops job-a\n", "fourth field must be models="},
+      {good + "admin-token-abcdefghijk admin ops models=\n", "fourth field must be models="},
+      {good + "admin-token-abcdefghijk admin ops models=a,,b\n", "models= has an empty name"},
+      {good + "admin-token-abcdefghijk admin ops models=a extra\n", "has 5 fields"},
       {"# nothing\n\n", "has no token"},
       {"", "has no token"},
   };

@@ -81,6 +81,9 @@ struct IngestServices {
   StagingPool* staging;
   Metrics* metrics;
   PushAssemblies* assemblies;
+  // Keeps the engine and the assemblies alive while a push holds these (the server's model,
+  // server/models/model.h); may be null when they outlive every push anyway.
+  std::shared_ptr<void> owner = nullptr;
 };
 
 // A push header, checked against a view: its tensors' indices and its dtype.

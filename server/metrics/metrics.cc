@@ -149,14 +149,16 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                 "Tensor payload bytes sent in PullParameters chunks.")
                       .Add({})),
       parameters_(GaugeFamily(*registry_, "fusedps_parameters",
-                              "Parameters (elements of every registered tensor) in the shard.")
-                      .Add({})),
+                              "Parameters (elements of every registered tensor) of each model.")),
       memory_bytes_(GaugeFamily(*registry_, "fusedps_device_memory_bytes",
                                 "Bytes the optimizer backend holds, by arena (device memory "
                                 "on CUDA, host memory on the CPU backend).")),
       model_version_(GaugeFamily(*registry_, "fusedps_model_version",
-                                 "The shard's version: pushes applied since it started.")
-                         .Add({})),
+                                 "Each model's version: steps applied since it was created.")),
+      model_memory_bytes_(GaugeFamily(*registry_, "fusedps_model_memory_bytes",
+                                      "Bytes each model's optimizer backend holds (every arena; "
+                                      "device memory on CUDA).")),
+      models_(GaugeFamily(*registry_, "fusedps_models", "Models the server holds.").Add({})),
       staging_capacity_(GaugeFamily(*registry_, "fusedps_staging_pool_capacity_bytes",
                                     "Bytes of host staging (page-locked on CUDA) that pushes "
                                     "and pulls reserve from (--staging-pool-bytes).")
@@ -209,7 +211,7 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       auth_failures_(CounterFamily(*registry_, "fusedps_auth_failures_total",
                                    "Calls refused by authentication or authorization, by "
                                    "reason: missing_credentials, invalid_token "
-                                   "(UNAUTHENTICATED), wrong_role, client_id_mismatch "
+                                   "(UNAUTHENTICATED), wrong_role, wrong_model, client_id_mismatch "
                                    "(PERMISSION_DENIED).")),
       tls_certificate_expiry_(GaugeFamily(
           *registry_, "fusedps_tls_certificate_expiry_timestamp_seconds",
@@ -228,7 +230,7 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
     checkpoint_failures_.Add({{"reason", reason}});
   }
   for (const char* reason :
-       {"missing_credentials", "invalid_token", "wrong_role", "client_id_mismatch"}) {
+       {"missing_credentials", "invalid_token", "wrong_role", "wrong_model", "client_id_mismatch"}) {
     auth_failures_.Add({{"reason", reason}});
   }
   for (const char* phase : {"snapshot", "write", "restore"}) {
@@ -333,8 +335,24 @@ void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
 void Metrics::SyncShard() const {
   const ShardMetrics shard = shard_();
   std::lock_guard<std::mutex> lock(sync_mu_);
-  parameters_.Set(static_cast<double>(shard.parameters));
-  model_version_.Set(static_cast<double>(shard.version));
+  std::set<std::string> models;
+  for (const ModelMetrics& model : shard.models) {
+    const prometheus::Labels labels{{"model", model.name}};
+    parameters_.Add(labels).Set(static_cast<double>(model.parameters));
+    model_version_.Add(labels).Set(static_cast<double>(model.version));
+    model_memory_bytes_.Add(labels).Set(static_cast<double>(model.memory_bytes));
+    models.insert(model.name);
+  }
+  for (const std::string& gone : models_synced_) {
+    if (models.count(gone) != 0) continue;
+    const prometheus::Labels labels{{"model", gone}};
+    for (prometheus::Family<prometheus::Gauge>* family :
+         {&parameters_, &model_version_, &model_memory_bytes_}) {
+      family->Remove(&family->Add(labels));
+    }
+  }
+  models_synced_ = std::move(models);
+  models_.Set(static_cast<double>(shard.models.size()));
   staging_capacity_.Set(static_cast<double>(shard.staging_capacity_bytes));
   staging_in_use_.Set(static_cast<double>(shard.staging_in_use_bytes));
   staging_waiters_.Set(static_cast<double>(shard.staging_waiters));

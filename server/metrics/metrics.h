@@ -7,11 +7,10 @@
 // are never stale and nothing on the push path has to copy them.
 //
 // Usage:
-//   Metrics metrics({"0.1.0", "cpu", "cpu (8 threads)"}, [&engine] {
+//   Metrics metrics({"0.1.0", "cpu", "cpu (8 threads)"}, [&] {
 //     ShardMetrics shard;
-//     shard.parameters = engine.view()->parameter_count();
-//     shard.version = engine.version();  // ... as server.cc fills it
-//     return shard;
+//     shard.models.push_back({"default", parameters, version, memory_bytes});
+//     return shard;  // ... as server.cc fills it
 //   });
 //   absl::Status serving = metrics.Serve("0.0.0.0:9464");  // then metrics.port()
 //   metrics.RecordPush(grpc::StatusCode::OK, grad_bytes, stage_seconds);
@@ -25,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,10 +44,19 @@ namespace fusedps {
 class ConsistencyMetrics;
 class ConsistencyObserver;
 
-// The values of the shard that metrics export, read on each scrape.
-struct ShardMetrics {
+// The values of one model (server/models/model.h) that metrics export, labelled `model`.
+struct ModelMetrics {
+  std::string name;
   uint64_t parameters = 0;
   uint64_t version = 0;
+  uint64_t memory_bytes = 0;  // Every arena of its backend.
+};
+
+// The values of the server that metrics export, read on each scrape.
+struct ShardMetrics {
+  std::vector<ModelMetrics> models;  // Every model; the series of a model gone are removed.
+  // Summed over the models (and the staging arena's owner for memory), those deleted included
+  // for the monotonic counts.
   std::map<std::string, uint64_t> kernel_launches;  // By kernel name; monotonic.
   std::map<std::string, uint64_t> memory_bytes;     // By arena ("params", "exp_avg", ...).
   // The staging pool (server/ingest/staging_pool.h) that pushes and pulls reserve from.
@@ -161,9 +170,11 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& steps_skipped_;
   prometheus::Family<prometheus::Counter>& pull_requests_;
   prometheus::Counter& pull_bytes_;
-  prometheus::Gauge& parameters_;
+  prometheus::Family<prometheus::Gauge>& parameters_;
   prometheus::Family<prometheus::Gauge>& memory_bytes_;
-  prometheus::Gauge& model_version_;
+  prometheus::Family<prometheus::Gauge>& model_version_;
+  prometheus::Family<prometheus::Gauge>& model_memory_bytes_;
+  prometheus::Gauge& models_;
   prometheus::Gauge& staging_capacity_;
   prometheus::Gauge& staging_in_use_;
   prometheus::Gauge& staging_waiters_;
@@ -183,6 +194,8 @@ class Metrics {
   // Launch counts already added to kernel_launches_, by kernel name. Guarded by sync_mu_.
   mutable std::map<std::string, uint64_t> launches_synced_;
   mutable uint64_t evictions_synced_ = 0;  // Guarded by sync_mu_.
+  // The models whose series exist (to remove those of a model deleted). Guarded by sync_mu_.
+  mutable std::set<std::string> models_synced_;
 
   std::unique_ptr<ConsistencyMetrics> consistency_;
   std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.

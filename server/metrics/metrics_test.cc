@@ -16,6 +16,7 @@ namespace fusedps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The contract of DESIGN.md "Metrics" and docs/metrics.md, with each name's type.
 constexpr std::pair<const char*, const char*> kContract[] = {
@@ -35,6 +36,8 @@ constexpr std::pair<const char*, const char*> kContract[] = {
     {"fusedps_parameters", "gauge"},
     {"fusedps_device_memory_bytes", "gauge"},
     {"fusedps_model_version", "gauge"},
+    {"fusedps_model_memory_bytes", "gauge"},
+    {"fusedps_models", "gauge"},
     {"fusedps_build_info", "gauge"},
 };
 
@@ -62,7 +65,7 @@ double Sample(const std::string& text, const std::string& series) {
 
 TEST_F(MetricsTest, ExportsEveryContractNameWithItsType) {
   // Families without a series are not exported; the shard gives these theirs.
-  shard_.values = {0, 0, {{"cpu_adamw_apply", 0}}, {{"params", 0}}};
+  shard_.values = {{{"default", 0, 0, 0}}, {{"cpu_adamw_apply", 0}}, {{"params", 0}}};
   const std::string text = metrics_.ScrapeText();
   for (const auto& [name, type] : kContract) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("# TYPE ", name, " ", type, "\n"))) << name;
@@ -143,10 +146,16 @@ TEST_F(MetricsTest, StepsAndPulls) {
 }
 
 TEST_F(MetricsTest, ShardValuesAreReadOnEachScrape) {
-  shard_.values = {1000, 7, {{"fusedps_adamw_apply", 5}}, {{"params", 4000}, {"exp_avg", 4000}}};
+  shard_.values = {{{"default", 1000, 7, 8000}, {"job-b", 10, 3, 80}},
+                   {{"fusedps_adamw_apply", 5}},
+                   {{"params", 4000}, {"exp_avg", 4000}}};
   std::string text = metrics_.ScrapeText();
-  EXPECT_EQ(Sample(text, "fusedps_parameters"), 1000);
-  EXPECT_EQ(Sample(text, "fusedps_model_version"), 7);
+  EXPECT_EQ(Sample(text, R"(fusedps_parameters{model="default"})"), 1000);
+  EXPECT_EQ(Sample(text, R"(fusedps_model_version{model="default"})"), 7);
+  EXPECT_EQ(Sample(text, R"(fusedps_model_memory_bytes{model="default"})"), 8000);
+  EXPECT_EQ(Sample(text, R"(fusedps_parameters{model="job-b"})"), 10);
+  EXPECT_EQ(Sample(text, R"(fusedps_model_version{model="job-b"})"), 3);
+  EXPECT_EQ(Sample(text, "fusedps_models"), 2);
   EXPECT_EQ(Sample(text, R"(fusedps_kernel_launches_total{kernel="fusedps_adamw_apply"})"), 5);
   EXPECT_EQ(Sample(text, R"(fusedps_device_memory_bytes{kind="params"})"), 4000);
   EXPECT_EQ(Sample(text, "fusedps_staging_pool_capacity_bytes"), 0);
@@ -160,10 +169,13 @@ TEST_F(MetricsTest, ShardValuesAreReadOnEachScrape) {
   EXPECT_EQ(Sample(text, "fusedps_staging_pool_waiters"), 2);
 
   shard_.values.kernel_launches["fusedps_adamw_apply"] = 12;
-  shard_.values.version = 8;
+  shard_.values.models[0].version = 8;
+  shard_.values.models.pop_back();  // job-b deleted: its series go.
   text = metrics_.ScrapeText();
   EXPECT_EQ(Sample(text, R"(fusedps_kernel_launches_total{kernel="fusedps_adamw_apply"})"), 12);
-  EXPECT_EQ(Sample(text, "fusedps_model_version"), 8);
+  EXPECT_EQ(Sample(text, R"(fusedps_model_version{model="default"})"), 8);
+  EXPECT_THAT(text, Not(HasSubstr(R"(model="job-b")")));
+  EXPECT_EQ(Sample(text, "fusedps_models"), 1);
   // Scraping again adds nothing: the counter follows the backend's count, it does not sum it.
   text = metrics_.ScrapeText();
   EXPECT_EQ(Sample(text, R"(fusedps_kernel_launches_total{kernel="fusedps_adamw_apply"})"), 12);

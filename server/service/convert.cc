@@ -149,4 +149,67 @@ void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {
   p->set_round_workers(reply.round_workers);
 }
 
+void ToProto(const ConsistencyOptions& c, v1::Consistency* p) {
+  p->set_mode(static_cast<v1::ConsistencyMode>(c.mode));
+  if (c.mode == ConsistencyMode::kSync) {
+    p->set_replicas_to_aggregate(c.replicas_to_aggregate);
+    p->set_total_replicas(c.total_replicas);
+    p->set_round_timeout_seconds(absl::ToDoubleSeconds(c.round_timeout));
+  }
+  if (c.mode == ConsistencyMode::kBounded) {
+    p->set_max_staleness(c.max_staleness);
+    p->set_staleness_lr_scaling(c.staleness_lr_scaling);
+  }
+}
+
+absl::StatusOr<ConsistencyOptions> ConsistencyFromProto(const v1::Consistency& p) {
+  static_assert(static_cast<int>(ConsistencyMode::kAsync) == v1::CONSISTENCY_MODE_ASYNC &&
+                static_cast<int>(ConsistencyMode::kSync) == v1::CONSISTENCY_MODE_SYNC &&
+                static_cast<int>(ConsistencyMode::kBounded) == v1::CONSISTENCY_MODE_BOUNDED);
+  ConsistencyOptions c;
+  switch (p.mode()) {
+    case v1::CONSISTENCY_MODE_UNSPECIFIED:
+    case v1::CONSISTENCY_MODE_ASYNC:
+      c.mode = ConsistencyMode::kAsync;
+      break;
+    case v1::CONSISTENCY_MODE_SYNC:
+    case v1::CONSISTENCY_MODE_BOUNDED:
+      c.mode = static_cast<ConsistencyMode>(p.mode());
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "consistency.mode = ", static_cast<int>(p.mode()), " is not a ConsistencyMode"));
+  }
+  if (c.mode == ConsistencyMode::kSync) {
+    c.replicas_to_aggregate = p.replicas_to_aggregate();
+    c.total_replicas = p.total_replicas();
+    const double timeout = p.round_timeout_seconds();
+    if (!(timeout >= 0) || timeout > 1e6) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "consistency.round_timeout_seconds = ", timeout, " must be in [0, 1e6]"));
+    }
+    c.round_timeout = absl::Seconds(timeout);
+  }
+  if (c.mode == ConsistencyMode::kBounded) {
+    c.max_staleness = p.max_staleness();
+    c.staleness_lr_scaling = p.staleness_lr_scaling();
+  }
+  if (absl::Status s = ValidateConsistency(c); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("consistency: ", s.message()));
+  }
+  return c;
+}
+
+void ToProto(const Model& model, v1::ModelInfo* p) {
+  const UpdateEngine& engine = model.engine();
+  std::shared_ptr<const ShardView> view = engine.view();
+  p->set_name(model.name());
+  p->set_version(engine.version());
+  p->set_tensor_count(view->tensor_count());
+  p->set_parameter_count(view->parameter_count());
+  ToProto(engine.consistency(), p->mutable_consistency());
+  p->set_memory_bytes(model.memory_bytes());
+  p->set_plan_hash(view->plan_hash());
+}
+
 }  // namespace fusedps

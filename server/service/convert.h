@@ -7,6 +7,8 @@
 #include "absl/status/statusor.h"
 #include "fusedps/v1/parameter_service.pb.h"
 #include "grpcpp/support/status.h"
+#include "server/engine/consistency.h"
+#include "server/models/model.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
 
@@ -30,6 +32,15 @@ void ToProto(const ParamGroupSpec& group, v1::ParamGroup* p);
 // INT8 group.
 void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInfo* p);
 void ToProto(const PushReply& reply, v1::PushGradientsResponse* p);
+
+// Only the fields of its mode are set.
+void ToProto(const ConsistencyOptions& c, v1::Consistency* p);
+// A CreateModelRequest's consistency. INVALID_ARGUMENT naming the field for a mode that is not
+// a ConsistencyMode, a negative or non-finite round_timeout_seconds, and what
+// ValidateConsistency refuses.
+absl::StatusOr<ConsistencyOptions> ConsistencyFromProto(const v1::Consistency& p);
+// The model as ListModels and CreateModel describe it.
+void ToProto(const Model& model, v1::ModelInfo* p);
 
 }  // namespace fusedps
 

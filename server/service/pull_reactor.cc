@@ -52,9 +52,20 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           context_->TryCancel();  // The pending write ends with !ok; OnWriteDone finishes.
         })) {
     FUSEDPS_HAPPENS_BEFORE(this);
-    absl::Status ready = services_.Admit(*context_, Rpc::kPullParameters);
+    Caller caller;
+    absl::Status ready = services_.Admit(*context_, Rpc::kPullParameters, &caller);
     absl::StatusOr<v1::PullParametersRequest> request = ParseRequest(request_bytes);
     if (ready.ok()) ready = request.status();
+    if (ready.ok()) {
+      absl::StatusOr<std::shared_ptr<Model>> model =
+          services_.FindModel(caller, request->model(), *context_);
+      ready = model.status();
+      if (ready.ok()) {
+        model_ = *std::move(model);
+        engine_ = &model_->engine();
+        if (model_->deleted()) ready = model_->DeletedError();
+      }
+    }
     if (ready.ok()) ready = Prepare(*request);
     if (!ready.ok()) {
       FinishCall(ready);
@@ -114,7 +125,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   ~PullReactor() override {
-    if (snapshot_ != nullptr) services_.engine->FreeSnapshot(snapshot_);
+    if (snapshot_ != nullptr) engine_->FreeSnapshot(snapshot_);
   }
 
  private:
@@ -162,7 +173,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
             "tensors[", i, "] names tensor ", QuoteName(request.tensors(i)), " a second time"));
       }
     }
-    view_ = services_.engine->view();
+    view_ = engine_->view();
     const std::vector<std::string> names(request.tensors().begin(), request.tensors().end());
     absl::StatusOr<std::vector<uint32_t>> tensors = view_->Resolve(names);
     if (!tensors.ok()) return tensors.status();
@@ -181,7 +192,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // rounded here.
     param_copy_ =
         field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
-        static_cast<int>(dtype_) == static_cast<int>(services_.engine->param_copy_dtype());
+        static_cast<int>(dtype_) == static_cast<int>(engine_->param_copy_dtype());
     for (size_t i = 0; param_copy_ && i < tensors_.size(); ++i) {
       param_copy_ = view_->layout(tensors_[i]).params == ParamsDType::kFloat32;
     }
@@ -234,7 +245,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     job.dst = window_->data();
     job.snapshot_bytes = snapshot_bytes;
     Hold();
-    services_.engine->Read(std::move(job), [this](absl::StatusOr<ReadResult> result) {
+    engine_->Read(std::move(job), [this](absl::StatusOr<ReadResult> result) {
       if (!result.ok()) {
         FinishCall(result.status());
       } else {
@@ -357,7 +368,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     const uint64_t bytes = std::min(window_->bytes(), total_bytes_ - position);
     if (absl::Status s =
-            services_.engine->CopyFromSnapshot(snapshot_, position, bytes, window_->data());
+            engine_->CopyFromSnapshot(snapshot_, position, bytes, window_->data());
         !s.ok()) {
       return s;
     }
@@ -383,6 +394,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::CallbackServerContext* const context_;
   const ServiceContext services_;
   const std::shared_ptr<CallWatchdog::Handle> watch_;
+  // The pull's model, held until the reactor is gone (set by the constructor, before anything
+  // else reads it), and its engine.
+  std::shared_ptr<Model> model_;
+  UpdateEngine* engine_ = nullptr;
 
   // The request, checked (Prepare).
   v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;

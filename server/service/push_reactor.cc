@@ -216,7 +216,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
         !s.ok()) {
       return FinishCall(s, {}, {});
     }
-    std::shared_ptr<const ShardView> view = services_.engine->view();
+    absl::StatusOr<std::shared_ptr<Model>> found =
+        services_.FindModel(caller_, header.model(), *context_);
+    if (!found.ok()) return FinishCall(found.status(), {}, {});
+    const std::shared_ptr<Model> model = *std::move(found);
+    if (model->deleted()) return FinishCall(model->DeletedError(), {}, {});
+    std::shared_ptr<const ShardView> view = model->engine().view();
     absl::StatusOr<CheckedPushHeader> checked = CheckPushHeader(header, *view);
     if (!checked.ok()) return FinishCall(checked.status(), {}, {});
 
@@ -225,7 +230,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       std::lock_guard<std::mutex> lock(mu_);
       ++holds_;  // For the waiter, which may run on another thread before Await returns.
     }
-    const RetryTable::Verdict verdict = services_.retries->Await(
+    const RetryTable::Verdict verdict = model->retries().Await(
         header.client_id(), header.sequence_number(), [this](absl::StatusOr<PushReply> reply) {
           FinishCall(reply.status(), reply.ok() ? *reply : PushReply{}, {});
           ReleaseHold();
@@ -239,8 +244,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
 
     // What the shard's consistency mode refuses from the header alone (after the retries,
     // which are answered whatever their version).
-    if (absl::Status s = services_.engine->AdmitPush(header.client_id(), checked->tensors.size(),
-                                                     header.base_version(), *view);
+    if (absl::Status s = model->engine().AdmitPush(header.client_id(), checked->tensors.size(),
+                                                   header.base_version(), *view);
         !s.ok()) {
       return FinishCall(s, {}, {});
     }
@@ -249,12 +254,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     const bool parts = checked->part_count > 1;
     const std::string key = parts ? PushAssemblies::Key(header) : std::string();
     const auto make = [&] {
-      return std::make_shared<PushAssembly>(services_.ingest(), key, header, view,
+      return std::make_shared<PushAssembly>(services_.ingest(model), key, header, view,
                                             *std::move(checked));
     };
     bool created = true;
     std::shared_ptr<PushAssembly> assembly =
-        parts ? services_.assemblies->FindOrCreate(key, make, &created) : make();
+        parts ? model->assemblies().FindOrCreate(key, make, &created) : make();
     if (assembly == nullptr) {
       return FinishCall(absl::AbortedError("another part of this push failed already"), {}, {});
     }

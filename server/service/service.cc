@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,15 +72,15 @@ absl::Status ReadHeaderedStream(grpc::ServerContext* context, grpc::ServerReader
 grpc::Status ParameterServiceImpl::RegisterParamGroup(
     grpc::ServerContext* context, const v1::RegisterParamGroupRequest* request,
     v1::RegisterParamGroupResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kRegisterParamGroup); !s.ok()) {
-    return ToGrpc(s);
-  }
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kRegisterParamGroup, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
   absl::StatusOr<AdamWHyperparameters> h =
       HyperparametersFromProto(request->param_group().hyperparameters());
   if (!h.ok()) return ToGrpc(h.status());
   const ParamGroupSpec group{request->param_group().name(), *h};
   absl::StatusOr<bool> created = UpdateEngine::Wait<bool>(
-      [&](UpdateEngine::Done<bool> done) { services_.engine->RegisterParamGroup(group, done); });
+      [&](UpdateEngine::Done<bool> done) { (*model)->engine().RegisterParamGroup(group, done); });
   if (!created.ok()) return ToGrpc(created.status());
   response->set_created(*created);
   ToProto(group, response->mutable_param_group());
@@ -89,14 +90,14 @@ grpc::Status ParameterServiceImpl::RegisterParamGroup(
 grpc::Status ParameterServiceImpl::SetHyperparameters(
     grpc::ServerContext* context, const v1::SetHyperparametersRequest* request,
     v1::SetHyperparametersResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kSetHyperparameters); !s.ok()) {
-    return ToGrpc(s);
-  }
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kSetHyperparameters, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
   absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(request->hyperparameters());
   if (!update.ok()) return ToGrpc(update.status());
   absl::StatusOr<ParamGroupSpec> group = UpdateEngine::Wait<ParamGroupSpec>(
       [&](UpdateEngine::Done<ParamGroupSpec> done) {
-        services_.engine->SetHyperparameters(request->param_group(), *update, done);
+        (*model)->engine().SetHyperparameters(request->param_group(), *update, done);
       });
   if (!group.ok()) return ToGrpc(group.status());
   ToProto(*group, response->mutable_param_group());
@@ -117,16 +118,24 @@ grpc::Status ParameterServiceImpl::RegisterTensors(
 absl::Status ParameterServiceImpl::RegisterTensorsStatus(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kRegisterTensors); !s.ok()) return s;
+  Caller caller;
+  if (absl::Status s = services_.Admit(*context, Rpc::kRegisterTensors, &caller); !s.ok()) {
+    return s;
+  }
   const auto cancelled = [context] { return context->IsCancelled(); };
+  std::shared_ptr<Model> model;
   std::unique_ptr<Registration> registration;
   const auto first = [&](const v1::RegisterTensorsRequest& message) {
+    absl::StatusOr<std::shared_ptr<Model>> found =
+        services_.FindModel(caller, message.header().model(), *context);
+    if (!found.ok()) return found.status();
+    model = *std::move(found);
     std::vector<TensorSpec> specs;
     for (const v1::TensorSpec& p : message.header().tensors()) {
       specs.push_back({p.name(), {p.shape().begin(), p.shape().end()}, p.param_group()});
     }
     absl::StatusOr<std::unique_ptr<Registration>> begun =
-        Registration::Begin(services_.engine, services_.staging, services_.registration_gate,
+        Registration::Begin(&model->engine(), services_.staging, &model->registration_gate(),
                             specs, services_.window_bytes(), cancelled,
                             message.header().plan_hash());
     if (!begun.ok()) return begun.status();
@@ -141,6 +150,7 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
       !s.ok()) {
     return s;
   }
+  if (model->deleted()) return model->DeletedError();
   absl::StatusOr<RegistrationOutcome> outcome = registration->Commit();
   if (!outcome.ok()) return outcome.status();
   response->set_tensors_created(outcome->created);
@@ -163,12 +173,18 @@ grpc::Status ParameterServiceImpl::LoadState(grpc::ServerContext* context,
 absl::Status ParameterServiceImpl::LoadStateStatus(grpc::ServerContext* context,
                                                    grpc::ServerReader<v1::LoadStateRequest>* reader,
                                                    v1::LoadStateResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kLoadState); !s.ok()) return s;
+  Caller caller;
+  if (absl::Status s = services_.Admit(*context, Rpc::kLoadState, &caller); !s.ok()) return s;
   const auto cancelled = [context] { return context->IsCancelled(); };
+  std::shared_ptr<Model> model;
   std::unique_ptr<StateLoader> loader;
   const auto first = [&](const v1::LoadStateRequest& message) {
+    absl::StatusOr<std::shared_ptr<Model>> found =
+        services_.FindModel(caller, message.header().model(), *context);
+    if (!found.ok()) return found.status();
+    model = *std::move(found);
     absl::StatusOr<std::unique_ptr<StateLoader>> begun =
-        StateLoader::Begin(services_.engine, services_.staging, message.header(), cancelled);
+        StateLoader::Begin(&model->engine(), services_.staging, message.header(), cancelled);
     if (!begun.ok()) return begun.status();
     loader = *std::move(begun);
     return loader->AddChunks(message.chunks());
@@ -181,6 +197,7 @@ absl::Status ParameterServiceImpl::LoadStateStatus(grpc::ServerContext* context,
       !s.ok()) {
     return s;
   }
+  if (model->deleted()) return model->DeletedError();
   absl::StatusOr<uint64_t> version = loader->Commit();
   if (!version.ok()) return version.status();
   response->set_version(*version);
@@ -199,44 +216,42 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullParameters
 }
 
 grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext* context,
-                                           const v1::GetInfoRequest*,
+                                           const v1::GetInfoRequest* request,
                                            v1::GetInfoResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kGetInfo); !s.ok()) return ToGrpc(s);
-  std::shared_ptr<const ShardView> view = services_.engine->view();
-  response->set_version(services_.engine->version());
-  response->set_backend(services_.engine->backend_name());
-  response->set_device(services_.engine->device());
+  absl::StatusOr<std::shared_ptr<Model>> found =
+      services_.AdmitModel(*context, Rpc::kGetInfo, request->model());
+  if (!found.ok()) return ToGrpc(found.status());
+  const Model& model = **found;
+  const UpdateEngine& engine = model.engine();
+  std::shared_ptr<const ShardView> view = engine.view();
+  response->set_version(engine.version());
+  response->set_backend(engine.backend_name());
+  response->set_device(engine.device());
   response->set_tensor_count(view->tensor_count());
   response->set_parameter_count(view->parameter_count());
   for (const ParamGroupSpec& g : view->groups()) ToProto(g, response->add_param_groups());
   response->set_server_version(FUSEDPS_VERSION);
   response->set_max_message_bytes(services_.limits.max_message_bytes);
-  response->set_param_copy_dtype(static_cast<v1::DType>(services_.engine->param_copy_dtype()));
-  const ConsistencyOptions& c = services_.engine->consistency();
-  v1::Consistency* consistency = response->mutable_consistency();
-  consistency->set_mode(static_cast<v1::ConsistencyMode>(c.mode));
-  if (c.mode == ConsistencyMode::kSync) {
-    consistency->set_replicas_to_aggregate(c.replicas_to_aggregate);
-    consistency->set_total_replicas(c.total_replicas);
-    consistency->set_round_timeout_seconds(absl::ToDoubleSeconds(c.round_timeout));
-  }
-  if (c.mode == ConsistencyMode::kBounded) {
-    consistency->set_max_staleness(c.max_staleness);
-    consistency->set_staleness_lr_scaling(c.staleness_lr_scaling);
-  }
+  response->set_param_copy_dtype(static_cast<v1::DType>(engine.param_copy_dtype()));
+  ToProto(engine.consistency(), response->mutable_consistency());
   response->set_plan_hash(view->plan_hash());
+  response->set_model(model.name());
+  response->set_memory_bytes(model.memory_bytes());
+  uint64_t server_bytes = services_.staging_memory_bytes();
+  const std::vector<std::shared_ptr<Model>> models = services_.models->List();
+  for (const std::shared_ptr<Model>& m : models) server_bytes += m->memory_bytes();
+  response->set_server_memory_bytes(server_bytes);
+  response->set_model_count(static_cast<uint32_t>(models.size()));
   return grpc::Status::OK;
 }
 
 grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* context,
-                                              const v1::CheckpointRequest*,
+                                              const v1::CheckpointRequest* request,
                                               v1::CheckpointResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kCheckpoint); !s.ok()) return ToGrpc(s);
-  if (services_.checkpointer == nullptr) {
-    return ToGrpc(absl::FailedPreconditionError(
-        "the server has no --checkpoint-dir, so it cannot write a checkpoint"));
-  }
-  absl::StatusOr<checkpoint::CheckpointResult> result = services_.checkpointer->CheckpointNow();
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kCheckpoint, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
+  absl::StatusOr<checkpoint::CheckpointResult> result = (*model)->CheckpointNow();
   if (!result.ok()) return ToGrpc(result.status());
   response->set_version(result->version);
   response->set_path(result->path);
@@ -246,8 +261,10 @@ grpc::Status ParameterServiceImpl::Checkpoint(grpc::ServerContext* context,
 grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
                                                const v1::ListTensorsRequest* request,
                                                v1::ListTensorsResponse* response) {
-  if (absl::Status s = services_.Admit(*context, Rpc::kListTensors); !s.ok()) return ToGrpc(s);
-  std::shared_ptr<const ShardView> view = services_.engine->view();
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kListTensors, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
+  std::shared_ptr<const ShardView> view = (*model)->engine().view();
   uint32_t first = 0;
   if (!request->page_token().empty()) {
     absl::string_view token = request->page_token();
@@ -264,7 +281,7 @@ grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
   std::vector<uint32_t> indices;
   for (uint32_t t = first; t < end; ++t) indices.push_back(t);
   std::vector<int64_t> steps;
-  response->set_version(services_.engine->Steps(indices, &steps));
+  response->set_version((*model)->engine().Steps(indices, &steps));
   const uint64_t budget = services_.limits.max_message_bytes - kReplyMarginBytes;
   uint64_t bytes = 0;
   uint32_t next = first;
@@ -277,6 +294,65 @@ grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
     next = indices[i] + 1;
   }
   if (next < view->tensor_count()) response->set_next_page_token(absl::StrCat("t", next));
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::CreateModel(grpc::ServerContext* context,
+                                               const v1::CreateModelRequest* request,
+                                               v1::CreateModelResponse* response) {
+  Caller caller;
+  if (absl::Status s = services_.Admit(*context, Rpc::kCreateModel, &caller); !s.ok()) {
+    return ToGrpc(s);
+  }
+  if (absl::Status s = services_.authorizer->CheckModel(caller, request->name(), *context);
+      !s.ok()) {
+    return ToGrpc(s);
+  }
+  std::optional<ConsistencyOptions> consistency;
+  if (request->has_consistency()) {
+    absl::StatusOr<ConsistencyOptions> c = ConsistencyFromProto(request->consistency());
+    if (!c.ok()) return ToGrpc(c.status());
+    consistency = *c;
+  }
+  absl::StatusOr<ModelRegistry::Created> created =
+      services_.models->Create(request->name(), consistency);
+  if (!created.ok()) return ToGrpc(created.status());
+  response->set_created(created->created);
+  ToProto(*created->model, response->mutable_model());
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::ListModels(grpc::ServerContext* context,
+                                              const v1::ListModelsRequest*,
+                                              v1::ListModelsResponse* response) {
+  Caller caller;
+  if (absl::Status s = services_.Admit(*context, Rpc::kListModels, &caller); !s.ok()) {
+    return ToGrpc(s);
+  }
+  for (const std::shared_ptr<Model>& model : services_.models->List()) {
+    if (caller.MayReach(model->name())) ToProto(*model, response->add_models());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::DeleteModel(grpc::ServerContext* context,
+                                               const v1::DeleteModelRequest* request,
+                                               v1::DeleteModelResponse* response) {
+  Caller caller;
+  if (absl::Status s = services_.Admit(*context, Rpc::kDeleteModel, &caller); !s.ok()) {
+    return ToGrpc(s);
+  }
+  if (absl::Status s = services_.authorizer->CheckModel(caller, request->name(), *context);
+      !s.ok()) {
+    return ToGrpc(s);
+  }
+  const absl::Time deadline =
+      std::min(absl::FromChrono(context->deadline()), absl::Now() + absl::Seconds(10));
+  absl::StatusOr<ModelRegistry::Deleted> deleted =
+      services_.models->Delete(request->name(), deadline);
+  if (!deleted.ok()) return ToGrpc(deleted.status());
+  response->set_freed_bytes(deleted->freed_bytes);
+  response->set_memory_freed(deleted->memory_freed);
   return grpc::Status::OK;
 }
 

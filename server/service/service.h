@@ -8,6 +8,8 @@
 // Which thread does what:
 //   - PushGradients (raw) and PullParameters run on gRPC's callback API (push_reactor.h,
 //     pull_reactor.h): no gRPC thread waits for staging or for the device.
+//   - Every call about a shard first finds its model (models/model_registry.h; the request's
+//     `model`, empty for "default") and holds it until it is done.
 //   - GetInfo and ListTensors read the engine's view and progress: they never wait for a job or
 //     a kernel. They are synchronous, on gRPC's sync thread pool, so that they do not queue
 //     behind the pushes and pulls that the callback threads are busy copying.
@@ -58,6 +60,15 @@ class ParameterServiceImpl final : public ParameterServiceBase {
   grpc::Status LoadState(grpc::ServerContext* context,
                          grpc::ServerReader<v1::LoadStateRequest>* reader,
                          v1::LoadStateResponse* response) override;
+  // Models (models/model_registry.h). Create and delete block their handler's thread for the
+  // model's files (and a delete, for the calls that still hold the model, up to the call's
+  // deadline, or 10 s without one).
+  grpc::Status CreateModel(grpc::ServerContext* context, const v1::CreateModelRequest* request,
+                           v1::CreateModelResponse* response) override;
+  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* response) override;
+  grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
+                           v1::DeleteModelResponse* response) override;
 
  private:
   absl::Status RegisterTensorsStatus(grpc::ServerContext* context,

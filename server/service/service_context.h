@@ -1,5 +1,6 @@
 // service_context.h (server internal): what the gRPC handlers and reactors share. Everything
-// here is owned by the Server and outlives every call.
+// here is owned by the Server and outlives every call; a call's model (models/model.h) is found
+// in the registry and held by the call until it is done.
 #ifndef FUSEDPS_SERVER_SERVICE_SERVICE_CONTEXT_H_
 #define FUSEDPS_SERVER_SERVICE_SERVICE_CONTEXT_H_
 
@@ -7,22 +8,20 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
+#include <memory>
 
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
+#include "kernels/backend.h"
 #include "server/auth/authorizer.h"
 #include "server/engine/shard_fault.h"
-#include "server/engine/update_engine.h"
 #include "server/ingest/push_assembly.h"
 #include "server/ingest/staging_pool.h"
 #include "server/metrics/metrics.h"
+#include "server/models/model_registry.h"
 #include "server/service/call_watchdog.h"
-#include "server/store/retry_table.h"
 
 namespace fusedps {
-namespace checkpoint {
-class Checkpointer;
-}  // namespace checkpoint
 
 struct ServiceLimits {
   uint64_t max_message_bytes = 8 << 20;  // gRPC's max send and receive message size.
@@ -31,20 +30,17 @@ struct ServiceLimits {
 };
 
 struct ServiceContext {
-  UpdateEngine* engine;
+  ModelRegistry* models;
+  // The backend that owns the staging arena (and holds no model), for the server's memory.
+  const OptimizerBackend* arena_owner = nullptr;
   ShardFault* fault;
-  RetryTable* retries;
   StagingPool* staging;
   // The budget of snapshot memory (device memory on a GPU) that pulls larger than one window
   // read into, so that they are consistent at one version while steps go on.
   StagingPool* snapshot_budget;
   Metrics* metrics;
-  PushAssemblies* assemblies;
   CallWatchdog* watchdog;
-  std::timed_mutex* registration_gate;  // One registration at a time.
-  // Checkpoints on demand (the Checkpoint RPC); null without --checkpoint-dir.
-  checkpoint::Checkpointer* checkpointer = nullptr;
-  // True while the server restores a checkpoint at start: every call is UNAVAILABLE.
+  // True while the server restores its checkpoints at start: every call is UNAVAILABLE.
   const std::atomic<bool>* restoring = nullptr;
   // Who may call what (server/auth/authorizer.h); it admits anyone when authentication is off.
   const Authorizer* authorizer;
@@ -52,7 +48,10 @@ struct ServiceContext {
   const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;
 
-  IngestServices ingest() const { return {engine, staging, metrics, assemblies}; }
+  // The ingest services of a call about `model` (which the pushes then hold).
+  IngestServices ingest(const std::shared_ptr<Model>& model) const {
+    return {&model->engine(), staging, metrics, &model->assemblies(), model};
+  }
 
   // OK when a call of `rpc` may proceed. First who calls: UNAUTHENTICATED or
   // PERMISSION_DENIED (Authorizer::Authorize); then the shard: UNAVAILABLE while restoring,
@@ -66,6 +65,39 @@ struct ServiceContext {
       return absl::UnavailableError("the server is restoring its checkpoint; try again soon");
     }
     return fault->status();
+  }
+
+  // The model a call names (empty: "default"), once `caller` may reach it. Errors:
+  // PERMISSION_DENIED (Authorizer::CheckModel), INVALID_ARGUMENT for a malformed name,
+  // NOT_FOUND for a model that does not exist (ModelRegistry::Find).
+  absl::StatusOr<std::shared_ptr<Model>> FindModel(const Caller& caller, absl::string_view name,
+                                                   const grpc::ServerContextBase& context) const {
+    if (absl::Status s = authorizer->CheckModel(caller, name.empty() ? kDefaultModel : name,
+                                                context);
+        !s.ok()) {
+      return s;
+    }
+    return models->Find(name);
+  }
+
+  // Admit, then FindModel: the checks every call about one model begins with.
+  absl::StatusOr<std::shared_ptr<Model>> AdmitModel(const grpc::ServerContextBase& context,
+                                                    Rpc rpc, absl::string_view name,
+                                                    Caller* caller = nullptr) const {
+    Caller who;
+    if (absl::Status s = Admit(context, rpc, &who); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<Model>> model = FindModel(who, name, context);
+    if (caller != nullptr) *caller = std::move(who);
+    return model;
+  }
+
+  // The memory the server holds beside its models' (the staging arena's device mirror).
+  uint64_t staging_memory_bytes() const {
+    uint64_t bytes = 0;
+    if (arena_owner != nullptr) {
+      for (const auto& [kind, b] : arena_owner->memory_bytes()) bytes += b;
+    }
+    return bytes;
   }
 
   // The staging one pull or registration may hold at a time: the configured window, but never

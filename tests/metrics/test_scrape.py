@@ -94,7 +94,7 @@ def test_metrics_pass_promtool_and_match_the_workload():
     assert len(applied) == 8
     assert m.value("fusedps_optimizer_steps_total") == len(applied)
     assert m.value("fusedps_optimizer_steps_skipped_total", reason="non_finite_grad") == 1
-    assert m.value("fusedps_model_version") == applied[-1].version == pulled.version == 8
+    assert m.value("fusedps_model_version", model="default") == applied[-1].version == pulled.version == 8
     assert info.version == 8
 
     assert m.value("fusedps_push_requests_total", code="OK") == len(ok_pushes)
@@ -135,7 +135,7 @@ def test_metrics_pass_promtool_and_match_the_workload():
 
     # The CPU backend makes one parallel pass per applied step (skips and retries make none).
     assert m.value("fusedps_kernel_launches_total", kernel="cpu_adamw_apply") == len(applied)
-    assert m.value("fusedps_parameters") == numel
+    assert m.value("fusedps_parameters", model="default") == numel
     for kind in ("params", "exp_avg", "exp_avg_sq"):
         assert m.value("fusedps_device_memory_bytes", kind=kind) >= numel * 4, kind
     assert m.value("fusedps_device_memory_bytes", kind="max_exp_avg_sq") == 0  # No amsgrad.

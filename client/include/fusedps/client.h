@@ -99,6 +99,10 @@ enum class WeightDecayMode : uint8_t {
 };
 
 struct ClientOptions {
+  // The model (a server namespace, docs/api.md "Models") every call of this client is about;
+  // empty: "default", the model every server has. It must exist on the server (CreateModel),
+  // else calls fail with NOT_FOUND naming it.
+  std::string model;
   // Payload bytes of tensor data per request message. Tensors larger than this are split across
   // messages; small tensors share one. A message adds at most 64 KiB of tensor names and framing
   // to its payload, and the first message of a call may also carry the call's header when that
@@ -334,6 +338,33 @@ struct ServerInfo {
   std::optional<DType> param_copy_dtype;  // The low-precision copy kept for pulls, if any.
   Consistency consistency;
   std::string plan_hash;  // The plan hash of the server's shard; empty when it has none.
+  // The fields above but the server's (backend, device, server_version, max_message_bytes,
+  // param_copy_dtype) are the client's model's.
+  std::string model;
+  uint64_t memory_bytes = 0;         // Device memory the model holds.
+  uint64_t server_memory_bytes = 0;  // Device memory the whole server holds.
+  uint32_t model_count = 0;          // Models on the server.
+};
+
+// A model on a server (ListModels, CreateModel).
+struct ModelInfo {
+  std::string name;
+  uint64_t version = 0;
+  uint32_t tensor_count = 0;
+  uint64_t parameter_count = 0;
+  Consistency consistency;
+  uint64_t memory_bytes = 0;  // Device memory it holds.
+  std::string plan_hash;
+};
+
+struct CreateModelResult {
+  bool created = false;  // False: it existed with the same consistency (a no-op).
+  ModelInfo model;
+};
+
+struct DeleteModelResult {
+  uint64_t freed_bytes = 0;   // The device memory the model held.
+  bool memory_freed = false;  // False: calls in flight still held it; freed once they are done.
 };
 
 // The size of a tensor that a PushTransaction sends.
@@ -537,8 +568,23 @@ class Client {
   absl::StatusOr<PullIntoResult> PullInto(const PullOptions& options,
                                           absl::Span<const PullTarget> targets, int stream = 0);
 
-  // Describes the server: version, backend, device, sizes and param groups.
+  // Describes the server and this client's model: version, backend, device, sizes and param
+  // groups.
   absl::StatusOr<ServerInfo> GetInfo();
+
+  // Models (server namespaces; the proto's CreateModel, ListModels, DeleteModel). These name
+  // their model; the client's own (ClientOptions::model) is not implied.
+  // Creates an empty model, with `consistency` (its mode empty: the server's flags). Idempotent
+  // for a model of the same consistency. Errors: INVALID_ARGUMENT for a bad name or
+  // consistency; ALREADY_EXISTS for a model of another consistency; PERMISSION_DENIED unless
+  // admin (of that model).
+  absl::StatusOr<CreateModelResult> CreateModel(const std::string& name,
+                                                const Consistency& consistency = {});
+  // The models the caller may reach, by name.
+  absl::StatusOr<std::vector<ModelInfo>> ListModels();
+  // Deletes a model, its device memory and its checkpoints (deleting "default" empties it).
+  // Errors: NOT_FOUND; PERMISSION_DENIED unless admin (of that model).
+  absl::StatusOr<DeleteModelResult> DeleteModel(const std::string& name);
 
   // Lists every tensor with its shape, group and step. The server returns a large shard in
   // pages (as many tensors as fit in one reply each); this asks for page after page, each a

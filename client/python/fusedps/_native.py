@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 6  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 7  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -46,7 +46,8 @@ class _ClientOptions(ctypes.Structure):
                 ("timeout_seconds", ctypes.c_double),
                 ("min_bytes_per_second", ctypes.c_double), ("tls", ctypes.c_int32),
                 ("tls_ca_file", ctypes.c_char_p), ("tls_cert_file", ctypes.c_char_p),
-                ("tls_key_file", ctypes.c_char_p), ("token", ctypes.c_char_p)]
+                ("tls_key_file", ctypes.c_char_p), ("token", ctypes.c_char_p),
+                ("model", ctypes.c_char_p)]
 
 
 class _PushHeader(ctypes.Structure):
@@ -180,7 +181,8 @@ class NativeClient:
     def __init__(self, target: str, *, streams: int, max_chunk_bytes: int,
                  timeout: Optional[float], min_bytes_per_second: float, tls: bool = False,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
-                 tls_key: Optional[str] = None, token: Optional[str] = None):
+                 tls_key: Optional[str] = None, token: Optional[str] = None,
+                 model: str = ""):
         lib = library()
         if lib is None:
             raise RuntimeError(f"the native transport is not available: {load_error()}")
@@ -193,7 +195,8 @@ class NativeClient:
                                  -1.0 if timeout is None else float(timeout),
                                  float(min_bytes_per_second), 1 if tls else 0,
                                  c_string(tls_ca), c_string(tls_cert), c_string(tls_key),
-                                 None if token is None else token.encode("utf-8"))
+                                 None if token is None else token.encode("utf-8"),
+                                 model.encode("utf-8"))
         error = _Error()
         handle = lib.fusedps_client_create(target.encode("utf-8"), ctypes.byref(options),
                                            ctypes.byref(error))
