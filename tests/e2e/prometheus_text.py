@@ -18,7 +18,7 @@ class Samples(dict):
         """The value of the one series with exactly these labels; KeyError when absent."""
         key = (name, frozenset(labels.items()))
         if key not in self:
-            have = sorted(dict(k[1]) for k in self if k[0] == name)
+            have = sorted((dict(k[1]) for k in self if k[0] == name), key=lambda d: sorted(d.items()))
             raise KeyError(f"no sample {name}{labels}; series of {name}: {have}")
         return self[key]
 

@@ -111,3 +111,30 @@ def test_list_shows_how_each_tensor_is_stored(client, server_target):
     listed = {t.name: (t.params_dtype, t.state_dtype) for t in client.list_tensors()}
     for name, (params, state, _) in expected.items():
         assert listed[name] == (params, state), name
+
+
+def test_models_commands_create_list_describe_delete(server_target):
+    """`fusedps models ...` and `--model`: a model created with its own consistency, listed,
+    described, used by another command, deleted; usage errors exit 2, a missing model 1."""
+    def cli(*args, check=True):
+        return subprocess.run([CLI, f"--target={server_target}", *args], check=check,
+                              capture_output=True, text=True, timeout=60)
+
+    out = cli("models", "create", "cli-job", "--mode=bounded", "--max-staleness=4").stdout
+    assert out.startswith("created\n") and "bounded (max staleness 4)" in out, out
+    assert cli("models", "create", "cli-job").stdout.startswith("exists already")
+    cli("register", "--model=cli-job", "--shapes=w:4x4")
+    listed = cli("models", "list").stdout.splitlines()
+    row = next(line.split() for line in listed if line.startswith("cli-job "))
+    assert row[1:4] == ["0", "1", "16"], listed  # version, tensors, params
+    assert int(row[4]) > 0  # memory_bytes
+    described = cli("models", "describe", "cli-job").stdout
+    assert "tensors      1" in described and "params       16" in described, described
+    info = cli("info", "--model=cli-job").stdout
+    assert "model        cli-job" in info and "tensors      1" in info, info
+    out = cli("models", "delete", "cli-job").stdout
+    assert out.startswith("deleted model cli-job:") and "freed" in out, out
+    gone = cli("info", "--model=cli-job", check=False)
+    assert gone.returncode == 1 and "NOT_FOUND" in gone.stderr and "cli-job" in gone.stderr
+    usage = cli("models", "delete", check=False)
+    assert usage.returncode == 2 and "usage: fusedps models" in usage.stderr, usage.stderr

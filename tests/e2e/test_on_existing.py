@@ -4,7 +4,9 @@ The second run's RemoteAdamW finds the first run's tensors on the server. With t
 on_existing="error" it raises fusedps.errors.AlreadyExists before writing anything, naming the
 server, its version, how many of the model's tensors it holds and what each choice does; with
 on_existing="resume" it continues from the server's values (pulled into the model) and logs
-the version it resumed from. On one server and on a sharded pair, whole tensors or cut ones.
+the version it resumed from; with on_existing="replace" it deletes the server's model and starts
+over. On one server and on a sharded pair, whole tensors or cut ones. Runs under models of their
+own (model=) never meet.
 """
 
 from __future__ import annotations
@@ -139,8 +141,47 @@ def test_a_fresh_server_is_no_concern_of_on_existing(server_target):
         run_script(1, targets=server_target, prefix=f"fresh-{choice}/", on_existing=choice)
 
 
-@pytest.mark.parametrize("value", ["replace", "Error", None, True])
+@pytest.mark.parametrize("value", ["Replace", "Error", None, True])
 def test_an_unknown_on_existing_is_a_value_error_naming_the_choices(value):
-    with pytest.raises(ValueError, match="on_existing must be one of 'error', 'resume'"):
+    with pytest.raises(ValueError,
+                       match="on_existing must be one of 'error', 'resume', 'replace'"):
         RemoteAdamW(_model(0).named_parameters(), targets="127.0.0.1:1", connect_timeout=None,
                     on_existing=value)
+
+
+def _torch_run(seed: int):
+    """The script with torch.optim.AdamW: what a fresh run through fusedps must match."""
+    model = _model(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+    return model
+
+
+def test_replace_deletes_the_servers_model_and_starts_over(server_target, caplog):
+    run_script(1, targets=server_target, model="job-replace")
+    with caplog.at_level(logging.INFO, logger="fusedps.torch"):
+        model, _, state = run_script(2, targets=server_target, model="job-replace",
+                                     on_existing="replace")
+    assert "deleted and starts over" in caplog.text
+    reference = _torch_run(2)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    assert all(s["step"] == STEPS for s in state["state"].values())
+    with fusedps.Client(server_target, model="job-replace") as client:
+        assert client.info().version == STEPS  # The first run's steps are gone.
+
+
+def test_runs_under_models_of_their_own_never_meet(server_target):
+    """The same script twice, each run in a model of its own: no AlreadyExists, and each
+    matches a fresh torch run."""
+    run_script(1, targets=server_target, model="job-one")
+    model, _, _ = run_script(2, targets=server_target, model="job-two")
+    reference = _torch_run(2)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    with fusedps.Client(server_target) as client:
+        names = {m.name for m in client.list_models()}
+        assert {"default", "job-one", "job-two"} <= names

@@ -21,8 +21,8 @@ from fusedps.client import Client
 from fusedps.errors import FusedPSError
 from fusedps._push_transaction import PushTransaction
 from fusedps.plan import PlanSlice, ShardPlan, make_plan
-from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
-                             ServerInfo, TensorInfo, TensorList)
+from fusedps.results import (Consistency, ModelDeleted, ModelInfo, ParamGroup, PulledTensors,
+                             PushResult, RegisterResult, ServerInfo, TensorInfo, TensorList)
 from fusedps.sharded import PulledShards, ShardedClient, ShardedPushResult
 
 __version__ = "0.2.0"
@@ -43,6 +43,8 @@ __all__ = [
     "Client",
     "Consistency",
     "FusedPSError",
+    "ModelDeleted",
+    "ModelInfo",
     "ParamGroup",
     "PlanSlice",
     "PulledShards",

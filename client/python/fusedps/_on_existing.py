@@ -19,7 +19,7 @@ from fusedps import errors
 from fusedps.sharded import ShardedClient
 
 # The values RemoteAdamW(on_existing=...) takes; "error" is the default.
-ON_EXISTING = ("error", "resume")
+ON_EXISTING = ("error", "resume", "replace")
 
 # A slice of a cut tensor on a shard: "name[begin:end]" (fusedps.plan, docs/sharding.md).
 _SLICE_NAME = re.compile(r"^(.*)\[\d+:\d+\]$")
@@ -46,6 +46,7 @@ class Existing:
     versions: Tuple[int, ...]
     found: Tuple[str, ...]
     total: int
+    model: str = "default"
 
     def where(self) -> str:
         """"the server at T (version V) holds", or the servers' list and "hold"."""
@@ -76,7 +77,9 @@ def find_existing(client: Any, names: Sequence[str]) -> Existing:
             if match:
                 held.add(match.group(1))
     found = tuple(n for n in names if n in held)
-    return Existing(targets, tuple(int(l.version) for l in listings), found, len(names))
+    model = client.clients[0].model if isinstance(client, ShardedClient) else client.model
+    return Existing(targets, tuple(int(l.version) for l in listings), found, len(names),
+                    model or "default")
 
 
 def existing_error(existing: Existing) -> errors.AlreadyExists:
@@ -89,20 +92,33 @@ def existing_error(existing: Existing) -> errors.AlreadyExists:
         f"already ({shown}), from an earlier run or another job. "
         "RemoteAdamW(on_existing=...) says what to do: 'error' (the default) raises this; "
         "'resume' continues from the server's values and optimizer state, which are pulled "
-        "into the model (a restarted trainer, a trainer joining a sync job); 'replace', which "
-        "will delete the server's copy and start over, is not available yet: to start over, "
-        "use another prefix= or a server restarted without its checkpoints.")
+        "into the model (a restarted trainer, a trainer joining a sync job); 'replace' deletes "
+        f"the server's model {existing.model!r} (every tensor in it, its state and its "
+        "checkpoints) and starts over from the local values.")
 
 
 def check(client: Any, names: Sequence[str], on_existing: str, logger: logging.Logger) -> None:
-    """RemoteAdamW's check, before anything is registered: AlreadyExists when the server(s)
-    hold some of ``names`` and on_existing is "error"; with "resume", logs (INFO, on
-    ``logger``) the version it resumes from."""
+    """RemoteAdamW's check, before anything is registered. The client's model is created first
+    when it is not "default" (idempotent: an existing one is kept, whatever its consistency).
+    Then, when the server(s) hold some of ``names``: AlreadyExists with on_existing "error";
+    with "resume", logs (INFO, on ``logger``) the version it resumes from; with "replace",
+    deletes the model on every server (and makes it again, empty) and logs it."""
+    model = client.clients[0].model if isinstance(client, ShardedClient) else client.model
+    if model not in ("", "default"):
+        client.create_model(model)
     existing = find_existing(client, names)
     if not existing.found:
         return
     if on_existing == "error":
         raise existing_error(existing)
+    if on_existing == "replace":
+        client.delete_model(existing.model)
+        if existing.model != "default":
+            client.create_model(existing.model)
+        logger.info("RemoteAdamW replaces: %s %d of this model's %d tensors; model %r was "
+                    "deleted and starts over", existing.where(), len(existing.found),
+                    existing.total, existing.model)
+        return
     logger.info("RemoteAdamW resumes: %s %d of this model's %d tensors, whose values and "
                 "optimizer state it continues from", existing.where(), len(existing.found),
                 existing.total)

@@ -262,7 +262,7 @@ def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_vers
     header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
                            grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
                            base_version=base_version, tensors=names, plan_hash=plan_hash,
-                           commit_at_end=True)
+                           commit_at_end=True, model=client.model)
     impl = GrpcioTransactionImpl(client._pusher._calls, header, names, itemsize,
                                  client.max_chunk_bytes, client.timeout)
     return PushTransaction(impl, tensors, itemsize)

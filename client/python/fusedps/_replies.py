@@ -159,19 +159,20 @@ class PullAssembler:
 
 
 def list_pages(fetch_page: Callable[["pb.ListTensorsRequest"], "pb.ListTensorsResponse"],
-               page_size: int = 0) -> Tuple[int, List["pb.TensorInfo"]]:
+               page_size: int = 0, model: str = "") -> Tuple[int, List["pb.TensorInfo"]]:
     """Every tensor of a ListTensors listing, page after page.
 
     Args:
       fetch_page: makes one ListTensors call (each with a deadline of its own).
       page_size: tensors per page to ask for; 0: as many as fit in one reply.
+      model: the model listed ("": "default").
 
     Returns:
       (the version of the first page, every TensorInfo in the server's order).
     Raises:
       RuntimeError: the server repeated a page token (a listing that would never end).
     """
-    request = pb.ListTensorsRequest(page_size=page_size)
+    request = pb.ListTensorsRequest(page_size=page_size, model=model)
     version: Optional[int] = None
     infos: List[pb.TensorInfo] = []
     while True:
@@ -184,5 +185,5 @@ def list_pages(fetch_page: Callable[["pb.ListTensorsRequest"], "pb.ListTensorsRe
         if response.next_page_token == request.page_token:
             raise RuntimeError(f"ListTensors reply repeats its page token after "
                                f"{len(infos)} tensors")
-        request = pb.ListTensorsRequest(page_size=page_size,
+        request = pb.ListTensorsRequest(page_size=page_size, model=model,
                                         page_token=response.next_page_token)

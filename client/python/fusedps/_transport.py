@@ -110,7 +110,7 @@ class GrpcioPusher:
 
 def pull(stub, names: Sequence[str], wire: str, field: int, destinations: Mapping[str, object],
          *, max_chunk_bytes: int, timeout: Optional[float],
-         min_bytes_per_second: float) -> PulledTensors:
+         min_bytes_per_second: float, model: str = "") -> PulledTensors:
     """One PullParameters call of ``names`` (one field, ``wire`` dtype). Tensors named in
     ``destinations`` (name -> (1-D wire-dtype numpy view of the caller's tensor, its shape))
     are decoded straight into them; the others into new CPU tensors. The call's deadline grows
@@ -122,7 +122,7 @@ def pull(stub, names: Sequence[str], wire: str, field: int, destinations: Mappin
       cancelled).
     """
     request = pb.PullParametersRequest(
-        tensors=names, dtype=_replies._WIRE_TO_PB[wire], field=field,
+        tensors=names, dtype=_replies._WIRE_TO_PB[wire], field=field, model=model,
         max_chunk_bytes=min(max_chunk_bytes, _MAX_PULL_CHUNK_BYTES))
     assembler = _replies.PullAssembler(wire, destinations)
     call = stub.PullParameters(request)

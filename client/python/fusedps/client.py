@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Seque
 
 import grpc
 
-from fusedps import (_chunks, _connect, _deadlines, _native, _push_transaction, _replies,
+from fusedps import (_chunks, _connect, _deadlines, _models, _native, _push_transaction, _replies,
                      _security, _transport, errors)
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
                                _named_tensors, checked_group_hyperparameters, checked_states)
-from fusedps.results import (Consistency, ParamGroup, PulledTensors, PushResult, RegisterResult,
-                             ServerInfo, TensorInfo, TensorList)
+from fusedps.results import (Consistency, ModelDeleted, ModelInfo, ParamGroup, PulledTensors,
+                             PushResult, RegisterResult, ServerInfo, TensorInfo, TensorList)
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -145,6 +145,9 @@ class Client:
         the clear without TLS.
       token_file: path of a file holding the token (surrounding whitespace ignored; e.g. a
         mounted Kubernetes Secret), read once here. Exclusive with ``token``.
+      model: the model (a server namespace; docs/api.md, "Models") every call of this client
+        is about; "" (default): "default", the model every server has. It must exist on the
+        server (create_model), else calls raise fusedps.errors.NotFound naming it.
       allow_version_regression: False (default): a pull that finds the server's version below
         the highest this client has pulled (the server was restored from a checkpoint and the
         steps after it are lost) raises fusedps.errors.VersionRegression, after the pull.
@@ -176,7 +179,7 @@ class Client:
                  transport: str = "auto", tls: bool = False, tls_ca: Optional[str] = None,
                  tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
                  token: Optional[str] = None, token_file: Optional[str] = None,
-                 allow_version_regression: bool = False):
+                 model: str = "", allow_version_regression: bool = False):
         if int(max_chunk_bytes) < _chunks.MIN_MESSAGE_BYTES:
             raise ValueError(
                 f"max_chunk_bytes must be >= {_chunks.MIN_MESSAGE_BYTES}, got {max_chunk_bytes}")
@@ -195,6 +198,7 @@ class Client:
         self.target = target if channel is not None else _connect.check_target(target)
         self.max_chunk_bytes = int(max_chunk_bytes)
         self.client_id = client_id
+        self.model = str(model)
         self.timeout = timeout
         self.min_bytes_per_second = min_bytes_per_second
         self._owns_channel = channel is None
@@ -231,7 +235,8 @@ class Client:
             self._native = _native.NativeClient(
                 target, streams=self.streams, max_chunk_bytes=self.max_chunk_bytes,
                 timeout=timeout, min_bytes_per_second=min_bytes_per_second, tls=security.tls,
-                tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=security.token)
+                tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=security.token,
+                model=self.model)
             self._pusher = None
         else:
             # Channels beyond the first, each its own connection (a local subchannel pool).
@@ -278,8 +283,8 @@ class Client:
         """
         deadline = time.monotonic() + timeout
         _connect.wait_answering(
-            self.target, lambda seconds: self._stub.GetInfo(pb.GetInfoRequest(),
-                                                            timeout=seconds), timeout)
+            self.target, lambda seconds: self._stub.ListModels(pb.ListModelsRequest(),
+                                                               timeout=seconds), timeout)
         try:
             for channel in self._extra_channels:
                 grpc.channel_ready_future(channel).result(
@@ -333,7 +338,7 @@ class Client:
         hyperparameters = checked_group_hyperparameters(
             lr, betas, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay,
             state_dtype, params_dtype, rounding_seed)
-        req = pb.RegisterParamGroupRequest(param_group=pb.ParamGroup(
+        req = pb.RegisterParamGroupRequest(model=self.model, param_group=pb.ParamGroup(
             name=name, hyperparameters=hyperparameters))
         resp = self._stub.RegisterParamGroup(req, timeout=self._timeout())
         return ParamGroup._from_pb(resp.param_group)
@@ -355,6 +360,7 @@ class Client:
           FusedPSError: NOT_FOUND for an unknown group, INVALID_ARGUMENT for bad values.
         """
         req = pb.SetHyperparametersRequest(
+            model=self.model,
             param_group=group,
             hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, None, maximize,
                                              decoupled_weight_decay))
@@ -405,7 +411,7 @@ class Client:
 
             def requests(batch=batch, batch_items=batch_items):
                 yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(
-                    tensors=batch, plan_hash=plan_hash)).SerializeToString()
+                    tensors=batch, plan_hash=plan_hash, model=self.model)).SerializeToString()
                 yield from _chunks.chunk_messages(batch_items, "float32", self.max_chunk_bytes)
 
             resp = self._register_tensors(requests(), timeout=self._timeout(payload))
@@ -504,6 +510,7 @@ class Client:
             base_version=self.last_pulled_version if base_version is None else int(base_version),
             tensors=names,  # always explicit: an empty list would mean "every tensor"
             plan_hash=plan_hash,
+            model=self.model,
         )
         if grad_scale is not None:
             header.grad_scale = grad_scale
@@ -700,7 +707,7 @@ class Client:
         """
         int_steps = checked_states(states, steps)
         by_field: Dict[str, List[Tuple[str, "torch.Tensor"]]] = {f: [] for f in _FIELDS}
-        header = pb.LoadStateHeader(plan_hash=plan_hash)
+        header = pb.LoadStateHeader(plan_hash=plan_hash, model=self.model)
         payload = 0
         for name, fields in states.items():
             state = header.tensors.add(name=name, step=int_steps[name])
@@ -719,8 +726,9 @@ class Client:
         return int(self._load_state(requests(), timeout=self._timeout(payload)).version)
 
     def info(self) -> ServerInfo:
-        """Server facts: version, backend, device, counts, param groups, limits (ServerInfo)."""
-        r = self._stub.GetInfo(pb.GetInfoRequest(), timeout=self._timeout())
+        """Server and model facts: version, backend, device, counts, param groups, limits,
+        memory (ServerInfo)."""
+        r = self._stub.GetInfo(pb.GetInfoRequest(model=self.model), timeout=self._timeout())
         return ServerInfo(
             version=int(r.version), backend=r.backend, device=r.device,
             tensor_count=int(r.tensor_count), parameter_count=int(r.parameter_count),
@@ -729,7 +737,45 @@ class Client:
             param_copy_dtype=_PB_TO_DTYPE.get(r.param_copy_dtype),
             consistency=(Consistency._from_pb(r.consistency) if r.HasField("consistency")
                          else None),
-            plan_hash=r.plan_hash)
+            plan_hash=r.plan_hash, model=r.model, memory_bytes=int(r.memory_bytes),
+            server_memory_bytes=int(r.server_memory_bytes), model_count=int(r.model_count))
+
+    def create_model(self, name: str, *, mode: Optional[str] = None,
+                     replicas_to_aggregate: int = 1, total_replicas: int = 1,
+                     round_timeout_seconds: float = 30.0, max_staleness: int = 0,
+                     staleness_lr_scaling: bool = False) -> Tuple[bool, ModelInfo]:
+        """Creates an empty model ``name`` on the server (docs/api.md, "Models"), with a
+        consistency mode of its own ("async", "sync", "bounded", with the options of
+        docs/consistency.md), or the server's flags' for mode None. Returns (created, its
+        ModelInfo); created is False when it existed with the same consistency (a no-op, so
+        that every trainer of a job may create it). Not implied by ``model``.
+
+        Raises:
+          ValueError: an unknown mode.
+          fusedps.errors.InvalidArgument: a bad name (1-64 of [a-z0-9._-]) or consistency.
+          fusedps.errors.AlreadyExists: the model exists with another consistency.
+          fusedps.errors.PermissionDenied: a token that is not admin (of that model).
+        """
+        consistency = _models.consistency_request(mode, replicas_to_aggregate, total_replicas,
+                                                  round_timeout_seconds, max_staleness,
+                                                  staleness_lr_scaling)
+        return _models.create(self._stub, name, consistency, self._timeout())
+
+    def list_models(self) -> List[ModelInfo]:
+        """The server's models that this client's token may reach, by name (ModelInfo)."""
+        return _models.list_all(self._stub, self._timeout())
+
+    def delete_model(self, name: str, timeout: Optional[float] = 60.0) -> ModelDeleted:
+        """Deletes model ``name``: its tensors, state, device memory and checkpoints, durably
+        (a restart does not bring it back). Calls naming it then raise NotFound; deleting
+        "default" empties it. Waits up to ``timeout`` seconds for calls in flight to let go of
+        the model's memory (ModelDeleted.memory_freed says whether they did).
+
+        Raises:
+          fusedps.errors.NotFound: no such model.
+          fusedps.errors.PermissionDenied: a token that is not admin (of that model).
+        """
+        return _models.delete(self._stub, name, timeout)
 
     def checkpoint(self, timeout: Optional[float] = 600.0) -> Tuple[int, str]:
         """Has the server write a checkpoint holding every push acknowledged before this call,
@@ -740,7 +786,7 @@ class Client:
           FusedPSError: FAILED_PRECONDITION (the server has no --checkpoint-dir),
             RESOURCE_EXHAUSTED (its disk is full), UNAVAILABLE, DEADLINE_EXCEEDED.
         """
-        r = self._stub.Checkpoint(pb.CheckpointRequest(), timeout=timeout)
+        r = self._stub.Checkpoint(pb.CheckpointRequest(model=self.model), timeout=timeout)
         return int(r.version), r.path
 
     def list_tensors(self) -> TensorList:
@@ -752,7 +798,8 @@ class Client:
           RuntimeError: the server repeated a page token (a listing that would never end).
         """
         version, infos = _replies.list_pages(
-            lambda request: self._stub.ListTensors(request, timeout=self._timeout()))
+            lambda request: self._stub.ListTensors(request, timeout=self._timeout()),
+            model=self.model)
         return TensorList((TensorInfo._from_pb(t) for t in infos), version)
 
     # -- internals ------------------------------------------------------------------------------
@@ -810,7 +857,7 @@ class Client:
                     and t.dtype == _chunks.torch_dtype(wire)):
                 direct[name] = (_chunks.tensor_as_wire_array(t.detach().view(-1), wire),
                                 tuple(t.shape))
-        out = _transport.pull(self._stub, names, wire, field, direct,
+        out = _transport.pull(self._stub, names, wire, field, direct, model=self.model,
                               max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
                               min_bytes_per_second=self.min_bytes_per_second)
         with torch.no_grad():

@@ -218,6 +218,11 @@ class ServerInfo:
         the params for pulls, else None.
       consistency: the shard's Consistency, or None from a server that does not report it.
       plan_hash: the hash of the sharding plan the shard belongs to ("" when unsharded).
+      model: the model these facts are about (the client's; the fields above but backend,
+        device, server_version, max_message_bytes and param_copy_dtype are the model's).
+      memory_bytes: device memory the model holds (host memory on the CPU backend), in bytes.
+      server_memory_bytes: device memory the whole server holds (every model and the staging).
+      model_count: models on the server.
     """
 
     version: int
@@ -231,3 +236,37 @@ class ServerInfo:
     param_copy_dtype: Optional[str]
     consistency: Optional[Consistency] = None
     plan_hash: str = ""
+    model: str = ""
+    memory_bytes: int = 0
+    server_memory_bytes: int = 0
+    model_count: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model on a server (ListModels, CreateModel): its name, version, tensor_count,
+    parameter_count, consistency (Consistency), memory_bytes (device memory it holds) and
+    plan_hash ("" when unsharded)."""
+
+    name: str
+    version: int
+    tensor_count: int
+    parameter_count: int
+    consistency: Consistency
+    memory_bytes: int
+    plan_hash: str
+
+    @classmethod
+    def _from_pb(cls, m: "pb.ModelInfo") -> "ModelInfo":
+        return cls(m.name, int(m.version), int(m.tensor_count), int(m.parameter_count),
+                   Consistency._from_pb(m.consistency), int(m.memory_bytes), m.plan_hash)
+
+
+@dataclass(frozen=True)
+class ModelDeleted:
+    """What delete_model freed: freed_bytes (the device memory the model held) and
+    memory_freed (False when calls in flight still held the model at the deadline: its memory
+    is freed once they are done)."""
+
+    freed_bytes: int
+    memory_freed: bool

@@ -33,7 +33,8 @@ from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _named_tensors,
                                checked_group_hyperparameters, checked_states)
 from fusedps.client import Client
-from fusedps.results import ParamGroup, PushResult, RegisterResult, ServerInfo
+from fusedps.results import (ModelDeleted, ModelInfo, ParamGroup, PushResult, RegisterResult,
+                             ServerInfo)
 from fusedps.plan import DEFAULT_SLICE_ELEMENTS, PlanSlice, ShardPlan, make_plan
 
 if TYPE_CHECKING:
@@ -98,8 +99,9 @@ class ShardedClient:
       client_id: client id of every push (the same on every shard; "" disables retry
         detection; sync mode needs one).
       client_kwargs: passed to each fusedps.Client (max_chunk_bytes, timeout, options,
-        streams, transport, and the security options tls, tls_ca, tls_cert, tls_key, token,
-        token_file, ...): the same for every shard, so the shards share one CA and one token
+        streams, transport, model, and the security options tls, tls_ca, tls_cert, tls_key,
+        token, token_file, ...): the same for every shard (a model has one name on every
+        shard, each shard holding its slices), so the shards share one CA and one token
         file (with --auth-tokens, ``client_id`` must be the token's principal on each).
 
     Methods that talk to the servers call them all at once, one thread per shard, and wait for
@@ -405,6 +407,21 @@ class ShardedClient:
     def versions(self) -> List[int]:
         """Each shard's current version."""
         return [i.version for i in self.info()]
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def create_model(self, name: str, **consistency) -> List[Tuple[bool, ModelInfo]]:
+        """Client.create_model on every shard: (created, ModelInfo) of each."""
+        return self._fan_out(lambda i, c: c.create_model(name, **consistency))
+
+    def list_models(self) -> List[List[ModelInfo]]:
+        """Client.list_models of each shard."""
+        return self._fan_out(lambda i, c: c.list_models())
+
+    def delete_model(self, name: str, timeout: Optional[float] = 60.0) -> List[ModelDeleted]:
+        """Client.delete_model on every shard (each is tried; the lowest shard's error is
+        raised after all have ended)."""
+        return self._fan_out(lambda i, c: c.delete_model(name, timeout))
 
     # -- internals ------------------------------------------------------------------------------
 

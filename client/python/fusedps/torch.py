@@ -149,9 +149,15 @@ class RemoteAdamW(torch.optim.Optimizer):
         "error" (the default) raises fusedps.errors.AlreadyExists, whose message names the
         server(s), their version, how many of the tensors are there and these choices;
         "resume" continues from the server's values and optimizer state (below) and logs the
-        version resumed from (INFO, logger "fusedps.torch"). Every trainer of a sync job
-        passes "resume". ("replace", to delete the server's copy and start over, is not
-        available yet.)
+        version resumed from (INFO, logger "fusedps.torch"); "replace" deletes the server's
+        model (``model``: every tensor in it, its state and its checkpoints, on every server)
+        and starts over from the local values. Every trainer of a sync job passes "resume".
+      model: the server model (namespace; docs/api.md, "Models") this optimizer's tensors
+        live in, created on every server when it does not exist (with the servers' consistency
+        flags; an existing one is used as it is). None (default): the client's (``model`` in
+        client_options, or of the given client), else "default". Jobs that share servers each
+        use a model of their own: their tensors, versions and checkpoints never mix, and one
+        can be deleted without touching the others.
 
     On construction, each torch param group becomes a server param group named by its "name"
     key or ``f"{prefix}group{i}"``, registered with the group's hyperparameters (decoupled
@@ -228,7 +234,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                  bucket_bytes: int = 8 << 20, delay: int = 0, delay_warmup: int = 10,
                  pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
-                 rounding_seed: int = 0, on_existing: str = "error"):
+                 rounding_seed: int = 0, on_existing: str = "error",
+                 model: Optional[str] = None):
         _on_existing.check_on_existing(on_existing)
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
@@ -282,6 +289,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._overlap = None
         if client is None and overlap:
             client_options = ro.overlap_client_options(client_options)
+        if model is not None:
+            if client is not None:
+                raise ValueError("model= is for targets=; a given client has its own model")
+            client_options = dict(client_options or {}, model=model)
         self.client = client if client is not None else ro.make_client(targets, client_options)
         try:
             if self._owns_client and connect_timeout is not None:
