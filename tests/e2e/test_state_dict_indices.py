@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fusedps.torch import RemoteAdamW
-from test_remote_adamw import assert_state_dicts_close
+from test_remote_adamw import assert_state_dicts_close, torch_adamw
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -37,16 +37,12 @@ def _groups(model: torch.nn.Module):
     return [{"params": named[:2]}, {"params": named[2:], "weight_decay": 0.0}]
 
 
-def _torch_groups(groups):
-    return [dict(g, params=[p for _, p in g["params"]]) for g in groups]
-
-
 def test_a_param_repeated_in_a_later_group_keeps_its_first_index(server_target):
     """PyTorch's own check: ``opt.param_groups.extend(opt.param_groups)``; the repeated groups
     pack to the indices of the first ones, in RemoteAdamW as in torch."""
     ours, theirs = _model(), _model()
     opt = RemoteAdamW(_groups(ours), lr=0.01, targets=server_target, prefix="repeat/")
-    topt = torch.optim.AdamW(_torch_groups(_groups(theirs)), lr=0.01, foreach=False)
+    topt = torch_adamw(_groups(theirs), lr=0.01)  # Named where torch keeps names (>= 2.6).
     try:
         _step(ours, opt)
         _step(theirs, topt)
