@@ -556,35 +556,6 @@ absl::StatusOr<PullResult> Client::PullOnce(Connection& connection, const PullOp
   return std::move(assembler).result();
 }
 
-namespace {
-
-Consistency FromProtoConsistency(const v1::Consistency& consistency) {
-  static constexpr const char* kModes[] = {"", "async", "sync", "bounded"};
-  Consistency c;
-  const int mode = consistency.mode();
-  c.mode = mode >= 0 && mode < 4 ? kModes[mode] : absl::StrCat("mode ", mode);
-  c.replicas_to_aggregate = consistency.replicas_to_aggregate();
-  c.total_replicas = consistency.total_replicas();
-  c.round_timeout = absl::Seconds(consistency.round_timeout_seconds());
-  c.max_staleness = consistency.max_staleness();
-  c.staleness_lr_scaling = consistency.staleness_lr_scaling();
-  return c;
-}
-
-ModelInfo FromProtoModel(const v1::ModelInfo& p) {
-  ModelInfo m;
-  m.name = p.name();
-  m.version = p.version();
-  m.tensor_count = p.tensor_count();
-  m.parameter_count = p.parameter_count();
-  m.consistency = FromProtoConsistency(p.consistency());
-  m.memory_bytes = p.memory_bytes();
-  m.plan_hash = p.plan_hash();
-  return m;
-}
-
-}  // namespace
-
 absl::StatusOr<ServerInfo> Client::GetInfo() {
   v1::GetInfoRequest request;
   request.set_model(options_.model);
@@ -609,7 +580,7 @@ absl::StatusOr<ServerInfo> Client::GetInfo() {
       dtype.ok()) {
     info.param_copy_dtype = *dtype;
   }
-  info.consistency = FromProtoConsistency(response.consistency());
+  info.consistency = internal::FromProtoConsistency(response.consistency());
   info.plan_hash = response.plan_hash();
   info.model = response.model();
   info.memory_bytes = response.memory_bytes();
@@ -623,24 +594,9 @@ absl::StatusOr<CreateModelResult> Client::CreateModel(const std::string& name,
   v1::CreateModelRequest request;
   request.set_name(name);
   if (!consistency.mode.empty()) {
-    v1::Consistency* c = request.mutable_consistency();
-    static constexpr const char* kModes[] = {"async", "sync", "bounded"};
-    bool known = false;
-    for (int m = 0; m < 3; ++m) {
-      if (consistency.mode == kModes[m]) {
-        c->set_mode(static_cast<v1::ConsistencyMode>(m + 1));
-        known = true;
-      }
-    }
-    if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "consistency.mode '", consistency.mode, "' must be async, sync or bounded"));
-    }
-    c->set_replicas_to_aggregate(consistency.replicas_to_aggregate);
-    c->set_total_replicas(consistency.total_replicas);
-    c->set_round_timeout_seconds(absl::ToDoubleSeconds(consistency.round_timeout));
-    c->set_max_staleness(consistency.max_staleness);
-    c->set_staleness_lr_scaling(consistency.staleness_lr_scaling);
+    absl::StatusOr<v1::Consistency> c = internal::ToProtoConsistency(consistency);
+    if (!c.ok()) return c.status();
+    *request.mutable_consistency() = *std::move(c);
   }
   v1::CreateModelResponse response;
   grpc::ClientContext context;
@@ -648,7 +604,7 @@ absl::StatusOr<CreateModelResult> Client::CreateModel(const std::string& name,
   absl::Status status =
       ToAbslStatus(connection(0).stub->CreateModel(&context, request, &response));
   if (!status.ok()) return status;
-  return CreateModelResult{response.created(), FromProtoModel(response.model())};
+  return CreateModelResult{response.created(), internal::FromProtoModel(response.model())};
 }
 
 absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
@@ -659,7 +615,7 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
       connection(0).stub->ListModels(&context, v1::ListModelsRequest(), &response));
   if (!status.ok()) return status;
   std::vector<ModelInfo> models;
-  for (const v1::ModelInfo& m : response.models()) models.push_back(FromProtoModel(m));
+  for (const v1::ModelInfo& m : response.models()) models.push_back(internal::FromProtoModel(m));
   return models;
 }
 

@@ -373,6 +373,49 @@ absl::Status PushPartsStatus(absl::Span<const absl::Status> statuses) {
   return absl::OkStatus();
 }
 
+Consistency FromProtoConsistency(const v1::Consistency& consistency) {
+  static constexpr const char* kModes[] = {"", "async", "sync", "bounded"};
+  Consistency c;
+  const int mode = consistency.mode();
+  c.mode = mode >= 0 && mode < 4 ? kModes[mode] : absl::StrCat("mode ", mode);
+  c.replicas_to_aggregate = consistency.replicas_to_aggregate();
+  c.total_replicas = consistency.total_replicas();
+  c.round_timeout = absl::Seconds(consistency.round_timeout_seconds());
+  c.max_staleness = consistency.max_staleness();
+  c.staleness_lr_scaling = consistency.staleness_lr_scaling();
+  return c;
+}
+
+absl::StatusOr<v1::Consistency> ToProtoConsistency(const Consistency& consistency) {
+  static constexpr const char* kModes[] = {"async", "sync", "bounded"};
+  v1::Consistency c;
+  for (int m = 0; m < 3; ++m) {
+    if (consistency.mode == kModes[m]) c.set_mode(static_cast<v1::ConsistencyMode>(m + 1));
+  }
+  if (c.mode() == v1::CONSISTENCY_MODE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "consistency.mode '", consistency.mode, "' must be async, sync or bounded"));
+  }
+  c.set_replicas_to_aggregate(consistency.replicas_to_aggregate);
+  c.set_total_replicas(consistency.total_replicas);
+  c.set_round_timeout_seconds(absl::ToDoubleSeconds(consistency.round_timeout));
+  c.set_max_staleness(consistency.max_staleness);
+  c.set_staleness_lr_scaling(consistency.staleness_lr_scaling);
+  return c;
+}
+
+ModelInfo FromProtoModel(const v1::ModelInfo& p) {
+  ModelInfo m;
+  m.name = p.name();
+  m.version = p.version();
+  m.tensor_count = p.tensor_count();
+  m.parameter_count = p.parameter_count();
+  m.consistency = FromProtoConsistency(p.consistency());
+  m.memory_bytes = p.memory_bytes();
+  m.plan_hash = p.plan_hash();
+  return m;
+}
+
 PushResult FromProtoPushResult(const v1::PushGradientsResponse& response) {
   PushResult result;
   result.version = response.version();

@@ -170,6 +170,11 @@ v1::Hyperparameters ToProtoHyperparameters(const ParamGroupOptions& options);
 ParamGroupOptions FromProtoHyperparameters(const v1::Hyperparameters& hyper);
 ParamGroup FromProtoParamGroup(const v1::ParamGroup& group);
 TensorInfo FromProtoTensorInfo(const v1::TensorInfo& info);
+// Consistency::mode from the proto's enum: "" for UNSPECIFIED, "mode N" for one unknown here.
+Consistency FromProtoConsistency(const v1::Consistency& consistency);
+// INVALID_ARGUMENT for a mode other than "async", "sync" and "bounded".
+absl::StatusOr<v1::Consistency> ToProtoConsistency(const Consistency& consistency);
+ModelInfo FromProtoModel(const v1::ModelInfo& model);
 
 }  // namespace fusedps::client::internal
 

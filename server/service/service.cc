@@ -300,12 +300,7 @@ grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
 grpc::Status ParameterServiceImpl::CreateModel(grpc::ServerContext* context,
                                                const v1::CreateModelRequest* request,
                                                v1::CreateModelResponse* response) {
-  Caller caller;
-  if (absl::Status s = services_.Admit(*context, Rpc::kCreateModel, &caller); !s.ok()) {
-    return ToGrpc(s);
-  }
-  if (absl::Status s = services_.authorizer->CheckModel(caller, request->name(), *context);
-      !s.ok()) {
+  if (absl::Status s = services_.AdmitNamed(*context, Rpc::kCreateModel, request->name()); !s.ok()) {
     return ToGrpc(s);
   }
   std::optional<ConsistencyOptions> consistency;
@@ -338,12 +333,7 @@ grpc::Status ParameterServiceImpl::ListModels(grpc::ServerContext* context,
 grpc::Status ParameterServiceImpl::DeleteModel(grpc::ServerContext* context,
                                                const v1::DeleteModelRequest* request,
                                                v1::DeleteModelResponse* response) {
-  Caller caller;
-  if (absl::Status s = services_.Admit(*context, Rpc::kDeleteModel, &caller); !s.ok()) {
-    return ToGrpc(s);
-  }
-  if (absl::Status s = services_.authorizer->CheckModel(caller, request->name(), *context);
-      !s.ok()) {
+  if (absl::Status s = services_.AdmitNamed(*context, Rpc::kDeleteModel, request->name()); !s.ok()) {
     return ToGrpc(s);
   }
   const absl::Time deadline =

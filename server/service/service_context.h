@@ -80,6 +80,15 @@ struct ServiceContext {
     return models->Find(name);
   }
 
+  // Admit, then whether `caller` may reach model `name` (Authorizer::CheckModel): the checks
+  // of the calls that name a model that need not exist (CreateModel, DeleteModel).
+  absl::Status AdmitNamed(const grpc::ServerContextBase& context, Rpc rpc,
+                          absl::string_view name) const {
+    Caller caller;
+    if (absl::Status s = Admit(context, rpc, &caller); !s.ok()) return s;
+    return authorizer->CheckModel(caller, name, context);
+  }
+
   // Admit, then FindModel: the checks every call about one model begins with.
   absl::StatusOr<std::shared_ptr<Model>> AdmitModel(const grpc::ServerContextBase& context,
                                                     Rpc rpc, absl::string_view name,
