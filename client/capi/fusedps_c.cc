@@ -53,6 +53,14 @@ int32_t Report(const absl::Status& status, fusedps_error* error, bool local = fa
   return code;
 }
 
+// Reports a pull's status: a target of another size than the server's tensor (PullInto's
+// INVALID_ARGUMENT "...; its target ...") is the caller's mistake, found against the reply.
+int32_t ReportPull(const absl::Status& status, fusedps_error* error) {
+  const bool local = absl::IsInvalidArgument(status) &&
+                     status.message().find("; its target") != absl::string_view::npos;
+  return Report(status, error, local);
+}
+
 absl::StatusOr<fc::DType> ToDType(int32_t dtype, bool pull) {
   switch (dtype) {
     case 1:
@@ -256,12 +264,7 @@ int32_t fusedps_pull_into(fusedps_client* client, int32_t stream, int32_t dtype,
   std::vector<fc::PullTarget> targets(count);
   for (size_t i = 0; i < count; ++i) targets[i] = {names[i], dst[i], numels[i]};
   absl::StatusOr<fc::PullIntoResult> pulled = client->client->PullInto(*options, targets, stream);
-  if (!pulled.ok()) {
-    // A target of another size is the caller's mistake, found against the server's reply.
-    const bool local = absl::IsInvalidArgument(pulled.status()) &&
-                       pulled.status().message().find("; its target") != absl::string_view::npos;
-    return Report(pulled.status(), error, local);
-  }
+  if (!pulled.ok()) return ReportPull(pulled.status(), error);
   *version = pulled->version;
   std::copy(pulled->steps.begin(), pulled->steps.end(), steps);
   return Report(absl::OkStatus(), error);
@@ -361,11 +364,9 @@ int32_t fusedps_pipelined_pull_wait(fusedps_pipelined_pull* pull, int64_t group,
   if (pull == nullptr || group < 0) {
     return Report(absl::InvalidArgumentError("pull is NULL or group < 0"), error, true);
   }
-  const absl::Status status = pull->pull->WaitUpTo(static_cast<int>(
-      std::min<int64_t>(group, pull->pull->groups() - 1)));
-  const bool local = absl::IsInvalidArgument(status) &&
-                     status.message().find("; its target") != absl::string_view::npos;
-  return Report(status, error, local);
+  return ReportPull(pull->pull->WaitUpTo(static_cast<int>(
+                        std::min<int64_t>(group, pull->pull->groups() - 1))),
+                    error);
 }
 
 int64_t fusedps_pipelined_pull_landed(fusedps_pipelined_pull* pull) {
