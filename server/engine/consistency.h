@@ -80,8 +80,9 @@ class ConsistencyObserver {
 // The ABORTED a push gets when its base_version does not fit the shard's `version`.
 absl::Status StaleVersionError(absl::string_view why, uint64_t base_version, uint64_t version);
 
-// INVALID_ARGUMENT unless a sync-mode push has a client_id and names all `shard_tensors`.
-absl::Status CheckSyncPush(absl::string_view client_id, size_t tensors, size_t shard_tensors);
+// INVALID_ARGUMENT unless a sync-mode push has a client_id. It may name any of the shard's
+// tensors (a model's frozen or unused parameters have no gradient).
+absl::Status CheckSyncPush(absl::string_view client_id);
 
 // Bounded mode: ABORTED when a push of `base_version` is more than max_staleness behind
 // `version` (a base_version ahead is not judged here).

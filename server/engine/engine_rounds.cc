@@ -1,11 +1,15 @@
 // engine_rounds.cc: sync mode's rounds (consistency.h), on the engine's threads.
 //
 // A round lives in round_ on the engine thread. Each push that joins it is summed into the
-// backend's accumulator at once (Accumulate, one launch), and its staging is handed back when
-// that sum has run: staging holds one push per pusher in flight, never a round's K. The push's
-// reply waits in the round. The K-th distinct client_id closes the round: one Step from the
-// accumulator with grad_scale = the member count (their mean), and every member is answered
-// from that step's completion. The round timer closes a round that waited round_timeout since
+// backend's accumulator at once (Accumulate: one launch for the tensors the round sees for the
+// first time, which overwrite, one for those it has, which add), and its staging is handed back
+// when that sum has run: staging holds one push per pusher in flight, never a round's K. The
+// push's reply waits in the round. The K-th distinct client_id closes the round: one Step from
+// the accumulator with grad_scale = the member count, and every member is answered from that
+// step's completion. A push may name any subset of the tensors (a model's frozen or unused
+// parameters have no gradient): a tensor some members did not push is averaged over all the
+// members, theirs counting as zero, as DistributedDataParallel averages unused parameters; a
+// tensor no member pushed is not stepped (torch.optim skips a parameter whose grad is None). The round timer closes a round that waited round_timeout since
 // its first push, with the members it has, through a job (so in stream order like any other).
 //
 // Lifetimes: a member's ReadyPush and `done` stay with the round until it is answered (the
@@ -27,11 +31,8 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
     retries_->Abandon(push->client_id, push->sequence_number, s);
     Answer(done, consumed, std::move(s));
   };
-  const size_t tensor_count = view()->tensor_count();
-  if (absl::Status s = CheckSyncPush(push->client_id, push->tensors.size(), tensor_count);
-      !s.ok()) {
-    return refuse(s);
-  }
+  const uint32_t tensor_count = view()->tensor_count();
+  if (absl::Status s = CheckSyncPush(push->client_id); !s.ok()) return refuse(s);
   const uint64_t tau =
       push->base_version <= queued_version_ ? queued_version_ - push->base_version : 0;
   if (push->base_version != queued_version_) {
@@ -49,16 +50,39 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
           "); one push per client_id per round")));
     }
   }
-  if (!round_.members.empty() && round_.members.front().push->tensors.size() != tensor_count) {
+  const bool first = round_.members.empty();
+  if (!first && round_.tensor_count != tensor_count) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "tensors were registered during the sync round at version ", queued_version_)));
   }
   if (observer_ != nullptr) observer_->OnStaleness(tau);
+  if (first) {
+    round_.tensor_count = tensor_count;
+    round_.pushed.assign(tensor_count, false);
+  }
 
-  const StepRequest request = GradsOf(*push);
-  const bool first = round_.members.empty();
-  absl::StatusOr<Marker> summed = backend_->Accumulate(request, first);
+  // The tensors new to the round overwrite their sums, the others add to them.
+  const StepRequest all = GradsOf(*push);
+  std::vector<uint32_t> tensors[2];
+  std::vector<uint64_t> offsets[2];
+  for (size_t i = 0; i < push->tensors.size(); ++i) {
+    const uint32_t t = push->tensors[i];
+    const int seen = round_.pushed[t] ? 1 : 0;
+    tensors[seen].push_back(t);
+    offsets[seen].push_back(push->grad_offsets[i]);
+  }
+  absl::StatusOr<Marker> summed = Marker{0};
+  for (int seen = 0; seen < 2 && summed.ok(); ++seen) {
+    if (tensors[seen].empty()) continue;
+    StepRequest part = all;
+    part.tensors = tensors[seen];
+    part.grad_offsets = offsets[seen];
+    // The completion path waits for every marker, in order; the push's is the last.
+    if (*summed != 0) Complete({*summed, [](absl::StatusOr<WorkDone>) {}});
+    summed = backend_->Accumulate(part, /*first=*/seen == 0);
+  }
   if (!summed.ok()) return refuse(Checked(summed.status(), /*expected_ok=*/true));
+  for (uint32_t t : tensors[0]) round_.pushed[t] = true;
   Complete({*summed, [this, consumed](absl::StatusOr<WorkDone>) {
               // A device error here fails the round's step too (the fault stops the shard).
               last_accumulated_ = absl::Now();
@@ -73,11 +97,14 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
 
 void UpdateEngine::CloseRound(bool timed_out) {
   std::vector<RoundMember> members = std::move(round_.members);
-  round_ = Round{round_.id + 1, {}};
+  std::vector<bool> pushed = std::move(round_.pushed);
+  round_ = Round{round_.id + 1, {}, 0, {}};
   if (members.empty()) return;
-  // Every tensor the shard had when the round opened (each member names them all).
-  auto tensors = std::make_shared<std::vector<uint32_t>>(members.front().push->tensors.size());
-  for (uint32_t t = 0; t < tensors->size(); ++t) (*tensors)[t] = t;
+  // The tensors some member pushed, in index order.
+  auto tensors = std::make_shared<std::vector<uint32_t>>();
+  for (uint32_t t = 0; t < pushed.size(); ++t) {
+    if (pushed[t]) tensors->push_back(t);
+  }
   bool finite = true;
   for (const RoundMember& m : members) finite = finite && m.push->grads_finite;
   StepRequest request;
@@ -138,7 +165,7 @@ void UpdateEngine::CloseRound(bool timed_out) {
 
 void UpdateEngine::FailRound(const absl::Status& status) {
   std::vector<RoundMember> members = std::move(round_.members);
-  round_ = Round{round_.id + 1, {}};
+  round_ = Round{round_.id + 1, {}, 0, {}};
   for (RoundMember& m : members) {
     retries_->Abandon(m.push->client_id, m.push->sequence_number, status);
     Complete({0, [done = std::move(m.done), status](absl::StatusOr<WorkDone>) { done(status); }});

@@ -261,11 +261,11 @@ void UpdateEngine::Dropped(uint64_t tau, absl::string_view reason) const {
   observer_->OnDropped(reason);
 }
 
-absl::Status UpdateEngine::AdmitPush(absl::string_view client_id, size_t tensors,
-                                     uint64_t base_version, const ShardView& view) const {
+absl::Status UpdateEngine::AdmitPush(absl::string_view client_id,
+                                     uint64_t base_version) const {
   const uint64_t published = version();
   if (consistency_.mode == ConsistencyMode::kSync) {
-    if (absl::Status s = CheckSyncPush(client_id, tensors, view.tensor_count()); !s.ok()) {
+    if (absl::Status s = CheckSyncPush(client_id); !s.ok()) {
       return s;
     }
     if (base_version < published) {

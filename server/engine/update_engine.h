@@ -247,13 +247,12 @@ class UpdateEngine {
   uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
 
   const ConsistencyOptions& consistency() const { return consistency_; }
-  // The checks a push's header can pass or fail before its payload is read (`view`: the one
-  // its tensors were resolved in), against the published version (which only grows, so a
-  // refusal here is final): in sync mode a client_id and every tensor of the shard
-  // (INVALID_ARGUMENT) and a base_version not below the version (ABORTED); in bounded mode a
-  // staleness within the bound (ABORTED). Thread-safe.
-  absl::Status AdmitPush(absl::string_view client_id, size_t tensors, uint64_t base_version,
-                         const ShardView& view) const;
+  // The checks a push's header can pass or fail before its payload is read, against the
+  // published version (which only grows, so a
+  // refusal here is final): in sync mode a client_id (INVALID_ARGUMENT) and a base_version not
+  // below the version (ABORTED); in bounded mode a staleness within the bound (ABORTED).
+  // Thread-safe.
+  absl::Status AdmitPush(absl::string_view client_id, uint64_t base_version) const;
 
   // --- Jobs, run in submission order. ---
   // A push (or its retry's reply): one optimizer step in async and bounded modes; in sync mode
@@ -262,7 +261,7 @@ class UpdateEngine {
   // read: the caller may reuse their memory then (in sync mode long before the round ends).
   // Errors: ABORTED for a stale sequence number, or a base_version the mode refuses (sync: not
   // the round's version, or a second push of one client_id in a round; bounded: too stale);
-  // INVALID_ARGUMENT for a sync push without client_id or not naming every tensor;
+  // INVALID_ARGUMENT for a sync push without client_id;
   // FAILED_PRECONDITION for a sync round whose tensors were registered during it; INTERNAL for
   // a device fault; UNAVAILABLE after one, and for a round still open when the engine stops.
   void Step(const ReadyPush* push, Done<StepResult> done,
@@ -386,8 +385,11 @@ class UpdateEngine {
   };
   struct Round {
     uint64_t id = 0;  // Counts rounds; the timer names the round it closes.
-    // Every member names every tensor the shard had when the round opened, in order.
     std::vector<RoundMember> members;
+    // The shard's tensor count when the round opened, and which of those tensors a member
+    // pushed (summed into the accumulator): the round's step updates those only.
+    uint32_t tensor_count = 0;
+    std::vector<bool> pushed;
   };
   // The retry table's verdict on a push, in its job: true when the push is new (the caller
   // applies it); else it was answered (an earlier reply, a stale sequence number's ABORTED, or

@@ -244,8 +244,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
 
     // What the shard's consistency mode refuses from the header alone (after the retries,
     // which are answered whatever their version).
-    if (absl::Status s = model->engine().AdmitPush(header.client_id(), checked->tensors.size(),
-                                                   header.base_version(), *view);
+    if (absl::Status s = model->engine().AdmitPush(header.client_id(), header.base_version());
         !s.ok()) {
       return FinishCall(s, {}, {});
     }
