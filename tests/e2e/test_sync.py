@@ -203,6 +203,24 @@ def test_sync_rounds_match_torch_adamw_on_the_mean_gradient(trainers, shards):
             assert m.value("fusedps_push_staleness_sum") == 0
 
 
+def sync_trainers(models, target: str, prefix: str, overlap: bool):
+    """One RemoteAdamW per model: trainer RANK, client_id trainer-RANK, joining the sync job
+    (on_existing="resume")."""
+    return [RemoteAdamW(m.named_parameters(), targets=target, prefix=prefix, lr=LR,
+                        weight_decay=WEIGHT_DECAY, overlap=overlap, on_existing="resume",
+                        client_options={"client_id": f"trainer-{rank}"})
+            for rank, m in enumerate(models)]
+
+
+def sync_step(opt, model, loss, step: int, rank: int, overlap: bool) -> None:
+    """One trainer's step; returns once the round of all N pushes is applied."""
+    opt.zero_grad(set_to_none=True)
+    loss(model, step, rank).backward()
+    opt.step()
+    if overlap:
+        opt.wait_parameters()
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_remote_adamw_trains_in_sync_mode_as_docs_python_md_shows(overlap):
     """docs/python.md's sync recipe: N trainers, each a RemoteAdamW with its own client_id,
@@ -213,19 +231,13 @@ def test_remote_adamw_trains_in_sync_mode_as_docs_python_md_shows(overlap):
                          "--round-timeout-seconds=30"]) as target, \
             ThreadPoolExecutor(trainers) as pool:
         models = [make_mlp() for _ in range(trainers)]
-        opts = [RemoteAdamW(m.named_parameters(), targets=target, prefix="sync-mlp/", lr=LR,
-                            weight_decay=WEIGHT_DECAY, overlap=overlap, on_existing="resume",
-                            client_options={"client_id": f"trainer-{rank}"})
-                for rank, m in enumerate(models)]
+        opts = sync_trainers(models, target, "sync-mlp/", overlap)
         oracle = make_mlp()
         opt = torch.optim.AdamW(oracle.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
                                 foreach=False)
 
         def train_step(rank: int, step: int) -> None:
-            opts[rank].zero_grad(set_to_none=True)
-            trainer_loss(models[rank], step, rank).backward()
-            opts[rank].step()  # Returns once the round of all N pushes is applied.
-            opts[rank].wait_parameters() if overlap else None
+            sync_step(opts[rank], models[rank], trainer_loss, step, rank, overlap)
 
         try:
             for step in range(steps):
@@ -275,19 +287,13 @@ def test_sync_mode_with_unused_and_frozen_parameters_averages_as_ddp(overlap):
                          "--round-timeout-seconds=30"]) as target, \
             ThreadPoolExecutor(trainers) as pool:
         models = [Branchy() for _ in range(trainers)]
-        opts = [RemoteAdamW(m.named_parameters(), targets=target, prefix="branchy/", lr=LR,
-                            weight_decay=WEIGHT_DECAY, overlap=overlap, on_existing="resume",
-                            client_options={"client_id": f"trainer-{rank}"})
-                for rank, m in enumerate(models)]
+        opts = sync_trainers(models, target, "branchy/", overlap)
         oracle = Branchy()
         opt = torch.optim.AdamW(oracle.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
                                 foreach=False)
 
         def train_step(rank: int, step: int) -> None:
-            opts[rank].zero_grad(set_to_none=True)
-            branchy_loss(models[rank], step, rank).backward()
-            opts[rank].step()
-            opts[rank].wait_parameters() if overlap else None
+            sync_step(opts[rank], models[rank], branchy_loss, step, rank, overlap)
 
         try:
             for step in range(steps):
