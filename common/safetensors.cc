@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <utility>
@@ -38,32 +39,46 @@ absl::StatusOr<uint64_t> Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-absl::StatusOr<DType> ParseDType(const std::string& name) {
-  if (name == "F32") return DType::kF32;
-  if (name == "BF16") return DType::kBF16;
-  if (name == "F16") return DType::kF16;
-  if (name == "U8") return DType::kU8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype \"", name, "\" is not F32, BF16, F16 or U8"));
+struct DTypeInfo {
+  DType dtype;
+  const char* name;  // The format's spelling.
+  size_t size;       // Bytes per element.
+};
+// Every DType, in enum order (Info indexes it).
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF32, "F32", 4},  {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
+    {DType::kU8, "U8", 1},    {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8},
+    {DType::kI32, "I32", 4},  {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},
+    {DType::kBool, "BOOL", 1},
+};
+constexpr bool InEnumOrder() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i) {
+    if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
+  }
+  return true;
 }
+static_assert(InEnumOrder(), "kDTypes lists every DType in enum order");
+const DTypeInfo& Info(DType dtype) { return kDTypes[static_cast<size_t>(dtype)]; }
 
 }  // namespace
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF16:
-      return "F16";
-    case DType::kU8:
-      return "U8";
+const char* DTypeName(DType dtype) { return Info(dtype).name; }
+size_t DTypeSize(DType dtype) { return Info(dtype).size; }
+
+absl::StatusOr<DType> DTypeOfName(const std::string& name) {
+  for (const DTypeInfo& info : kDTypes) {
+    if (name == info.name) return info.dtype;
   }
-  return "?";
+  return absl::InvalidArgumentError(absl::StrCat("dtype \"", name, "\" is not one of ",
+                                                 DTypeNames()));
 }
-size_t DTypeSize(DType dtype) {
-  return dtype == DType::kF32 ? 4 : dtype == DType::kU8 ? 1 : 2;
+
+std::string DTypeNames() {
+  std::string names;
+  for (const DTypeInfo& info : kDTypes) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", info.name);
+  }
+  return names;
 }
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t bytes) {
@@ -224,7 +239,7 @@ absl::StatusOr<File> File::ParseHeader(absl::string_view head, uint64_t file_byt
     }
     Entry entry;
     entry.name = name;
-    absl::StatusOr<DType> dtype = ParseDType(value["dtype"].get<std::string>());
+    absl::StatusOr<DType> dtype = DTypeOfName(value["dtype"].get<std::string>());
     if (!dtype.ok()) return bad(std::string(dtype.status().message()));
     entry.dtype = *dtype;
     for (const json& d : value["shape"]) {

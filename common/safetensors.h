@@ -5,7 +5,7 @@
 // safetensors.torch.load_file):
 //   8 bytes     N, the header's length, unsigned little-endian
 //   N bytes     a JSON object, UTF-8, padded at the end with spaces: each tensor's name maps to
-//               {"dtype": "F32"|"BF16"|"F16"|"U8", "shape": [d0, d1, ...],
+//               {"dtype": a DTypeName below, "shape": [d0, d1, ...],
 //               "data_offsets": [begin, end]},
 //               and "__metadata__" (optional) maps to an object of string values
 //   the data    every tensor's bytes, row-major, little-endian; offsets are relative to the
@@ -30,11 +30,16 @@
 
 namespace fusedps::safetensors {
 
-// The element types fusedps writes: fp32 params, optimizer state and scales; bf16 params and
-// state, bf16 or fp16 param copies; the one-byte codes of int8 optimizer state.
-enum class DType { kF32, kBF16, kF16, kU8 };
-const char* DTypeName(DType dtype);  // "F32", "BF16", "F16", "U8": the format's spelling.
-size_t DTypeSize(DType dtype);       // Bytes per element: 4, 2, 2, 1.
+// The element types fusedps reads and writes: fp32 params, optimizer state and scales; bf16
+// params and state, bf16 or fp16 param copies; the one-byte codes of int8 optimizer state; and
+// the dtypes of a model's buffers (torch's float64, int64, ..., bool).
+enum class DType { kF32, kBF16, kF16, kU8, kF64, kI64, kI32, kI16, kI8, kBool };
+// The format's spelling: "F32", "BF16", "F16", "U8", "F64", "I64", "I32", "I16", "I8", "BOOL".
+const char* DTypeName(DType dtype);
+size_t DTypeSize(DType dtype);  // Bytes per element: 4, 2, 2, 1, 8, 8, 4, 2, 1, 1.
+std::string DTypeNames();       // "F32, BF16, ...": every name, for error messages.
+// The DType of a name (DTypeName's inverse). INVALID_ARGUMENT naming the dtype and the names.
+absl::StatusOr<DType> DTypeOfName(const std::string& name);
 
 struct TensorView {
   std::string name;
@@ -105,7 +110,7 @@ class File {
 
   // Errors: the errno's status when the file cannot be read (NOT_FOUND, ...); DATA_LOSS when it
   // is not a valid safetensors file: shorter than its header says, a header that is not a JSON
-  // object of the form above, a dtype other than F32, BF16, F16 and U8, offsets that disagree
+  // object of the form above, a dtype not in DTypeNames(), offsets that disagree
   // with the shape, or tensors that do not cover the data exactly. The message names the file
   // and what is wrong.
   static absl::StatusOr<File> Read(const std::string& path);

@@ -5,7 +5,8 @@ The format: a u64 little-endian header length, a JSON header
 Files are written here as the server writes them (common/safetensors.cc): header keys sorted,
 the data in registration order, the header padded with spaces so the data starts 8-byte
 aligned. They are read with the ``safetensors`` package when it is importable, else with the
-small decoder here (F32, BF16, F16, and U8: the codes of int8 optimizer state).
+small decoder here (F32, BF16, F16, U8, and the dtypes of a model's buffers: F64, I64, I32,
+I16, I8, BOOL).
 """
 
 from __future__ import annotations
@@ -25,21 +26,55 @@ try:  # Optional: not in Debian 12. The decoder below is the fallback.
 except ImportError:  # pragma: no cover - depends on the environment
     _safetensors_torch = None
 
-__all__ = ["decode_safetensors", "read_safetensors", "write_safetensors"]
+__all__ = ["decode_safetensors", "read_safetensors", "write_safetensors", "tensor_bytes",
+           "dtype_name", "tensor_of_bytes"]
 
 _MAX_HEADER_BYTES = 100 << 20  # The safetensors package's limit.
 
 # safetensors dtype -> (torch dtype, element size); the integer type of the same size is used to
 # move raw bits through numpy, which has no bfloat16.
+# The server's table is common/safetensors.cc's kDTypes: the same names, in the same order.
 _DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
-           "U8": (torch.uint8, 1)}
+           "U8": (torch.uint8, 1), "F64": (torch.float64, 8), "I64": (torch.int64, 8),
+           "I32": (torch.int32, 4), "I16": (torch.int16, 2), "I8": (torch.int8, 1),
+           "BOOL": (torch.bool, 1)}
 _TORCH_TO_ST = {dt: name for name, (dt, _) in _DTYPES.items()}
-_BITS = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+DTYPE_NAMES = ", ".join(_DTYPES)
 
 
 def _check_little_endian() -> None:
     if sys.byteorder != "little":  # pragma: no cover - no such host in use
         raise RuntimeError("fusedps.checkpoint supports little-endian hosts only")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The safetensors name of a torch dtype ("F32", "I64", ...). TypeError for a dtype the
+    format (and the server) does not have."""
+    try:
+        return _TORCH_TO_ST[dtype]
+    except KeyError:
+        raise TypeError(f"{dtype} is not one of the dtypes {DTYPE_NAMES}") from None
+
+
+def tensor_of_bytes(data: bytes, dtype_name_: str, shape) -> torch.Tensor:
+    """A CPU tensor of safetensors dtype ``dtype_name_`` and ``shape`` from its little-endian
+    row-major bytes (copied). ValueError for an unknown dtype or a size that disagrees."""
+    if dtype_name_ not in _DTYPES:
+        raise ValueError(f"dtype {dtype_name_!r} is not one of {DTYPE_NAMES}")
+    dtype, itemsize = _DTYPES[dtype_name_]
+    shape = tuple(int(d) for d in shape)
+    if len(data) != math.prod(shape) * itemsize:
+        raise ValueError(f"{len(data)} bytes are not {shape} of {dtype_name_}")
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The little-endian row-major bytes of a tensor of a dtype the format has (any device)."""
+    dtype_name(t.dtype)
+    return _raw_bytes(t)
 
 
 def _raw_bytes(t: torch.Tensor) -> bytes:
@@ -53,8 +88,8 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
 def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
                       metadata: Optional[Mapping[str, str]] = None, *,
                       fsync: bool = True) -> Tuple[int, int]:
-    """Writes ``tensors`` (name -> tensor of dtype float32, bfloat16, float16 or uint8, any
-    shape, any device) to a safetensors file at ``path``, the data in the mapping's order, and
+    """Writes ``tensors`` (name -> tensor of a dtype of DTYPE_NAMES: float32, bfloat16, float16,
+    uint8, float64, int64, int32, int16, int8 or bool; any shape, any device) to a safetensors file at ``path``, the data in the mapping's order, and
     returns ``(size in bytes, CRC-32 of the whole file)``: the CRC as ``zlib.crc32`` computes
     it over the file's bytes (an int in 0..2**32-1), the checksum a checkpoint manifest lists.
 
@@ -76,7 +111,7 @@ def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor],
             raise ValueError(f"safetensors tensor name {name!r} is empty or reserved")
         if not isinstance(t, torch.Tensor) or t.dtype not in _TORCH_TO_ST:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise TypeError(f"{name}: expected a float32, bfloat16, float16 or uint8 tensor, "
+            raise TypeError(f"{name}: expected a tensor of one of the dtypes {DTYPE_NAMES}, "
                             f"got {got}")
         blob = _raw_bytes(t)
         header[name] = {"dtype": _TORCH_TO_ST[t.dtype], "shape": list(t.shape),
@@ -127,7 +162,7 @@ def _decode_builtin(data: bytes, what: str) -> Dict[str, torch.Tensor]:
                 and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2):
             raise bad(f"{name}: needs dtype, shape and data_offsets [begin, end]")
         if e.get("dtype") not in _DTYPES:
-            raise bad(f"{name}: dtype {e.get('dtype')!r} is not F32, BF16, F16 or U8")
+            raise bad(f"{name}: dtype {e.get('dtype')!r} is not one of {DTYPE_NAMES}")
         dims = e["shape"] + e["data_offsets"]
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
             raise bad(f"{name}: a dimension or offset is not a non-negative integer")
@@ -160,8 +195,8 @@ def decode_safetensors(data: bytes, what: str = "<bytes>", *,
     """The tensors (name -> CPU tensor, shapes as stored) of safetensors file contents.
 
     ``use_package``: None uses the ``safetensors`` package when importable, else the codec
-    here; True requires the package; False always uses the codec here (which accepts F32,
-    BF16, F16 and U8 and checks that the data offsets cover the data exactly). ``what``
+    here; True requires the package; False always uses the codec here (which accepts the
+    dtypes of DTYPE_NAMES and checks that the data offsets cover the data exactly). ``what``
     names the data in errors.
 
     Raises:
