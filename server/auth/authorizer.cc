@@ -38,6 +38,10 @@ const char* RpcName(Rpc rpc) {
       return "ListModels";
     case Rpc::kDeleteModel:
       return "DeleteModel";
+    case Rpc::kWriteBuffers:
+      return "WriteBuffers";
+    case Rpc::kPullBuffers:
+      return "PullBuffers";
   }
   return "unknown";
 }
@@ -48,8 +52,10 @@ Role RequiredRole(Rpc rpc) {
     case Rpc::kGetInfo:
     case Rpc::kListTensors:
     case Rpc::kListModels:
+    case Rpc::kPullBuffers:
       return Role::kReader;
     case Rpc::kPushGradients:
+    case Rpc::kWriteBuffers:
       return Role::kTrainer;
     case Rpc::kRegisterParamGroup:
     case Rpc::kRegisterTensors:

@@ -67,6 +67,8 @@ enum class Rpc : uint8_t {
   kCreateModel,
   kListModels,
   kDeleteModel,
+  kWriteBuffers,
+  kPullBuffers,
 };
 
 // "PushGradients", ...

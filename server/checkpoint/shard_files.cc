@@ -140,6 +140,18 @@ absl::StatusOr<safetensors::WriteResult> WriteFenced(const CheckpointSnapshot& s
   return writer->Finish();
 }
 
+// The buffers' file, kBuffersFileName: each buffer as it is, in name order.
+absl::StatusOr<safetensors::WriteResult> WriteBuffers(const BufferSet& buffers,
+                                                      const std::string& path) {
+  std::vector<safetensors::TensorView> views;
+  for (const auto& [name, b] : buffers.buffers()) {
+    views.push_back({b->name, b->dtype, b->shape,
+                     absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b->data.data()),
+                                         b->data.size())});
+  }
+  return safetensors::WriteFile(path, views, {{}, /*fsync=*/true});
+}
+
 }  // namespace
 
 std::string FileOf(const SnapshotField& field) {
@@ -218,6 +230,16 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
       return s;
     }
     written.bytes += results[i]->bytes;
+  }
+  if (snapshot.cut.buffers != nullptr && !snapshot.cut.buffers->empty()) {
+    absl::StatusOr<safetensors::WriteResult> buffers =
+        WriteBuffers(*snapshot.cut.buffers, pending->PathOf(kBuffersFileName));
+    if (!buffers.ok()) return abandon(buffers.status());
+    if (absl::Status s = pending->AddFile(kBuffersFileName, buffers->bytes, buffers->crc32);
+        !s.ok()) {
+      return s;
+    }
+    written.bytes += buffers->bytes;
   }
   absl::StatusOr<uint64_t> manifest_bytes =
       pending->Commit(ManifestBody(snapshot, settings), settings.keep);

@@ -5,7 +5,8 @@
 // Files (format_version 2, docs/checkpoints.md): one per field of SnapshotLayout,
 // "<field>.safetensors": params, exp_avg, exp_avg_sq (every tensor), max_exp_avg_sq (tensors
 // of amsgrad groups), exp_avg_absmax and exp_avg_sq_absmax (tensors with int8 state),
-// param_copy (tensors with fp32 params, when the server keeps a copy). Each entry holds the
+// param_copy (tensors with fp32 params, when the server keeps a copy); and "buffers.safetensors"
+// when the model has buffers (BufferSet: each in its own dtype and shape). Each entry holds the
 // field's stored form bit for bit (ReadRequest::stored): params F32 or BF16; exp_avg and
 // exp_avg_sq F32, BF16 or U8 (int8 codes); the scales F32 of shape [QuantBlocks(numel)];
 // max_exp_avg_sq F32; the copy BF16 or F16. The manifest holds the param groups (with
@@ -40,6 +41,9 @@
 #include "server/engine/update_engine.h"
 
 namespace fusedps::checkpoint {
+
+// The file of the model's buffers (absent when it has none).
+inline constexpr char kBuffersFileName[] = "buffers.safetensors";
 
 struct WriteSettings {
   std::string root;   // --checkpoint-dir.
@@ -86,7 +90,8 @@ nlohmann::json Int8CodebooksJson();
 // is in the stored form (WriteRequest::stored), or the param copy's. As a RestoreSource,
 // it reads the files' data with one thread per file into a few page-locked buffers (the
 // engine's AllocateHostBuffer), and checks each file's CRC-32 once it is read whole (a file
-// that fails the check is DATA_LOSS from Next, naming it). A param copy of another dtype than
+// that fails the check is DATA_LOSS from Next, naming it). The buffers' file, when there is one,
+// is read whole and checked by Open (DATA_LOSS naming it). A param copy of another dtype than
 // the engine's (--param-copy-dtype) is not read; the copy is then computed from params.
 class ShardReader final : public RestoreSource {
  public:

@@ -12,10 +12,12 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "gtest/gtest.h"
 #include "kernels/quant_math.h"
 #include "server/checkpoint/checkpointer.h"
@@ -310,6 +312,60 @@ TEST_F(ShardFilesTest, FilesHoldTheStoredFormAndTheManifestItsLayout) {
     EXPECT_EQ(FloatToBits(m_value), FloatToBits(books.exp_avg.values[i])) << i;
     EXPECT_EQ(FloatToBits(v_value), FloatToBits(books.exp_avg_sq.values[i])) << i;
   }
+}
+
+std::vector<BufferValue> SomeBuffers() {
+  const int64_t count = 1234567890123;
+  std::string count_bytes(8, '\0');
+  std::memcpy(count_bytes.data(), &count, 8);
+  std::string mean(12, '\0');
+  for (size_t i = 0; i < mean.size(); ++i) mean[i] = static_cast<char>(i * 37 + 1);
+  return {{"bn.running_mean", safetensors::DType::kF32, {3}, mean},
+          {"bn.num_batches_tracked", safetensors::DType::kI64, {}, count_bytes},
+          {"mask", safetensors::DType::kBool, {2, 1}, std::string("\x01\x00", 2)},
+          {"empty", safetensors::DType::kF64, {0}, ""}};
+}
+
+TEST_F(ShardFilesTest, BuffersComeBackBitForBitAndADamagedBuffersFileIsDataLoss) {
+  const Loaded without = Checkpoint(/*fenced=*/false);
+  EXPECT_FALSE(without.manifest["files"].contains(kBuffersFileName));
+  ASSERT_TRUE(Wait<uint64_t>([&](auto done) {
+                shard_.engine.WriteBuffers(SomeBuffers(), done);
+              }).ok());
+  for (bool fenced : {false, true}) {
+    const Loaded c = Checkpoint(fenced);
+    ASSERT_TRUE(c.manifest["files"].contains(kBuffersFileName));
+    // By name, each in its own dtype and shape.
+    EXPECT_EQ(EntriesOf(c, kBuffersFileName),
+              (std::vector<std::string>{"bn.num_batches_tracked:I64[]", "bn.running_mean:F32[3]",
+                                        "empty:F64[0]", "mask:BOOL[2,1]"}));
+    Shard restored;
+    const absl::Status restore = RestoreFrom(c, restored.engine);
+    ASSERT_TRUE(restore.ok()) << restore;
+    const std::shared_ptr<const BufferSet> buffers = restored.engine.buffers();
+    ASSERT_EQ(buffers->size(), 4u);
+    for (const BufferValue& want : SomeBuffers()) {
+      const BufferValue* got = buffers->Find(want.name);
+      ASSERT_NE(got, nullptr) << want.name;
+      EXPECT_EQ(got->dtype, want.dtype) << want.name;
+      EXPECT_EQ(got->shape, want.shape) << want.name;
+      EXPECT_EQ(got->data, want.data) << want.name;
+    }
+    EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(shard_.engine));
+  }
+
+  // One flipped bit in the buffers' file: the checkpoint is damaged, naming the file.
+  const Loaded c = Checkpoint(/*fenced=*/false);
+  const std::string path = c.directory + "/" + kBuffersFileName;
+  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() - 3] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << *bytes;
+  Shard restored;
+  const absl::Status restore = RestoreFrom(c, restored.engine);
+  EXPECT_EQ(restore.code(), absl::StatusCode::kDataLoss) << restore;
+  EXPECT_NE(restore.message().find(kBuffersFileName), std::string::npos) << restore;
+  EXPECT_TRUE(restored.engine.buffers()->empty());
 }
 
 // Another tool may write a file's entries in any order: here params.safetensors with the odd

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_io.h"
 #include "kernels/quant_math.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/shard_files.h"
@@ -253,6 +254,29 @@ absl::Status ReadRetries(const ManifestReader& m, const json& root, RestoredShar
 
 constexpr int kSlotsPerFile = 3;  // Buffers in flight per data file.
 
+// The buffers' file, read whole and checked against the manifest's CRC-32.
+absl::StatusOr<std::shared_ptr<const BufferSet>> ReadBuffers(const Loaded& checkpoint) {
+  absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, kBuffersFileName);
+  if (!crc32.ok()) return crc32.status();
+  const std::string path = absl::StrCat(checkpoint.directory, "/", kBuffersFileName);
+  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
+  if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
+  if (safetensors::Crc32(0, bytes->data(), bytes->size()) != *crc32) {
+    return absl::DataLossError(absl::StrCat(path, ": its CRC-32 is not the manifest's"));
+  }
+  absl::StatusOr<safetensors::File> file = safetensors::File::Parse(*std::move(bytes), path);
+  if (!file.ok()) return absl::DataLossError(file.status().message());
+  std::vector<BufferValue> buffers;
+  for (const safetensors::Entry& e : file->entries()) {
+    const absl::Span<const uint8_t> data = file->Data(e);
+    buffers.push_back({e.name, e.dtype, e.shape,
+                       std::string(reinterpret_cast<const char*>(data.data()), data.size())});
+  }
+  absl::StatusOr<std::shared_ptr<const BufferSet>> set = BufferSet::Of(std::move(buffers));
+  if (!set.ok()) return absl::DataLossError(absl::StrCat(path, ": ", set.status().message()));
+  return set;
+}
+
 }  // namespace
 
 // One data file: its reader, and which tensor each of its entries is (in data order).
@@ -346,6 +370,12 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
     reader->bytes_ += file->data_left();
     reader->parts_.push_back(
         std::make_unique<Part>(Part{std::move(field), *std::move(file), *crc32}));
+  }
+
+  if (root["files"].contains(kBuffersFileName)) {
+    absl::StatusOr<std::shared_ptr<const BufferSet>> buffers = ReadBuffers(checkpoint);
+    if (!buffers.ok()) return buffers.status();
+    shard.buffers = *std::move(buffers);
   }
 
   const int slots = kSlotsPerFile * static_cast<int>(reader->parts_.size());

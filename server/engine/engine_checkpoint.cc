@@ -150,6 +150,7 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
         cut.view = view();
         cut.version = queued_version_;
         cut.generation = generation_;
+        cut.buffers = buffers();
         for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {
           cut.steps.push_back(backend_->step(t));
         }
@@ -315,6 +316,7 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
         {
           std::lock_guard<std::mutex> lock(view_mu_);
           view_ = std::move(restored);
+          buffers_ = shard->buffers != nullptr ? shard->buffers : BufferSet::Empty();
         }
         done(shard->version);
       },

@@ -25,7 +25,8 @@ UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault
       retries_(retries),
       consistency_(consistency),
       observer_(observer),
-      view_(ShardView::Initial()) {
+      view_(ShardView::Initial()),
+      buffers_(BufferSet::Empty()) {
   // "default" exists from the start, as the initial view says (torch.optim.AdamW's defaults).
   if (absl::Status s = backend_->SetParamGroup(0, view_->groups()[0].hyperparameters); !s.ok()) {
     fault_->Report(
@@ -280,6 +281,28 @@ absl::Status UpdateEngine::AdmitPush(absl::string_view client_id,
     }
   }
   return absl::OkStatus();
+}
+
+std::shared_ptr<const BufferSet> UpdateEngine::buffers() const {
+  std::lock_guard<std::mutex> lock(view_mu_);
+  return buffers_;
+}
+
+void UpdateEngine::WriteBuffers(std::vector<BufferValue> writes, Done<uint64_t> done) {
+  Submit(
+      [this, writes = std::move(writes), done]() mutable {
+        if (absl::Status s = fault_->status(); !s.ok()) return done(s);
+        absl::StatusOr<std::shared_ptr<const BufferSet>> next =
+            buffers()->Merged(std::move(writes));
+        if (!next.ok()) return done(next.status());
+        {
+          std::lock_guard<std::mutex> lock(view_mu_);
+          buffers_ = *std::move(next);
+        }
+        ++generation_;
+        done(queued_version_);
+      },
+      [done](const absl::Status& s) { done(s); });
 }
 
 void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {

@@ -59,6 +59,7 @@
 #include "kernels/backend.h"
 #include "server/engine/consistency.h"
 #include "server/engine/shard_fault.h"
+#include "server/store/buffer_set.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
 
@@ -151,6 +152,7 @@ struct ShardCut {
   std::shared_ptr<const ShardView> view;
   std::vector<int64_t> steps;  // By tensor index of the view.
   std::vector<RetryTable::ClientRecord> retries;
+  std::shared_ptr<const BufferSet> buffers;  // The model's buffers at the cut.
   // Counts the jobs that changed the shard (steps, skipped steps, registrations, group
   // changes, a restore): equal generations mean equal shards.
   uint64_t generation = 0;
@@ -186,6 +188,7 @@ struct RestoredShard {
   // computed from the params (as registration computes it).
   bool param_copy = false;
   std::string plan_hash;  // ShardView::plan_hash; empty when unsharded.
+  std::shared_ptr<const BufferSet> buffers;  // The model's buffers; null: none.
 };
 
 // Where a restore's values come from: host memory that other threads fill (a checkpoint's
@@ -246,6 +249,9 @@ class UpdateEngine {
   // The version and the steps of `tensors` (indices of the current view), read together.
   uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
 
+  // The model's buffers as of the last write run (a write has no device work).
+  std::shared_ptr<const BufferSet> buffers() const;
+
   const ConsistencyOptions& consistency() const { return consistency_; }
   // The checks a push's header can pass or fail before its payload is read, against the
   // published version (which only grows, so a
@@ -273,6 +279,10 @@ class UpdateEngine {
   // The group after the change; NOT_FOUND, INVALID_ARGUMENT (UpdatedHyperparameters).
   void SetHyperparameters(std::string group, HyperparameterUpdate update,
                           Done<ParamGroupSpec> done);
+  // Replaces or adds buffers (BufferSet::Merged's errors, all or nothing), in stream order: a
+  // checkpoint's cut after this job holds them, one before does not. Versions and steps do not
+  // change. `done` runs on the engine thread, with the version of the steps queued before.
+  void WriteBuffers(std::vector<BufferValue> writes, Done<uint64_t> done);
   // A registration in phases: Begin adds the tensors to the backend (invisible to readers and
   // pushes), WriteParams fills their values, Commit makes them visible (a new view), Abort
   // removes them. One registration at a time (the caller serializes them). `done` runs on the
@@ -447,8 +457,11 @@ class UpdateEngine {
   bool timer_stop_ = false;              // Guarded by timer_mu_.
   std::thread timer_thread_;             // Runs only in sync mode with a timeout.
 
-  mutable std::mutex view_mu_;  // Guards view_ (the pointer; views are immutable).
+  // Guards view_ and buffers_ (the pointers; views and buffer sets are immutable), which
+  // only the engine thread swaps.
+  mutable std::mutex view_mu_;
   std::shared_ptr<const ShardView> view_;
+  std::shared_ptr<const BufferSet> buffers_;
 
   mutable std::shared_mutex progress_mu_;
   uint64_t version_ = 0;        // Guarded by progress_mu_.

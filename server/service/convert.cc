@@ -212,4 +212,20 @@ void ToProto(const Model& model, v1::ModelInfo* p) {
   p->set_plan_hash(view->plan_hash());
 }
 
+absl::StatusOr<BufferValue> BufferFromProto(const v1::Buffer& p) {
+  absl::StatusOr<safetensors::DType> dtype = safetensors::DTypeOfName(p.dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer ", QuoteName(p.name()), ": ", dtype.status().message()));
+  }
+  return BufferValue{p.name(), *dtype, {p.shape().begin(), p.shape().end()}, p.data()};
+}
+
+void ToProto(const BufferValue& buffer, v1::Buffer* p) {
+  p->set_name(buffer.name);
+  p->set_dtype(safetensors::DTypeName(buffer.dtype));
+  for (int64_t d : buffer.shape) p->add_shape(d);
+  p->set_data(buffer.data);
+}
+
 }  // namespace fusedps

@@ -9,6 +9,7 @@
 #include "grpcpp/support/status.h"
 #include "server/engine/consistency.h"
 #include "server/models/model.h"
+#include "server/store/buffer_set.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
 
@@ -41,6 +42,11 @@ void ToProto(const ConsistencyOptions& c, v1::Consistency* p);
 absl::StatusOr<ConsistencyOptions> ConsistencyFromProto(const v1::Consistency& p);
 // The model as ListModels and CreateModel describe it.
 void ToProto(const Model& model, v1::ModelInfo* p);
+
+// A WriteBuffers buffer: INVALID_ARGUMENT naming the buffer for a dtype that is not a
+// safetensors::DTypeNames() name (its shape and size are CheckBuffer's, the engine's).
+absl::StatusOr<BufferValue> BufferFromProto(const v1::Buffer& p);
+void ToProto(const BufferValue& buffer, v1::Buffer* p);
 
 }  // namespace fusedps
 

@@ -104,6 +104,55 @@ grpc::Status ParameterServiceImpl::SetHyperparameters(
   return grpc::Status::OK;
 }
 
+grpc::Status ParameterServiceImpl::WriteBuffers(grpc::ServerContext* context,
+                                                const v1::WriteBuffersRequest* request,
+                                                v1::WriteBuffersResponse* response) {
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kWriteBuffers, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
+  std::vector<BufferValue> writes;
+  for (const v1::Buffer& b : request->buffers()) {
+    absl::StatusOr<BufferValue> buffer = BufferFromProto(b);
+    if (!buffer.ok()) return ToGrpc(buffer.status());
+    writes.push_back(*std::move(buffer));
+  }
+  UpdateEngine& engine = (*model)->engine();
+  absl::StatusOr<uint64_t> version = UpdateEngine::Wait<uint64_t>(
+      [&](UpdateEngine::Done<uint64_t> done) { engine.WriteBuffers(std::move(writes), done); });
+  if (!version.ok()) return ToGrpc(version.status());
+  response->set_version(*version);
+  response->set_buffer_count(static_cast<uint32_t>(engine.buffers()->size()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::PullBuffers(
+    grpc::ServerContext* context, const v1::PullBuffersRequest* request,
+    grpc::ServerWriter<v1::PullBuffersResponse>* writer) {
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kPullBuffers, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
+  const std::shared_ptr<const BufferSet> set = (*model)->engine().buffers();
+  std::vector<const BufferValue*> buffers;
+  for (const std::string& name : request->names()) {
+    const BufferValue* b = set->Find(name);
+    if (b == nullptr) {
+      return ToGrpc(absl::NotFoundError(absl::StrCat("buffer ", QuoteName(name), ": model ",
+                                                     QuoteName((*model)->name()),
+                                                     " has no such buffer")));
+    }
+    buffers.push_back(b);
+  }
+  if (request->names().empty()) {
+    for (const auto& [name, b] : set->buffers()) buffers.push_back(b.get());
+  }
+  for (const BufferValue* b : buffers) {
+    v1::PullBuffersResponse message;
+    ToProto(*b, message.mutable_buffer());
+    if (!writer->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ParameterServiceImpl::RegisterTensors(
     grpc::ServerContext* context, grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
     v1::RegisterTensorsResponse* response) {
@@ -242,6 +291,9 @@ grpc::Status ParameterServiceImpl::GetInfo(grpc::ServerContext* context,
   for (const std::shared_ptr<Model>& m : models) server_bytes += m->memory_bytes();
   response->set_server_memory_bytes(server_bytes);
   response->set_model_count(static_cast<uint32_t>(models.size()));
+  const std::shared_ptr<const BufferSet> buffers = engine.buffers();
+  response->set_buffer_count(static_cast<uint32_t>(buffers->size()));
+  response->set_buffer_bytes(buffers->bytes());
   return grpc::Status::OK;
 }
 

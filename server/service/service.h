@@ -60,6 +60,12 @@ class ParameterServiceImpl final : public ParameterServiceBase {
   grpc::Status LoadState(grpc::ServerContext* context,
                          grpc::ServerReader<v1::LoadStateRequest>* reader,
                          v1::LoadStateResponse* response) override;
+  // The model's buffers (store/buffer_set.h): a write waits for its engine job (which waits
+  // for no kernel); a pull reads the engine's current set.
+  grpc::Status WriteBuffers(grpc::ServerContext* context, const v1::WriteBuffersRequest* request,
+                            v1::WriteBuffersResponse* response) override;
+  grpc::Status PullBuffers(grpc::ServerContext* context, const v1::PullBuffersRequest* request,
+                           grpc::ServerWriter<v1::PullBuffersResponse>* writer) override;
   // Models (models/model_registry.h). Create and delete block their handler's thread for the
   // model's files (and a delete, for the calls that still hold the model, up to the call's
   // deadline, or 10 s without one).

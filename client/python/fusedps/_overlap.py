@@ -474,16 +474,20 @@ class OverlapEngine:
             self._call(opt.write_pending_state).result()
             timings["load_state_seconds"] = time.perf_counter() - start
 
+        buffers = opt._buffers.snapshot()
+
         def commit():
             start = time.perf_counter()
             opt._send_hyperparameters(hyper)
+            sent_hyper = time.perf_counter()
+            opt._buffers.send(buffers)
             sent = time.perf_counter()
             _trace.mark("commit")
             results = self._end(step, commit_scale)
             pushed = time.perf_counter()
             _trace.mark("committed")
             self.pulls.start("shadow" if delayed else "direct")
-            return results, sent - start, pushed - step.push_started
+            return results, sent_hyper - start, sent - sent_hyper, pushed - step.push_started
 
         self.steps += 1
         if delayed:
@@ -495,10 +499,11 @@ class OverlapEngine:
             plan.report(False)
             return self._finish_timings(timings, t0)
         wait = time.perf_counter()
-        results, hyper_seconds, push_seconds = self._call(commit).result()
+        results, hyper_seconds, buffers_seconds, push_seconds = self._call(commit).result()
         timings["push_exposed_seconds"] = time.perf_counter() - wait
         timings["push_seconds"] = push_seconds
         timings["hyperparameters_seconds"] = hyper_seconds
+        timings["buffers_seconds"] = buffers_seconds
         opt.last_push_result = results[0] if len(results) == 1 else tuple(results)
         opt.last_step_skipped = any(r.step_skipped for r in results)
         plan.report(opt.last_step_skipped)
@@ -587,7 +592,7 @@ class OverlapEngine:
 
 def _new_timings() -> Dict[str, float]:
     keys = ("push_seconds", "push_exposed_seconds", "pull_seconds", "pull_exposed_seconds",
-            "check_seconds", "hyperparameters_seconds", "load_state_seconds",
+            "check_seconds", "hyperparameters_seconds", "load_state_seconds", "buffers_seconds",
             "step_wait_seconds")
     return {k: 0.0 for k in keys}
 

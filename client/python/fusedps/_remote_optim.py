@@ -193,7 +193,7 @@ GRAD_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
 def new_timings() -> Dict[str, float]:
     """RemoteAdamW.last_step_timings with nothing done."""
     return {"push_seconds": 0.0, "pull_seconds": 0.0, "hyperparameters_seconds": 0.0,
-            "load_state_seconds": 0.0}
+            "load_state_seconds": 0.0, "buffers_seconds": 0.0}
 
 
 def check_overlap_options(overlap: bool, bucket_bytes: int, delay: int, delay_warmup: int,

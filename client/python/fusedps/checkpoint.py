@@ -58,6 +58,7 @@ EXP_AVG = "exp_avg.safetensors"
 EXP_AVG_SQ = "exp_avg_sq.safetensors"
 MAX_EXP_AVG_SQ = "max_exp_avg_sq.safetensors"
 PARAM_COPY = "param_copy.safetensors"
+BUFFERS = "buffers.safetensors"  # The model's buffers, when it has any.
 
 _DIR_RE = re.compile(r"checkpoint-([0-9]{20})\Z")
 _PARAM_COPY_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -217,8 +218,11 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
         when that one is bad: pass its directory to read an older one).
 
     Returns:
-      model_state: OrderedDict name -> CPU float32 tensor (the params), in registration order,
-        with the registered shapes (() for a 0-dim tensor); bf16 params widened exactly.
+      model_state: OrderedDict name -> CPU tensor: the params as float32, in registration
+        order, with the registered shapes (() for a 0-dim tensor; bf16 params widened exactly);
+        then the model's buffers (buffers.safetensors, written by RemoteAdamW(buffers=...) or
+        Client.write_buffers), by name, each in its own dtype and shape. For a module whose
+        params and buffers were all kept, ``module.load_state_dict(model_state)`` is strict.
       optim_state: a torch.optim.AdamW state_dict::
 
           {"state": {index: {"step": torch.tensor(float(step)),     # default dtype, 0-dim
@@ -304,6 +308,12 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
                 if t.dtype == torch.uint8 else stored.to_fp32(t))
 
     model_state = collections.OrderedDict((n, data["param"][n]) for n in shapes)
+    if BUFFERS in raw:
+        what = os.path.join(directory, BUFFERS)
+        for name, t in decode_safetensors(raw[BUFFERS], what).items():
+            if name in model_state:
+                raise ValueError(f"{what}: buffer {name!r} has the name of a tensor")
+            model_state[name] = t
     by_group: Dict[str, List[Dict[str, Any]]] = collections.defaultdict(list)
     for t in m["tensors"]:
         by_group[t["param_group"]].append(t)

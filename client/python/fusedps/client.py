@@ -725,6 +725,54 @@ class Client:
 
         return int(self._load_state(requests(), timeout=self._timeout(payload)).version)
 
+    def write_buffers(self, buffers, *, prefix: str = "") -> int:
+        """Writes the model's buffers to the server (docs/api.md, "Buffers"): module state that
+        is not a parameter, such as BatchNorm's running statistics, kept with the model and in
+        its checkpoints, never optimized. Each in its own dtype and shape, bit for bit; buffers
+        not given keep their values on the server. In stream order with pushes: a checkpoint
+        taken after this call holds these values. Returns the model's version.
+
+        Args:
+          buffers: an nn.Module (the buffers its state_dict holds, by those names), a mapping
+            name -> tensor or (name, tensor) pairs; any device, dtypes float32, float64,
+            float16, bfloat16, int64, int32, int16, int8, uint8 and bool.
+          prefix: prepended to each name.
+        Raises:
+          TypeError: a value that is not a tensor, or of another dtype. ValueError: a name
+            twice, or no buffers.
+          fusedps.errors.InvalidArgument: a bad name, more than 4096 buffers or 256 MiB.
+        """
+        from fusedps import _buffers  # torch: not imported by `import fusedps`.
+
+        pairs = _buffers.named_buffers(buffers, prefix)
+        if not pairs:
+            raise ValueError("no buffers to write")
+        return _buffers.write(self._stub, self.model, pairs, self._timeout())
+
+    def pull_buffers(self, buffers=None, *, prefix: str = "") -> Dict[str, "torch.Tensor"]:
+        """The model's buffers from the server (name -> CPU tensor in its dtype and shape).
+
+        Args:
+          buffers: None (every buffer), a list of names, or an nn.Module / mapping / pairs
+            (as write_buffers): then the server's values are also copied into those tensors,
+            in place; those the server does not have keep theirs.
+        Raises:
+          fusedps.errors.NotFound: a name the model has no buffer of.
+          ValueError: a local buffer whose shape differs from the server's.
+        """
+        from fusedps import _buffers  # torch: not imported by `import fusedps`.
+
+        if buffers is None:
+            return _buffers.pull(self._stub, self.model, [], self._timeout())
+        if isinstance(buffers, str) or (isinstance(buffers, (list, tuple))
+                                        and all(isinstance(b, str) for b in buffers)):
+            names = [buffers] if isinstance(buffers, str) else list(buffers)
+            return _buffers.pull(self._stub, self.model, names, self._timeout())
+        pairs = _buffers.named_buffers(buffers, prefix)
+        pulled = _buffers.pull(self._stub, self.model, [], self._timeout())
+        _buffers.copy_into(pairs, pulled)
+        return pulled
+
     def info(self) -> ServerInfo:
         """Server and model facts: version, backend, device, counts, param groups, limits,
         memory (ServerInfo)."""
@@ -738,7 +786,8 @@ class Client:
             consistency=(Consistency._from_pb(r.consistency) if r.HasField("consistency")
                          else None),
             plan_hash=r.plan_hash, model=r.model, memory_bytes=int(r.memory_bytes),
-            server_memory_bytes=int(r.server_memory_bytes), model_count=int(r.model_count))
+            server_memory_bytes=int(r.server_memory_bytes), model_count=int(r.model_count),
+            buffer_count=int(r.buffer_count), buffer_bytes=int(r.buffer_bytes))
 
     def create_model(self, name: str, *, mode: Optional[str] = None,
                      replicas_to_aggregate: int = 1, total_replicas: int = 1,

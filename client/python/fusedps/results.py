@@ -223,6 +223,8 @@ class ServerInfo:
       memory_bytes: device memory the model holds (host memory on the CPU backend), in bytes.
       server_memory_bytes: device memory the whole server holds (every model and the staging).
       model_count: models on the server.
+      buffer_count, buffer_bytes: the model's buffers (Client.write_buffers) and their bytes
+        (host memory, not in memory_bytes).
     """
 
     version: int
@@ -240,6 +242,8 @@ class ServerInfo:
     memory_bytes: int = 0
     server_memory_bytes: int = 0
     model_count: int = 0
+    buffer_count: int = 0
+    buffer_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -400,6 +400,15 @@ class ShardedClient:
 
     # -- facts ----------------------------------------------------------------------------------
 
+    def write_buffers(self, buffers, *, prefix: str = "") -> int:
+        """Client.write_buffers on the first shard, which keeps every buffer of the model
+        (buffers are small and not cut); its checkpoints hold them. Returns its version."""
+        return self.clients[0].write_buffers(buffers, prefix=prefix)
+
+    def pull_buffers(self, buffers=None, *, prefix: str = ""):
+        """Client.pull_buffers from the first shard (see write_buffers)."""
+        return self.clients[0].pull_buffers(buffers, prefix=prefix)
+
     def info(self) -> List[ServerInfo]:
         """Each shard's ServerInfo (version, consistency, plan_hash, ...)."""
         return self._fan_out(lambda i, c: c.info())

@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from fusedps import _on_existing
+from fusedps import _buffers, _on_existing
 from fusedps import _remote_optim as ro
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
@@ -158,6 +158,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         client_options, or of the given client), else "default". Jobs that share servers each
         use a model of their own: their tensors, versions and checkpoints never mix, and one
         can be deleted without touching the others.
+      buffers: the model's buffers to keep on the server with its params (docs/python.md,
+        "Buffers"): usually the module itself (the buffers its state_dict holds: BatchNorm's
+        running statistics), or a mapping / (name, tensor) pairs; names get ``prefix``. At
+        construction, buffers the server has are copied into them (a resumed run continues
+        with the server's running statistics), the others are written. Every step writes
+        their values (as backward left them) before its push, so that every server checkpoint
+        holds params and buffers that the module had together, and
+        ``fusedps.checkpoint.to_torch`` gives a state_dict that ``model.load_state_dict``
+        takes strictly. None (default): no buffers are kept. With several servers the first
+        keeps them.
 
     On construction, each torch param group becomes a server param group named by its "name"
     key or ``f"{prefix}group{i}"``, registered with the group's hyperparameters (decoupled
@@ -235,7 +245,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                  pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
                  rounding_seed: int = 0, on_existing: str = "error",
-                 model: Optional[str] = None):
+                 model: Optional[str] = None, buffers: Any = None):
         _on_existing.check_on_existing(on_existing)
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
@@ -306,6 +316,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             ro.register_tensors(self.client, self._pairs,
                                 [self.group_names[g] for g in self._group_of])
             self._pull_parameters()
+            self._buffers = _buffers.ModuleBuffers(self.client, () if buffers is None
+                                                   else buffers, prefix)
+            self._buffers.attach()
             if overlap:
                 from fusedps._overlap import OverlapEngine
 
@@ -613,6 +626,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         start = time.perf_counter()
         self._send_hyperparameters()
         timings["hyperparameters_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self._buffers.send(self._buffers.snapshot())
+        timings["buffers_seconds"] = time.perf_counter() - start
 
     def _push(self, names: List[str], grad_scale: Optional[float]):
         if isinstance(self.client, ShardedClient):
