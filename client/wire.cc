@@ -425,6 +425,9 @@ PushResult FromProtoPushResult(const v1::PushGradientsResponse& response) {
   result.grad_bytes = response.grad_bytes();
   result.duplicate = response.duplicate();
   result.round_workers = response.round_workers();
+  result.round_timed_out = response.round_timed_out();
+  result.missing_replicas.assign(response.missing_replicas().begin(),
+                                 response.missing_replicas().end());
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "fusedps/client.h"
 #include "fusedps/pipelined_pull.h"
@@ -105,6 +106,9 @@ void CopyResult(const fc::PushResult& pushed, fusedps_push_result* result) {
   result->grad_bytes = pushed.grad_bytes;
   result->duplicate = pushed.duplicate ? 1 : 0;
   result->round_workers = pushed.round_workers;
+  result->round_timed_out = pushed.round_timed_out ? 1 : 0;
+  CopyString(absl::StrJoin(pushed.missing_replicas, ","), result->missing_replicas,
+             sizeof(result->missing_replicas));
 }
 
 // The push options of a C header; the dtype is checked.

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 7
+#define FUSEDPS_C_API_VERSION 8
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -76,6 +76,8 @@ typedef struct fusedps_push_result {
   uint64_t grad_bytes;
   int32_t duplicate;
   uint32_t round_workers;
+  int32_t round_timed_out;
+  char missing_replicas[1024];  // Comma-separated client_ids, cut to fit.
 } fusedps_push_result;
 
 FUSEDPS_C_EXPORT int32_t fusedps_c_api_version(void);

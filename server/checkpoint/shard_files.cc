@@ -61,7 +61,9 @@ json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& setti
                          {"skipped", reply.skipped},
                          {"tensors_updated", reply.tensors_updated},
                          {"grad_bytes", reply.grad_bytes},
-                         {"round_workers", reply.round_workers}});
+                         {"round_workers", reply.round_workers},
+                         {"round_timed_out", reply.round_timed_out},
+                         {"missing_replicas", reply.missing_replicas}});
     }
     retries.push_back({{"client_id", r.client_id}, {"highest", r.highest}, {"replies", replies}});
   }

@@ -245,6 +245,18 @@ absl::Status ReadRetries(const ManifestReader& m, const json& root, RestoredShar
         FUSEDPS_ASSIGN(workers, m.Get(r, "round_workers", json::value_t::number_unsigned, at));
         reply.round_workers = workers.get<uint32_t>();
       }
+      if (r.contains("round_timed_out")) {  // Nor these: false and none.
+        FUSEDPS_ASSIGN(timed_out, m.Get(r, "round_timed_out", json::value_t::boolean, at));
+        reply.round_timed_out = timed_out.get<bool>();
+        FUSEDPS_ASSIGN(missing, m.Get(r, "missing_replicas", json::value_t::array, at));
+        for (const json& id : missing) {
+          if (!id.is_string() || id.get<std::string>().size() > RetryTable::kMaxClientIdBytes) {
+            return m.Bad(absl::StrCat(at, ".missing_replicas"),
+                         "holds something other than client_ids");
+          }
+          reply.missing_replicas.push_back(id.get<std::string>());
+        }
+      }
       record.replies.emplace_back(seq.get<uint64_t>(), reply);
     }
     shard->retries.push_back(std::move(record));

@@ -9,8 +9,11 @@
 // step's completion. A push may name any subset of the tensors (a model's frozen or unused
 // parameters have no gradient): a tensor some members did not push is averaged over all the
 // members, theirs counting as zero, as DistributedDataParallel averages unused parameters; a
-// tensor no member pushed is not stepped (torch.optim skips a parameter whose grad is None). The round timer closes a round that waited round_timeout since
-// its first push, with the members it has, through a job (so in stream order like any other).
+// // tensor no member pushed is not stepped (torch.optim skips a parameter whose grad is None).
+// The round timer closes a round that waited round_timeout since its first push, with the
+// members it has, through a job (so in stream order like any other); its replies say so and
+// name the replicas it waited for in vain: those that pushed to one of the last
+// kReplicaRounds rounds but not to this one (a trainer that died, or is stuck).
 //
 // Lifetimes: a member's ReadyPush and `done` stay with the round until it is answered (the
 // caller keeps the push alive until `done`, update_engine.h). The round's step completion owns
@@ -95,7 +98,23 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
   if (round_.members.size() >= consistency_.replicas_to_aggregate) CloseRound(false);
 }
 
+std::vector<std::string> UpdateEngine::MissingReplicas(const std::vector<RoundMember>& members) {
+  const uint64_t round = round_.id;
+  for (const RoundMember& m : members) replica_rounds_[m.push->client_id] = round;
+  std::vector<std::string> missing;
+  for (auto it = replica_rounds_.begin(); it != replica_rounds_.end();) {
+    if (it->second + kReplicaRounds <= round) {
+      it = replica_rounds_.erase(it);  // Not seen for kReplicaRounds rounds: gone.
+      continue;
+    }
+    if (it->second != round && missing.size() < 64) missing.push_back(it->first);
+    ++it;
+  }
+  return missing;
+}
+
 void UpdateEngine::CloseRound(bool timed_out) {
+  std::vector<std::string> missing = MissingReplicas(round_.members);
   std::vector<RoundMember> members = std::move(round_.members);
   std::vector<bool> pushed = std::move(round_.pushed);
   round_ = Round{round_.id + 1, {}, 0, {}};
@@ -125,6 +144,8 @@ void UpdateEngine::CloseRound(bool timed_out) {
   }
   PushReply reply = Advance(*outcome);
   reply.round_workers = static_cast<uint32_t>(members.size());
+  reply.round_timed_out = timed_out;
+  if (timed_out) reply.missing_replicas = std::move(missing);
   absl::Time opened = members.front().push->arrived, received = opened;
   for (const RoundMember& m : members) {
     opened = std::min(opened, m.push->arrived);

@@ -261,6 +261,46 @@ TEST_F(RoundsTest, ARoundThatTimesOutAppliesThePushesItHas) {
   EXPECT_TRUE(observer_.rounds[0].timed_out);
 }
 
+// A trainer that stops pushing (it died) makes the next round time out: its replies say so
+// and name the replica it waited for, which pushed to an earlier round and not to this one.
+// A full round names nobody.
+TEST_F(RoundsTest, ARoundThatTimesOutNamesTheReplicasItWaitedFor) {
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_,
+                      SyncMode(2, 2, absl::Milliseconds(200)), &observer_);
+  const std::vector<uint64_t> sizes = {5};
+  const std::vector<uint32_t> tensors = Register(engine, sizes);
+  std::vector<float> grads(8, 0.25f);
+  ReadyPush a1 = PushOf(tensors, sizes, grads, "trainer-a", 1);
+  ReadyPush b1 = PushOf(tensors, sizes, grads, "trainer-b", 1);
+  ReadyPush a2 = PushOf(tensors, sizes, grads, "trainer-a", 2);
+  a2.base_version = 1;
+  Outcome oa1, ob1, oa2;
+  a1.arrived = absl::Now();
+  Push(engine, &a1, &oa1);
+  Push(engine, &b1, &ob1);
+  for (Outcome* o : {&oa1, &ob1}) {
+    ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(o->result.ok()) << o->result.status();
+    EXPECT_FALSE(o->result->reply.round_timed_out);
+    EXPECT_TRUE(o->result->reply.missing_replicas.empty());
+  }
+  a2.arrived = absl::Now();
+  Push(engine, &a2, &oa2);  // trainer-b is gone.
+  ASSERT_TRUE(oa2.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(oa2.result.ok()) << oa2.result.status();
+  EXPECT_EQ(oa2.result->reply.version, 2u);
+  EXPECT_EQ(oa2.result->reply.round_workers, 1u);
+  EXPECT_TRUE(oa2.result->reply.round_timed_out);
+  EXPECT_EQ(oa2.result->reply.missing_replicas, (std::vector<std::string>{"trainer-b"}));
+  // The retry table keeps the reply whole (a retry after a restart gets it too).
+  Outcome retry;
+  Push(engine, &a2, &retry);
+  ASSERT_TRUE(retry.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(retry.result.ok());
+  EXPECT_TRUE(retry.result->reply.duplicate);
+  EXPECT_EQ(retry.result->reply.missing_replicas, (std::vector<std::string>{"trainer-b"}));
+}
+
 TEST_F(RoundsTest, ANonFiniteGradientSkipsTheWholeRound) {
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 2),
                       &observer_);

@@ -417,6 +417,9 @@ class UpdateEngine {
                   const std::function<void()>& consumed);
   // Queues the round's step with the members it has and answers them once it ran.
   void CloseRound(bool timed_out);
+  // The replicas of the last kReplicaRounds rounds that are not among `members` (at most 64,
+  // by name), and records the members as of this round.
+  std::vector<std::string> MissingReplicas(const std::vector<RoundMember>& members);
   // Fails the members of the open round with `status` (the engine stops).
   void FailRound(const absl::Status& status);
   // The reply of a push's or a round's step once it is queued: advances the queued version
@@ -444,6 +447,10 @@ class UpdateEngine {
   uint32_t pending_first_ = 0;              // The registration in progress: its first index,
   std::vector<TensorMeta> pending_tensors_;  // and its tensors.
   Round round_;
+  // sync mode: each client_id that pushed to one of the last kReplicaRounds rounds, and the
+  // last round it pushed to (Round::id): the replicas a round that times out waited for.
+  static constexpr uint64_t kReplicaRounds = 8;
+  std::map<std::string, uint64_t> replica_rounds_;
 
   // When the last accumulation's work was done: completion thread only.
   absl::Time last_accumulated_;

@@ -147,6 +147,8 @@ void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {
   p->set_grad_bytes(reply.grad_bytes);
   p->set_duplicate(reply.duplicate);
   p->set_round_workers(reply.round_workers);
+  p->set_round_timed_out(reply.round_timed_out);
+  for (const std::string& id : reply.missing_replicas) p->add_missing_replicas(id);
 }
 
 void ToProto(const ConsistencyOptions& c, v1::Consistency* p) {

@@ -46,6 +46,10 @@ struct PushReply {
   uint64_t grad_bytes = 0;
   bool duplicate = false;
   uint32_t round_workers = 0;  // sync mode: the pushes the round's step averaged.
+  // sync mode: the round closed by its timeout, and the client_ids it waited for in vain
+  // (PushGradientsResponse.missing_replicas).
+  bool round_timed_out = false;
+  std::vector<std::string> missing_replicas;
 };
 
 class RetryTable {

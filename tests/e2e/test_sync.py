@@ -14,6 +14,7 @@ Run as a script, this file is one trainer process of test_k_of_n_survives_a_kill
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import subprocess
@@ -322,6 +323,33 @@ def test_sync_mode_with_unused_and_frozen_parameters_averages_as_ddp(overlap):
         finally:
             for o in opts:
                 o.close()
+
+
+def test_a_dead_trainer_is_named_in_a_warning_when_its_rounds_time_out(caplog):
+    """Issue 35, item 6: a trainer that dies slows every round to the round timeout; the live
+    trainers are told, by name. Before, nothing on the trainers' side said so."""
+    trainers = 2
+    with running_server(["--mode=sync", f"--total-replicas={trainers}",
+                         "--round-timeout-seconds=1"]) as target, \
+            ThreadPoolExecutor(trainers) as pool:
+        models = [make_mlp() for _ in range(trainers)]
+        opts = sync_trainers(models, target, "dead/", overlap=False)
+        try:
+            list(pool.map(lambda r: sync_step(opts[r], models[r], trainer_loss, 0, r, False),
+                          range(trainers)))
+            assert not opts[0].last_push_result.round_timed_out
+            opts[1].close()  # trainer-1 dies.
+            with caplog.at_level(logging.WARNING, logger="fusedps.torch"):
+                sync_step(opts[0], models[0], trainer_loss, 1, 0, False)
+            result = opts[0].last_push_result
+            assert result.round_timed_out and result.round_workers == 1
+            assert result.missing_replicas == ("trainer-1",)
+            warnings = [r.getMessage() for r in caplog.records
+                        if r.levelno == logging.WARNING and r.name == "fusedps.torch"]
+            assert len(warnings) == 1, warnings
+            assert "closed by its timeout" in warnings[0] and "trainer-1" in warnings[0]
+        finally:
+            opts[0].close()
 
 
 def test_sync_round_refusals_skips_and_grad_scale():

@@ -268,6 +268,10 @@ struct PushResult {
   bool duplicate = false;   // A retry of a push the server took; nothing more was applied.
   // sync mode: how many pushes (distinct client_ids) the round's step averaged; 0 elsewhere.
   uint32_t round_workers = 0;
+  // sync mode: the round closed by its timeout, and the client_ids it waited for in vain
+  // (PushGradientsResponse.missing_replicas).
+  bool round_timed_out = false;
+  std::vector<std::string> missing_replicas;
 };
 
 struct PullOptions {

@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 7  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 8  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -60,7 +60,8 @@ class _PushResult(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint64), ("step_skipped", ctypes.c_int32),
                 ("skip_reason", ctypes.c_char * 64), ("tensors_updated", ctypes.c_uint32),
                 ("grad_bytes", ctypes.c_uint64), ("duplicate", ctypes.c_int32),
-                ("round_workers", ctypes.c_uint32)]
+                ("round_workers", ctypes.c_uint32), ("round_timed_out", ctypes.c_int32),
+                ("missing_replicas", ctypes.c_char * 1024)]
 
 
 _lock = threading.Lock()

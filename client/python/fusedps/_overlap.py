@@ -34,6 +34,7 @@ device or the network; the worker does (a bucket's copy, a commit).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -45,11 +46,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fusedps import _chunks, _trace
+from fusedps import _remote_optim as _ro
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps._pull_pipeline import PullPipeline
 from fusedps._route import Route
 
 __all__ = ["OverlapEngine"]
+
+_logger = logging.getLogger("fusedps.torch")  # RemoteAdamW's.
 
 # A gradient changed by one factor c, as fl(g * c): with c estimated in fp32 from one element,
 # |new - fl(old * c_est)| stays within about 4 roundings of |new| (2^-22); the bound allows 16,
@@ -505,6 +509,8 @@ class OverlapEngine:
         timings["hyperparameters_seconds"] = hyper_seconds
         timings["buffers_seconds"] = buffers_seconds
         opt.last_push_result = results[0] if len(results) == 1 else tuple(results)
+        for r in results:
+            _ro.warn_timed_out_round(r, _logger)
         opt.last_step_skipped = any(r.step_skipped for r in results)
         plan.report(opt.last_step_skipped)
         return self._finish_timings(timings, t0)

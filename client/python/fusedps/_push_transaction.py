@@ -138,9 +138,7 @@ class NativeTransactionImpl:
 
     def commit(self, grad_scale: Optional[float]) -> PushResult:
         r = self._push.commit(grad_scale)
-        return PushResult(int(r.version), bool(r.step_skipped),
-                          r.skip_reason.decode("utf-8", "replace"), int(r.tensors_updated),
-                          int(r.grad_bytes), bool(r.duplicate), int(r.round_workers))
+        return PushResult._from_native(r)
 
     def cancel(self) -> None:
         self._push.cancel()
@@ -228,9 +226,7 @@ class GrpcioTransactionImpl:
         if failures:
             raise failures[0]
         r = outcomes[0]
-        return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
-                          int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
-                          int(r.round_workers))
+        return PushResult._from_pb(r)
 
     def cancel(self) -> None:
         for f in self._futures:

@@ -5,6 +5,7 @@ a sharded set. Internal module; see fusedps/torch.py for the public behaviour.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -363,6 +364,18 @@ def attribute_plan(grad_scale: Any, found_inf: Any) -> ScalerPlan:
     scale = None if grad_scale is None else float(
         grad_scale.double().item() if isinstance(grad_scale, torch.Tensor) else grad_scale)
     return ScalerPlan(scale, skip, _no_report)
+
+
+def warn_timed_out_round(result: Any, logger: logging.Logger) -> None:
+    """Logs a WARNING for a push answered by a sync round that closed by its timeout, naming
+    the replicas it waited for (a PushResult, or a ShardedPushResult's results)."""
+    for r in getattr(result, "results", None) or (result,):
+        if getattr(r, "round_timed_out", False):
+            missing = ", ".join(r.missing_replicas) or "none the server knows of"
+            logger.warning(
+                "the sync round at version %d closed by its timeout with %d push(es); it waited "
+                "for: %s. A trainer that died or is stuck slows every round to the timeout "
+                "(docs/consistency.md)", r.version, r.round_workers, missing)
 
 
 def check_grad_scale(value: Optional[float]) -> Optional[float]:

@@ -522,14 +522,10 @@ class Client:
                 base_version=header.base_version, plan_hash=plan_hash, names=names,
                 grads=[g.detach().to(device="cpu", dtype=torch.float32).contiguous()
                        for _, g in items])
-            return PushResult(int(r.version), bool(r.step_skipped),
-                              r.skip_reason.decode("utf-8", "replace"), int(r.tensors_updated),
-                              int(r.grad_bytes), bool(r.duplicate), int(r.round_workers))
+            return PushResult._from_native(r)
         r = self._pusher.push(header, items, wire, self.max_chunk_bytes, self._timeout,
                               self._name_push)
-        return PushResult(int(r.version), bool(r.step_skipped), r.skip_reason,
-                          int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
-                          int(r.round_workers))
+        return PushResult._from_pb(r)
 
     def begin_push(self, tensors: Sequence[Tuple[str, int]], *, grad_dtype="float32",
                    base_version: Optional[int] = None, plan_hash: str = "",

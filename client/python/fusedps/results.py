@@ -119,6 +119,9 @@ class PushResult:
         and sequence_number) and applied nothing more; the other fields repeat that push's.
       round_workers: sync mode: the pushes (distinct client_ids) the round's step averaged;
         0 in the other modes.
+      round_timed_out: sync mode: the round closed by its timeout with fewer than K pushes.
+      missing_replicas: then, the client_ids it waited for in vain (those that pushed to one
+        of the server's last 8 rounds but not to this one: a trainer that died or is stuck).
     """
 
     version: int
@@ -128,6 +131,24 @@ class PushResult:
     grad_bytes: int
     duplicate: bool
     round_workers: int = 0
+    round_timed_out: bool = False
+    missing_replicas: Tuple[str, ...] = ()
+
+    @classmethod
+    def _from_pb(cls, r) -> "PushResult":
+        """From a PushGradientsResponse."""
+        return cls(int(r.version), bool(r.step_skipped), r.skip_reason, int(r.tensors_updated),
+                   int(r.grad_bytes), bool(r.duplicate), int(r.round_workers),
+                   bool(r.round_timed_out), tuple(r.missing_replicas))
+
+    @classmethod
+    def _from_native(cls, r) -> "PushResult":
+        """From the C ABI's fusedps_push_result (fusedps._native)."""
+        missing = r.missing_replicas.decode("utf-8", "replace")
+        return cls(int(r.version), bool(r.step_skipped), r.skip_reason.decode("utf-8", "replace"),
+                   int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
+                   int(r.round_workers), bool(r.round_timed_out),
+                   tuple(missing.split(",")) if missing else ())
 
 
 @dataclass(frozen=True)

@@ -395,6 +395,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         result = self._push(names, plan.grad_scale)
         timings["push_seconds"] = time.perf_counter() - start
         self.last_push_result = result
+        ro.warn_timed_out_round(result, logger)
         self.last_step_skipped = bool(result.step_skipped)
         plan.report(self.last_step_skipped)
         start = time.perf_counter()
