@@ -67,7 +67,8 @@ def main(out):
         stages = [per("fusedps_round_stage_duration_seconds_sum", f'{{stage="{s}"}}')
                   for s in STAGES]
         workers = delta(before, after, "fusedps_round_workers_sum") / rounds
-        timeouts = delta(before, after, "fusedps_rounds_total", '{closed_by="timeout"}')
+        timeouts = delta(before, after, "fusedps_rounds_total",
+                         '{closed_by="timeout",model="default"}')
         print(f"| {shard} | {rounds:.0f} | {workers:.2f} | "
               f"{per('fusedps_round_duration_seconds_sum'):.2f} | "
               + " | ".join(f"{s:.2f}" for s in stages) + f" | {timeouts:.0f} |")

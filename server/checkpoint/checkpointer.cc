@@ -39,6 +39,7 @@ Checkpointer::Checkpointer(UpdateEngine* engine, Metrics* metrics, CheckpointerO
 
 void Checkpointer::Start() {
   metrics_->SetCheckpointInterval(absl::ToDoubleSeconds(options_.interval));
+  metrics_->AddCheckpointedModel(options_.model);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -73,7 +74,7 @@ void Checkpointer::Restored(const CheckpointResult& result) {
   std::lock_guard<std::mutex> lock(mu_);  // Orders it before the thread's next checkpoint.
   last_ = result;
   last_generation_ = engine_->generation();
-  metrics_->RecordCheckpointSuccess(0, UnixNow());
+  metrics_->RecordCheckpointSuccess(options_.model, 0, UnixNow());
 }
 
 void Checkpointer::Run() {
@@ -168,7 +169,7 @@ absl::StatusOr<CheckpointResult> Checkpointer::TakeOne() {
     std::lock_guard<std::mutex> lock(mu_);
     // Nothing changed since the last checkpoint: it holds it all.
     if (last_.has_value() && engine_->generation() == last_generation_) {
-      metrics_->RecordCheckpointSuccess(0, UnixNow());
+      metrics_->RecordCheckpointSuccess(options_.model, 0, UnixNow());
       return *last_;
     }
   }
@@ -199,7 +200,7 @@ absl::StatusOr<CheckpointResult> Checkpointer::TakeOne() {
     return written.status();
   }
   metrics_->RecordCheckpointPhase("write", write_seconds);
-  metrics_->RecordCheckpointSuccess(written->bytes, UnixNow());
+  metrics_->RecordCheckpointSuccess(options_.model, written->bytes, UnixNow());
   LOG(INFO) << "checkpoint: version " << written->version << " in " << written->directory
             << ", " << written->bytes << " bytes; snapshot " << snapshot_seconds * 1e3
             << " ms" << (fenced ? " (fenced)" : "") << ", write " << write_seconds << " s ("
@@ -220,7 +221,7 @@ void Checkpointer::RecordFailure(const absl::Status& status, bool snapshot) {
   } else if (absl::IsResourceExhausted(status) || absl::IsOutOfRange(status)) {
     reason = "disk_full";  // ENOSPC, EDQUOT; EFBIG (a file size limit) is OUT_OF_RANGE.
   }
-  metrics_->RecordCheckpointFailure(reason);
+  metrics_->RecordCheckpointFailure(options_.model, reason);
   LOG(ERROR) << "checkpoint failed (" << reason << "): " << status;
 }
 

@@ -46,6 +46,7 @@ struct CheckpointerOptions {
   uint64_t every_versions = 0;                        // 0: no version trigger.
   uint64_t host_buffer_bytes = 0;                     // 0: as much as the shard needs.
   std::string server_version;                         // For the manifest.
+  std::string model = "default";                      // The `model` label of its metrics.
 };
 
 struct CheckpointResult {

@@ -182,7 +182,7 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
 // The failures of a checkpoint directory that cannot be written, counted in the metrics.
 double IoFailures(const Metrics& metrics) {
   const std::string text = metrics.ScrapeText();
-  const std::string key = "fusedps_checkpoint_failures_total{reason=\"io\"} ";
+  const std::string key = "fusedps_checkpoint_failures_total{model=\"default\",reason=\"io\"} ";
   const size_t at = text.find(key);
   return at == std::string::npos ? -1 : std::stod(text.substr(at + key.size()));
 }

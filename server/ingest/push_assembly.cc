@@ -324,7 +324,8 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
   if (result.ok()) {
     reply = result->reply;
     if (!reply.duplicate) {
-      if (result->counts_step) services_.metrics->RecordStep(reply.skipped, kSkipNonFiniteGrad);
+      if (result->counts_step) services_.metrics->RecordStep(services_.model, reply.skipped,
+                                                              kSkipNonFiniteGrad);
       // h2d is how long the device waited for the gradients' copies once it reached the step;
       // apply is the rest until the step was back: the engine's queue and the kernels.
       stages.receive = absl::ToDoubleSeconds(received_ - arrived_);

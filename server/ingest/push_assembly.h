@@ -84,6 +84,7 @@ struct IngestServices {
   // Keeps the engine and the assemblies alive while a push holds these (the server's model,
   // server/models/model.h); may be null when they outlive every push anyway.
   std::shared_ptr<void> owner = nullptr;
+  std::string model = "default";  // Its name, for the metrics' `model` label.
 };
 
 // A push header, checked against a view: its tensors' indices and its dtype.

@@ -40,6 +40,10 @@ void KnockOnce(std::string host, int port) {
 }
 
 constexpr const char* kStageNames[] = {"receive", "h2d", "apply", "ack"};
+// The skip reason of a step with a non-finite gradient (ingest's kSkipNonFiniteGrad).
+constexpr char kNonFiniteGrad[] = "non_finite_grad";
+// Metrics::RecordCheckpointFailure's reasons.
+constexpr const char* kCheckpointFailureReasons[] = {"disk_full", "io", "snapshot", "stopping"};
 
 // Checkpoint phases run from milliseconds to minutes: DurationBuckets' range, and beyond.
 const std::vector<double>& CheckpointBuckets() {
@@ -138,11 +142,11 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                      "Optimizer kernel launches (CUDA) or parallel passes (CPU), "
                                      "by kernel name, counted where they are launched.")),
       steps_(CounterFamily(*registry_, "fusedps_optimizer_steps_total",
-                           "Optimizer steps applied (one per push that changed the shard).")
-                 .Add({})),
+                           "Optimizer steps applied, by model (one per push that changed the "
+                           "model, one per sync round).")),
       steps_skipped_(CounterFamily(*registry_, "fusedps_optimizer_steps_skipped_total",
-                                   "Optimizer steps skipped, leaving the shard unchanged, by "
-                                   "reason.")),
+                                   "Optimizer steps skipped, leaving the model unchanged, by "
+                                   "model and reason.")),
       pull_requests_(CounterFamily(*registry_, "fusedps_pull_requests_total",
                                    "PullParameters calls, by gRPC status code.")),
       pull_bytes_(CounterFamily(*registry_, "fusedps_pull_bytes_total",
@@ -194,20 +198,18 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                            "restore (at start).")),
       checkpoint_bytes_(CounterFamily(*registry_, "fusedps_checkpoint_written_bytes_total",
                                       "Bytes of committed checkpoints (data files and "
-                                      "manifests).")
-                            .Add({})),
+                                      "manifests), by model.")),
       checkpoint_last_success_(GaugeFamily(*registry_,
                                            "fusedps_checkpoint_last_success_timestamp_seconds",
-                                           "When the shard was last known to be checkpointed, "
+                                           "When each model was last known to be checkpointed, "
                                            "in Unix seconds: the last commit, or a checkpoint "
-                                           "skipped because nothing changed (0: none yet).")
-                                   .Add({})),
+                                           "skipped because nothing changed.")),
       checkpoint_interval_(GaugeFamily(*registry_, "fusedps_checkpoint_interval_seconds",
                                        "--checkpoint-interval-seconds (0: no timer).")
                                .Add({})),
       checkpoint_failures_(CounterFamily(*registry_, "fusedps_checkpoint_failures_total",
-                                         "Checkpoints that failed, by reason: disk_full, io, "
-                                         "snapshot, stopping.")),
+                                         "Checkpoints that failed, by model and reason: "
+                                         "disk_full, io, snapshot, stopping.")),
       auth_failures_(CounterFamily(*registry_, "fusedps_auth_failures_total",
                                    "Calls refused by authentication or authorization, by "
                                    "reason: missing_credentials, invalid_token "
@@ -225,10 +227,6 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
   // The series that dashboards and alerts read exist from the start, at zero.
   push_requests_.Add({{"code", "OK"}});
   pull_requests_.Add({{"code", "OK"}});
-  steps_skipped_.Add({{"reason", "non_finite_grad"}});
-  for (const char* reason : {"disk_full", "io", "snapshot", "stopping"}) {
-    checkpoint_failures_.Add({{"reason", reason}});
-  }
   for (const char* reason :
        {"missing_credentials", "invalid_token", "wrong_role", "wrong_model", "client_id_mismatch"}) {
     auth_failures_.Add({{"reason", reason}});
@@ -248,7 +246,9 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
 // on the listening port (a connection that is closed at once) until the stop is done.
 Metrics::~Metrics() { StopServing(); }
 
-ConsistencyObserver* Metrics::consistency() { return consistency_.get(); }
+ConsistencyObserver* Metrics::consistency(const std::string& model) {
+  return consistency_->ForModel(model);
+}
 
 void Metrics::StopServing() {
   if (exposer_ == nullptr) return;
@@ -300,11 +300,12 @@ void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
   push_ingest_.Observe(stages.ingest);
 }
 
-void Metrics::RecordStep(bool skipped, const std::string& skip_reason) {
+void Metrics::RecordStep(const std::string& model, bool skipped,
+                         const std::string& skip_reason) {
   if (skipped) {
-    steps_skipped_.Add({{"reason", skip_reason}}).Increment();
+    steps_skipped_.Add({{"model", model}, {"reason", skip_reason}}).Increment();
   } else {
-    steps_.Increment();
+    steps_.Add({{"model", model}}).Increment();
   }
 }
 
@@ -312,15 +313,23 @@ void Metrics::RecordCheckpointPhase(const std::string& phase, double seconds) {
   checkpoint_duration_.Add({{"phase", phase}}, CheckpointBuckets()).Observe(seconds);
 }
 
-void Metrics::RecordCheckpointSuccess(uint64_t bytes, double unix_seconds) {
-  checkpoint_bytes_.Increment(static_cast<double>(bytes));
-  checkpoint_last_success_.Set(unix_seconds);
+void Metrics::RecordCheckpointSuccess(const std::string& model, uint64_t bytes,
+                                      double unix_seconds) {
+  checkpoint_bytes_.Add({{"model", model}}).Increment(static_cast<double>(bytes));
+  checkpoint_last_success_.Add({{"model", model}}).Set(unix_seconds);
 }
 
 void Metrics::SetCheckpointInterval(double seconds) { checkpoint_interval_.Set(seconds); }
 
-void Metrics::RecordCheckpointFailure(const std::string& reason) {
-  checkpoint_failures_.Add({{"reason", reason}}).Increment();
+void Metrics::AddCheckpointedModel(const std::string& model) {
+  checkpoint_bytes_.Add({{"model", model}});
+  for (const char* reason : kCheckpointFailureReasons) {
+    checkpoint_failures_.Add({{"model", model}, {"reason", reason}});
+  }
+}
+
+void Metrics::RecordCheckpointFailure(const std::string& model, const std::string& reason) {
+  checkpoint_failures_.Add({{"model", model}, {"reason", reason}}).Increment();
 }
 
 void Metrics::RecordAuthFailure(const std::string& reason) {
@@ -341,14 +350,28 @@ void Metrics::SyncShard() const {
     parameters_.Add(labels).Set(static_cast<double>(model.parameters));
     model_version_.Add(labels).Set(static_cast<double>(model.version));
     model_memory_bytes_.Add(labels).Set(static_cast<double>(model.memory_bytes));
+    steps_.Add(labels);
+    steps_skipped_.Add({{"model", model.name}, {"reason", kNonFiniteGrad}});
     models.insert(model.name);
   }
   for (const std::string& gone : models_synced_) {
     if (models.count(gone) != 0) continue;
     const prometheus::Labels labels{{"model", gone}};
     for (prometheus::Family<prometheus::Gauge>* family :
-         {&parameters_, &model_version_, &model_memory_bytes_}) {
-      family->Remove(&family->Add(labels));
+         {&parameters_, &model_version_, &model_memory_bytes_, &checkpoint_last_success_}) {
+      if (family->Has(labels)) family->Remove(&family->Add(labels));
+    }
+    for (prometheus::Family<prometheus::Counter>* family : {&checkpoint_bytes_, &steps_}) {
+      if (family->Has(labels)) family->Remove(&family->Add(labels));
+    }
+    const prometheus::Labels skipped{{"model", gone}, {"reason", kNonFiniteGrad}};
+    if (steps_skipped_.Has(skipped)) steps_skipped_.Remove(&steps_skipped_.Add(skipped));
+    consistency_->RemoveModel(gone);
+    for (const char* reason : kCheckpointFailureReasons) {
+      const prometheus::Labels failure{{"model", gone}, {"reason", reason}};
+      if (checkpoint_failures_.Has(failure)) {
+        checkpoint_failures_.Remove(&checkpoint_failures_.Add(failure));
+      }
     }
   }
   models_synced_ = std::move(models);

@@ -121,8 +121,9 @@ class Metrics {
   // `duplicate` (a retry answered with an earlier push's reply, counted apart).
   void RecordPush(grpc::StatusCode code, uint64_t grad_bytes, const PushStageSeconds& stages,
                   bool duplicate = false);
-  // One optimizer step: applied, or skipped for `skip_reason` (e.g. "non_finite_grad").
-  void RecordStep(bool skipped, const std::string& skip_reason);
+  // One optimizer step of `model`: applied, or skipped for `skip_reason` (e.g.
+  // "non_finite_grad").
+  void RecordStep(const std::string& model, bool skipped, const std::string& skip_reason);
   // One PullParameters call that ended with `code`, having sent `bytes` of tensor payload.
   void RecordPull(grpc::StatusCode code, uint64_t bytes);
 
@@ -130,23 +131,27 @@ class Metrics {
   // host memory, or for a fenced snapshot the whole write), "write" (files and commit) or
   // "restore" (read, check and load at start).
   void RecordCheckpointPhase(const std::string& phase, double seconds);
-  // A checkpoint committed: its bytes, and when (Unix seconds). bytes = 0: the shard was found
-  // checkpointed already (nothing changed since the last one, or it was just restored or
-  // started empty); the timestamp moves all the same: it says when the shard was last known to
-  // be durable.
-  void RecordCheckpointSuccess(uint64_t bytes, double unix_seconds);
+  // A checkpoint of `model` committed: its bytes, and when (Unix seconds). bytes = 0: the shard
+  // was found checkpointed already (nothing changed since the last one, or it was just restored
+  // or started empty); the timestamp moves all the same: it says when the shard was last known
+  // to be durable. The first call for a model also makes its failure series, at zero.
+  void RecordCheckpointSuccess(const std::string& model, uint64_t bytes, double unix_seconds);
   // --checkpoint-interval-seconds (0: none), for the staleness alert.
   void SetCheckpointInterval(double seconds);
-  // A checkpoint that failed: "disk_full", "io", "snapshot" (the shard could not be read) or
-  // "stopping".
-  void RecordCheckpointFailure(const std::string& reason);
+  // A model with checkpoints: its byte and failure counters exist from now on, at zero (so that
+  // an alert sees its first failure as an increase). Its series go with the model (SyncShard).
+  void AddCheckpointedModel(const std::string& model);
+  // A checkpoint of `model` that failed: "disk_full", "io", "snapshot" (the shard could not be
+  // read) or "stopping".
+  void RecordCheckpointFailure(const std::string& model, const std::string& reason);
 
   // A call that authentication or authorization refused (server/auth/authorizer.h), by reason:
   // "missing_credentials", "invalid_token", "wrong_role" or "client_id_mismatch".
   void RecordAuthFailure(const std::string& reason);
 
-  // The consistency modes' metrics (consistency_metrics.h), for the engine to report to.
-  ConsistencyObserver* consistency();
+  // The consistency modes' metrics of `model` (consistency_metrics.h), for its engine to report
+  // to; valid as long as this.
+  ConsistencyObserver* consistency(const std::string& model);
 
   // Every metric in Prometheus's text format, exactly as /metrics serves it.
   std::string ScrapeText() const;
@@ -166,7 +171,7 @@ class Metrics {
   prometheus::Histogram& push_ingest_;
   prometheus::Histogram* stage_[4];  // receive, h2d, apply, ack.
   prometheus::Family<prometheus::Counter>& kernel_launches_;
-  prometheus::Counter& steps_;
+  prometheus::Family<prometheus::Counter>& steps_;  // By model.
   prometheus::Family<prometheus::Counter>& steps_skipped_;
   prometheus::Family<prometheus::Counter>& pull_requests_;
   prometheus::Counter& pull_bytes_;
@@ -183,8 +188,8 @@ class Metrics {
   prometheus::Gauge& retry_table_clients_;
   prometheus::Counter& retry_table_evictions_;
   prometheus::Family<prometheus::Histogram>& checkpoint_duration_;
-  prometheus::Counter& checkpoint_bytes_;
-  prometheus::Gauge& checkpoint_last_success_;
+  prometheus::Family<prometheus::Counter>& checkpoint_bytes_;        // By model.
+  prometheus::Family<prometheus::Gauge>& checkpoint_last_success_;  // By model.
   prometheus::Gauge& checkpoint_interval_;
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;
   prometheus::Family<prometheus::Counter>& auth_failures_;

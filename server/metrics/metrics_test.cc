@@ -78,10 +78,13 @@ TEST_F(MetricsTest, ExportsEveryContractNameWithItsType) {
 }
 
 TEST_F(MetricsTest, SeriesThatAlertsReadStartAtZero) {
+  shard_.values.models = {{"default", 0, 0, 0}};
   const std::string text = metrics_.ScrapeText();
   EXPECT_EQ(Sample(text, R"(fusedps_push_requests_total{code="OK"})"), 0);
   EXPECT_EQ(Sample(text, R"(fusedps_pull_requests_total{code="OK"})"), 0);
-  EXPECT_EQ(Sample(text, R"(fusedps_optimizer_steps_skipped_total{reason="non_finite_grad"})"), 0);
+  EXPECT_EQ(Sample(text, R"(fusedps_optimizer_steps_skipped_total{model="default",)"
+                         R"(reason="non_finite_grad"})"),
+            0);
   for (const char* stage : {"receive", "h2d", "apply", "ack"}) {
     EXPECT_EQ(Sample(text, absl::StrCat(R"(fusedps_stage_duration_seconds_count{stage=")", stage,
                                         R"("})")),
@@ -132,14 +135,16 @@ TEST_F(MetricsTest, FailedPushCountsItsCodeAndBytesButNoDuration) {
 }
 
 TEST_F(MetricsTest, StepsAndPulls) {
-  metrics_.RecordStep(false, "");
-  metrics_.RecordStep(false, "");
-  metrics_.RecordStep(true, "non_finite_grad");
+  metrics_.RecordStep("default", false, "");
+  metrics_.RecordStep("default", false, "");
+  metrics_.RecordStep("default", true, "non_finite_grad");
   metrics_.RecordPull(grpc::StatusCode::OK, 1 << 20);
   metrics_.RecordPull(grpc::StatusCode::CANCELLED, 16);
   const std::string text = metrics_.ScrapeText();
-  EXPECT_EQ(Sample(text, "fusedps_optimizer_steps_total"), 2);
-  EXPECT_EQ(Sample(text, R"(fusedps_optimizer_steps_skipped_total{reason="non_finite_grad"})"), 1);
+  EXPECT_EQ(Sample(text, R"(fusedps_optimizer_steps_total{model="default"})"), 2);
+  EXPECT_EQ(Sample(text, R"(fusedps_optimizer_steps_skipped_total{model="default",)"
+                         R"(reason="non_finite_grad"})"),
+            1);
   EXPECT_EQ(Sample(text, R"(fusedps_pull_requests_total{code="OK"})"), 1);
   EXPECT_EQ(Sample(text, R"(fusedps_pull_requests_total{code="CANCELLED"})"), 1);
   EXPECT_EQ(Sample(text, "fusedps_pull_bytes_total"), (1 << 20) + 16);
@@ -212,10 +217,10 @@ TEST_F(MetricsTest, ServesMetricsOverHttpOnAPortOfItsOwn) {
   EXPECT_EQ(metrics_.port(), 0);
   ASSERT_TRUE(metrics_.Serve("127.0.0.1:0").ok());
   ASSERT_GT(metrics_.port(), 0);
-  metrics_.RecordStep(false, "");
+  metrics_.RecordStep("default", false, "");
   const std::string response = HttpGet(metrics_.port(), "/metrics");
   EXPECT_THAT(response, HasSubstr(" 200 "));
-  EXPECT_THAT(response, HasSubstr("\nfusedps_optimizer_steps_total 1\n"));
+  EXPECT_THAT(response, HasSubstr("\nfusedps_optimizer_steps_total{model=\"default\"} 1\n"));
   EXPECT_EQ(metrics_.Serve("127.0.0.1:0").code(), absl::StatusCode::kFailedPrecondition);
 
   // A second endpoint on the same port cannot bind.

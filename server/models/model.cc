@@ -43,11 +43,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Make(std::string name,
   model->retries_ = std::make_unique<RetryTable>(options.retry_table_clients);
   model->engine_ = std::make_unique<UpdateEngine>(
       *std::move(backend), options.fault, model->retries_.get(), consistency,
-      options.metrics != nullptr ? options.metrics->consistency() : nullptr);
+      options.metrics != nullptr ? options.metrics->consistency(model->name_) : nullptr);
   model->assemblies_ = std::make_unique<PushAssemblies>(options.push_part_wait);
   if (!options.checkpoint.root.empty()) {
     checkpoint::CheckpointerOptions checkpoint = options.checkpoint;
     checkpoint.root = ModelDirectory(options.checkpoint.root, model->name_);
+    checkpoint.model = model->name_;
     model->checkpoint_root_ = checkpoint.root;
     model->checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
         model->engine_.get(), options.metrics, std::move(checkpoint));

@@ -50,7 +50,7 @@ struct ServiceContext {
 
   // The ingest services of a call about `model` (which the pushes then hold).
   IngestServices ingest(const std::shared_ptr<Model>& model) const {
-    return {&model->engine(), staging, metrics, &model->assemblies(), model};
+    return {&model->engine(), staging, metrics, &model->assemblies(), model, model->name()};
   }
 
   // OK when a call of `rpc` may proceed. First who calls: UNAUTHENTICATED or

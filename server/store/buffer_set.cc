@@ -68,7 +68,8 @@ absl::StatusOr<std::shared_ptr<const BufferSet>> BufferSet::Merged(
   }
   if (next->bytes_ > kMaxBufferSetBytes) {
     return absl::InvalidArgumentError(absl::StrCat("buffers: a model holds at most ",
-                                                   kMaxBufferSetBytes, " bytes of them; this write makes ",
+                                                   kMaxBufferSetBytes,
+                                                   " bytes of them; this write makes ",
                                                    next->bytes_));
   }
   return std::shared_ptr<const BufferSet>(std::move(next));

@@ -229,8 +229,9 @@ def test_a_full_disk_fails_the_checkpoint_cleanly_and_training_goes_on(tmp_path)
             r = client.push_gradients({"a": torch.ones(50_000), "b": torch.ones(600_000)})
             assert r.version == version + 1 and not r.step_skipped
             m = server.metrics()
-            assert m.value("fusedps_checkpoint_failures_total", reason="disk_full") == 1
-            assert m.value("fusedps_checkpoint_last_success_timestamp_seconds") > 0
+            assert m.value("fusedps_checkpoint_failures_total", model="default",
+                           reason="disk_full") == 1
+            assert m.value("fusedps_checkpoint_last_success_timestamp_seconds", model="default") > 0
             assert [d for _, d in complete_checkpoints(root)] == [good]
             assert sorted(os.listdir(root)) == [os.path.basename(good), "latest"], \
                 "the failed checkpoint's files were not removed"

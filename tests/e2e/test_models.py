@@ -160,3 +160,39 @@ def test_two_jobs_side_by_side_one_deleted_the_survivor_restored(tmp_path):
     finally:
         for server in servers:
             server.close()
+
+
+def test_per_model_metrics_carry_the_model_and_leave_with_it(tmp_path):
+    """A model's steps, staleness and checkpoints are its own, so their metrics carry its name:
+    one model whose checkpoints stop is not hidden behind another's fresh timestamp (the stale
+    alert's rule test, deploy/prometheus/tests, shows the alert side). A deleted model's series
+    go."""
+    with ServerProcess([f"--checkpoint-dir={tmp_path}"]) as server:
+        with fusedps.Client(server.target) as admin:
+            admin.create_model("ckpt-a")
+            admin.create_model("ckpt-b")
+        with fusedps.Client(server.target, model="ckpt-a") as a:
+            a.register_model({"w": torch.ones(4)})
+            a.push_gradients({"w": torch.ones(4)}, grad_dtype="float32")
+            a.push_gradients({"w": torch.ones(4)}, grad_dtype="float32")
+            a.checkpoint()
+        m = server.metrics()
+        assert m.value("fusedps_optimizer_steps_total", model="ckpt-a") == 2
+        assert m.value("fusedps_optimizer_steps_total", model="ckpt-b") == 0
+        assert m.value("fusedps_push_staleness_count", model="ckpt-a") == 2
+        assert m.value("fusedps_push_staleness_count", model="ckpt-b") == 0
+        assert m.value("fusedps_checkpoint_last_success_timestamp_seconds", model="ckpt-a") > 0
+        assert m.value("fusedps_checkpoint_written_bytes_total", model="ckpt-a") > 0
+        assert m.value("fusedps_checkpoint_written_bytes_total", model="ckpt-b") == 0
+        assert m.value("fusedps_checkpoint_failures_total", model="ckpt-b", reason="io") == 0
+        with fusedps.Client(server.target) as admin:
+            admin.delete_model("ckpt-a")
+        gone = server.metrics()
+        for name in ("fusedps_checkpoint_last_success_timestamp_seconds",
+                     "fusedps_checkpoint_written_bytes_total",
+                     "fusedps_checkpoint_failures_total", "fusedps_optimizer_steps_total",
+                     "fusedps_push_staleness_count", "fusedps_rounds_total"):
+            assert not [labels for labels, _ in gone.series(name)
+                        if labels.get("model") == "ckpt-a"], name
+        assert gone.value("fusedps_checkpoint_failures_total", model="ckpt-b", reason="io") == 0
+        assert gone.value("fusedps_rounds_total", model="ckpt-b", closed_by="timeout") == 0

@@ -196,12 +196,13 @@ def test_sync_rounds_match_torch_adamw_on_the_mean_gradient(trainers, shards):
 
         for server in servers:
             m = scrape(server)
-            assert m.value("fusedps_rounds_total", closed_by="timeout") == 1
-            assert m.value("fusedps_rounds_total", closed_by="quorum") == steps - 1
-            assert m.value("fusedps_round_workers_count") == steps
-            assert m.value("fusedps_round_workers_sum") == trainers * steps - 1
-            assert m.value("fusedps_push_staleness_count") == trainers * steps - 1
-            assert m.value("fusedps_push_staleness_sum") == 0
+            assert m.value("fusedps_rounds_total", model="default", closed_by="timeout") == 1
+            assert m.value("fusedps_rounds_total", model="default",
+                           closed_by="quorum") == steps - 1
+            assert m.value("fusedps_round_workers_count", model="default") == steps
+            assert m.value("fusedps_round_workers_sum", model="default") == trainers * steps - 1
+            assert m.value("fusedps_push_staleness_count", model="default") == trainers * steps - 1
+            assert m.value("fusedps_push_staleness_sum", model="default") == 0
 
 
 def sync_trainers(models, target: str, prefix: str, overlap: bool):
@@ -385,7 +386,7 @@ def test_sync_round_refusals_skips_and_grad_scale():
         pending = pool.submit(a.push_gradients, {n: 4 * t for n, t in ga.items()}, "float32",
                               grad_scale=4.0, sequence_number=1, base_version=0)
         deadline = time.monotonic() + 10
-        while scrape(server).value("fusedps_push_staleness_count") < 1:
+        while scrape(server).value("fusedps_push_staleness_count", model="default") < 1:
             assert time.monotonic() < deadline, "a's push never joined the round"
             time.sleep(0.02)
         refused(a_again, grpc.StatusCode.ABORTED, ga, sequence_number=2, base_version=0)
@@ -434,9 +435,11 @@ def test_sync_round_refusals_skips_and_grad_scale():
             torch.testing.assert_close(pulled[n], p.detach(), rtol=RTOL, atol=ATOL)
 
         m = scrape(server)
-        assert m.value("fusedps_pushes_dropped_total", reason="client_in_round") == 1
-        assert m.value("fusedps_pushes_dropped_total", reason="stale_version") == 2
-        assert m.value("fusedps_rounds_total", closed_by="quorum") == 3
+        assert m.value("fusedps_pushes_dropped_total", model="default",
+                       reason="client_in_round") == 1
+        assert m.value("fusedps_pushes_dropped_total", model="default",
+                       reason="stale_version") == 2
+        assert m.value("fusedps_rounds_total", model="default", closed_by="quorum") == 3
 
 
 # -- b: K of N with a backup, one trainer killed ------------------------------------------------
@@ -489,7 +492,8 @@ def test_k_of_n_survives_a_killed_trainer(tmp_path):
                 time.sleep(0.05)
 
         def backups_dropped() -> bool:
-            return all(scrape(s).value("fusedps_pushes_dropped_total", reason="stale_version")
+            return all(scrape(s).value("fusedps_pushes_dropped_total", model="default",
+                                       reason="stale_version")
                        for s in servers)
 
         try:
@@ -518,15 +522,16 @@ def test_k_of_n_survives_a_killed_trainer(tmp_path):
 
         for server, before in zip(servers, at_kill):
             after = scrape(server)
-            quorum = [m.value("fusedps_rounds_total", closed_by="quorum")
+            quorum = [m.value("fusedps_rounds_total", model="default", closed_by="quorum")
                       for m in (before, after)]
             assert quorum[1] >= quorum[0] + 5, quorum
-            assert after.value("fusedps_pushes_dropped_total", reason="stale_version") > 0
+            assert after.value("fusedps_pushes_dropped_total", model="default",
+                               reason="stale_version") > 0
             # Every round took at least K = 3 pushes, but for timed-out ones.
-            timeouts = after.value("fusedps_rounds_total", closed_by="timeout")
-            rounds = after.value("fusedps_round_workers_count")
+            timeouts = after.value("fusedps_rounds_total", model="default", closed_by="timeout")
+            rounds = after.value("fusedps_round_workers_count", model="default")
             assert rounds == quorum[1] + timeouts
-            assert after.value("fusedps_round_workers_sum") >= 3 * quorum[1]
+            assert after.value("fusedps_round_workers_sum", model="default") >= 3 * quorum[1]
 
 
 # -- c: bounded staleness ----------------------------------------------------------------------
@@ -558,10 +563,12 @@ def test_bounded_staleness_is_enforced_and_measured():
         taus = [tau for _, tau in schedule]
         expected = {le: sum(t <= le for t in taus) for le in STALENESS_BUCKETS}
         assert staleness_buckets(m) == expected
-        assert m.value("fusedps_push_staleness_count") == len(taus)
-        assert m.value("fusedps_push_staleness_sum") == sum(taus)
-        assert m.value("fusedps_pushes_dropped_total", reason="staleness_exceeded") == 2
-        assert m.value("fusedps_pushes_dropped_total", reason="stale_version") == 0
+        assert m.value("fusedps_push_staleness_count", model="default") == len(taus)
+        assert m.value("fusedps_push_staleness_sum", model="default") == sum(taus)
+        assert m.value("fusedps_pushes_dropped_total", model="default",
+                       reason="staleness_exceeded") == 2
+        assert m.value("fusedps_pushes_dropped_total", model="default",
+                       reason="stale_version") == 0
 
 
 def test_bounded_staleness_lr_scaling_matches_torch():

@@ -92,8 +92,9 @@ def test_metrics_pass_promtool_and_match_the_workload():
     m = parse_metrics(text)
     applied = [r for r in ok_pushes if not r.step_skipped and not r.duplicate]
     assert len(applied) == 8
-    assert m.value("fusedps_optimizer_steps_total") == len(applied)
-    assert m.value("fusedps_optimizer_steps_skipped_total", reason="non_finite_grad") == 1
+    assert m.value("fusedps_optimizer_steps_total", model="default") == len(applied)
+    assert m.value("fusedps_optimizer_steps_skipped_total", model="default",
+                   reason="non_finite_grad") == 1
     assert m.value("fusedps_model_version", model="default") == applied[-1].version == pulled.version == 8
     assert info.version == 8
 
