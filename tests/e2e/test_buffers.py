@@ -161,3 +161,18 @@ def test_bad_buffer_writes_are_refused_naming_the_buffer_and_change_nothing(clie
         assert torch.equal(after[name], before[name]), name
     with pytest.raises(fusedps.errors.NotFound, match="no_such"):
         client.pull_buffers(["no_such"])
+
+
+def test_a_server_restores_the_buffers_of_a_from_torch_checkpoint(tmp_path):
+    model = _cnn(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    _train(model, opt, steps=3)
+    params = [n for n, _ in model.named_parameters()]
+    checkpoint.from_torch(model.state_dict(), opt.state_dict(), str(tmp_path),
+                          param_names=params)
+    with ServerProcess([f"--checkpoint-dir={tmp_path}"]) as server:
+        with fusedps.Client(server.target) as c:
+            pulled = c.pull_buffers()
+            assert c.info().buffer_count == len(_buffers(model))
+    for name, t in _buffers(model).items():
+        assert pulled[name].dtype == t.dtype and torch.equal(pulled[name], t), name

@@ -480,3 +480,26 @@ def test_manifest_has_the_documented_keys(tmp_path):
         assert t["param_group"] == ("body" if t["name"] in GROUPS[0][0] else "head")
     for entry in m["files"].values():
         assert set(entry) == nested["files"]
+
+
+def test_buffers_round_trip_through_from_torch_and_to_torch(tmp_path):
+    """A module's buffers (model_state's entries that are not optimizer params) are written
+    to buffers.safetensors as they are, dtype included, and come back from to_torch: a strict
+    load_state_dict of a BatchNorm model works. Before, from_torch dropped them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 3)).square().mean().backward()
+        opt.step()
+    names = [n for n, _ in model.named_parameters()]
+    directory = checkpoint.from_torch(model.state_dict(), _unnamed(opt.state_dict()),
+                                      str(tmp_path), param_names=names)
+    assert checkpoint.BUFFERS in os.listdir(directory)
+    model_state, _ = checkpoint.to_torch(directory)
+    assert model_state["1.num_batches_tracked"].dtype == torch.int64
+    restored = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    restored.load_state_dict(model_state, strict=True)
+    for name, t in model.state_dict().items():
+        assert torch.equal(restored.state_dict()[name], t), name

@@ -456,9 +456,10 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
     which quantize on the server.
 
     Args:
-      model_state: name -> floating tensor (any float dtype or device; stored as float32),
-        e.g. ``model.state_dict()``. Entries that are not optimizer params (buffers) are not
-        written.
+      model_state: name -> tensor, e.g. ``model.state_dict()``: the optimizer's params (any
+        float dtype or device; stored as float32), and the module's buffers, every other entry
+        (BatchNorm's running statistics: written as they are, dtype included, to
+        buffers.safetensors, which a server restores with the model and to_torch returns).
       optim_state: a torch.optim.AdamW/Adam ``state_dict()``: "param_groups" (each with
         "params" (indices), lr, betas, eps, weight_decay, amsgrad, maximize; optional
         decoupled_weight_decay, True when absent: torch versions whose Adam lacks that
@@ -493,7 +494,8 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
         256 bytes, groups 128) or whose count differs from the optimizer's params, a name not
         in model_state, "default" naming a later group, a bad param_copy_dtype or version,
         a group whose state_dtype or params_dtype is not fp32.
-      TypeError: a non-floating tensor, a non-number hyperparameter, a non-bool flag.
+      TypeError: a non-floating param, a buffer that is not a tensor or of a dtype the
+        format lacks, a non-number hyperparameter, a non-bool flag.
       OSError: writing failed (the checkpoint is then incomplete and never loaded).
     """
     if not isinstance(model_state, Mapping):
@@ -587,6 +589,14 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
         raise ValueError(f"version must be a non-negative integer, got {version!r}")
     if not files[MAX_EXP_AVG_SQ]:
         del files[MAX_EXP_AVG_SQ]
+    params = set(names)
+    buffers = {n: t for n, t in model_state.items() if n not in params}
+    for n, t in buffers.items():
+        _names([n], "model_state's buffer names", _MAX_TENSOR_NAME_BYTES)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"model_state[{n!r}] is a {type(t).__name__}, not a tensor")
+    if buffers:
+        files[BUFFERS] = buffers
     copy_dtype = _PARAM_COPY_DTYPES[param_copy_dtype]
     if copy_dtype is not None:
         files[PARAM_COPY] = {n: p.to(copy_dtype) for n, p in files[PARAMS].items()}
