@@ -5,10 +5,11 @@
 #      dockerd is started (log in build-deploy/dockerd.log) when none answers;
 #   2. the base images, cached by name (deploy/docker/base-image.sh; --cuda where this machine
 #      has nvcc);
-#   3. the images, with the classic builder (cached by its layers): the CPU server, Prometheus
-#      and the trainer through the test compose file; where nvcc exists the CUDA server too,
-#      whose files are then copied out of the image (`docker create` + `docker cp`) to
-#      build-deploy/cuda-image/ for a GPU machine (docs/operations.md, "Images");
+#   3. the images, with the classic builder (cached by its layers), side by side (logs in
+#      build-deploy/image-<name>.log): the CPU server, Prometheus and the trainer through the
+#      test compose file; where nvcc exists the CUDA server too, whose files are then copied out
+#      of the image (`docker create` + `docker cp`) to build-deploy/cuda-image/ for a GPU
+#      machine (docs/operations.md, "Images");
 #   4. the stack test, which tears the stack down and checks that nothing is left behind.
 # Image sizes go to build-deploy/images.txt. Exit status 0 only when every step passed.
 set -euo pipefail
@@ -44,19 +45,49 @@ timed "base images" deploy/docker/base-image.sh "${cuda[@]}"
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
 compose=(docker-compose -p fusedps-test -f deploy/compose/docker-compose.yml
   -f deploy/compose/docker-compose.test.yml)
-for service in fusedps prometheus trainer; do
-  timed "image of $service" "${compose[@]}" build -q "$service"
-done
 images=(fusedps:0.1.0-cpu fusedps-prometheus:2.42 fusedps-trainer:0.1.0)
+build_cuda_image() {
+  docker build -q --build-arg CUDA_DEVEL_IMAGE=fusedps-cuda-devel:13.0 \
+    --build-arg CUDA_RUNTIME_IMAGE=fusedps-debian:12 -f deploy/docker/Dockerfile \
+    -t fusedps:0.1.0-cuda . >/dev/null
+}
+
+# The images are built side by side, each one's output in build-deploy/image-<name>.log: their
+# package downloads and installs (apt in every image, Debian's torch in the trainer's) then overlap
+# with the server's compilation in the other images instead of waiting for it.
+pids=()
+names=()
+# in_background NAME COMMAND...: runs COMMAND (timed) in the background.
+in_background() {
+  local name=$1
+  shift
+  timed "image of $name" "$@" >"$out/image-$name.log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+}
+for service in fusedps prometheus trainer; do
+  in_background "$service" "${compose[@]}" build -q "$service"
+done
+if ((${#cuda[@]})); then
+  in_background cuda build_cuda_image
+  images+=(fusedps:0.1.0-cuda)
+fi
+failed=()
+for i in "${!pids[@]}"; do
+  status=0
+  wait "${pids[$i]}" || status=$?
+  if ((status != 0)); then
+    tail -n 60 "$out/image-${names[$i]}.log" >&2
+    echo "test-deploy: the image of ${names[$i]} FAILED (exit $status);" \
+      "log: $out/image-${names[$i]}.log" >&2
+    failed+=("${names[$i]}")
+  else
+    cat "$out/image-${names[$i]}.log"
+  fi
+done
+((${#failed[@]} == 0)) || exit 1
 
 if ((${#cuda[@]})); then
-  build_cuda_image() {
-    docker build -q --build-arg CUDA_DEVEL_IMAGE=fusedps-cuda-devel:13.0 \
-      --build-arg CUDA_RUNTIME_IMAGE=fusedps-debian:12 -f deploy/docker/Dockerfile \
-      -t fusedps:0.1.0-cuda . >/dev/null
-  }
-  timed "CUDA image" build_cuda_image
-  images+=(fusedps:0.1.0-cuda)
   # The image's files, for a GPU machine (no Docker engine there): bin/ and lib/ as in the image.
   rm -rf "$out/cuda-image"
   mkdir -p "$out/cuda-image"
