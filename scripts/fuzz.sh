@@ -41,7 +41,8 @@ run_target() {
 
 # The targets run FUZZ_JOBS at a time (the number of cores by default), each one process with one
 # thread for its full FUZZ_SECONDS: on 2 cores the 4 targets take 2 x FUZZ_SECONDS, not 4 x.
-fuzz_jobs=${FUZZ_JOBS:-$(nproc)}
+# (Not plain nproc: it counts OMP_NUM_THREADS, set to 1 above.)
+fuzz_jobs=${FUZZ_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 ((fuzz_jobs >= 1)) || fuzz_jobs=1
 for target in $targets; do
   mkdir -p "tests/fuzz/corpus/$target" "$build/fuzz/work/$target" "$build/fuzz/crashes/$target"
