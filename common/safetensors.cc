@@ -230,7 +230,11 @@ absl::StatusOr<File> File::ParseHeader(absl::string_view head, uint64_t file_byt
       }
       continue;
     }
-    const auto bad = [&](const std::string& why) { return corrupt(absl::StrCat(name, ": ", why)); };
+    // C++17 lambdas cannot capture a structured binding (clang refuses): a named copy.
+    const std::string tensor = name;
+    const auto bad = [&](const std::string& why) {
+      return corrupt(absl::StrCat(tensor, ": ", why));
+    };
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
         !value.contains("shape") || !value["shape"].is_array() ||
         !value.contains("data_offsets") || !value["data_offsets"].is_array() ||
