@@ -20,7 +20,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 
@@ -37,11 +39,18 @@ using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)
 using MalformedFn = absl::FunctionRef<absl::Status(absl::string_view what)>;
 
 // Reads one TensorChunk, whose length limit `in` has pushed: claim, copy, staged. A claim's or
-// staged's error is returned as it is.
+// staged's error is returned as it is. A chunk whose bytes lie in a workspace
+// (workspace_offset_bytes, workspace_bytes > 0; proto OpenWorkspace) is copied from
+// `workspace`, the call's workspace (empty: the call names none). Errors: INVALID_ARGUMENT for
+// such a chunk when the call names no workspace, when it also carries data, or when its range
+// passes the workspace's end.
 inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, ClaimChunkFn claim,
-                                    ChunkStagedFn staged, MalformedFn malformed) {
+                                    ChunkStagedFn staged, MalformedFn malformed,
+                                    absl::Span<const char> workspace = {}) {
   using google::protobuf::internal::WireFormatLite;
-  constexpr int kTensor = 1, kOffset = 2, kData = 3;
+  constexpr int kTensor = 1, kOffset = 2, kData = 3, kWorkspaceOffset = 5, kWorkspaceBytes = 6;
+  uint64_t workspace_offset = 0, workspace_bytes = 0;
+  bool has_data = false;
   const auto is = [](uint32_t tag, int number, WireFormatLite::WireType type) {
     return WireFormatLite::GetTagFieldNumber(tag) == number &&
            WireFormatLite::GetTagWireType(tag) == type;
@@ -55,7 +64,12 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
       if (!WireFormatLite::ReadString(&in, &tensor)) return malformed("chunks.tensor");
     } else if (is(tag, kOffset, WireFormatLite::WIRETYPE_VARINT)) {
       if (!in.ReadVarint64(&offset)) return malformed("chunks.offset");
+    } else if (is(tag, kWorkspaceOffset, WireFormatLite::WIRETYPE_VARINT)) {
+      if (!in.ReadVarint64(&workspace_offset)) return malformed("chunks.workspace_offset_bytes");
+    } else if (is(tag, kWorkspaceBytes, WireFormatLite::WIRETYPE_VARINT)) {
+      if (!in.ReadVarint64(&workspace_bytes)) return malformed("chunks.workspace_bytes");
     } else if (is(tag, kData, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      has_data = true;
       uint32_t bytes = 0;
       if (!in.ReadVarint32(&bytes) || bytes > INT_MAX ||
           static_cast<int>(bytes) > in.BytesUntilLimit()) {
@@ -83,6 +97,27 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
   }
   if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) {
     return malformed("chunks: truncated");
+  }
+  if (workspace_bytes > 0) {
+    if (has_data) {
+      return absl::InvalidArgumentError(
+          "a chunk carries both data and workspace_bytes (its bytes are in one or the other)");
+    }
+    if (workspace.data() == nullptr) {
+      return absl::InvalidArgumentError(
+          "chunks.workspace_bytes > 0 in a call that names no workspace");
+    }
+    if (workspace_offset > workspace.size() ||
+        workspace_bytes > workspace.size() - workspace_offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks.workspace_offset_bytes = ", workspace_offset, " and workspace_bytes = ",
+          workspace_bytes, " pass the end of the workspace (", workspace.size(), " bytes)"));
+    }
+    absl::StatusOr<char*> destination = claim(tensor, offset, workspace_bytes);
+    if (!destination.ok()) return destination.status();
+    if (*destination == nullptr) return absl::OkStatus();
+    std::memcpy(*destination, workspace.data() + workspace_offset, workspace_bytes);
+    return staged(*destination, workspace_bytes);
   }
   if (done) return absl::OkStatus();
   const std::string data = held.has_value() ? *std::move(held) : std::string();

@@ -135,6 +135,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --delay 1: steps without delay first")
     p.add_argument("--pull-dtype", choices=["float32", "bfloat16"],
                    help="with --overlap: the dtype parameters are pulled in (default float32)")
+    p.add_argument("--data-plane", default="auto", choices=["auto", "workspace", "grpc"],
+                   help="with --overlap: where the bytes travel (RemoteAdamW's data_plane; "
+                        "auto: a same-host workspace when the server offers one)")
     p.add_argument("--bucket-mib", type=float, default=8.0,
                    help="with --overlap: gradient bucket size, MiB of wire bytes")
     p.add_argument("--steps", type=int)
@@ -258,7 +261,7 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     overlap = {}
     if args.overlap:
         overlap = dict(overlap=True, delay=args.delay, delay_warmup=args.delay_warmup,
-                       pull_dtype=args.pull_dtype,
+                       pull_dtype=args.pull_dtype, data_plane=args.data_plane,
                        bucket_bytes=int(args.bucket_mib * (1 << 20)))
     return RemoteAdamW(model.named_parameters(), targets=targets, grad_dtype=args.grad_dtype,
                        client_options=client_options, prefix=args.prefix,
@@ -504,7 +507,8 @@ def train(args) -> int:
               f"{summary['push_hidden_ms']:.2f}, exposed {summary['push_exposed_ms']:.2f}), pull "
               f"{summary['pull_total_ms']:.2f} (hidden {summary['pull_hidden_ms']:.2f}, exposed "
               f"{summary['pull_exposed_ms']:.2f}, inside fwd+bwd), check "
-              f"{summary['check_ms']:.2f}; fallbacks {optimizer.overlap_fallbacks}")
+              f"{summary['check_ms']:.2f}; fallbacks {optimizer.overlap_fallbacks}; data plane "
+              f"{optimizer.data_plane_in_use}")
     if args.sample_bytes > 0:
         print_sample(model, val_data, args, device)
     print("RESULT " + json.dumps(dict(

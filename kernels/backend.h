@@ -285,6 +285,17 @@ class OptimizerBackend {
   virtual absl::StatusOr<void*> AllocateHostBuffer(uint64_t bytes) = 0;
   virtual void FreeHostBuffer(void* buffer) = 0;
 
+  // Thread-safe. Makes host memory the caller allocated (a same-host workspace, a shared
+  // mapping) page-locked, so that reads into it and copies out of it run at full speed;
+  // nothing on the CPU backend. Errors: RESOURCE_EXHAUSTED when it cannot be locked.
+  // UnregisterHostMemory undoes it; REQUIRES: no queued work uses the memory.
+  virtual absl::Status RegisterHostMemory(void* data, uint64_t bytes) const {
+    (void)data;
+    (void)bytes;
+    return absl::OkStatus();
+  }
+  virtual void UnregisterHostMemory(void* data) const { (void)data; }
+
   // A marker after all the work queued so far (see Marker).
   virtual absl::StatusOr<Marker> Mark() = 0;
 

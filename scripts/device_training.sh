@@ -5,7 +5,9 @@
 #      TCP beside them), fp32 and bf16, against a CUDA server;
 #   2. examples/train_gpt.py, presets small (19.2M) and gpt2 (85.4M), bf16 autocast: torch's
 #      AdamW (two seeds: the run-to-run spread), then RemoteAdamW(overlap=True) against a fresh
-#      CUDA server per run: fp32 grads, bf16 grads (+ bf16 pulls), bf16 grads with delay=1;
+#      CUDA server per run: fp32 grads, bf16 grads (+ bf16 pulls), bf16 grads with delay=1,
+#      each through a same-host workspace (RemoteAdamW's data_plane "auto"); fp32grpc and
+#      bf16grpc (VARIANTS only) the same over gRPC;
 #   3. the self-check, python -m fusedps.bench e2e, against a CUDA server;
 #   4. the overlap e2e tests on the GPU (FUSEDPS_TEST_DEVICE=cuda) against CUDA servers.
 #   5. probe (only when ONLY names it): bench/contention_probe.py.
@@ -83,11 +85,13 @@ if part train; then
         *)
           # bf16 pulls read the server's bf16 copy of the params, written by the step's kernel.
           copy=()
-          [[ $variant != fp32 ]] && copy=(--param-copy-dtype=bf16)
+          [[ $variant != fp32* ]] && copy=(--param-copy-dtype=bf16)
           start_server "$variant" fusedps-server "${server_flags[@]}" "${copy[@]}" || continue
           flags=(--optimizer remote --overlap --target 127.0.0.1:$(cat /tmp/$variant.port)
                  ${STREAMS:+--streams "$STREAMS"} ${TRAIN_FLAGS:-})
           case $variant in
+            fp32grpc) flags+=(--data-plane grpc) ;;
+            bf16grpc) flags+=(--grad-dtype bfloat16 --pull-dtype bfloat16 --data-plane grpc) ;;
             bf16) flags+=(--grad-dtype bfloat16 --pull-dtype bfloat16) ;;
             delay) flags+=(--grad-dtype bfloat16 --pull-dtype bfloat16 --delay 1
                            --delay-warmup 10) ;;
@@ -124,7 +128,8 @@ fi
 if part tests; then
   echo "== 4. overlap tests on the GPU"
   FUSEDPS_TEST_DEVICE=cuda timeout 400 python3 -m pytest \
-    -q -p no:cacheprovider tests/e2e/test_overlap.py 2>&1 | tail -15 | tee "$out/tests.txt"
+    -q -p no:cacheprovider tests/e2e/test_overlap.py tests/e2e/test_workspace.py \
+    ${TESTS_EXTRA:-} 2>&1 | tail -15 | tee "$out/tests.txt"
 fi
 
 python3 bench/training_report.py "$out"

@@ -67,6 +67,13 @@ ABSL_FLAG(uint64_t, window_bytes, 32 << 20,
 ABSL_FLAG(uint64_t, pull_snapshot_bytes, uint64_t{4} << 30,
           "memory (device memory on a GPU) for pulls larger than one window, read at one "
           "version while steps go on; a pull larger than all of it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, workspace_dir, "/dev/shm",
+          "where same-host workspaces' files go (shared memory that trainers on this host "
+          "push and pull through instead of gRPC; docs/operations.md, \"Same-host "
+          "workspaces\"); empty: off");
+ABSL_FLAG(uint64_t, workspace_budget_bytes, uint64_t{64} << 30,
+          "the most that open same-host workspaces hold in all (a workspace past it is "
+          "RESOURCE_EXHAUSTED)");
 ABSL_FLAG(double, call_idle_seconds, 60,
           "a call whose client sends (or, for a pull, reads) nothing for this long ends with "
           "DEADLINE_EXCEEDED and gives back the staging it holds; 0: no limit");
@@ -179,6 +186,8 @@ int main(int argc, char** argv) {
   options.push_part_wait = absl::Seconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
   options.window_bytes = absl::GetFlag(FLAGS_window_bytes);
   options.pull_snapshot_bytes = absl::GetFlag(FLAGS_pull_snapshot_bytes);
+  options.workspaces.dir = absl::GetFlag(FLAGS_workspace_dir);
+  options.workspaces.budget_bytes = absl::GetFlag(FLAGS_workspace_budget_bytes);
   options.retry_table_clients = absl::GetFlag(FLAGS_retry_table_clients);
   const double idle = absl::GetFlag(FLAGS_call_idle_seconds);
   const double keepalive = absl::GetFlag(FLAGS_keepalive_seconds);

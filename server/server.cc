@@ -109,7 +109,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     LOG(WARNING) << "--auth-tokens without --tls-cert: tokens travel in plaintext";
   }
 
+  server->workspaces_ =
+      std::make_unique<WorkspaceTable>(options.workspaces, server->arena_owner_.get());
+
   ServiceContext context;
+  context.workspaces = server->workspaces_.get();
   context.models = server->models_.get();
   context.arena_owner = server->arena_owner_.get();
   context.authorizer = server->authorizer_.get();
@@ -254,6 +258,7 @@ Server::~Server() {
   // engine, which finishes what was submitted (its callbacks release staging into the pools
   // and report to the metrics).
   models_.reset();
+  workspaces_.reset();  // No push or pull holds one now; arena_owner_ unpins them.
   metrics_.reset();  // After the engines, which report their last rounds to them.
   snapshot_budget_.reset();
   staging_.reset();

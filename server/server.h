@@ -40,6 +40,7 @@
 #include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
 #include "server/ingest/staging_pool.h"
+#include "server/workspace/workspace.h"
 #include "server/metrics/metrics.h"
 #include "server/models/model_registry.h"
 #include "server/service/call_watchdog.h"
@@ -60,6 +61,9 @@ struct ServerOptions {
   // Snapshot memory (device memory on a GPU) for pulls larger than one window; a pull larger
   // than all of it is RESOURCE_EXHAUSTED.
   uint64_t pull_snapshot_bytes = uint64_t{4} << 30;
+  // Same-host workspaces (proto OpenWorkspace, server/workspace/workspace.h): where their
+  // files go (empty: off) and the most they hold in all.
+  WorkspaceOptions workspaces;
   // A push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived within
   // this long of its first; the parts that came give their staging back.
   absl::Duration push_part_wait = absl::Seconds(30);
@@ -154,6 +158,8 @@ class Server {
   std::unique_ptr<OptimizerBackend> arena_owner_;
   std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<StagingPool> snapshot_budget_;
+  // Pinned by arena_owner_, held by pushes and pulls: after models_, before arena_owner_.
+  std::unique_ptr<WorkspaceTable> workspaces_;
   std::unique_ptr<CallWatchdog> watchdog_;
   std::function<void()> testing_before_push_join_;
   std::unique_ptr<Metrics> metrics_;

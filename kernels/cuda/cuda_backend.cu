@@ -323,6 +323,21 @@ class CudaBackend final : public OptimizerBackend {
     if (UseDevice(options_.device_ordinal) == cudaSuccess) cudaFreeHost(buffer);
   }
 
+  absl::Status RegisterHostMemory(void* data, uint64_t bytes) const override {
+    FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+    if (cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+        e != cudaSuccess) {
+      cudaGetLastError();  // Not sticky: clear it.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot page-lock ", bytes, " bytes of host memory: ", cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }
+
+  void UnregisterHostMemory(void* data) const override {
+    if (UseDevice(options_.device_ordinal) == cudaSuccess) cudaHostUnregister(data);
+  }
+
   absl::StatusOr<StepOutcome> Step(const StepRequest& request) override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
     // First everything that can fail with an expected error, so that such a failure changes

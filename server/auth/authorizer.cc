@@ -42,6 +42,8 @@ const char* RpcName(Rpc rpc) {
       return "WriteBuffers";
     case Rpc::kPullBuffers:
       return "PullBuffers";
+    case Rpc::kOpenWorkspace:
+      return "OpenWorkspace";
   }
   return "unknown";
 }
@@ -56,6 +58,7 @@ Role RequiredRole(Rpc rpc) {
       return Role::kReader;
     case Rpc::kPushGradients:
     case Rpc::kWriteBuffers:
+    case Rpc::kOpenWorkspace:
       return Role::kTrainer;
     case Rpc::kRegisterParamGroup:
     case Rpc::kRegisterTensors:

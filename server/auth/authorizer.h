@@ -69,6 +69,7 @@ enum class Rpc : uint8_t {
   kDeleteModel,
   kWriteBuffers,
   kPullBuffers,
+  kOpenWorkspace,
 };
 
 // "PushGradients", ...

@@ -226,7 +226,10 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   };
   const absl::Time start = absl::Now();
   std::optional<v1::PushCommit> commit;
-  absl::Status read = ReadPushChunks(message, first, claim, staged, &commit);
+  const absl::Span<const char> workspace =
+      checked_.workspace != nullptr ? absl::Span<const char>(checked_.workspace->memory())
+                                    : absl::Span<const char>();
+  absl::Status read = ReadPushChunks(message, first, claim, staged, &commit, workspace);
   if (read.ok() && commit.has_value()) read = TakeCommit(*std::move(commit), part_index);
   // One device copy per message, not per chunk (a message of many small tensors has hundreds).
   // It may span bytes of this push that other messages or parts write meanwhile: each of those

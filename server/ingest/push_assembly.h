@@ -50,6 +50,7 @@
 #include "server/metrics/metrics.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
+#include "server/workspace/workspace.h"
 
 namespace fusedps {
 
@@ -92,6 +93,9 @@ struct CheckedPushHeader {
   std::vector<uint32_t> tensors;
   GradDType dtype = GradDType::kFloat32;
   uint32_t part_count = 1;
+  // The header's workspace (PushHeader.workspace), found by the transport; null for none. The
+  // assembly holds it until it dies, so its memory outlives every read of the push.
+  std::shared_ptr<const Workspace> workspace;
 };
 
 // Checks a push header: dtype, grad_scale, worker_count, client_id's length, the parts fields,

@@ -35,7 +35,8 @@ bool IsField(uint32_t tag, int number, WireFormatLite::WireType type) {
 // commit into *commit when commit is non-null (else it is skipped).
 absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHeader* header,
                          bool* has_header, const ClaimChunkFn* claim,
-                         const ChunkStagedFn* staged, std::optional<v1::PushCommit>* commit) {
+                         const ChunkStagedFn* staged, std::optional<v1::PushCommit>* commit,
+                         absl::Span<const char> workspace) {
   SliceInputStream stream(message);
   CodedInputStream in(&stream);
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
@@ -73,7 +74,7 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
       uint32_t length = 0;
       if (!in.ReadVarint32(&length) || length > INT_MAX) return Malformed("chunks");
       const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-      if (absl::Status s = ReadTensorChunk(in, *claim, *staged, Malformed); !s.ok()) return s;
+      if (absl::Status s = ReadTensorChunk(in, *claim, *staged, Malformed, workspace); !s.ok()) return s;
       in.PopLimit(limit);
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return Malformed("an unknown field");
@@ -89,7 +90,7 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
   v1::PushHeader header;
   bool has_header = false;
   if (absl::Status s = ReadMessage(message, /*header_allowed=*/true, &header, &has_header,
-                                   nullptr, nullptr, nullptr);
+                                   nullptr, nullptr, nullptr, {});
       !s.ok()) {
     return s;
   }
@@ -98,9 +99,11 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 }
 
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
-                            ChunkStagedFn staged, std::optional<v1::PushCommit>* commit) {
+                            ChunkStagedFn staged, std::optional<v1::PushCommit>* commit,
+                            absl::Span<const char> workspace) {
   if (commit != nullptr) commit->reset();
-  return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit);
+  return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit,
+                     workspace);
 }
 
 }  // namespace fusedps

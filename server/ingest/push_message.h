@@ -5,7 +5,7 @@
 //
 // The wire format is proto/fusedps/v1's PushGradientsRequest {PushHeader header = 1;
 // repeated TensorChunk chunks = 2; PushCommit commit = 3}, TensorChunk {string tensor = 1;
-// uint64 offset = 2; bytes data = 3}. Every protobuf serializer writes a chunk's fields in that order, so `data` is last
+// uint64 offset = 2; bytes data = 3; ...; workspace_offset_bytes = 5; workspace_bytes = 6}. Every protobuf serializer writes a chunk's fields in that order, so `data` is last
 // and its destination is known when it starts: the payload is then read directly into it. A
 // chunk whose `data` is followed by other fields (legal protobuf, from an unusual writer) is
 // still read correctly, through a temporary copy. Unknown fields are skipped, as protobuf does.
@@ -40,9 +40,12 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 // first message of a call), which is then skipped; elsewhere a header is INVALID_ARGUMENT.
 // The message's commit (PushHeader.commit_at_end), if any, goes to *commit (reset first);
 // with commit null it is skipped. Two commits in one message are INVALID_ARGUMENT.
+// `workspace`: the memory of the push's workspace (PushHeader.workspace), from which chunks
+// with workspace_bytes are copied; empty when the push names none (ReadTensorChunk).
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged,
-                            std::optional<v1::PushCommit>* commit = nullptr);
+                            std::optional<v1::PushCommit>* commit = nullptr,
+                            absl::Span<const char> workspace = {});
 
 }  // namespace fusedps
 

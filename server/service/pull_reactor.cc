@@ -16,6 +16,7 @@
 #include "common/tsan.h"
 #include "server/ingest/state_loader.h"
 #include "server/service/convert.h"
+#include "server/workspace/workspace.h"
 
 namespace fusedps {
 namespace {
@@ -67,8 +68,15 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
     }
     if (ready.ok()) ready = Prepare(*request);
+    if (ready.ok() && !request->workspace().empty()) {
+      ready = PrepareWorkspace(*request, caller);
+    }
     if (!ready.ok()) {
       FinishCall(ready);
+      return;
+    }
+    if (workspace_ != nullptr) {
+      ReadIntoWorkspace();
       return;
     }
     Hold();
@@ -204,6 +212,123 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return absl::OkStatus();
   }
 
+  // A pull into the caller's workspace (PullParametersRequest.workspace): finds it and checks
+  // the offsets (one per tensor, aligned, inside, disjoint).
+  absl::Status PrepareWorkspace(const v1::PullParametersRequest& request, const Caller& caller) {
+    if (services_.workspaces == nullptr) {
+      return absl::NotFoundError("this server has no workspaces");
+    }
+    absl::StatusOr<std::shared_ptr<const Workspace>> found =
+        services_.workspaces->Find(request.workspace(), WorkspaceOwner(caller));
+    if (!found.ok()) return found.status();
+    if (request.tensors_size() == 0) {
+      return absl::InvalidArgumentError(
+          "a pull into a workspace must name its tensors (one workspace_offsets_bytes each)");
+    }
+    if (request.workspace_offsets_bytes_size() != request.tensors_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "workspace_offsets_bytes has ", request.workspace_offsets_bytes_size(),
+          " entries; tensors has ", request.tensors_size(), " (one offset per tensor)"));
+    }
+    const uint64_t size = (*found)->memory().size();
+    const uint64_t wire_size = DTypeSize(dtype_);
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, end), to check overlaps.
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const uint64_t at = request.workspace_offsets_bytes(static_cast<int>(i));
+      const uint64_t bytes = view_->tensor(tensors_[i]).numel * wire_size;
+      const std::string field = absl::StrCat("workspace_offsets_bytes[", i, "]");
+      if (at % wire_size != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, " = ", at, " must be a multiple of the dtype's size, ", wire_size));
+      }
+      if (absl::Status s = CheckWorkspaceRange(at, bytes, size, field); !s.ok()) return s;
+      workspace_offsets_.push_back(at);
+      ranges.emplace_back(at, at + bytes);
+    }
+    std::vector<size_t> order(ranges.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return ranges[a].first < ranges[b].first; });
+    for (size_t k = 1; k < order.size(); ++k) {
+      if (ranges[order[k]].first < ranges[order[k - 1]].second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "workspace_offsets_bytes[", order[k], "] overlaps the region of tensor ",
+            QuoteName(view_->tensor(tensors_[order[k - 1]]).name),
+            " (workspace_offsets_bytes[", order[k - 1], "])"));
+      }
+    }
+    workspace_ = *std::move(found);
+    return absl::OkStatus();
+  }
+
+  // The engine reads straight into the workspace when the wire has the stored dtype (on a GPU,
+  // device-to-host copies into the page-locked mapping); else into host memory of its own, and
+  // the values are rounded to 16 bits into the workspace here.
+  void ReadIntoWorkspace() {
+    ReadJob job;
+    job.field = field_;
+    job.param_copy = param_copy_;
+    job.tensors = tensors_;
+    const bool direct = stored_size_ == static_cast<uint32_t>(DTypeSize(dtype_));
+    if (direct) {
+      job.dst = workspace_->memory().data();
+      job.dst_offsets = workspace_offsets_;
+    } else {
+      scratch_.reset(new (std::nothrow) char[total_bytes_]);
+      if (scratch_ == nullptr) {
+        return FinishCall(absl::ResourceExhaustedError(absl::StrCat(
+            "no host memory for a pull of ", total_bytes_, " bytes to round to 16 bits")));
+      }
+      job.dst = scratch_.get();
+      job.dst_offsets = offsets_;
+    }
+    Hold();
+    engine_->Read(std::move(job), [this, direct](absl::StatusOr<ReadResult> result) {
+      if (!result.ok()) {
+        FinishCall(result.status());
+      } else {
+        version_ = result->version;
+        steps_ = std::move(result->steps);
+        if (!direct) {
+          for (size_t i = 0; i < tensors_.size(); ++i) {
+            StoreFloats(reinterpret_cast<const float*>(scratch_.get() + offsets_[i]),
+                        view_->tensor(tensors_[i]).numel, dtype_,
+                        workspace_->memory().data() + workspace_offsets_[i]);
+          }
+          scratch_.reset();
+        }
+        if (context_->IsCancelled()) {
+          FinishCall(absl::CancelledError("cancelled"));
+        } else {
+          WriteHeader();
+        }
+      }
+      ReleaseHold();
+    });
+  }
+
+  // After the header and TensorInfo: the chunks of a workspace pull, one per tensor, naming
+  // where its bytes are (already written), as many per message as fit.
+  void WriteWorkspaceChunks() {
+    const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
+    const uint64_t wire_size = DTypeSize(dtype_);
+    uint64_t bytes = 0;
+    while (cursor_tensor_ < tensors_.size()) {
+      const TensorMeta& meta = view_->tensor(tensors_[cursor_tensor_]);
+      const uint64_t size = meta.name.size() + 40;
+      if (bytes + size > budget && message_.chunks_size() > 0) break;
+      v1::TensorChunk* chunk = message_.add_chunks();
+      chunk->set_tensor(meta.name);
+      chunk->set_workspace_offset_bytes(workspace_offsets_[cursor_tensor_]);
+      chunk->set_workspace_bytes(meta.numel * wire_size);
+      message_payload_ += meta.numel * wire_size;
+      bytes += size;
+      ++cursor_tensor_;
+    }
+    if (message_.chunks_size() == 0) return FinishCall(absl::OkStatus());
+    StartWritingMessage();
+  }
+
   // Reserves `bytes` of `pool` asynchronously; `then` runs with the reservation (under a hold,
   // released after it), or the call finishes with the error.
   void Reserve(StagingPool* pool, uint64_t bytes,
@@ -315,6 +440,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       AddInfos(message_.mutable_tensors());
       return StartWritingMessage();
     }
+    if (workspace_ != nullptr) return WriteWorkspaceChunks();
     const uint32_t wire_size = DTypeSize(dtype_);
     uint64_t room = chunk_bytes_ / wire_size;  // Elements left in this message.
     // Names count too: many small tensors with long names must not outgrow a message.
@@ -411,6 +537,11 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::vector<uint64_t> offsets_;  // Per tensor, bytes into the layout.
   uint64_t total_bytes_ = 0;
   uint64_t window_limit_ = 0;  // The most staging this pull holds.
+  // A pull into the caller's workspace: it, and each tensor's offset in it (bytes); held until
+  // the reactor is gone. scratch_: the fp32 values of a pull rounded to 16 bits here.
+  std::shared_ptr<const Workspace> workspace_;
+  std::vector<uint64_t> workspace_offsets_;
+  std::unique_ptr<char[]> scratch_;
 
   // What the read saw, and where its bytes are. Written before the first write, by the thread
   // that starts it; read by the writes that follow (each after the one before, as gRPC orders

@@ -16,6 +16,7 @@
 #include "server/service/convert.h"
 #include "server/service/pull_reactor.h"
 #include "server/service/push_reactor.h"
+#include "server/service/workspace_reactor.h"
 
 #ifndef FUSEDPS_VERSION
 #define FUSEDPS_VERSION "dev"
@@ -396,6 +397,11 @@ grpc::Status ParameterServiceImpl::DeleteModel(grpc::ServerContext* context,
   response->set_freed_bytes(deleted->freed_bytes);
   response->set_memory_freed(deleted->memory_freed);
   return grpc::Status::OK;
+}
+
+grpc::ServerWriteReactor<v1::OpenWorkspaceResponse>* ParameterServiceImpl::OpenWorkspace(
+    grpc::CallbackServerContext* context, const v1::OpenWorkspaceRequest* request) {
+  return NewWorkspaceReactor(context, request, services_);
 }
 
 }  // namespace fusedps

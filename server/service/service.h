@@ -26,8 +26,10 @@ namespace fusedps {
 
 // Pushes and pulls are raw (grpc::ByteBuffer): a push is read from gRPC's slices straight into
 // staging, and a pull's chunks are gRPC slices of the staging that holds them (no copies).
+// OpenWorkspace is a callback too: its call stays open as long as the workspace, on no thread.
 using ParameterServiceBase = v1::ParameterService::WithRawCallbackMethod_PushGradients<
-    v1::ParameterService::WithRawCallbackMethod_PullParameters<v1::ParameterService::Service>>;
+    v1::ParameterService::WithRawCallbackMethod_PullParameters<
+        v1::ParameterService::WithCallbackMethod_OpenWorkspace<v1::ParameterService::Service>>>;
 
 class ParameterServiceImpl final : public ParameterServiceBase {
  public:
@@ -75,6 +77,9 @@ class ParameterServiceImpl final : public ParameterServiceBase {
                           v1::ListModelsResponse* response) override;
   grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
                            v1::DeleteModelResponse* response) override;
+  // A same-host workspace, held while the call is open (workspace_reactor.h).
+  grpc::ServerWriteReactor<v1::OpenWorkspaceResponse>* OpenWorkspace(
+      grpc::CallbackServerContext* context, const v1::OpenWorkspaceRequest* request) override;
 
  private:
   absl::Status RegisterTensorsStatus(grpc::ServerContext* context,

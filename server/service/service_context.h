@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
@@ -20,6 +21,7 @@
 #include "server/metrics/metrics.h"
 #include "server/models/model_registry.h"
 #include "server/service/call_watchdog.h"
+#include "server/workspace/workspace.h"
 
 namespace fusedps {
 
@@ -28,6 +30,12 @@ struct ServiceLimits {
   // The most staging one pull, or one registration, holds at a time (its window).
   uint64_t window_bytes = 32 << 20;
 };
+
+// Who owns the workspaces a caller opens (WorkspaceTable's owner): its principals; empty
+// without authentication.
+inline std::string WorkspaceOwner(const Caller& caller) {
+  return absl::StrJoin(caller.principals, ",");
+}
 
 struct ServiceContext {
   ModelRegistry* models;
@@ -44,6 +52,8 @@ struct ServiceContext {
   const std::atomic<bool>* restoring = nullptr;
   // Who may call what (server/auth/authorizer.h); it admits anyone when authentication is off.
   const Authorizer* authorizer;
+  // Same-host workspaces (server/workspace/workspace.h); null when the server has none.
+  WorkspaceTable* workspaces = nullptr;
   // ServerOptions::testing_before_push_join, or null.
   const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;

@@ -111,14 +111,16 @@ def assert_close(ours: RemoteAdamW, model: Mlp, ref: torch.optim.AdamW, ref_mode
                                        msg=lambda m: f"state {i} {key}: {m}")
 
 
-def run_recipe(target: str, recipe: str, prefix: str,
-               transport: str = "auto") -> Tuple[RemoteAdamW, Mlp]:
+def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
+               data_plane: str = "workspace") -> Tuple[RemoteAdamW, Mlp]:
     """Trains both ways and checks them: parity, and no full push but the inplace recipe's."""
     model, ref_model = Mlp(1), Mlp(1)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=target, prefix=prefix, overlap=True,
-                      bucket_bytes=2048, client_options={"transport": transport}, **HYPER)
+                      bucket_bytes=2048, client_options={"transport": transport},
+                      data_plane=data_plane, **HYPER)
     try:
+        assert opt.data_plane_in_use == data_plane
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
             train(recipe, opt, model)
@@ -137,15 +139,19 @@ def run_recipe(target: str, recipe: str, prefix: str,
         opt.close()
 
 
+@pytest.mark.parametrize("data_plane", ["workspace", "grpc"])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_overlap_matches_torch(server_target, recipe):
-    run_recipe(server_target, recipe, prefix=f"{recipe}/")
+def test_overlap_matches_torch(server_target, recipe, data_plane):
+    """Through a same-host workspace (what a trainer beside its server gets) and over gRPC
+    (the native transport): the same results."""
+    run_recipe(server_target, recipe, prefix=f"{recipe}-{data_plane}/", data_plane=data_plane)
 
 
 def test_overlap_over_grpcio_matches_torch(server_target):
     """Without the native transport the pulls land on Python threads (_ThreadLanding), and
     the pushes go through grpcio: the same results."""
-    run_recipe(server_target, "clip", prefix="grpcio-clip/", transport="grpcio")
+    run_recipe(server_target, "clip", prefix="grpcio-clip/", transport="grpcio",
+               data_plane="grpc")
 
 
 # What keeps each recipe exact, switched off: each must make its recipe fail.
@@ -172,16 +178,19 @@ def test_each_recipe_fails_with_its_mechanism_switched_off(server_target, recipe
         run_recipe(server_target, recipe, prefix=f"off-{recipe}/")
 
 
-@pytest.mark.parametrize("transport", ["auto", "grpcio"])
-def test_delayed_update_matches_a_reference_one_step_stale(server_target, transport):
+@pytest.mark.parametrize("transport, data_plane",
+                         [("auto", "workspace"), ("auto", "grpc"), ("grpcio", "grpc")])
+def test_delayed_update_matches_a_reference_one_step_stale(server_target, transport,
+                                                           data_plane):
     """delay=1 after 3 warm-up steps: each gradient is computed on the parameters of two steps
     back and applied to those of the step before, exactly as the reference does it."""
     warmup = 3
     model, ref_model, stale = Mlp(3), Mlp(3), Mlp(3)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=server_target,
-                      prefix=f"delay-{transport}/", overlap=True, bucket_bytes=2048, delay=1,
-                      delay_warmup=warmup, client_options={"transport": transport}, **HYPER)
+                      prefix=f"delay-{transport}-{data_plane}/", overlap=True,
+                      bucket_bytes=2048, delay=1, delay_warmup=warmup,
+                      client_options={"transport": transport}, data_plane=data_plane, **HYPER)
     try:
         for step in range(STEPS):
             opt.zero_grad(set_to_none=True)

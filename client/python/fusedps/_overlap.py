@@ -24,7 +24,12 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
    ZeRO-Offload's delayed parameter update).
 
-Lifetimes: the engine owns its hooks, worker thread, buffers and pull pipeline until close().
+Where the bytes go (``data_plane``): with one server on the same host, the host buffers are
+carved from a same-host workspace (fusedps._workspace), and the pushes and pulls carry only
+where the bytes lie in it; otherwise they carry the bytes over gRPC.
+
+Lifetimes: the engine owns its hooks, worker thread, buffers, workspace and pull pipeline until
+close().
 A transaction reads the pinned buffer of its step until its commit or cancel returns; with
 delay=1 two buffers alternate, since step t + 1's backward stages while step t commits.
 Thread safety: hooks run on autograd's thread, step() on the training thread, the stager and the
@@ -45,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fusedps import _chunks, _trace
+from fusedps import _chunks, _trace, _workspace
 from fusedps import _remote_optim as _ro
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps._pull_pipeline import PullPipeline
@@ -103,11 +108,13 @@ class OverlapEngine:
       bucket_bytes: wire bytes that close a bucket.
       pull_group_bytes: wire bytes per pull group.
       delay: 0 or 1; delay_warmup: steps run with delay 0 first.
+      data_plane: "auto" (a same-host workspace when the one server offers it, else gRPC),
+        "workspace" (RuntimeError when none can be had) or "grpc" (fusedps._workspace).
     """
 
     def __init__(self, optimizer: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
                  grad_dtype: str, pull_dtype: str, bucket_bytes: int, pull_group_bytes: int,
-                 delay: int, delay_warmup: int):
+                 delay: int, delay_warmup: int, data_plane: str = "auto"):
         self._opt = optimizer
         self._names = [n for n, _ in pairs]
         self._params = [p for _, p in pairs]
@@ -125,8 +132,10 @@ class OverlapEngine:
         self._delay_warmup = int(delay_warmup)
         self._route = Route(optimizer.client, self._names, self._numel)
         streams = max(getattr(c, "streams", 1) for c in self._route.clients)
+        self.workspace = self._open_workspace(data_plane, pull_dtype)
+        self.data_plane = "workspace" if self.workspace is not None else "grpc"
         self.pulls = PullPipeline(self._route, self._params, pull_dtype, streams,
-                                  pull_group_bytes)
+                                  pull_group_bytes, workspace=self.workspace)
         self.enabled = True  # False inside no_sync().
         self.steps = 0
         self.fallbacks = 0
@@ -157,6 +166,29 @@ class OverlapEngine:
                                             daemon=True)
             self._stager.start()
         self._hooks = GradReadyHooks(self._params, self._on_grad_ready)
+
+    def _open_workspace(self, data_plane: str, pull_dtype: str):
+        """The step's host buffers in a same-host workspace, when data_plane allows one and the
+        params live on one server that gives one; else None (data_plane_reason says why)."""
+        self.data_plane_reason = "data_plane='grpc'"
+        if data_plane == "grpc":
+            return None
+        workspace = None
+        if len(self._route.clients) != 1:
+            self.data_plane_reason = "a workspace is used with one server only"
+        else:
+            total = sum(self._numel)
+            buffers = [(total, self._wire_dtype)] * (2 if self._delay else 1)
+            buffers.append((total, _chunks.torch_dtype(pull_dtype)))
+            nbytes = _workspace.needed_bytes(buffers) + 64 * len(buffers)
+            workspace, self.data_plane_reason = _workspace.open_workspace(
+                self._route.clients[0], nbytes, pin=self._cuda)
+        if workspace is None and data_plane == "workspace":
+            raise RuntimeError(f"data_plane='workspace': no workspace ({self.data_plane_reason})")
+        if workspace is None:
+            _logger.info("RemoteAdamW: gradients and parameters go over gRPC: %s",
+                         self.data_plane_reason)
+        return workspace
 
     # -- hooks (autograd's thread) ------------------------------------------------------------
 
@@ -228,7 +260,9 @@ class OverlapEngine:
             if self._cuda and self._wire_dtype != torch.float32:
                 self._wire_dev = torch.empty(total, dtype=self._wire_dtype, device=self.device)
         if self._hosts[buffer] is None:
-            if not self._cuda and self._wire_dtype == torch.float32:
+            if self.workspace is not None:
+                self._hosts[buffer] = self.workspace.carve(total, self._wire_dtype)
+            elif not self._cuda and self._wire_dtype == torch.float32:
                 self._hosts[buffer] = self._sent if buffer == 0 else torch.empty(total)
             else:
                 self._hosts[buffer] = torch.empty(total, dtype=self._wire_dtype,
@@ -318,7 +352,8 @@ class OverlapEngine:
         for shard, tensors in enumerate(by_shard):
             client = self._route.clients[shard]
             step.transactions.append(None if not tensors else client.begin_push(
-                tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash))
+                tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash,
+                workspace=self.workspace))
 
     def _write(self, step: _Step, bucket: _Bucket) -> None:
         if step.error is not None:
@@ -401,6 +436,10 @@ class OverlapEngine:
             self._tasks.put(None)
             self._worker.join()
             self.pulls.close()
+            if self.workspace is not None:
+                if self._cuda:  # No copy may still read or write the memory unpinned.
+                    torch.cuda.synchronize(self.device)
+                self.workspace.close()
             _trace.dump()
 
     def _take_step(self) -> _Step:

@@ -5,9 +5,11 @@ groups of about ``group_bytes``, in the order the last forward pass first used t
 client's streams at once. Each group lands in pinned host memory (the wire's bytes, no
 conversion) and is copied to the device on a side stream.
 
-Who does what: the landing runs on the C++ client's threads (fusedps._native.PipelinedPull)
-when every server is reached through the native transport, else on a pool of Python threads
-(_ThreadLanding). The device copies are queued by the training loop's own thread, in the
+Who does what: through a same-host workspace (fusedps._workspace), the server writes each
+group into the host buffer, which is carved from the workspace, and a pool of Python threads
+only waits for its short replies (_WorkspaceLanding). Otherwise the landing runs on the C++
+client's threads (fusedps._native.PipelinedPull) when every server is reached through the
+native transport, else on a pool of Python threads (_ThreadLanding). The device copies are queued by the training loop's own thread, in the
 forward pre-hook and in wait(): each time, every group landed so far is queued. No Python
 thread of fusedps then runs while the forward computes: a Python thread beside the loop costs
 its interpreter lock, and the loop's kernel launches wait for it (bench/contention_probe.py
@@ -41,7 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fusedps import _chunks, _native, _replies, _trace
+from fusedps import _chunks, _native, _replies, _trace, _workspace
 from fusedps._route import Route
 
 __all__ = ["PullPipeline"]
@@ -122,6 +124,24 @@ class _ThreadLanding:
             f.exception()  # Waits; the error was raised by wait() if anyone asked.
 
 
+class _WorkspaceLanding(_ThreadLanding):
+    """Lands the groups through a same-host workspace (fusedps._workspace): the host buffer is
+    carved from it, and each group's pull has the server write the values there."""
+
+    def __init__(self, pool: ThreadPoolExecutor, route: Route, groups: List[_Group], wire: str,
+                 workspace):
+        self._workspace = workspace
+        super().__init__(pool, route, groups, wire)
+
+    def _land(self, g: int, group: _Group) -> None:
+        client = self._route.clients[0]  # A workspace is used with one server only.
+        targets = [(name, view) for _, name, view in group.targets]
+        version = _workspace.pull_into_workspace(client, self._workspace, targets, self._wire)
+        with self._lock:
+            self._versions[0] = max(self._versions[0], version)
+            self._last = time.perf_counter()
+
+
 class PullPipeline:
     """Args:
       route: where each parameter lives (fusedps._route.Route).
@@ -129,10 +149,12 @@ class PullPipeline:
       wire: "float32" or "bfloat16": the pull's dtype.
       streams: pulls in flight at once (each on its own stream of the clients).
       group_bytes: wire bytes per group, about.
+      workspace: a same-host workspace of the route's one server (fusedps._workspace), which
+        the host buffer is carved from and the pulls land through; None: over gRPC.
     """
 
     def __init__(self, route: Route, params: Sequence[torch.Tensor], wire: str, streams: int,
-                 group_bytes: int):
+                 group_bytes: int, workspace=None):
         self._route = route
         self._params = list(params)
         self._wire = wire
@@ -144,8 +166,10 @@ class PullPipeline:
         self._cuda = self.device.type == "cuda"
         self._index: Dict[int, int] = {id(p): i for i, p in enumerate(self._params)}
         self._numel = [p.numel() for p in self._params]
+        self._workspace = workspace
         natives = [getattr(c, "_native", None) for c in route.clients]
-        self._natives = natives if all(n is not None for n in natives) else None
+        self._natives = (natives if workspace is None and all(n is not None for n in natives)
+                         else None)
         self._pool = None if self._natives is not None else ThreadPoolExecutor(
             max_workers=self._streams, thread_name_prefix="fusedps-pull")
         # The pull in flight, until wait(); the copying (its queued, waited_upto) is done by one
@@ -177,7 +201,9 @@ class PullPipeline:
     def _layout(self, order: List[int]) -> List[_Group]:
         """Groups of about group_bytes in ``order``, their places in the host buffer, and what
         each pulls and copies."""
-        if self._host is None:
+        if self._host is None and self._workspace is not None:
+            self._host = self._workspace.carve(sum(self._numel), self._wire_dtype)
+        elif self._host is None:
             self._host = torch.empty(sum(self._numel), dtype=self._wire_dtype,
                                      pin_memory=self._cuda)
         groups: List[_Group] = []
@@ -224,7 +250,10 @@ class PullPipeline:
             # (the loop's stream waited for them), but the CPU must know before it writes.
             self._last_event.synchronize()
             self._last_event = None
-        if self._natives is not None:
+        if self._workspace is not None:
+            landing = _WorkspaceLanding(self._pool, self._route, self._groups, self._wire,
+                                        self._workspace)
+        elif self._natives is not None:
             landing = _native.PipelinedPull(
                 self._natives, [[(shard, name, view.data_ptr(), view.numel())
                                  for shard, name, view in group.targets]

@@ -23,11 +23,12 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, _replies, errors
+from fusedps import _chunks, _replies, _transport, errors
 from fusedps.results import PushResult
 from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["PushTransaction"]
+
 
 # (tensor index, first element, element count, address of the raw wire-dtype elements)
 Piece = Tuple[int, int, int, int]
@@ -243,12 +244,55 @@ class GrpcioTransactionImpl:
         pass
 
 
+class WorkspaceTransactionImpl(GrpcioTransactionImpl):
+    """Over a same-host workspace (fusedps._workspace): a piece inside the workspace travels as
+    its place in it (TensorChunk.workspace_offset_bytes, workspace_bytes), which the server
+    copies out; a piece elsewhere travels as bytes, as over grpcio. Messages go round-robin
+    over the parts, so that the server copies them out on several threads."""
+
+    def __init__(self, workspace, *args):
+        super().__init__(*args)
+        self._workspace = workspace
+
+    def write(self, pieces: Sequence[Piece]) -> None:
+        chunks = []
+        inline = []
+        for t, offset, count, address in pieces:
+            nbytes = count * self._itemsize
+            at = self._workspace.offset_of(address, nbytes) if count else None
+            if at is None:
+                inline.append((t, offset, count, address))
+            else:
+                chunks.append(pb.TensorChunk(tensor=self._names[t].decode("utf-8"),
+                                             offset=offset, workspace_offset_bytes=at,
+                                             workspace_bytes=nbytes))
+        # A message of references is small: about 300 bytes per chunk at most.
+        per_message = max(1, (self._max_message_bytes - 1024) // 320)
+        for k in range(0, len(chunks), per_message):
+            self._send(pb.PushGradientsRequest(
+                chunks=chunks[k:k + per_message]).SerializeToString())
+        if inline:
+            super().write(inline)
+
+
 def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_version: int,
-          plan_hash: str, client_id: str, sequence_number: int) -> PushTransaction:
-    """Client.begin_push: a transaction over the client's native transport when it has one,
-    else over its grpcio channels (one part per channel)."""
+          plan_hash: str, client_id: str, sequence_number: int,
+          workspace=None) -> PushTransaction:
+    """Client.begin_push: a transaction through ``workspace`` when given (fusedps._workspace;
+    client.streams parts over the client's first channel), else over the client's native
+    transport when it has one, else over its grpcio channels (one part per channel)."""
     itemsize = _chunks.element_size(grad_dtype)
     names = [n for n, _ in tensors]
+    if workspace is not None:
+        header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
+                               grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
+                               base_version=base_version, tensors=names, plan_hash=plan_hash,
+                               commit_at_end=True, model=client.model, workspace=workspace.id)
+        call = _transport.raw_stream_unary(client._channel, "PushGradients",
+                                           pb.PushGradientsResponse)
+        impl = WorkspaceTransactionImpl(workspace, [call] * client.streams, header, names,
+                                        itemsize, client.max_chunk_bytes, client.timeout)
+        return PushTransaction(impl, tensors, itemsize)
     if client._native is not None:
         native = client._native.begin_push(
             client_id=client_id, sequence_number=sequence_number,

@@ -529,12 +529,14 @@ class Client:
 
     def begin_push(self, tensors: Sequence[Tuple[str, int]], *, grad_dtype="float32",
                    base_version: Optional[int] = None, plan_hash: str = "",
-                   client_id: Optional[str] = None,
-                   sequence_number: int = 0) -> "PushTransaction":
+                   client_id: Optional[str] = None, sequence_number: int = 0,
+                   workspace=None) -> "PushTransaction":
         """Begins a push of ``tensors`` ((name, numel) pairs) written a piece at a time and
         committed with its grad_scale at the end (fusedps.PushTransaction; the server applies
         it as one atomic step). It goes as one part per stream; client_id None and
         sequence_number 0 take this client's own, as pushes in parts do (see ``streams``).
+        ``workspace``: a same-host workspace of this client's server (fusedps._workspace);
+        pieces inside it travel as their place in it, not as bytes.
 
         Raises:
           ValueError: no tensors, an unknown grad_dtype. Server errors (NOT_FOUND for an
@@ -548,7 +550,7 @@ class Client:
         return _push_transaction.begin(
             self, [(str(n), int(k)) for n, k in tensors], _chunks.wire_dtype_name(grad_dtype),
             self.last_pulled_version if base_version is None else int(base_version), plan_hash,
-            header.client_id, header.sequence_number)
+            header.client_id, header.sequence_number, workspace)
 
     def pull_into(self, targets: Sequence[Tuple[str, "torch.Tensor"]], dtype="float32", *,
                   field: str = "param", stream: int = 0) -> Tuple[int, Dict[str, int]]:

@@ -128,6 +128,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         of the step before: the gradient of step t is computed at the parameters of step
         t - 2 and applied to those of step t - 1 (bounded staleness 1). 0 (default): none.
       delay_warmup: steps run without delay first (default 10).
+      data_plane: with overlap, where the gradients' and parameters' bytes travel. "auto"
+        (default): through a same-host workspace (shared memory that the server maps too;
+        docs/python.md, "Same-host workspaces") when the params live on one server on this
+        host that offers one, else over gRPC; "workspace": the workspace or RuntimeError;
+        "grpc": always over gRPC. ``data_plane_in_use`` says which was taken.
       pull_dtype: with overlap, the dtype parameters are pulled in: None (default) "float32"
         (exact) unless every group keeps bf16 params; "bfloat16" halves the pull's bytes, the
         model then holding the fp32 master rounded to bf16 (the server keeps fp32).
@@ -245,8 +250,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                  pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
                  rounding_seed: int = 0, on_existing: str = "error",
-                 model: Optional[str] = None, buffers: Any = None):
+                 model: Optional[str] = None, buffers: Any = None,
+                 data_plane: str = "auto"):
         _on_existing.check_on_existing(on_existing)
+        if data_plane not in ("auto", "workspace", "grpc"):
+            raise ValueError(f"data_plane must be 'auto', 'workspace' or 'grpc', got "
+                             f"{data_plane!r}")
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
         if grad_dtype not in ro.GRAD_DTYPES:
@@ -325,7 +334,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                 self._overlap = OverlapEngine(
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
                     pull_group_bytes=bucket_bytes, delay=delay,
-                    delay_warmup=delay_warmup)
+                    delay_warmup=delay_warmup, data_plane=data_plane)
         except BaseException:
             self.close()
             raise
@@ -535,6 +544,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         """
         if self._overlap is not None:
             self._overlap.wait_parameters()
+
+    @property
+    def data_plane_in_use(self) -> str:
+        """With overlap: "workspace" or "grpc" (see data_plane); "grpc" without overlap."""
+        return "grpc" if self._overlap is None else self._overlap.data_plane
 
     @property
     def overlap_fallbacks(self) -> int:

@@ -1,0 +1,179 @@
+"""Same-host workspaces: pushes and pulls whose bytes move through shared memory, not gRPC.
+
+Internal module; fusedps.torch.RemoteAdamW(overlap=True) uses it (``data_plane``). A trainer on
+the server's host opens a workspace (proto OpenWorkspace): a file of shared memory that the
+server maps too. The trainer maps it, carves its host buffers out of it (the gradients it
+stages for a push, the values a pull lands), and page-locks it on a GPU, so that its copies
+to and from the device are DMA. A push then names where each piece lies in the workspace
+instead of carrying it (TensorChunk.workspace_offset_bytes / workspace_bytes), and a pull asks
+the server to write the values there (PullParametersRequest.workspace): the gRPC messages carry
+only names and offsets, and the bytes pass through neither gRPC nor the trainer's CPU.
+
+Who may: the server gives a workspace only to a trainer-role caller on a loopback or
+unix-socket peer, and the file is the server's user's, mode 0600. A trainer that reaches the
+server through a tunnel or a port forward looks local to the server but is not: the file is
+not on its host (or another file is at that path), which open() detects from the file's device
+and inode numbers, and the caller then goes on over gRPC.
+
+Lifetimes: the workspace lives while its OpenWorkspace call is open. close() cancels the call
+(the server then closes it once the pushes and pulls using it are done) and unpins the
+mapping; the mapping itself goes when the last tensor carved from it is freed. A process that
+dies closes its connection, and the server reclaims the workspace the same way.
+Thread safety: carve() and close() from one thread; offset_of() and the pulls from any.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import grpc
+import torch
+
+from fusedps import _replies, errors
+from fusedps.v1 import parameter_service_pb2 as pb
+
+__all__ = ["Workspace", "open_workspace", "pull_into_workspace"]
+
+_logger = logging.getLogger("fusedps.torch")
+_ALIGN = 64  # Bytes; every carved buffer starts at a multiple.
+
+
+class Workspace:
+    """An open workspace of ``size`` bytes, mapped as the uint8 CPU tensor ``buffer``."""
+
+    def __init__(self, call, reply: "pb.OpenWorkspaceResponse", buffer: torch.Tensor,
+                 pinned: bool):
+        self._call = call
+        self.id = reply.workspace_id
+        self.path = reply.path
+        self.size = int(reply.bytes)
+        self.buffer = buffer
+        self.address = buffer.data_ptr()
+        self._pinned = pinned
+        self._cursor = 0
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def carve(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements of ``dtype`` in the workspace, 64-byte aligned.
+        Raises ValueError when the workspace has no room left."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        begin = -(-self._cursor // _ALIGN) * _ALIGN
+        end = begin + int(numel) * itemsize
+        if end > self.size:
+            raise ValueError(f"the workspace ({self.size} bytes) has no room for {numel} "
+                             f"elements of {dtype} at byte {begin}")
+        self._cursor = end
+        return self.buffer[begin:end].view(dtype)
+
+    def offset_of(self, address: int, nbytes: int) -> Optional[int]:
+        """The byte offset of [address, address + nbytes) in the workspace, or None when it is
+        not inside."""
+        offset = address - self.address
+        if 0 <= offset and offset + nbytes <= self.size:
+            return offset
+        return None
+
+    def close(self) -> None:
+        """Ends the workspace (see the module docstring). Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.address)
+        self._call.cancel()
+
+
+def needed_bytes(buffers: Sequence[Tuple[int, torch.dtype]]) -> int:
+    """The size of a workspace that holds buffers of (numel, dtype), carved in order."""
+    total = 0
+    for numel, dtype in buffers:
+        total = -(-total // _ALIGN) * _ALIGN + int(numel) * torch.empty(
+            (), dtype=dtype).element_size()
+    return max(total, 1)
+
+
+def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspace], str]:
+    """Opens a workspace of ``nbytes`` on ``client``'s server, mapped here and, with ``pin``,
+    page-locked for CUDA. Returns (workspace, "") or (None, why not): a server without
+    workspaces (an older one, or --workspace-dir=""), a caller that is not on its host or not
+    a trainer, a file that is not here. Raises FusedPSError for other failures (the server
+    unreachable, RESOURCE_EXHAUSTED)."""
+    call = client._stub.OpenWorkspace(pb.OpenWorkspaceRequest(bytes=int(nbytes)))
+    try:
+        reply = next(call)
+    except grpc.RpcError as e:
+        code = e.code()
+        if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.FAILED_PRECONDITION):
+            return None, f"{code.name}: {e.details()}"
+        raise errors.from_rpc_error(e) from None
+    try:
+        st = os.stat(reply.path)
+    except OSError as e:
+        call.cancel()
+        return None, f"the workspace's file is not on this host ({e})"
+    if (st.st_dev, st.st_ino) != (reply.file_device, reply.file_inode):
+        call.cancel()
+        return None, f"{reply.path} here is not the server's file: another host"
+    try:
+        buffer = torch.from_file(reply.path, shared=True, size=int(reply.bytes),
+                                 dtype=torch.uint8)
+    except (OSError, RuntimeError) as e:
+        call.cancel()
+        return None, f"cannot map {reply.path}: {e}"
+    pinned = False
+    if pin:
+        code = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), int(reply.bytes), 0)
+        if int(code) != 0:
+            call.cancel()
+            return None, f"cannot page-lock the workspace (cudaHostRegister: {int(code)})"
+        pinned = True
+    return Workspace(call, reply, buffer, pinned), ""
+
+
+def pull_into_workspace(client, workspace: Workspace, targets: Sequence[Tuple[str, torch.Tensor]],
+                        wire: str) -> int:
+    """Pulls the params of ``targets`` ((name, CPU tensor of the wire dtype inside the
+    workspace)) at one version: the server writes them into the workspace. Returns the
+    version. Raises FusedPSError as Client.pull_into, ValueError for a target outside the
+    workspace, and DataLoss when the reply does not account for every target."""
+    names: List[str] = []
+    offsets: List[int] = []
+    expected = {}
+    total = 0
+    for name, t in targets:
+        nbytes = t.numel() * t.element_size()
+        offset = workspace.offset_of(t.data_ptr(), nbytes)
+        if offset is None:
+            raise ValueError(f"{name}: its target is not in the workspace")
+        names.append(name)
+        offsets.append(offset)
+        expected[name] = (offset, nbytes)
+        total += nbytes
+    request = pb.PullParametersRequest(tensors=names, dtype=_replies._WIRE_TO_PB[wire],
+                                       model=client.model, workspace=workspace.id,
+                                       workspace_offsets_bytes=offsets)
+    version = None
+    try:
+        for reply in client._stub.PullParameters(request, timeout=client._timeout(total)):
+            if reply.HasField("header"):
+                version = reply.header.version
+            for chunk in reply.chunks:
+                want = expected.pop(chunk.tensor, None)
+                if want != (chunk.workspace_offset_bytes, chunk.workspace_bytes):
+                    raise errors.error_for(grpc.StatusCode.DATA_LOSS, (
+                        f"the pull into the workspace answered for {chunk.tensor!r} at "
+                        f"{chunk.workspace_offset_bytes} ({chunk.workspace_bytes} bytes); "
+                        f"expected {want}"))
+    except grpc.RpcError as e:
+        raise errors.from_rpc_error(e) from None
+    if version is None or expected:
+        raise errors.error_for(grpc.StatusCode.DATA_LOSS, (
+            f"the pull into the workspace ended without {sorted(expected)[:4]}"))
+    client._observe_version(version)
+    return version

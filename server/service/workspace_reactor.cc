@@ -1,0 +1,107 @@
+#include "server/service/workspace_reactor.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/tsan.h"
+#include "server/service/convert.h"
+
+namespace fusedps {
+namespace {
+
+class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspaceResponse> {
+ public:
+  WorkspaceReactor(grpc::CallbackServerContext* context, const v1::OpenWorkspaceRequest& request,
+                   const ServiceContext& services)
+      : context_(context), services_(services) {
+    FUSEDPS_HAPPENS_BEFORE(this);
+    absl::StatusOr<std::shared_ptr<const Workspace>> opened = Open(request);
+    if (!opened.ok()) {
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
+          << "no workspace for " << context_->peer() << ": " << opened.status();
+      ended_ = true;  // OnCancel, if it comes, must not finish the call again.
+      Finish(ToGrpc(opened.status()));
+      return;
+    }
+    id_ = (*opened)->id();
+    response_.set_workspace_id(id_);
+    response_.set_path((*opened)->path());
+    response_.set_bytes((*opened)->memory().size());
+    response_.set_file_device((*opened)->file_device());
+    response_.set_file_inode((*opened)->file_inode());
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    FUSEDPS_HAPPENS_AFTER(this);
+    if (!ok) End(absl::CancelledError("the client left"));
+    // Else the workspace stays open until the call is cancelled (OnCancel).
+  }
+
+  void OnCancel() override {
+    FUSEDPS_HAPPENS_AFTER(this);
+    End(absl::CancelledError("the workspace is closed"));
+  }
+
+  void OnDone() override {
+    FUSEDPS_HAPPENS_AFTER(this);
+    Close();  // Never left open, however the call ended.
+    delete this;
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<const Workspace>> Open(const v1::OpenWorkspaceRequest& request) {
+    Caller caller;
+    if (absl::Status s = services_.Admit(*context_, Rpc::kOpenWorkspace, &caller); !s.ok()) {
+      return s;
+    }
+    if (!IsLocalPeer(context_->peer())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "a workspace is for a caller on the server's host; this call comes from ",
+          context_->peer()));
+    }
+    if (services_.workspaces == nullptr) {
+      return absl::FailedPreconditionError("this server has no workspaces");
+    }
+    return services_.workspaces->Open(WorkspaceOwner(caller), request.bytes());
+  }
+
+  // Closes the workspace and ends the call. Once.
+  void End(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    ended_ = true;
+    CloseLocked();
+    FUSEDPS_HAPPENS_BEFORE(this);
+    Finish(ToGrpc(status));
+  }
+
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    CloseLocked();
+  }
+  void CloseLocked() {
+    if (!id_.empty() && services_.workspaces != nullptr) services_.workspaces->Close(id_);
+    id_.clear();
+  }
+
+  grpc::CallbackServerContext* const context_;
+  const ServiceContext services_;
+  v1::OpenWorkspaceResponse response_;
+  std::mutex mu_;
+  std::string id_;      // Guarded by mu_ once the call runs: the open workspace, or empty.
+  bool ended_ = false;  // Guarded by mu_.
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::OpenWorkspaceResponse>* NewWorkspaceReactor(
+    grpc::CallbackServerContext* context, const v1::OpenWorkspaceRequest* request,
+    const ServiceContext& services) {
+  return new WorkspaceReactor(context, *request, services);
+}
+
+}  // namespace fusedps

@@ -1,0 +1,124 @@
+// workspace.h: same-host workspaces, the data plane beside gRPC (proto: OpenWorkspace).
+//
+// A workspace is a file of shared memory under a directory (--workspace-dir, /dev/shm by
+// default) that the server maps and a trainer on the same host maps too. A push's chunks then
+// name bytes in it instead of carrying them (TensorChunk.workspace_offset_bytes and
+// workspace_bytes), and a pull writes its values into it: the bytes never pass through gRPC or
+// the trainer's CPU (on a GPU, both sides page-lock the mapping, so the copies to and from the
+// devices are DMA). gRPC keeps everything else: who calls, the push header and its
+// exactly-once key, versions, sync rounds, metrics.
+//
+// What a workspace trusts: the file is created with mode 0600 by the server's user, so only
+// that user (or root) can map it; a caller gets one only through OpenWorkspace, which admits a
+// trainer-role caller on a loopback or unix-socket peer (IsLocalPeer). Its bytes are the
+// caller's own: the server copies a push's bytes out of it before checking and applying them,
+// so a trainer that writes its workspace while the server reads it spoils only its own push,
+// never the shard. A workspace is reachable only by the principal that opened it.
+//
+// Lifetimes: WorkspaceTable::Open creates the file, maps it, fallocates it (so that a full
+// file system is an error now, not a SIGBUS later) and page-locks it through the backend. The
+// table holds it until Close (the end of its OpenWorkspace call), which removes the file's name
+// and gives its bytes back to the budget; each push or pull that found it holds a shared_ptr,
+// and the last one to let go unmaps it (after the backend unpins it). The caller's own mapping
+// keeps the memory alive on its side until it unmaps it. A server that died leaves its files
+// behind: the next table over the same directory removes the files of processes that are gone.
+//
+// Thread safety: every method of WorkspaceTable may be called from any thread; a Workspace is
+// immutable (its bytes belong to the calls that use it).
+#ifndef FUSEDPS_SERVER_WORKSPACE_WORKSPACE_H_
+#define FUSEDPS_SERVER_WORKSPACE_WORKSPACE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+
+namespace fusedps {
+
+class Workspace {
+ public:
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace();  // Unpins and unmaps the memory, and removes the file if Close has not.
+
+  const std::string& id() const { return id_; }      // 32 hex digits.
+  const std::string& path() const { return path_; }  // The file the caller maps.
+  const std::string& owner() const { return owner_; }
+  uint64_t file_device() const { return file_device_; }
+  uint64_t file_inode() const { return file_inode_; }
+  // The mapping: bytes() bytes, shared with the caller.
+  absl::Span<char> memory() const { return {data_, bytes_}; }
+
+ private:
+  friend class WorkspaceTable;
+  Workspace() = default;
+
+  std::string id_, path_, owner_;
+  uint64_t file_device_ = 0, file_inode_ = 0;
+  char* data_ = nullptr;
+  uint64_t bytes_ = 0;
+  const OptimizerBackend* pinned_by_ = nullptr;  // The backend that page-locked it, or null.
+};
+
+struct WorkspaceOptions {
+  std::string dir = "/dev/shm";  // Empty: workspaces are off.
+  uint64_t budget_bytes = uint64_t{64} << 30;  // The most that open workspaces hold in all.
+};
+
+class WorkspaceTable {
+ public:
+  // `pinner`, when not null, page-locks each workspace (OptimizerBackend::RegisterHostMemory)
+  // and must outlive every workspace. Removes the files of dead servers in options.dir.
+  WorkspaceTable(WorkspaceOptions options, const OptimizerBackend* pinner);
+  ~WorkspaceTable();  // Closes every workspace still open.
+
+  bool enabled() const { return !options_.dir.empty(); }
+
+  // A new workspace of `bytes` bytes for `owner` (the caller's principal; empty without
+  // authentication). Errors: FAILED_PRECONDITION when workspaces are off; INVALID_ARGUMENT for
+  // bytes 0; RESOURCE_EXHAUSTED past the budget, or when the file system or the page-locking
+  // has no room; INTERNAL for another failure of the file system, naming the call and path.
+  absl::StatusOr<std::shared_ptr<const Workspace>> Open(std::string owner, uint64_t bytes);
+
+  // The open workspace `id` of `owner`. NOT_FOUND (naming the id) for one that is not open, or
+  // is another owner's (which is not told apart, so that ids of others cannot be probed).
+  absl::StatusOr<std::shared_ptr<const Workspace>> Find(absl::string_view id,
+                                                       absl::string_view owner) const;
+
+  // Closes `id`: Find fails from now on, its file's name goes, its bytes go back to the
+  // budget; its memory goes with the last holder. Nothing for an id that is not open.
+  void Close(absl::string_view id);
+
+  size_t open_count() const;
+  uint64_t open_bytes() const;
+
+ private:
+  void RemoveDeadFiles() const;
+
+  const WorkspaceOptions options_;
+  const OptimizerBackend* const pinner_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const Workspace>> open_ ABSL_GUARDED_BY(mu_);
+  uint64_t open_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// True for a gRPC peer on this host: "ipv4:127.x.y.z:port", "ipv6:[::1]:port",
+// "ipv6:[::ffff:127.x.y.z]:port", "unix:..." or "unix-abstract:...".
+bool IsLocalPeer(absl::string_view peer);
+
+// A bounds check of a byte range [offset, offset + bytes) in a workspace of `size` bytes;
+// INVALID_ARGUMENT naming `field` and the limit when it does not fit.
+absl::Status CheckWorkspaceRange(uint64_t offset, uint64_t bytes, uint64_t size,
+                                 absl::string_view field);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_SERVER_WORKSPACE_WORKSPACE_H_
