@@ -46,8 +46,13 @@ bool IsField(uint32_t tag, int number, WireFormatLite::WireType type) {
 // count, and chunks that cover each tensor exactly (here: in order, as the server sends them).
 class PullReader {
  public:
-  PullReader(absl::Span<const PullTarget> targets, size_t element_bytes)
-      : targets_(targets), element_bytes_(element_bytes), tensors_(targets.size()) {
+  // `workspace`: the memory of the pull's workspace, when it names one.
+  PullReader(absl::Span<const PullTarget> targets, size_t element_bytes,
+             absl::Span<const char> workspace)
+      : targets_(targets),
+        element_bytes_(element_bytes),
+        workspace_(workspace),
+        tensors_(targets.size()) {
     for (size_t i = 0; i < targets.size(); ++i) index_.emplace(targets[i].name, i);
   }
 
@@ -143,7 +148,7 @@ class PullReader {
         [this](absl::string_view tensor, uint64_t offset, uint64_t bytes) {
           return Claim(std::string(tensor), offset, bytes);
         },
-        [](char*, uint64_t) { return absl::OkStatus(); }, Malformed);
+        [](char*, uint64_t) { return absl::OkStatus(); }, Malformed, workspace_);
   }
 
   // Where a chunk's `bytes` of payload go: it must continue its tensor where the last ended.
@@ -165,6 +170,7 @@ class PullReader {
 
   const absl::Span<const PullTarget> targets_;
   const size_t element_bytes_;
+  const absl::Span<const char> workspace_;
   absl::flat_hash_map<std::string, size_t> index_;
   std::vector<Tensor> tensors_;
   bool has_header_ = false;
@@ -194,8 +200,28 @@ absl::StatusOr<PullIntoResult> Client::PullInto(const PullOptions& options,
   request.set_dtype(internal::ToProtoDType(options.dtype));
   request.set_field(internal::ToProtoField(options.field));
   request.set_max_chunk_bytes(internal::PullChunkBytes(options_.max_chunk_bytes));
+  // Through the workspace when every target lies in it (the server writes them there).
+  Workspace workspace;
+  {
+    std::lock_guard<std::mutex> lock(workspace_mu_);
+    workspace = workspace_;
+  }
+  absl::Span<const char> workspace_memory;
+  if (!workspace.id.empty()) {
+    std::vector<uint64_t> offsets;
+    for (const PullTarget& target : targets) {
+      const int64_t at = workspace.OffsetOf(target.data, target.numel * ElementBytes(options.dtype));
+      if (at < 0) break;
+      offsets.push_back(static_cast<uint64_t>(at));
+    }
+    if (offsets.size() == targets.size()) {
+      request.set_workspace(workspace.id);
+      for (uint64_t at : offsets) request.add_workspace_offsets_bytes(at);
+      workspace_memory = absl::Span<const char>(workspace.data, workspace.bytes);
+    }
+  }
 
-  PullReader reader(targets, ElementBytes(options.dtype));
+  PullReader reader(targets, ElementBytes(options.dtype), workspace_memory);
   internal::RawCall call(
       connection(static_cast<size_t>(stream)).channel, kPullMethod, options_,
       absl::Now() + internal::CallTimeout(options_, payload),

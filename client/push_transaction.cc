@@ -63,10 +63,11 @@ struct PushTransaction::SliceTracker {
 };
 
 PushTransaction::PushTransaction(const ClientOptions& options, std::vector<TensorSize> tensors,
-                                 DType dtype)
+                                 DType dtype, Workspace workspace)
     : options_(options),
       tensors_(std::move(tensors)),
       dtype_(dtype),
+      workspace_(std::move(workspace)),
       tracker_(std::make_shared<SliceTracker>()) {
   for (const TensorSize& t : tensors_) total_bytes_ += t.numel * ElementBytes(dtype_);
 }
@@ -127,6 +128,17 @@ absl::Status PushTransaction::Write(absl::Span<const Piece> pieces) {
                          : status;
     }
   }
+  std::vector<Piece> inline_pieces;  // The rest travel as their places in the workspace.
+  if (!workspace_.id.empty()) {
+    std::vector<Piece> references;
+    for (const Piece& piece : pieces) {
+      const bool inside =
+          piece.numel > 0 && workspace_.OffsetOf(piece.data, piece.numel * element_bytes) >= 0;
+      (inside ? references : inline_pieces).push_back(piece);
+    }
+    WriteReferences(references);
+    pieces = inline_pieces;
+  }
   // Messages of up to max_chunk_bytes of payload, each to the part with the least queued.
   const uint64_t elements_per_message =
       std::max<uint64_t>(1, options_.max_chunk_bytes / element_bytes);
@@ -158,6 +170,49 @@ absl::Status PushTransaction::Write(absl::Span<const Piece> pieces) {
   }
   flush();
   return absl::OkStatus();
+}
+
+void PushTransaction::WriteReferences(absl::Span<const Piece> pieces) {
+  if (pieces.empty()) return;
+  const uint64_t element_bytes = ElementBytes(dtype_);
+  uint64_t total = 0;
+  for (const Piece& piece : pieces) total += piece.numel * element_bytes;
+  const uint64_t share = std::max<uint64_t>(element_bytes, (total + parts_.size() - 1) /
+                                                               parts_.size());
+  v1::PushGradientsRequest message;
+  uint64_t room = share, message_bytes = 0;
+  const auto flush = [&] {
+    if (message.chunks_size() == 0) return;
+    const std::string bytes = message.SerializeAsString();
+    grpc::Slice slice(bytes);
+    parts_[next_reference_part_++ % parts_.size()]->Write(grpc::ByteBuffer(&slice, 1),
+                                                          bytes.size());
+    bytes_written_ += message_bytes;
+    message.Clear();
+    room = share;
+    message_bytes = 0;
+  };
+  for (const Piece& piece : pieces) {
+    const uint64_t at = static_cast<uint64_t>(
+        workspace_.OffsetOf(piece.data, piece.numel * element_bytes));
+    for (uint64_t done = 0; done < piece.numel;) {
+      const uint64_t count = std::min(piece.numel - done, std::max<uint64_t>(1, room / element_bytes));
+      v1::TensorChunk* chunk = message.add_chunks();
+      chunk->set_tensor(tensors_[piece.tensor].name);
+      chunk->set_offset(piece.offset + done);
+      chunk->set_workspace_offset_bytes(at + done * element_bytes);
+      chunk->set_workspace_bytes(count * element_bytes);
+      done += count;
+      message_bytes += count * element_bytes;
+      room -= std::min(room, count * element_bytes);
+      // A message of places stays small: a few hundred bytes per chunk.
+      if (room == 0 || static_cast<uint64_t>(message.chunks_size()) * 320 >=
+                           options_.max_chunk_bytes) {
+        flush();
+      }
+    }
+  }
+  flush();
 }
 
 absl::StatusOr<PushResult> PushTransaction::Commit(std::optional<float> grad_scale) {
@@ -236,17 +291,29 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
   header->set_plan_hash(options.plan_hash);
   header->set_model(options_.model);
   header->set_commit_at_end(true);
+  Workspace workspace;
+  {
+    std::lock_guard<std::mutex> lock(workspace_mu_);
+    workspace = workspace_;
+  }
+  header->set_workspace(workspace.id);
   for (const TensorSize& t : tensors) header->add_tensors(t.name);
   const uint32_t parts = static_cast<uint32_t>(connections_.size());
   if (parts > 1) header->set_part_count(parts);
   auto push = absl::WrapUnique(new PushTransaction(
-      options_, std::vector<TensorSize>(tensors.begin(), tensors.end()), options.grad_dtype));
+      options_, std::vector<TensorSize>(tensors.begin(), tensors.end()), options.grad_dtype,
+      std::move(workspace)));
   push->replies_.resize(parts);
   for (uint32_t p = 0; p < parts; ++p) {
     if (parts > 1) header->set_part_index(p);
     push->OpenPart(connection(p).channel, message.SerializeAsString());
   }
   return push;
+}
+
+void Client::SetWorkspace(Workspace workspace) {
+  std::lock_guard<std::mutex> lock(workspace_mu_);
+  workspace_ = std::move(workspace);
 }
 
 }  // namespace fusedps::client

@@ -116,7 +116,9 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
     absl::StatusOr<char*> destination = claim(tensor, offset, workspace_bytes);
     if (!destination.ok()) return destination.status();
     if (*destination == nullptr) return absl::OkStatus();
-    std::memcpy(*destination, workspace.data() + workspace_offset, workspace_bytes);
+    // A pull's reader claims the very bytes the server wrote: nothing to move then.
+    const char* source = workspace.data() + workspace_offset;
+    if (*destination != source) std::memmove(*destination, source, workspace_bytes);
     return staged(*destination, workspace_bytes);
   }
   if (done) return absl::OkStatus();

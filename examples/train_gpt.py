@@ -138,8 +138,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-plane", default="auto", choices=["auto", "workspace", "grpc"],
                    help="with --overlap: where the bytes travel (RemoteAdamW's data_plane; "
                         "auto: a same-host workspace when the server offers one)")
-    p.add_argument("--bucket-mib", type=float, default=8.0,
-                   help="with --overlap: gradient bucket size, MiB of wire bytes")
+    p.add_argument("--bucket-mib", type=float,
+                   help="with --overlap: gradient bucket size, MiB of wire bytes (default: "
+                        "RemoteAdamW's, 32 through a workspace, 8 over gRPC)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -262,7 +263,8 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     if args.overlap:
         overlap = dict(overlap=True, delay=args.delay, delay_warmup=args.delay_warmup,
                        pull_dtype=args.pull_dtype, data_plane=args.data_plane,
-                       bucket_bytes=int(args.bucket_mib * (1 << 20)))
+                       bucket_bytes=(None if args.bucket_mib is None
+                                     else int(args.bucket_mib * (1 << 20))))
     return RemoteAdamW(model.named_parameters(), targets=targets, grad_dtype=args.grad_dtype,
                        client_options=client_options, prefix=args.prefix,
                        state_dtype=args.state_dtype, params_dtype=args.params_dtype,
@@ -508,7 +510,8 @@ def train(args) -> int:
               f"{summary['pull_total_ms']:.2f} (hidden {summary['pull_hidden_ms']:.2f}, exposed "
               f"{summary['pull_exposed_ms']:.2f}, inside fwd+bwd), check "
               f"{summary['check_ms']:.2f}; fallbacks {optimizer.overlap_fallbacks}; data plane "
-              f"{optimizer.data_plane_in_use}")
+              f"{optimizer.data_plane_in_use}"
+              f"{'' if optimizer.data_plane_in_use == 'workspace' else ' (' + optimizer.data_plane_reason + ')'}")
     if args.sample_bytes > 0:
         print_sample(model, val_data, args, device)
     print("RESULT " + json.dumps(dict(

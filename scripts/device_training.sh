@@ -18,7 +18,8 @@
 # of the remote runs), MPS=1 (the trainer and the server share the GPU through MPS),
 # TRAIN_PREFIX and SERVER_PREFIX (commands before the trainer and the server, e.g. "taskset -c
 # 0-7"), SERVER_DEVICE (the servers' --device, cuda:0 by default; cuda:1 on a machine of two GPUs puts
-# them on their own GPU, the trainer staying on cuda:0).
+# them on their own GPU, the trainer staying on cuda:0), WORKSPACE_DIR (the servers'
+# --workspace-dir; /dev/shm by default).
 set -uo pipefail
 out=${OUT:-/tmp/fusedps-out}
 mkdir -p "$out"
@@ -37,7 +38,8 @@ if [[ ${MPS:-0} == 1 ]]; then
   nvidia-cuda-mps-control -d && echo "MPS on" || echo "MPS did not start"
   trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
-server_flags=(--device="${SERVER_DEVICE:-cuda:0}" --metrics-listen= --staging-pool-bytes=$((4 << 30)))
+server_flags=(--device="${SERVER_DEVICE:-cuda:0}" --metrics-listen= --staging-pool-bytes=$((4 << 30))
+              ${WORKSPACE_DIR:+--workspace-dir="$WORKSPACE_DIR"})
 
 if part transport; then
   echo "== 1. transport"

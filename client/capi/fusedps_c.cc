@@ -173,6 +173,20 @@ int32_t fusedps_client_wait_ready(fusedps_client* client, double timeout_seconds
   return Report(client->client->WaitForReady(absl::Seconds(timeout_seconds)), error);
 }
 
+int32_t fusedps_client_set_workspace(fusedps_client* client, const char* workspace_id,
+                                     const void* data, uint64_t bytes, fusedps_error* error) {
+  if (client == nullptr) return Report(absl::InvalidArgumentError("a NULL client"), error, true);
+  fc::Workspace workspace;
+  if (workspace_id != nullptr && workspace_id[0] != '\0') {
+    if (data == nullptr || bytes == 0) {
+      return Report(absl::InvalidArgumentError("a workspace with no memory"), error, true);
+    }
+    workspace = fc::Workspace{workspace_id, static_cast<const char*>(data), bytes};
+  }
+  client->client->SetWorkspace(std::move(workspace));
+  return Report(absl::OkStatus(), error);
+}
+
 int32_t fusedps_push_gradients(fusedps_client* client, const fusedps_push_header* header,
                                size_t count, const char* const* names, const float* const* grads,
                                const uint64_t* numels, fusedps_push_result* result,

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 8
+#define FUSEDPS_C_API_VERSION 9
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -94,6 +94,14 @@ FUSEDPS_C_EXPORT void fusedps_client_destroy(fusedps_client* client);  // NULL i
 // (fusedps::client::Client::WaitForReady). DEADLINE_EXCEEDED when they have not all connected.
 FUSEDPS_C_EXPORT int32_t fusedps_client_wait_ready(fusedps_client* client, double timeout_seconds,
                                                    fusedps_error* error);
+
+// Pushes begun and pulls into memory made from now on go through the same-host workspace
+// `workspace_id` (proto OpenWorkspace), mapped here at [data, data + bytes): pieces and targets
+// inside it travel as their places (fusedps::client::Client::SetWorkspace). A NULL or empty id
+// stops that. The caller keeps the workspace open and mapped while they run.
+FUSEDPS_C_EXPORT int32_t fusedps_client_set_workspace(fusedps_client* client,
+                                                      const char* workspace_id, const void* data,
+                                                      uint64_t bytes, fusedps_error* error);
 
 // One push of `count` tensors: names[i] with numels[i] float32 gradients at grads[i] (host
 // memory, row-major), converted to header->grad_dtype on the way out. Applied by the server as

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -265,45 +266,26 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // device-to-host copies into the page-locked mapping); else into host memory of its own, and
   // the values are rounded to 16 bits into the workspace here.
   void ReadIntoWorkspace() {
-    ReadJob job;
-    job.field = field_;
-    job.param_copy = param_copy_;
-    job.tensors = tensors_;
-    const bool direct = stored_size_ == static_cast<uint32_t>(DTypeSize(dtype_));
-    if (direct) {
+    ReadJob job = Job();
+    if (stored_size_ == static_cast<uint32_t>(DTypeSize(dtype_))) {
       job.dst = workspace_->memory().data();
       job.dst_offsets = workspace_offsets_;
-    } else {
-      scratch_.reset(new (std::nothrow) char[total_bytes_]);
-      if (scratch_ == nullptr) {
-        return FinishCall(absl::ResourceExhaustedError(absl::StrCat(
-            "no host memory for a pull of ", total_bytes_, " bytes to round to 16 bits")));
-      }
-      job.dst = scratch_.get();
-      job.dst_offsets = offsets_;
+      return StartRead(std::move(job), [] {});
     }
-    Hold();
-    engine_->Read(std::move(job), [this, direct](absl::StatusOr<ReadResult> result) {
-      if (!result.ok()) {
-        FinishCall(result.status());
-      } else {
-        version_ = result->version;
-        steps_ = std::move(result->steps);
-        if (!direct) {
-          for (size_t i = 0; i < tensors_.size(); ++i) {
-            StoreFloats(reinterpret_cast<const float*>(scratch_.get() + offsets_[i]),
-                        view_->tensor(tensors_[i]).numel, dtype_,
-                        workspace_->memory().data() + workspace_offsets_[i]);
-          }
-          scratch_.reset();
-        }
-        if (context_->IsCancelled()) {
-          FinishCall(absl::CancelledError("cancelled"));
-        } else {
-          WriteHeader();
-        }
+    scratch_.reset(new (std::nothrow) char[total_bytes_]);
+    if (scratch_ == nullptr) {
+      return FinishCall(absl::ResourceExhaustedError(absl::StrCat(
+          "no host memory for a pull of ", total_bytes_, " bytes to round to 16 bits")));
+    }
+    job.dst = scratch_.get();
+    job.dst_offsets = offsets_;
+    StartRead(std::move(job), [this] {
+      for (size_t i = 0; i < tensors_.size(); ++i) {
+        StoreFloats(reinterpret_cast<const float*>(scratch_.get() + offsets_[i]),
+                    view_->tensor(tensors_[i]).numel, dtype_,
+                    workspace_->memory().data() + workspace_offsets_[i]);
       }
-      ReleaseHold();
+      scratch_.reset();
     });
   }
 
@@ -362,21 +344,35 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // The engine's read, in stream order: into the window, or into a snapshot.
   void Read(uint64_t snapshot_bytes) {
+    ReadJob job = Job();
+    job.dst_offsets = offsets_;
+    job.dst = window_->data();
+    job.snapshot_bytes = snapshot_bytes;
+    StartRead(std::move(job), [] {});
+  }
+
+  // The request's tensors and field; dst and its offsets are the caller's to set.
+  ReadJob Job() const {
     ReadJob job;
     job.field = field_;
     job.param_copy = param_copy_;
     job.tensors = tensors_;
-    job.dst_offsets = offsets_;
-    job.dst = window_->data();
-    job.snapshot_bytes = snapshot_bytes;
+    return job;
+  }
+
+  // Has the engine run `job`; once it has read, `after_read` (on the thread that acknowledges
+  // it), then the header goes out.
+  void StartRead(ReadJob job, std::function<void()> after_read) {
     Hold();
-    engine_->Read(std::move(job), [this](absl::StatusOr<ReadResult> result) {
+    engine_->Read(std::move(job), [this, after_read = std::move(after_read)](
+                                      absl::StatusOr<ReadResult> result) {
       if (!result.ok()) {
         FinishCall(result.status());
       } else {
         snapshot_ = result->snapshot;
         version_ = result->version;
         steps_ = std::move(result->steps);
+        after_read();
         if (context_->IsCancelled()) {
           FinishCall(absl::CancelledError("cancelled"));
         } else {

@@ -147,11 +147,12 @@ def test_overlap_matches_torch(server_target, recipe, data_plane):
     run_recipe(server_target, recipe, prefix=f"{recipe}-{data_plane}/", data_plane=data_plane)
 
 
-def test_overlap_over_grpcio_matches_torch(server_target):
-    """Without the native transport the pulls land on Python threads (_ThreadLanding), and
-    the pushes go through grpcio: the same results."""
-    run_recipe(server_target, "clip", prefix="grpcio-clip/", transport="grpcio",
-               data_plane="grpc")
+@pytest.mark.parametrize("data_plane", ["workspace", "grpc"])
+def test_overlap_over_grpcio_matches_torch(server_target, data_plane):
+    """Without the native transport the pulls land on Python threads (_WorkspaceLanding,
+    _ThreadLanding), and the pushes go through grpcio: the same results."""
+    run_recipe(server_target, "clip", prefix=f"grpcio-clip-{data_plane}/", transport="grpcio",
+               data_plane=data_plane)
 
 
 # What keeps each recipe exact, switched off: each must make its recipe fail.

@@ -261,3 +261,16 @@ def test_a_caller_from_another_address_gets_no_workspace():
         with fusedps.Client(target) as local:  # The control: from loopback it works.
             workspace = open_or_fail(local, 4096)
             workspace.close()
+
+
+def test_the_data_plane_is_still_told_after_close(server_target):
+    """Scripts print it at the end, after closing the optimizer (train_gpt.py does)."""
+    opt = RemoteAdamW(small_model().named_parameters(), targets=server_target, overlap=True,
+                      prefix="told/")
+    assert opt.data_plane_in_use == "workspace" and opt.data_plane_reason == ""
+    opt.close()
+    assert opt.data_plane_in_use == "workspace" and opt.data_plane_reason == ""
+    opt = RemoteAdamW(small_model().named_parameters(), targets=server_target, overlap=True,
+                      prefix="told-grpc/", data_plane="grpc")
+    opt.close()
+    assert opt.data_plane_in_use == "grpc" and opt.data_plane_reason == "data_plane='grpc'"

@@ -1,6 +1,10 @@
 // The C++ client's PushTransaction (pieces written as they come, committed with the step's
 // scale) and PullInto (raw elements into the caller's memory), against a real in-process
 // server on the CPU backend; the results must equal the host-side AdamW bit for bit.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -222,5 +226,62 @@ TEST_F(PushTransactionTest, ManyConcurrentTransactionsCommitCancelOrDropCleanly)
   ExpectMatchesHost(static_cast<uint64_t>(commits.load()));
 }
 
+// Through a same-host workspace (Client::SetWorkspace): the pieces and the pull's targets lie
+// in the shared memory, the messages carry their places only, and the results are the same
+// bit for bit. A piece outside the workspace still travels as bytes in the same push.
+TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  constexpr uint64_t kBytes = 64 << 10;
+  grpc::ClientContext lease;
+  v1::OpenWorkspaceRequest request;
+  request.set_bytes(kBytes);
+  auto reader = stub_->OpenWorkspace(&lease, request);
+  v1::OpenWorkspaceResponse opened;
+  ASSERT_TRUE(reader->Read(&opened)) << reader->Finish().error_message();
+  const int fd = ::open(opened.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << opened.path();
+  void* mapped = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(mapped, MAP_FAILED);
+  char* memory = static_cast<char*>(mapped);
+  for (int streams : {1, 3}) {
+    SCOPED_TRACE(streams);
+    std::unique_ptr<client::Client> trainer = MakeClient(streams);
+    ASSERT_NE(trainer, nullptr);
+    trainer->SetWorkspace({opened.workspace_id(), memory, kBytes});
+    const auto grads = RandomGrads({"w", "b"}, 300 + streams);
+    const std::string w = Encode(GradDType::kFloat32, grads.at("w"));
+    const std::string b = Encode(GradDType::kFloat32, grads.at("b"));
+    std::memcpy(memory, w.data(), w.size());  // w in the workspace; b in the caller's memory.
+    client::PushOptions options;
+    options.grad_dtype = client::DType::kFloat32;
+    auto push = trainer->BeginPush(options, Sizes());
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Write({{0, 0, 4096, memory}, {1, 0, 64, b.data()}}).ok());
+    EXPECT_EQ((*push)->bytes_written(), w.size() + b.size());
+    absl::StatusOr<client::PushResult> result = (*push)->Commit(std::nullopt);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->grad_bytes, w.size() + b.size());
+    for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+
+    // Pulled into the workspace (at 32 KiB), and over gRPC: the same bytes.
+    char* into = memory + (32 << 10);
+    std::memset(into, 0xff, 4096 * 4 + 64 * 4);
+    const std::vector<client::PullTarget> targets = {{"w", into, 4096},
+                                                     {"b", into + 4096 * 4, 64}};
+    absl::StatusOr<client::PullIntoResult> pulled = trainer->PullInto({}, targets);
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    EXPECT_EQ(pulled->version, result->version);
+    EXPECT_EQ(std::memcmp(into, host_.tensor("w").param.data(), 4096 * 4), 0);
+    EXPECT_EQ(std::memcmp(into + 4096 * 4, host_.tensor("b").param.data(), 64 * 4), 0);
+    trainer->SetWorkspace({});
+  }
+  ExpectMatchesHost(2);
+  lease.TryCancel();
+  reader->Finish().IgnoreError();
+  munmap(mapped, kBytes);
+}
+
 }  // namespace
 }  // namespace fusedps::integration
+

@@ -37,10 +37,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -226,6 +228,24 @@ struct RegisterTensorsResult {
 };
 
 // The header of a push.
+// A same-host workspace this process has mapped (proto OpenWorkspace; the caller opens it and
+// holds its call, e.g. fusedps._workspace in Python): its id and where its `bytes` bytes are
+// mapped here. With one set (Client::SetWorkspace), a push's pieces and a PullInto's targets
+// that lie inside it travel as their places in it, not as bytes.
+struct Workspace {
+  std::string id;
+  const char* data = nullptr;
+  uint64_t bytes = 0;
+  // The byte offset of [p, p + n) in the workspace, or -1 when it is not inside.
+  int64_t OffsetOf(const void* p, uint64_t n) const {
+    const char* c = static_cast<const char*>(p);
+    if (data == nullptr || c < data || n > bytes || static_cast<uint64_t>(c - data) > bytes - n) {
+      return -1;
+    }
+    return c - data;
+  }
+};
+
 struct PushOptions {
   // Identifies the trainer for retry detection, at most 256 bytes; empty disables it.
   std::string client_id;
@@ -452,7 +472,11 @@ class PushTransaction {
   friend class Client;
   struct SliceTracker;  // Counts the slices of the caller's memory that gRPC still holds.
 
-  PushTransaction(const ClientOptions& options, std::vector<TensorSize> tensors, DType dtype);
+  PushTransaction(const ClientOptions& options, std::vector<TensorSize> tensors, DType dtype,
+                  Workspace workspace);
+  // Write's pieces that lie in the workspace: their places, in one message per part, each
+  // naming about an equal share of their bytes (the server copies each part's on a thread).
+  void WriteReferences(absl::Span<const Piece> pieces);
   // Opens part `index` of `count` on `channel` and queues its header message.
   void OpenPart(const std::shared_ptr<grpc::Channel>& channel, std::string header_message);
   // The part with the fewest bytes queued.
@@ -463,11 +487,13 @@ class PushTransaction {
   const ClientOptions options_;
   const std::vector<TensorSize> tensors_;
   const DType dtype_;
+  const Workspace workspace_;  // Empty id: none.
   uint64_t total_bytes_ = 0;  // The push's payload: every tensor in dtype.
   std::vector<std::unique_ptr<internal::RawCall>> parts_;
   std::vector<std::string> replies_;  // Each part's serialized PushGradientsResponse.
   std::shared_ptr<SliceTracker> tracker_;
   uint64_t bytes_written_ = 0;
+  uint64_t next_reference_part_ = 0;  // WriteReferences' round robin over the parts.
   bool ended_ = false;  // Committed or cancelled.
 };
 
@@ -572,6 +598,12 @@ class Client {
   absl::StatusOr<PullIntoResult> PullInto(const PullOptions& options,
                                           absl::Span<const PullTarget> targets, int stream = 0);
 
+  // Pushes begun and PullInto calls made from now on go through `workspace` (Workspace above):
+  // pieces inside it travel as places, and a PullInto whose targets all lie inside it has the
+  // server write them there. An empty id stops that. The caller keeps the workspace open and
+  // mapped while pushes and pulls that use it run. Thread-safe.
+  void SetWorkspace(Workspace workspace);
+
   // Describes the server and this client's model: version, backend, device, sizes and param
   // groups.
   absl::StatusOr<ServerInfo> GetInfo();
@@ -633,6 +665,8 @@ class Client {
   // per Client, and sequence numbers from the clock at creation on.
   const std::string default_client_id_;
   std::atomic<uint64_t> last_sequence_number_;
+  mutable std::mutex workspace_mu_;
+  Workspace workspace_ ABSL_GUARDED_BY(workspace_mu_);
 };
 
 }  // namespace fusedps::client

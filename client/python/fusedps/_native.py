@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 8  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 9  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -82,6 +82,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         p(ctypes.c_void_p), p(ctypes.c_uint64), p(_PushResult), p(_Error)]
     lib.fusedps_client_wait_ready.restype = ctypes.c_int32
     lib.fusedps_client_wait_ready.argtypes = [ctypes.c_void_p, ctypes.c_double, p(_Error)]
+    lib.fusedps_client_set_workspace.restype = ctypes.c_int32
+    lib.fusedps_client_set_workspace.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
+                                                 ctypes.c_void_p, ctypes.c_uint64, p(_Error)]
     lib.fusedps_push_begin.restype = ctypes.c_void_p
     lib.fusedps_push_begin.argtypes = [
         ctypes.c_void_p, p(_PushHeader), ctypes.c_size_t, p(ctypes.c_char_p), p(ctypes.c_uint64),
@@ -254,6 +257,17 @@ class NativeClient:
         error = _Error()
         if self._lib.fusedps_client_wait_ready(self._handle, float(timeout),
                                                ctypes.byref(error)):
+            _raise(error)
+
+    def set_workspace(self, workspace_id: Optional[str], address: int = 0,
+                      size: int = 0) -> None:
+        """Pushes begun and pulls made from now on go through the workspace mapped at
+        [address, address + size) (fusedps._workspace): pieces and targets inside it travel as
+        their places. None stops that."""
+        error = _Error()
+        if self._lib.fusedps_client_set_workspace(
+                self._handle, workspace_id.encode("utf-8") if workspace_id else None,
+                ctypes.c_void_p(address or None), int(size), ctypes.byref(error)):
             _raise(error)
 
     def begin_push(self, *, client_id: str, sequence_number: int, grad_dtype: int,

@@ -60,6 +60,14 @@ __all__ = ["OverlapEngine"]
 
 _logger = logging.getLogger("fusedps.torch")  # RemoteAdamW's.
 
+# The default buckets (and pull groups). The cost a step adds to the trainer's compute grows
+# with the number of buckets and pull groups (each is Python work beside the loop and a gRPC
+# call), not with their bytes once these move through a workspace: on an H200, GPT-2-small
+# shape, fp32, the step went from 2.47x local at 8 MiB to 1.82x at 32 MiB (docs/
+# benchmarks.md). Over gRPC smaller buckets hide more of the transfer.
+GRPC_BUCKET_BYTES = 8 << 20
+WORKSPACE_BUCKET_BYTES = 32 << 20
+
 # A gradient changed by one factor c, as fl(g * c): with c estimated in fp32 from one element,
 # |new - fl(old * c_est)| stays within about 4 roundings of |new| (2^-22); the bound allows 16,
 # and an absolute 1e-30 for subnormals.
@@ -105,15 +113,17 @@ class OverlapEngine:
         methods are used).
       pairs: (server name, param) of every param.
       grad_dtype, pull_dtype: wire dtypes ("float32" / "bfloat16").
-      bucket_bytes: wire bytes that close a bucket.
-      pull_group_bytes: wire bytes per pull group.
+      bucket_bytes: wire bytes that close a bucket; None: WORKSPACE_BUCKET_BYTES through a
+        workspace, GRPC_BUCKET_BYTES over gRPC.
+      pull_group_bytes: wire bytes per pull group; None: as bucket_bytes.
       delay: 0 or 1; delay_warmup: steps run with delay 0 first.
       data_plane: "auto" (a same-host workspace when the one server offers it, else gRPC),
         "workspace" (RuntimeError when none can be had) or "grpc" (fusedps._workspace).
     """
 
     def __init__(self, optimizer: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
-                 grad_dtype: str, pull_dtype: str, bucket_bytes: int, pull_group_bytes: int,
+                 grad_dtype: str, pull_dtype: str, bucket_bytes: Optional[int],
+                 pull_group_bytes: Optional[int],
                  delay: int, delay_warmup: int, data_plane: str = "auto"):
         self._opt = optimizer
         self._names = [n for n, _ in pairs]
@@ -126,7 +136,6 @@ class OverlapEngine:
         self._wire = grad_dtype
         self._wire_dtype = _chunks.torch_dtype(grad_dtype)
         self._itemsize = _chunks.element_size(grad_dtype)
-        self._bucket_bytes = int(bucket_bytes)
         self._numel = [p.numel() for p in self._params]
         self._delay = int(delay)
         self._delay_warmup = int(delay_warmup)
@@ -134,6 +143,11 @@ class OverlapEngine:
         streams = max(getattr(c, "streams", 1) for c in self._route.clients)
         self.workspace = self._open_workspace(data_plane, pull_dtype)
         self.data_plane = "workspace" if self.workspace is not None else "grpc"
+        if bucket_bytes is None:
+            bucket_bytes = (WORKSPACE_BUCKET_BYTES if self.workspace is not None
+                            else GRPC_BUCKET_BYTES)
+        self._bucket_bytes = int(bucket_bytes)
+        pull_group_bytes = self._bucket_bytes if pull_group_bytes is None else pull_group_bytes
         self.pulls = PullPipeline(self._route, self._params, pull_dtype, streams,
                                   pull_group_bytes, workspace=self.workspace)
         self.enabled = True  # False inside no_sync().
@@ -183,6 +197,8 @@ class OverlapEngine:
             nbytes = _workspace.needed_bytes(buffers) + 64 * len(buffers)
             workspace, self.data_plane_reason = _workspace.open_workspace(
                 self._route.clients[0], nbytes, pin=self._cuda)
+        if workspace is not None:
+            self.data_plane_reason = ""
         if workspace is None and data_plane == "workspace":
             raise RuntimeError(f"data_plane='workspace': no workspace ({self.data_plane_reason})")
         if workspace is None:

@@ -5,11 +5,11 @@ groups of about ``group_bytes``, in the order the last forward pass first used t
 client's streams at once. Each group lands in pinned host memory (the wire's bytes, no
 conversion) and is copied to the device on a side stream.
 
-Who does what: through a same-host workspace (fusedps._workspace), the server writes each
-group into the host buffer, which is carved from the workspace, and a pool of Python threads
-only waits for its short replies (_WorkspaceLanding). Otherwise the landing runs on the C++
-client's threads (fusedps._native.PipelinedPull) when every server is reached through the
-native transport, else on a pool of Python threads (_ThreadLanding). The device copies are queued by the training loop's own thread, in the
+Who does what: the landing runs on the C++ client's threads (fusedps._native.PipelinedPull)
+when every server is reached through the native transport; through a same-host workspace
+(fusedps._workspace, whose memory the host buffer is carved from) the server then writes each
+group there and the C++ client only reads its short replies. Over grpcio, a pool of Python
+threads lands the groups (_WorkspaceLanding through a workspace, else _ThreadLanding). The device copies are queued by the training loop's own thread, in the
 forward pre-hook and in wait(): each time, every group landed so far is queued. No Python
 thread of fusedps then runs while the forward computes: a Python thread beside the loop costs
 its interpreter lock, and the loop's kernel launches wait for it (bench/contention_probe.py
@@ -168,8 +168,7 @@ class PullPipeline:
         self._numel = [p.numel() for p in self._params]
         self._workspace = workspace
         natives = [getattr(c, "_native", None) for c in route.clients]
-        self._natives = (natives if workspace is None and all(n is not None for n in natives)
-                         else None)
+        self._natives = natives if all(n is not None for n in natives) else None
         self._pool = None if self._natives is not None else ThreadPoolExecutor(
             max_workers=self._streams, thread_name_prefix="fusedps-pull")
         # The pull in flight, until wait(); the copying (its queued, waited_upto) is done by one
@@ -250,10 +249,10 @@ class PullPipeline:
             # (the loop's stream waited for them), but the CPU must know before it writes.
             self._last_event.synchronize()
             self._last_event = None
-        if self._workspace is not None:
+        if self._natives is None and self._workspace is not None:
             landing = _WorkspaceLanding(self._pool, self._route, self._groups, self._wire,
                                         self._workspace)
-        elif self._natives is not None:
+        elif self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
                 self._natives, [[(shard, name, view.data_ptr(), view.numel())
                                  for shard, name, view in group.targets]

@@ -247,30 +247,50 @@ class GrpcioTransactionImpl:
 class WorkspaceTransactionImpl(GrpcioTransactionImpl):
     """Over a same-host workspace (fusedps._workspace): a piece inside the workspace travels as
     its place in it (TensorChunk.workspace_offset_bytes, workspace_bytes), which the server
-    copies out; a piece elsewhere travels as bytes, as over grpcio. Messages go round-robin
-    over the parts, so that the server copies them out on several threads."""
+    copies out; a piece elsewhere travels as bytes, as over grpcio. Each write is spread over
+    the parts in equal shares, so that the server copies it out on several threads at once."""
 
     def __init__(self, workspace, *args):
         super().__init__(*args)
         self._workspace = workspace
 
     def write(self, pieces: Sequence[Piece]) -> None:
-        chunks = []
+        """One message per part, each naming about an equal share of the pieces' bytes (a
+        piece split where it must), so that the server copies them out on as many threads."""
         inline = []
+        refs = []  # (tensor, first element, count, workspace offset)
+        total = 0
         for t, offset, count, address in pieces:
             nbytes = count * self._itemsize
             at = self._workspace.offset_of(address, nbytes) if count else None
             if at is None:
                 inline.append((t, offset, count, address))
             else:
-                chunks.append(pb.TensorChunk(tensor=self._names[t].decode("utf-8"),
-                                             offset=offset, workspace_offset_bytes=at,
-                                             workspace_bytes=nbytes))
+                refs.append((t, offset, count, at))
+                total += nbytes
+        parts = len(self._queues)
+        share = max(self._itemsize, -(-total // parts))  # Bytes per message, about.
+        messages: List[list] = [[]]
+        room = share
+        for t, offset, count, at in refs:
+            done = 0
+            while done < count:
+                n = min(count - done, max(1, room // self._itemsize))
+                messages[-1].append(pb.TensorChunk(
+                    tensor=self._names[t].decode("utf-8"), offset=offset + done,
+                    workspace_offset_bytes=at + done * self._itemsize,
+                    workspace_bytes=n * self._itemsize))
+                done += n
+                room -= n * self._itemsize
+                if room <= 0:
+                    messages.append([])
+                    room = share
         # A message of references is small: about 300 bytes per chunk at most.
         per_message = max(1, (self._max_message_bytes - 1024) // 320)
-        for k in range(0, len(chunks), per_message):
-            self._send(pb.PushGradientsRequest(
-                chunks=chunks[k:k + per_message]).SerializeToString())
+        for chunks in messages:
+            for k in range(0, len(chunks), per_message):
+                self._send(pb.PushGradientsRequest(
+                    chunks=chunks[k:k + per_message]).SerializeToString())
         if inline:
             super().write(inline)
 
@@ -278,12 +298,13 @@ class WorkspaceTransactionImpl(GrpcioTransactionImpl):
 def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_version: int,
           plan_hash: str, client_id: str, sequence_number: int,
           workspace=None) -> PushTransaction:
-    """Client.begin_push: a transaction through ``workspace`` when given (fusedps._workspace;
-    client.streams parts over the client's first channel), else over the client's native
-    transport when it has one, else over its grpcio channels (one part per channel)."""
+    """Client.begin_push: a transaction over the client's native transport when it has one (its
+    C++ side sends pieces inside the client's workspace, if one is open, as places), else
+    through ``workspace`` when given (fusedps._workspace; client.streams parts over the
+    client's first channel), else over its grpcio channels (one part per channel)."""
     itemsize = _chunks.element_size(grad_dtype)
     names = [n for n, _ in tensors]
-    if workspace is not None:
+    if workspace is not None and client._native is None:
         header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
                                grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
                                base_version=base_version, tensors=names, plan_hash=plan_hash,

@@ -197,11 +197,12 @@ def new_timings() -> Dict[str, float]:
             "load_state_seconds": 0.0, "buffers_seconds": 0.0}
 
 
-def check_overlap_options(overlap: bool, bucket_bytes: int, delay: int, delay_warmup: int,
+def check_overlap_options(overlap: bool, bucket_bytes: Optional[int], delay: int,
+                          delay_warmup: int,
                           pull_dtype: Optional[str]) -> None:
     """ValueError for RemoteAdamW's overlap arguments out of range (delay without overlap,
     too)."""
-    if int(bucket_bytes) < 1:
+    if bucket_bytes is not None and int(bucket_bytes) < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     if delay not in (0, 1):
         raise ValueError(f"delay must be 0 or 1, got {delay!r}")

@@ -15,9 +15,14 @@ server through a tunnel or a port forward looks local to the server but is not: 
 not on its host (or another file is at that path), which open() detects from the file's device
 and inode numbers, and the caller then goes on over gRPC.
 
-Lifetimes: the workspace lives while its OpenWorkspace call is open. close() cancels the call
-(the server then closes it once the pushes and pulls using it are done) and unpins the
-mapping; the mapping itself goes when the last tensor carved from it is freed. A process that
+With the native transport (fusedps._native) the client's C++ side is told of the workspace
+when it opens (Client::SetWorkspace): its pushes and pulls of memory inside it then go by place
+on the C++ client's threads, with no Python thread involved; over grpcio, the transaction and
+the pulls here do the same in Python.
+
+Lifetimes: the workspace lives while its OpenWorkspace call is open. close() tells the native
+client to stop using it, cancels the call (the server then closes it once the pushes and pulls
+using it are done) and unpins the mapping; the mapping itself goes when the last tensor carved from it is freed. A process that
 dies closes its connection, and the server reclaims the workspace the same way.
 Thread safety: carve() and close() from one thread; offset_of() and the pulls from any.
 """
@@ -44,8 +49,9 @@ _ALIGN = 64  # Bytes; every carved buffer starts at a multiple.
 class Workspace:
     """An open workspace of ``size`` bytes, mapped as the uint8 CPU tensor ``buffer``."""
 
-    def __init__(self, call, reply: "pb.OpenWorkspaceResponse", buffer: torch.Tensor,
+    def __init__(self, client, call, reply: "pb.OpenWorkspaceResponse", buffer: torch.Tensor,
                  pinned: bool):
+        self._client = client
         self._call = call
         self.id = reply.workspace_id
         self.path = reply.path
@@ -83,6 +89,9 @@ class Workspace:
             if self.closed:
                 return
             self.closed = True
+        native = getattr(self._client, "_native", None)
+        if native is not None:
+            native.set_workspace(None)
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.address)
         self._call.cancel()
@@ -101,15 +110,15 @@ def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspac
     """Opens a workspace of ``nbytes`` on ``client``'s server, mapped here and, with ``pin``,
     page-locked for CUDA. Returns (workspace, "") or (None, why not): a server without
     workspaces (an older one, or --workspace-dir=""), a caller that is not on its host or not
-    a trainer, a file that is not here. Raises FusedPSError for other failures (the server
-    unreachable, RESOURCE_EXHAUSTED)."""
+    a trainer, no room (RESOURCE_EXHAUSTED: the budget, a full /dev/shm), a file that is not
+    here. Raises FusedPSError for other failures (the server unreachable, say)."""
     call = client._stub.OpenWorkspace(pb.OpenWorkspaceRequest(bytes=int(nbytes)))
     try:
         reply = next(call)
     except grpc.RpcError as e:
         code = e.code()
         if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED,
-                    grpc.StatusCode.FAILED_PRECONDITION):
+                    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
             return None, f"{code.name}: {e.details()}"
         raise errors.from_rpc_error(e) from None
     try:
@@ -133,7 +142,10 @@ def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspac
             call.cancel()
             return None, f"cannot page-lock the workspace (cudaHostRegister: {int(code)})"
         pinned = True
-    return Workspace(call, reply, buffer, pinned), ""
+    workspace = Workspace(client, call, reply, buffer, pinned)
+    if client._native is not None:  # Its pushes and pulls go through it from now on.
+        client._native.set_workspace(workspace.id, workspace.address, workspace.size)
+    return workspace, ""
 
 
 def pull_into_workspace(client, workspace: Workspace, targets: Sequence[Tuple[str, torch.Tensor]],

@@ -121,7 +121,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         ``overlap_fallbacks``). Parameters are current inside a forward and after
         wait_parameters() (and model.state_dict() waits); read them elsewhere only after
         wait_parameters(). Works on torch 1.13 and 2.x, with one server or several.
-      bucket_bytes: see overlap (default 8 MiB); the pulls go in groups of this size too.
+      bucket_bytes: see overlap (default None: 32 MiB through a same-host workspace, 8 MiB
+        over gRPC); the pulls go in groups of this size too.
       delay: with overlap, 1 turns on the one-step-delayed update (ZeRO-Offload's DPU): after
         ``delay_warmup`` steps, step() returns at once and the push, the server's step and
         the pull complete behind the next forward and backward, which run on the parameters
@@ -246,7 +247,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                  client_options: Optional[Mapping[str, Any]] = None,
                  grad_dtype: Union[str, torch.dtype] = "float32", prefix: str = "",
                  connect_timeout: Optional[float] = 30.0, overlap: bool = False,
-                 bucket_bytes: int = 8 << 20, delay: int = 0, delay_warmup: int = 10,
+                 bucket_bytes: Optional[int] = None, delay: int = 0, delay_warmup: int = 10,
                  pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
                  rounding_seed: int = 0, on_existing: str = "error",
@@ -333,7 +334,7 @@ class RemoteAdamW(torch.optim.Optimizer):
 
                 self._overlap = OverlapEngine(
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
-                    pull_group_bytes=bucket_bytes, delay=delay,
+                    pull_group_bytes=None, delay=delay,
                     delay_warmup=delay_warmup, data_plane=data_plane)
         except BaseException:
             self.close()
@@ -547,8 +548,18 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     @property
     def data_plane_in_use(self) -> str:
-        """With overlap: "workspace" or "grpc" (see data_plane); "grpc" without overlap."""
-        return "grpc" if self._overlap is None else self._overlap.data_plane
+        """With overlap: "workspace" or "grpc" (see data_plane), also after close(); "grpc"
+        without overlap."""
+        if self._overlap is not None:
+            return self._overlap.data_plane
+        return getattr(self, "_closed_data_plane", ("grpc", ""))[0]
+
+    @property
+    def data_plane_reason(self) -> str:
+        """Why the data plane in use is gRPC (empty with a workspace)."""
+        if self._overlap is not None:
+            return self._overlap.data_plane_reason
+        return getattr(self, "_closed_data_plane", ("grpc", "overlap=False"))[1]
 
     @property
     def overlap_fallbacks(self) -> int:
@@ -566,6 +577,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         if getattr(self, "_overlap", None) is not None:
             overlap, self._overlap = self._overlap, None
             self._closed_fallbacks = overlap.fallbacks
+            self._closed_data_plane = (overlap.data_plane, overlap.data_plane_reason)
             overlap.close()
         if getattr(self, "_owns_client", False) and getattr(self, "client", None) is not None:
             self.client.close()

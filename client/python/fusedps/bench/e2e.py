@@ -52,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pull-dtype", default=None, choices=["float32", "bfloat16"])
     p.add_argument("--delay", type=int, default=0, choices=[0, 1])
     p.add_argument("--streams", type=int, default=None, help="client streams (default 8)")
-    p.add_argument("--bucket-mib", type=float, default=8.0)
+    p.add_argument("--bucket-mib", type=float,
+                   help="RemoteAdamW's bucket_bytes in MiB (default: RemoteAdamW's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     return p.parse_args(argv)
 
@@ -152,7 +153,12 @@ def print_report(r: Dict) -> None:
     rates = r["copy_gb_s"]
     copies = (f"; pinned copies D2H {rates['d2h']:.1f} GB/s, H2D {rates['h2d']:.1f} GB/s"
               if rates else "")
-    print(f"links: gRPC push {r['push_gb_s']:.2f} GB/s, pull {r['pull_gb_s']:.2f} GB/s{copies}")
+    plane = r.get("data_plane", "grpc")
+    print(f"data plane: {plane}" + ("" if plane == "workspace" else
+                                    f" ({r.get('data_plane_reason', '')})"))
+    path = "same-host workspace" if plane == "workspace" else "gRPC"
+    print(f"links: {path} push {r['push_gb_s']:.2f} GB/s, pull {r['pull_gb_s']:.2f} GB/s"
+          f"{copies}")
     print(f"limit: {r['limit']} ({r['limit_ms']:.2f} ms exposed per step, of "
           f"{r['exposed_ms']:.2f} ms the loop waited for fusedps in all); the rest of the "
           f"push and pull ran behind compute")
@@ -187,7 +193,8 @@ def main(argv=None) -> int:
                                 targets=targets[0] if len(targets) == 1 else targets,
                                 client_options=options, prefix=f"fusedps-selfcheck/{args.preset}/",
                                 grad_dtype=args.grad_dtype, pull_dtype=args.pull_dtype,
-                                overlap=True, bucket_bytes=int(args.bucket_mib * (1 << 20)),
+                                overlap=True, bucket_bytes=(None if args.bucket_mib is None
+                                     else int(args.bucket_mib * (1 << 20))),
                                 delay=args.delay, delay_warmup=min(args.warmup, 3),
                                 on_existing="resume")
     except Exception as e:  # noqa: BLE001 - the reason, for the user
@@ -199,6 +206,8 @@ def main(argv=None) -> int:
         info = ", ".join(f"{c.target} ({i.backend}, {i.device})" for c, i in zip(clients, infos))
         remote = run(args, device, remote_model, optimizer, amp)
     result = report(args, device, n_params, local, remote, copy_rates(device), info)
+    result["data_plane"] = optimizer.data_plane_in_use
+    result["data_plane_reason"] = optimizer.data_plane_reason
     if args.json:
         print(json.dumps(result))
     else:
