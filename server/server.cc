@@ -194,6 +194,10 @@ ShardMetrics Server::ScrapeShard(const std::string& cert_file) {
   shard.staging_in_use_bytes = staging_->in_use();
   shard.staging_waiters = staging_->waiting();
   shard.staging_oldest_wait_seconds = absl::ToDoubleSeconds(staging_->oldest_wait());
+  if (workspaces_ != nullptr) {
+    shard.workspaces = workspaces_->open_count();
+    shard.workspace_bytes = workspaces_->open_bytes();
+  }
   if (!cert_file.empty()) {
     // Read again at each scrape: the file is what a rotation replaces.
     absl::StatusOr<double> expiry = CertificateNotAfter(cert_file);

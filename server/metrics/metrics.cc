@@ -188,6 +188,14 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
                                        "Clients whose recent pushes the retry table remembers "
                                        "(at most --retry-table-clients).")
                                .Add({})),
+      workspaces_(GaugeFamily(*registry_, "fusedps_workspaces",
+                              "Same-host workspaces open (trainers on this host pushing and "
+                              "pulling through shared memory).")
+                      .Add({})),
+      workspace_bytes_(GaugeFamily(*registry_, "fusedps_workspace_bytes",
+                                   "Bytes of shared memory the open same-host workspaces hold "
+                                   "(at most --workspace-budget-bytes).")
+                           .Add({})),
       retry_table_evictions_(CounterFamily(*registry_, "fusedps_retry_table_evictions_total",
                                            "Clients the retry table forgot to stay within "
                                            "--retry-table-clients (least recently used first).")
@@ -381,6 +389,8 @@ void Metrics::SyncShard() const {
   staging_waiters_.Set(static_cast<double>(shard.staging_waiters));
   staging_oldest_wait_.Set(shard.staging_oldest_wait_seconds);
   retry_table_clients_.Set(static_cast<double>(shard.retry_table_clients));
+  workspaces_.Set(static_cast<double>(shard.workspaces));
+  workspace_bytes_.Set(static_cast<double>(shard.workspace_bytes));
   if (shard.retry_table_evictions > evictions_synced_) {
     retry_table_evictions_.Increment(
         static_cast<double>(shard.retry_table_evictions - evictions_synced_));

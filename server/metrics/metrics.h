@@ -67,6 +67,9 @@ struct ShardMetrics {
   // The retry table (server/store/retry_table.h): clients remembered, and forgotten so far.
   uint64_t retry_table_clients = 0;
   uint64_t retry_table_evictions = 0;  // Monotonic.
+  // Same-host workspaces (server/workspace/workspace.h) open, and the bytes they hold.
+  uint64_t workspaces = 0;
+  uint64_t workspace_bytes = 0;
   // When the gRPC port's certificate file expires (Unix seconds); unset without TLS.
   std::optional<double> tls_certificate_expiry_seconds = std::nullopt;
 };
@@ -186,6 +189,8 @@ class Metrics {
   prometheus::Gauge& staging_oldest_wait_;
   prometheus::Counter& push_duplicates_;
   prometheus::Gauge& retry_table_clients_;
+  prometheus::Gauge& workspaces_;
+  prometheus::Gauge& workspace_bytes_;
   prometheus::Counter& retry_table_evictions_;
   prometheus::Family<prometheus::Histogram>& checkpoint_duration_;
   prometheus::Family<prometheus::Counter>& checkpoint_bytes_;        // By model.

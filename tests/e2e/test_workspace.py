@@ -274,3 +274,21 @@ def test_the_data_plane_is_still_told_after_close(server_target):
                       prefix="told-grpc/", data_plane="grpc")
     opt.close()
     assert opt.data_plane_in_use == "grpc" and opt.data_plane_reason == "data_plane='grpc'"
+
+
+def test_open_workspaces_show_in_the_metrics():
+    from checkpoint_server import ServerProcess
+
+    server = ServerProcess([])
+    try:
+        with fusedps.Client(server.target) as client:
+            assert server.metrics().value("fusedps_workspaces") == 0
+            workspace = open_or_fail(client, 12345)
+            m = server.metrics()
+            assert m.value("fusedps_workspaces") == 1
+            assert m.value("fusedps_workspace_bytes") == 12345
+            workspace.close()
+            assert wait_gone(workspace.path)
+            assert server.metrics().value("fusedps_workspace_bytes") == 0
+    finally:
+        server.close()
