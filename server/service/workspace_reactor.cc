@@ -17,12 +17,16 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
   WorkspaceReactor(grpc::CallbackServerContext* context, const v1::OpenWorkspaceRequest& request,
                    const ServiceContext& services)
       : context_(context), services_(services) {
-    FUSEDPS_HAPPENS_BEFORE(this);
     absl::StatusOr<std::shared_ptr<const Workspace>> opened = Open(request);
+    // Finish and StartWrite, called here, write the reactor's own state, which OnDone deletes
+    // on another thread after taking mu_: mu_ orders the two (gRPC's own order is invisible to
+    // TSan).
+    std::lock_guard<std::mutex> lock(mu_);
     if (!opened.ok()) {
       FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
           << "no workspace for " << context_->peer() << ": " << opened.status();
       ended_ = true;  // OnCancel, if it comes, must not finish the call again.
+      FUSEDPS_HAPPENS_BEFORE(this);
       Finish(ToGrpc(opened.status()));
       return;
     }
@@ -32,6 +36,7 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
     response_.set_bytes((*opened)->memory().size());
     response_.set_file_device((*opened)->file_device());
     response_.set_file_inode((*opened)->file_inode());
+    FUSEDPS_HAPPENS_BEFORE(this);
     StartWrite(&response_);
   }
 

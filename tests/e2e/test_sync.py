@@ -227,13 +227,15 @@ def sync_step(opt, model, loss, step: int, rank: int, overlap: bool) -> None:
 def test_remote_adamw_trains_in_sync_mode_as_docs_python_md_shows(overlap):
     """docs/python.md's sync recipe: N trainers, each a RemoteAdamW with its own client_id,
     against a --mode=sync server; after every round each trainer's params are torch's AdamW on
-    the mean of the N gradients (issue 35, item 6: the docs never said how)."""
+    the mean of the N gradients (issue 35, item 6: the docs never said how). With overlap, each
+    trainer pushes and pulls through a same-host workspace of its own."""
     trainers, steps = 2, 8
     with running_server(["--mode=sync", f"--total-replicas={trainers}",
                          "--round-timeout-seconds=30"]) as target, \
             ThreadPoolExecutor(trainers) as pool:
         models = [make_mlp() for _ in range(trainers)]
         opts = sync_trainers(models, target, "sync-mlp/", overlap)
+        assert {o.data_plane_in_use for o in opts} == {"workspace" if overlap else "grpc"}
         oracle = make_mlp()
         opt = torch.optim.AdamW(oracle.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
                                 foreach=False)

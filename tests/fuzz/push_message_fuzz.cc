@@ -10,7 +10,8 @@
 // bytes as a PushHeader. For every input:
 //   - ReadPushHeader succeeds exactly when the message and its headers parse; its header is the
 //     reference's (the same bytes once serialized);
-//   - ReadPushChunks succeeds exactly when the message and its chunks parse; it claims every
+//   - ReadPushChunks succeeds exactly when the message and its chunks parse and no chunk names
+//     bytes in a workspace (workspace_bytes > 0: the calls here name none); it claims every
 //     chunk once, in order, with the chunk's last tensor, offset and data size; it stages each
 //     claimed destination once, right after its claim, and the staged bytes are the chunk's
 //     data;
@@ -58,6 +59,9 @@ struct Reference {
   bool has_header = false;
   v1::PushHeader header;  // Every header, merged.
   std::vector<Chunk> chunks;
+  // The first chunk whose bytes are in a workspace (workspace_bytes, field 6, its last varint,
+  // > 0): the fuzzed calls name none, so the read must refuse it.
+  std::optional<size_t> workspace_chunk;
 };
 
 Reference Parse(absl::string_view message) {
@@ -78,8 +82,12 @@ Reference Parse(absl::string_view message) {
         continue;
       }
       Chunk chunk;
+      uint64_t workspace_bytes = 0;
       for (int j = 0; j < chunk_fields.field_count(); ++j) {
         const UnknownField& f = chunk_fields.field(j);
+        if (f.number() == 6 && f.type() == UnknownField::TYPE_VARINT) {
+          workspace_bytes = f.varint();
+        }
         if (f.number() == 1 && f.type() == UnknownField::TYPE_LENGTH_DELIMITED) {
           chunk.tensor = f.length_delimited();
         } else if (f.number() == 2 && f.type() == UnknownField::TYPE_VARINT) {
@@ -87,6 +95,9 @@ Reference Parse(absl::string_view message) {
         } else if (f.number() == 3 && f.type() == UnknownField::TYPE_LENGTH_DELIMITED) {
           chunk.data = f.length_delimited();
         }
+      }
+      if (workspace_bytes > 0 && !ref.workspace_chunk.has_value()) {
+        ref.workspace_chunk = ref.chunks.size();
       }
       ref.chunks.push_back(std::move(chunk));
     }
@@ -182,6 +193,10 @@ void CheckChunks(MessageSlices slices, MessageSlices whole, size_t message_bytes
     }
     if (!header_allowed && ref.has_header) {
       Require(!read.status.ok(), "ReadPushChunks took a header where none is allowed");
+      continue;
+    }
+    if (ref.workspace_chunk.has_value()) {
+      Require(!read.status.ok(), "ReadPushChunks took workspace bytes in a call without one");
       continue;
     }
     if (refuse.has_value() && ref.chunks.size() > *refuse) {
