@@ -201,16 +201,13 @@ absl::StatusOr<PullIntoResult> Client::PullInto(const PullOptions& options,
   request.set_field(internal::ToProtoField(options.field));
   request.set_max_chunk_bytes(internal::PullChunkBytes(options_.max_chunk_bytes));
   // Through the workspace when every target lies in it (the server writes them there).
-  Workspace workspace;
-  {
-    std::lock_guard<std::mutex> lock(workspace_mu_);
-    workspace = workspace_;
-  }
+  const Workspace workspace = this->workspace();
   absl::Span<const char> workspace_memory;
   if (!workspace.id.empty()) {
     std::vector<uint64_t> offsets;
     for (const PullTarget& target : targets) {
-      const int64_t at = workspace.OffsetOf(target.data, target.numel * ElementBytes(options.dtype));
+      const int64_t at =
+          workspace.OffsetOf(target.data, target.numel * ElementBytes(options.dtype));
       if (at < 0) break;
       offsets.push_back(static_cast<uint64_t>(at));
     }

@@ -177,8 +177,8 @@ void PushTransaction::WriteReferences(absl::Span<const Piece> pieces) {
   const uint64_t element_bytes = ElementBytes(dtype_);
   uint64_t total = 0;
   for (const Piece& piece : pieces) total += piece.numel * element_bytes;
-  const uint64_t share = std::max<uint64_t>(element_bytes, (total + parts_.size() - 1) /
-                                                               parts_.size());
+  const uint64_t share =
+      std::max<uint64_t>(element_bytes, (total + parts_.size() - 1) / parts_.size());
   v1::PushGradientsRequest message;
   uint64_t room = share, message_bytes = 0;
   const auto flush = [&] {
@@ -196,7 +196,8 @@ void PushTransaction::WriteReferences(absl::Span<const Piece> pieces) {
     const uint64_t at = static_cast<uint64_t>(
         workspace_.OffsetOf(piece.data, piece.numel * element_bytes));
     for (uint64_t done = 0; done < piece.numel;) {
-      const uint64_t count = std::min(piece.numel - done, std::max<uint64_t>(1, room / element_bytes));
+      const uint64_t count =
+          std::min(piece.numel - done, std::max<uint64_t>(1, room / element_bytes));
       v1::TensorChunk* chunk = message.add_chunks();
       chunk->set_tensor(tensors_[piece.tensor].name);
       chunk->set_offset(piece.offset + done);
@@ -291,11 +292,7 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
   header->set_plan_hash(options.plan_hash);
   header->set_model(options_.model);
   header->set_commit_at_end(true);
-  Workspace workspace;
-  {
-    std::lock_guard<std::mutex> lock(workspace_mu_);
-    workspace = workspace_;
-  }
+  Workspace workspace = this->workspace();
   header->set_workspace(workspace.id);
   for (const TensorSize& t : tensors) header->add_tensors(t.name);
   const uint32_t parts = static_cast<uint32_t>(connections_.size());
@@ -314,6 +311,11 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
 void Client::SetWorkspace(Workspace workspace) {
   std::lock_guard<std::mutex> lock(workspace_mu_);
   workspace_ = std::move(workspace);
+}
+
+Workspace Client::workspace() const {
+  std::lock_guard<std::mutex> lock(workspace_mu_);
+  return workspace_;
 }
 
 }  // namespace fusedps::client

@@ -20,9 +20,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/workspace_range.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 
@@ -107,11 +107,11 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
       return absl::InvalidArgumentError(
           "chunks.workspace_bytes > 0 in a call that names no workspace");
     }
-    if (workspace_offset > workspace.size() ||
-        workspace_bytes > workspace.size() - workspace_offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunks.workspace_offset_bytes = ", workspace_offset, " and workspace_bytes = ",
-          workspace_bytes, " pass the end of the workspace (", workspace.size(), " bytes)"));
+    if (absl::Status s = CheckWorkspaceRange(workspace_offset, workspace_bytes,
+                                             workspace.size(),
+                                             "chunks.workspace_offset_bytes and workspace_bytes");
+        !s.ok()) {
+      return s;
     }
     absl::StatusOr<char*> destination = claim(tensor, offset, workspace_bytes);
     if (!destination.ok()) return destination.status();

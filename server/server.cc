@@ -61,6 +61,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       std::make_unique<StagingPool>(options.staging_pool_bytes, *arena, "--staging-pool-bytes");
   server->snapshot_budget_ = std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr,
                                                            "--pull-snapshot-bytes");
+  server->workspaces_ =
+      std::make_unique<WorkspaceTable>(options.workspaces, server->arena_owner_.get());
   // A line that stops moving leaves a line in the log (and the oldest-wait gauge shows it).
   server->watchdog_ = std::make_unique<CallWatchdog>(options.call_idle, [self] {
     const absl::Duration waited = self->staging_->oldest_wait();
@@ -108,9 +110,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   } else if (options.tls.cert_file.empty()) {
     LOG(WARNING) << "--auth-tokens without --tls-cert: tokens travel in plaintext";
   }
-
-  server->workspaces_ =
-      std::make_unique<WorkspaceTable>(options.workspaces, server->arena_owner_.get());
 
   ServiceContext context;
   context.workspaces = server->workspaces_.get();
@@ -194,10 +193,8 @@ ShardMetrics Server::ScrapeShard(const std::string& cert_file) {
   shard.staging_in_use_bytes = staging_->in_use();
   shard.staging_waiters = staging_->waiting();
   shard.staging_oldest_wait_seconds = absl::ToDoubleSeconds(staging_->oldest_wait());
-  if (workspaces_ != nullptr) {
-    shard.workspaces = workspaces_->open_count();
-    shard.workspace_bytes = workspaces_->open_bytes();
-  }
+  shard.workspaces = workspaces_->open_count();
+  shard.workspace_bytes = workspaces_->open_bytes();
   if (!cert_file.empty()) {
     // Read again at each scrape: the file is what a rotation replaces.
     absl::StatusOr<double> expiry = CertificateNotAfter(cert_file);

@@ -74,7 +74,10 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
       uint32_t length = 0;
       if (!in.ReadVarint32(&length) || length > INT_MAX) return Malformed("chunks");
       const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-      if (absl::Status s = ReadTensorChunk(in, *claim, *staged, Malformed, workspace); !s.ok()) return s;
+      if (absl::Status s = ReadTensorChunk(in, *claim, *staged, Malformed, workspace);
+          !s.ok()) {
+        return s;
+      }
       in.PopLimit(limit);
     } else if (!WireFormatLite::SkipField(&in, tag)) {
       return Malformed("an unknown field");

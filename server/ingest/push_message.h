@@ -5,8 +5,10 @@
 //
 // The wire format is proto/fusedps/v1's PushGradientsRequest {PushHeader header = 1;
 // repeated TensorChunk chunks = 2; PushCommit commit = 3}, TensorChunk {string tensor = 1;
-// uint64 offset = 2; bytes data = 3; ...; workspace_offset_bytes = 5; workspace_bytes = 6}. Every protobuf serializer writes a chunk's fields in that order, so `data` is last
-// and its destination is known when it starts: the payload is then read directly into it. A
+// uint64 offset = 2; bytes data = 3; ...; workspace_offset_bytes = 5; workspace_bytes = 6}.
+// Every protobuf serializer writes a chunk's fields in that order, so `data` is last (a chunk
+// whose bytes are in a workspace has none) and its destination is known when it starts: the
+// payload is then read directly into it. A
 // chunk whose `data` is followed by other fields (legal protobuf, from an unusual writer) is
 // still read correctly, through a temporary copy. Unknown fields are skipped, as protobuf does.
 //

@@ -15,6 +15,7 @@
 #include "common/chunk_framing.h"
 #include "common/logging.h"
 #include "common/tsan.h"
+#include "common/workspace_range.h"
 #include "server/ingest/state_loader.h"
 #include "server/service/convert.h"
 #include "server/workspace/workspace.h"
@@ -216,9 +217,6 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // A pull into the caller's workspace (PullParametersRequest.workspace): finds it and checks
   // the offsets (one per tensor, aligned, inside, disjoint).
   absl::Status PrepareWorkspace(const v1::PullParametersRequest& request, const Caller& caller) {
-    if (services_.workspaces == nullptr) {
-      return absl::NotFoundError("this server has no workspaces");
-    }
     absl::StatusOr<std::shared_ptr<const Workspace>> found =
         services_.workspaces->Find(request.workspace(), WorkspaceOwner(caller));
     if (!found.ok()) return found.status();

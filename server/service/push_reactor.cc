@@ -225,9 +225,6 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     absl::StatusOr<CheckedPushHeader> checked = CheckPushHeader(header, *view);
     if (!checked.ok()) return FinishCall(checked.status(), {}, {});
     if (!header.workspace().empty()) {
-      if (services_.workspaces == nullptr) {
-        return FinishCall(absl::NotFoundError("this server has no workspaces"), {}, {});
-      }
       absl::StatusOr<std::shared_ptr<const Workspace>> workspace =
           services_.workspaces->Find(header.workspace(), WorkspaceOwner(caller_));
       if (!workspace.ok()) return FinishCall(workspace.status(), {}, {});

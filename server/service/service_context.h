@@ -52,8 +52,8 @@ struct ServiceContext {
   const std::atomic<bool>* restoring = nullptr;
   // Who may call what (server/auth/authorizer.h); it admits anyone when authentication is off.
   const Authorizer* authorizer;
-  // Same-host workspaces (server/workspace/workspace.h); null when the server has none.
-  WorkspaceTable* workspaces = nullptr;
+  // Same-host workspaces (server/workspace/workspace.h); off, it opens none and finds none.
+  WorkspaceTable* workspaces;
   // ServerOptions::testing_before_push_join, or null.
   const std::function<void()>* testing_before_push_join = nullptr;
   ServiceLimits limits;

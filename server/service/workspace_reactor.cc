@@ -68,9 +68,6 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
           "a workspace is for a caller on the server's host; this call comes from ",
           context_->peer()));
     }
-    if (services_.workspaces == nullptr) {
-      return absl::FailedPreconditionError("this server has no workspaces");
-    }
     return services_.workspaces->Open(WorkspaceOwner(caller), request.bytes());
   }
 
@@ -89,7 +86,7 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
     CloseLocked();
   }
   void CloseLocked() {
-    if (!id_.empty() && services_.workspaces != nullptr) services_.workspaces->Close(id_);
+    if (!id_.empty()) services_.workspaces->Close(id_);
     id_.clear();
   }
 

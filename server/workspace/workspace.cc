@@ -185,14 +185,4 @@ bool IsLocalPeer(absl::string_view peer) {
          absl::StartsWith(peer, "ipv6:[::ffff:127.");
 }
 
-absl::Status CheckWorkspaceRange(uint64_t offset, uint64_t bytes, uint64_t size,
-                                 absl::string_view field) {
-  if (offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": bytes [", offset, ", ", offset, " + ", bytes,
-        ") pass the end of the workspace (", size, " bytes)"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace fusedps

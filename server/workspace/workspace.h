@@ -114,11 +114,6 @@ class WorkspaceTable {
 // "ipv6:[::ffff:127.x.y.z]:port", "unix:..." or "unix-abstract:...".
 bool IsLocalPeer(absl::string_view peer);
 
-// A bounds check of a byte range [offset, offset + bytes) in a workspace of `size` bytes;
-// INVALID_ARGUMENT naming `field` and the limit when it does not fit.
-absl::Status CheckWorkspaceRange(uint64_t offset, uint64_t bytes, uint64_t size,
-                                 absl::string_view field);
-
 }  // namespace fusedps
 
 #endif  // FUSEDPS_SERVER_WORKSPACE_WORKSPACE_H_

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/workspace_range.h"
 #include "gtest/gtest.h"
 
 namespace fusedps {

@@ -1,10 +1,6 @@
 // The C++ client's PushTransaction (pieces written as they come, committed with the step's
 // scale) and PullInto (raw elements into the caller's memory), against a real in-process
 // server on the CPU backend; the results must equal the host-side AdamW bit for bit.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -232,23 +228,14 @@ TEST_F(PushTransactionTest, ManyConcurrentTransactionsCommitCancelOrDropCleanly)
 TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
   ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
   constexpr uint64_t kBytes = 64 << 10;
-  grpc::ClientContext lease;
-  v1::OpenWorkspaceRequest request;
-  request.set_bytes(kBytes);
-  auto reader = stub_->OpenWorkspace(&lease, request);
-  v1::OpenWorkspaceResponse opened;
-  ASSERT_TRUE(reader->Read(&opened)) << reader->Finish().error_message();
-  const int fd = ::open(opened.path().c_str(), O_RDWR);
-  ASSERT_GE(fd, 0) << opened.path();
-  void* mapped = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(mapped, MAP_FAILED);
-  char* memory = static_cast<char*>(mapped);
+  const std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kBytes);
+  ASSERT_NE(workspace->memory, nullptr) << workspace->status.error_message();
+  char* memory = workspace->memory;
   for (int streams : {1, 3}) {
     SCOPED_TRACE(streams);
     std::unique_ptr<client::Client> trainer = MakeClient(streams);
     ASSERT_NE(trainer, nullptr);
-    trainer->SetWorkspace({opened.workspace_id(), memory, kBytes});
+    trainer->SetWorkspace({workspace->opened.workspace_id(), memory, kBytes});
     const auto grads = RandomGrads({"w", "b"}, 300 + streams);
     const std::string w = Encode(GradDType::kFloat32, grads.at("w"));
     const std::string b = Encode(GradDType::kFloat32, grads.at("b"));
@@ -277,9 +264,6 @@ TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
     trainer->SetWorkspace({});
   }
   ExpectMatchesHost(2);
-  lease.TryCancel();
-  reader->Finish().IgnoreError();
-  munmap(mapped, kBytes);
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 #include "tests/integration/service_harness.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -490,6 +494,39 @@ void ServiceTest::ExpectMatchesHost(uint64_t version) {
     ExpectSameBytes(pulled.data[t.def.name], Encode(GradDType::kFloat32, t.max_exp_avg_sq), 4,
                     "MAX_EXP_AVG_SQ of '" + t.def.name + "'");
   }
+}
+
+std::unique_ptr<MappedWorkspace> MappedWorkspace::Open(v1::ParameterService::Stub& stub,
+                                                       uint64_t bytes) {
+  auto w = std::make_unique<MappedWorkspace>();
+  SetDeadline(w->lease);
+  v1::OpenWorkspaceRequest request;
+  request.set_bytes(bytes);
+  w->reader = stub.OpenWorkspace(&w->lease, request);
+  if (!w->reader->Read(&w->opened)) {
+    w->status = w->reader->Finish();
+    w->reader.reset();
+    return w;
+  }
+  const int fd = ::open(w->opened.path().c_str(), O_RDWR);
+  EXPECT_GE(fd, 0) << w->opened.path();
+  if (fd < 0) return w;
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  EXPECT_NE(mapped, MAP_FAILED);
+  if (mapped != MAP_FAILED) w->memory = static_cast<char*>(mapped);
+  return w;
+}
+
+MappedWorkspace::~MappedWorkspace() {
+  if (reader != nullptr) {
+    lease.TryCancel();
+    v1::OpenWorkspaceResponse none;
+    while (reader->Read(&none)) {
+    }
+    reader->Finish().IgnoreError();
+  }
+  if (memory != nullptr) munmap(memory, opened.bytes());
 }
 
 }  // namespace fusedps::integration

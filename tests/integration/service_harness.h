@@ -141,6 +141,21 @@ void SetDeadline(grpc::ClientContext& context);
 // last value (for server state that settles after a call returns, e.g. staging given back).
 bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(10));
 
+// A same-host workspace (OpenWorkspace) opened through `stub` and mapped here, as a trainer
+// does. Open() fails only when the call did (status then says why, memory is null). The
+// destructor ends the lease (the server then closes the workspace) and unmaps it; lease may
+// also be cancelled from another thread meanwhile.
+struct MappedWorkspace {
+  static std::unique_ptr<MappedWorkspace> Open(v1::ParameterService::Stub& stub, uint64_t bytes);
+  ~MappedWorkspace();
+
+  grpc::ClientContext lease;
+  std::unique_ptr<grpc::ClientReader<v1::OpenWorkspaceResponse>> reader;
+  v1::OpenWorkspaceResponse opened;
+  grpc::Status status;     // Of a call that failed before its response.
+  char* memory = nullptr;  // opened.bytes() bytes, shared with the server.
+};
+
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override;

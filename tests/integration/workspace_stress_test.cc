@@ -5,9 +5,6 @@
 // as applied counts in the version, none that was refused does, the staging and the budget are
 // all back, and no workspace file is left in the directory.
 #include <dirent.h>
-#include <sys/mman.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -66,28 +63,20 @@ TEST_F(WorkspaceStressTest, LeasesEndingAnywhereLeaveAConsistentShardAndNoFiles)
     threads.emplace_back([&, t] {
       std::mt19937 rng(500 + t);
       for (int round = 0; round < kRounds; ++round) {
-        grpc::ClientContext lease;
-        SetDeadline(lease);
-        v1::OpenWorkspaceRequest request;
-        request.set_bytes(kWorkspaceBytes);
-        std::unique_ptr<grpc::ClientReader<v1::OpenWorkspaceResponse>> reader =
-            stub_->OpenWorkspace(&lease, request);
-        v1::OpenWorkspaceResponse workspace;
-        if (!reader->Read(&workspace)) {
-          const grpc::Status status = reader->Finish();
-          if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
-            ADD_FAILURE() << "OpenWorkspace: " << status.error_message();
+        const std::unique_ptr<MappedWorkspace> mapped =
+            MappedWorkspace::Open(*stub_, kWorkspaceBytes);
+        if (mapped->reader == nullptr) {
+          if (mapped->status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+            ADD_FAILURE() << "OpenWorkspace: " << mapped->status.error_message();
             ++unexpected;
           }
           continue;
         }
         ++opened;
-        const int fd = ::open(workspace.path().c_str(), O_RDWR);
-        ASSERT_GE(fd, 0) << workspace.path();
-        void* mapped = mmap(nullptr, kWorkspaceBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        ASSERT_NE(mapped, MAP_FAILED);
-        char* memory = static_cast<char*>(mapped);
+        ASSERT_NE(mapped->memory, nullptr);
+        char* memory = mapped->memory;
+        grpc::ClientContext& lease = mapped->lease;
+        const v1::OpenWorkspaceResponse& workspace = mapped->opened;
         const std::string grads = Encode(GradDType::kFloat32, RandomValues(kNumel, rng(), 1e-3f));
         std::memcpy(memory, grads.data(), grads.size());
 
@@ -130,12 +119,6 @@ TEST_F(WorkspaceStressTest, LeasesEndingAnywhereLeaveAConsistentShardAndNoFiles)
             ++unexpected;
           }
         }
-        lease.TryCancel();
-        v1::OpenWorkspaceResponse none;
-        while (reader->Read(&none)) {
-        }
-        reader->Finish().IgnoreError();
-        munmap(mapped, kWorkspaceBytes);
       }
     });
   }

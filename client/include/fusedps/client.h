@@ -658,6 +658,8 @@ class Client {
                                                             const std::string& plan_hash);
   absl::StatusOr<PullResult> PullOnce(Connection& connection, const PullOptions& options);
   Connection& connection(size_t i) { return *connections_[i % connections_.size()]; }
+  // A copy of the workspace SetWorkspace gave (an empty id: none).
+  Workspace workspace() const;
 
   const ClientOptions options_;
   const std::vector<std::unique_ptr<Connection>> connections_;

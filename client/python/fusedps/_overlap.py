@@ -184,21 +184,18 @@ class OverlapEngine:
     def _open_workspace(self, data_plane: str, pull_dtype: str):
         """The step's host buffers in a same-host workspace, when data_plane allows one and the
         params live on one server that gives one; else None (data_plane_reason says why)."""
-        self.data_plane_reason = "data_plane='grpc'"
-        if data_plane == "grpc":
-            return None
         workspace = None
-        if len(self._route.clients) != 1:
+        if data_plane == "grpc":
+            self.data_plane_reason = "data_plane='grpc'"
+        elif len(self._route.clients) != 1:
             self.data_plane_reason = "a workspace is used with one server only"
         else:
+            # The push's host buffers (two with delay=1) and the pull's.
             total = sum(self._numel)
             buffers = [(total, self._wire_dtype)] * (2 if self._delay else 1)
             buffers.append((total, _chunks.torch_dtype(pull_dtype)))
-            nbytes = _workspace.needed_bytes(buffers) + 64 * len(buffers)
             workspace, self.data_plane_reason = _workspace.open_workspace(
-                self._route.clients[0], nbytes, pin=self._cuda)
-        if workspace is not None:
-            self.data_plane_reason = ""
+                self._route.clients[0], _workspace.needed_bytes(buffers), pin=self._cuda)
         if workspace is None and data_plane == "workspace":
             raise RuntimeError(f"data_plane='workspace': no workspace ({self.data_plane_reason})")
         if workspace is None:

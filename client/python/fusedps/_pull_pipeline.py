@@ -9,8 +9,9 @@ Who does what: the landing runs on the C++ client's threads (fusedps._native.Pip
 when every server is reached through the native transport; through a same-host workspace
 (fusedps._workspace, whose memory the host buffer is carved from) the server then writes each
 group there and the C++ client only reads its short replies. Over grpcio, a pool of Python
-threads lands the groups (_WorkspaceLanding through a workspace, else _ThreadLanding). The device copies are queued by the training loop's own thread, in the
-forward pre-hook and in wait(): each time, every group landed so far is queued. No Python
+threads lands the groups (_ThreadLanding, through the workspace when there is one). The device
+copies are queued by the training loop's own thread, in the forward pre-hook and in wait():
+each time, every group landed so far is queued. No Python
 thread of fusedps then runs while the forward computes: a Python thread beside the loop costs
 its interpreter lock, and the loop's kernel launches wait for it (bench/contention_probe.py
 measured local training 1.3-2.0x slower beside a Python pulling thread, 1.0-1.2x beside the
@@ -76,11 +77,14 @@ class _Pull:
 
 
 class _ThreadLanding:
-    """Lands the groups with Client.pull_into on a pool of Python threads (the transport is
-    grpcio, or some server is): the interface of fusedps._native.PipelinedPull."""
+    """Lands the groups on a pool of Python threads (the transport is grpcio, or some server
+    is): with Client.pull_into, or through ``workspace`` (fusedps._workspace, whose memory the
+    targets lie in; one server) when given. The interface of fusedps._native.PipelinedPull."""
 
-    def __init__(self, pool: ThreadPoolExecutor, route: Route, groups: List[_Group], wire: str):
+    def __init__(self, pool: ThreadPoolExecutor, route: Route, groups: List[_Group], wire: str,
+                 workspace=None):
         self._route = route
+        self._workspace = workspace
         self._wire = wire
         self._lock = threading.Lock()
         self._versions = [0] * route.shards
@@ -95,7 +99,12 @@ class _ThreadLanding:
         for shard, name, view in group.targets:
             by_shard.setdefault(shard, []).append((name, view))
         for shard, targets in by_shard.items():
-            version, _ = self._route.clients[shard].pull_into(targets, self._wire, stream=g)
+            client = self._route.clients[shard]
+            if self._workspace is not None:
+                version = _workspace.pull_into_workspace(client, self._workspace, targets,
+                                                         self._wire)
+            else:
+                version, _ = client.pull_into(targets, self._wire, stream=g)
             with self._lock:
                 self._versions[shard] = max(self._versions[shard], version)
         with self._lock:
@@ -122,24 +131,6 @@ class _ThreadLanding:
     def close(self) -> None:
         for f in self._futures:
             f.exception()  # Waits; the error was raised by wait() if anyone asked.
-
-
-class _WorkspaceLanding(_ThreadLanding):
-    """Lands the groups through a same-host workspace (fusedps._workspace): the host buffer is
-    carved from it, and each group's pull has the server write the values there."""
-
-    def __init__(self, pool: ThreadPoolExecutor, route: Route, groups: List[_Group], wire: str,
-                 workspace):
-        self._workspace = workspace
-        super().__init__(pool, route, groups, wire)
-
-    def _land(self, g: int, group: _Group) -> None:
-        client = self._route.clients[0]  # A workspace is used with one server only.
-        targets = [(name, view) for _, name, view in group.targets]
-        version = _workspace.pull_into_workspace(client, self._workspace, targets, self._wire)
-        with self._lock:
-            self._versions[0] = max(self._versions[0], version)
-            self._last = time.perf_counter()
 
 
 class PullPipeline:
@@ -249,10 +240,7 @@ class PullPipeline:
             # (the loop's stream waited for them), but the CPU must know before it writes.
             self._last_event.synchronize()
             self._last_event = None
-        if self._natives is None and self._workspace is not None:
-            landing = _WorkspaceLanding(self._pool, self._route, self._groups, self._wire,
-                                        self._workspace)
-        elif self._natives is not None:  # Through the workspace too, when one is open.
+        if self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
                 self._natives, [[(shard, name, view.data_ptr(), view.numel())
                                  for shard, name, view in group.targets]
@@ -260,7 +248,8 @@ class PullPipeline:
                 dtype=_replies._WIRE_TO_PB[self._wire], field=_FIELD_PARAM,
                 threads=self._streams)
         else:
-            landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire)
+            landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire,
+                                     self._workspace)
         pull = _Pull(mode, self._groups, landing, ready, [None] * len(self._groups))
         with self._lock:
             self._mode = mode

@@ -29,7 +29,6 @@ from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["PushTransaction"]
 
-
 # (tensor index, first element, element count, address of the raw wire-dtype elements)
 Piece = Tuple[int, int, int, int]
 
@@ -304,16 +303,6 @@ def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_vers
     client's first channel), else over its grpcio channels (one part per channel)."""
     itemsize = _chunks.element_size(grad_dtype)
     names = [n for n, _ in tensors]
-    if workspace is not None and client._native is None:
-        header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
-                               grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
-                               base_version=base_version, tensors=names, plan_hash=plan_hash,
-                               commit_at_end=True, model=client.model, workspace=workspace.id)
-        call = _transport.raw_stream_unary(client._channel, "PushGradients",
-                                           pb.PushGradientsResponse)
-        impl = WorkspaceTransactionImpl(workspace, [call] * client.streams, header, names,
-                                        itemsize, client.max_chunk_bytes, client.timeout)
-        return PushTransaction(impl, tensors, itemsize)
     if client._native is not None:
         native = client._native.begin_push(
             client_id=client_id, sequence_number=sequence_number,
@@ -323,8 +312,15 @@ def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_vers
     header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
                            grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
                            base_version=base_version, tensors=names, plan_hash=plan_hash,
-                           commit_at_end=True, model=client.model)
-    impl = GrpcioTransactionImpl(client._pusher._calls, header, names, itemsize,
-                                 client.max_chunk_bytes, client.timeout)
-    return PushTransaction(impl, tensors, itemsize)
+                           commit_at_end=True, model=client.model,
+                           workspace="" if workspace is None else workspace.id)
+    args = (header, names, itemsize, client.max_chunk_bytes, client.timeout)
+    if workspace is None:
+        return PushTransaction(GrpcioTransactionImpl(client._pusher._calls, *args), tensors,
+                               itemsize)
+    # Messages of places are small: client.streams parts over the first channel.
+    call = _transport.raw_stream_unary(client._channel, "PushGradients",
+                                       pb.PushGradientsResponse)
+    return PushTransaction(WorkspaceTransactionImpl(workspace, [call] * client.streams, *args),
+                           tensors, itemsize)
 

@@ -197,11 +197,17 @@ def new_timings() -> Dict[str, float]:
             "load_state_seconds": 0.0, "buffers_seconds": 0.0}
 
 
+# RemoteAdamW's data_plane values (fusedps._overlap, fusedps._workspace).
+DATA_PLANES = ("auto", "workspace", "grpc")
+
+
 def check_overlap_options(overlap: bool, bucket_bytes: Optional[int], delay: int,
-                          delay_warmup: int,
-                          pull_dtype: Optional[str]) -> None:
+                          delay_warmup: int, pull_dtype: Optional[str],
+                          data_plane: str = "auto") -> None:
     """ValueError for RemoteAdamW's overlap arguments out of range (delay without overlap,
     too)."""
+    if data_plane not in DATA_PLANES:
+        raise ValueError(f"data_plane must be one of {DATA_PLANES}, got {data_plane!r}")
     if bucket_bytes is not None and int(bucket_bytes) < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     if delay not in (0, 1):

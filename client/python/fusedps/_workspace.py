@@ -29,7 +29,6 @@ Thread safety: carve() and close() from one thread; offset_of() and the pulls fr
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import List, Optional, Sequence, Tuple
@@ -42,7 +41,6 @@ from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["Workspace", "open_workspace", "pull_into_workspace"]
 
-_logger = logging.getLogger("fusedps.torch")
 _ALIGN = 64  # Bytes; every carved buffer starts at a multiple.
 
 
@@ -66,9 +64,8 @@ class Workspace:
     def carve(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements of ``dtype`` in the workspace, 64-byte aligned.
         Raises ValueError when the workspace has no room left."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        begin = -(-self._cursor // _ALIGN) * _ALIGN
-        end = begin + int(numel) * itemsize
+        begin = _aligned(self._cursor)
+        end = begin + int(numel) * _itemsize(dtype)
         if end > self.size:
             raise ValueError(f"the workspace ({self.size} bytes) has no room for {numel} "
                              f"elements of {dtype} at byte {begin}")
@@ -97,13 +94,17 @@ class Workspace:
         self._call.cancel()
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()  # torch 1.13 has no dtype.itemsize.
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // _ALIGN) * _ALIGN
+
+
 def needed_bytes(buffers: Sequence[Tuple[int, torch.dtype]]) -> int:
-    """The size of a workspace that holds buffers of (numel, dtype), carved in order."""
-    total = 0
-    for numel, dtype in buffers:
-        total = -(-total // _ALIGN) * _ALIGN + int(numel) * torch.empty(
-            (), dtype=dtype).element_size()
-    return max(total, 1)
+    """The size of a workspace that holds buffers of (numel, dtype), carved in any order."""
+    return max(1, sum(_aligned(int(numel) * _itemsize(dtype)) for numel, dtype in buffers))
 
 
 def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspace], str]:

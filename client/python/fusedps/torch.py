@@ -254,16 +254,14 @@ class RemoteAdamW(torch.optim.Optimizer):
                  model: Optional[str] = None, buffers: Any = None,
                  data_plane: str = "auto"):
         _on_existing.check_on_existing(on_existing)
-        if data_plane not in ("auto", "workspace", "grpc"):
-            raise ValueError(f"data_plane must be 'auto', 'workspace' or 'grpc', got "
-                             f"{data_plane!r}")
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
         if grad_dtype not in ro.GRAD_DTYPES:
             raise ValueError(f"grad_dtype must be 'float32' or 'bfloat16', got {grad_dtype!r}")
         if (targets is None) == (client is None):
             raise ValueError("give exactly one of targets= and client=")
-        ro.check_overlap_options(overlap, bucket_bytes, delay, delay_warmup, pull_dtype)
+        ro.check_overlap_options(overlap, bucket_bytes, delay, delay_warmup, pull_dtype,
+                                 data_plane)
         facts = ro.torch_adamw_facts(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                      amsgrad=amsgrad, maximize=maximize)
         groups = ro.named_param_groups(params)
