@@ -6,7 +6,9 @@ with RemoteAdamW(overlap=True, ...) against --target, profiles a few steps of ea
 CUDA activities), and prints for each: ms per step; the GPU's busy time per step (the union of
 its kernels and copies, per stream kind); the CPU time per step of each thread (the training
 loop, autograd's, fusedps's) in the ops torch records; and the ops that grew most from local
-to remote. With --trace DIR it also writes Chrome traces there.
+to remote. With --trace DIR it also writes Chrome traces there. With --cprofile N it first
+runs N steps with Python's cProfile on around optimizer.step() alone, and prints where that
+call's time goes (the functions with the most time of their own, and the most in all).
 
     python3 bench/step_profile.py --target 127.0.0.1:PORT --preset gpt2 --grad-dtype bfloat16 \
         --delay 1
@@ -27,7 +29,7 @@ from fusedps.bench.e2e import PRESETS
 from fusedps.bench.gpt import GPT, GPTConfig
 
 
-def step(model, opt, tokens, amp):
+def step(model, opt, tokens, amp, profiler=None):
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16) if amp else \
             contextlib.nullcontext():
@@ -35,7 +37,21 @@ def step(model, opt, tokens, amp):
     loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                              tokens[:, 1:].flatten())
     loss.backward()
+    if profiler is not None:
+        profiler.enable()
     opt.step()
+    if profiler is not None:
+        profiler.disable()
+
+
+def print_cprofile(name, profiler, steps):
+    import io
+    import pstats
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(18)
+        print(f"== {name}: optimizer.step() under cProfile, {steps} steps, by {key}")
+        print("\n".join(line for line in text.getvalue().splitlines()[4:] if line.strip()))
 
 
 def sync(device):
@@ -90,6 +106,8 @@ def main():
     p.add_argument("--delay", type=int, default=1)
     p.add_argument("--trace", help="write Chrome traces to this folder")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--cprofile", type=int, default=0,
+                   help="steps with cProfile on around optimizer.step(), before the profiler")
     args = p.parse_args()
     from fusedps.torch import RemoteAdamW
 
@@ -116,6 +134,12 @@ def main():
                                  device=device) for _ in range(4)]
         for i in range(args.warmup):
             step(model, opt, batches[i % 4], cuda)
+        if args.cprofile:
+            import cProfile
+            profiler = cProfile.Profile()
+            for i in range(args.cprofile):
+                step(model, opt, batches[i % 4], cuda, profiler)
+            print_cprofile(name, profiler, args.cprofile)
         sync(device)
         with profile(activities=activities) as prof:
             start = time.perf_counter()

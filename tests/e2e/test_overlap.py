@@ -223,6 +223,46 @@ def test_delayed_update_matches_a_reference_one_step_stale(server_target, transp
         opt.close()
 
 
+def test_delayed_steps_take_accumulated_clipped_gradients(server_target):
+    """Once delayed, RemoteAdamW has no gradient hooks and stages at step(): 2 micro-batches
+    (the first under no_sync), clip_grad_norm_ and zero_grad(set_to_none=False) must still give
+    the reference's one-step-stale steps, with no fallback."""
+    warmup, parts, max_norm = 2, 2, 0.5
+    model, ref_model, stale = Mlp(5), Mlp(5), Mlp(5)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="delay-recipe/",
+                      overlap=True, bucket_bytes=2048, delay=1, delay_warmup=warmup, **HYPER)
+
+    def accumulate(m, step, sync_context):
+        for micro in range(parts):
+            with sync_context() if micro < parts - 1 else contextlib.nullcontext():
+                loss_of(m, step, micro, parts).backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm)
+
+    try:
+        for step in range(STEPS):
+            opt.zero_grad(set_to_none=False)
+            accumulate(model, step, opt.no_sync)
+            opt.step()
+            stale.zero_grad(set_to_none=True)
+            accumulate(stale, step, contextlib.nullcontext)
+            before = [q.detach().clone() for q in ref_model.parameters()]
+            for q, s in zip(ref_model.parameters(), stale.parameters()):
+                q.grad = s.grad.clone()
+            ref.step()
+            values = before if step >= warmup else [q.detach() for q in ref_model.parameters()]
+            with torch.no_grad():
+                for s, v in zip(stale.parameters(), values):
+                    s.copy_(v)
+            opt.wait_parameters()
+            for (name, p), s in zip(model.named_parameters(), stale.parameters()):
+                torch.testing.assert_close(p.detach(), s.detach(), rtol=RTOL, atol=ATOL,
+                                           msg=lambda m: f"step {step} {name}: {m}")
+        assert opt.overlap_fallbacks == 0
+    finally:
+        opt.close()
+
+
 def test_sharded_servers_match_torch():
     """Two servers, the tensors cut into slices of 500 elements: each step is a push on
     each server, its slices written from the bucket they are in."""

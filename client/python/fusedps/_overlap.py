@@ -3,13 +3,13 @@
 Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A step goes:
 
 1. Backward. As backward finishes each parameter's gradient (fusedps._grad_hooks), the
-   parameter joins the open bucket; a bucket of ``bucket_bytes`` wire bytes is staged on a side
-   CUDA stream by a stager thread (its gradients gathered into the flat fp32 buffer ``sent``,
-   rounded to the wire dtype, copied to pinned host memory) and handed to a worker thread,
-   which waits for the copy and writes it into the step's push (fusedps.PushTransaction, one
-   per server): the server stages it while backward goes on. At the end of backward the
-   loop's stream waits for the gathering (so that what was sent is each gradient as backward
-   left it, whatever the loop writes next). On the CPU the hook gathers the bucket itself.
+   parameter joins the open bucket; a bucket of ``bucket_bytes`` wire bytes is staged by the
+   hook itself, on a side CUDA stream (its gradients gathered into the flat fp32 buffer
+   ``sent``, rounded to the wire dtype, copied to pinned host memory), and handed to a worker
+   thread, which waits for the copy and writes it into the step's push
+   (fusedps.PushTransaction, one per server): the server stages it while backward goes on. At
+   the end of backward the loop's stream waits for the gathering (so that what was sent is
+   each gradient as backward left it, whatever the loop writes next).
 2. step(). The rest is staged. Then the check: every gradient as it is now (after clipping,
    GradScaler.unscale_, anything the loop did) against what was sent. Unchanged: the commit's
    grad_scale is the step's own (the GradScaler's scale, or none). All multiplied by one
@@ -22,7 +22,11 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    parameters. delay=1 (after ``delay_warmup`` steps as delay=0): step() returns at once; the
    worker commits and pulls into a device buffer, and the next step() installs those values.
    The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
-   ZeRO-Offload's delayed parameter update).
+   ZeRO-Offload's delayed parameter update). Once delayed, the whole step hides behind the
+   next step's compute, so nothing needs to leave during backward: the gradient and forward
+   hooks are removed, step() stages every gradient at once, and the worker lands the pull and
+   queues its device copy. The loop's threads then run no fusedps Python during forward and
+   backward (each hook call costs the CPU-bound loop, docs/benchmarks.md).
 
 Where the bytes go (``data_plane``): with one server on the same host, the host buffers are
 carved from a same-host workspace (fusedps._workspace), and the pushes and pulls carry only
@@ -32,9 +36,9 @@ Lifetimes: the engine owns its hooks, worker thread, buffers, workspace and pull
 close().
 A transaction reads the pinned buffer of its step until its commit or cancel returns; with
 delay=1 two buffers alternate, since step t + 1's backward stages while step t commits.
-Thread safety: hooks run on autograd's thread, step() on the training thread, the stager and the
-worker on their own; _lock guards the bucket state they share. The stager never waits for the
-device or the network; the worker does (a bucket's copy, a commit).
+Thread safety: hooks run on autograd's thread, step() on the training thread, the worker on its
+own; _lock guards the bucket state they share. Hooks and step() only queue device work; the
+worker waits (a bucket's copy, a commit, a pull).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class _Bucket:
     begin: int  # Elements into the step's flat buffers.
     end: int
     event: Optional[object] = None  # The staging's device copy; None on the CPU.
+    gathered: Optional[object] = None  # Its gradients read (the gathering); None on the CPU.
 
 
 @dataclass
@@ -173,13 +178,10 @@ class OverlapEngine:
         self._commit: Optional[Future] = None  # The last commit (and pull start), delay=1.
         self._worker = threading.Thread(target=self._work, name="fusedps-overlap", daemon=True)
         self._worker.start()
-        self._stages: "queue.Queue" = queue.Queue()
-        self._stager = None
-        if self._cuda:
-            self._stager = threading.Thread(target=self._stage_loop, name="fusedps-stage",
-                                            daemon=True)
-            self._stager.start()
-        self._hooks = GradReadyHooks(self._params, self._on_grad_ready)
+        self._gathered: Optional[object] = None  # The last bucket's gathering (GPU).
+        self._begun: Optional[tuple] = None  # (tensors, by_shard, index) of the last _begin.
+        self._hooks: Optional[GradReadyHooks] = GradReadyHooks(self._params,
+                                                               self._on_grad_ready)
 
     def _open_workspace(self, data_plane: str, pull_dtype: str):
         """The step's host buffers in a same-host workspace, when data_plane allows one and the
@@ -247,22 +249,19 @@ class OverlapEngine:
         grads = [self._params[i].grad for i in bucket.params]
         for i, g in zip(bucket.params, grads):  # What the check compares with at step().
             step.versions[i] = (g, g._version)
-        if not self._cuda:  # Gathered now: nothing orders a later read with backward's writes.
-            self._stage(step, bucket, grads, None)
-            self._tasks.put(("write", step, bucket))
-            return
-        # On a GPU the worker gathers them, on the side stream after this point of the stream
-        # backward wrote them on: the backward's thread only records an event.
-        ready = torch.cuda.current_stream(self.device).record_event()
-        self._stages.put((step, bucket, grads, ready))
+        # On a GPU, gathered on the side stream after this point of the stream that wrote
+        # them (backward's, or the loop's at step()); on the CPU, now.
+        ready = torch.cuda.current_stream(self.device).record_event() if self._cuda else None
+        self._stage(step, bucket, grads, ready)
+        self._tasks.put(("write", step, bucket))
 
     def _fence(self, stream) -> None:
-        """At the end of backward (autograd's final callback, on its thread): the stream the
-        loop goes on in waits for every bucket the worker has been handed to be gathered, so
-        that what was sent is each gradient as backward left it, whatever the loop does next.
-        Costs a wait for the worker to queue those copies, and a stream dependency."""
-        self._staged()
-        stream.wait_event(self._stream.record_event())
+        """At the end of backward (autograd's final callback, on its thread) and of step()'s
+        staging: the stream the loop goes on in waits for every bucket's gathering (not its copy
+        to the host), so that what was sent is each gradient as it was staged, whatever the loop
+        writes next (clipping, zero_grad(set_to_none=False), the next backward)."""
+        if self._gathered is not None:
+            stream.wait_event(self._gathered)
 
     def _buffers(self, buffer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(sent, host) of a step, made on first use: sent is fp32 on the device; host holds
@@ -299,6 +298,7 @@ class OverlapEngine:
                            for g in grads], out=sent[r])
                 for g in grads:  # Not reused by the allocator before the side stream read it.
                     g.record_stream(self._stream)
+                bucket.gathered = self._gathered = self._stream.record_event()
                 source = sent[r]
                 if self._wire_dev is not None:
                     self._wire_dev[r].copy_(source)
@@ -307,28 +307,6 @@ class OverlapEngine:
                 bucket.event = self._stream.record_event()
 
     # -- the worker ---------------------------------------------------------------------------
-
-    def _stage_loop(self) -> None:
-        """The stager's loop (GPU): queues each bucket's gathering on the side stream as soon as
-        backward hands it over, then hands it to the worker to write. Never waits for the
-        device or the network, so that the fences (_fence, _check) wait only for it."""
-        torch.cuda.set_device(self.device)
-        while True:
-            task = self._stages.get()
-            if task is None:
-                return
-            if isinstance(task, threading.Event):  # Every bucket before it is queued.
-                task.set()
-                continue
-            step, bucket, grads, ready = task
-            self._stage(step, bucket, grads, ready)
-            self._tasks.put(("write", step, bucket))
-
-    def _staged(self) -> None:
-        """Returns once the stager has queued the gathering of every bucket handed to it."""
-        issued = threading.Event()
-        self._stages.put(issued)
-        issued.wait()
 
     def _work(self) -> None:
         """The worker's loop: writes, commits and cancels, in the order they come."""
@@ -350,17 +328,17 @@ class OverlapEngine:
                         future.set_exception(e)
 
     def _call(self, fn: Callable[[], Any]) -> Future:
-        """Runs fn on the worker, after everything queued before it, the writes of the buckets
-        the stager still holds included."""
-        if self._stager is not None:
-            self._staged()
+        """Runs fn on the worker, after everything queued before it."""
         future: Future = Future()
         self._tasks.put(("call", future, fn))
         return future
 
     def _begin(self, step: _Step) -> None:
         """Begins the step's push on every server that holds some of its params."""
-        by_shard, step.index = self._route.tensors_by_shard(step.tensors)
+        # The same params each step, as a rule: their split over the shards is made once.
+        if self._begun is None or self._begun[0] != step.tensors:
+            self._begun = (list(step.tensors), *self._route.tensors_by_shard(step.tensors))
+        _, by_shard, step.index = self._begun
         step.transactions = []
         for shard, tensors in enumerate(by_shard):
             client = self._route.clients[shard]
@@ -429,23 +407,33 @@ class OverlapEngine:
         self._expected = list(params)
         self._expected_set = set(params)
 
-    def wait_parameters(self) -> None:
+    def wait_parameters(self) -> float:
         """Waits until nothing of fusedps runs: the last commit and pull (delay=1: its values
-        are not installed) and every pull into the parameters."""
+        are not installed) and every pull into the parameters. Returns the seconds it waited for
+        the last delayed commit (which lands its pull too)."""
+        waited = 0.0
         if self._commit is not None:
             commit, self._commit = self._commit, None
+            start = time.perf_counter()
             commit.result()
+            waited = time.perf_counter() - start
         self.pulls.wait()
+        return waited
+
+    def _remove_hooks(self) -> None:
+        """Removes the gradient hooks and the pull's forward hooks, for good (close(), or
+        delay=1 once delayed)."""
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+        self.pulls.remove_forward_hooks()
 
     def close(self) -> None:
         """Waits for the last commit and pull, then removes the hooks and stops the threads."""
         try:
             self.wait_parameters()
         finally:
-            self._hooks.remove()
-            if self._stager is not None:
-                self._stages.put(None)
-                self._stager.join()
+            self._remove_hooks()
             self._tasks.put(None)
             self._worker.join()
             self.pulls.close()
@@ -475,9 +463,10 @@ class OverlapEngine:
         delayed = self._delayed()
         # The previous step's commit and pull must be done before this one commits; with
         # delay=0 the forward has waited for most of the pull already.
-        self.wait_parameters()
+        # delay=1: the wait for the last commit is a wait for its pull as well.
+        commit_wait = self.wait_parameters()
         timings["pull_seconds"] = self.pulls.seconds
-        timings["pull_exposed_seconds"] = self.pulls.exposed_seconds
+        timings["pull_exposed_seconds"] = self.pulls.exposed_seconds + commit_wait
         plan = opt._scaling_plan(grad_scaler, grad_scale)
         with_grad = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not with_grad or plan.skip:
@@ -494,9 +483,13 @@ class OverlapEngine:
                 if step.tensors is None:
                     step.tensors = list(self._expected)
                 for i in with_grad:
-                    if i not in step.offset:  # No hook ran for it: staged now.
+                    if i not in step.offset:  # No hook ran for it (or none is left): staged now.
                         self._add_locked(step, i)
+                        if step.bucket_bytes >= self._bucket_bytes:
+                            self._close_bucket_locked(step)
                 self._close_bucket_locked(step)
+        if self._cuda:
+            self._fence(torch.cuda.current_stream(self.device))
         step = self._take_step()
         if mismatch:
             # Another set of params has gradients than the push named: this step goes in
@@ -542,14 +535,19 @@ class OverlapEngine:
             results = self._end(step, commit_scale)
             pushed = time.perf_counter()
             _trace.mark("committed")
-            self.pulls.start("shadow" if delayed else "direct")
+            if delayed:
+                self.pulls.start("shadow")
+                self.pulls.land()  # Here, so that the loop's threads do nothing for it.
+            else:
+                self.pulls.start("direct")
             return results, sent_hyper - start, sent - sent_hyper, pushed - step.push_started
 
         self.steps += 1
         if delayed:
             # The values the last commit's pull brought (waited for above) go in now; this
-            # step commits behind the next forward.
+            # step commits behind the next forward, and the next ones are staged here.
             self.pulls.install()
+            self._remove_hooks()
             self._commit = self._call(commit)
             opt.last_step_skipped = False
             plan.report(False)
@@ -599,8 +597,6 @@ class OverlapEngine:
         """(unchanged, finite, uniform, c): the gradients now against what was sent, on the
         device, in one pass; one synchronization. uniform: every gradient is what was sent
         times one c, within fp32 rounding (c from the largest sent element)."""
-        if self._cuda:  # Every bucket's gathering is queued before the check.
-            self._staged()
         n = step.cursor
         if self._current is None:
             self._current = torch.empty_like(self._sent)

@@ -24,7 +24,9 @@ Where the values go:
     Parameters no module's pre-hook has been seen to own (used functionally) come first, so
     the first module's wait covers them.
   * "shadow" (delay 1): into a device buffer, installed into the parameters at the next step
-    boundary (install()), while the model meanwhile computes with the previous values.
+    boundary (install()), while the model meanwhile computes with the previous values. The
+    optimizer's worker waits for the landing and queues the copies (land()); the forward
+    hook is then removed (remove_forward_hooks()), since the loop never waits mid-forward.
 
 Lifetimes: the pipeline owns its landing (threads), its buffers and the global hook until
 close(). A landing writes only the host buffer, which nothing reads before its group is waited
@@ -163,7 +165,8 @@ class PullPipeline:
         self._pool = None if self._natives is not None else ThreadPoolExecutor(
             max_workers=self._streams, thread_name_prefix="fusedps-pull")
         # The pull in flight, until wait(); the copying (its queued, waited_upto) is done by one
-        # thread at a time: the loop's (pre-hooks, wait) or, with delay=0, the optimizer's.
+        # thread at a time: the loop's (pre-hooks, wait), or for a "shadow" pull the worker's
+        # (land) and then the loop's (wait, which follows the worker's end).
         self._pull: Optional[_Pull] = None
         self._last_event = None  # The last pull's last device copy (GPU).
         self._lock = threading.Lock()
@@ -178,6 +181,10 @@ class PullPipeline:
         self._modules_hooked = set()
         self._host: Optional[torch.Tensor] = None
         self._laid_out: List[int] = []  # The order _groups was laid out in.
+        # Made once per layout (each step's Python work beside the loop costs it): the native
+        # landing's targets, and install()'s sources (with the buffer they view).
+        self._native_targets: Optional[list] = None
+        self._install_sources: Optional[Tuple[torch.Tensor, List[torch.Tensor]]] = None
         self._shadow: Optional[torch.Tensor] = None
         self._h2d_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._shadow_free: Optional[object] = None  # Event: the last install has read shadow.
@@ -228,6 +235,10 @@ class PullPipeline:
         if order != self._laid_out:
             self._groups = self._layout(order)
             self._laid_out = order
+            self._native_targets = [[(shard, name, view.data_ptr(), view.numel())
+                                     for shard, name, view in group.targets]
+                                    for group in self._groups]
+            self._install_sources = None
         ready = None
         if self._cuda:
             # Backward (and the step's check) may still read the parameters on the device.
@@ -242,10 +253,7 @@ class PullPipeline:
             self._last_event = None
         if self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
-                self._natives, [[(shard, name, view.data_ptr(), view.numel())
-                                 for shard, name, view in group.targets]
-                                for group in self._groups],
-                dtype=_replies._WIRE_TO_PB[self._wire], field=_FIELD_PARAM,
+                self._natives, self._native_targets, dtype=_replies._WIRE_TO_PB[self._wire], field=_FIELD_PARAM,
                 threads=self._streams)
         else:
             landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire,
@@ -282,14 +290,36 @@ class PullPipeline:
         """Drops a "shadow" pull's values uninstalled (newer ones were pulled otherwise)."""
         self._to_install = False
 
+    def land(self) -> None:
+        """"shadow" mode, on the optimizer's worker right after start(): waits until every group
+        has landed and queues their copies into the shadow buffer, so that the loop's threads
+        do nothing for this pull until wait() and install(). Raises a group's error."""
+        with self._lock:
+            pull = self._pull
+        if pull is None or pull.mode != "shadow":
+            return
+        pull.landing.wait(len(pull.groups) - 1)
+        self._queue_copies(pull, len(pull.groups))
+
+    def remove_forward_hooks(self) -> None:
+        """Removes the forward pre-hook for good: the pulls that follow are "shadow" pulls
+        (delay=1), installed at step boundaries, laid out in the order recorded so far."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
     def install(self) -> None:
         """"shadow" mode: copies the landed values into the parameters, on the current stream
         (call wait() first). Does nothing unless a "shadow" pull is waiting to be installed."""
         if not self._to_install:
             return
         self._to_install = False
+        buffer = self._shadow if (self._cuda and self._mode == "shadow") else self._host
+        if self._install_sources is None or self._install_sources[0] is not buffer:
+            self._install_sources = (buffer, [self._source(i).view(p.shape)
+                                              for i, p in enumerate(self._params)])
+        sources = self._install_sources[1]
         with torch.no_grad():
-            sources = [self._source(i).view(p.shape) for i, p in enumerate(self._params)]
             if _FOREACH_COPY:
                 torch._foreach_copy_(self._params, sources)
             else:
@@ -299,7 +329,7 @@ class PullPipeline:
             self._shadow_free = torch.cuda.current_stream(self.device).record_event()
 
     def close(self) -> None:
-        self._hook.remove()
+        self.remove_forward_hooks()
         with self._lock:
             pull, self._pull = self._pull, None
         if pull is not None:
@@ -389,8 +419,8 @@ class PullPipeline:
         """Parameters no pre-hook was seen to own first, then the recorded order of first use."""
         recorded = [i for i in self._recorded]
         seen = set(recorded)
-        if not recorded:
-            return list(range(len(self._params)))
+        if not recorded:  # No forward seen since the last pull (or no hook left): as it was.
+            return self._laid_out or list(range(len(self._params)))
         return [i for i in range(len(self._params)) if i not in seen] + recorded
 
     def _pre_forward(self, module: torch.nn.Module, inputs) -> None:
@@ -409,8 +439,7 @@ class PullPipeline:
         pull = self._pull
         if pull is None:
             return
-        if pull.mode == "shadow":  # Nothing to wait for: queue the copies of what has landed.
-            self._queue_copies(pull, pull.landing.landed())
+        if pull.mode == "shadow":  # Nothing to wait for; the worker queues the copies (land).
             return
         upto = max(self._group_of[i] for i in own)
         if upto <= pull.waited_upto:

@@ -127,7 +127,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         ``delay_warmup`` steps, step() returns at once and the push, the server's step and
         the pull complete behind the next forward and backward, which run on the parameters
         of the step before: the gradient of step t is computed at the parameters of step
-        t - 2 and applied to those of step t - 1 (bounded staleness 1). 0 (default): none.
+        t - 2 and applied to those of step t - 1 (bounded staleness 1). Once delayed, the
+        gradient and forward hooks are removed and step() stages the gradients itself. 0
+        (default): none.
       delay_warmup: steps run without delay first (default 10).
       data_plane: with overlap, where the gradients' and parameters' bytes travel. "auto"
         (default): through a same-host workspace (shared memory that the server maps too;
