@@ -13,7 +13,7 @@
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "kernels/adamw_math.h"
+#include "common/half_float.h"
 
 namespace fusedps::client {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/wire.h"
-#include "kernels/adamw_math.h"
+#include "common/half_float.h"
 
 namespace fusedps::client::testing {
 namespace {
@@ -22,19 +22,32 @@ void WaitForCancellation(grpc::ServerContext* context) {
   while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
 }
 
+// Element i of wire data in `dtype`, as fp32.
+float Element(const void* data, DType dtype, uint64_t i) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFloat16:
+      return Float16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFloat32:
+    default:
+      return static_cast<const float*>(data)[i];
+  }
+}
+
 // The chunks of one call, scattered into fp32 arrays; every element exactly once.
 struct Received {
   std::map<std::string, std::vector<float>*> targets;
   std::map<std::string, std::vector<bool>> seen;
   uint64_t bytes = 0;
 
-  grpc::Status Add(const v1::TensorChunk& chunk, GradDType dtype) {
+  grpc::Status Add(const v1::TensorChunk& chunk, DType dtype) {
     auto it = targets.find(chunk.tensor());
     if (it == targets.end()) return Invalid("chunk of an unnamed tensor " + chunk.tensor());
     std::vector<float>& values = *it->second;
     std::vector<bool>& seen_elements = seen[chunk.tensor()];
     seen_elements.resize(values.size());
-    const size_t size = DTypeSize(dtype);
+    const size_t size = ElementBytes(dtype);
     const uint64_t n = chunk.data().size() / size;
     if (n == 0 || chunk.data().size() % size != 0 || chunk.offset() + n > values.size()) {
       return Invalid("bad chunk of " + chunk.tensor());
@@ -42,7 +55,7 @@ struct Received {
     for (uint64_t i = 0; i < n; ++i) {
       if (seen_elements[chunk.offset() + i]) return Invalid("overlap in " + chunk.tensor());
       seen_elements[chunk.offset() + i] = true;
-      values[chunk.offset() + i] = LoadGrad(chunk.data().data(), dtype, i);
+      values[chunk.offset() + i] = Element(chunk.data().data(), dtype, i);
     }
     bytes += chunk.data().size();
     return grpc::Status::OK;
@@ -127,7 +140,7 @@ grpc::Status FakeParameterService::RegisterTensors(
       received.targets[spec.name()] = &tensor.values;
     }
     for (const v1::TensorChunk& chunk : request.chunks()) {
-      if (grpc::Status s = received.Add(chunk, GradDType::kFloat32); !s.ok()) return s;
+      if (grpc::Status s = received.Add(chunk, DType::kFloat32); !s.ok()) return s;
     }
   }
   if (grpc::Status s = received.Finish(); !s.ok()) return s;
@@ -150,14 +163,14 @@ grpc::Status FakeParameterService::PushGradients(
   push_messages_ = 0;
   std::map<std::string, std::vector<float>> grads;
   Received received;
-  GradDType dtype = GradDType::kFloat32;
+  DType dtype = DType::kFloat32;
   v1::PushGradientsRequest request;
   for (bool first = true; reader->Read(&request); first = false) {
     NoteRequest(request.ByteSizeLong());
     ++push_messages_;
     if (first != request.has_header()) return Invalid("header must come first, once");
     if (first) {
-      dtype = static_cast<GradDType>(request.header().grad_dtype());
+      dtype = static_cast<DType>(request.header().grad_dtype());
       last_push_header_ = request.header();
     }
     for (const std::string& name : request.header().tensors()) {

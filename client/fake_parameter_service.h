@@ -2,8 +2,8 @@
 //
 // It keeps fp32 tensors, applies pushes as "SGD with lr 1" (param -= grad), checks every chunk
 // strictly, speaks the current wire API (ListTensors in pages, a pull's TensorInfo continued past
-// its header), and has knobs to misbehave. Element conversions use kernels/adamw_math.h, as the
-// real server does, not the client's code. Test-only; the real server's tests live in tests/.
+// its header), and has knobs to misbehave. Element conversions use common/half_float.h, as the
+// server's kernels do. Test-only; the real server's tests live in tests/.
 //
 // Usage:
 //   FakeParameterService service;

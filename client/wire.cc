@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/status.h"
-#include "kernels/adamw_math.h"
+#include "common/half_float.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "fusedps's wire format is little-endian; this client assumes a little-endian host"

@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
-#include "kernels/adamw_math.h"
+#include "common/half_float.h"
 
 namespace fusedps::client {
 namespace {
