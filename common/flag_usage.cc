@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -87,6 +88,15 @@ std::string CheckFlags(const std::vector<char*>& args) {
     absl::ConsumePrefix(&arg, "-");
     const size_t eq = arg.find('=');
     const absl::string_view name = arg.substr(0, eq);
+    // absl's usage flags (--helpfull, --helpon=..., --version...) are not registered flags:
+    // absl::ParseCommandLine handles them.
+    static constexpr absl::string_view kUsageFlags[] = {
+        "helpfull", "helpshort", "helpon", "helpmatch", "helppackage", "version",
+        "only_check_args"};
+    if (std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) !=
+        std::end(kUsageFlags)) {
+      continue;
+    }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
       absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));

@@ -8,7 +8,7 @@
 // checkpoint there at start (--restore), writes one every --checkpoint-interval-seconds and/or
 // --checkpoint-every-versions, on the Checkpoint RPC (`fusedps checkpoint`), and on SIGTERM.
 //
-// Security (docs/operations.md, "Security"): --tls-cert/--tls-key serve gRPC over TLS only,
+// Security (docs/operations/security.md): --tls-cert/--tls-key serve gRPC over TLS only,
 // --tls-client-ca requires client certificates (mTLS), --auth-tokens requires a bearer token
 // with a role on every ParameterService call. Health and reflection stay open for probes.
 // Certificates and tokens are read again every --credentials-reload-seconds: rotate them by
@@ -69,7 +69,7 @@ ABSL_FLAG(uint64_t, pull_snapshot_bytes, uint64_t{4} << 30,
           "version while steps go on; a pull larger than all of it is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, workspace_dir, "/dev/shm",
           "where same-host workspaces' files go (shared memory that trainers on this host "
-          "push and pull through instead of gRPC; docs/operations.md, \"Same-host "
+          "push and pull through instead of gRPC; docs/operations/deploy.md, \"Same-host "
           "workspaces\"); empty: off");
 ABSL_FLAG(uint64_t, workspace_budget_bytes, uint64_t{64} << 30,
           "the most that open same-host workspaces hold in all (a workspace past it is "

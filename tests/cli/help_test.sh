@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Checks a program's --help: exit 0, its own flags listed as the README spells them.
+# Checks a program's --help: exit 0, its own flags listed as the README spells them, and
+# --helpfull honoured when --help offers it.
 #   help_test.sh PROGRAM [--expect=TEXT]... [--reject=TEXT]...
 # Runs PROGRAM --help and PROGRAM -h. Always rejected: absl's "No flags matched".
 set -euo pipefail
@@ -36,6 +37,14 @@ for help in --help -h; do
     fi
   done
 done
+# A --help that offers --helpfull must honour it: absl prints every library's flags (and exits 1).
+if grep -qF -- "--helpfull" <<<"$output"; then
+  full=$("$program" --helpfull 2>&1) || true
+  if grep -qF -- "unknown flag" <<<"$full" || ! grep -qF -- "--flagfile" <<<"$full"; then
+    echo "FAIL: $program --helpfull does not list absl's flags: ${full:0:200}" >&2
+    failed=1
+  fi
+fi
 if ((failed)); then
   printf '%s --help printed:\n%s\n' "$program" "$output" >&2
   exit 1
