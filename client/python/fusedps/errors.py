@@ -77,55 +77,109 @@ class FusedPSError(grpc.RpcError):
         return f"{type(self).__name__}({self._details!r})"
 
 
-def _status_class(name: str, status: grpc.StatusCode, doc: str) -> Type[FusedPSError]:
-    cls = type(name, (FusedPSError,), {"status_code": status, "__doc__": doc})
-    cls.__module__ = __name__
-    return cls
+# One class per status code that a call can fail with (every grpc.StatusCode but OK), each
+# declaring its code as status_code; _BY_CODE below is built from these declarations.
 
 
-Cancelled = _status_class("Cancelled", grpc.StatusCode.CANCELLED,
-                          "The call was cancelled (by the caller, or the server shut down).")
-Unknown = _status_class("Unknown", grpc.StatusCode.UNKNOWN, "An error of no known status.")
-InvalidArgument = _status_class(
-    "InvalidArgument", grpc.StatusCode.INVALID_ARGUMENT,
-    "The request was refused as malformed (a size, dtype, name or value out of its limits); "
-    "the message names the field and the limit. Nothing changed on the server.")
-DeadlineExceeded = _status_class(
-    "DeadlineExceeded", grpc.StatusCode.DEADLINE_EXCEEDED,
-    "The call did not finish within its deadline (Client's timeout plus its payload at "
-    "min_bytes_per_second).")
-NotFound = _status_class("NotFound", grpc.StatusCode.NOT_FOUND,
-                         "An unknown tensor or param group.")
-AlreadyExists = _status_class(
-    "AlreadyExists", grpc.StatusCode.ALREADY_EXISTS,
-    "A registration that conflicts with what the server holds (another shape or group).")
-PermissionDenied = _status_class("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED,
-                                 "The caller's identity may not make this call.")
-ResourceExhausted = _status_class(
-    "ResourceExhausted", grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "The server is out of a resource (memory, disk, a message size limit).")
-FailedPrecondition = _status_class(
-    "FailedPrecondition", grpc.StatusCode.FAILED_PRECONDITION,
-    "The server is not in a state that allows the call (another sharding plan, no "
-    "checkpoint directory, a field the group does not keep, ...).")
-Aborted = _status_class(
-    "Aborted", grpc.StatusCode.ABORTED,
-    "A push refused for its order: a stale sequence_number, or a base_version the consistency "
-    "mode refuses (the message names the shard's version). Pull and retry.")
-OutOfRange = _status_class("OutOfRange", grpc.StatusCode.OUT_OF_RANGE,
-                           "A value past the end of a valid range.")
-Unimplemented = _status_class("Unimplemented", grpc.StatusCode.UNIMPLEMENTED,
-                              "The server does not implement the call (an older server).")
-Internal = _status_class(
-    "Internal", grpc.StatusCode.INTERNAL,
-    "A broken invariant on the server (e.g. a device fault); the server fails loudly.")
-Unavailable = _status_class(
-    "Unavailable", grpc.StatusCode.UNAVAILABLE,
-    "No server answered: not reachable, shutting down, or a dropped connection (keepalive).")
-DataLoss = _status_class("DataLoss", grpc.StatusCode.DATA_LOSS, "Unrecoverable data loss.")
-Unauthenticated = _status_class("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED,
-                                "The call carried no valid credentials.")
+class Cancelled(FusedPSError):
+    """The call was cancelled (by the caller, or the server shut down)."""
 
+    status_code = grpc.StatusCode.CANCELLED
+
+
+class Unknown(FusedPSError):
+    """An error of no known status."""
+
+    status_code = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(FusedPSError):
+    """The request was refused as malformed (a size, dtype, name or value out of its limits);
+    the message names the field and the limit. Nothing changed on the server."""
+
+    status_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class DeadlineExceeded(FusedPSError):
+    """The call did not finish within its deadline (Client's timeout plus its payload at
+    min_bytes_per_second)."""
+
+    status_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class NotFound(FusedPSError):
+    """An unknown tensor or param group."""
+
+    status_code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(FusedPSError):
+    """A registration that conflicts with what the server holds (another shape or group)."""
+
+    status_code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PermissionDenied(FusedPSError):
+    """The caller's identity may not make this call."""
+
+    status_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(FusedPSError):
+    """The server is out of a resource (memory, disk, a message size limit)."""
+
+    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(FusedPSError):
+    """The server is not in a state that allows the call (another sharding plan, no
+    checkpoint directory, a field the group does not keep, ...)."""
+
+    status_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Aborted(FusedPSError):
+    """A push refused for its order: a stale sequence_number, or a base_version the
+    consistency mode refuses (the message names the shard's version). Pull and retry."""
+
+    status_code = grpc.StatusCode.ABORTED
+
+
+class OutOfRange(FusedPSError):
+    """A value past the end of a valid range."""
+
+    status_code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Unimplemented(FusedPSError):
+    """The server does not implement the call (an older server)."""
+
+    status_code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Internal(FusedPSError):
+    """A broken invariant on the server (e.g. a device fault); the server fails loudly."""
+
+    status_code = grpc.StatusCode.INTERNAL
+
+
+class Unavailable(FusedPSError):
+    """No server answered: not reachable, shutting down, or a dropped connection
+    (keepalive)."""
+
+    status_code = grpc.StatusCode.UNAVAILABLE
+
+
+class DataLoss(FusedPSError):
+    """Unrecoverable data loss."""
+
+    status_code = grpc.StatusCode.DATA_LOSS
+
+
+class Unauthenticated(FusedPSError):
+    """The call carried no valid credentials."""
+
+    status_code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class VersionRegression(RuntimeError):
@@ -147,12 +201,15 @@ class VersionRegression(RuntimeError):
             "allow_version_regression=True (RemoteAdamW: client_options)")
         self.target, self.seen, self.now = target, seen, now
 
+    def __reduce__(self):
+        # Exception's own reduce would call __init__ with the message alone.
+        return type(self), (self.target, self.seen, self.now)
 
+
+# grpc.StatusCode -> its class: the subclasses of FusedPSError declared above, by their
+# status_code (classes that users derive later are not in it).
 _BY_CODE: Dict[grpc.StatusCode, Type[FusedPSError]] = {
-    cls.status_code: cls
-    for cls in (Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
-                PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange,
-                Unimplemented, Internal, Unavailable, DataLoss, Unauthenticated)
+    cls.status_code: cls for cls in FusedPSError.__subclasses__() if cls.__module__ == __name__
 }
 
 

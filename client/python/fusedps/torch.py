@@ -32,9 +32,12 @@ divides the gradients by the scaler's scale (PushGradients' grad_scale) and skip
 when one is inf/NaN, and the optimizer writes that verdict where ``scaler.update()`` reads it,
 so the scale backs off after a skipped step exactly as with torch's own check. After
 ``scaler.unscale_(opt)`` (to clip) the gradients are already divided and checked: they are
-pushed as they are, and a step with inf/NaN is skipped without a push. torch >= 2.3 warns that
-this keyword contract will go; this module silences that one FutureWarning and also follows the
-newer contract (``opt.grad_scale`` / ``opt.found_inf`` set by the scaler).
+pushed as they are, and a step with inf/NaN is skipped without a push. torch >= 2.3 warns (a
+FutureWarning from ``scaler.step(opt)``, shown once under Python's default filters) that this
+keyword contract will go; RemoteAdamW also follows the newer contract (``opt.grad_scale`` /
+``opt.found_inf`` set by the scaler). The warning is the caller's to silence: importing this
+module changes no warning filter, and ``warnings.filterwarnings("ignore", message="GradScaler is
+going to stop passing itself", category=FutureWarning)`` silences it.
 
 The optimizer state lives on the server(s): ``opt.state`` stays empty; ``state_dict()`` reads
 it in torch.optim.AdamW's format and ``load_state_dict()`` writes it at the next step, together
@@ -50,8 +53,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import torch
 
@@ -60,16 +63,20 @@ from fusedps import _remote_optim as ro
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
 
+if TYPE_CHECKING:  # imported at run time only by overlap=True
+    from fusedps._overlap import OverlapEngine
+
 __all__ = ["RemoteAdamW"]
 
 logger = logging.getLogger(__name__)
 
 # torch >= 2.3 warns, at every GradScaler.step, that passing the scaler as the grad_scaler
 # keyword is going away. RemoteAdamW uses that keyword on purpose (the one contract torch 1.x
-# and 2.x share) and also follows the newer one (optimizer.grad_scale / found_inf), so the
-# warning, addressed to the optimizer's author, says nothing to its user.
-warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself",
-                        category=FutureWarning)
+# and 2.x share) and also follows the newer one (optimizer.grad_scale / found_inf). Nothing here
+# silences it: GradScaler.step warns from the caller's own ``scaler.step(opt)`` before it calls
+# RemoteAdamW.step, so no code of this module is running then to catch it locally, and a filter
+# set at import would change the warnings of the whole process. The module docstring says how
+# the caller silences it.
 
 
 class RemoteAdamW(torch.optim.Optimizer):
@@ -306,14 +313,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         self.last_push_result = None
 
         self._owns_client = client is None
-        self._overlap = None
+        self._overlap: Optional[OverlapEngine] = None
         if client is None and overlap:
             client_options = ro.overlap_client_options(client_options)
         if model is not None:
             if client is not None:
                 raise ValueError("model= is for targets=; a given client has its own model")
             client_options = dict(client_options or {}, model=model)
-        self.client = client if client is not None else ro.make_client(targets, client_options)
+        if client is None:
+            assert targets is not None  # exactly one of the two, checked above
+            client = ro.make_client(targets, client_options)
+        self.client: Union[Client, ShardedClient] = client
         try:
             if self._owns_client and connect_timeout is not None:
                 self.client.wait_ready(connect_timeout)
@@ -574,8 +584,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         """overlap=True: waits for the last commit and pull, then stops the overlap worker
         (removing its hooks). Closes the client if the optimizer made it (from targets).
         Idempotent."""
-        if getattr(self, "_overlap", None) is not None:
-            overlap, self._overlap = self._overlap, None
+        overlap: Optional[OverlapEngine] = getattr(self, "_overlap", None)
+        if overlap is not None:
+            self._overlap = None
             self._closed_fallbacks = overlap.fallbacks
             self._closed_data_plane = (overlap.data_plane, overlap.data_plane_reason)
             overlap.close()

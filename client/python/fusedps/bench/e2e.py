@@ -126,7 +126,7 @@ def report(args, device, n_params: int, local, remote, rates, info) -> Dict:
         "pull_exposed", "check", "step_wait")}
     limits = {"push": split["push_exposed"], "pull": split["pull_exposed"],
               "the gradient check": split["check"]}
-    worst = max(limits, key=limits.get)
+    worst = max(limits, key=lambda k: limits[k])
     push_rate = grad_bytes / (push_ms / 1e3) / 1e9 if push_ms else 0.0
     pull_rate = pull_bytes / (pull_ms / 1e3) / 1e9 if pull_ms else 0.0
     return dict(
