@@ -5,12 +5,12 @@
 // then what the schemas cannot say: names the API server would refuse, how the objects must
 // agree with each other and with fusedps-server (ports, probes, drain time, flags, security,
 // volumes, certificates, network policy), and that the sharded example is what
-// docs/operations.md says: 4 shards in sync mode, reached at the headless Service's stable
+// docs/operations/deploy.md says: 4 shards in sync mode, reached at the headless Service's stable
 // names. The example trainers of deploy/k8s/examples are checked too.
 //
 //   node --test k8s_validate.mjs      with FUSEDPS_RENDERED=OUTDIR and FUSEDPS_SOURCE_DIR=repo
 import assert from "node:assert/strict";
-import { readFileSync, readdirSync, statSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { isDeepStrictEqual } from "node:util";
@@ -238,7 +238,7 @@ for (const variant of ["base", "gpu", "cpu", "sharded-4", "mtls"]) {
     const pod = sts.spec.template.spec;
     const container = pod.containers[0];
     const args = resolvedArgs(objects, container);
-    // Security is on in the base, so in every variant (docs/operations.md, "Security").
+    // Security is on in the base, so in every variant (docs/operations/security.md).
     const files = {};
     for (const flag of ["tls-cert", "tls-key", "auth-tokens", "tls-client-ca"]) {
       const path = flagValue(args, flag);
@@ -393,20 +393,28 @@ for (const variant of ["base", "gpu", "cpu", "sharded-4", "mtls"]) {
   });
 }
 
-test("docs/operations.md says what to do for every alert in deploy/prometheus/rules", () => {
-  const docs = readFileSync(join(sourceDir, "docs/operations.md"), "utf8");
+// One runbook page per alert (docs/operations/runbooks/ALERTNAME.md, lower case), named by the
+// alert's runbook_url and listed in the runbooks' index.
+test("every alert in deploy/prometheus/rules has a runbook page that its runbook_url names", () => {
   const alerts = readRuleFiles().flatMap(({ rules }) =>
-    rules.groups.flatMap((group) => group.rules.filter((r) => r.alert).map((r) => r.alert)),
+    rules.groups.flatMap((group) => group.rules.filter((r) => r.alert)),
   );
   assert.ok(alerts.length > 0, "no alerts found");
-  for (const alert of alerts) {
-    assert.match(docs, new RegExp(`^### ${alert}$`, "m"), `no section "### ${alert}"`);
+  const index = readFileSync(join(sourceDir, "docs/operations/runbooks/README.md"), "utf8");
+  for (const rule of alerts) {
+    const name = `${rule.alert.toLowerCase()}.md`;
+    const page = `docs/operations/runbooks/${name}`;
+    assert.equal(rule.annotations?.runbook_url, page, `${rule.alert}: runbook_url`);
+    assert.ok(existsSync(join(sourceDir, page)), `${rule.alert}: no page ${page}`);
+    const text = readFileSync(join(sourceDir, page), "utf8");
+    assert.match(text, new RegExp(`^# ${rule.alert}$`, "m"), `${page} is not titled ${rule.alert}`);
+    assert.ok(index.includes(`](${name})`), `the runbooks' README.md does not link ${name}`);
   }
 });
 
 // ------------------------------------------------ the sharded example (overlays/sharded-4)
 
-// What the trainers are given, in shard order (docs/operations.md, "Many trainers, many
+// What the trainers are given, in shard order (docs/operations/deploy.md, "Many trainers, many
 // shards"): pod N of the StatefulSet is shard N, named under the headless Service.
 const SHARD_TARGETS = [0, 1, 2, 3].map((i) => `fusedps-${i}.fusedps-headless:50051`);
 const MODE_FLAGS = ["mode", "total-replicas", "replicas-to-aggregate", "round-timeout-seconds",
@@ -483,7 +491,7 @@ test("the docs and manifests name the shards under the headless Service", () => 
   const service = only(loadObjects("sharded-4"), "Service").metadata.name;
   const files = [
     "README.md",
-    ...readdirSync(join(sourceDir, "docs"))
+    ...readdirSync(join(sourceDir, "docs"), { recursive: true })
       .filter((f) => f.endsWith(".md"))
       .map((f) => `docs/${f}`),
     ...readdirSync(join(sourceDir, "deploy/k8s"), { recursive: true })

@@ -1,6 +1,7 @@
-"""docs/operations.md's "Make certificates with openssl", run as it is written (issue 35, item 9):
-its openssl commands in an empty directory, then a server started with its flags and those
-files, and clients that connect over TLS and over mutual TLS, its Python block among them.
+"""docs/operations/security.md's "Make certificates with openssl", run as it is written (issue
+35, item 9): its openssl commands in an empty directory, then a server started with its flags
+and those files, and clients that connect over TLS and over mutual TLS, its Python block among
+them.
 
 Skips without the openssl CLI, as client/python/tests/test_security.py does.
 """
@@ -22,7 +23,7 @@ import fusedps
 from fusedps import _native, errors
 from server_fixture import REPO_ROOT, running_server
 
-SECTION = "### Make certificates with openssl"
+SECTION = "## Make certificates with openssl"
 DOC_TARGET = "ps-0.example.com:50051"
 
 TRANSPORTS = ["grpcio", pytest.param("native", marks=pytest.mark.skipif(
@@ -32,9 +33,9 @@ SMALL = dict(max_chunk_bytes=4096, timeout=20)
 
 def _recipe_blocks():
     """(the openssl commands, the server's command line, the Python block) of the section."""
-    with open(os.path.join(REPO_ROOT, "docs", "operations.md")) as f:
+    with open(os.path.join(REPO_ROOT, "docs", "operations", "security.md")) as f:
         text = f.read()
-    section = text.split(SECTION + "\n", 1)[1].split("\n### ", 1)[0]
+    section = text.split(SECTION + "\n", 1)[1].split("\n## ", 1)[0]
     sh = re.findall(r"```sh\n(.*?)```", section, re.S)
     py = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(sh) == 2 and len(py) == 1, "the recipe has two sh blocks and one python block"
