@@ -34,8 +34,8 @@ absl::StatusOr<double> DeviceCopyMs(int ordinal, uint64_t bytes, int warmup, int
   if (status.ok()) status = Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   for (int i = 0; status.ok() && i < warmup + iters; ++i) {
     if (i == 0 || !queued) status = Check(cudaEventRecord(events[i]), "cudaEventRecord");
-    if (status.ok()) status = Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice),
-                                    "cudaMemcpyAsync");
+    if (status.ok())
+      status = Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
     if (status.ok()) status = Check(cudaEventRecord(events[i + 1]), "cudaEventRecord");
     if (status.ok() && !queued) status = Check(cudaEventSynchronize(events[i + 1]), "sync");
   }

@@ -5,8 +5,9 @@
 // it. It fits when both succeed; RESOURCE_EXHAUSTED means it does not.
 //
 // Models: GPT-3's sizes (Brown et al. 2020, table 2.1: n_layers, d_model; vocabulary 50257,
-// context 2048) with GPT-2's tensors (as bench/workloads.h lists them: wte, wpe, per layer ln_1, c_attn, attn
-// c_proj, ln_2, c_fc, mlp c_proj, then ln_f), then the most layers at the widest size that fits.
+// context 2048) with GPT-2's tensors (as bench/workloads.h lists them: wte, wpe, per layer ln_1,
+// c_attn, attn c_proj, ln_2, c_fc, mlp c_proj, then ln_f), then the most layers at the widest size
+// that fits.
 //
 // Usage: fusedps-gpt-fit --backend=cuda:0 [--json]
 #include <cstdint>

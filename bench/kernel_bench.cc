@@ -453,8 +453,8 @@ void PrintTable(const BenchConfig& config, double scale, const std::vector<Resul
     absl::PrintF("%-11s %8d %12d %10.3f %10.3f %10.3f %8.2f %9.2f %10s %7s %9s %9.1f %7s %10d\n",
                  r.workload.name, r.workload.numels.size(), r.workload.total_numel(),
                  r.timing.ms_median, r.timing.ms_min, r.timing.device_ms_median, r.gbps,
-                 r.device_gbps, copy_gbps, pct_copy, queued_pct, r.timing.launches_per_step,
-                 cupti, r.validated_elements);
+                 r.device_gbps, copy_gbps, pct_copy, queued_pct, r.timing.launches_per_step, cupti,
+                 r.validated_elements);
   }
 }
 
@@ -490,9 +490,8 @@ void PrintJson(const BenchConfig& config, double scale, const std::vector<Result
         r.copy_gbps > 0 ? absl::StrFormat("%.4f", r.copy_gbps) : "null",
         r.timing.queued_device_ms_median, r.queued_device_gbps,
         r.queued_copy_gbps > 0 ? absl::StrFormat("%.4f", r.queued_copy_gbps) : "null",
-        r.timing.launches_per_step,
-        by_kernel, r.timing.cupti_kernels_per_step, r.validated_elements, r.bytes_per_param,
-        r.device_bytes_per_param);
+        r.timing.launches_per_step, by_kernel, r.timing.cupti_kernels_per_step,
+        r.validated_elements, r.bytes_per_param, r.device_bytes_per_param);
   }
   absl::PrintF("\n]}\n");
 }
@@ -526,8 +525,8 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
   } else if (step_kernel == "chunk-blocks") {
     config.step_kernel = StepKernel::kChunkBlocks;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--step-kernel=", step_kernel, ": expected auto, persistent or chunk-blocks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--step-kernel=", step_kernel, ": expected auto, persistent or chunk-blocks"));
   }
   const std::string state_dtype = absl::GetFlag(FLAGS_state_dtype);
   if (state_dtype == "fp32") {

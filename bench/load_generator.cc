@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "common/json_string.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -38,6 +37,7 @@
 #include "bench/load_stats.h"
 #include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
+#include "common/json_string.h"
 #include "common/kebab_flags.h"
 #include "fusedps/client.h"
 
@@ -213,8 +213,8 @@ void PrintTable(const Run& run, const LoadResult& result) {
   absl::PrintF("%s", TableRow("all", TotalPushes(result), result.seconds, TotalGradBytes(result),
                               AllLatencies(result)));
   if (run.config.probe_interval > absl::ZeroDuration()) {
-    absl::PrintF("\n%-18s %7s %8s %8s %8s %8s   (reader probe, every %s, %d errors)\n",
-                 "reader", "calls", "p50 ms", "p90 ms", "p99 ms", "max ms",
+    absl::PrintF("\n%-18s %7s %8s %8s %8s %8s   (reader probe, every %s, %d errors)\n", "reader",
+                 "calls", "p50 ms", "p90 ms", "p99 ms", "max ms",
                  absl::FormatDuration(run.config.probe_interval), result.probe.errors);
     for (const auto& [name, samples] :
          {std::make_pair(std::string("GetInfo"), result.probe.get_info_ms),
@@ -262,11 +262,11 @@ void PrintJson(const Run& run, const LoadResult& result) {
       "  \"get_info_ms\": %s,\n  \"pull_ms\": %s},\n"
       " \"per_client\": [",
       JsonString(config.target), JsonTargets(config), std::max<size_t>(config.targets.size(), 1),
-      JsonString(result.backend), JsonString(result.device),
-      JsonString(run.model.name), JsonString(run.model.description), run.scale,
-      run.model.numels.size(), run.model.total_numel(), DTypeName(config.grad_dtype),
-      run.model.push_bytes(config.grad_dtype), config.max_chunk_bytes,
-      config.clients, config.streams, config.steps,
+      JsonString(result.backend), JsonString(result.device), JsonString(run.model.name),
+      JsonString(run.model.description), run.scale, run.model.numels.size(),
+      run.model.total_numel(), DTypeName(config.grad_dtype),
+      run.model.push_bytes(config.grad_dtype), config.max_chunk_bytes, config.clients,
+      config.streams, config.steps,
       config.steps > 0 ? "null" : absl::StrFormat("%.6f", absl::ToDoubleSeconds(config.duration)),
       config.warmup_steps, config.register_tensors ? "true" : "false", result.tensors_created,
       result.tensors_existing, result.version_before, result.version_after, pushes,

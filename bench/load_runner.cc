@@ -64,8 +64,9 @@ struct PushSummary {
 
 // A trainer's (or the run's own) link to the servers: a Client of config.target, or with
 // config.targets a ShardedClient following `plan`. Each has connections of its own to each
-// server (client::CreateChannel), one per stream, as trainers in separate processes would. Calls wait for their connection (up to --timeout): on the GPU host a
-// connect among hundreds at once failed now and then, which would otherwise end the run.
+// server (client::CreateChannel), one per stream, as trainers in separate processes would. Calls
+// wait for their connection (up to --timeout): on the GPU host a connect among hundreds at once
+// failed now and then, which would otherwise end the run.
 class Connection {
  public:
   static absl::StatusOr<Connection> Open(const LoadConfig& config, const client::ShardPlan* plan) {
@@ -308,9 +309,8 @@ absl::Status RunTrainer(int index, const LoadConfig& config, const LoadModel& mo
     }
     // A single call's reply says what the server received; it must be all of it.
     if (config.streams == 1 && result->grad_bytes != push_bytes) {
-      return absl::InternalError(absl::StrCat(context, ": the server received ",
-                                              result->grad_bytes, " gradient bytes of ",
-                                              push_bytes));
+      return absl::InternalError(absl::StrCat(context, ": the server received ", result->grad_bytes,
+                                              " gradient bytes of ", push_bytes));
     }
     options.base_version = result->version;
     return result;
@@ -428,9 +428,8 @@ absl::StatusOr<LoadResult> RunLoad(const LoadConfig& config, const LoadModel& mo
 
   std::unique_ptr<ReaderProbe> probe;
   if (config.probe_interval > absl::ZeroDuration()) {
-    absl::StatusOr<std::unique_ptr<ReaderProbe>> created =
-        ReaderProbe::Create({config.target, config.probe_interval, config.probe_pull_bytes,
-                             config.client_options});
+    absl::StatusOr<std::unique_ptr<ReaderProbe>> created = ReaderProbe::Create(
+        {config.target, config.probe_interval, config.probe_pull_bytes, config.client_options});
     if (!created.ok()) return WithContext(created.status(), "starting the reader probe");
     probe = *std::move(created);
   }

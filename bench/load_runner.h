@@ -96,8 +96,8 @@ struct ClientLoadResult {
   int client = 0;
   std::string client_id;
   std::vector<double> latencies_ms;  // Wall time of each timed PushGradients call, in order.
-  uint64_t grad_bytes = 0;  // Gradient payload of the timed pushes (with --streams=1 the
-                            // server's grad_bytes replies are checked to equal it).
+  uint64_t grad_bytes = 0;           // Gradient payload of the timed pushes (with --streams=1 the
+                                     // server's grad_bytes replies are checked to equal it).
   uint64_t skipped_steps = 0;        // Timed pushes the server skipped (non-finite gradients).
   double seconds = 0.0;              // From the window's opening to this trainer's last reply.
 };

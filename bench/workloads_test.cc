@@ -28,7 +28,7 @@ TEST(WorkloadsTest, UniformNamesGiveCountTimesNumel) {
     std::string name;
     uint64_t count, numel;
   };
-  for (const Case &c : {Case{"t10000x1k", 10000, 1'000}, Case{"t40000x1024", 40000, 1024},
+  for (const Case& c : {Case{"t10000x1k", 10000, 1'000}, Case{"t40000x1024", 40000, 1024},
                         Case{"t3x2m", 3, 2'000'000}, Case{"t1x1", 1, 1}}) {
     absl::StatusOr<std::vector<Workload>> w = MakeWorkloads(c.name, 1.0);
     ASSERT_TRUE(w.ok()) << c.name << ": " << w.status();
@@ -43,7 +43,7 @@ TEST(WorkloadsTest, UniformNamesGiveCountTimesNumel) {
 }
 
 TEST(WorkloadsTest, MalformedNamesAreInvalidArgument) {
-  for (const char *name : {"", "t", "tx1k", "t10x", "t0x1k", "t10x0", "t10x1q", "t-1x5", "10x1k",
+  for (const char* name : {"", "t", "tx1k", "t10x", "t0x1k", "t10x0", "t10x1q", "t-1x5", "10x1k",
                            "t10y1k", "t10x1kk", "t10000001x1", "t1x10000000000k"}) {
     absl::StatusOr<std::vector<Workload>> w = MakeWorkloads(name, 1.0);
     EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << '"' << name << '"';

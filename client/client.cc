@@ -38,8 +38,8 @@ namespace {
 // gRPC target with a scheme, which gRPC parses. gRPC itself takes "127.0.0.1:50051x" as port
 // 50051: a typo must not reach another port silently.
 absl::Status ValidateTarget(const std::string& target) {
-  for (absl::string_view scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:",
-                                   "xds:"}) {
+  for (absl::string_view scheme :
+       {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:"}) {
     if (absl::StartsWith(target, scheme)) return absl::OkStatus();
   }
   if (absl::StrContains(target, "://")) return absl::OkStatus();
@@ -54,8 +54,7 @@ absl::Status ValidateTarget(const std::string& target) {
     ok = host.back() == ']' && host.size() > 2;
   } else if (ok) {
     ok = std::all_of(host.begin(), host.end(), [](char c) {
-      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
-             c == '_';
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
     });
   }
   int number = 0;
@@ -257,8 +256,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::CreateWithChannel(
 Client::Client(ClientOptions options, std::vector<std::unique_ptr<Connection>> connections)
     : options_(options),
       connections_(std::move(connections)),
-      default_client_id_(absl::StrCat("fusedps-client-", absl::Hex(absl::Uniform<uint64_t>(
-                                                             absl::BitGen()), absl::kZeroPad16))),
+      default_client_id_(absl::StrCat(
+          "fusedps-client-", absl::Hex(absl::Uniform<uint64_t>(absl::BitGen()), absl::kZeroPad16))),
       last_sequence_number_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
 
 Client::~Client() = default;
@@ -293,8 +292,8 @@ absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
   grpc::GenericStub stub(connection(0).channel);
   // libgrpc runs the callback on its own thread: common/tsan.h says why TSan needs the edges.
   FUSEDPS_HAPPENS_BEFORE(&done);
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done, &response](grpc::Status s) {
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done, &response](grpc::Status s) {
                    FUSEDPS_HAPPENS_AFTER(&done);
                    FUSEDPS_HAPPENS_BEFORE(&response);  // gRPC filled it before calling this.
                    done.set_value(std::move(s));
@@ -305,7 +304,8 @@ absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
   std::vector<grpc::Slice> slices;
   std::string bytes;
   if (response.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return bytes == std::string("\x08\x01", 2);
 }
@@ -436,8 +436,8 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
     extents.push_back({grad.grads.size(), grad.name.size()});
     names.push_back(&grad.name);
   }
-  absl::StatusOr<std::vector<MessagePlan>> plan = internal::PlanChunks(
-      extents, ElementBytes(options.grad_dtype), options_.max_chunk_bytes);
+  absl::StatusOr<std::vector<MessagePlan>> plan =
+      internal::PlanChunks(extents, ElementBytes(options.grad_dtype), options_.max_chunk_bytes);
   if (!plan.ok()) return plan.status();
 
   // With several streams the push travels as that many parts, one per connection, at once;
@@ -562,8 +562,7 @@ absl::StatusOr<ServerInfo> Client::GetInfo() {
   v1::GetInfoResponse response;
   grpc::ClientContext context;
   ConfigureContext(options_, &context);
-  absl::Status status =
-      ToAbslStatus(connection(0).stub->GetInfo(&context, request, &response));
+  absl::Status status = ToAbslStatus(connection(0).stub->GetInfo(&context, request, &response));
   if (!status.ok()) return status;
   ServerInfo info;
   info.version = response.version();
@@ -601,8 +600,7 @@ absl::StatusOr<CreateModelResult> Client::CreateModel(const std::string& name,
   v1::CreateModelResponse response;
   grpc::ClientContext context;
   ConfigureContext(options_, &context);
-  absl::Status status =
-      ToAbslStatus(connection(0).stub->CreateModel(&context, request, &response));
+  absl::Status status = ToAbslStatus(connection(0).stub->CreateModel(&context, request, &response));
   if (!status.ok()) return status;
   return CreateModelResult{response.created(), internal::FromProtoModel(response.model())};
 }
@@ -611,8 +609,8 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
   v1::ListModelsResponse response;
   grpc::ClientContext context;
   ConfigureContext(options_, &context);
-  absl::Status status = ToAbslStatus(
-      connection(0).stub->ListModels(&context, v1::ListModelsRequest(), &response));
+  absl::Status status =
+      ToAbslStatus(connection(0).stub->ListModels(&context, v1::ListModelsRequest(), &response));
   if (!status.ok()) return status;
   std::vector<ModelInfo> models;
   for (const v1::ModelInfo& m : response.models()) models.push_back(internal::FromProtoModel(m));
@@ -625,8 +623,7 @@ absl::StatusOr<DeleteModelResult> Client::DeleteModel(const std::string& name) {
   v1::DeleteModelResponse response;
   grpc::ClientContext context;
   ConfigureContext(options_, &context);
-  absl::Status status =
-      ToAbslStatus(connection(0).stub->DeleteModel(&context, request, &response));
+  absl::Status status = ToAbslStatus(connection(0).stub->DeleteModel(&context, request, &response));
   if (!status.ok()) return status;
   return DeleteModelResult{response.freed_bytes(), response.memory_freed()};
 }
@@ -677,8 +674,7 @@ absl::StatusOr<Client::CheckpointWritten> Client::Checkpoint(absl::Duration time
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::CheckpointRequest request;
   request.set_model(options_.model);
-  absl::Status status =
-      ToAbslStatus(connection(0).stub->Checkpoint(&context, request, &response));
+  absl::Status status = ToAbslStatus(connection(0).stub->Checkpoint(&context, request, &response));
   if (!status.ok()) return status;
   return CheckpointWritten{response.version(), response.path()};
 }

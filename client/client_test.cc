@@ -10,10 +10,10 @@
 #include "client/client_test_util.h"
 #include "client/fake_parameter_service.h"
 #include "client/wire.h"
+#include "common/half_float.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "common/half_float.h"
 
 namespace fusedps::client {
 namespace {

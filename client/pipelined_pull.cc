@@ -18,7 +18,8 @@ PipelinedPull::PipelinedPull(std::vector<Client*> clients, PullOptions options,
       versions_(clients_.size(), 0) {
   const int n = std::clamp(threads, 1, 64);
   threads_.reserve(n);
-  for (int i = 0; i < n && i < static_cast<int>(groups_.size()); ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < n && i < static_cast<int>(groups_.size()); ++i)
+    threads_.emplace_back([this] { Run(); });
 }
 
 PipelinedPull::~PipelinedPull() {
@@ -34,9 +35,8 @@ void PipelinedPull::Run() {
       if (next_ >= groups()) return;
       g = next_++;
       if (failed_ >= 0) {
-        status = absl::CancelledError(absl::StrCat("pull group ", g, " not pulled: group ",
-                                                   failed_, " failed: ",
-                                                   status_[failed_].message()));
+        status = absl::CancelledError(absl::StrCat("pull group ", g, " not pulled: group ", failed_,
+                                                   " failed: ", status_[failed_].message()));
       }
     }
     if (status.ok()) status = PullGroup(g);

@@ -193,8 +193,8 @@ void PushTransaction::WriteReferences(absl::Span<const Piece> pieces) {
     message_bytes = 0;
   };
   for (const Piece& piece : pieces) {
-    const uint64_t at = static_cast<uint64_t>(
-        workspace_.OffsetOf(piece.data, piece.numel * element_bytes));
+    const uint64_t at =
+        static_cast<uint64_t>(workspace_.OffsetOf(piece.data, piece.numel * element_bytes));
     for (uint64_t done = 0; done < piece.numel;) {
       const uint64_t count =
           std::min(piece.numel - done, std::max<uint64_t>(1, room / element_bytes));
@@ -207,8 +207,8 @@ void PushTransaction::WriteReferences(absl::Span<const Piece> pieces) {
       message_bytes += count * element_bytes;
       room -= std::min(room, count * element_bytes);
       // A message of places stays small: a few hundred bytes per chunk.
-      if (room == 0 || static_cast<uint64_t>(message.chunks_size()) * 320 >=
-                           options_.max_chunk_bytes) {
+      if (room == 0 ||
+          static_cast<uint64_t>(message.chunks_size()) * 320 >= options_.max_chunk_bytes) {
         flush();
       }
     }
@@ -297,9 +297,9 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
   for (const TensorSize& t : tensors) header->add_tensors(t.name);
   const uint32_t parts = static_cast<uint32_t>(connections_.size());
   if (parts > 1) header->set_part_count(parts);
-  auto push = absl::WrapUnique(new PushTransaction(
-      options_, std::vector<TensorSize>(tensors.begin(), tensors.end()), options.grad_dtype,
-      std::move(workspace)));
+  auto push = absl::WrapUnique(
+      new PushTransaction(options_, std::vector<TensorSize>(tensors.begin(), tensors.end()),
+                          options.grad_dtype, std::move(workspace)));
   push->replies_.resize(parts);
   for (uint32_t p = 0; p < parts; ++p) {
     if (parts > 1) header->set_part_index(p);

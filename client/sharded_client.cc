@@ -253,9 +253,9 @@ absl::StatusOr<std::vector<RegisterTensorsResult>> ShardedClient::RegisterTensor
                                   values[s].subspan(slice.begin, slice.numel())});
   }
   std::vector<RegisterTensorsResult> results(shards_.size());
-  if (absl::Status status = CallShards(Busy(inits), &results, [&](size_t i) {
-        return shards_[i].client->RegisterTensors(inits[i], plan.hash());
-      });
+  if (absl::Status status = CallShards(
+          Busy(inits), &results,
+          [&](size_t i) { return shards_[i].client->RegisterTensors(inits[i], plan.hash()); });
       !status.ok()) {
     return status;
   }
@@ -291,12 +291,14 @@ absl::StatusOr<std::vector<PushResult>> ShardedClient::PushGradients(
   if (base_versions.empty()) base_versions = seen;
   std::vector<PushResult> results(shards_.size());
   for (size_t i = 0; i < results.size(); ++i) results[i].version = seen[i];
-  if (absl::Status status = CallShards(Busy(per_shard), &results, [&](size_t i) {
-        PushOptions shard_options = options;
-        shard_options.base_version = base_versions[i];
-        shard_options.plan_hash = plan.hash();
-        return shards_[i].client->PushGradients(shard_options, per_shard[i]);
-      });
+  if (absl::Status status = CallShards(Busy(per_shard), &results,
+                                       [&](size_t i) {
+                                         PushOptions shard_options = options;
+                                         shard_options.base_version = base_versions[i];
+                                         shard_options.plan_hash = plan.hash();
+                                         return shards_[i].client->PushGradients(shard_options,
+                                                                                 per_shard[i]);
+                                       });
       !status.ok()) {
     return status;
   }
@@ -329,11 +331,12 @@ absl::StatusOr<ShardedPullResult> ShardedClient::PullParameters(const PullOption
   ShardedPullResult result;
   result.versions = versions();
   std::vector<PullResult> pulled(shards_.size());
-  if (absl::Status status = CallShards(Busy(names), &pulled, [&](size_t i) {
-        PullOptions shard_options = options;
-        shard_options.tensors = names[i];
-        return shards_[i].client->PullParameters(shard_options);
-      });
+  if (absl::Status status = CallShards(Busy(names), &pulled,
+                                       [&](size_t i) {
+                                         PullOptions shard_options = options;
+                                         shard_options.tensors = names[i];
+                                         return shards_[i].client->PullParameters(shard_options);
+                                       });
       !status.ok()) {
     return status;
   }

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/support/status.h"
 #include "common/half_float.h"
+#include "grpcpp/support/status.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "fusedps's wire format is little-endian; this client assumes a little-endian host"
@@ -117,7 +117,6 @@ absl::StatusOr<uint64_t> NumElements(absl::Span<const int64_t> shape) {
   }
   return numel;
 }
-
 
 void EncodeElements(absl::Span<const float> values, DType dtype, std::string* out) {
   out->resize(values.size() * ElementBytes(dtype));
@@ -393,8 +392,8 @@ absl::StatusOr<v1::Consistency> ToProtoConsistency(const Consistency& consistenc
     if (consistency.mode == kModes[m]) c.set_mode(static_cast<v1::ConsistencyMode>(m + 1));
   }
   if (c.mode() == v1::CONSISTENCY_MODE_UNSPECIFIED) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "consistency.mode '", consistency.mode, "' must be async, sync or bounded"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("consistency.mode '", consistency.mode, "' must be async, sync or bounded"));
   }
   c.set_replicas_to_aggregate(consistency.replicas_to_aggregate);
   c.set_total_replicas(consistency.total_replicas);

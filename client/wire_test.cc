@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/half_float.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
-#include "common/half_float.h"
 
 namespace fusedps::client {
 namespace {
@@ -70,8 +70,8 @@ void ExpectValidPlan(const std::vector<TensorExtent>& tensors, size_t element_by
 // The --dtype spellings of the fusedps CLI and fusedps-bench.
 TEST(DTypeNameTest, ShortAndLongSpellings) {
   const std::pair<const char*, DType> spellings[] = {
-      {"fp32", DType::kFloat32},  {"float32", DType::kFloat32}, {"bf16", DType::kBFloat16},
-      {"bfloat16", DType::kBFloat16}, {"fp16", DType::kFloat16}, {"float16", DType::kFloat16}};
+      {"fp32", DType::kFloat32},      {"float32", DType::kFloat32}, {"bf16", DType::kBFloat16},
+      {"bfloat16", DType::kBFloat16}, {"fp16", DType::kFloat16},    {"float16", DType::kFloat16}};
   for (const auto& [name, dtype] : spellings) {
     absl::StatusOr<DType> parsed = ParseDType(name);
     ASSERT_TRUE(parsed.ok()) << name;

@@ -90,11 +90,10 @@ std::string CheckFlags(const std::vector<char*>& args) {
     const absl::string_view name = arg.substr(0, eq);
     // absl's usage flags (--helpfull, --helpon=..., --version...) are not registered flags:
     // absl::ParseCommandLine handles them.
-    static constexpr absl::string_view kUsageFlags[] = {
-        "helpfull", "helpshort", "helpon", "helpmatch", "helppackage", "version",
-        "only_check_args"};
-    if (std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) !=
-        std::end(kUsageFlags)) {
+    static constexpr absl::string_view kUsageFlags[] = {"helpfull",       "helpshort",   "helpon",
+                                                        "helpmatch",      "helppackage", "version",
+                                                        "only_check_args"};
+    if (std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) != std::end(kUsageFlags)) {
       continue;
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

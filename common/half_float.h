@@ -61,7 +61,7 @@ FUSEDPS_HOST_DEVICE uint16_t FloatToFloat16(float f) {
   const uint32_t bits = FloatToBits(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
   if (abs < 0x38800000u) {  // Below the smallest normal half (2^-14): subnormal or zero.
     // Scale by 2^24 so that one half subnormal ulp is 1.0, then round to nearest even.

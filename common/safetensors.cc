@@ -46,9 +46,9 @@ struct DTypeInfo {
 };
 // Every DType, in enum order (Info indexes it).
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "F32", 4},  {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
-    {DType::kU8, "U8", 1},    {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8},
-    {DType::kI32, "I32", 4},  {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},
+    {DType::kF32, "F32", 4},   {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
+    {DType::kU8, "U8", 1},     {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8},
+    {DType::kI32, "I32", 4},   {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},
     {DType::kBool, "BOOL", 1},
 };
 constexpr bool InEnumOrder() {
@@ -69,8 +69,8 @@ absl::StatusOr<DType> DTypeOfName(const std::string& name) {
   for (const DTypeInfo& info : kDTypes) {
     if (name == info.name) return info.dtype;
   }
-  return absl::InvalidArgumentError(absl::StrCat("dtype \"", name, "\" is not one of ",
-                                                 DTypeNames()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype \"", name, "\" is not one of ", DTypeNames()));
 }
 
 std::string DTypeNames() {
@@ -90,8 +90,8 @@ struct Writer::State {
   Fd fd{-1};
   uint32_t crc = 0;
   bool fsync = false;
-  uint64_t bytes = 0;      // Written so far.
-  uint64_t expected = 0;   // The file's size once every tensor's data is appended.
+  uint64_t bytes = 0;     // Written so far.
+  uint64_t expected = 0;  // The file's size once every tensor's data is appended.
 };
 
 Writer::Writer() = default;
@@ -99,8 +99,7 @@ Writer::~Writer() = default;
 Writer::Writer(Writer&&) noexcept = default;
 Writer& Writer::operator=(Writer&&) noexcept = default;
 
-absl::StatusOr<Writer> Writer::Create(const std::string& path,
-                                      absl::Span<const TensorView> tensors,
+absl::StatusOr<Writer> Writer::Create(const std::string& path, absl::Span<const TensorView> tensors,
                                       const WriteOptions& options) {
   json header = json::object();
   std::set<std::string> names;
@@ -117,9 +116,10 @@ absl::StatusOr<Writer> Writer::Create(const std::string& path,
     }
     const uint64_t bytes = *elements * DTypeSize(t.dtype);
     if (!options.data_appended && bytes != t.data.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" has ",
-                                                     t.data.size(), " bytes of data, its shape "
-                                                     "and dtype need ", bytes));
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" has ", t.data.size(),
+                                                     " bytes of data, its shape "
+                                                     "and dtype need ",
+                                                     bytes));
     }
     header[t.name] = {{"dtype", DTypeName(t.dtype)},
                       {"shape", t.shape},
@@ -154,8 +154,7 @@ absl::Status Writer::Append(const void* data, size_t bytes) {
   State& state = *state_;
   if (state.bytes + bytes > state.expected) {
     return absl::InternalError(absl::StrCat(state.path, ": ", state.bytes + bytes,
-                                            " bytes appended, the header holds ",
-                                            state.expected));
+                                            " bytes appended, the header holds ", state.expected));
   }
   state.bytes += bytes;
   state.crc = Crc32(state.crc, data, bytes);
@@ -166,16 +165,14 @@ absl::StatusOr<WriteResult> Writer::Finish() {
   State& state = *state_;
   if (state.bytes != state.expected) {
     return absl::InternalError(absl::StrCat(state.path, ": ", state.bytes,
-                                            " bytes appended, the header holds ",
-                                            state.expected));
+                                            " bytes appended, the header holds ", state.expected));
   }
   if (state.fsync && fsync(state.fd.get()) != 0) return Errno("cannot fsync", state.path);
   if (absl::Status s = state.fd.Close(state.path); !s.ok()) return s;
   return WriteResult{state.bytes, state.crc};
 }
 
-absl::StatusOr<WriteResult> WriteFile(const std::string& path,
-                                      absl::Span<const TensorView> tensors,
+absl::StatusOr<WriteResult> WriteFile(const std::string& path, absl::Span<const TensorView> tensors,
                                       const WriteOptions& options) {
   WriteOptions with_data = options;
   with_data.data_appended = false;
@@ -236,9 +233,8 @@ absl::StatusOr<File> File::ParseHeader(absl::string_view head, uint64_t file_byt
       return corrupt(absl::StrCat(tensor, ": ", why));
     };
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
-        !value.contains("shape") || !value["shape"].is_array() ||
-        !value.contains("data_offsets") || !value["data_offsets"].is_array() ||
-        value["data_offsets"].size() != 2) {
+        !value.contains("shape") || !value["shape"].is_array() || !value.contains("data_offsets") ||
+        !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
       return bad("needs dtype, shape and data_offsets [begin, end]");
     }
     Entry entry;
@@ -273,8 +269,8 @@ absl::StatusOr<File> File::ParseHeader(absl::string_view head, uint64_t file_byt
     covered = e.end;
   }
   if (covered != data_bytes) {
-    return corrupt(absl::StrCat("the tensors cover ", covered, " bytes of data, the file has ",
-                                data_bytes));
+    return corrupt(
+        absl::StrCat("the tensors cover ", covered, " bytes of data, the file has ", data_bytes));
   }
   return file;
 }

@@ -44,8 +44,8 @@ absl::StatusOr<DType> DTypeOfName(const std::string& name);
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
-  std::vector<int64_t> shape;        // Each dimension >= 0; {} is a scalar (one element).
-  absl::Span<const uint8_t> data;    // Exactly elements × DTypeSize(dtype) bytes.
+  std::vector<int64_t> shape;      // Each dimension >= 0; {} is a scalar (one element).
+  absl::Span<const uint8_t> data;  // Exactly elements × DTypeSize(dtype) bytes.
 };
 
 struct WriteOptions {
@@ -57,8 +57,8 @@ struct WriteOptions {
 };
 
 struct WriteResult {
-  uint64_t bytes = 0;   // The file's size.
-  uint32_t crc32 = 0;   // Of the whole file: the checkpoint manifest's checksum.
+  uint64_t bytes = 0;  // The file's size.
+  uint32_t crc32 = 0;  // Of the whole file: the checkpoint manifest's checksum.
 };
 
 // CRC-32 of `bytes` at `data`, continuing from `crc` (0 to start): zlib's crc32().
@@ -92,8 +92,7 @@ class Writer {
 // dimension, or data whose size does not match the shape and dtype (nothing is written then);
 // the errno's status (e.g. RESOURCE_EXHAUSTED for ENOSPC, PERMISSION_DENIED) when the file
 // cannot be written, in which case the file may be partial: callers commit by renaming.
-absl::StatusOr<WriteResult> WriteFile(const std::string& path,
-                                      absl::Span<const TensorView> tensors,
+absl::StatusOr<WriteResult> WriteFile(const std::string& path, absl::Span<const TensorView> tensors,
                                       const WriteOptions& options = {});
 
 // One tensor of a file's header.
@@ -107,7 +106,6 @@ struct Entry {
 // A file read whole into memory and validated.
 class File {
  public:
-
   // Errors: the errno's status when the file cannot be read (NOT_FOUND, ...); DATA_LOSS when it
   // is not a valid safetensors file: shorter than its header says, a header that is not a JSON
   // object of the form above, a dtype not in DTypeNames(), offsets that disagree
@@ -124,7 +122,7 @@ class File {
 
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<Entry>& entries() const { return entries_; }  // In data order.
-  const Entry* Find(const std::string& name) const;  // nullptr when absent.
+  const Entry* Find(const std::string& name) const;               // nullptr when absent.
   absl::Span<const uint8_t> Data(const Entry& entry) const;
 
  private:

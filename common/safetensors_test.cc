@@ -47,9 +47,8 @@ std::string WriteSample(const std::string& name, WriteResult* result = nullptr) 
   const std::string path = TempPath(name);
   WriteOptions options;
   options.metadata = {{"fusedps.version", "42"}, {"note", "\"quoted\" \xc3\xa9"}};
-  absl::StatusOr<WriteResult> written =
-      WriteFile(path, {{"w", DType::kF32, {2, 3}, Bytes(w)}, {"b", DType::kBF16, {3}, Bytes(b)}},
-                options);
+  absl::StatusOr<WriteResult> written = WriteFile(
+      path, {{"w", DType::kF32, {2, 3}, Bytes(w)}, {"b", DType::kBF16, {3}, Bytes(b)}}, options);
   EXPECT_TRUE(written.ok()) << written.status();
   if (result != nullptr && written.ok()) *result = *written;
   return path;
@@ -68,9 +67,11 @@ TEST(SafetensorsTest, WritesTheFormatByteForByte) {
   EXPECT_EQ(header.front(), '{');
   EXPECT_EQ(header.find_last_not_of(' '), header.rfind('}')) << "padded with spaces only";
   EXPECT_NE(header.find(R"("w":{"data_offsets":[0,24],"dtype":"F32","shape":[2,3]})"),
-            std::string::npos) << header;
+            std::string::npos)
+      << header;
   EXPECT_NE(header.find(R"("b":{"data_offsets":[24,30],"dtype":"BF16","shape":[3]})"),
-            std::string::npos) << header;
+            std::string::npos)
+      << header;
   EXPECT_NE(header.find(R"("__metadata__":{"fusedps.version":"42")"), std::string::npos);
   EXPECT_EQ(bytes.size(), 8 + n + 30);
   EXPECT_EQ(result.bytes, bytes.size());
@@ -168,7 +169,8 @@ TEST(SafetensorsTest, ScalarsEmptyTensorsAndNoTensors) {
   const std::vector<float> scalar = {0.5f};
   const std::vector<float> none;
   ASSERT_TRUE(WriteFile(path, {{"s", DType::kF32, {}, Bytes(scalar)},
-                               {"empty", DType::kF32, {0, 4}, Bytes(none)}}).ok());
+                               {"empty", DType::kF32, {0, 4}, Bytes(none)}})
+                  .ok());
   absl::StatusOr<File> file = File::Read(path);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->Find("s")->shape, std::vector<int64_t>{});
@@ -186,7 +188,7 @@ TEST(SafetensorsTest, BadInputIsInvalidArgumentAndWritesNothing) {
   std::remove(path.c_str());
   const std::vector<float> three = {1, 2, 3};
   const std::vector<std::vector<TensorView>> bad = {
-      {{"w", DType::kF32, {2, 2}, Bytes(three)}},                                 // Size.
+      {{"w", DType::kF32, {2, 2}, Bytes(three)}},                                      // Size.
       {{"w", DType::kF32, {3}, Bytes(three)}, {"w", DType::kF32, {3}, Bytes(three)}},  // Twice.
       {{"", DType::kF32, {3}, Bytes(three)}},
       {{"__metadata__", DType::kF32, {3}, Bytes(three)}},
@@ -305,8 +307,8 @@ TEST(SafetensorsTest, EveryKindOfCorruptionIsDataLossNamingTheFile) {
     EXPECT_NE(file.status().message().find(path), std::string::npos) << what;
     // The streaming reader checks the header against the file alike.
     absl::StatusOr<Reader> reader = Reader::Open(path);
-    EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss) << what << ": "
-                                                                   << reader.status();
+    EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss)
+        << what << ": " << reader.status();
     std::remove(path.c_str());
   }
   // The unmodified bytes parse: the cases above fail for their own reason.

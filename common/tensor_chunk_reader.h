@@ -30,9 +30,8 @@ namespace fusedps {
 
 // Where a chunk's `bytes` of payload go: claim(tensor, offset, bytes) checks the chunk and
 // returns a destination of `bytes` bytes, or nullptr to drop the payload.
-using ClaimChunkFn =
-    absl::FunctionRef<absl::StatusOr<char*>(absl::string_view tensor, uint64_t offset,
-                                            uint64_t bytes)>;
+using ClaimChunkFn = absl::FunctionRef<absl::StatusOr<char*>(absl::string_view tensor,
+                                                             uint64_t offset, uint64_t bytes)>;
 // Called once a claimed destination holds its payload.
 using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)>;
 // The caller's error for bytes that are not a TensorChunk; `what` names the part.
@@ -58,7 +57,7 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
   std::string tensor;
   uint64_t offset = 0;
   std::optional<std::string> held;  // data that other fields follow (an unusual order)
-  bool done = false;  // data went straight to its destination; nothing can follow it
+  bool done = false;                // data went straight to its destination; nothing can follow it
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
     if (is(tag, kTensor, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       if (!WireFormatLite::ReadString(&in, &tensor)) return malformed("chunks.tensor");
@@ -107,8 +106,7 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
       return absl::InvalidArgumentError(
           "chunks.workspace_bytes > 0 in a call that names no workspace");
     }
-    if (absl::Status s = CheckWorkspaceRange(workspace_offset, workspace_bytes,
-                                             workspace.size(),
+    if (absl::Status s = CheckWorkspaceRange(workspace_offset, workspace_bytes, workspace.size(),
                                              "chunks.workspace_offset_bytes and workspace_bytes");
         !s.ok()) {
       return s;

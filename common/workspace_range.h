@@ -17,9 +17,9 @@ namespace fusedps {
 inline absl::Status CheckWorkspaceRange(uint64_t offset, uint64_t bytes, uint64_t size,
                                         absl::string_view field) {
   if (offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": bytes [", offset, ", ", offset, " + ", bytes,
-        ") pass the end of the workspace (", size, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": bytes [", offset, ", ", offset, " + ",
+                                                   bytes, ") pass the end of the workspace (", size,
+                                                   " bytes)"));
   }
   return absl::OkStatus();
 }

@@ -31,7 +31,7 @@
 #include <cstring>
 
 #include "common/half_float.h"  // FUSEDPS_HOST_DEVICE, the bf16 and fp16 conversions.
-#ifdef __CUDA_ARCH__  // The device pass: unroll the loops of AdamWUpdateN.
+#ifdef __CUDA_ARCH__            // The device pass: unroll the loops of AdamWUpdateN.
 #define FUSEDPS_UNROLL _Pragma("unroll")
 #else
 #define FUSEDPS_UNROLL

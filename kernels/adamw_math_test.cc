@@ -143,7 +143,7 @@ TEST(ConversionTest, Float16KnownValues) {
   EXPECT_EQ(FloatToFloat16(65519.0f), 0x7bff);
   EXPECT_EQ(FloatToFloat16(65520.0f), 0x7c00);  // Ties to even: overflows to inf.
   EXPECT_EQ(FloatToFloat16(0.1f), 0x2e66);
-  EXPECT_EQ(FloatToFloat16(5.9604644775390625e-8f), 0x0001);  // Smallest subnormal.
+  EXPECT_EQ(FloatToFloat16(5.9604644775390625e-8f), 0x0001);   // Smallest subnormal.
   EXPECT_EQ(FloatToFloat16(2.98023223876953125e-8f), 0x0000);  // Half of it: ties to even.
   EXPECT_EQ(FloatToFloat16(1e-10f), 0x0000);
   EXPECT_EQ(FloatToFloat16(INFINITY), 0x7c00);

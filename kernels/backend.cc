@@ -103,19 +103,16 @@ absl::Status ReadOne(OptimizerBackend& backend, TensorField field, bool param_co
 
 }  // namespace
 
-absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor,
-                        float* out) {
+absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor, float* out) {
   return ReadOne(backend, field, /*param_copy=*/false, /*stored=*/false, tensor, out);
 }
 
-absl::Status ReadStored(OptimizerBackend& backend, TensorField field, uint32_t tensor,
-                        void* out) {
+absl::Status ReadStored(OptimizerBackend& backend, TensorField field, uint32_t tensor, void* out) {
   return ReadOne(backend, field, /*param_copy=*/false, /*stored=*/true, tensor, out);
 }
 
 absl::Status ReadParamCopy(OptimizerBackend& backend, uint32_t tensor, uint16_t* out) {
-  return ReadOne(backend, TensorField::kParam, /*param_copy=*/true, /*stored=*/false, tensor,
-                 out);
+  return ReadOne(backend, TensorField::kParam, /*param_copy=*/true, /*stored=*/false, tensor, out);
 }
 
 }  // namespace fusedps

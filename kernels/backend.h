@@ -81,7 +81,7 @@ enum class StepKernel : uint8_t { kAuto = 0, kPersistent = 1, kChunkBlocks = 2 }
 
 struct BackendOptions {
   ParamCopyDType param_copy_dtype = ParamCopyDType::kNone;
-  int threads = 0;  // CPU backend worker threads; 0 means one per hardware thread.
+  int threads = 0;         // CPU backend worker threads; 0 means one per hardware thread.
   int device_ordinal = 0;  // CUDA backend: which GPU. Every call runs on it, from any thread.
   StepKernel step_kernel = StepKernel::kAuto;  // CUDA backend only.
 };
@@ -362,12 +362,10 @@ absl::Status ReadNow(OptimizerBackend& backend, const ReadRequest& request);
 absl::StatusOr<StepOutcome> StepNow(OptimizerBackend& backend, const StepRequest& request);
 
 // Reads one field of one tensor as fp32 into `out` (numel floats) and waits for it.
-absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor,
-                        float* out);
+absl::Status ReadTensor(OptimizerBackend& backend, TensorField field, uint32_t tensor, float* out);
 // Reads one field of one tensor in its stored form into `out` (StoredCount elements of
 // StoredElementBytes) and waits for it.
-absl::Status ReadStored(OptimizerBackend& backend, TensorField field, uint32_t tensor,
-                        void* out);
+absl::Status ReadStored(OptimizerBackend& backend, TensorField field, uint32_t tensor, void* out);
 // Reads one tensor's 16-bit param copy into `out` (numel values) and waits for it.
 // FAILED_PRECONDITION when the backend keeps no copy (as Read).
 absl::Status ReadParamCopy(OptimizerBackend& backend, uint32_t tensor, uint16_t* out);

@@ -1,7 +1,7 @@
 #include "kernels/backend_factory.h"
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace fusedps {

@@ -268,8 +268,8 @@ TEST(CpuBackendStateTest, Int8StepIsTheHeadersStepBitForBit) {
       const int n = static_cast<int>(std::min<uint64_t>(kQuantBlock, kN - first));
       Int8BlockStep(DynamicCodebooks(), want.m8.data() + first, want.v8.data() + first,
                     want.absmax_m[b], want.absmax_v[b], n, [&](int j, float& m, float& v) {
-                      AdamWUpdate<kInt8StateOrder>(s, grads[first + j], want.params32[first + j],
-                                                   m, v, nullptr);
+                      AdamWUpdate<kInt8StateOrder>(s, grads[first + j], want.params32[first + j], m,
+                                                   v, nullptr);
                     });
     }
     ASSERT_TRUE(StepNow(*backend, {{0}, {0}, grads.data(), GradDType::kFloat32, 0}).ok());
@@ -391,7 +391,8 @@ TEST(CpuBackendStateTest, WritesOfNoElementsAreNoOps) {
     ASSERT_TRUE(backend->SetParamGroup(0, h).ok());
     ASSERT_TRUE(backend->AddTensors({{0, 0}, {5000, 0}}).ok());
     for (uint32_t tensor : {0u, 1u}) {
-      for (TensorField field : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+      for (TensorField field :
+           {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
         for (bool stored : {false, true}) {
           WriteRequest w;
           w.field = field;

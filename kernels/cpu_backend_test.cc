@@ -69,8 +69,8 @@ TEST(CpuBackendTest, StepMatchesElementwiseMathForEveryTensorAndDType) {
         grads_16[i] = dtype == GradDType::kBFloat16 ? FloatToBFloat16(grads_f32[i])
                                                     : FloatToFloat16(grads_f32[i]);
       }
-      const void* grads =
-          dtype == GradDType::kFloat32 ? static_cast<const void*>(grads_f32.data()) : grads_16.data();
+      const void* grads = dtype == GradDType::kFloat32 ? static_cast<const void*>(grads_f32.data())
+                                                       : grads_16.data();
       StepRequest request{tensors, offsets, grads, dtype, 0.0f};
       auto outcome = backend->Step(request);
       ASSERT_TRUE(outcome.ok());

@@ -24,8 +24,7 @@ std::vector<uint64_t> PackSizes(int count, std::mt19937& rng) {
   const uint64_t others[] = {5, 2048, 5000};
   std::vector<uint64_t> sizes(count);
   for (uint64_t& n : sizes) {
-    n = rng() % 8 == 0 ? others[rng() % std::size(others)]
-                       : packable[rng() % std::size(packable)];
+    n = rng() % 8 == 0 ? others[rng() % std::size(others)] : packable[rng() % std::size(packable)];
   }
   return sizes;
 }

@@ -60,8 +60,8 @@ class ForwardingBackend : public OptimizerBackend {
   uint32_t tensor_count() const override { return inner_->tensor_count(); }
   uint64_t numel(uint32_t tensor) const override { return inner_->numel(tensor); }
   TensorLayout layout(uint32_t tensor) const override { return inner_->layout(tensor); }
-  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
-                          GradDType dtype, float grad_scale) override {
+  absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count, GradDType dtype,
+                          float grad_scale) override {
     return inner_->StageGrads(byte_offset, data, count, dtype, grad_scale);
   }
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
@@ -74,13 +74,9 @@ class ForwardingBackend : public OptimizerBackend {
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override {
     return inner_->CopyStagingToDevice(offset, bytes);
   }
-  std::map<std::string, uint64_t> launch_counts() const override {
-    return inner_->launch_counts();
-  }
+  std::map<std::string, uint64_t> launch_counts() const override { return inner_->launch_counts(); }
   uint64_t launches_total() const override { return inner_->launches_total(); }
-  std::map<std::string, uint64_t> memory_bytes() const override {
-    return inner_->memory_bytes();
-  }
+  std::map<std::string, uint64_t> memory_bytes() const override { return inner_->memory_bytes(); }
 
  protected:
   OptimizerBackend& inner() { return *inner_; }

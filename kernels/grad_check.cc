@@ -78,7 +78,8 @@ bool RangesFinite(const void* grads, GradDType dtype, const std::vector<Range>& 
 }
 
 void AddPieces(uint64_t begin, uint64_t end, std::vector<Range>& out) {
-  for (uint64_t b = begin; b < end; b += kPieceNumel) out.push_back({b, std::min(end, b + kPieceNumel)});
+  for (uint64_t b = begin; b < end; b += kPieceNumel)
+    out.push_back({b, std::min(end, b + kPieceNumel)});
 }
 
 }  // namespace

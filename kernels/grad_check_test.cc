@@ -30,8 +30,8 @@ TEST(GradCheckTest, EveryHalfPatternAgreesWithTheDefinition) {
         const float value =
             dtype == GradDType::kBFloat16 ? BFloat16ToFloat(bits) : Float16ToFloat(bits);
         ASSERT_EQ(GradsAllFinite(&bits, dtype, 1, scale), Reference(value, scale))
-            << "dtype " << static_cast<int>(dtype) << " bits 0x" << std::hex << p
-            << " grad_scale " << scale;
+            << "dtype " << static_cast<int>(dtype) << " bits 0x" << std::hex << p << " grad_scale "
+            << scale;
       }
     }
   }
@@ -66,18 +66,16 @@ TEST(GradCheckTest, Float32SpecialsAndRandomPatterns) {
 TEST(GradCheckTest, OneBadElementAnywhereInALongArray) {
   constexpr uint64_t kCount = 300001;
   for (bool parallel : {false, true}) {
-    for (uint64_t at : {uint64_t{0}, uint64_t{65535}, uint64_t{65536}, uint64_t{150000},
-                        kCount - 1}) {
+    for (uint64_t at :
+         {uint64_t{0}, uint64_t{65535}, uint64_t{65536}, uint64_t{150000}, kCount - 1}) {
       std::vector<uint16_t> bf16(kCount, 0x3F80);  // 1.0
       EXPECT_TRUE(GradsAllFinite(bf16.data(), GradDType::kBFloat16, kCount, 0.0f, parallel));
       bf16[at] = 0xFFC0;  // NaN
-      EXPECT_FALSE(GradsAllFinite(bf16.data(), GradDType::kBFloat16, kCount, 0.0f, parallel))
-          << at;
+      EXPECT_FALSE(GradsAllFinite(bf16.data(), GradDType::kBFloat16, kCount, 0.0f, parallel)) << at;
       std::vector<float> fp32(kCount, 1.0f);
       fp32[at] = 3e38f;  // Finite, but inf once divided by 0.5.
       EXPECT_TRUE(GradsAllFinite(fp32.data(), GradDType::kFloat32, kCount, 2.0f, parallel));
-      EXPECT_FALSE(GradsAllFinite(fp32.data(), GradDType::kFloat32, kCount, 0.5f, parallel))
-          << at;
+      EXPECT_FALSE(GradsAllFinite(fp32.data(), GradDType::kFloat32, kCount, 0.5f, parallel)) << at;
     }
   }
 }

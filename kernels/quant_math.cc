@@ -77,8 +77,8 @@ uint64_t TensorRoundingKey(const char* name, uint64_t length) {
   return Mix64(hash);
 }
 
-void QuantizeBlock(const QuantCodebook& book, bool is_signed, const float* x, int n,
-                   uint8_t* codes, float* absmax) {
+void QuantizeBlock(const QuantCodebook& book, bool is_signed, const float* x, int n, uint8_t* codes,
+                   float* absmax) {
   float scale = 0.0f;
   for (int i = 0; i < n; ++i) scale = std::fmax(scale, is_signed ? std::fabs(x[i]) : x[i]);
   const float inverse = InverseScale(scale);

@@ -148,8 +148,8 @@ FUSEDPS_HOST_DEVICE float Normalized(float magnitude, float inverse_scale) {
 template <bool kFiniteInverse = false>
 FUSEDPS_HOST_DEVICE uint32_t QuantizeSigned(const float* thresholds, const uint8_t* buckets,
                                             float m, float inverse_scale) {
-  const int count = CountAtOrBelow(thresholds, buckets,
-                                   Normalized<kFiniteInverse>(fabsf(m), inverse_scale));
+  const int count =
+      CountAtOrBelow(thresholds, buckets, Normalized<kFiniteInverse>(fabsf(m), inverse_scale));
   return static_cast<uint32_t>(m < 0.0f ? 127 - (count < 127 ? count : 127) : 127 + count);
 }
 

@@ -144,8 +144,7 @@ TEST(Codebook, BucketEdgesAndThresholdPadding) {
     for (int k = ThresholdCount(is_signed); k < kQuantMapSize; ++k) {
       EXPECT_EQ(book.thresholds[k], std::numeric_limits<float>::infinity()) << k;
     }
-    EXPECT_EQ(CountAtOrBelow(book.thresholds, book.buckets, 1.0f),
-              ThresholdCount(is_signed));
+    EXPECT_EQ(CountAtOrBelow(book.thresholds, book.buckets, 1.0f), ThresholdCount(is_signed));
   }
 }
 

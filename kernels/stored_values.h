@@ -15,8 +15,8 @@ namespace fusedps {
 // The fp32 values of stored elements [0, count) of `field` (exp_avg, exp_avg_sq or params; not
 // the scales): fp32 copied, bf16 widened exactly, int8 codes dequantized with `scales` (the
 // tensor's, block 0 first; unused otherwise). Nothing happens for count 0.
-void StoredToFloat(TensorLayout layout, TensorField field, const void* stored,
-                   const float* scales, uint64_t count, float* out);
+void StoredToFloat(TensorLayout layout, TensorField field, const void* stored, const float* scales,
+                   uint64_t count, float* out);
 
 // Stores fp32 values as elements [offset, offset + count) of `field` in its stored form:
 // fp32 copied, bf16 rounded to nearest even, int8 quantized block by block (scales[b] gets

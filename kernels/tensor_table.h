@@ -14,8 +14,9 @@
 // 1 KB boundary (misaligned tensors cost 2 points of bandwidth on an H100); a smaller one
 // packs right after the last. Small fp32 tensors are the exception (Packable): consecutive ones
 // of one group lie end to end, in a run that starts on a multiple of 256, so that the CUDA
-// kernel can step a run of equal steps as one tensor (Packs). Besides, every tensor has a canonical offset, as if every arena were fp32: the
-// layout of a full push's staged gradients and of the sync-round accumulator.
+// kernel can step a run of equal steps as one tensor (Packs). Besides, every tensor has a canonical
+// offset, as if every arena were fp32: the layout of a full push's staged gradients and of the
+// sync-round accumulator.
 //
 // Tensors are appended; only the newest can be removed (Truncate, to undo a registration that
 // failed).
@@ -61,12 +62,12 @@ struct TensorPack {
 
 // The elements each arena needs.
 struct ArenaSizes {
-  uint64_t canonical = 0;   // fp32 elements, every tensor (staging, accumulator).
-  uint64_t params32 = 0;    // fp32 params, and the param copy beside them.
-  uint64_t params16 = 0;    // bf16 params.
-  uint64_t state32 = 0;     // fp32 exp_avg, exp_avg_sq, max_exp_avg_sq.
-  uint64_t state16 = 0;     // bf16 exp_avg, exp_avg_sq.
-  uint64_t state8 = 0;      // int8 exp_avg, exp_avg_sq codes.
+  uint64_t canonical = 0;  // fp32 elements, every tensor (staging, accumulator).
+  uint64_t params32 = 0;   // fp32 params, and the param copy beside them.
+  uint64_t params16 = 0;   // bf16 params.
+  uint64_t state32 = 0;    // fp32 exp_avg, exp_avg_sq, max_exp_avg_sq.
+  uint64_t state16 = 0;    // bf16 exp_avg, exp_avg_sq.
+  uint64_t state8 = 0;     // int8 exp_avg, exp_avg_sq codes.
   // Whether the arenas end with a run of Packable tensors of group run_group, which the next
   // Packable tensor of that group joins.
   bool run_open = false;

@@ -19,8 +19,8 @@ TEST(TensorTable, LargeTensorsStartOnWholePortions) {
   int8_group.state_dtype = StateDType::kInt8;
   ASSERT_TRUE(table.SetGroup(0, AdamWHyperparameters{}).ok());
   ASSERT_TRUE(table.SetGroup(1, int8_group).ok());
-  const std::vector<NewTensor> tensors = {
-      {100000, 0, 0}, {10, 0, 0}, {1000, 0, 0}, {300, 0, 0}, {8, 0, 0}, {5000, 1, 0}, {257, 0, 0}};
+  const std::vector<NewTensor> tensors = {{100000, 0, 0}, {10, 0, 0},   {1000, 0, 0}, {300, 0, 0},
+                                          {8, 0, 0},      {5000, 1, 0}, {257, 0, 0}};
   ASSERT_TRUE(table.ArenaSizesWith(tensors).ok());
   table.Append(tensors);
 
@@ -68,9 +68,9 @@ TEST(TensorTable, SmallFp32TensorsLieEndToEndAndPackByStep) {
   // 0-2: a run of group 0; 3-4: group 1's run; 5: too large; 6-7: a run; 8: not a whole number
   // of 8-element runs; 9-10: small tensors of an int8 group keep fp32 state, so they pack; 11:
   // bf16 state does not pack.
-  const std::vector<NewTensor> tensors = {
-      {1000, 0, 0}, {1000, 0, 0}, {1000, 0, 0}, {1000, 1, 0}, {8, 1, 0},  {2048, 0, 0},
-      {8, 0, 0},    {16, 0, 0},   {4, 0, 0},    {1000, 2, 0}, {512, 2, 0}, {1000, 3, 0}};
+  const std::vector<NewTensor> tensors = {{1000, 0, 0}, {1000, 0, 0}, {1000, 0, 0}, {1000, 1, 0},
+                                          {8, 1, 0},    {2048, 0, 0}, {8, 0, 0},    {16, 0, 0},
+                                          {4, 0, 0},    {1000, 2, 0}, {512, 2, 0},  {1000, 3, 0}};
   ASSERT_TRUE(table.ArenaSizesWith(tensors).ok());
   table.Append(tensors);
   const std::vector<uint64_t> params = {0,    1000, 2000, 3072, 4072, 4096,

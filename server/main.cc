@@ -210,8 +210,7 @@ int main(int argc, char** argv) {
                   "--restore latest, none or a path";
     return 2;
   }
-  if (options.checkpoint.root.empty() &&
-      (interval > 0 || options.checkpoint.every_versions > 0)) {
+  if (options.checkpoint.root.empty() && (interval > 0 || options.checkpoint.every_versions > 0)) {
     LOG(ERROR) << "--checkpoint-interval-seconds and --checkpoint-every-versions need "
                   "--checkpoint-dir";
     return 2;
@@ -260,8 +259,9 @@ int main(int argc, char** argv) {
   }
   // After every backend option: the factory copies them.
   if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
-    options.backend_factory = [device = options.device, backend = options.backend,
-                               step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
+    options.backend_factory =
+        [device = options.device, backend = options.backend,
+         step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
       absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> inner =
           fusedps::MakeBackend(device, backend);
       if (!inner.ok()) return inner;
@@ -278,8 +278,7 @@ int main(int argc, char** argv) {
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   LOG(INFO) << "fusedps-server listening on " << host << ":" << (*server)->port() << " (backend "
-            << (*server)->backend_name() << ", device " << (*server)->device()
-            << ")";
+            << (*server)->backend_name() << ", device " << (*server)->device() << ")";
   if (!options.metrics_listen.empty()) {
     LOG(INFO) << "fusedps-server metrics on http://"
               << options.metrics_listen.substr(0, options.metrics_listen.rfind(':')) << ":"
@@ -301,8 +300,7 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&stop_signals, &signal);
   if (signal == SIGUSR1) {
-    LOG(ERROR) << "the shard faulted (" << (*server)->fault().cause()
-               << "); exiting with status 3";
+    LOG(ERROR) << "the shard faulted (" << (*server)->fault().cause() << "); exiting with status 3";
     const int drain = absl::GetFlag(FLAGS_fault_drain_seconds);
     // The server keeps serving for the drain, so that every call, in flight or new, gets the
     // fault's UNAVAILABLE (a gRPC shutdown would refuse or cancel new ones instead). Then it
@@ -327,8 +325,8 @@ int main(int argc, char** argv) {
     // Every push acknowledged was applied in the drain; the checkpoint holds them all.
     for (const auto& [model, written] : (*server)->CheckpointAll()) {
       if (written.ok()) {
-        LOG(INFO) << "checkpoint on exit: version " << written->version << " of model '"
-                  << model << "' in " << written->path;
+        LOG(INFO) << "checkpoint on exit: version " << written->version << " of model '" << model
+                  << "' in " << written->path;
       } else {
         LOG(ERROR) << "the checkpoint on exit of model '" << model
                    << "' failed: " << written.status();

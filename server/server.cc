@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!arena.ok()) return arena.status();
   server->staging_ =
       std::make_unique<StagingPool>(options.staging_pool_bytes, *arena, "--staging-pool-bytes");
-  server->snapshot_budget_ = std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr,
-                                                           "--pull-snapshot-bytes");
+  server->snapshot_budget_ =
+      std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr, "--pull-snapshot-bytes");
   server->workspaces_ =
       std::make_unique<WorkspaceTable>(options.workspaces, server->arena_owner_.get());
   // A line that stops moving leaves a line in the log (and the oldest-wait gauge shows it).
@@ -151,9 +151,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(server->service_.get());
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on '", options.listen,
-        "': the address is in use (another server?) or cannot be bound here"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options.listen,
+                     "': the address is in use (another server?) or cannot be bound here"));
   }
   server->SetServing(false);  // Until the restore is done.
   if (absl::Status s = server->models_->Open(options.restore); !s.ok()) return s;
@@ -260,7 +260,7 @@ Server::~Server() {
   // and report to the metrics).
   models_.reset();
   workspaces_.reset();  // No push or pull holds one now; arena_owner_ unpins them.
-  metrics_.reset();  // After the engines, which report their last rounds to them.
+  metrics_.reset();     // After the engines, which report their last rounds to them.
   snapshot_budget_.reset();
   staging_.reset();
   arena_owner_.reset();  // Last: every model's backend shared its staging arena.

@@ -40,11 +40,11 @@
 #include "server/engine/shard_fault.h"
 #include "server/engine/update_engine.h"
 #include "server/ingest/staging_pool.h"
-#include "server/workspace/workspace.h"
 #include "server/metrics/metrics.h"
 #include "server/models/model_registry.h"
 #include "server/service/call_watchdog.h"
 #include "server/service/service.h"
+#include "server/workspace/workspace.h"
 
 namespace fusedps {
 
@@ -133,11 +133,9 @@ class Server {
 
   // A checkpoint of `model` holding every push acknowledged so far (Model::CheckpointNow),
   // e.g. after Shutdown's drain. FAILED_PRECONDITION without checkpoint.root; NOT_FOUND.
-  absl::StatusOr<checkpoint::CheckpointResult> Checkpoint(
-      absl::string_view model = kDefaultModel);
+  absl::StatusOr<checkpoint::CheckpointResult> Checkpoint(absl::string_view model = kDefaultModel);
   // Checkpoints every model (each is tried): each model's name and result, by name.
-  std::vector<std::pair<std::string, absl::StatusOr<checkpoint::CheckpointResult>>>
-  CheckpointAll();
+  std::vector<std::pair<std::string, absl::StatusOr<checkpoint::CheckpointResult>>> CheckpointAll();
 
   // Stops accepting calls, lets calls in flight finish until the deadline (then cancels
   // them), and applies every push already complete. Idempotent.

@@ -5,8 +5,8 @@
 // It serves fusedps.v1.ParameterService with the same generated stubs and the same message-size
 // limits as fusedps-server, so that a load generator drives both unchanged. PushGradients is,
 // as in fusedps-server, a raw method on gRPC's callback API; the sink scans each message's
-// framing with fusedps's own reader (server/ingest/push_message.h), counts the chunks' payload bytes
-// and skips them: no protobuf message, no copy, no staging, no optimizer. Its push rate is
+// framing with fusedps's own reader (server/ingest/push_message.h), counts the chunks' payload
+// bytes and skips them: no protobuf message, no copy, no staging, no optimizer. Its push rate is
 // what the network and gRPC allow, the ceiling fusedps is measured against. (The other RPCs
 // are synchronous, as in fusedps-server; they are not what is measured.)
 //
@@ -46,20 +46,20 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/port_file.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/byte_buffer_view.h"
 #include "common/flag_usage.h"
 #include "common/kebab_flags.h"
+#include "common/port_file.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/ingest/push_message.h"
-#include "common/byte_buffer_view.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",
@@ -106,9 +106,8 @@ uint32_t ElementSize(v1::DType dtype) {
   }
 }
 
-class SinkService final
-    : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
-          v1::ParameterService::Service> {
+class SinkService final : public v1::ParameterService::WithRawCallbackMethod_PushGradients<
+                              v1::ParameterService::Service> {
  public:
   explicit SinkService(uint64_t max_message_bytes) : max_message_bytes_(max_message_bytes) {
     v1::ParamGroup group;
@@ -338,9 +337,10 @@ class SinkService final
   uint64_t parameter_count_ = 0;
 };
 
-// One push: each serialized message is scanned for its chunks' framing (server/ingest/push_message.h)
-// and their payload bytes are counted and skipped: no protobuf message, no copy of the data.
-// On gRPC's callback API, as fusedps-server's pushes, so no thread is held per call.
+// One push: each serialized message is scanned for its chunks' framing
+// (server/ingest/push_message.h) and their payload bytes are counted and skipped: no protobuf
+// message, no copy of the data. On gRPC's callback API, as fusedps-server's pushes, so no thread is
+// held per call.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(grpc::ByteBuffer* response, SinkService* service)
@@ -356,8 +356,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       reply.set_tensors_updated(tensors_named_ > 0 ? tensors_named_ : service_->TensorCount());
       reply.set_grad_bytes(grad_bytes_);
       bool own_buffer = false;
-      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PushGradientsResponse>(
-          reply, response_, &own_buffer)
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PushGradientsResponse>(reply, response_,
+                                                                                 &own_buffer)
           .IgnoreError();
       return Finish(grpc::Status::OK);
     }
@@ -398,8 +398,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   uint64_t grad_bytes_ = 0;
 };
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* SinkService::PushGradients(
-    grpc::CallbackServerContext*, grpc::ByteBuffer* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* SinkService::PushGradients(grpc::CallbackServerContext*,
+                                                                      grpc::ByteBuffer* response) {
   return new PushReactor(response, this);
 }
 

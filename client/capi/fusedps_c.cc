@@ -12,7 +12,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "fusedps/client.h"
 #include "fusedps/pipelined_pull.h"
@@ -328,16 +327,16 @@ int32_t fusedps_pull(fusedps_client* client, int32_t dtype, int32_t field, size_
 
 }  // extern "C"
 
-fusedps_pipelined_pull* fusedps_pipelined_pull_start(
-    fusedps_client* const* clients, size_t client_count, int32_t dtype, int32_t field,
-    int32_t threads, size_t groups, size_t count, const uint64_t* group_of,
-    const uint64_t* client_of, const char* const* names, void* const* dst, const uint64_t* numels,
-    fusedps_error* error) {
-  if (clients == nullptr || client_count == 0 || groups == 0 || count == 0 ||
-      group_of == nullptr || client_of == nullptr || names == nullptr || dst == nullptr ||
-      numels == nullptr) {
-    Report(absl::InvalidArgumentError("a required pointer is NULL, or a count is 0"), error,
-           true);
+fusedps_pipelined_pull* fusedps_pipelined_pull_start(fusedps_client* const* clients,
+                                                     size_t client_count, int32_t dtype,
+                                                     int32_t field, int32_t threads, size_t groups,
+                                                     size_t count, const uint64_t* group_of,
+                                                     const uint64_t* client_of,
+                                                     const char* const* names, void* const* dst,
+                                                     const uint64_t* numels, fusedps_error* error) {
+  if (clients == nullptr || client_count == 0 || groups == 0 || count == 0 || group_of == nullptr ||
+      client_of == nullptr || names == nullptr || dst == nullptr || numels == nullptr) {
+    Report(absl::InvalidArgumentError("a required pointer is NULL, or a count is 0"), error, true);
     return nullptr;
   }
   absl::StatusOr<fc::PullOptions> options = PullOptionsOf(dtype, field);
@@ -356,11 +355,11 @@ fusedps_pipelined_pull* fusedps_pipelined_pull_start(
   std::vector<fc::PipelinedPull::Group> made(groups);
   for (size_t i = 0; i < count; ++i) {
     const uint64_t g = group_of[i], c = client_of[i];
-    if (g >= groups || c >= client_count || (i > 0 && g < group_of[i - 1]) ||
-        names[i] == nullptr || dst[i] == nullptr) {
-      Report(absl::InvalidArgumentError(absl::StrCat(
-                 "target ", i, ": group ", g, " of ", groups, ", client ", c, " of ",
-                 client_count, " (groups nondecreasing, names and dst not NULL)")),
+    if (g >= groups || c >= client_count || (i > 0 && g < group_of[i - 1]) || names[i] == nullptr ||
+        dst[i] == nullptr) {
+      Report(absl::InvalidArgumentError(
+                 absl::StrCat("target ", i, ": group ", g, " of ", groups, ", client ", c, " of ",
+                              client_count, " (groups nondecreasing, names and dst not NULL)")),
              error, true);
       return nullptr;
     }
@@ -382,9 +381,9 @@ int32_t fusedps_pipelined_pull_wait(fusedps_pipelined_pull* pull, int64_t group,
   if (pull == nullptr || group < 0) {
     return Report(absl::InvalidArgumentError("pull is NULL or group < 0"), error, true);
   }
-  return ReportPull(pull->pull->WaitUpTo(static_cast<int>(
-                        std::min<int64_t>(group, pull->pull->groups() - 1))),
-                    error);
+  return ReportPull(
+      pull->pull->WaitUpTo(static_cast<int>(std::min<int64_t>(group, pull->pull->groups() - 1))),
+      error);
 }
 
 int64_t fusedps_pipelined_pull_landed(fusedps_pipelined_pull* pull) {

@@ -183,8 +183,8 @@ typedef struct fusedps_pipelined_pull fusedps_pipelined_pull;
 FUSEDPS_C_EXPORT fusedps_pipelined_pull* fusedps_pipelined_pull_start(
     fusedps_client* const* clients, size_t client_count, int32_t dtype, int32_t field,
     int32_t threads, size_t groups, size_t count, const uint64_t* group_of,
-    const uint64_t* client_of, const char* const* names, void* const* dst,
-    const uint64_t* numels, fusedps_error* error);
+    const uint64_t* client_of, const char* const* names, void* const* dst, const uint64_t* numels,
+    fusedps_error* error);
 
 // Blocks until groups 0..group have landed; returns the first error among them (the pull's
 // status, as fusedps_pull_into's: INVALID_ARGUMENT, local, naming a tensor of another size).

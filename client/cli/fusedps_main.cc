@@ -26,9 +26,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,9 +36,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/models_command.h"
 #include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
-#include "client/cli/models_command.h"
 #include "common/kebab_flags.h"
 #include "common/safetensors.h"
 #include "fusedps/client.h"
@@ -123,8 +123,8 @@ pulled in bf16 are widened to fp32. safetensors.torch.load_file() reads it.
 )";
 
 void PrintHelp() {
-  std::cout << kUsage << "\nFlags:\n" << FlagsHelp(__FILE__) << ModelsFlagsHelp()
-            << SecurityFlagsHelp();
+  std::cout << kUsage << "\nFlags:\n"
+            << FlagsHelp(__FILE__) << ModelsFlagsHelp() << SecurityFlagsHelp();
 }
 
 // --dtype, or `fallback` when it is empty.
@@ -340,7 +340,9 @@ absl::Status WriteSafetensors(const PullResult& pull, const std::string& field,
   std::vector<safetensors::TensorView> tensors;
   nlohmann::json steps = nlohmann::json::object();
   for (const auto& [name, tensor] : pull.tensors) {
-    tensors.push_back({name, safetensors::DType::kF32, tensor.shape,
+    tensors.push_back({name,
+                       safetensors::DType::kF32,
+                       tensor.shape,
                        {reinterpret_cast<const uint8_t*>(tensor.values.data()),
                         tensor.values.size() * sizeof(float)}});
     steps[name] = tensor.step;
@@ -483,9 +485,10 @@ int Main(int argc, char** argv) {
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   const std::map<std::string, absl::Status (*)(Client&)> commands = {
-      {"info", RunInfo}, {"list", RunList}, {"register", RunRegister},
-      {"push", RunPush}, {"pull", RunPull}, {"set-lr", RunSetLr}, {"health", RunHealth},
-      {"checkpoint", RunCheckpoint}};
+      {"info", RunInfo},         {"list", RunList},
+      {"register", RunRegister}, {"push", RunPush},
+      {"pull", RunPull},         {"set-lr", RunSetLr},
+      {"health", RunHealth},     {"checkpoint", RunCheckpoint}};
   auto it = commands.find(command);
   if (it == commands.end() && command != "models") {
     std::cerr << "fusedps: unknown command " << command << " (see fusedps help)\n";
@@ -500,14 +503,13 @@ int Main(int argc, char** argv) {
   ApplySecurityFlags(&options);
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(absl::GetFlag(FLAGS_target), options);
-  absl::Status status = !client.ok()           ? client.status()
+  absl::Status status = !client.ok()          ? client.status()
                         : command == "models" ? RunModels(**client, words)
                                               : it->second(**client);
   if (!status.ok()) {
     std::cerr << "fusedps " << command << ": " << status << "\n";
     const bool usage = absl::StartsWith(status.message(), "usage:");
-    return status.code() == absl::StatusCode::kInvalidArgument && (!client.ok() || usage) ? 2
-                                                                                        : 1;
+    return status.code() == absl::StatusCode::kInvalidArgument && (!client.ok() || usage) ? 2 : 1;
   }
   return 0;
 }

@@ -16,8 +16,7 @@ ABSL_FLAG(uint32_t, total_replicas, 1, "models create --mode=sync: N.");
 ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(30),
           "models create --mode=sync: the round timeout (0: none).");
 ABSL_FLAG(uint64_t, max_staleness, 0, "models create --mode=bounded: s.");
-ABSL_FLAG(bool, staleness_lr_scaling, false,
-          "models create --mode=bounded: lr / (1 + staleness).");
+ABSL_FLAG(bool, staleness_lr_scaling, false, "models create --mode=bounded: lr / (1 + staleness).");
 
 namespace fusedps::client {
 namespace {
@@ -89,14 +88,14 @@ absl::Status RunModels(Client& client, const std::vector<std::string>& args) {
         return absl::OkStatus();
       }
     }
-    return absl::NotFoundError(absl::StrCat("model '", name, "' does not exist (or the token ",
-                                            "may not reach it)"));
+    return absl::NotFoundError(
+        absl::StrCat("model '", name, "' does not exist (or the token ", "may not reach it)"));
   }
   absl::StatusOr<DeleteModelResult> deleted = client.DeleteModel(name);
   if (!deleted.ok()) return deleted.status();
-  std::cout << absl::StrFormat("deleted model %s: %d bytes %s\n", name, deleted->freed_bytes,
-                               deleted->memory_freed ? "freed"
-                                                     : "freed once its calls in flight end");
+  std::cout << absl::StrFormat(
+      "deleted model %s: %d bytes %s\n", name, deleted->freed_bytes,
+      deleted->memory_freed ? "freed" : "freed once its calls in flight end");
   return absl::OkStatus();
 }
 

@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     // The launcher's condition: no group has amsgrad. Known here, the kernel has no amsgrad
     // path: with it (F1), the kernel took 76 registers at 3 blocks per SM and spilled at 4.
     w.s.amsgrad = false;
-    UpdateAndStore<kGrad, kCopy, ParamsDType::kFloat32, StateDType::kFloat32>(
-        a, c, portion, e, w, nullptr, lane, x);
+    UpdateAndStore<kGrad, kCopy, ParamsDType::kFloat32, StateDType::kFloat32>(a, c, portion, e, w,
+                                                                              nullptr, lane, x);
   }
   if (threadIdx.x != 0) return;
   const int64_t step = step_read;

@@ -123,11 +123,15 @@ __device__ __forceinline__ void PrefetchL1(const void* p) {
 class UnitCursor {
  public:
   __device__ UnitCursor(const DeviceArenas& a, const Chunk* chunks, uint32_t chunk_count,
-                        const UnitStart* units, const UnitPlan& plan, uint32_t warps,
-                        uint32_t warp)
-      : counter_(a.work), chunks_(chunks), chunk_count_(chunk_count), units_(units),
-        unit_count_(plan.units()), head_units_(plan.head_units()),
-        unit_portions_(plan.unit_portions), warps_(warps) {
+                        const UnitStart* units, const UnitPlan& plan, uint32_t warps, uint32_t warp)
+      : counter_(a.work),
+        chunks_(chunks),
+        chunk_count_(chunk_count),
+        units_(units),
+        unit_count_(plan.units()),
+        head_units_(plan.head_units()),
+        unit_portions_(plan.unit_portions),
+        warps_(warps) {
     last_head_portions_ = head_units_ == 0 ? 0 : plan.length(head_units_ - 1);
     if (warp >= unit_count_) return;
     Start(warp);
@@ -165,7 +169,7 @@ class UnitCursor {
     chunk_ = start >> kUnitChunkShift;
     portion_ = start & (kPortions - 1);
     // UnitPlan::length, without its division.
-    left_ = unit >= head_units_          ? 1
+    left_ = unit >= head_units_       ? 1
             : unit + 1 == head_units_ ? last_head_portions_
                                       : unit_portions_;
     if (chunk_ + 1 < chunk_count_) PrefetchL1(chunks_ + chunk_ + 1);
@@ -469,8 +473,7 @@ UnitPlan PlanUnits(uint64_t portions, uint32_t warps, const LaunchStorage& stora
         static_cast<uint32_t>(std::max<uint64_t>(1, (portions + warps - 1) / warps));
     return plan;
   }
-  plan.unit_portions =
-      storage.kinds == ApplyKinds::kInt8State ? kInt8UnitPortions : kUnitPortions;
+  plan.unit_portions = storage.kinds == ApplyKinds::kInt8State ? kInt8UnitPortions : kUnitPortions;
   plan.tail = static_cast<uint32_t>(
       std::min<uint64_t>(portions, static_cast<uint64_t>(kTailUnitsPerWarp) * warps));
   return plan;
@@ -478,8 +481,7 @@ UnitPlan PlanUnits(uint64_t portions, uint32_t warps, const LaunchStorage& stora
 
 uint64_t MostUnits(uint64_t portions, int grid) {
   // The int8 plans have no more units: longer units with the same tail, or one per warp.
-  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock, LaunchStorage{})
-      .units();
+  return PlanUnits(portions, ApplyBlocks(grid, portions) * kWarpsPerBlock, LaunchStorage{}).units();
 }
 
 std::vector<UnitStart> WorkUnits(const std::vector<Chunk>& chunks, const UnitPlan& plan) {

@@ -155,8 +155,7 @@ inline uint64_t ChunksOfTensor(uint64_t numel) {
   return (std::max<uint64_t>(numel, 1) + kChunkNumel - 1) / kChunkNumel;
 }
 inline uint32_t PortionsOfTensor(uint64_t numel) {
-  return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kPortionNumel - 1) /
-                               kPortionNumel);
+  return static_cast<uint32_t>((std::max<uint64_t>(numel, 1) + kPortionNumel - 1) / kPortionNumel);
 }
 uint64_t PortionsIn(const std::vector<Chunk>& chunks);
 

@@ -181,9 +181,9 @@ class CudaBackend final : public OptimizerBackend {
       portion_count += portions.back();
     }
     if (chunk_count >= kMaxChunks) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the shard would have ", chunk_count, " chunks of ", kChunkNumel,
-          " elements; the kernel's tables hold fewer than ", kMaxChunks));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the shard would have ", chunk_count, " chunks of ", kChunkNumel,
+                       " elements; the kernel's tables hold fewer than ", kMaxChunks));
     }
     std::vector<BufferGrowth> growths = arenas_.ToHold(*sizes, table_.any_amsgrad(), HasCopy());
     for (BufferGrowth g : full_.ToHold(count, chunk_count, portion_count, apply_grid_, Rows())) {
@@ -325,8 +325,7 @@ class CudaBackend final : public OptimizerBackend {
 
   absl::Status RegisterHostMemory(void* data, uint64_t bytes) const override {
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    if (cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
-        e != cudaSuccess) {
+    if (cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable); e != cudaSuccess) {
       cudaGetLastError();  // Not sticky: clear it.
       return absl::ResourceExhaustedError(absl::StrCat(
           "cannot page-lock ", bytes, " bytes of host memory: ", cudaGetErrorString(e)));
@@ -495,10 +494,10 @@ class CudaBackend final : public OptimizerBackend {
     std::map<std::string, uint64_t> bytes = arenas_.Bytes();
     bytes["grad_staging"] = grads_.bytes() + arena_mirror_.bytes();
     bytes["grad_accumulator"] = accumulator_.bytes();
-    bytes["tables"] = full_.bytes() + push_chunks_.bytes() +
-                      push_units_.bytes() + read_chunks_.bytes() + step_dev_.bytes() +
-                      hyper_.bytes() + remaining_.bytes() + portions_of_dev_.bytes() +
-                      codebooks_.bytes() + work_.bytes();
+    bytes["tables"] = full_.bytes() + push_chunks_.bytes() + push_units_.bytes() +
+                      read_chunks_.bytes() + step_dev_.bytes() + hyper_.bytes() +
+                      remaining_.bytes() + portions_of_dev_.bytes() + codebooks_.bytes() +
+                      work_.bytes();
     bytes["pull_snapshots"] = snapshots_.bytes() + read_scratch_.bytes();
     return bytes;
   }
@@ -541,9 +540,8 @@ class CudaBackend final : public OptimizerBackend {
       return absl::InvalidArgumentError("the range is not in the staging arena");
     }
     FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-    FUSEDPS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(arena_device_ + offset, arena_ + offset,
-                        bytes, cudaMemcpyHostToDevice, copy_stream_));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena_device_ + offset, arena_ + offset, bytes,
+                                                 cudaMemcpyHostToDevice, copy_stream_));
     return absl::OkStatus();
   }
 
@@ -631,10 +629,9 @@ class CudaBackend final : public OptimizerBackend {
     push_chunks_host_.clear();
     for (size_t r = 0; r < request.tensors.size(); ++r) {
       const uint32_t t = request.tensors[r];
-      AppendChunks(
-          SourceOf(table_, t,
-                   request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
-          push_chunks_host_);
+      AppendChunks(SourceOf(table_, t,
+                            request.from_accumulator ? table_.offset(t) : request.grad_offsets[r]),
+                   push_chunks_host_);
       list.storage.Add(table_.layout(t));
     }
     list.count = static_cast<uint32_t>(push_chunks_host_.size());
@@ -668,8 +665,8 @@ class CudaBackend final : public OptimizerBackend {
     std::memcpy(host + chunk_bytes, push_units_host_.data(), unit_bytes);
     FUSEDPS_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(push_chunks_.data(), host, chunk_bytes, cudaMemcpyHostToDevice, stream_));
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_units_.data(), host + chunk_bytes,
-                                                 unit_bytes, cudaMemcpyHostToDevice, stream_));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(push_units_.data(), host + chunk_bytes, unit_bytes,
+                                                 cudaMemcpyHostToDevice, stream_));
     if (absl::Status s = chunk_ring_.Release(list.slot, stream_); !s.ok()) return s;
     return DeviceList{push_chunks_.data(), push_units_.data()};
   }
@@ -762,12 +759,11 @@ class CudaBackend final : public OptimizerBackend {
     arenas.work = work_.data();
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
     const ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
-                             options_.param_copy_dtype, list.storage.kinds,
-                             table_.any_amsgrad(), options_.step_kernel};
-    if (absl::Status s =
-            LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas, chunks->chunks,
-                             list.count, chunks->units, list.plan,
-                             request.grad_scale, request.lr_divisor);
+                             options_.param_copy_dtype, list.storage.kinds, table_.any_amsgrad(),
+                             options_.step_kernel};
+    if (absl::Status s = LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas,
+                                          chunks->chunks, list.count, chunks->units, list.plan,
+                                          request.grad_scale, request.lr_divisor);
         !s.ok()) {
       return s;
     }
@@ -796,9 +792,9 @@ class CudaBackend final : public OptimizerBackend {
 
   std::vector<DeviceBuffer*> AllBuffers() {
     std::vector<DeviceBuffer*> buffers = {
-        &grads_,       &arena_mirror_, &step_dev_,    &hyper_,     &remaining_,
-        &portions_of_dev_, &push_chunks_, &push_units_, &read_chunks_, &read_scratch_,
-        &accumulator_, &codebooks_,    &work_};
+        &grads_,           &arena_mirror_, &step_dev_,   &hyper_,       &remaining_,
+        &portions_of_dev_, &push_chunks_,  &push_units_, &read_chunks_, &read_scratch_,
+        &accumulator_,     &codebooks_,    &work_};
     for (DeviceBuffer* b : full_.Buffers()) buffers.push_back(b);
     return buffers;
   }

@@ -1,11 +1,10 @@
 // device_memory.cu: growing device buffers and the page-locked upload ring of the CUDA backend
 // (device_memory.cuh).
-#include "kernels/cuda/device_memory.cuh"
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_memory.cuh"
 
 namespace fusedps {
 namespace gpu {

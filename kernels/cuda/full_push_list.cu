@@ -1,10 +1,9 @@
 // full_push_list.cu: see full_push_list.cuh.
-#include "kernels/cuda/full_push_list.cuh"
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/full_push_list.cuh"
 
 namespace fusedps {
 namespace gpu {
@@ -35,14 +34,11 @@ ChunkSource SourceOf(const TensorTable& table, uint32_t t, uint64_t grad) {
   return source;
 }
 
-std::vector<BufferGrowth> FullPushList::ToHold(uint64_t tensors, uint64_t chunks,
-                                               uint64_t portions, int grid,
-                                               const TensorRows& rows) {
+std::vector<BufferGrowth> FullPushList::ToHold(uint64_t tensors, uint64_t chunks, uint64_t portions,
+                                               int grid, const TensorRows& rows) {
   const uint64_t most_packs = tensors / 2;  // Two tensors or more each.
-  return {chunks_.ToHold(chunks),
-          units_.ToHold(MostUnits(portions, grid)),
-          rows.step->ToHold(tensors + most_packs),
-          rows.remaining->ToHold(tensors + most_packs),
+  return {chunks_.ToHold(chunks), units_.ToHold(MostUnits(portions, grid)),
+          rows.step->ToHold(tensors + most_packs), rows.remaining->ToHold(tensors + most_packs),
           rows.portions_of->ToHold(tensors + most_packs)};
 }
 
@@ -83,11 +79,11 @@ absl::Status FullPushList::Refresh(const TensorTable& table, int grid, const Ten
   }
   const uint64_t rows_needed = tensors + packs.size();
   if (chunks.size() > chunks_.capacity() || units.size() > units_.capacity() ||
-      rows_needed > rows.step->capacity() ||
-      rows_needed > rows.remaining->capacity() || rows_needed > rows.portions_of->capacity()) {
-    return absl::InternalError(absl::StrCat(
-        "the full push's list outgrew its buffers: ", chunks.size(), " chunks, ", units.size(),
-        " units, ", packs.size(), " packs, ", tensors, " tensors"));
+      rows_needed > rows.step->capacity() || rows_needed > rows.remaining->capacity() ||
+      rows_needed > rows.portions_of->capacity()) {
+    return absl::InternalError(
+        absl::StrCat("the full push's list outgrew its buffers: ", chunks.size(), " chunks, ",
+                     units.size(), " units, ", packs.size(), " packs, ", tensors, " tensors"));
   }
   // Tensors that leave a pack read their own rows from now on.
   if (absl::Status s = SyncMemberSteps(table, *rows.step, stream); !s.ok()) return s;

@@ -1,8 +1,7 @@
 // markers.cu: markers as pooled CUDA events (markers.cuh).
-#include "kernels/cuda/markers.cuh"
-
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/markers.cuh"
 
 namespace fusedps {
 namespace gpu {

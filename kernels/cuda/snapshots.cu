@@ -1,10 +1,9 @@
 // snapshots.cu: pull snapshots in device memory (snapshots.cuh).
-#include "kernels/cuda/snapshots.cuh"
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/snapshots.cuh"
 
 namespace fusedps {
 namespace gpu {

@@ -77,9 +77,8 @@ TEST(WorkUnitsTest, PlansCoverEveryPortion) {
           EXPECT_LE(plan.units(), warps);
           EXPECT_GE(static_cast<uint64_t>(plan.unit_portions) * warps, portions);
         } else {
-          EXPECT_EQ(plan.unit_portions, storage.kinds == ApplyKinds::kInt8State
-                                            ? kInt8UnitPortions
-                                            : kUnitPortions);
+          EXPECT_EQ(plan.unit_portions,
+                    storage.kinds == ApplyKinds::kInt8State ? kInt8UnitPortions : kUnitPortions);
           EXPECT_EQ(plan.tail, std::min<uint64_t>(portions, kTailUnitsPerWarp * warps));
         }
         uint64_t covered = 0;
@@ -139,7 +138,7 @@ TEST(WorkUnitsTest, RunsChunkBlocksOnlyWhereItCanAndPays) {
   ApplyConfig fp32;
   EXPECT_TRUE(RunsChunkBlocks(fp32, big, full));
   EXPECT_TRUE(RunsChunkBlocks(fp32, big, full * 7 / 8));
-  EXPECT_FALSE(RunsChunkBlocks(fp32, big, full * 7 / 8 - 1));  // Too many empty portions.
+  EXPECT_FALSE(RunsChunkBlocks(fp32, big, full * 7 / 8 - 1));      // Too many empty portions.
   EXPECT_FALSE(RunsChunkBlocks(fp32, big - 1, full - kPortions));  // Too small.
   ApplyConfig amsgrad = fp32;
   amsgrad.amsgrad = true;

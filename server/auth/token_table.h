@@ -55,9 +55,9 @@ class TokenTable {
  public:
   // Parses the file's text. `source` names it in errors (the path). Errors: INVALID_ARGUMENT
   // naming the line and what is wrong with it (never the token itself): a line that is not
-  // three fields (or four, the fourth models=NAME[,NAME...]), a token shorter than 16 or longer than 1024 characters or not printable
-  // ASCII, an unknown role, a principal longer than 256 bytes, a token given twice, or a file
-  // with no token at all.
+  // three fields (or four, the fourth models=NAME[,NAME...]), a token shorter than 16 or longer
+  // than 1024 characters or not printable ASCII, an unknown role, a principal longer than 256
+  // bytes, a token given twice, or a file with no token at all.
   static absl::StatusOr<TokenTable> Parse(absl::string_view text, absl::string_view source);
 
   // Who `token` is, or nullopt when no line has it. Constant time in the token's content.

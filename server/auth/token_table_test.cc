@@ -73,8 +73,7 @@ TEST(TokenTableTest, RefusesBadLinesNamingTheLineButNotTheToken) {
     absl::StatusOr<TokenTable> table = TokenTable::Parse(c.text, "tokens.txt");
     ASSERT_FALSE(table.ok()) << c.text;
     EXPECT_EQ(table.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(table.status().message().find(c.error), absl::string_view::npos)
-        << table.status();
+    EXPECT_NE(table.status().message().find(c.error), absl::string_view::npos) << table.status();
     EXPECT_NE(table.status().message().find("tokens.txt"), absl::string_view::npos);
     EXPECT_EQ(table.status().message().find(kTrainerToken), absl::string_view::npos);
   }

@@ -77,8 +77,7 @@ std::string PendingCheckpoint::PathOf(const std::string& file) const {
   return absl::StrCat(directory_, "/", file);
 }
 
-absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes,
-                                        uint32_t crc32) {
+absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes, uint32_t crc32) {
   if (name.empty() || absl::StrContains(name, '/') || absl::StartsWith(name, kManifestName) ||
       files_.contains(name)) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint file name \"", name,
@@ -137,22 +136,24 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
   const std::string manifest_path = absl::StrCat(directory, "/", kManifestName);
   absl::StatusOr<std::string> text = file_io::ReadFile(manifest_path);
   if (!text.ok()) {
-    return absl::DataLossError(absl::StrCat(manifest_path, ": ", text.status().message(),
-                                            " (an incomplete checkpoint)"));
+    return absl::DataLossError(
+        absl::StrCat(manifest_path, ": ", text.status().message(), " (an incomplete checkpoint)"));
   }
   Loaded loaded;
   loaded.directory = directory;
   loaded.manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   const json& m = loaded.manifest;
-  if (!m.is_object() || m.value("format", "") != "fusedps-checkpoint" ||
-      !m.contains("version") || !m["version"].is_number_unsigned() || !m.contains("serial") ||
+  if (!m.is_object() || m.value("format", "") != "fusedps-checkpoint" || !m.contains("version") ||
+      !m["version"].is_number_unsigned() || !m.contains("serial") ||
       !m["serial"].is_number_unsigned() || !m.contains("files") || !m["files"].is_object()) {
     return absl::DataLossError(absl::StrCat(manifest_path, " is not a complete manifest"));
   }
   if (m.value("format_version", 0) != kFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest_path, " has format_version ", m.value("format_version", 0), "; this server "
-        "reads ", kFormatVersion));
+    return absl::FailedPreconditionError(absl::StrCat(manifest_path, " has format_version ",
+                                                      m.value("format_version", 0),
+                                                      "; this server "
+                                                      "reads ",
+                                                      kFormatVersion));
   }
   loaded.version = m["version"].get<uint64_t>();
   loaded.serial = m["serial"].get<uint64_t>();
@@ -167,8 +168,10 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
       return absl::DataLossError(absl::StrCat(path, " is missing"));
     }
     if (static_cast<uint64_t>(info.st_size) != entry["bytes"].get<uint64_t>()) {
-      return absl::DataLossError(absl::StrCat(path, " has ", info.st_size, " bytes, the "
-                                              "manifest says ", entry["bytes"].get<uint64_t>()));
+      return absl::DataLossError(absl::StrCat(path, " has ", info.st_size,
+                                              " bytes, the "
+                                              "manifest says ",
+                                              entry["bytes"].get<uint64_t>()));
     }
   }
   return loaded;

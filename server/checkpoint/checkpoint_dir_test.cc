@@ -35,8 +35,8 @@ uint32_t ZlibCrc32Of(const std::string& path) {  // zlib: a reference independen
 class CheckpointDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = absl::StrCat(fs::temp_directory_path().string(), "/checkpoint_dir_test_", getpid(),
-                         "_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = absl::StrCat(fs::temp_directory_path().string(), "/checkpoint_dir_test_", getpid(), "_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
   }
   void TearDown() override { fs::remove_all(root_); }
@@ -48,7 +48,9 @@ class CheckpointDirTest : public ::testing::Test {
     const std::vector<float> values(static_cast<size_t>(elements), static_cast<float>(version));
     absl::StatusOr<safetensors::WriteResult> written = safetensors::WriteFile(
         pending->PathOf("params.safetensors"),
-        {{"w", safetensors::DType::kF32, {elements},
+        {{"w",
+          safetensors::DType::kF32,
+          {elements},
           {reinterpret_cast<const uint8_t*>(values.data()), values.size() * 4}}},
         {{}, /*fsync=*/true});
     if (!written.ok()) return written.status();
@@ -244,8 +246,7 @@ TEST_F(CheckpointDirTest, SigkillAtAnyMomentLeavesTheLastCompleteCheckpointLoada
     }
     ASSERT_TRUE(loaded.ok()) << "iteration " << iteration << ": " << loaded.status();
     EXPECT_TRUE(loaded->version == finished || loaded->version == finished + 1)
-        << "iteration " << iteration << ": loaded " << loaded->version << ", finished "
-        << finished;
+        << "iteration " << iteration << ": loaded " << loaded->version << ", finished " << finished;
     next = loaded->version + 1;
   }
 }

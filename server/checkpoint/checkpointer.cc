@@ -17,8 +17,7 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 }
 
 double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // How often the thread looks at the version, for --checkpoint-every-versions.
@@ -126,8 +125,8 @@ absl::StatusOr<CheckpointSnapshot> Checkpointer::Snapshot(
     uint64_t needed = 0;
     const std::shared_ptr<const ShardView> view = engine_->view();
     SnapshotLayout(*view, engine_->param_copy_dtype(), &needed);
-    *fenced = full_failed_ ||
-              (options_.host_buffer_bytes > 0 && needed > options_.host_buffer_bytes);
+    *fenced =
+        full_failed_ || (options_.host_buffer_bytes > 0 && needed > options_.host_buffer_bytes);
     uint64_t want = needed;
     if (*fenced) {
       // At least the largest tensor of any field (a fenced read takes whole tensors).
@@ -201,9 +200,9 @@ absl::StatusOr<CheckpointResult> Checkpointer::TakeOne() {
   }
   metrics_->RecordCheckpointPhase("write", write_seconds);
   metrics_->RecordCheckpointSuccess(options_.model, written->bytes, UnixNow());
-  LOG(INFO) << "checkpoint: version " << written->version << " in " << written->directory
-            << ", " << written->bytes << " bytes; snapshot " << snapshot_seconds * 1e3
-            << " ms" << (fenced ? " (fenced)" : "") << ", write " << write_seconds << " s ("
+  LOG(INFO) << "checkpoint: version " << written->version << " in " << written->directory << ", "
+            << written->bytes << " bytes; snapshot " << snapshot_seconds * 1e3 << " ms"
+            << (fenced ? " (fenced)" : "") << ", write " << write_seconds << " s ("
             << written->bytes / std::max(write_seconds, 1e-9) / 1e9 << " GB/s)";
   CheckpointResult result{written->version, written->directory};
   std::lock_guard<std::mutex> lock(mu_);

@@ -40,13 +40,13 @@
 namespace fusedps::checkpoint {
 
 struct CheckpointerOptions {
-  std::string root;                                   // --checkpoint-dir; required.
-  int keep = 3;                                       // --checkpoint-keep, >= 1.
-  absl::Duration interval = absl::ZeroDuration();     // Zero: no timer.
-  uint64_t every_versions = 0;                        // 0: no version trigger.
-  uint64_t host_buffer_bytes = 0;                     // 0: as much as the shard needs.
-  std::string server_version;                         // For the manifest.
-  std::string model = "default";                      // The `model` label of its metrics.
+  std::string root;                                // --checkpoint-dir; required.
+  int keep = 3;                                    // --checkpoint-keep, >= 1.
+  absl::Duration interval = absl::ZeroDuration();  // Zero: no timer.
+  uint64_t every_versions = 0;                     // 0: no version trigger.
+  uint64_t host_buffer_bytes = 0;                  // 0: as much as the shard needs.
+  std::string server_version;                      // For the manifest.
+  std::string model = "default";                   // The `model` label of its metrics.
 };
 
 struct CheckpointResult {

@@ -37,8 +37,10 @@ void Register(UpdateEngine& engine) {
   ASSERT_TRUE(Wait<bool>([&](auto done) { engine.RegisterParamGroup(group, done); }).ok());
   std::vector<TensorMeta> metas;
   for (size_t i = 0; i < 3; ++i) {
-    metas.push_back({absl::StrCat("t", i), {static_cast<int64_t>(kSizes[i])},
-                     static_cast<uint32_t>(i % 2), kSizes[i]});
+    metas.push_back({absl::StrCat("t", i),
+                     {static_cast<int64_t>(kSizes[i])},
+                     static_cast<uint32_t>(i % 2),
+                     kSizes[i]});
   }
   ASSERT_TRUE(Wait<uint32_t>([&](auto done) { engine.BeginRegistration(metas, done); }).ok());
   std::vector<std::vector<float>> values;
@@ -48,8 +50,7 @@ void Register(UpdateEngine& engine) {
     writes.push_back({i, 0, values.back().data(), kSizes[i]});
   }
   ASSERT_TRUE(Wait<bool>([&](auto done) { engine.WriteParams(writes, done); }).ok());
-  ASSERT_TRUE(
-      Wait<uint64_t>([&](auto done) { engine.CommitRegistration(kPlanHash, done); }).ok());
+  ASSERT_TRUE(Wait<uint64_t>([&](auto done) { engine.CommitRegistration(kPlanHash, done); }).ok());
 }
 
 // Every field of every tensor, and the steps, as one byte string.
@@ -90,17 +91,17 @@ absl::Status RestoreFrom(const Loaded& checkpoint, UpdateEngine& engine) {
   absl::StatusOr<std::unique_ptr<ShardReader>> reader =
       ShardReader::Open(checkpoint, &engine, /*slot_bytes=*/1000);
   if (!reader.ok()) return reader.status();
-  return Wait<uint64_t>([&](auto done) {
-           engine.Restore(&(*reader)->shard(), reader->get(), done);
-         }).status();
+  return Wait<uint64_t>(
+             [&](auto done) { engine.Restore(&(*reader)->shard(), reader->get(), done); })
+      .status();
 }
 
 class CheckpointerStressTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
   const bool fenced = GetParam();
-  const std::string root = absl::StrCat(fs::temp_directory_path().string(),
-                                        "/checkpointer_test_", getpid(), "_", fenced);
+  const std::string root = absl::StrCat(fs::temp_directory_path().string(), "/checkpointer_test_",
+                                        getpid(), "_", fenced);
   fs::remove_all(root);
   Shard shard;
   UpdateEngine& engine = shard.engine;
@@ -119,9 +120,8 @@ TEST_P(CheckpointerStressTest, StepsAndCheckpointsAtOnceRestoreExactly) {
     Checkpointer checkpointer(&engine, &shard.metrics, options);
     checkpointer.Start();
     constexpr int kPushers = 2, kSteps = 60;
-    std::vector<float> grads(AlignedNumel(kSizes[0]) + AlignedNumel(kSizes[1]) +
-                                 AlignedNumel(kSizes[2]),
-                             0.25f);
+    std::vector<float> grads(
+        AlignedNumel(kSizes[0]) + AlignedNumel(kSizes[1]) + AlignedNumel(kSizes[2]), 0.25f);
     std::atomic<int> pushing{kPushers};
     std::vector<std::thread> threads;
     for (int p = 0; p < kPushers; ++p) {
@@ -188,8 +188,8 @@ double IoFailures(const Metrics& metrics) {
 }
 
 TEST(CheckpointerTest, AFailingCheckpointWaitsForTheNextTriggerInsteadOfRetryingInALoop) {
-  const std::string root = absl::StrCat(fs::temp_directory_path().string(),
-                                        "/checkpointer_test_file_", getpid());
+  const std::string root =
+      absl::StrCat(fs::temp_directory_path().string(), "/checkpointer_test_file_", getpid());
   { std::ofstream(root) << "a file, not a directory"; }
   Shard shard;
   UpdateEngine& engine = shard.engine;
@@ -217,8 +217,8 @@ TEST(CheckpointerTest, AFailingCheckpointWaitsForTheNextTriggerInsteadOfRetrying
 // A restore streams values into the engine before the last file's checksum is known: one that
 // fails it is undone, and the engine restores an older checkpoint as if nothing had happened.
 TEST(CheckpointerTest, ARestoreThatFailsItsChecksumIsUndoneAndAnOlderOneLoads) {
-  const std::string root = absl::StrCat(fs::temp_directory_path().string(),
-                                        "/checkpointer_test_undo_", getpid());
+  const std::string root =
+      absl::StrCat(fs::temp_directory_path().string(), "/checkpointer_test_undo_", getpid());
   fs::remove_all(root);
   Shard shard;
   UpdateEngine& engine = shard.engine;

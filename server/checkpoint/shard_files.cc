@@ -18,7 +18,6 @@ namespace {
 
 using nlohmann::json;
 
-
 json HyperparametersJson(const ParamGroupSpec& g) {
   const AdamWHyperparameters& h = g.hyperparameters;
   return {{"name", g.name},
@@ -125,8 +124,7 @@ absl::StatusOr<safetensors::WriteResult> WriteFenced(const CheckpointSnapshot& s
                                               settings.fence_buffer_bytes,
                                               "-byte snapshot buffer"));
     }
-    if (absl::Status s = snapshot.fence->Read(field, begin, end, settings.fence_buffer);
-        !s.ok()) {
+    if (absl::Status s = snapshot.fence->Read(field, begin, end, settings.fence_buffer); !s.ok()) {
       return s;
     }
     for (size_t i = begin; i < end; ++i) {
@@ -147,18 +145,16 @@ absl::StatusOr<safetensors::WriteResult> WriteBuffers(const BufferSet& buffers,
                                                       const std::string& path) {
   std::vector<safetensors::TensorView> views;
   for (const auto& [name, b] : buffers.buffers()) {
-    views.push_back({b->name, b->dtype, b->shape,
-                     absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b->data.data()),
-                                         b->data.size())});
+    views.push_back(
+        {b->name, b->dtype, b->shape,
+         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b->data.data()), b->data.size())});
   }
   return safetensors::WriteFile(path, views, {{}, /*fsync=*/true});
 }
 
 }  // namespace
 
-std::string FileOf(const SnapshotField& field) {
-  return absl::StrCat(field.name, ".safetensors");
-}
+std::string FileOf(const SnapshotField& field) { return absl::StrCat(field.name, ".safetensors"); }
 
 safetensors::DType DTypeOf(const SnapshotField& field, TensorLayout layout, ParamCopyDType copy) {
   if (field.param_copy) {
@@ -198,8 +194,8 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
       PendingCheckpoint::Begin(settings.root, snapshot.cut.version);
   if (!pending.ok()) return pending.status();
   const size_t n = snapshot.fields.size();
-  std::vector<absl::StatusOr<safetensors::WriteResult>> results(
-      n, absl::UnknownError("not written"));
+  std::vector<absl::StatusOr<safetensors::WriteResult>> results(n,
+                                                                absl::UnknownError("not written"));
   const auto write = [&](size_t i) {
     const SnapshotField& field = snapshot.fields[i];
     const std::string path = pending->PathOf(FileOf(field));
@@ -226,8 +222,8 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
   };
   for (size_t i = 0; i < n; ++i) {
     if (!results[i].ok()) return abandon(results[i].status());
-    if (absl::Status s = pending->AddFile(FileOf(snapshot.fields[i]), results[i]->bytes,
-                                          results[i]->crc32);
+    if (absl::Status s =
+            pending->AddFile(FileOf(snapshot.fields[i]), results[i]->bytes, results[i]->crc32);
         !s.ok()) {
       return s;
     }

@@ -46,8 +46,8 @@ namespace fusedps::checkpoint {
 inline constexpr char kBuffersFileName[] = "buffers.safetensors";
 
 struct WriteSettings {
-  std::string root;   // --checkpoint-dir.
-  int keep = 3;       // --checkpoint-keep (>= 1).
+  std::string root;  // --checkpoint-dir.
+  int keep = 3;      // --checkpoint-keep (>= 1).
   std::string server_version;
   ParamCopyDType param_copy_dtype = ParamCopyDType::kNone;
   // A fenced snapshot's staging: host memory of this many bytes, at least the largest tensor's
@@ -100,8 +100,8 @@ class ShardReader final : public RestoreSource {
   static constexpr uint64_t kSlotBytes = uint64_t{4} << 20;
   // REQUIRES: engine outlives the reader.
   static absl::StatusOr<std::unique_ptr<ShardReader>> Open(const Loaded& checkpoint,
-                                                          UpdateEngine* engine,
-                                                          uint64_t slot_bytes = kSlotBytes);
+                                                           UpdateEngine* engine,
+                                                           uint64_t slot_bytes = kSlotBytes);
   ~ShardReader() override;  // Stops the reader threads (a restore may end early).
 
   const RestoredShard& shard() const { return shard_; }
@@ -125,11 +125,11 @@ class ShardReader final : public RestoreSource {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int> free_slots_;   // Guarded by mu_.
-  std::deque<Batch> ready_;       // Guarded by mu_.
-  size_t parts_done_ = 0;         // Guarded by mu_: files read whole and checked.
-  absl::Status error_;            // Guarded by mu_: the first reader's error.
-  bool stopping_ = false;         // Guarded by mu_.
+  std::vector<int> free_slots_;  // Guarded by mu_.
+  std::deque<Batch> ready_;      // Guarded by mu_.
+  size_t parts_done_ = 0;        // Guarded by mu_: files read whole and checked.
+  absl::Status error_;           // Guarded by mu_: the first reader's error.
+  bool stopping_ = false;        // Guarded by mu_.
 };
 
 }  // namespace fusedps::checkpoint

@@ -329,9 +329,8 @@ std::vector<BufferValue> SomeBuffers() {
 TEST_F(ShardFilesTest, BuffersComeBackBitForBitAndADamagedBuffersFileIsDataLoss) {
   const Loaded without = Checkpoint(/*fenced=*/false);
   EXPECT_FALSE(without.manifest["files"].contains(kBuffersFileName));
-  ASSERT_TRUE(Wait<uint64_t>([&](auto done) {
-                shard_.engine.WriteBuffers(SomeBuffers(), done);
-              }).ok());
+  ASSERT_TRUE(
+      Wait<uint64_t>([&](auto done) { shard_.engine.WriteBuffers(SomeBuffers(), done); }).ok());
   for (bool fenced : {false, true}) {
     const Loaded c = Checkpoint(fenced);
     ASSERT_TRUE(c.manifest["files"].contains(kBuffersFileName));
@@ -502,8 +501,8 @@ TEST_F(ShardFilesTest, AManifestWithoutStorageKeysIsAllFp32) {
   ams.hyperparameters.amsgrad = true;
   const std::string root = root_ + "_legacy";
   Loaded loaded;
-  ASSERT_NO_FATAL_FAILURE(RegisterAndCheckpoint(
-      plain, ams, {{"w", {5000}, 0, 5000}, {"b", {3}, 1, 3}}, root, &loaded));
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndCheckpoint(plain, ams, {{"w", {5000}, 0, 5000}, {"b", {3}, 1, 3}}, root, &loaded));
   for (nlohmann::json& g : loaded.manifest["param_groups"]) {
     g.erase("state_dtype");
     g.erase("params_dtype");

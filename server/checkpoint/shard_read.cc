@@ -28,14 +28,13 @@ class ManifestReader {
   absl::Status Bad(const std::string& where, const std::string& why) const {
     return absl::DataLossError(absl::StrCat(path_, ": ", where, " ", why));
   }
-  absl::StatusOr<const json*> Get(const json& object, const std::string& key,
-                                  json::value_t type, const std::string& where) const {
+  absl::StatusOr<const json*> Get(const json& object, const std::string& key, json::value_t type,
+                                  const std::string& where) const {
     if (!object.is_object() || !object.contains(key)) return Bad(where, "lacks \"" + key + "\"");
     const json& v = object[key];
-    const bool ok = type == json::value_t::number_float
-                        ? v.is_number()
-                        : type == json::value_t::number_unsigned ? v.is_number_unsigned()
-                                                                 : v.type() == type;
+    const bool ok = type == json::value_t::number_float      ? v.is_number()
+                    : type == json::value_t::number_unsigned ? v.is_number_unsigned()
+                                                             : v.type() == type;
     if (!ok) return Bad(absl::StrCat(where, ".", key), "has the wrong type");
     return &v;
   }
@@ -44,8 +43,8 @@ class ManifestReader {
   std::string path_;
 };
 
-#define FUSEDPS_ASSIGN(lhs, expr)       \
-  auto lhs##_or = (expr);               \
+#define FUSEDPS_ASSIGN(lhs, expr)               \
+  auto lhs##_or = (expr);                       \
   if (!lhs##_or.ok()) return lhs##_or.status(); \
   const json& lhs = **lhs##_or
 
@@ -70,17 +69,16 @@ absl::StatusOr<DType> ParseDTypeName(const ManifestReader& m, const json& object
 absl::Status ReadStorage(const ManifestReader& m, const json& g, const std::string& where,
                          AdamWHyperparameters* h) {
   if (g.contains("state_dtype")) {
-    absl::StatusOr<StateDType> dtype =
-        ParseDTypeName(m, g, "state_dtype", where,
-                       {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8},
-                       &StateDTypeName);
+    absl::StatusOr<StateDType> dtype = ParseDTypeName(
+        m, g, "state_dtype", where,
+        {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8}, &StateDTypeName);
     if (!dtype.ok()) return dtype.status();
     h->state_dtype = *dtype;
   }
   if (g.contains("params_dtype")) {
-    absl::StatusOr<ParamsDType> dtype = ParseDTypeName(
-        m, g, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
-        &ParamsDTypeName);
+    absl::StatusOr<ParamsDType> dtype =
+        ParseDTypeName(m, g, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
+                       &ParamsDTypeName);
     if (!dtype.ok()) return dtype.status();
     h->params_dtype = *dtype;
   }
@@ -95,9 +93,9 @@ absl::Status ReadStorage(const ManifestReader& m, const json& g, const std::stri
 absl::Status CheckLayout(const ManifestReader& m, const json& t, const std::string& where,
                          TensorLayout layout) {
   if (t.contains("params_dtype")) {
-    absl::StatusOr<ParamsDType> dtype = ParseDTypeName(
-        m, t, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
-        &ParamsDTypeName);
+    absl::StatusOr<ParamsDType> dtype =
+        ParseDTypeName(m, t, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
+                       &ParamsDTypeName);
     if (!dtype.ok()) return dtype.status();
     if (*dtype != layout.params) {
       return m.Bad(where + ".params_dtype",
@@ -106,10 +104,9 @@ absl::Status CheckLayout(const ManifestReader& m, const json& t, const std::stri
     }
   }
   if (t.contains("state_dtype")) {
-    absl::StatusOr<StateDType> dtype =
-        ParseDTypeName(m, t, "state_dtype", where,
-                       {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8},
-                       &StateDTypeName);
+    absl::StatusOr<StateDType> dtype = ParseDTypeName(
+        m, t, "state_dtype", where,
+        {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8}, &StateDTypeName);
     if (!dtype.ok()) return dtype.status();
     if (*dtype != layout.state) {
       return m.Bad(where + ".state_dtype",
@@ -137,8 +134,8 @@ absl::Status CheckCodebooks(const ManifestReader& m, const json& root, bool int8
       const float v = values[i].is_number() ? static_cast<float>(values[i].get<double>()) : -2.0f;
       if (FloatToBits(v) != FloatToBits(book->values[i])) {
         return m.Bad(absl::StrCat(where, "[", i, "]"),
-                     absl::StrCat("= ", values[i].dump(), " is not this server's ",
-                                  book->values[i], ": its codes would mean other values"));
+                     absl::StrCat("= ", values[i].dump(), " is not this server's ", book->values[i],
+                                  ": its codes would mean other values"));
       }
     }
   }
@@ -156,12 +153,16 @@ absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, 
     ParamGroupSpec spec;
     spec.name = name.get<std::string>();
     AdamWHyperparameters& h = spec.hyperparameters;
-    for (auto [key, field] : {std::pair{"lr", &h.lr}, {"beta1", &h.beta1}, {"beta2", &h.beta2},
-                              {"eps", &h.eps}, {"weight_decay", &h.weight_decay}}) {
+    for (auto [key, field] : {std::pair{"lr", &h.lr},
+                              {"beta1", &h.beta1},
+                              {"beta2", &h.beta2},
+                              {"eps", &h.eps},
+                              {"weight_decay", &h.weight_decay}}) {
       FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::number_float, where));
       *field = v.get<double>();
     }
-    for (auto [key, field] : {std::pair{"amsgrad", &h.amsgrad}, {"maximize", &h.maximize},
+    for (auto [key, field] : {std::pair{"amsgrad", &h.amsgrad},
+                              {"maximize", &h.maximize},
                               {"decoupled_weight_decay", &h.decoupled_weight_decay}}) {
       FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::boolean, where));
       *field = v.get<bool>();
@@ -304,8 +305,8 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
                                                                UpdateEngine* engine,
                                                                uint64_t slot_bytes) {
   if (slot_bytes == 0 || slot_bytes % 4 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("slot_bytes ", slot_bytes,
-                                                   " is not a positive multiple of 4"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot_bytes ", slot_bytes, " is not a positive multiple of 4"));
   }
   const ManifestReader m(checkpoint);
   const json& root = checkpoint.manifest;
@@ -318,8 +319,8 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   if (absl::Status s = ReadTensors(m, root, &shard); !s.ok()) return s;
   bool int8_state = false;
   for (const TensorMeta& t : shard.tensors) {
-    int8_state |= LayoutOf(shard.groups[t.group].hyperparameters, t.numel).state ==
-                  StateDType::kInt8;
+    int8_state |=
+        LayoutOf(shard.groups[t.group].hyperparameters, t.numel).state == StateDType::kInt8;
   }
   if (absl::Status s = CheckCodebooks(m, root, int8_state); !s.ok()) return s;
   if (absl::Status s = ReadRetries(m, root, &shard); !s.ok()) return s;
@@ -336,8 +337,8 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   // The files the writer made of this shard (SnapshotLayout's fields), less a param copy of
   // another dtype than the server's.
   const ParamCopyDType copy = engine->param_copy_dtype();
-  shard.param_copy = copy != ParamCopyDType::kNone &&
-                     copy_name.get<std::string>() == ParamCopyDTypeName(copy);
+  shard.param_copy =
+      copy != ParamCopyDType::kNone && copy_name.get<std::string>() == ParamCopyDTypeName(copy);
   std::shared_ptr<const ShardView> view = ShardView::Initial();
   for (uint32_t g = 0; g < shard.groups.size(); ++g) view = view->WithGroup(g, shard.groups[g]);
   view = view->WithTensors(shard.tensors);
@@ -415,7 +416,7 @@ ShardReader::~ShardReader() {
 
 void ShardReader::ReadPart(Part* part) {
   const std::vector<safetensors::Entry>& entries = part->reader.entries();
-  uint64_t at = 0;  // Bytes of the data read so far.
+  uint64_t at = 0;   // Bytes of the data read so far.
   size_t entry = 0;  // The first entry not read whole.
   const auto fail = [&](absl::Status s) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -479,9 +480,7 @@ void ShardReader::ReadPart(Part* part) {
 
 absl::StatusOr<bool> ShardReader::Next(Batch* batch) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] {
-    return !error_.ok() || !ready_.empty() || parts_done_ == parts_.size();
-  });
+  cv_.wait(lock, [&] { return !error_.ok() || !ready_.empty() || parts_done_ == parts_.size(); });
   if (!error_.ok()) return error_;
   if (ready_.empty()) return false;  // Every file read whole, and checked.
   *batch = std::move(ready_.front());

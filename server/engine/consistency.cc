@@ -31,11 +31,10 @@ absl::Status ValidateConsistency(const ConsistencyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--total-replicas=", options.total_replicas, " must be >= 1"));
   }
-  if (options.replicas_to_aggregate < 1 ||
-      options.replicas_to_aggregate > options.total_replicas) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--replicas-to-aggregate=", options.replicas_to_aggregate,
-        " must be in 1..--total-replicas (", options.total_replicas, ")"));
+  if (options.replicas_to_aggregate < 1 || options.replicas_to_aggregate > options.total_replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replicas-to-aggregate=", options.replicas_to_aggregate,
+                     " must be in 1..--total-replicas (", options.total_replicas, ")"));
   }
   if (options.round_timeout < absl::ZeroDuration() ||
       options.round_timeout == absl::InfiniteDuration()) {

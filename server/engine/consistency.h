@@ -34,11 +34,11 @@ enum class ConsistencyMode : uint8_t { kAsync = 1, kSync = 2, kBounded = 3 };
 
 struct ConsistencyOptions {
   ConsistencyMode mode = ConsistencyMode::kAsync;
-  uint32_t replicas_to_aggregate = 1;  // sync: K, 1..total_replicas.
-  uint32_t total_replicas = 1;         // sync: N, the trainers (N - K backups).
+  uint32_t replicas_to_aggregate = 1;                // sync: K, 1..total_replicas.
+  uint32_t total_replicas = 1;                       // sync: N, the trainers (N - K backups).
   absl::Duration round_timeout = absl::Seconds(30);  // sync; zero: a round waits for ever.
-  uint64_t max_staleness = 0;          // bounded: s.
-  bool staleness_lr_scaling = false;   // bounded: lr / (1 + tau).
+  uint64_t max_staleness = 0;                        // bounded: s.
+  bool staleness_lr_scaling = false;                 // bounded: lr / (1 + tau).
 };
 
 // "async", "sync", "bounded": the spelling of --mode.
@@ -50,19 +50,19 @@ absl::StatusOr<ConsistencyMode> ParseConsistencyMode(absl::string_view name);
 absl::Status ValidateConsistency(const ConsistencyOptions& options);
 
 // Why a push was refused for its version (fusedps_pushes_dropped_total{reason}).
-inline constexpr char kDropStaleVersion[] = "stale_version";          // sync.
-inline constexpr char kDropClientInRound[] = "client_in_round";       // sync.
+inline constexpr char kDropStaleVersion[] = "stale_version";            // sync.
+inline constexpr char kDropClientInRound[] = "client_in_round";         // sync.
 inline constexpr char kDropStalenessExceeded[] = "staleness_exceeded";  // bounded.
 
 // One sync round, once its step ran and its pushers were answered. Seconds.
 struct RoundStats {
-  uint32_t workers = 0;     // Pushes averaged.
-  bool timed_out = false;   // Closed by round_timeout rather than K pushes.
-  double duration = 0;      // The first push's arrival until its pushers were answered.
-  double receive = 0;       // The first push's arrival until the last push had arrived whole.
-  double accumulate = 0;    // Then until the last push's gradients were summed on the device.
-  double apply = 0;         // Then until the round's step had run.
-  double ack = 0;           // Then until every pusher's reply was handed to its call.
+  uint32_t workers = 0;    // Pushes averaged.
+  bool timed_out = false;  // Closed by round_timeout rather than K pushes.
+  double duration = 0;     // The first push's arrival until its pushers were answered.
+  double receive = 0;      // The first push's arrival until the last push had arrived whole.
+  double accumulate = 0;   // Then until the last push's gradients were summed on the device.
+  double apply = 0;        // Then until the round's step had run.
+  double ack = 0;          // Then until every pusher's reply was handed to its call.
 };
 
 // What the engine tells the metrics about consistency. Called on the engine's threads; the

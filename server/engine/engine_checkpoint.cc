@@ -165,8 +165,8 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
           for (const SnapshotField& f : snapshot->fields) {
             if (f.tensors.empty()) continue;  // An empty shard's fields.
             // Whole fields, at their own offsets in the buffer (the first field's is 0).
-            const ReadRequest request = ReadOf(f, 0, f.tensors.size(),
-                                               static_cast<char*>(buffer) + f.offsets[0], &offsets);
+            const ReadRequest request =
+                ReadOf(f, 0, f.tensors.size(), static_cast<char*>(buffer) + f.offsets[0], &offsets);
             if (absl::Status s = Checked(backend_->Read(request)); !s.ok()) return fail(s);
           }
           snapshot->data = static_cast<const char*>(buffer);
@@ -212,8 +212,8 @@ absl::Status UpdateEngine::WriteValues(const WriteRequest& write, bool derive_co
 absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const ShardView& view,
                                          RestoreSource* source, uint32_t first) {
   // The fields a checkpoint of this shard holds, and the values each must get.
-  const bool derive_copy = backend_->param_copy_dtype() != ParamCopyDType::kNone &&
-                           !shard.param_copy;
+  const bool derive_copy =
+      backend_->param_copy_dtype() != ParamCopyDType::kNone && !shard.param_copy;
   uint64_t bytes = 0;
   const std::vector<SnapshotField> fields = SnapshotLayout(
       view, shard.param_copy ? backend_->param_copy_dtype() : ParamCopyDType::kNone, &bytes);
@@ -235,7 +235,8 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const Shard
       });
       if (w.tensor >= shard.tensors.size() || f == fields.end() || (!w.param_copy && !w.stored)) {
         status = absl::DataLossError(absl::StrCat("a restore wrote tensor ", w.tensor, " of ",
-                                                  shard.tensors.size(), ", a field the "
+                                                  shard.tensors.size(),
+                                                  ", a field the "
                                                   "checkpoint does not hold, or not in its "
                                                   "stored form"));
         break;
@@ -254,8 +255,7 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const Shard
   for (size_t f = 0; f < fields.size(); ++f) {
     if (written[f] != expected[f]) {
       return absl::DataLossError(absl::StrCat("a restore wrote ", written[f], " values of ",
-                                              fields[f].name, ", the shard has ",
-                                              expected[f]));
+                                              fields[f].name, ", the shard has ", expected[f]));
     }
   }
   for (uint32_t i = 0; i < shard.tensors.size(); ++i) {
@@ -266,8 +266,7 @@ absl::Status UpdateEngine::RestoreValues(const RestoredShard& shard, const Shard
   return absl::OkStatus();
 }
 
-void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
-                           Done<uint64_t> done) {
+void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source, Done<uint64_t> done) {
   Submit(
       [this, shard, source, done] {
         if (absl::Status s = fault_->status(); !s.ok()) return done(s);
@@ -325,9 +324,9 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source,
 
 absl::Status UpdateEngine::CheckLoad(const StateLoad& load) const {
   if (consistency_.mode == ConsistencyMode::kSync && !round_.members.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the sync round at version ", queued_version_, " holds ", round_.members.size(),
-        " pushes; load state between rounds"));
+    return absl::FailedPreconditionError(absl::StrCat("the sync round at version ", queued_version_,
+                                                      " holds ", round_.members.size(),
+                                                      " pushes; load state between rounds"));
   }
   std::shared_ptr<const ShardView> current = view();
   for (const WriteRequest& w : load.writes) {
@@ -348,14 +347,14 @@ absl::Status UpdateEngine::CheckLoad(const StateLoad& load) const {
     }
   }
   if (load.tensors.size() != load.steps.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("a load sets ", load.steps.size(),
-                                                   " steps of ", load.tensors.size(), " tensors"));
+    return absl::InvalidArgumentError(absl::StrCat("a load sets ", load.steps.size(), " steps of ",
+                                                   load.tensors.size(), " tensors"));
   }
   for (size_t i = 0; i < load.tensors.size(); ++i) {
     if (load.tensors[i] >= current->tensor_count() || load.steps[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("a load sets tensor ", load.tensors[i],
-                                                     " of ", current->tensor_count(),
-                                                     " to step ", load.steps[i]));
+      return absl::InvalidArgumentError(absl::StrCat("a load sets tensor ", load.tensors[i], " of ",
+                                                     current->tensor_count(), " to step ",
+                                                     load.steps[i]));
     }
   }
   return absl::OkStatus();

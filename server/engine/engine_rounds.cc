@@ -151,8 +151,8 @@ void UpdateEngine::CloseRound(bool timed_out) {
     opened = std::min(opened, m.push->arrived);
     received = std::max(received, m.push->received);
   }
-  Complete({outcome->marker, [this, members = std::move(members), reply, tensors, timed_out,
-                              opened, received, closed](absl::StatusOr<WorkDone> work) {
+  Complete({outcome->marker, [this, members = std::move(members), reply, tensors, timed_out, opened,
+                              received, closed](absl::StatusOr<WorkDone> work) {
               const absl::Time applied = absl::Now();
               if (work.ok() && !reply.skipped) Publish(reply.version, *tensors);
               for (size_t i = 0; i < members.size(); ++i) {

@@ -63,8 +63,8 @@ std::vector<float> Params(UpdateEngine& engine, uint32_t tensor, uint64_t numel)
   job.tensors = {tensor};
   job.dst_offsets = {0};
   job.dst = values.data();
-  EXPECT_TRUE(Sync<ReadResult>([&](UpdateEngine::Done<ReadResult> d) { engine.Read(job, d); })
-                  .ok());
+  EXPECT_TRUE(
+      Sync<ReadResult>([&](UpdateEngine::Done<ReadResult> d) { engine.Read(job, d); }).ok());
   values.resize(numel);
   return values;
 }
@@ -348,16 +348,16 @@ TEST_F(RoundsTest, AnOpenRoundFailsWhenTheEngineStops) {
 // versions the replies name are each one round's.
 TEST_F(RoundsTest, TrainersRacingRoundsAndTimeoutsAreEachAnsweredOnce) {
   constexpr int kTrainers = 8, kPushes = 40;
-  auto owned = std::make_unique<UpdateEngine>(MakeCpuBackend({.threads = 1}), &fault_, &retries_,
-                                              SyncMode(6, kTrainers, absl::Milliseconds(2)),
-                                              &observer_);
+  auto owned =
+      std::make_unique<UpdateEngine>(MakeCpuBackend({.threads = 1}), &fault_, &retries_,
+                                     SyncMode(6, kTrainers, absl::Milliseconds(2)), &observer_);
   UpdateEngine& engine = *owned;
   const std::vector<uint64_t> sizes = {64, 3};
   const std::vector<uint32_t> tensors = Register(engine, sizes);
   const std::vector<float> grads(AlignedNumel(64) + AlignedNumel(3), 0.01f);
   std::mutex mu;
   std::map<uint64_t, uint32_t> workers_of;  // Reply version -> round_workers.
-  std::map<uint64_t, int> answers_of;        // Reply version -> replies naming it.
+  std::map<uint64_t, int> answers_of;       // Reply version -> replies naming it.
   std::atomic<int> consumed{0}, answered{0}, aborted{0};
   std::vector<std::thread> trainers;
   for (int w = 0; w < kTrainers; ++w) {

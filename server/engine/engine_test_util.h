@@ -42,9 +42,9 @@ inline std::vector<uint32_t> Register(UpdateEngine& engine, const std::vector<ui
   return indices;
 }
 
-inline ReadyPush PushOf(const std::vector<uint32_t>& tensors,
-                        const std::vector<uint64_t>& sizes, const std::vector<float>& grads,
-                        std::string client = "", uint64_t sequence_number = 0) {
+inline ReadyPush PushOf(const std::vector<uint32_t>& tensors, const std::vector<uint64_t>& sizes,
+                        const std::vector<float>& grads, std::string client = "",
+                        uint64_t sequence_number = 0) {
   ReadyPush push;
   push.client_id = std::move(client);
   push.sequence_number = sequence_number;

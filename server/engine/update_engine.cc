@@ -262,8 +262,7 @@ void UpdateEngine::Dropped(uint64_t tau, absl::string_view reason) const {
   observer_->OnDropped(reason);
 }
 
-absl::Status UpdateEngine::AdmitPush(absl::string_view client_id,
-                                     uint64_t base_version) const {
+absl::Status UpdateEngine::AdmitPush(absl::string_view client_id, uint64_t base_version) const {
   const uint64_t published = version();
   if (consistency_.mode == ConsistencyMode::kSync) {
     if (absl::Status s = CheckSyncPush(client_id); !s.ok()) {

@@ -53,9 +53,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/notification.h"
-#include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "server/engine/consistency.h"
 #include "server/engine/shard_fault.h"
@@ -73,12 +73,12 @@ struct ReadyPush {
   std::vector<uint64_t> grad_offsets;  // Into grads, in elements (multiples of 8).
   const void* grads = nullptr;         // Staging; owned by the caller until `done` runs.
   GradDType grad_dtype = GradDType::kFloat32;
-  float grad_scale = 0.0f;             // <= 0: none.
-  bool grads_finite = true;            // Checked for non-finite values as they arrived.
-  uint64_t grad_bytes = 0;             // Payload received, for the reply.
-  uint64_t base_version = 0;           // PushHeader.base_version.
-  absl::Time arrived;                  // Its first header arrived (for sync round timings).
-  absl::Time received;                 // Its last byte arrived.
+  float grad_scale = 0.0f;    // <= 0: none.
+  bool grads_finite = true;   // Checked for non-finite values as they arrived.
+  uint64_t grad_bytes = 0;    // Payload received, for the reply.
+  uint64_t base_version = 0;  // PushHeader.base_version.
+  absl::Time arrived;         // Its first header arrived (for sync round timings).
+  absl::Time received;        // Its last byte arrived.
 };
 
 struct StepResult {
@@ -126,7 +126,7 @@ struct SnapshotField {
                      // "max_exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax" or
                      // "param_copy".
   TensorField field = TensorField::kParam;
-  bool param_copy = false;       // The 16-bit copy (2-byte elements), else the stored form.
+  bool param_copy = false;  // The 16-bit copy (2-byte elements), else the stored form.
   std::vector<uint32_t> tensors;
   std::vector<uint64_t> offsets;  // Bytes into the buffer, 16-byte aligned.
 };
@@ -187,7 +187,7 @@ struct RestoredShard {
   // The source holds the param copy. When it does not and the backend keeps one, the copy is
   // computed from the params (as registration computes it).
   bool param_copy = false;
-  std::string plan_hash;  // ShardView::plan_hash; empty when unsharded.
+  std::string plan_hash;                     // ShardView::plan_hash; empty when unsharded.
   std::shared_ptr<const BufferSet> buffers;  // The model's buffers; null: none.
 };
 
@@ -270,8 +270,7 @@ class UpdateEngine {
   // INVALID_ARGUMENT for a sync push without client_id;
   // FAILED_PRECONDITION for a sync round whose tensors were registered during it; INTERNAL for
   // a device fault; UNAVAILABLE after one, and for a round still open when the engine stops.
-  void Step(const ReadyPush* push, Done<StepResult> done,
-            std::function<void()> consumed = nullptr);
+  void Step(const ReadyPush* push, Done<StepResult> done, std::function<void()> consumed = nullptr);
   // `done` runs on the engine thread once the change is queued (later steps use it).
   // RegisterParamGroup's value is true when created, false when an identical group existed;
   // ALREADY_EXISTS for a group with other hyperparameters.
@@ -307,8 +306,7 @@ class UpdateEngine {
   // copied: `done` gets a fence through which the caller reads the values piece by piece,
   // and the engine runs no job until the fence is destroyed. `done` runs on the completion
   // thread; it may hand the snapshot to another thread.
-  void Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
-                Done<CheckpointSnapshot> done);
+  void Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced, Done<CheckpointSnapshot> done);
   // Loads a whole shard into an engine that has none yet (no tensors, only "default" group):
   // groups and tensors, then the values batch by batch as `source` has them ready, then steps,
   // version and the retry table; only then is the shard published. `done` runs on the engine
@@ -354,8 +352,7 @@ class UpdateEngine {
 
   // --- The backend's thread-safe parts. Device errors here are reported as faults. ---
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes);
-  absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
-                                void* dst);
+  absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes, void* dst);
   std::map<std::string, uint64_t> launch_counts() const { return backend_->launch_counts(); }
   std::map<std::string, uint64_t> memory_bytes() const { return backend_->memory_bytes(); }
   std::string backend_name() const { return backend_->name(); }
@@ -443,8 +440,8 @@ class UpdateEngine {
 
   // Engine thread only.
   uint64_t queued_version_ = 0;
-  std::atomic<uint64_t> generation_{0};  // ShardCut::generation; written by the engine thread.
-  uint32_t pending_first_ = 0;              // The registration in progress: its first index,
+  std::atomic<uint64_t> generation_{0};      // ShardCut::generation; written by the engine thread.
+  uint32_t pending_first_ = 0;               // The registration in progress: its first index,
   std::vector<TensorMeta> pending_tensors_;  // and its tensors.
   Round round_;
   // sync mode: each client_id that pushed to one of the last kReplicaRounds rounds, and the
@@ -459,10 +456,10 @@ class UpdateEngine {
   // timer_deadline_ through a job.
   std::mutex timer_mu_;
   std::condition_variable timer_cv_;
-  uint64_t timer_round_ = 0;             // Guarded by timer_mu_; 0: none armed.
-  absl::Time timer_deadline_;            // Guarded by timer_mu_.
-  bool timer_stop_ = false;              // Guarded by timer_mu_.
-  std::thread timer_thread_;             // Runs only in sync mode with a timeout.
+  uint64_t timer_round_ = 0;   // Guarded by timer_mu_; 0: none armed.
+  absl::Time timer_deadline_;  // Guarded by timer_mu_.
+  bool timer_stop_ = false;    // Guarded by timer_mu_.
+  std::thread timer_thread_;   // Runs only in sync mode with a timeout.
 
   // Guards view_ and buffers_ (the pointers; views and buffer sets are immutable), which
   // only the engine thread swaps.

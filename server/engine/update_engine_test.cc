@@ -141,15 +141,16 @@ TEST_F(EngineTest, QueuedStepsRunWhileTheFirstIsStillOnTheDevice) {
 TEST_F(EngineTest, RegistrationIsInvisibleUntilCommittedAndAbortRemovesIt) {
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_);
   const std::vector<TensorMeta> metas = {{"a", {4}, 0, 4}};
-  ASSERT_EQ(*Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
-              engine.BeginRegistration(metas, d);
-            }),
-            0u);
+  ASSERT_EQ(
+      *Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) { engine.BeginRegistration(metas, d); }),
+      0u);
   EXPECT_EQ(engine.view()->tensor_count(), 0u);
   // One registration at a time.
   EXPECT_EQ(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
               engine.BeginRegistration({{"b", {1}, 0, 1}}, d);
-            }).status().code(),
+            })
+                .status()
+                .code(),
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) { engine.AbortRegistration(d); }).ok());
   EXPECT_EQ(engine.view()->tensor_count(), 0u);
@@ -173,8 +174,8 @@ TEST_F(EngineTest, OutOfMemoryAddsNothing) {
   EXPECT_EQ(Register(engine, {5, 6}), (std::vector<uint32_t>{0, 1}));
   std::vector<float> grads(16, 1.0f);
   const ReadyPush push = PushOf({0, 1}, {5, 6}, grads);
-  EXPECT_TRUE(Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(&push, d); })
-                  .ok());
+  EXPECT_TRUE(
+      Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(&push, d); }).ok());
 }
 
 TEST_F(EngineTest, ADeviceFaultStopsTheShard) {
@@ -186,7 +187,8 @@ TEST_F(EngineTest, ADeviceFaultStopsTheShard) {
   fault_.OnFault([&](const absl::Status&) { ++observed; });
   const std::vector<uint32_t> tensors = Register(engine, {8});
   std::vector<float> grads(8, 1.0f);
-  const ReadyPush push = PushOf(tensors, {8}, grads, "c", 1), again = PushOf(tensors, {8}, grads, "c", 2),
+  const ReadyPush push = PushOf(tensors, {8}, grads, "c", 1),
+                  again = PushOf(tensors, {8}, grads, "c", 2),
                   after = PushOf(tensors, {8}, grads, "c", 3);
   const auto step = [&](const ReadyPush* p) {
     return Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(p, d); });
@@ -198,7 +200,9 @@ TEST_F(EngineTest, ADeviceFaultStopsTheShard) {
   EXPECT_EQ(step(&after).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Sync<bool>([&](UpdateEngine::Done<bool> d) {
               engine.RegisterParamGroup({"g", {}}, d);
-            }).status().code(),
+            })
+                .status()
+                .code(),
             absl::StatusCode::kUnavailable);
   // What readers see stays the last good state.
   EXPECT_EQ(engine.version(), 1u);
@@ -265,8 +269,8 @@ TEST_F(EngineTest, AReadSeesTheStepsQueuedBeforeIt) {
       Sync<ReadResult>([&](UpdateEngine::Done<ReadResult> d) { engine.Read(job, d); });
   ASSERT_TRUE(snap.ok());
   ASSERT_NE(snap->snapshot, nullptr);
-  ASSERT_TRUE(Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(&push, d); })
-                  .ok());
+  ASSERT_TRUE(
+      Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(&push, d); }).ok());
   std::vector<float> from_snapshot(4);
   ASSERT_TRUE(engine.CopyFromSnapshot(snap->snapshot, 0, 16, from_snapshot.data()).ok());
   EXPECT_EQ(from_snapshot, before_second);

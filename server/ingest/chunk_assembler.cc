@@ -69,21 +69,21 @@ absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view 
                                                               uint64_t offset, uint64_t bytes) {
   auto it = index_.find(tensor);
   if (it == index_.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunks.tensor ", QuoteName(tensor), " is not among the tensors this call names"));
+    return absl::InvalidArgumentError(absl::StrCat("chunks.tensor ", QuoteName(tensor),
+                                                   " is not among the tensors this call names"));
   }
   const uint32_t t = it->second;
   if (bytes % element_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunks.data of ", QuoteName(tensor), " has ", bytes,
-                                                   " bytes, not a multiple of the ",
+    return absl::InvalidArgumentError(absl::StrCat("chunks.data of ", QuoteName(tensor), " has ",
+                                                   bytes, " bytes, not a multiple of the ",
                                                    element_size_, "-byte element size"));
   }
   const uint64_t count = bytes / element_size_;
   const uint64_t numel = tensors_[t].numel;
   if (offset > numel || count > numel - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of ", QuoteName(tensor), " covers elements [",
-                                                   offset, ", ", offset + count,
-                                                   ") past its numel ", numel));
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", QuoteName(tensor),
+                                                   " covers elements [", offset, ", ",
+                                                   offset + count, ") past its numel ", numel));
   }
   if (count == 0) return std::optional<uint64_t>();
   std::map<uint64_t, uint64_t>& ranges = ranges_[t];
@@ -91,8 +91,8 @@ absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view 
   const bool overlaps_next = next != ranges.end() && next->first < offset + count;
   const bool overlaps_prev = next != ranges.begin() && std::prev(next)->second > offset;
   if (overlaps_next || overlaps_prev) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of ", QuoteName(tensor), " at elements [", offset,
-                                                   ", ", offset + count,
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", QuoteName(tensor), " at elements [",
+                                                   offset, ", ", offset + count,
                                                    ") overlaps elements already received"));
   }
   // Extend a neighbouring range instead of adding one, so in-order chunks keep one entry.
@@ -111,21 +111,20 @@ absl::StatusOr<std::optional<uint64_t>> ChunkAssembler::Claim(absl::string_view 
 absl::Status ChunkAssembler::Finish() const {
   for (uint32_t t = 0; t < tensors_.size(); ++t) {
     if (tensors_[t].required && received_[t] != tensors_[t].numel) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteName(tensors_[t].name), " received ",
-                                                     received_[t], " of its ", tensors_[t].numel,
-                                                     " elements: chunks are missing"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", QuoteName(tensors_[t].name), " received ", received_[t],
+                       " of its ", tensors_[t].numel, " elements: chunks are missing"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,
-                                                   const ShardView& view,
+absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler, const ShardView& view,
                                                    absl::string_view tensor, uint64_t offset,
                                                    uint64_t bytes) {
   if (!assembler.Expects(tensor) && !view.FindTensor(tensor).has_value()) {
-    return absl::NotFoundError(absl::StrCat("chunks.tensor ", QuoteName(tensor),
-                                            " is not registered"));
+    return absl::NotFoundError(
+        absl::StrCat("chunks.tensor ", QuoteName(tensor), " is not registered"));
   }
   return assembler.Claim(tensor, offset, bytes);
 }

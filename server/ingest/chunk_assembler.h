@@ -89,18 +89,17 @@ class ChunkAssembler {
   std::vector<Expected> tensors_;
   int element_size_;
   absl::flat_hash_map<std::string, uint32_t> index_;
-  std::vector<uint64_t> staging_offsets_;   // In elements.
-  std::vector<uint64_t> received_;          // Elements received, per tensor.
+  std::vector<uint64_t> staging_offsets_;             // In elements.
+  std::vector<uint64_t> received_;                    // Elements received, per tensor.
   std::vector<std::map<uint64_t, uint64_t>> ranges_;  // Per tensor: begin -> end received.
-  std::vector<uint64_t> owned_;             // 8-byte words, so 16-byte-aligned tensors stay so.
-  char* memory_ = nullptr;                  // owned_'s data, or the caller's memory.
+  std::vector<uint64_t> owned_;  // 8-byte words, so 16-byte-aligned tensors stay so.
+  char* memory_ = nullptr;       // owned_'s data, or the caller's memory.
   uint64_t bytes_received_ = 0;
 };
 
 // assembler.Claim, except that a chunk of a tensor the call does not name and the shard does not
 // have is NOT_FOUND (one the shard has, but the call does not name, stays INVALID_ARGUMENT).
-absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler,
-                                                   const ShardView& view,
+absl::StatusOr<std::optional<uint64_t>> ClaimChunk(ChunkAssembler& assembler, const ShardView& view,
                                                    absl::string_view tensor, uint64_t offset,
                                                    uint64_t bytes);
 

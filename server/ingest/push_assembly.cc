@@ -35,8 +35,8 @@ absl::StatusOr<GradDType> GradDTypeFromProto(v1::DType d, absl::string_view fiel
     case v1::DTYPE_FLOAT16:
       return GradDType::kFloat16;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " = ", static_cast<int>(d), " must be FLOAT32, BFLOAT16 or FLOAT16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " = ", static_cast<int>(d), " must be FLOAT32, BFLOAT16 or FLOAT16"));
   }
 }
 
@@ -46,10 +46,9 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
   absl::StatusOr<GradDType> dtype = GradDTypeFromProto(header.grad_dtype(), "header.grad_dtype");
   if (!dtype.ok()) return dtype.status();
   checked.dtype = *dtype;
-  if (header.has_grad_scale() &&
-      !(std::isfinite(header.grad_scale()) && header.grad_scale() > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("header.grad_scale = ", header.grad_scale(),
-                                                   " must be finite and > 0"));
+  if (header.has_grad_scale() && !(std::isfinite(header.grad_scale()) && header.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.grad_scale = ", header.grad_scale(), " must be finite and > 0"));
   }
   if (header.commit_at_end() && header.has_grad_scale()) {
     return absl::InvalidArgumentError(
@@ -57,14 +56,13 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
         "its grad_scale");
   }
   if (header.worker_count() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "header.worker_count = ", header.worker_count(),
-        ": synchronous aggregation is not implemented; use 0 or 1"));
+    return absl::UnimplementedError(
+        absl::StrCat("header.worker_count = ", header.worker_count(),
+                     ": synchronous aggregation is not implemented; use 0 or 1"));
   }
   if (header.client_id().size() > RetryTable::kMaxClientIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("header.client_id has ",
-                                                   header.client_id().size(),
-                                                   " bytes; at most ",
+                                                   header.client_id().size(), " bytes; at most ",
                                                    RetryTable::kMaxClientIdBytes));
   }
   checked.part_count = std::max<uint32_t>(1, header.part_count());
@@ -82,8 +80,7 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
   for (int i = 0; i < header.tensors_size(); ++i) {
     if (!seen.insert(header.tensors(i)).second) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "header.tensors[", i, "] names tensor ", QuoteName(header.tensors(i)),
-          " a second time"));
+          "header.tensors[", i, "] names tensor ", QuoteName(header.tensors(i)), " a second time"));
     }
   }
   if (absl::Status s =
@@ -98,9 +95,8 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
   return checked;
 }
 
-PushAssembly::PushAssembly(const IngestServices& services, std::string key,
-                           v1::PushHeader header, std::shared_ptr<const ShardView> view,
-                           CheckedPushHeader checked)
+PushAssembly::PushAssembly(const IngestServices& services, std::string key, v1::PushHeader header,
+                           std::shared_ptr<const ShardView> view, CheckedPushHeader checked)
     : services_(services),
       key_(std::move(key)),
       header_(std::move(header)),
@@ -121,9 +117,10 @@ bool PushAssembly::SameHeader(const v1::PushHeader& header) const {
 
 absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHeader& header) {
   if (!SameHeader(header)) {
-    const absl::Status s = absl::InvalidArgumentError(
-        absl::StrCat("header of part ", index, " differs from the header of the push's first "
-                     "part (only part_index may differ)"));
+    const absl::Status s =
+        absl::InvalidArgumentError(absl::StrCat("header of part ", index,
+                                                " differs from the header of the push's first "
+                                                "part (only part_index may differ)"));
     Fail(nullptr, s);  // The parts that joined get ABORTED; this one answers for itself.
     return s;
   }
@@ -132,8 +129,8 @@ absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHe
     std::lock_guard<std::mutex> lock(mu_);
     if (over_) return absl::AbortedError("the push this part belongs to has failed or ended");
     if (parts_[index] != nullptr) {
-      return absl::AbortedError(absl::StrCat(
-          "header.part_index = ", index, " of this push is being received on another call"));
+      return absl::AbortedError(absl::StrCat("header.part_index = ", index,
+                                             " of this push is being received on another call"));
     }
     parts_[index] = part;
     ++joined_;
@@ -163,9 +160,8 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
     if (over_) return;  // Failed meanwhile; the reservation goes back now.
     ticket_ = 0;
     reservation_ = *std::move(reservation);
-    absl::StatusOr<ChunkAssembler> assembler =
-        ChunkAssembler::Create(std::move(expected_), DTypeSize(checked_.dtype),
-                               reservation_.data());
+    absl::StatusOr<ChunkAssembler> assembler = ChunkAssembler::Create(
+        std::move(expected_), DTypeSize(checked_.dtype), reservation_.data());
     if (assembler.ok()) {
       assembler_.emplace(*std::move(assembler));
       ready_ = true;
@@ -238,8 +234,7 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   if (read.ok() && highest > lowest) {
     read = services_.engine->CopyStagingToDevice(lowest, highest - lowest);
   }
-  ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
-                          std::memory_order_relaxed);
+  ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start), std::memory_order_relaxed);
   return read;
 }
 
@@ -248,15 +243,14 @@ absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index
     return absl::InvalidArgumentError(
         "a commit in a push whose header.commit_at_end is false (its scale is in the header)");
   }
-  if (commit.has_grad_scale() &&
-      !(std::isfinite(commit.grad_scale()) && commit.grad_scale() > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("commit.grad_scale = ", commit.grad_scale(),
-                                                   " must be finite and > 0"));
+  if (commit.has_grad_scale() && !(std::isfinite(commit.grad_scale()) && commit.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit.grad_scale = ", commit.grad_scale(), " must be finite and > 0"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (commit_.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat("part ", part_index, " sent a second commit (part ",
-                                                   commit_part_, " sent the first)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "part ", part_index, " sent a second commit (part ", commit_part_, " sent the first)"));
   }
   commit_ = std::move(commit);
   commit_part_ = part_index;
@@ -327,8 +321,8 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
   if (result.ok()) {
     reply = result->reply;
     if (!reply.duplicate) {
-      if (result->counts_step) services_.metrics->RecordStep(services_.model, reply.skipped,
-                                                              kSkipNonFiniteGrad);
+      if (result->counts_step)
+        services_.metrics->RecordStep(services_.model, reply.skipped, kSkipNonFiniteGrad);
       // h2d is how long the device waited for the gradients' copies once it reached the step;
       // apply is the rest until the step was back: the engine's queue and the kernels.
       stages.receive = absl::ToDoubleSeconds(received_ - arrived_);
@@ -353,8 +347,8 @@ void PushAssembly::Fail(const PushPart* part, const absl::Status& status, bool w
   }
   if (ticket != 0) services_.staging->Cancel(ticket);  // Its callback finds over_ set.
   if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/true);
-  const absl::Status aborted = absl::AbortedError(
-      absl::StrCat("another part of this push failed: ", status.message()));
+  const absl::Status aborted =
+      absl::AbortedError(absl::StrCat("another part of this push failed: ", status.message()));
   // A single call gets the error itself; in a push of parts, the part that failed gets it (or
   // every part, when the push failed as a whole).
   for (PushPart* p : parts) {
@@ -406,10 +400,10 @@ void PushAssemblies::FailLatePushes() {
     if (late.empty()) continue;
     lock.unlock();  // FailAll calls Remove.
     for (const std::shared_ptr<PushAssembly>& assembly : late) {
-      assembly->FailAll(absl::DeadlineExceededError(absl::StrCat(
-          "only ", assembly->parts_joined(), " of the push's ", assembly->part_count(),
-          " parts arrived within ", absl::FormatDuration(part_wait_),
-          " of its first (--push-part-wait-seconds)")));
+      assembly->FailAll(absl::DeadlineExceededError(
+          absl::StrCat("only ", assembly->parts_joined(), " of the push's ", assembly->part_count(),
+                       " parts arrived within ", absl::FormatDuration(part_wait_),
+                       " of its first (--push-part-wait-seconds)")));
     }
     late.clear();
     lock.lock();

@@ -165,9 +165,9 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   uint32_t ended_ = 0;
   // Guarded by mu_ once Reserve ran: moved into the assembler when the staging is granted.
   std::vector<ChunkAssembler::Expected> expected_;
-  bool ready_ = false;  // The staging is reserved and the assembler exists.
-  bool over_ = false;   // Failed, or submitted.
-  uint64_t ticket_ = 0;  // The staging pool's, while waiting.
+  bool ready_ = false;                    // The staging is reserved and the assembler exists.
+  bool over_ = false;                     // Failed, or submitted.
+  uint64_t ticket_ = 0;                   // The staging pool's, while waiting.
   StagingPool::Reservation reservation_;  // Set once, before ready_.
   std::optional<ChunkAssembler> assembler_;
   bool grads_finite_ = true;
@@ -175,8 +175,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   int64_t commit_part_ = -1;              // The part that sent it.
   // Guarded by mu_ up to here.
   std::atomic<int64_t> ingest_nanos_{0};  // PushStageSeconds::ingest, summed over messages.
-  absl::Time received_;  // Written once, before the push is submitted.
-  ReadyPush push_;       // Likewise; the engine reads it until its callback runs.
+  absl::Time received_;                   // Written once, before the push is submitted.
+  ReadyPush push_;                        // Likewise; the engine reads it until its callback runs.
 };
 
 // The multi-part pushes being assembled, by (client_id, sequence_number). A push that failed

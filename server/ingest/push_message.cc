@@ -5,16 +5,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
 #include "common/slice_input_stream.h"
 #include "common/tensor_chunk_reader.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace fusedps {
 namespace {
 
-using google::protobuf::io::CodedInputStream;
 using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
 
 // Field numbers of proto/fusedps/v1/parameter_service.proto.
 constexpr int kRequestHeader = 1;  // PushGradientsRequest.header
@@ -34,9 +34,8 @@ bool IsField(uint32_t tag, int number, WireFormatLite::WireType type) {
 // skipped, or INVALID_ARGUMENT unless header_allowed); its chunks when claim is non-null; its
 // commit into *commit when commit is non-null (else it is skipped).
 absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHeader* header,
-                         bool* has_header, const ClaimChunkFn* claim,
-                         const ChunkStagedFn* staged, std::optional<v1::PushCommit>* commit,
-                         absl::Span<const char> workspace) {
+                         bool* has_header, const ClaimChunkFn* claim, const ChunkStagedFn* staged,
+                         std::optional<v1::PushCommit>* commit, absl::Span<const char> workspace) {
   SliceInputStream stream(message);
   CodedInputStream in(&stream);
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
@@ -74,8 +73,7 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
       uint32_t length = 0;
       if (!in.ReadVarint32(&length) || length > INT_MAX) return Malformed("chunks");
       const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-      if (absl::Status s = ReadTensorChunk(in, *claim, *staged, Malformed, workspace);
-          !s.ok()) {
+      if (absl::Status s = ReadTensorChunk(in, *claim, *staged, Malformed, workspace); !s.ok()) {
         return s;
       }
       in.PopLimit(limit);
@@ -92,8 +90,8 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
 absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices message) {
   v1::PushHeader header;
   bool has_header = false;
-  if (absl::Status s = ReadMessage(message, /*header_allowed=*/true, &header, &has_header,
-                                   nullptr, nullptr, nullptr, {});
+  if (absl::Status s = ReadMessage(message, /*header_allowed=*/true, &header, &has_header, nullptr,
+                                   nullptr, nullptr, {});
       !s.ok()) {
     return s;
   }
@@ -105,8 +103,7 @@ absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChu
                             ChunkStagedFn staged, std::optional<v1::PushCommit>* commit,
                             absl::Span<const char> workspace) {
   if (commit != nullptr) commit->reset();
-  return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit,
-                     workspace);
+  return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit, workspace);
 }
 
 }  // namespace fusedps

@@ -32,10 +32,8 @@
 
 namespace fusedps {
 
-
 // The message's header, or nullopt when it has none. Chunks are skipped, not copied.
 absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices message);
-
 
 // Reads the message's chunks in order: for each, claim, copy the payload once to the claimed
 // destination, then staged. `header_allowed`: whether the message may carry a header (the
@@ -45,8 +43,7 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 // `workspace`: the memory of the push's workspace (PushHeader.workspace), from which chunks
 // with workspace_bytes are copied; empty when the push names none (ReadTensorChunk).
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
-                            ChunkStagedFn staged,
-                            std::optional<v1::PushCommit>* commit = nullptr,
+                            ChunkStagedFn staged, std::optional<v1::PushCommit>* commit = nullptr,
                             absl::Span<const char> workspace = {});
 
 }  // namespace fusedps

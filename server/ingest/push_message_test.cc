@@ -175,8 +175,7 @@ TEST(PushMessageTest, TruncatedOrGarbageIsMalformed) {
   const std::string bytes = Request().SerializeAsString();
   for (const std::string& bad :
        {bytes.substr(0, bytes.size() - 3), bytes.substr(0, bytes.size() / 2),
-        std::string("\x12\xff\xff\xff\xff\x0f", 6), std::string("\x00\x01", 2),
-        bytes + "\x12"}) {
+        std::string("\x12\xff\xff\xff\xff\x0f", 6), std::string("\x00\x01", 2), bytes + "\x12"}) {
     SCOPED_TRACE(absl::StrCat("bytes: ", bad.size()));
     v1::PushGradientsRequest reference;
     EXPECT_FALSE(reference.ParseFromString(bad));  // protobuf refuses it too

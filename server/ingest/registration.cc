@@ -71,9 +71,9 @@ absl::StatusOr<std::unique_ptr<Registration>> Registration::Begin(
 Registration::~Registration() {
   if (!begun_ || committed_) return;
   // The result does not matter: after a fault the engine refuses it, and the shard is stopping.
-  UpdateEngine::Wait<bool>(
-      [&](UpdateEngine::Done<bool> done) { engine_->AbortRegistration(done); })
-      .IgnoreError();
+  UpdateEngine::Wait<bool>([&](UpdateEngine::Done<bool> done) {
+    engine_->AbortRegistration(done);
+  }).IgnoreError();
 }
 
 absl::Status Registration::AddChunks(

@@ -64,8 +64,7 @@ class Registration {
 
   // Step 3 for one message's chunks. Errors: INVALID_ARGUMENT or NOT_FOUND for a bad chunk
   // (ChunkAssembler::Claim, ClaimChunk); errors of the engine's writes.
-  absl::Status AddChunks(
-      const google::protobuf::RepeatedPtrField<v1::TensorChunk>& chunks);
+  absl::Status AddChunks(const google::protobuf::RepeatedPtrField<v1::TensorChunk>& chunks);
 
   // Step 4. Errors: INVALID_ARGUMENT for elements that never arrived.
   absl::StatusOr<RegistrationOutcome> Commit();
@@ -77,15 +76,15 @@ class Registration {
   UpdateEngine* const engine_;
   std::unique_lock<std::timed_mutex> turn_;
   std::shared_ptr<const ShardView> view_;  // The view the specs were checked against.
-  std::vector<uint32_t> index_of_;          // Per spec: its tensor index, if new.
+  std::vector<uint32_t> index_of_;         // Per spec: its tensor index, if new.
   std::vector<bool> is_new_;
   uint32_t created_ = 0;
-  bool begun_ = false;      // The engine added the new tensors.
+  bool begun_ = false;  // The engine added the new tensors.
   bool committed_ = false;
-  std::optional<ChunkAssembler> tracker_;   // Coverage of every spec's elements.
+  std::optional<ChunkAssembler> tracker_;  // Coverage of every spec's elements.
   StagingPool::Reservation window_;
-  uint64_t window_used_ = 0;                // Bytes of window_ holding values not yet written.
-  std::vector<ParamWrite> writes_;          // What those bytes are.
+  uint64_t window_used_ = 0;        // Bytes of window_ holding values not yet written.
+  std::vector<ParamWrite> writes_;  // What those bytes are.
   std::string plan_hash_;
 };
 

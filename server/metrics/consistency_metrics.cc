@@ -47,8 +47,8 @@ class ConsistencyMetrics::ModelSeries final : public ConsistencyObserver {
     }
     duration_ = &m.round_duration_.Add({{"model", model_}}, m.duration_buckets_);
     for (int i = 0; i < 4; ++i) {
-      stage_[i] = &m.round_stage_.Add({{"model", model_}, {"stage", kRoundStages[i]}},
-                                      m.duration_buckets_);
+      stage_[i] =
+          &m.round_stage_.Add({{"model", model_}, {"stage", kRoundStages[i]}}, m.duration_buckets_);
     }
     workers_ = &m.round_workers_.Add({{"model", model_}}, WorkerBuckets());
     for (int i = 0; i < 2; ++i) {

@@ -235,8 +235,8 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
   // The series that dashboards and alerts read exist from the start, at zero.
   push_requests_.Add({{"code", "OK"}});
   pull_requests_.Add({{"code", "OK"}});
-  for (const char* reason :
-       {"missing_credentials", "invalid_token", "wrong_role", "wrong_model", "client_id_mismatch"}) {
+  for (const char* reason : {"missing_credentials", "invalid_token", "wrong_role", "wrong_model",
+                             "client_id_mismatch"}) {
     auth_failures_.Add({{"reason", reason}});
   }
   for (const char* phase : {"snapshot", "write", "restore"}) {
@@ -293,8 +293,8 @@ int Metrics::port() const {
   return ports.empty() ? 0 : ports.front();
 }
 
-void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
-                         const PushStageSeconds& stages, bool duplicate) {
+void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes, const PushStageSeconds& stages,
+                         bool duplicate) {
   push_requests_.Add({{"code", StatusCodeName(code)}}).Increment();
   push_bytes_.Increment(static_cast<double>(grad_bytes));
   if (code != grpc::StatusCode::OK) return;
@@ -308,8 +308,7 @@ void Metrics::RecordPush(grpc::StatusCode code, uint64_t grad_bytes,
   push_ingest_.Observe(stages.ingest);
 }
 
-void Metrics::RecordStep(const std::string& model, bool skipped,
-                         const std::string& skip_reason) {
+void Metrics::RecordStep(const std::string& model, bool skipped, const std::string& skip_reason) {
   if (skipped) {
     steps_skipped_.Add({{"model", model}, {"reason", skip_reason}}).Increment();
   } else {

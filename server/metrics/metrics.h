@@ -23,12 +23,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <mutex>
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status_code_enum.h"
@@ -62,7 +61,7 @@ struct ShardMetrics {
   // The staging pool (server/ingest/staging_pool.h) that pushes and pulls reserve from.
   uint64_t staging_capacity_bytes = 0;
   uint64_t staging_in_use_bytes = 0;
-  uint32_t staging_waiters = 0;  // Calls waiting for their share (back-pressure).
+  uint32_t staging_waiters = 0;            // Calls waiting for their share (back-pressure).
   double staging_oldest_wait_seconds = 0;  // How long the longest waiter has waited.
   // The retry table (server/store/retry_table.h): clients remembered, and forgotten so far.
   uint64_t retry_table_clients = 0;
@@ -193,7 +192,7 @@ class Metrics {
   prometheus::Gauge& workspace_bytes_;
   prometheus::Counter& retry_table_evictions_;
   prometheus::Family<prometheus::Histogram>& checkpoint_duration_;
-  prometheus::Family<prometheus::Counter>& checkpoint_bytes_;        // By model.
+  prometheus::Family<prometheus::Counter>& checkpoint_bytes_;       // By model.
   prometheus::Family<prometheus::Gauge>& checkpoint_last_success_;  // By model.
   prometheus::Gauge& checkpoint_interval_;
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;

@@ -13,7 +13,9 @@ absl::Status ValidateModelName(absl::string_view name, absl::string_view field) 
   if (name.empty() || name.size() > kMaxModelNameBytes) {
     return bad(absl::StrCat("must be 1 to ", kMaxModelNameBytes, " characters"));
   }
-  const auto letter_or_digit = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  const auto letter_or_digit = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  };
   if (!letter_or_digit(name[0])) return bad("must start with a letter (a-z) or a digit");
   for (char c : name) {
     if (!letter_or_digit(c) && c != '.' && c != '_' && c != '-') {
@@ -29,8 +31,7 @@ std::string ModelDirectory(const std::string& root, absl::string_view name) {
   return absl::StrCat(root, "/models/", name);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Make(std::string name,
-                                                   ConsistencyOptions consistency,
+absl::StatusOr<std::unique_ptr<Model>> Model::Make(std::string name, ConsistencyOptions consistency,
                                                    const ModelOptions& options) {
   if (absl::Status s = ValidateConsistency(consistency); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<OptimizerBackend>> backend = options.make_backend();

@@ -54,9 +54,9 @@ absl::Status ValidateModelName(absl::string_view name, absl::string_view field =
 struct ModelOptions {
   // Makes a model's backend (on the server's device).
   std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()> make_backend;
-  StagingArena arena;              // The server's staging arena, shared by every model.
-  ShardFault* fault = nullptr;     // The device's.
-  Metrics* metrics = nullptr;      // Checkpoint metrics, and the consistency observer.
+  StagingArena arena;           // The server's staging arena, shared by every model.
+  ShardFault* fault = nullptr;  // The device's.
+  Metrics* metrics = nullptr;   // Checkpoint metrics, and the consistency observer.
   absl::Duration push_part_wait = absl::Seconds(30);
   size_t retry_table_clients = 10000;
   // The server's checkpoint options; root empty: no checkpoints. A model's own checkpoints go
@@ -113,10 +113,10 @@ class Model {
   std::string name_;
   std::string checkpoint_root_;
   std::atomic<bool> deleted_{false};
-  std::unique_ptr<RetryTable> retries_;      // Outlives the engine, which writes it.
+  std::unique_ptr<RetryTable> retries_;  // Outlives the engine, which writes it.
   std::unique_ptr<UpdateEngine> engine_;
   std::unique_ptr<PushAssemblies> assemblies_;
-  std::timed_mutex registration_gate_;       // One registration at a time.
+  std::timed_mutex registration_gate_;  // One registration at a time.
   // Held shared while a checkpoint is asked for, exclusively to stop taking them.
   std::shared_mutex checkpointer_mu_;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;  // Guarded by checkpointer_mu_.

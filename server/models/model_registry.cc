@@ -18,8 +18,7 @@ bool SameConsistency(const ConsistencyOptions& a, const ConsistencyOptions& b) {
       return a.replicas_to_aggregate == b.replicas_to_aggregate &&
              a.total_replicas == b.total_replicas && a.round_timeout == b.round_timeout;
     case ConsistencyMode::kBounded:
-      return a.max_staleness == b.max_staleness &&
-             a.staleness_lr_scaling == b.staleness_lr_scaling;
+      return a.max_staleness == b.max_staleness && a.staleness_lr_scaling == b.staleness_lr_scaling;
     case ConsistencyMode::kAsync:
       return true;
   }
@@ -105,8 +104,7 @@ absl::Status ModelRegistry::Open(const std::string& restore) {
   for (const ModelFile& file : files) {
     const std::string model_restore =
         file.name == kDefaultModel || restore == "none" ? restore : "latest";
-    absl::StatusOr<std::shared_ptr<Model>> model =
-        Make(file.name, file.consistency, model_restore);
+    absl::StatusOr<std::shared_ptr<Model>> model = Make(file.name, file.consistency, model_restore);
     if (!model.ok()) return model.status();
     std::lock_guard<std::mutex> lock(mu_);
     models_[file.name] = *std::move(model);
@@ -144,9 +142,9 @@ absl::StatusOr<ModelRegistry::Created> ModelRegistry::Create(
     if (it != models_.end()) {
       const ConsistencyOptions& has = it->second->engine().consistency();
       if (consistency.has_value() && !SameConsistency(has, wanted)) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "model '", name, "' exists with consistency ", Describe(has), ", not ",
-            Describe(wanted), ": delete it first, or create it under another name"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("model '", name, "' exists with consistency ", Describe(has), ", not ",
+                         Describe(wanted), ": delete it first, or create it under another name"));
       }
       return Created{it->second, false};
     }

@@ -67,8 +67,8 @@ class ModelRegistry {
   // checkpoint root and starts its checkpoints. Idempotent for an existing model of the same
   // consistency, or any when `consistency` is unset (a trainer joining a job).
   // Errors: INVALID_ARGUMENT (ValidateModelName, ValidateConsistency);
-  // ALREADY_EXISTS for a model of another consistency than the one given; the backend's (RESOURCE_EXHAUSTED,
-  // UNAVAILABLE) and the file's (the errno's status).
+  // ALREADY_EXISTS for a model of another consistency than the one given; the backend's
+  // (RESOURCE_EXHAUSTED, UNAVAILABLE) and the file's (the errno's status).
   absl::StatusOr<Created> Create(const std::string& name,
                                  std::optional<ConsistencyOptions> consistency);
 
@@ -76,8 +76,8 @@ class ModelRegistry {
   std::vector<std::shared_ptr<Model>> List() const;
 
   struct Deleted {
-    uint64_t freed_bytes = 0;    // Its memory_bytes when it was deleted.
-    bool memory_freed = false;   // Destroyed before `deadline`.
+    uint64_t freed_bytes = 0;   // Its memory_bytes when it was deleted.
+    bool memory_freed = false;  // Destroyed before `deadline`.
   };
   // Deletes model `name` (above); for "default", makes a fresh empty one. Errors: NOT_FOUND;
   // the files' (the model is then deleted from the running server all the same, but a restart

@@ -187,8 +187,8 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromProto(const v1::Consistency& p
     c.total_replicas = p.total_replicas();
     const double timeout = p.round_timeout_seconds();
     if (!(timeout >= 0) || timeout > 1e6) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "consistency.round_timeout_seconds = ", timeout, " must be in [0, 1e6]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("consistency.round_timeout_seconds = ", timeout, " must be in [0, 1e6]"));
     }
     c.round_timeout = absl::Seconds(timeout);
   }

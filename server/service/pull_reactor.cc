@@ -200,9 +200,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // and every tensor pulled has one (fp32 params: bf16 params have no copy). Otherwise the
     // values are read as fp32 (bf16 params and state widened, int8 state dequantized) and
     // rounded here.
-    param_copy_ =
-        field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
-        static_cast<int>(dtype_) == static_cast<int>(engine_->param_copy_dtype());
+    param_copy_ = field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
+                  static_cast<int>(dtype_) == static_cast<int>(engine_->param_copy_dtype());
     for (size_t i = 0; param_copy_ && i < tensors_.size(); ++i) {
       param_copy_ = view_->layout(tensors_[i]).params == ParamsDType::kFloat32;
     }
@@ -237,8 +236,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       const uint64_t bytes = view_->tensor(tensors_[i]).numel * wire_size;
       const std::string field = absl::StrCat("workspace_offsets_bytes[", i, "]");
       if (at % wire_size != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, " = ", at, " must be a multiple of the dtype's size, ", wire_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " = ", at, " must be a multiple of the dtype's size, ", wire_size));
       }
       if (absl::Status s = CheckWorkspaceRange(at, bytes, size, field); !s.ok()) return s;
       workspace_offsets_.push_back(at);
@@ -250,10 +249,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
               [&](size_t a, size_t b) { return ranges[a].first < ranges[b].first; });
     for (size_t k = 1; k < order.size(); ++k) {
       if (ranges[order[k]].first < ranges[order[k - 1]].second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "workspace_offsets_bytes[", order[k], "] overlaps the region of tensor ",
-            QuoteName(view_->tensor(tensors_[order[k - 1]]).name),
-            " (workspace_offsets_bytes[", order[k - 1], "])"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("workspace_offsets_bytes[", order[k], "] overlaps the region of tensor ",
+                         QuoteName(view_->tensor(tensors_[order[k - 1]]).name),
+                         " (workspace_offsets_bytes[", order[k - 1], "])"));
       }
     }
     workspace_ = *std::move(found);
@@ -362,23 +361,23 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // it), then the header goes out.
   void StartRead(ReadJob job, std::function<void()> after_read) {
     Hold();
-    engine_->Read(std::move(job), [this, after_read = std::move(after_read)](
-                                      absl::StatusOr<ReadResult> result) {
-      if (!result.ok()) {
-        FinishCall(result.status());
-      } else {
-        snapshot_ = result->snapshot;
-        version_ = result->version;
-        steps_ = std::move(result->steps);
-        after_read();
-        if (context_->IsCancelled()) {
-          FinishCall(absl::CancelledError("cancelled"));
-        } else {
-          WriteHeader();
-        }
-      }
-      ReleaseHold();
-    });
+    engine_->Read(std::move(job),
+                  [this, after_read = std::move(after_read)](absl::StatusOr<ReadResult> result) {
+                    if (!result.ok()) {
+                      FinishCall(result.status());
+                    } else {
+                      snapshot_ = result->snapshot;
+                      version_ = result->version;
+                      steps_ = std::move(result->steps);
+                      after_read();
+                      if (context_->IsCancelled()) {
+                        FinishCall(absl::CancelledError("cancelled"));
+                      } else {
+                        WriteHeader();
+                      }
+                    }
+                    ReleaseHold();
+                  });
   }
 
   void WriteHeader() {
@@ -487,8 +486,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return absl::InternalError(absl::StrCat("a pull read past its window at byte ", position));
     }
     const uint64_t bytes = std::min(window_->bytes(), total_bytes_ - position);
-    if (absl::Status s =
-            engine_->CopyFromSnapshot(snapshot_, position, bytes, window_->data());
+    if (absl::Status s = engine_->CopyFromSnapshot(snapshot_, position, bytes, window_->data());
         !s.ok()) {
       return s;
     }

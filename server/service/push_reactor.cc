@@ -9,12 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/proto_buffer_writer.h"
+#include "common/byte_buffer_view.h"
 #include "common/logging.h"
 #include "common/tsan.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/ingest/push_message.h"
-#include "common/byte_buffer_view.h"
 #include "server/service/convert.h"
 
 namespace fusedps {
@@ -29,8 +29,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
         services_(services),
         watch_(services.watchdog->Watch([this] { OnIdle(); })) {
     FUSEDPS_HAPPENS_BEFORE(this);
-    if (absl::Status s = services_.Admit(*context_, Rpc::kPushGradients, &caller_);
-        !s.ok()) {
+    if (absl::Status s = services_.Admit(*context_, Rpc::kPushGradients, &caller_); !s.ok()) {
       FinishCall(s, {}, {});
       return;
     }
@@ -43,11 +42,11 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     std::shared_ptr<PushAssembly> assembly = Assembly();
     if (!ok) {
       if (assembly == nullptr) {
-        return FinishCall(context_->IsCancelled()
-                              ? absl::CancelledError("cancelled")
-                              : absl::InvalidArgumentError(
-                                    "the first PushGradientsRequest must carry header"),
-                          {}, {});
+        return FinishCall(
+            context_->IsCancelled()
+                ? absl::CancelledError("cancelled")
+                : absl::InvalidArgumentError("the first PushGradientsRequest must carry header"),
+            {}, {});
       }
       // A part that is cancelled mid-push, or after its last chunk, fails the push.
       if (context_->IsCancelled()) return assembly->Fail(this, absl::CancelledError("cancelled"));
@@ -132,9 +131,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
                                   bytes_.load(std::memory_order_relaxed), stages,
                                   status.ok() && reply.duplicate);
     if (!status.ok() && !absl::IsCancelled(status)) {
-      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
-          << "push from " << context_->peer() << " (client_id " << QuoteName(client_id_)
-          << ") failed: " << status;
+      FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1) << "push from " << context_->peer() << " (client_id "
+                                            << QuoteName(client_id_) << ") failed: " << status;
     }
     FUSEDPS_HAPPENS_BEFORE(this);
     grpc::ServerReadReactor<grpc::ByteBuffer>::Finish(ToGrpc(status));
@@ -159,9 +157,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   }
 
   void OnIdle() {
-    const absl::Status idle = absl::DeadlineExceededError(absl::StrCat(
-        "no message for ", absl::FormatDuration(services_.watchdog->idle_limit()),
-        " (--call-idle-seconds)"));
+    const absl::Status idle = absl::DeadlineExceededError(
+        absl::StrCat("no message for ", absl::FormatDuration(services_.watchdog->idle_limit()),
+                     " (--call-idle-seconds)"));
     FailPart(idle);
   }
 
@@ -243,7 +241,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
         });
     if (verdict.kind == RetryTable::Kind::kInFlight) return;  // The waiter finishes the call.
     ReleaseHold();  // The waiter was dropped; this call still holds the reactor (not done).
-    if (verdict.kind == RetryTable::Kind::kDone) return FinishCall(absl::OkStatus(), verdict.reply, {});
+    if (verdict.kind == RetryTable::Kind::kDone)
+      return FinishCall(absl::OkStatus(), verdict.reply, {});
     if (verdict.kind == RetryTable::Kind::kStale) {
       return FinishCall(StalePushError(header.sequence_number(), verdict.highest), {}, {});
     }
@@ -294,7 +293,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   grpc::ByteBuffer* const response_;  // A serialized PushGradientsResponse.
   const ServiceContext services_;
   const std::shared_ptr<CallWatchdog::Handle> watch_;
-  Caller caller_;  // Who calls (set by the constructor, before the first read).
+  Caller caller_;             // Who calls (set by the constructor, before the first read).
   grpc::ByteBuffer request_;  // The message being read: a serialized PushGradientsRequest.
   grpc::ByteBuffer first_;    // The header's message, kept for its chunks until staging is ready.
   std::atomic<uint64_t> bytes_{0};  // Gradient payload this part received.
@@ -303,12 +302,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   std::mutex mu_;
   std::string client_id_;                   // Guarded by mu_: the header's, for the log.
   std::shared_ptr<PushAssembly> assembly_;  // Guarded by mu_.
-  absl::Status failed_alone_;  // Guarded by mu_: FailPart's error before a join; then no join.
-  int messages_in_flight_ = 0;              // Guarded by mu_.
-  int holds_ = 0;             // Guarded by mu_: messages in flight and a retry's waiter.
-  bool stream_ended_ = false;  // Guarded by mu_: the client's writes are done.
-  bool finished_ = false;      // Guarded by mu_: Finish was called.
-  bool done_ = false;          // Guarded by mu_: gRPC called OnDone.
+  absl::Status failed_alone_;   // Guarded by mu_: FailPart's error before a join; then no join.
+  int messages_in_flight_ = 0;  // Guarded by mu_.
+  int holds_ = 0;               // Guarded by mu_: messages in flight and a retry's waiter.
+  bool stream_ended_ = false;   // Guarded by mu_: the client's writes are done.
+  bool finished_ = false;       // Guarded by mu_: Finish was called.
+  bool done_ = false;           // Guarded by mu_: gRPC called OnDone.
 };
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "server/checkpoint/checkpointer.h"
 #include "common/logging.h"
+#include "server/checkpoint/checkpointer.h"
 #include "server/ingest/registration.h"
 #include "server/ingest/state_loader.h"
 #include "server/service/convert.h"
@@ -48,8 +48,8 @@ absl::Status ReadHeaderedStream(grpc::ServerContext* context, grpc::ServerReader
   watch->Arm();
   if (!reader->Read(&message) || !message.has_header()) {
     if (context->IsCancelled()) return absl::CancelledError("cancelled");
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the first ", Request::descriptor()->name(), " must carry header (", header_holds, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("the first ", Request::descriptor()->name(),
+                                                   " must carry header (", header_holds, ")"));
   }
   watch->Disarm();
   if (absl::Status s = first(message); !s.ok()) return s;
@@ -70,9 +70,9 @@ absl::Status ReadHeaderedStream(grpc::ServerContext* context, grpc::ServerReader
 
 }  // namespace
 
-grpc::Status ParameterServiceImpl::RegisterParamGroup(
-    grpc::ServerContext* context, const v1::RegisterParamGroupRequest* request,
-    v1::RegisterParamGroupResponse* response) {
+grpc::Status ParameterServiceImpl::RegisterParamGroup(grpc::ServerContext* context,
+                                                      const v1::RegisterParamGroupRequest* request,
+                                                      v1::RegisterParamGroupResponse* response) {
   absl::StatusOr<std::shared_ptr<Model>> model =
       services_.AdmitModel(*context, Rpc::kRegisterParamGroup, request->model());
   if (!model.ok()) return ToGrpc(model.status());
@@ -88,16 +88,16 @@ grpc::Status ParameterServiceImpl::RegisterParamGroup(
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::SetHyperparameters(
-    grpc::ServerContext* context, const v1::SetHyperparametersRequest* request,
-    v1::SetHyperparametersResponse* response) {
+grpc::Status ParameterServiceImpl::SetHyperparameters(grpc::ServerContext* context,
+                                                      const v1::SetHyperparametersRequest* request,
+                                                      v1::SetHyperparametersResponse* response) {
   absl::StatusOr<std::shared_ptr<Model>> model =
       services_.AdmitModel(*context, Rpc::kSetHyperparameters, request->model());
   if (!model.ok()) return ToGrpc(model.status());
   absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(request->hyperparameters());
   if (!update.ok()) return ToGrpc(update.status());
-  absl::StatusOr<ParamGroupSpec> group = UpdateEngine::Wait<ParamGroupSpec>(
-      [&](UpdateEngine::Done<ParamGroupSpec> done) {
+  absl::StatusOr<ParamGroupSpec> group =
+      UpdateEngine::Wait<ParamGroupSpec>([&](UpdateEngine::Done<ParamGroupSpec> done) {
         (*model)->engine().SetHyperparameters(request->param_group(), *update, done);
       });
   if (!group.ok()) return ToGrpc(group.status());
@@ -137,9 +137,9 @@ grpc::Status ParameterServiceImpl::PullBuffers(
   for (const std::string& name : request->names()) {
     const BufferValue* b = set->Find(name);
     if (b == nullptr) {
-      return ToGrpc(absl::NotFoundError(absl::StrCat("buffer ", QuoteName(name), ": model ",
-                                                     QuoteName((*model)->name()),
-                                                     " has no such buffer")));
+      return ToGrpc(
+          absl::NotFoundError(absl::StrCat("buffer ", QuoteName(name), ": model ",
+                                           QuoteName((*model)->name()), " has no such buffer")));
     }
     buffers.push_back(b);
   }
@@ -185,9 +185,8 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
       specs.push_back({p.name(), {p.shape().begin(), p.shape().end()}, p.param_group()});
     }
     absl::StatusOr<std::unique_ptr<Registration>> begun =
-        Registration::Begin(&model->engine(), services_.staging, &model->registration_gate(),
-                            specs, services_.window_bytes(), cancelled,
-                            message.header().plan_hash());
+        Registration::Begin(&model->engine(), services_.staging, &model->registration_gate(), specs,
+                            services_.window_bytes(), cancelled, message.header().plan_hash());
     if (!begun.ok()) return begun.status();
     registration = *std::move(begun);
     return registration->AddChunks(message.chunks());
@@ -242,8 +241,8 @@ absl::Status ParameterServiceImpl::LoadStateStatus(grpc::ServerContext* context,
   const auto more = [&](const v1::LoadStateRequest& message) {
     return loader->AddChunks(message.chunks());
   };
-  if (absl::Status s = ReadHeaderedStream<v1::LoadStateRequest>(
-          context, reader, services_.watchdog, "the tensors to load", first, more);
+  if (absl::Status s = ReadHeaderedStream<v1::LoadStateRequest>(context, reader, services_.watchdog,
+                                                                "the tensors to load", first, more);
       !s.ok()) {
     return s;
   }
@@ -323,13 +322,13 @@ grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
     absl::string_view token = request->page_token();
     if (!absl::ConsumePrefix(&token, "t") || !absl::SimpleAtoi(token, &first) ||
         first > view->tensor_count()) {
-      return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
-          "page_token ", QuoteName(request->page_token()),
-          " is not a next_page_token of this server")));
+      return ToGrpc(
+          absl::InvalidArgumentError(absl::StrCat("page_token ", QuoteName(request->page_token()),
+                                                  " is not a next_page_token of this server")));
     }
   }
-  const uint32_t page_size = request->page_size() == 0 ? view->tensor_count()
-                                                       : request->page_size();
+  const uint32_t page_size =
+      request->page_size() == 0 ? view->tensor_count() : request->page_size();
   const uint32_t end = first + std::min(page_size, view->tensor_count() - first);
   std::vector<uint32_t> indices;
   for (uint32_t t = first; t < end; ++t) indices.push_back(t);
@@ -353,7 +352,8 @@ grpc::Status ParameterServiceImpl::ListTensors(grpc::ServerContext* context,
 grpc::Status ParameterServiceImpl::CreateModel(grpc::ServerContext* context,
                                                const v1::CreateModelRequest* request,
                                                v1::CreateModelResponse* response) {
-  if (absl::Status s = services_.AdmitNamed(*context, Rpc::kCreateModel, request->name()); !s.ok()) {
+  if (absl::Status s = services_.AdmitNamed(*context, Rpc::kCreateModel, request->name());
+      !s.ok()) {
     return ToGrpc(s);
   }
   std::optional<ConsistencyOptions> consistency;
@@ -386,7 +386,8 @@ grpc::Status ParameterServiceImpl::ListModels(grpc::ServerContext* context,
 grpc::Status ParameterServiceImpl::DeleteModel(grpc::ServerContext* context,
                                                const v1::DeleteModelRequest* request,
                                                v1::DeleteModelResponse* response) {
-  if (absl::Status s = services_.AdmitNamed(*context, Rpc::kDeleteModel, request->name()); !s.ok()) {
+  if (absl::Status s = services_.AdmitNamed(*context, Rpc::kDeleteModel, request->name());
+      !s.ok()) {
     return ToGrpc(s);
   }
   const absl::Time deadline =

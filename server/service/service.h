@@ -41,8 +41,8 @@ class ParameterServiceImpl final : public ParameterServiceBase {
   grpc::Status RegisterTensors(grpc::ServerContext* context,
                                grpc::ServerReader<v1::RegisterTensorsRequest>* reader,
                                v1::RegisterTensorsResponse* response) override;
-  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
-      grpc::CallbackServerContext* context, grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParameters(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,

@@ -82,8 +82,8 @@ struct ServiceContext {
   // NOT_FOUND for a model that does not exist (ModelRegistry::Find).
   absl::StatusOr<std::shared_ptr<Model>> FindModel(const Caller& caller, absl::string_view name,
                                                    const grpc::ServerContextBase& context) const {
-    if (absl::Status s = authorizer->CheckModel(caller, name.empty() ? kDefaultModel : name,
-                                                context);
+    if (absl::Status s =
+            authorizer->CheckModel(caller, name.empty() ? kDefaultModel : name, context);
         !s.ok()) {
       return s;
     }
@@ -100,8 +100,8 @@ struct ServiceContext {
   }
 
   // Admit, then FindModel: the checks every call about one model begins with.
-  absl::StatusOr<std::shared_ptr<Model>> AdmitModel(const grpc::ServerContextBase& context,
-                                                    Rpc rpc, absl::string_view name,
+  absl::StatusOr<std::shared_ptr<Model>> AdmitModel(const grpc::ServerContextBase& context, Rpc rpc,
+                                                    absl::string_view name,
                                                     Caller* caller = nullptr) const {
     Caller who;
     if (absl::Status s = Admit(context, rpc, &who); !s.ok()) return s;

@@ -64,9 +64,9 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
       return s;
     }
     if (!IsLocalPeer(context_->peer())) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "a workspace is for a caller on the server's host; this call comes from ",
-          context_->peer()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("a workspace is for a caller on the server's host; this call comes from ",
+                       context_->peer()));
     }
     return services_.workspaces->Open(WorkspaceOwner(caller), request.bytes());
   }

@@ -24,10 +24,10 @@ absl::Status CheckBuffer(const BufferValue& buffer) {
   }
   const uint64_t bytes = numel * safetensors::DTypeSize(buffer.dtype);
   if (buffer.data.size() != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "buffer ", QuoteName(buffer.name), ": data has ", buffer.data.size(), " bytes; shape [",
-        absl::StrJoin(buffer.shape, ", "), "] of ", safetensors::DTypeName(buffer.dtype),
-        " needs ", bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer ", QuoteName(buffer.name), ": data has ", buffer.data.size(),
+                     " bytes; shape [", absl::StrJoin(buffer.shape, ", "), "] of ",
+                     safetensors::DTypeName(buffer.dtype), " needs ", bytes));
   }
   return absl::OkStatus();
 }
@@ -63,14 +63,12 @@ absl::StatusOr<std::shared_ptr<const BufferSet>> BufferSet::Merged(
   }
   if (next->buffers_.size() > kMaxBuffers) {
     return absl::InvalidArgumentError(absl::StrCat("buffers: a model holds at most ", kMaxBuffers,
-                                                   "; this write makes ",
-                                                   next->buffers_.size()));
+                                                   "; this write makes ", next->buffers_.size()));
   }
   if (next->bytes_ > kMaxBufferSetBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("buffers: a model holds at most ",
-                                                   kMaxBufferSetBytes,
-                                                   " bytes of them; this write makes ",
-                                                   next->bytes_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffers: a model holds at most ", kMaxBufferSetBytes,
+                     " bytes of them; this write makes ", next->bytes_));
   }
   return std::shared_ptr<const BufferSet>(std::move(next));
 }

@@ -36,10 +36,10 @@ inline constexpr uint64_t kMaxBufferSetBytes = uint64_t{256} << 20;
 // One buffer: a tensor of any safetensors dtype (safetensors::DType: torch's float32, int64,
 // bool, ...), its elements little-endian and row-major in `data`.
 struct BufferValue {
-  std::string name;                  // 1..kMaxBufferNameBytes bytes.
+  std::string name;  // 1..kMaxBufferNameBytes bytes.
   safetensors::DType dtype = safetensors::DType::kF32;
-  std::vector<int64_t> shape;        // {} for a 0-dim buffer; each dimension >= 0.
-  std::string data;                  // Exactly numel x DTypeSize(dtype) bytes.
+  std::vector<int64_t> shape;  // {} for a 0-dim buffer; each dimension >= 0.
+  std::string data;            // Exactly numel x DTypeSize(dtype) bytes.
 };
 
 // INVALID_ARGUMENT, naming the buffer and the limit, for a bad name, a negative dimension, or

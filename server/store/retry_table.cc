@@ -57,9 +57,8 @@ void RetryTable::EvictLocked() {
   for (auto it = lru_.end(); clients_.size() > max_clients_ && it != std::next(lru_.begin());) {
     --it;
     auto client = clients_.find(*it);
-    const bool in_flight =
-        std::any_of(client->second.pushes.begin(), client->second.pushes.end(),
-                    [](const auto& push) { return push.second.in_flight; });
+    const bool in_flight = std::any_of(client->second.pushes.begin(), client->second.pushes.end(),
+                                       [](const auto& push) { return push.second.in_flight; });
     if (in_flight) continue;
     clients_.erase(client);
     it = lru_.erase(it);

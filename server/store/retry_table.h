@@ -11,8 +11,8 @@
 //   kStale     not above the highest, and not remembered: apply nothing (ABORTED).
 // The update engine calls Begin when it queues a step and Finish or Abandon when the step is
 // done or failed; gRPC threads call Await at header time, so that a retry is answered before its
-// payload is read (Lookup is for tests and tools). Exactly-once holds within the bounds: a client forgotten by the
-// LRU (max_clients others pushed since) can have an old push applied again.
+// payload is read (Lookup is for tests and tools). Exactly-once holds within the bounds: a client
+// forgotten by the LRU (max_clients others pushed since) can have an old push applied again.
 //
 // Thread-safe.
 //
@@ -60,8 +60,8 @@ class RetryTable {
   enum class Kind { kUntracked, kNew, kInFlight, kDone, kStale };
   struct Verdict {
     Kind kind = Kind::kUntracked;
-    PushReply reply;             // kDone: the first reply, with duplicate = true.
-    uint64_t highest = 0;        // kStale: the client's highest sequence number.
+    PushReply reply;       // kDone: the first reply, with duplicate = true.
+    uint64_t highest = 0;  // kStale: the client's highest sequence number.
   };
   // Runs with the reply of the push it waits for (duplicate = true), or its error.
   using Waiter = std::function<void(absl::StatusOr<PushReply>)>;
@@ -108,8 +108,8 @@ class RetryTable {
   // max_clients. For a restore, before any push. REQUIRES: no push in flight.
   void Import(const std::vector<ClientRecord>& records);
 
-  size_t clients() const;         // Clients remembered now.
-  uint64_t evictions() const;     // Clients forgotten by the LRU so far.
+  size_t clients() const;      // Clients remembered now.
+  uint64_t evictions() const;  // Clients forgotten by the LRU so far.
 
  private:
   struct Entry {
@@ -120,13 +120,13 @@ class RetryTable {
   };
   struct Client {
     uint64_t highest = 0;
-    std::map<uint64_t, Entry> pushes;  // By sequence number; at most kRepliesPerClient done.
+    std::map<uint64_t, Entry> pushes;      // By sequence number; at most kRepliesPerClient done.
     std::list<std::string>::iterator lru;  // Its place in lru_.
   };
 
   Verdict ClassifyLocked(Client* client, uint64_t sequence_number) const;
   Client* FindLocked(absl::string_view client_id);  // Also marks it most recently used.
-  Client& AddLocked(absl::string_view client_id);  // REQUIRES: not present.
+  Client& AddLocked(absl::string_view client_id);   // REQUIRES: not present.
   // Classifies; for kInFlight moves *waiter (when set) into that push's waiters.
   Verdict AwaitLocked(Client* client, uint64_t sequence_number, Waiter* waiter);
   void EvictLocked();

@@ -86,9 +86,8 @@ TEST(RetryTableTest, WaitersOfAPushInFlightGetItsReplyOnce) {
     EXPECT_TRUE(reply->duplicate);
   }
   // Await on a done push returns its reply and drops the waiter.
-  RetryTable::Verdict verdict = table.Await("a", 7, [&](absl::StatusOr<PushReply> r) {
-    got.push_back(r);
-  });
+  RetryTable::Verdict verdict =
+      table.Await("a", 7, [&](absl::StatusOr<PushReply> r) { got.push_back(r); });
   EXPECT_EQ(verdict.kind, Kind::kDone);
   EXPECT_EQ(got.size(), 2u);
 }

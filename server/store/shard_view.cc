@@ -132,8 +132,7 @@ std::shared_ptr<const ShardView> ShardView::WithTensors(std::vector<TensorMeta> 
   return view;
 }
 
-std::shared_ptr<const ShardView> ShardView::WithGroup(uint32_t index,
-                                                      ParamGroupSpec group) const {
+std::shared_ptr<const ShardView> ShardView::WithGroup(uint32_t index, ParamGroupSpec group) const {
   std::shared_ptr<ShardView> view(new ShardView(*this));
   if (index == view->groups_.size()) {
     view->group_index_.emplace(group.name, index);
@@ -153,8 +152,8 @@ std::shared_ptr<const ShardView> ShardView::WithPlanHash(std::string plan_hash) 
 absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
                            absl::string_view field, bool registering) {
   if (plan_hash.size() > kMaxPlanHashBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " has ", plan_hash.size(),
-                                                   " bytes; at most ", kMaxPlanHashBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", plan_hash.size(), " bytes; at most ", kMaxPlanHashBytes));
   }
   if (plan_hash == view.plan_hash()) return absl::OkStatus();
   if (registering && view.plan_hash().empty() && view.tensor_count() == 0) {

@@ -40,8 +40,7 @@ TEST(ShardViewTest, NameLimitsCountBytes) {
   name += "x";
   absl::Status too_long = ShardView::Initial()->CheckTensorSpecs({{name, {1}, ""}}, &is_new);
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(too_long.message().find("1 to 256 bytes, has 257"), std::string::npos)
-      << too_long;
+  EXPECT_NE(too_long.message().find("1 to 256 bytes, has 257"), std::string::npos) << too_long;
 }
 
 TEST(ShardViewTest, ResolvesNamesInOrderOrAll) {
@@ -94,12 +93,10 @@ TEST(ShardViewTest, HyperparametersAreValidatedAndAmsgradIsFixed) {
   EXPECT_EQ(changed->lr, 0.25);
   EXPECT_TRUE(changed->amsgrad);
   update.amsgrad = false;
-  EXPECT_EQ(UpdatedHyperparameters(h, update).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UpdatedHyperparameters(h, update).status().code(), absl::StatusCode::kInvalidArgument);
   update = {};
   update.eps = -1;
-  EXPECT_EQ(UpdatedHyperparameters(h, update).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UpdatedHyperparameters(h, update).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The storage is fixed at registration: an update may repeat it (as clients that resend every
@@ -159,8 +156,8 @@ TEST(ShardViewTest, LayoutFollowsTheGroupAndTheSize) {
   int8.state_dtype = StateDType::kInt8;
   int8.params_dtype = ParamsDType::kBFloat16;
   std::shared_ptr<const ShardView> view = ShardView::Initial()->WithGroup(1, {"q", int8});
-  view = view->WithTensors({{"big", {4096}, 1, 4096}, {"small", {4095}, 1, 4095},
-                            {"plain", {8192}, 0, 8192}});
+  view = view->WithTensors(
+      {{"big", {4096}, 1, 4096}, {"small", {4095}, 1, 4095}, {"plain", {8192}, 0, 8192}});
   EXPECT_EQ(view->layout(0).state, StateDType::kInt8);
   EXPECT_EQ(view->layout(0).params, ParamsDType::kBFloat16);
   EXPECT_EQ(view->layout(1).state, StateDType::kFloat32);  // Under kMinQuantNumel.

@@ -93,10 +93,10 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (bytes > options_.budget_bytes - open_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a workspace of ", bytes, " bytes would pass --workspace-budget-bytes = ",
-          options_.budget_bytes, " (", open_bytes_, " held by ", open_.size(),
-          " open workspaces)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a workspace of ", bytes,
+                       " bytes would pass --workspace-budget-bytes = ", options_.budget_bytes, " (",
+                       open_bytes_, " held by ", open_.size(), " open workspaces)"));
     }
     open_bytes_ += bytes;  // Held while the file is made; given back below on failure.
   }
@@ -151,9 +151,10 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Find(
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = open_.find(id);
   if (it == open_.end() || it->second->owner() != owner) {
-    return absl::NotFoundError(absl::StrCat(
-        "workspace \"", absl::CHexEscape(id.substr(0, 64)), "\" is not open (its OpenWorkspace call has ended, or it "
-        "was never yours)"));
+    return absl::NotFoundError(
+        absl::StrCat("workspace \"", absl::CHexEscape(id.substr(0, 64)),
+                     "\" is not open (its OpenWorkspace call has ended, or it "
+                     "was never yours)"));
   }
   return it->second;
 }

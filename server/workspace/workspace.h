@@ -69,7 +69,7 @@ class Workspace {
 };
 
 struct WorkspaceOptions {
-  std::string dir = "/dev/shm";  // Empty: workspaces are off.
+  std::string dir = "/dev/shm";                // Empty: workspaces are off.
   uint64_t budget_bytes = uint64_t{64} << 30;  // The most that open workspaces hold in all.
 };
 
@@ -91,7 +91,7 @@ class WorkspaceTable {
   // The open workspace `id` of `owner`. NOT_FOUND (naming the id) for one that is not open, or
   // is another owner's (which is not told apart, so that ids of others cannot be probed).
   absl::StatusOr<std::shared_ptr<const Workspace>> Find(absl::string_view id,
-                                                       absl::string_view owner) const;
+                                                        absl::string_view owner) const;
 
   // Closes `id`: Find fails from now on, its file's name goes, its bytes go back to the
   // budget; its memory goes with the last holder. Nothing for an id that is not open.

@@ -147,8 +147,8 @@ TEST_F(InterleavedPushTest, PushesFromManyClientsAreEachAppliedAtomically) {
         v1::PushGradientsResponse response;
         auto writer = stub_->PushGradients(&context, &response);
         for (const auto& m : Messages<v1::PushGradientsRequest>(
-                 MakePushHeader(v1::DTYPE_FLOAT32, "client-" + std::to_string(c), i + 1),
-                 chunks, 1)) {
+                 MakePushHeader(v1::DTYPE_FLOAT32, "client-" + std::to_string(c), i + 1), chunks,
+                 1)) {
           writer->Write(m);
           std::this_thread::yield();
         }
@@ -218,8 +218,7 @@ TEST_F(PushPartsTest, ClientWithSeveralStreamsPushesInPartsAppliedOnce) {
   client::ClientOptions options;
   options.streams = 3;
   options.max_chunk_bytes = 2048;  // Many messages, so that every part carries some.
-  auto trainer =
-      client::Client::Create("127.0.0.1:" + std::to_string(server_->port()), options);
+  auto trainer = client::Client::Create("127.0.0.1:" + std::to_string(server_->port()), options);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   for (uint32_t step = 1; step <= 2; ++step) {
     const auto grads = RandomGrads({"w", "b"}, 80 + step);
@@ -271,8 +270,7 @@ TEST_F(PushPartsTest, APartThatNeverComesFailsThePushAndFreesItsStaging) {
   WaitUntil([&] { return server_->staging_pool().in_use() == 0; });
   EXPECT_EQ(server_->staging_pool().in_use(), 0u);
   // Late, part 2 is ABORTED: the push under that name failed.
-  EXPECT_EQ(SendPart(2, 3, shares[2], "trainer", 11).first.error_code(),
-            grpc::StatusCode::ABORTED);
+  EXPECT_EQ(SendPart(2, 3, shares[2], "trainer", 11).first.error_code(), grpc::StatusCode::ABORTED);
   ExpectSameState(before, Snapshot());
 }
 

@@ -5,8 +5,8 @@
 #include <map>
 #include <thread>
 
-#include "common/notification.h"
 #include "absl/time/clock.h"
+#include "common/notification.h"
 #include "tests/integration/hooked_backend.h"
 #include "tests/integration/service_harness.h"
 
@@ -178,9 +178,9 @@ TEST_F(WindowTest, APullThroughASnapshotIsConsistentWhileStepsGoOn) {
   std::atomic<bool> stop{false};
   std::thread pusher([&] {
     for (uint64_t version = 1; version <= 30 && !stop; ++version) {
-      v1::PushGradientsResponse reply = PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32),
-                                                    GradDType::kFloat32,
-                                                    RandomGrads({"big"}, 100 + version));
+      v1::PushGradientsResponse reply =
+          PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32,
+                      RandomGrads({"big"}, 100 + version));
       if (reply.version() != version) break;
       params_at[version] = host_.tensor("big").param;
     }

@@ -24,9 +24,9 @@
 namespace fusedps {
 namespace {
 
-using ::testing::HasSubstr;
 using client::Client;
 using client::ClientOptions;
+using ::testing::HasSubstr;
 
 class ModelsTest : public ::testing::Test {
  protected:
@@ -157,7 +157,8 @@ TEST_F(ModelsTest, CreateChecksItsInputAndIsIdempotent) {
   absl::StatusOr<client::CreateModelResult> other = admin->CreateModel("m1", sync);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(other.status().message(), HasSubstr("m1"));
-  for (const std::string& bad : std::vector<std::string>{"", "Upper", "-x", "a/b", std::string(65, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "Upper", "-x", "a/b", std::string(65, 'a')}) {
     EXPECT_EQ(admin->CreateModel(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   sync.replicas_to_aggregate = 3;  // K > N.
@@ -304,9 +305,9 @@ TEST_F(ModelsTest, TokensLimitedToAModelReachOnlyIt) {
   const std::string admin_token = "admin-token-0123456789";
   const std::string a_token = "job-a-admin-token-0123";
   const std::string a_trainer = "job-a-trainer-token-01";
-  ASSERT_NO_FATAL_FAILURE(Start(false, absl::StrCat(admin_token, " admin ops\n", a_token,
-                                                    " admin a-ops models=job-a\n", a_trainer,
-                                                    " trainer a-0 models=job-a\n")));
+  ASSERT_NO_FATAL_FAILURE(
+      Start(false, absl::StrCat(admin_token, " admin ops\n", a_token, " admin a-ops models=job-a\n",
+                                a_trainer, " trainer a-0 models=job-a\n")));
   std::unique_ptr<Client> ops = Connect("", admin_token);
   ASSERT_TRUE(ops->CreateModel("job-b").ok());
   std::unique_ptr<Client> a_admin = Connect("job-a", a_token);

@@ -2,6 +2,8 @@
 // waited for group by group, against a real in-process server on the CPU backend. The bytes
 // must equal the host-side AdamW's; a failed group must fail its wait and stop the later ones;
 // a pull destroyed before anyone waited must finish its calls first (ASan and TSan run these).
+#include "fusedps/pipelined_pull.h"
+
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "fusedps/client.h"
-#include "fusedps/pipelined_pull.h"
 #include "tests/integration/service_harness.h"
 
 namespace fusedps::integration {
@@ -65,8 +66,8 @@ TEST_F(PipelinedPullTest, EveryGroupLandsAndIsWaitedForInOrder) {
   ASSERT_NO_FATAL_FAILURE(RegisterTensors(Model()));
   std::vector<std::string> names;
   for (int i = 0; i < kTensors; ++i) names.push_back("t" + std::to_string(i));
-  ASSERT_NO_FATAL_FAILURE(PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32,
-                                      RandomGrads(names, 3)));
+  ASSERT_NO_FATAL_FAILURE(
+      PushAndStep(MakePushHeader(v1::DTYPE_FLOAT32), GradDType::kFloat32, RandomGrads(names, 3)));
   std::unique_ptr<client::Client> trainer = MakeClient(3);
   ASSERT_NE(trainer, nullptr);
   for (int threads : {1, 4}) {
@@ -129,9 +130,9 @@ TEST_F(PipelinedPullTest, DestroyedUnwaitedWhilePushesRunFromOtherThreads) {
       options.grad_dtype = client::DType::kFloat32;
       std::vector<client::TensorGrad> tensors;
       for (int i = 0; i < kTensors; ++i) {
-        tensors.push_back({"t" + std::to_string(i),
-                           absl::MakeConstSpan(grads.data(),
-                                               host_.tensor("t" + std::to_string(i)).numel)});
+        tensors.push_back(
+            {"t" + std::to_string(i),
+             absl::MakeConstSpan(grads.data(), host_.tensor("t" + std::to_string(i)).numel)});
       }
       ASSERT_TRUE(trainer->PushGradients(options, tensors).ok());
     }

@@ -254,8 +254,7 @@ TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
     // Pulled into the workspace (at 32 KiB), and over gRPC: the same bytes.
     char* into = memory + (32 << 10);
     std::memset(into, 0xff, 4096 * 4 + 64 * 4);
-    const std::vector<client::PullTarget> targets = {{"w", into, 4096},
-                                                     {"b", into + 4096 * 4, 64}};
+    const std::vector<client::PullTarget> targets = {{"w", into, 4096}, {"b", into + 4096 * 4, 64}};
     absl::StatusOr<client::PullIntoResult> pulled = trainer->PullInto({}, targets);
     ASSERT_TRUE(pulled.ok()) << pulled.status();
     EXPECT_EQ(pulled->version, result->version);
@@ -268,4 +267,3 @@ TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
 
 }  // namespace
 }  // namespace fusedps::integration
-

@@ -397,8 +397,7 @@ TEST_F(ServiceIntegrationTest, HealthServiceAnswersServing) {
     ASSERT_TRUE(serving.ok()) << "'" << service << "': " << serving.status();
     EXPECT_TRUE(*serving) << "'" << service << "' is not SERVING";
   }
-  EXPECT_EQ((*client)->CheckHealth("no.such.Service").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*client)->CheckHealth("no.such.Service").status().code(), absl::StatusCode::kNotFound);
 }
 
 // 8 trainers push at once while a reader pulls: no push is lost or applied twice, and every

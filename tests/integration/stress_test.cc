@@ -25,7 +25,7 @@ class StressTest : public ServiceTest {
   ServerOptions Options() const override {
     ServerOptions options = ServiceTest::Options();
     options.staging_pool_bytes = 3 * kPushBytes;  // Back-pressure most of the time.
-    options.push_part_wait = absl::Seconds(2);  // Part 0 cancelled before it joins: others wait.
+    options.push_part_wait = absl::Seconds(2);    // Part 0 cancelled before it joins: others wait.
     options.call_idle = absl::Milliseconds(500);
     return options;
   }
@@ -86,14 +86,13 @@ TEST_F(StressTest, EverythingAtOnceLeavesAConsistentShard) {
         for (uint32_t p = 0; p < parts; ++p) {
           const std::vector<v1::TensorChunk>& share = shares[p];
           // Named: the registrations below add tensors, which "every tensor" would include.
-          v1::PushHeader header = MakePushHeader(v1::DTYPE_FLOAT32, absl::StrCat("parts-", t),
-                                                 sequence, {"w", "b"});
+          v1::PushHeader header =
+              MakePushHeader(v1::DTYPE_FLOAT32, absl::StrCat("parts-", t), sequence, {"w", "b"});
           header.set_part_index(p);
           header.set_part_count(parts);
           senders.emplace_back([&, p, header, share] {
             const auto messages = Messages<v1::PushGradientsRequest>(header, share, 1);
-            auto [status, reply] =
-                Send(messages, cancel_one && p == 0 ? 2 : -1, absl::Seconds(10));
+            auto [status, reply] = Send(messages, cancel_one && p == 0 ? 2 : -1, absl::Seconds(10));
             if (p == 0) count(status, reply);
           });
         }

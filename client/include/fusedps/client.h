@@ -488,13 +488,13 @@ class PushTransaction {
   const std::vector<TensorSize> tensors_;
   const DType dtype_;
   const Workspace workspace_;  // Empty id: none.
-  uint64_t total_bytes_ = 0;  // The push's payload: every tensor in dtype.
+  uint64_t total_bytes_ = 0;   // The push's payload: every tensor in dtype.
   std::vector<std::unique_ptr<internal::RawCall>> parts_;
   std::vector<std::string> replies_;  // Each part's serialized PushGradientsResponse.
   std::shared_ptr<SliceTracker> tracker_;
   uint64_t bytes_written_ = 0;
   uint64_t next_reference_part_ = 0;  // WriteReferences' round robin over the parts.
-  bool ended_ = false;  // Committed or cancelled.
+  bool ended_ = false;                // Committed or cancelled.
 };
 
 class Client {

@@ -17,7 +17,8 @@
 //
 // Lifetimes: the clients and every target's memory outlive the PipelinedPull; the destructor
 // waits for the groups in flight (it does not cancel them) and starts no more.
-// Thread safety: WaitUpTo, LandedPrefix, Version and Seconds may be called from any threads at once.
+// Thread safety: WaitUpTo, LandedPrefix, Version and Seconds may be called from any threads at
+// once.
 #ifndef FUSEDPS_CLIENT_PIPELINED_PULL_H_
 #define FUSEDPS_CLIENT_PIPELINED_PULL_H_
 
@@ -76,7 +77,7 @@ class PipelinedPull {
 
   std::mutex mu_;
   std::condition_variable landed_cv_;
-  int next_ ABSL_GUARDED_BY(mu_) = 0;  // The next group a thread starts.
+  int next_ ABSL_GUARDED_BY(mu_) = 0;    // The next group a thread starts.
   int prefix_ ABSL_GUARDED_BY(mu_) = 0;  // Groups [0, prefix_) have landed.
   std::vector<bool> landed_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);
