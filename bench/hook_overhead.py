@@ -19,39 +19,15 @@ over the rounds), in one process and one run:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import threading
-import time
 
 import torch
 
+from contention_probe import train  # bench/, beside this script.
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps.bench.e2e import PRESETS
 from fusedps.bench.gpt import GPT, GPTConfig
-
-
-def steps(model, opt, n, batch, device, gen):
-    cfg = model.cfg
-    times = []
-    for _ in range(n):
-        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context + 1), generator=gen,
-                               device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with (torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-              if device.type == "cuda" else contextlib.nullcontext()):
-            logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
-                                                 tokens[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def install(kind, model):
@@ -88,14 +64,13 @@ def main():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**preset)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    gen = torch.Generator(device=device).manual_seed(1)
     kinds = args.kinds.split()
-    steps(model, opt, 5, batch, device, gen)  # Warm-up: allocator, autotuning.
-    times = {k: [] for k in kinds}
+    train(model, opt, 3, 2, batch, device)  # Warm-up: allocator, autotuning.
+    times = {k: [] for k in kinds}  # Each round's median ms, per kind.
     for _ in range(args.rounds):
         for kind in kinds:
             remove = install(kind, model)
-            times[kind].extend(steps(model, opt, args.steps, batch, device, gen)[2:])
+            times[kind].append(train(model, opt, args.steps, 2, batch, device))
             remove()
     base = statistics.median(times[kinds[0]])
     print(f"hook overhead, {args.preset} preset, {device}, torch {torch.__version__}, "
@@ -103,7 +78,7 @@ def main():
     print(f"{'hooks':<14} {'ms/step':>8} {'vs ' + kinds[0]:>9}")
     for kind in kinds:
         t = statistics.median(times[kind])
-        print(f"{kind:<14} {t * 1e3:8.2f} {t / base:8.3f}x")
+        print(f"{kind:<14} {t:8.2f} {t / base:8.3f}x")
 
 
 if __name__ == "__main__":

@@ -179,6 +179,27 @@ def test_each_recipe_fails_with_its_mechanism_switched_off(server_target, recipe
         run_recipe(server_target, recipe, prefix=f"off-{recipe}/")
 
 
+def stale_reference_step(ref, ref_model: Mlp, stale: Mlp, delayed: bool) -> None:
+    """The delayed update's reference: ref (torch.optim.AdamW of ref_model) steps with the
+    gradients that backward left in ``stale``; then ``stale`` takes the parameters its next
+    gradients must be computed at: ref_model's before this step when delayed (staleness 1),
+    after it otherwise."""
+    before = [q.detach().clone() for q in ref_model.parameters()]
+    for q, s in zip(ref_model.parameters(), stale.parameters()):
+        q.grad = s.grad.clone()
+    ref.step()
+    values = before if delayed else [q.detach() for q in ref_model.parameters()]
+    with torch.no_grad():
+        for s, v in zip(stale.parameters(), values):
+            s.copy_(v)
+
+
+def assert_params_equal(model: Mlp, stale: Mlp, step: int) -> None:
+    for (name, p), s in zip(model.named_parameters(), stale.parameters()):
+        torch.testing.assert_close(p.detach(), s.detach(), rtol=RTOL, atol=ATOL,
+                                   msg=lambda m: f"step {step} {name}: {m}")
+
+
 @pytest.mark.parametrize("transport, data_plane",
                          [("auto", "workspace"), ("auto", "grpc"), ("grpcio", "grpc")])
 def test_delayed_update_matches_a_reference_one_step_stale(server_target, transport,
@@ -197,21 +218,11 @@ def test_delayed_update_matches_a_reference_one_step_stale(server_target, transp
             opt.zero_grad(set_to_none=True)
             loss_of(model, step).backward()
             opt.step()
-            # The reference: gradients of the stale copy, stepped on the current one.
             stale.zero_grad(set_to_none=True)
             loss_of(stale, step).backward()
-            before = [q.detach().clone() for q in ref_model.parameters()]
-            for q, s in zip(ref_model.parameters(), stale.parameters()):
-                q.grad = s.grad.clone()
-            ref.step()
-            values = before if step >= warmup else [q.detach() for q in ref_model.parameters()]
-            with torch.no_grad():
-                for s, v in zip(stale.parameters(), values):
-                    s.copy_(v)
+            stale_reference_step(ref, ref_model, stale, step >= warmup)
             opt.wait_parameters()  # In the warm-up, the pull lands during the next forward.
-            for (name, p), s in zip(model.named_parameters(), stale.parameters()):
-                torch.testing.assert_close(p.detach(), s.detach(), rtol=RTOL, atol=ATOL,
-                                           msg=lambda m: f"step {step} {name}: {m}")
+            assert_params_equal(model, stale, step)
         assert opt.overlap_fallbacks == 0
         opt.wait_parameters()
         theirs = ref.state_dict()["state"]
@@ -246,18 +257,9 @@ def test_delayed_steps_take_accumulated_clipped_gradients(server_target):
             opt.step()
             stale.zero_grad(set_to_none=True)
             accumulate(stale, step, contextlib.nullcontext)
-            before = [q.detach().clone() for q in ref_model.parameters()]
-            for q, s in zip(ref_model.parameters(), stale.parameters()):
-                q.grad = s.grad.clone()
-            ref.step()
-            values = before if step >= warmup else [q.detach() for q in ref_model.parameters()]
-            with torch.no_grad():
-                for s, v in zip(stale.parameters(), values):
-                    s.copy_(v)
+            stale_reference_step(ref, ref_model, stale, step >= warmup)
             opt.wait_parameters()
-            for (name, p), s in zip(model.named_parameters(), stale.parameters()):
-                torch.testing.assert_close(p.detach(), s.detach(), rtol=RTOL, atol=ATOL,
-                                           msg=lambda m: f"step {step} {name}: {m}")
+            assert_params_equal(model, stale, step)
         assert opt.overlap_fallbacks == 0
     finally:
         opt.close()
