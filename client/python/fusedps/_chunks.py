@@ -14,27 +14,11 @@ from __future__ import annotations
 
 from typing import Iterator, List, Sequence, Tuple
 
+from fusedps._dtypes import element_size, torch_dtype
 from fusedps._lazy import LazyModule
 
 np = LazyModule("numpy")
 torch = LazyModule("torch")
-
-# Wire dtype names accepted by the client, with their element size in bytes and the
-# little-endian numpy dtype (its spelling) used to read/write the raw bytes.
-_WIRE = {
-    "float32": (4, "<f4"),
-    "bfloat16": (2, "<u2"),  # raw bits; converted through torch
-    "float16": (2, "<f2"),
-}
-
-# Spellings of each wire dtype; torch dtypes are looked up by str(dtype) ("torch.float32"), so
-# that naming a dtype does not import torch.
-_ALIASES = {
-    "float32": "float32", "fp32": "float32", "f32": "float32", "torch.float32": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
-    "torch.float16": "float16",
-}
 
 # Bytes reserved per TensorChunk for protobuf framing: field tags, length varints (<= 5 bytes
 # each) and the offset varint (<= 10 bytes). 32 covers the worst case with room to spare; the
@@ -46,33 +30,11 @@ CHUNK_FRAMING_BYTES = 32
 MIN_MESSAGE_BYTES = 2048
 
 
-def wire_dtype_name(dtype) -> str:
-    """Normalizes a dtype spelling ("float32", "bf16", torch.bfloat16, ...) to a wire name.
-
-    Raises:
-      ValueError: for anything but float32, bfloat16 and float16.
-    """
-    key = dtype.lower() if isinstance(dtype, str) else str(dtype)
-    try:
-        return _ALIASES[key]
-    except KeyError:
-        raise ValueError(
-            f"unsupported dtype {dtype!r}: expected 'float32', 'bfloat16' or 'float16'") from None
-
-
-def element_size(wire_name: str) -> int:
-    """Bytes per element of a wire dtype name ("float32" -> 4, "bfloat16"/"float16" -> 2)."""
-    return _WIRE[wire_name][0]
-
-
-def torch_dtype(wire_name: str):
-    """The torch dtype of a wire dtype name (torch.float32, torch.bfloat16, torch.float16)."""
-    return getattr(torch, wire_name)
-
-
 def numpy_dtype(wire_name: str):
-    """The little-endian numpy dtype that holds a wire dtype's raw elements."""
-    return np.dtype(_WIRE[wire_name][1])
+    """The little-endian numpy dtype that holds a wire dtype's raw elements (numpy has no
+    bfloat16: its raw bits, as uint16, converted through torch)."""
+    kind = "u" if wire_name == "bfloat16" else "f"
+    return np.dtype(f"<{kind}{element_size(wire_name)}")
 
 
 def to_wire_array(tensor: torch.Tensor, wire_name: str) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, _replies, errors
+from fusedps import _dtypes, errors
 from fusedps._lazy import LazyModule
 from fusedps.results import PulledTensors
 
@@ -424,12 +424,12 @@ def pull_into(native: NativeClient, targets: Sequence, wire: str, field: int) ->
         else:
             dst.append(torch.empty(t.shape, dtype=torch.float32))
     names = [n for n, _ in targets]
-    version, steps = native.pull(names, dst, dtype=_replies._WIRE_TO_PB[wire], field=field)
+    version, steps = native.pull(names, dst, dtype=_dtypes.WIRE_CODES[wire], field=field)
     with torch.no_grad():
         for (_, t), d in zip(targets, dst):
             if d.data_ptr() != t.data_ptr():
                 t.copy_(d)
-    wire_dtype = _chunks.torch_dtype(wire)
+    wire_dtype = _dtypes.torch_dtype(wire)
     return PulledTensors(
         ((n, d if d.dtype == wire_dtype else d.to(wire_dtype)) for n, d in zip(names, dst)),
         version=version, steps=dict(zip(names, steps)), dtype=wire)

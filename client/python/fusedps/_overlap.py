@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fusedps import _chunks, _trace, _workspace
+from fusedps import _dtypes, _trace, _workspace
 from fusedps import _remote_optim as _ro
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps._pull_pipeline import PullPipeline
@@ -139,8 +139,8 @@ class OverlapEngine:
         self.device = devices.pop()
         self._cuda = self.device.type == "cuda"
         self._wire = grad_dtype
-        self._wire_dtype = _chunks.torch_dtype(grad_dtype)
-        self._itemsize = _chunks.element_size(grad_dtype)
+        self._wire_dtype = _dtypes.torch_dtype(grad_dtype)
+        self._itemsize = _dtypes.element_size(grad_dtype)
         self._numel = [p.numel() for p in self._params]
         self._delay = int(delay)
         self._delay_warmup = int(delay_warmup)
@@ -195,7 +195,7 @@ class OverlapEngine:
             # The push's host buffers (two with delay=1) and the pull's.
             total = sum(self._numel)
             buffers = [(total, self._wire_dtype)] * (2 if self._delay else 1)
-            buffers.append((total, _chunks.torch_dtype(pull_dtype)))
+            buffers.append((total, _dtypes.torch_dtype(pull_dtype)))
             workspace, self.data_plane_reason = _workspace.open_workspace(
                 self._route.clients[0], _workspace.needed_bytes(buffers), pin=self._cuda)
         if workspace is None and data_plane == "workspace":

@@ -46,14 +46,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fusedps import _chunks, _native, _replies, _trace, _workspace
+from fusedps import _dtypes, _native, _trace, _workspace
 from fusedps._route import Route
 
 __all__ = ["PullPipeline"]
 
 # torch >= 2.1: one call copies a group's tensors (torch 1.13 copies them one by one).
 _FOREACH_COPY = hasattr(torch, "_foreach_copy_")
-_FIELD_PARAM = 1  # fusedps.v1.TensorField.TENSOR_FIELD_PARAM
+_FIELD_PARAM = _dtypes.TENSOR_FIELDS["param"]
 
 
 @dataclass
@@ -151,10 +151,10 @@ class PullPipeline:
         self._route = route
         self._params = list(params)
         self._wire = wire
-        self._wire_dtype = _chunks.torch_dtype(wire)
+        self._wire_dtype = _dtypes.torch_dtype(wire)
         self._streams = max(1, int(streams))
         self._group_bytes = max(1, int(group_bytes))
-        self._itemsize = _chunks.element_size(wire)
+        self._itemsize = _dtypes.element_size(wire)
         self.device = self._params[0].device
         self._cuda = self.device.type == "cuda"
         self._index: Dict[int, int] = {id(p): i for i, p in enumerate(self._params)}
@@ -253,7 +253,7 @@ class PullPipeline:
             self._last_event = None
         if self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
-                self._natives, self._native_targets, dtype=_replies._WIRE_TO_PB[self._wire], field=_FIELD_PARAM,
+                self._natives, self._native_targets, dtype=_dtypes.WIRE_CODES[self._wire], field=_FIELD_PARAM,
                 threads=self._streams)
         else:
             landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire,

@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, _replies, _transport, errors
+from fusedps import _chunks, _dtypes, _transport, errors
 from fusedps.results import PushResult
 from fusedps.v1 import parameter_service_pb2 as pb
 
@@ -301,16 +301,16 @@ def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_vers
     C++ side sends pieces inside the client's workspace, if one is open, as places), else
     through ``workspace`` when given (fusedps._workspace; client.streams parts over the
     client's first channel), else over its grpcio channels (one part per channel)."""
-    itemsize = _chunks.element_size(grad_dtype)
+    itemsize = _dtypes.element_size(grad_dtype)
     names = [n for n, _ in tensors]
     if client._native is not None:
         native = client._native.begin_push(
             client_id=client_id, sequence_number=sequence_number,
-            grad_dtype=_replies._WIRE_TO_PB[grad_dtype], base_version=base_version,
+            grad_dtype=_dtypes.WIRE_CODES[grad_dtype], base_version=base_version,
             plan_hash=plan_hash, names=names, numels=[int(n) for _, n in tensors])
         return PushTransaction(NativeTransactionImpl(native), tensors, itemsize)
     header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
-                           grad_dtype=_replies._WIRE_TO_PB[grad_dtype],
+                           grad_dtype=_dtypes.WIRE_CODES[grad_dtype],
                            base_version=base_version, tensors=names, plan_hash=plan_hash,
                            commit_at_end=True, model=client.model,
                            workspace="" if workspace is None else workspace.id)

@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import grpc
 import torch
 
-from fusedps._requests import (PARAMS_DTYPES, STATE_DTYPES, checked_rounding_seed,
-                               storage_name)
+from fusedps import _dtypes
+from fusedps._requests import checked_rounding_seed, storage_name
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
 
@@ -51,12 +51,10 @@ def group_storage(group: Mapping[str, Any], default: Storage, where: str) -> Sto
         or amsgrad with a state_dtype other than fp32.
     """
     try:
-        storage = Storage(
-            storage_name(group.get("state_dtype", default.state_dtype), STATE_DTYPES,
-                         "state_dtype") or "fp32",
-            storage_name(group.get("params_dtype", default.params_dtype), PARAMS_DTYPES,
-                         "params_dtype") or "fp32",
-            checked_rounding_seed(group.get("rounding_seed", default.rounding_seed)) or 0)
+        state, params = (storage_name(group.get(key, getattr(default, key)), key) or "fp32"
+                         for key in ("state_dtype", "params_dtype"))
+        storage = Storage(state, params, checked_rounding_seed(
+            group.get("rounding_seed", default.rounding_seed)) or 0)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if group.get("amsgrad") and storage.state_dtype != "fp32":
@@ -187,8 +185,16 @@ def hyperparameter_kwargs(h: HyperTuple) -> Dict[str, Any]:
 # Clients and timings
 # ----------------------------------------------------------------------------------------------
 
-GRAD_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
-               "bf16": "bfloat16", torch.float32: "float32", torch.bfloat16: "bfloat16"}
+def wire_dtype(value: Any, argument: str, or_none: bool = False) -> str:
+    """RemoteAdamW's grad_dtype or pull_dtype as a wire dtype name, "float32" or "bfloat16"
+    (given in any spelling fusedps._dtypes takes: "fp32", "bf16", torch dtypes).
+
+    Raises:
+      ValueError: another value, naming ``argument`` and the values it takes (None too with
+        ``or_none``: the caller handles None).
+    """
+    return _dtypes.wire_dtype(value, argument, _dtypes.PULL_DTYPES,
+                              or_else="None" if or_none else "")
 
 
 def new_timings() -> Dict[str, float]:
@@ -216,8 +222,8 @@ def check_overlap_options(overlap: bool, bucket_bytes: Optional[int], delay: int
         raise ValueError("delay=1 needs overlap=True")
     if int(delay_warmup) < 0:
         raise ValueError(f"delay_warmup must be >= 0, got {delay_warmup}")
-    if pull_dtype is not None and pull_dtype not in GRAD_DTYPES:
-        raise ValueError(f"pull_dtype must be None, 'float32' or 'bfloat16', got {pull_dtype!r}")
+    if pull_dtype is not None:
+        wire_dtype(pull_dtype, "pull_dtype", or_none=True)
 
 
 # The streams of a client RemoteAdamW(overlap=True) makes, unless client_options say: a push's

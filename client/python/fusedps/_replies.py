@@ -18,18 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
-from fusedps import _chunks
+from fusedps import _chunks, _dtypes
 from fusedps.v1 import parameter_service_pb2 as pb
 
 if TYPE_CHECKING:
     import torch
-
-_WIRE_TO_PB = {
-    "float32": pb.DTYPE_FLOAT32,
-    "bfloat16": pb.DTYPE_BFLOAT16,
-    "float16": pb.DTYPE_FLOAT16,
-}
-
 
 def _malformed(what: str) -> RuntimeError:
     return RuntimeError(f"malformed pull reply: {what}")
@@ -114,7 +107,7 @@ class PullAssembler:
     def _add_header(self, header: "pb.PullHeader") -> None:
         if self._version is not None:
             raise _malformed("a second header")
-        if header.dtype not in (pb.DTYPE_UNSPECIFIED, _WIRE_TO_PB[self._wire]):
+        if header.dtype not in (pb.DTYPE_UNSPECIFIED, _dtypes.WIRE_CODES[self._wire]):
             raise _malformed(f"asked for {self._wire}, the server sent dtype {header.dtype}")
         self._version = int(header.version)
         self._tensor_count = int(header.tensor_count)
@@ -145,7 +138,7 @@ class PullAssembler:
         self._arrays[info.name] = (destination[0] if destination is not None
                                    else _chunks.empty_wire_array(numel, self._wire))
         self._received[info.name] = 0
-        self.announced_bytes += numel * _chunks.element_size(self._wire)
+        self.announced_bytes += numel * _dtypes.element_size(self._wire)
 
     def _add_chunk(self, chunk: "pb.TensorChunk") -> None:
         array = self._arrays.get(chunk.tensor)

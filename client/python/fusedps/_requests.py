@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
+from fusedps import _dtypes
 from fusedps._lazy import LazyModule
 from fusedps.v1 import parameter_service_pb2 as pb
 
@@ -18,12 +19,7 @@ if TYPE_CHECKING:
 else:
     torch = LazyModule("torch")
 
-_FIELDS = {
-    "param": pb.TENSOR_FIELD_PARAM,
-    "exp_avg": pb.TENSOR_FIELD_EXP_AVG,
-    "exp_avg_sq": pb.TENSOR_FIELD_EXP_AVG_SQ,
-    "max_exp_avg_sq": pb.TENSOR_FIELD_MAX_EXP_AVG_SQ,
-}
+_FIELDS = _dtypes.TENSOR_FIELDS  # "param", "exp_avg", ... -> TensorField
 
 ModelLike = Union["torch.nn.Module", Mapping[str, "torch.Tensor"],
                   Iterable[Tuple[str, "torch.Tensor"]]]
@@ -66,30 +62,25 @@ def _check_sendable(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected a floating point tensor, got {t.dtype}")
 
 
-# A param group's storage (register_param_group's state_dtype and params_dtype): the names
-# the API takes (those of checkpoint manifests, plus the long ones pulls and grad_dtype use)
-# -> the proto enum. (fusedps.results names what the server reports.)
-STATE_DTYPES = {"fp32": pb.STATE_DTYPE_FLOAT32, "float32": pb.STATE_DTYPE_FLOAT32,
-                "bf16": pb.STATE_DTYPE_BFLOAT16, "bfloat16": pb.STATE_DTYPE_BFLOAT16,
-                "int8": pb.STATE_DTYPE_INT8}
-PARAMS_DTYPES = {"fp32": pb.DTYPE_FLOAT32, "float32": pb.DTYPE_FLOAT32,
-                 "bf16": pb.DTYPE_BFLOAT16, "bfloat16": pb.DTYPE_BFLOAT16}
 _MAX_SEED = (1 << 64) - 1
+# A param group's storage arguments (register_param_group's, RemoteAdamW's) -> the values
+# each takes (fusedps._dtypes; fusedps.results names what the server reports).
+_STORAGE = {"state_dtype": _dtypes.STATE_DTYPES, "params_dtype": _dtypes.PARAMS_DTYPES}
 
 
-def storage_name(value, table: Mapping[str, int], argument: str) -> Optional[str]:
-    """The short name ("fp32", "bf16", "int8") of a state_dtype / params_dtype argument, None
-    for None.
+def storage_name(value, argument: str) -> Optional[str]:
+    """The short name ("fp32", "bf16", "int8": the spelling of checkpoint manifests and of
+    what the server reports) of a state_dtype / params_dtype argument, given in either
+    spelling ("fp32" or "float32", "bf16" or "bfloat16"); None for None.
 
     Raises:
-      ValueError: a value not in ``table``, naming ``argument`` and the values it takes.
+      ValueError: anything else (a torch dtype too), naming ``argument`` and the values it
+        takes.
     """
     if value is None:
         return None
-    if not isinstance(value, str) or value not in table:
-        choices = ", ".join(repr(k) for k in table if len(k) == 4)
-        raise ValueError(f"{argument} must be one of {choices} or None, got {value!r}")
-    return {"float32": "fp32", "bfloat16": "bf16"}.get(value, value)
+    names = [_dtypes.short(n) for n in _STORAGE[argument]]
+    return _dtypes.short(_dtypes.checked(value, argument, names, or_else="None"))
 
 
 def checked_rounding_seed(value) -> Optional[int]:
@@ -110,8 +101,8 @@ def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=N
                      maximize=None, decoupled_weight_decay=None, state_dtype=None,
                      params_dtype=None, rounding_seed=None) -> "pb.Hyperparameters":
     """A Hyperparameters message with the fields given (None: unset). state_dtype and
-    params_dtype are checked names ("fp32", ...); rounding_seed an int (see the checks
-    above)."""
+    params_dtype are checked names ("fp32", ...: storage_name); rounding_seed an int (see the
+    checks above)."""
     h = pb.Hyperparameters()
     if lr is not None:
         h.lr = float(lr)
@@ -133,9 +124,9 @@ def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=N
         h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
                                else pb.WEIGHT_DECAY_MODE_L2)
     if state_dtype is not None:
-        h.state_dtype = STATE_DTYPES[state_dtype]
+        h.state_dtype = _dtypes.STATE_CODES[_dtypes.canonical(state_dtype)]
     if params_dtype is not None:
-        h.params_dtype = PARAMS_DTYPES[params_dtype]
+        h.params_dtype = _dtypes.WIRE_CODES[_dtypes.canonical(params_dtype)]
     if rounding_seed is not None:
         h.rounding_seed = rounding_seed
     return h
@@ -151,8 +142,8 @@ def checked_group_hyperparameters(lr=None, betas=None, eps=None, weight_decay=No
       ValueError: a state_dtype, params_dtype or rounding_seed the server does not take
         (naming the argument), or amsgrad with a state_dtype other than fp32.
     """
-    state = storage_name(state_dtype, STATE_DTYPES, "state_dtype")
-    params = storage_name(params_dtype, PARAMS_DTYPES, "params_dtype")
+    state = storage_name(state_dtype, "state_dtype")
+    params = storage_name(params_dtype, "params_dtype")
     seed = checked_rounding_seed(rounding_seed)
     if amsgrad and state not in (None, "fp32"):
         raise ValueError(f"state_dtype={state_dtype!r} with amsgrad=True: amsgrad keeps "

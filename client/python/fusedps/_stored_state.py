@@ -21,14 +21,15 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
+from fusedps import _dtypes
+
 QUANT_BLOCK = 256        # Elements per scale of int8 state.
 MIN_QUANT_NUMEL = 4096   # Smaller tensors of an int8 group keep fp32 state.
 QUANT_MAP_SIZE = 256
 
-STATE_DTYPES = ("fp32", "bf16", "int8")
-PARAMS_DTYPES = ("fp32", "bf16")
-# Stored dtype of a field (safetensors' spelling) by the layout's dtype name.
-_STORED = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.uint8}
+# The storage names a manifest group takes (the short spellings of fusedps._dtypes).
+STATE_DTYPES = tuple(_dtypes.short(n) for n in _dtypes.STATE_DTYPES)    # fp32, bf16, int8
+PARAMS_DTYPES = tuple(_dtypes.short(n) for n in _dtypes.PARAMS_DTYPES)  # fp32, bf16
 ABSMAX_FILES = {"exp_avg": "exp_avg_absmax.safetensors",
                 "exp_avg_sq": "exp_avg_sq_absmax.safetensors"}
 _MAX_SEED = (1 << 64) - 1
@@ -44,9 +45,10 @@ class Layout:
     def stored_dtype(self, field: str) -> torch.dtype:
         """The dtype of the field's entry in its file ("param" for the params)."""
         if field == "param":
-            return _STORED[self.params]
+            return _dtypes.torch_dtype(self.params)
         if field in ("exp_avg", "exp_avg_sq"):
-            return _STORED[self.state]
+            # int8 state is stored as its codes, U8.
+            return torch.uint8 if self.state == "int8" else _dtypes.torch_dtype(self.state)
         return torch.float32  # max_exp_avg_sq and the scales
 
 

@@ -18,7 +18,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, _deadlines, _replies, errors
+from fusedps import _chunks, _deadlines, _dtypes, _replies, errors
 from fusedps.results import PulledTensors
 from fusedps.v1 import parameter_service_pb2 as pb
 
@@ -66,7 +66,7 @@ class GrpcioPusher:
         Raises:
           FusedPSError: the root cause when a part fails (the other parts then fail ABORTED).
         """
-        itemsize = _chunks.element_size(wire)
+        itemsize = _dtypes.element_size(wire)
         np = _chunks.np
         views = {name: _chunks.to_wire_array(t, wire).view(np.uint8) for name, t in items}
         plan = list(_chunks.plan_messages([(n, t.numel()) for n, t in items], itemsize,
@@ -122,7 +122,7 @@ def pull(stub, names: Sequence[str], wire: str, field: int, destinations: Mappin
       cancelled).
     """
     request = pb.PullParametersRequest(
-        tensors=names, dtype=_replies._WIRE_TO_PB[wire], field=field, model=model,
+        tensors=names, dtype=_dtypes.WIRE_CODES[wire], field=field, model=model,
         max_chunk_bytes=min(max_chunk_bytes, _MAX_PULL_CHUNK_BYTES))
     assembler = _replies.PullAssembler(wire, destinations)
     call = stub.PullParameters(request)

@@ -36,7 +36,7 @@ from typing import List, Optional, Sequence, Tuple
 import grpc
 import torch
 
-from fusedps import _replies, errors
+from fusedps import _dtypes, errors
 from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["Workspace", "open_workspace", "pull_into_workspace"]
@@ -168,7 +168,7 @@ def pull_into_workspace(client, workspace: Workspace, targets: Sequence[Tuple[st
         offsets.append(offset)
         expected[name] = (offset, nbytes)
         total += nbytes
-    request = pb.PullParametersRequest(tensors=names, dtype=_replies._WIRE_TO_PB[wire],
+    request = pb.PullParametersRequest(tensors=names, dtype=_dtypes.WIRE_CODES[wire],
                                        model=client.model, workspace=workspace.id,
                                        workspace_offsets_bytes=offsets)
     version = None

@@ -43,8 +43,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from . import _stored_state as stored
+from . import _dtypes, _stored_state as stored
 from ._safetensors import decode_safetensors, read_safetensors, write_safetensors
+from ._torch_defaults import ADAMW
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "decode_safetensors", "from_torch", "read_safetensors",
            "resolve_checkpoint", "to_torch", "write_safetensors"]
@@ -61,13 +62,9 @@ PARAM_COPY = "param_copy.safetensors"
 BUFFERS = "buffers.safetensors"  # The model's buffers, when it has any.
 
 _DIR_RE = re.compile(r"checkpoint-([0-9]{20})\Z")
-_PARAM_COPY_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-_HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
-# The server's group 0, with torch.optim.AdamW's defaults; its name and limits on names.
-_DEFAULT_GROUP = dict(name="default", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-                      weight_decay=1e-2, amsgrad=False, maximize=False,
-                      decoupled_weight_decay=True, state_dtype="fp32", params_dtype="fp32",
-                      rounding_seed=0)
+# A manifest's param_copy_dtype: "none" or the short name of a param copy's dtype.
+_PARAM_COPY_NAMES = ("none",) + tuple(_dtypes.short(n) for n in _dtypes.PARAM_COPY_DTYPES)
+_HYPER_KEYS = ADAMW._fields  # What a torch AdamW group has: lr, betas, ..., maximize.
 # What from_torch writes: fp32 storage only (low-precision state is quantized by a server).
 _FP32_STORAGE = dict(state_dtype="fp32", params_dtype="fp32", rounding_seed=0)
 _MAX_TENSOR_NAME_BYTES = 256
@@ -158,7 +155,7 @@ def _read_manifest(directory: str) -> Dict[str, Any]:
     for key, kind in [("param_groups", list), ("tensors", list), ("files", dict)]:
         if not isinstance(m.get(key), kind):
             raise bad(f"{key!r} is missing or not a {kind.__name__}")
-    if m.get("param_copy_dtype", "none") not in _PARAM_COPY_DTYPES:
+    if m.get("param_copy_dtype", "none") not in _PARAM_COPY_NAMES:
         raise bad(f"param_copy_dtype {m.get('param_copy_dtype')!r} is not none, bf16 or fp16")
     groups = set()
     for i, g in enumerate(m["param_groups"]):
@@ -421,7 +418,7 @@ def _group_hyper(g: Mapping[str, Any], gi: int) -> Dict[str, Any]:
             raise TypeError(f"{where}[{key!r}] must be a bool, got {v!r}")
         h[key] = v
     for key in ("state_dtype", "params_dtype"):
-        if g.get(key, "fp32") not in ("fp32", "float32"):
+        if _dtypes.lookup(g.get(key, "fp32")) != "float32":
             raise ValueError(
                 f"{where}[{key!r}] is {g[key]!r}: from_torch writes fp32 state and params "
                 "only. Register the group with that storage on a server and load the state "
@@ -429,6 +426,25 @@ def _group_hyper(g: Mapping[str, Any], gi: int) -> Dict[str, Any]:
                 "on the server")
     h.update(_FP32_STORAGE)
     return h
+
+
+def _default_group() -> Dict[str, Any]:
+    """The server's group 0 as from_torch writes it when no group is named "default":
+    torch.optim.AdamW's defaults, decoupled decay, fp32 storage."""
+    return dict(name="default", **_group_hyper(ADAMW._asdict(), 0))
+
+
+def _param_copy_name(value: Any) -> str:
+    """from_torch's param_copy_dtype as a manifest spells it: "none", "bf16" or "fp16" (given
+    as "none", or a dtype in either spelling: "bf16" or "bfloat16", "fp16" or "float16").
+
+    Raises:
+      ValueError: anything else, naming param_copy_dtype and the values it takes.
+    """
+    if value == "none":
+        return value
+    names = _PARAM_COPY_NAMES[1:]
+    return _dtypes.short(_dtypes.checked(value, "param_copy_dtype", names, or_else="'none'"))
 
 
 def _names(items: Sequence[Any], where: str, max_bytes: int) -> List[str]:
@@ -476,8 +492,9 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
         "group<i>" for group i > 0. The server's group 0 is always "default": "default" may
         only name the first group, and when no group is named so, a "default" group with
         torch.optim.AdamW's defaults and no tensors is written first (to_torch leaves it out).
-      param_copy_dtype: "none", or "bf16" / "fp16" to also write param_copy.safetensors, the
-        params rounded to nearest even (torch's .to(torch.bfloat16) / .to(torch.float16)).
+      param_copy_dtype: "none", or "bf16" / "fp16" (or "bfloat16" / "float16") to also write
+        param_copy.safetensors, the params rounded to nearest even (torch's
+        .to(torch.bfloat16) / .to(torch.float16)).
       version: the shard version recorded; default the highest step.
 
     Tensors are registered group by group, in the optimizer's order within a group; the
@@ -500,8 +517,7 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
     """
     if not isinstance(model_state, Mapping):
         raise TypeError(f"model_state must be a mapping, got {type(model_state).__name__}")
-    if param_copy_dtype not in _PARAM_COPY_DTYPES:
-        raise ValueError(f"param_copy_dtype must be none, bf16 or fp16, got {param_copy_dtype!r}")
+    param_copy_dtype = _param_copy_name(param_copy_dtype)
     if not isinstance(optim_state, Mapping):
         raise TypeError(f"optim_state must be a mapping, got {type(optim_state).__name__}")
     for key in ("state", "param_groups"):
@@ -597,8 +613,8 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
             raise TypeError(f"model_state[{n!r}] is a {type(t).__name__}, not a tensor")
     if buffers:
         files[BUFFERS] = buffers
-    copy_dtype = _PARAM_COPY_DTYPES[param_copy_dtype]
-    if copy_dtype is not None:
+    if param_copy_dtype != "none":
+        copy_dtype = _dtypes.torch_dtype(param_copy_dtype)
         files[PARAM_COPY] = {n: p.to(copy_dtype) for n, p in files[PARAMS].items()}
 
     os.makedirs(root, exist_ok=True)
@@ -622,7 +638,7 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
         "server_version": "python",
         "created_unix_seconds": int(time.time()),
         "param_copy_dtype": param_copy_dtype,
-        "param_groups": ([] if group_names[0] == "default" else [_DEFAULT_GROUP]) +
+        "param_groups": ([] if group_names[0] == "default" else [_default_group()]) +
                         [dict(name=n, **h) for n, h in zip(group_names, hypers)],
         "tensors": tensors,
         "retry_table": [],

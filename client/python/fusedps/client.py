@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Seque
 
 import grpc
 
-from fusedps import (_chunks, _connect, _deadlines, _models, _native, _push_transaction, _replies,
-                     _security, _transport, errors)
+from fusedps import (_chunks, _connect, _deadlines, _dtypes, _models, _native, _push_transaction,
+                     _replies, _security, _transport, errors)
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
                                _named_tensors, checked_group_hyperparameters, checked_states)
@@ -78,9 +78,6 @@ __all__ = [
 
 DEFAULT_TIMEOUT = _deadlines.DEFAULT_TIMEOUT
 DEFAULT_MIN_BYTES_PER_SECOND = _deadlines.DEFAULT_MIN_BYTES_PER_SECOND
-
-_DTYPE_TO_PB = _replies._WIRE_TO_PB  # Wire dtype name -> proto enum, one table.
-_PB_TO_DTYPE = {v: k for k, v in _DTYPE_TO_PB.items()}
 
 TRANSPORTS = ("auto", "native", "grpcio")
 
@@ -314,7 +311,8 @@ class Client:
         weight_decay. Registering an identical group again is a no-op.
 
         Storage, fixed at registration as amsgrad is (docs/python.md, "Low-precision
-        optimizer state"); each step's math is fp32 whatever the storage:
+        optimizer state"); each step's math is fp32 whatever the storage. Each dtype takes
+        either spelling: "fp32" or "float32", "bf16" or "bfloat16":
           state_dtype: "fp32" (None: the default; 12 bytes per parameter with fp32 params),
             "bf16" (exp_avg and exp_avg_sq rounded to nearest even: 8) or "int8" (block-wise
             dynamic quantization, an fp32 scale per 256 elements: 6.03; tensors under 4096
@@ -434,9 +432,10 @@ class Client:
             * a mapping name -> tensor: the tensors ARE the gradients (a value that is an
               nn.Parameter is taken as the parameter, and its ``.grad`` is sent).
             Gradients must have the registered shape (any floating dtype, any device).
-          grad_dtype: wire dtype of the gradients: "float32", "bfloat16" or "float16"
-            (torch dtypes accepted). Narrower dtypes round to nearest even, as tensor.to() does;
-            fp16 overflows to inf (and so the step is skipped). The server computes in fp32.
+          grad_dtype: wire dtype of the gradients: "float32", "bfloat16" or "float16" (or
+            "fp32", "bf16", "fp16", or a torch dtype). Narrower dtypes round to nearest even,
+            as tensor.to() does; fp16 overflows to inf (and so the step is skipped). The
+            server computes in fp32.
             None (the default) sends bfloat16 (half the bytes of float32, the same exponent
             range), except when every gradient is float16 (fp16 mixed precision): then
             float16, which loses nothing. Pass "float32" where the model needs gradients at
@@ -468,7 +467,7 @@ class Client:
             consistency mode refuses; FAILED_PRECONDITION for another plan_hash.
         """
         if grad_dtype is not None:
-            wire = _chunks.wire_dtype_name(grad_dtype)
+            wire = _dtypes.wire_dtype(grad_dtype, "grad_dtype")
         if grad_scale is not None:
             grad_scale = float(grad_scale)
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
@@ -506,7 +505,7 @@ class Client:
         header = pb.PushHeader(
             client_id=self.client_id if client_id is None else client_id,
             sequence_number=int(sequence_number),
-            grad_dtype=_DTYPE_TO_PB[wire],
+            grad_dtype=_dtypes.WIRE_CODES[wire],
             base_version=self.last_pulled_version if base_version is None else int(base_version),
             tensors=names,  # always explicit: an empty list would mean "every tensor"
             plan_hash=plan_hash,
@@ -539,8 +538,9 @@ class Client:
         pieces inside it travel as their place in it, not as bytes.
 
         Raises:
-          ValueError: no tensors, an unknown grad_dtype. Server errors (NOT_FOUND for an
-            unknown tensor, ABORTED for a stale sequence number) come from its write/commit.
+          ValueError: no tensors, an unknown grad_dtype (spelled as for push_gradients).
+            Server errors (NOT_FOUND for an unknown tensor, ABORTED for a stale sequence
+            number) come from its write/commit.
         """
         if not tensors:
             raise ValueError("begin_push needs a tensor")
@@ -548,7 +548,8 @@ class Client:
                                sequence_number=int(sequence_number))
         self._name_push(header)
         return _push_transaction.begin(
-            self, [(str(n), int(k)) for n, k in tensors], _chunks.wire_dtype_name(grad_dtype),
+            self, [(str(n), int(k)) for n, k in tensors],
+            _dtypes.wire_dtype(grad_dtype, "grad_dtype"),
             self.last_pulled_version if base_version is None else int(base_version), plan_hash,
             header.client_id, header.sequence_number, workspace)
 
@@ -557,7 +558,8 @@ class Client:
         """Pulls one field of the targets' tensors at one version, over one call on stream
         ``stream`` (modulo ``streams``), writing raw wire elements straight into each target:
         a contiguous CPU tensor of the wire dtype (torch.float32 or torch.bfloat16) with the
-        tensor's element count (any shape; a view into a larger buffer works).
+        tensor's element count (any shape; a view into a larger buffer works). ``dtype``: as
+        push_gradients' grad_dtype.
 
         Returns:
           (version, name -> steps).
@@ -565,12 +567,12 @@ class Client:
           ValueError: a target that is not such a tensor, or whose element count differs from
             the server's. FusedPSError: as pull_parameters.
         """
-        wire = _chunks.wire_dtype_name(dtype)
+        wire = _dtypes.wire_dtype(dtype, "dtype")
         if field not in _FIELDS:
             raise ValueError(f"field must be one of {sorted(_FIELDS)}, got {field!r}")
         for name, t in targets:
             if (t.device.type != "cpu" or not t.is_contiguous()
-                    or t.dtype != _chunks.torch_dtype(wire)):
+                    or t.dtype != _dtypes.torch_dtype(wire)):
                 raise ValueError(f"{name}: pull_into writes into a contiguous CPU tensor of "
                                  f"{wire}, got {t.dtype} on {t.device}")
         if not targets:
@@ -579,7 +581,8 @@ class Client:
         if self._native is not None:
             version, steps = self._native.pull_raw(
                 names, [t.data_ptr() for _, t in targets], [t.numel() for _, t in targets],
-                dtype=_DTYPE_TO_PB[wire], field=_FIELDS[field], stream=int(stream) % self.streams)
+                dtype=_dtypes.WIRE_CODES[wire], field=_FIELDS[field],
+                stream=int(stream) % self.streams)
             self._observe_version(version)
             return version, dict(zip(names, steps))
         channels = [self._channel] + self._extra_channels
@@ -606,7 +609,7 @@ class Client:
             * None: every tensor of the shard is returned.
             An empty list or a module without parameters is a ValueError.
           dtype: "float32" (exact master values) or "bfloat16" (rounded to nearest even, or the
-            server's bf16 copy when it keeps one).
+            server's bf16 copy when it keeps one); "fp32", "bf16" and torch dtypes too.
           prefix: prepended to the names taken from a module/mapping/pairs.
 
         Returns:
@@ -619,9 +622,7 @@ class Client:
           RuntimeError: the server's reply was malformed (it did not cover every element
             exactly, or described its tensors wrongly).
         """
-        wire = _chunks.wire_dtype_name(dtype)
-        if wire == "float16":
-            raise ValueError("pulls support dtype 'float32' or 'bfloat16'")
+        wire = _dtypes.wire_dtype(dtype, "dtype", _dtypes.PULL_DTYPES)
         targets, names = self._targets_and_names(model_or_names, prefix)
         out = self._pull(names, wire, pb.TENSOR_FIELD_PARAM, targets)
         self.last_pulled_version = out.version
@@ -780,7 +781,7 @@ class Client:
             tensor_count=int(r.tensor_count), parameter_count=int(r.parameter_count),
             param_groups=tuple(ParamGroup._from_pb(g) for g in r.param_groups),
             server_version=r.server_version, max_message_bytes=int(r.max_message_bytes),
-            param_copy_dtype=_PB_TO_DTYPE.get(r.param_copy_dtype),
+            param_copy_dtype=_dtypes.WIRE_NAMES.get(r.param_copy_dtype),
             consistency=(Consistency._from_pb(r.consistency) if r.HasField("consistency")
                          else None),
             plan_hash=r.plan_hash, model=r.model, memory_bytes=int(r.memory_bytes),
@@ -901,7 +902,7 @@ class Client:
         direct = {}
         for name, t in targets:
             if (t.device.type == "cpu" and t.is_contiguous()
-                    and t.dtype == _chunks.torch_dtype(wire)):
+                    and t.dtype == _dtypes.torch_dtype(wire)):
                 direct[name] = (_chunks.tensor_as_wire_array(t.detach().view(-1), wire),
                                 tuple(t.shape))
         out = _transport.pull(self._stub, names, wire, field, direct, model=self.model,

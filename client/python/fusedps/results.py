@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
+from fusedps import _dtypes
 from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["ParamGroup", "RegisterResult", "PushResult", "TensorInfo", "TensorList",
@@ -78,15 +79,12 @@ class ParamGroup:
 def _state_dtype_name(value: int) -> str:
     """"fp32", "bf16" or "int8" of a proto StateDType (UNSPECIFIED is fp32); another value
     (from a newer server) as "unknown(<number>)"."""
-    return {pb.STATE_DTYPE_UNSPECIFIED: "fp32", pb.STATE_DTYPE_FLOAT32: "fp32",
-            pb.STATE_DTYPE_BFLOAT16: "bf16", pb.STATE_DTYPE_INT8: "int8"}.get(
-                value, f"unknown({value})")
+    return _dtypes.storage_name(value, _dtypes.STATE_NAMES)
 
 
 def _params_dtype_name(value: int) -> str:
     """"fp32" or "bf16" of a proto DType (UNSPECIFIED is fp32); another as "unknown(<n>)"."""
-    return {pb.DTYPE_UNSPECIFIED: "fp32", pb.DTYPE_FLOAT32: "fp32",
-            pb.DTYPE_BFLOAT16: "bf16"}.get(value, f"unknown({value})")
+    return _dtypes.storage_name(value, _dtypes.WIRE_NAMES)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
                     TypeVar, Union)
 
+from fusedps import _dtypes
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _named_tensors,
                                checked_group_hyperparameters, checked_states)
@@ -265,6 +266,8 @@ class ShardedClient:
           FusedPSError: as Client.push_gradients, from any shard.
         """
         plan = self._require_plan()
+        if grad_dtype is not None:
+            grad_dtype = _dtypes.wire_dtype(grad_dtype, "grad_dtype")
         grads = {}
         for name, t in _named_tensors(model_or_dict, prefix):
             g = t if isinstance(model_or_dict, Mapping) and not isinstance(
@@ -306,7 +309,7 @@ class ShardedClient:
             tensors are pulled and copied into in place (as Client.pull_parameters does);
             a list of names or one name: those are returned only; None: every tensor of the
             plan. Only the shards holding a slice of them are read.
-          dtype: "float32" or "bfloat16".
+          dtype: "float32" or "bfloat16" (or "fp32", "bf16", a torch dtype).
           prefix: prepended to the names taken from a module/mapping/pairs.
 
         Each shard read sets the base_version of that shard's next push.
@@ -319,6 +322,7 @@ class ShardedClient:
             local tensor of another shape. FusedPSError: as Client.pull_parameters.
         """
         plan = self._require_plan()
+        dtype = _dtypes.wire_dtype(dtype, "dtype", _dtypes.PULL_DTYPES)
         targets, names = Client._targets_and_names(model_or_names, prefix)
         if model_or_names is None:
             names = [t.name for t in plan.tensors]

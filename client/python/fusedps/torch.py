@@ -60,6 +60,7 @@ import torch
 
 from fusedps import _buffers, _on_existing
 from fusedps import _remote_optim as ro
+from fusedps._torch_defaults import ADAMW
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
 
@@ -106,7 +107,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         trainer-0 (docs/python.md, "Security").
       grad_dtype: wire dtype of the gradients, "float32" (the default: the server then does
         exactly what torch.optim.AdamW does) or "bfloat16" (half the bytes; the gradients are
-        rounded to nearest even first).
+        rounded to nearest even first). Every dtype argument takes either spelling, "float32"
+        or "fp32", "bfloat16" or "bf16"; grad_dtype and pull_dtype take torch dtypes too.
       prefix: prepended to every tensor name and to the default group names, so that several
         models can share servers.
       connect_timeout: seconds to wait for the server(s) when ``targets`` is given (None: do
@@ -246,9 +248,10 @@ class RemoteAdamW(torch.optim.Optimizer):
     # the inf check to the optimizer: here, to the server (see step()).
     _step_supports_amp_scaling = True
 
-    def __init__(self, params: Any, lr: Union[float, torch.Tensor] = 1e-3,
-                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 amsgrad: bool = False, *, maximize: bool = False,
+    def __init__(self, params: Any, lr: Union[float, torch.Tensor] = ADAMW.lr,
+                 betas=ADAMW.betas, eps: float = ADAMW.eps,
+                 weight_decay: float = ADAMW.weight_decay, amsgrad: bool = ADAMW.amsgrad, *,
+                 maximize: bool = ADAMW.maximize,
                  foreach: Optional[bool] = None, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
                  targets: Union[str, Sequence[str], None] = None,
@@ -265,8 +268,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         _on_existing.check_on_existing(on_existing)
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
-        if grad_dtype not in ro.GRAD_DTYPES:
-            raise ValueError(f"grad_dtype must be 'float32' or 'bfloat16', got {grad_dtype!r}")
+        wire = ro.wire_dtype(grad_dtype, "grad_dtype")
         if (targets is None) == (client is None):
             raise ValueError("give exactly one of targets= and client=")
         ro.check_overlap_options(overlap, bucket_bytes, delay, delay_warmup, pull_dtype,
@@ -280,7 +282,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                                            "RemoteAdamW")
         for i, g in enumerate(groups):
             ro.check_implementation_flags(g, f"param group {i}")
-        self.grad_dtype = ro.GRAD_DTYPES[grad_dtype]
+        self.grad_dtype = wire
         self.prefix = prefix
         self.tensor_names: List[str] = [prefix + n for g in groups for n, _ in g["params"]]
         if len(set(self.tensor_names)) != len(self.tensor_names):
@@ -305,7 +307,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._pull_dtype = "bfloat16" if all(s.params_dtype == "bf16"
                                              for s in self.storage) else "float32"
         if pull_dtype is not None:
-            self._pull_dtype = ro.GRAD_DTYPES[pull_dtype]
+            self._pull_dtype = ro.wire_dtype(pull_dtype, "pull_dtype")
         self.group_names: List[str] = self._group_names(prefix)
         self._pending: Optional[ro.LoadedState] = None
         self.last_step_timings: Dict[str, float] = ro.new_timings()

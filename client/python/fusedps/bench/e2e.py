@@ -27,6 +27,7 @@ from typing import Dict, List
 
 import torch
 
+from fusedps import _dtypes
 from fusedps.bench.gpt import GPT, GPTConfig
 
 PRESETS = {
@@ -48,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--amp", default="auto", choices=["auto", "bf16", "none"],
                    help="bf16 autocast (auto: on CUDA)")
-    p.add_argument("--grad-dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--pull-dtype", default=None, choices=["float32", "bfloat16"])
+    p.add_argument("--grad-dtype", default="float32", choices=_dtypes.PULL_DTYPES)
+    p.add_argument("--pull-dtype", default=None, choices=_dtypes.PULL_DTYPES)
     p.add_argument("--delay", type=int, default=0, choices=[0, 1])
     p.add_argument("--streams", type=int, default=None, help="client streams (default 8)")
     p.add_argument("--bucket-mib", type=float,
@@ -118,8 +119,8 @@ def median(records, key: str) -> float:
 
 def report(args, device, n_params: int, local, remote, rates, info) -> Dict:
     step_l, step_r = median(local, "step_seconds"), median(remote, "step_seconds")
-    grad_bytes = n_params * (4 if args.grad_dtype == "float32" else 2)
-    pull_bytes = n_params * (2 if args.pull_dtype == "bfloat16" else 4)
+    grad_bytes = n_params * _dtypes.element_size(args.grad_dtype)
+    pull_bytes = n_params * _dtypes.element_size(args.pull_dtype or "float32")
     push_ms, pull_ms = median(remote, "push_seconds"), median(remote, "pull_seconds")
     split = {k: median(remote, k + "_seconds") for k in (
         "fwd_bwd", "push", "push_hidden", "push_exposed", "pull", "pull_hidden",
