@@ -61,6 +61,10 @@ PARAMS_DTYPES = ("float32", "bfloat16")       # params_dtype
 PULL_DTYPES = ("float32", "bfloat16")         # pull_parameters; RemoteAdamW's wire dtypes
 PARAM_COPY_DTYPES = ("bfloat16", "float16")   # a checkpoint's param copy
 
+# Bytes per element of every name: its bit count over 8 (per chunk and per tensor on the push
+# and pull paths, so made once).
+_SIZES: Dict[str, int] = {n: int(re.findall(r"\d+", n)[-1]) // 8
+                          for n in {**WIRE_CODES, **STATE_CODES}}
 # Spelling (lower case) -> name, for every name of either enum.
 _SPELLINGS: Dict[str, str] = {s: n for n in {**WIRE_CODES, **STATE_CODES}
                               for s in (n, short(n))}
@@ -122,7 +126,7 @@ def wire_dtype(value: Any, argument: str, names: Sequence[str] = WIRE_DTYPES, *,
 
 def element_size(name: str) -> int:
     """Bytes per element of a dtype name ("float32" -> 4, "bfloat16" -> 2, "int8" -> 1)."""
-    return int(re.findall(r"\d+", name)[-1]) // 8
+    return _SIZES[canonical(name)]
 
 
 def torch_dtype(name: str) -> "torch.dtype":

@@ -85,7 +85,6 @@ class _Bucket:
     begin: int  # Elements into the step's flat buffers.
     end: int
     event: Optional[object] = None  # The staging's device copy; None on the CPU.
-    gathered: Optional[object] = None  # Its gradients read (the gathering); None on the CPU.
 
 
 @dataclass
@@ -227,15 +226,16 @@ class OverlapEngine:
                 step.mismatch = True
                 return
             self._add_locked(step, i)
-            if step.bucket_bytes >= self._bucket_bytes:
-                self._close_bucket_locked(step)
 
     def _add_locked(self, step: _Step, i: int) -> None:
+        """Adds param i to the open bucket, and closes the bucket once it is full."""
         step.offset[i] = step.cursor
         step.params.append(i)
         step.bucket.append(i)
         step.cursor += self._numel[i]
         step.bucket_bytes += self._numel[i] * self._itemsize
+        if step.bucket_bytes >= self._bucket_bytes:
+            self._close_bucket_locked(step)
 
     def _close_bucket_locked(self, step: _Step) -> None:
         if not step.bucket:
@@ -298,7 +298,7 @@ class OverlapEngine:
                            for g in grads], out=sent[r])
                 for g in grads:  # Not reused by the allocator before the side stream read it.
                     g.record_stream(self._stream)
-                bucket.gathered = self._gathered = self._stream.record_event()
+                self._gathered = self._stream.record_event()
                 source = sent[r]
                 if self._wire_dev is not None:
                     self._wire_dev[r].copy_(source)
@@ -485,8 +485,6 @@ class OverlapEngine:
                 for i in with_grad:
                     if i not in step.offset:  # No hook ran for it (or none is left): staged now.
                         self._add_locked(step, i)
-                        if step.bucket_bytes >= self._bucket_bytes:
-                            self._close_bucket_locked(step)
                 self._close_bucket_locked(step)
         if self._cuda:
             self._fence(torch.cuda.current_stream(self.device))

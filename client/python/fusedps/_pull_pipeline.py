@@ -253,7 +253,8 @@ class PullPipeline:
             self._last_event = None
         if self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
-                self._natives, self._native_targets, dtype=_dtypes.WIRE_CODES[self._wire], field=_FIELD_PARAM,
+                self._natives, self._native_targets, dtype=_dtypes.WIRE_CODES[self._wire],
+                field=_FIELD_PARAM,
                 threads=self._streams)
         else:
             landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire,
@@ -314,7 +315,7 @@ class PullPipeline:
         if not self._to_install:
             return
         self._to_install = False
-        buffer = self._shadow if (self._cuda and self._mode == "shadow") else self._host
+        buffer = self._source_buffer()
         if self._install_sources is None or self._install_sources[0] is not buffer:
             self._install_sources = (buffer, [self._source(i).view(p.shape)
                                               for i, p in enumerate(self._params)])
@@ -341,8 +342,12 @@ class PullPipeline:
 
     def _source(self, i: int) -> torch.Tensor:
         begin = self._offset[i]
-        buffer = self._shadow if (self._cuda and self._mode == "shadow") else self._host
-        return buffer[begin:begin + self._numel[i]]
+        return self._source_buffer()[begin:begin + self._numel[i]]
+
+    def _source_buffer(self) -> torch.Tensor:
+        """Where the last pull's values are for install(): the shadow buffer ("shadow" on a
+        GPU), else the host buffer."""
+        return self._shadow if (self._cuda and self._mode == "shadow") else self._host
 
     def _queue_copies(self, pull: _Pull, landed: int) -> None:
         """Queues the device copies of groups [pull.queued, landed) (each has landed)."""

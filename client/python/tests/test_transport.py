@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusedps import _chunks, _transport, errors
+from fusedps import _chunks, _dtypes, _transport, errors
 from fusedps.v1 import parameter_service_pb2 as pb
 
 
@@ -24,7 +24,7 @@ def _views(items, wire):
 @pytest.mark.parametrize("wire", ["float32", "bfloat16", "float16"])
 def test_encoded_messages_parse_as_protobuf(wire):
     items = [("w", torch.randn(5000)), ("bias", torch.randn(3)), ("é/ü", torch.randn(700))]
-    itemsize = _chunks.element_size(wire)
+    itemsize = _dtypes.element_size(wire)
     plan = list(_chunks.plan_messages([(n, t.numel()) for n, t in items], itemsize, 4096))
     views = _views(items, wire)
     messages = list(_chunks.encode_messages(plan, views, itemsize))
