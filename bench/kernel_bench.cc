@@ -47,10 +47,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/kernel_bench_report.h"
 #include "bench/step_validation.h"
 #include "bench/workloads.h"
 #include "common/flag_usage.h"
-#include "common/json_string.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
 #include "kernels/quant_math.h"
@@ -143,20 +143,6 @@ absl::StatusOr<double> CopyRoofMs(const OptimizerBackend& optimizer, int threads
       absl::StrCat("no copy roof for backend '", optimizer.name(), "' yet"));
 }
 
-struct BenchConfig {
-  std::string backend;
-  GradDType grad_dtype = GradDType::kFloat32;
-  ParamCopyDType param_copy = ParamCopyDType::kNone;
-  StateDType state_dtype = StateDType::kFloat32;
-  ParamsDType params_dtype = ParamsDType::kFloat32;
-  StepKernel step_kernel = StepKernel::kAuto;
-  int warmup = 0;
-  int iters = 0;
-  int threads = 0;
-  uint64_t seed = 0;
-  bool copy_reference = true;
-};
-
 // The group every tensor of a workload is in.
 AdamWHyperparameters GroupOf(const BenchConfig& config) {
   AdamWHyperparameters h;
@@ -248,19 +234,6 @@ absl::StatusOr<StagedGrads> Populate(const Workload& workload, const BenchConfig
   return grads;
 }
 
-struct Timing {
-  double ms_median = 0;  // Wall time around Step() and Wait().
-  double ms_min = 0;
-  double ms_max = 0;
-  double device_ms_median = 0;  // WorkDone::device_seconds, as Wait reports it.
-  // The same for steps queued back to back (as a loaded server runs them): each step's device
-  // time then starts when the previous one ends, so the host's launch latency is not in it.
-  double queued_device_ms_median = 0;
-  double launches_per_step = 0;
-  std::map<std::string, double> launches_per_step_by_kernel;
-  double cupti_kernels_per_step = -1;  // Kernels CUPTI saw run per step; -1: not counted.
-};
-
 // One step, queued and waited for: Step() returns once the step is queued (at once on a GPU),
 // Wait(marker) once it has run.
 absl::StatusOr<WorkDone> StepAndWait(OptimizerBackend& optimizer, const StepRequest& request) {
@@ -334,20 +307,6 @@ absl::StatusOr<Timing> TimeSteps(OptimizerBackend& optimizer, const StagedGrads&
   return timing;
 }
 
-struct Result {
-  Workload workload;
-  std::string device;
-  uint64_t validated_elements = 0;
-  Timing timing;
-  double gbps = 0;                    // From the wall-time median.
-  double device_gbps = 0;             // From the device-time median (CUDA events on a GPU).
-  double copy_gbps = 0;               // 0: not measured.
-  double queued_device_gbps = 0;      // From the queued device-time median.
-  double queued_copy_gbps = 0;        // Copies queued back to back; 0: not measured.
-  double bytes_per_param = 0;         // Moved by an ideal step (StepBytes / params).
-  double device_bytes_per_param = 0;  // memory_bytes() but staging and snapshots, / params.
-};
-
 absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& config) {
   BackendOptions options;
   options.param_copy_dtype = config.param_copy;
@@ -414,86 +373,6 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
     }
   }
   return result;
-}
-
-const char* GradDTypeName(GradDType dtype) {
-  return dtype == GradDType::kFloat32 ? "fp32" : "bf16";
-}
-double MeanBytesPerParam(const std::vector<Result>& results) {
-  return results.empty() ? 0 : results[0].bytes_per_param;
-}
-const char* ParamCopyName(ParamCopyDType dtype) {
-  return dtype == ParamCopyDType::kNone ? "none" : "bf16";
-}
-
-void PrintTable(const BenchConfig& config, double scale, const std::vector<Result>& results) {
-  absl::PrintF(
-      "fusedps-kernel-bench: backend=%s device=\"%s\" grad_dtype=%s param_copy=%s "
-      "state_dtype=%s params_dtype=%s scale=%g warmup=%d iters=%d bytes/param=%.4g\n",
-      config.backend, results.empty() ? "" : results[0].device, GradDTypeName(config.grad_dtype),
-      ParamCopyName(config.param_copy), StateDTypeName(config.state_dtype),
-      ParamsDTypeName(config.params_dtype), scale, config.warmup, config.iters,
-      MeanBytesPerParam(results));
-  absl::PrintF("%-11s %8s %12s %10s %10s %10s %8s %9s %10s %7s %9s %9s %7s %10s\n", "workload",
-               "tensors", "params", "ms/step", "min ms", "device ms", "GB/s", "dev GB/s",
-               "copy GB/s", "% copy", "queued %", "launches", "cupti", "validated");
-  for (const Result& r : results) {
-    const std::string copy_gbps = r.copy_gbps > 0 ? absl::StrFormat("%.2f", r.copy_gbps) : "-";
-    // % copy compares the step's device time (events on a GPU) with the copy's.
-    const std::string pct_copy =
-        r.copy_gbps > 0 ? absl::StrFormat("%.0f%%", 100 * r.device_gbps / r.copy_gbps) : "-";
-    // The same for steps and copies queued back to back.
-    const std::string queued_pct =
-        r.queued_copy_gbps > 0
-            ? absl::StrFormat("%.0f%%", 100 * r.queued_device_gbps / r.queued_copy_gbps)
-            : "-";
-    const std::string cupti = r.timing.cupti_kernels_per_step >= 0
-                                  ? absl::StrFormat("%.1f", r.timing.cupti_kernels_per_step)
-                                  : "-";
-    absl::PrintF("%-11s %8d %12d %10.3f %10.3f %10.3f %8.2f %9.2f %10s %7s %9s %9.1f %7s %10d\n",
-                 r.workload.name, r.workload.numels.size(), r.workload.total_numel(),
-                 r.timing.ms_median, r.timing.ms_min, r.timing.device_ms_median, r.gbps,
-                 r.device_gbps, copy_gbps, pct_copy, queued_pct, r.timing.launches_per_step, cupti,
-                 r.validated_elements);
-  }
-}
-
-void PrintJson(const BenchConfig& config, double scale, const std::vector<Result>& results) {
-  absl::PrintF(
-      "{\"tool\": \"fusedps-kernel-bench\", \"backend\": %s, \"device\": %s, "
-      "\"grad_dtype\": \"%s\", \"param_copy\": \"%s\", \"state_dtype\": \"%s\", "
-      "\"params_dtype\": \"%s\", \"scale\": %.17g, "
-      "\"warmup\": %d, \"iters\": %d, \"bytes_per_param\": %.6g, \"results\": [",
-      JsonString(config.backend), JsonString(results.empty() ? "" : results[0].device),
-      GradDTypeName(config.grad_dtype), ParamCopyName(config.param_copy),
-      StateDTypeName(config.state_dtype), ParamsDTypeName(config.params_dtype), scale,
-      config.warmup, config.iters, MeanBytesPerParam(results));
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    std::string by_kernel;
-    for (const auto& [kernel, per_step] : r.timing.launches_per_step_by_kernel) {
-      absl::StrAppend(&by_kernel, by_kernel.empty() ? "" : ", ", JsonString(kernel), ": ",
-                      absl::StrFormat("%.3f", per_step));
-    }
-    absl::PrintF(
-        "%s\n  {\"workload\": %s, \"description\": %s, \"tensors\": %d, "
-        "\"params\": %d, \"ms_median\": %.6f, \"ms_min\": %.6f, \"ms_max\": %.6f, "
-        "\"device_ms_median\": %.6f, \"gbps\": %.4f, \"device_gbps\": %.4f, "
-        "\"copy_gbps\": %s, \"queued_device_ms_median\": %.6f, \"queued_device_gbps\": %.4f, "
-        "\"queued_copy_gbps\": %s, \"launches_per_step\": %.3f, "
-        "\"launches_per_step_by_kernel\": {%s}, \"cupti_kernels_per_step\": %.3f, "
-        "\"validated_elements\": %d, \"bytes_per_param\": %.6f, "
-        "\"device_bytes_per_param\": %.6f}",
-        i == 0 ? "" : ",", JsonString(r.workload.name), JsonString(r.workload.description),
-        r.workload.numels.size(), r.workload.total_numel(), r.timing.ms_median, r.timing.ms_min,
-        r.timing.ms_max, r.timing.device_ms_median, r.gbps, r.device_gbps,
-        r.copy_gbps > 0 ? absl::StrFormat("%.4f", r.copy_gbps) : "null",
-        r.timing.queued_device_ms_median, r.queued_device_gbps,
-        r.queued_copy_gbps > 0 ? absl::StrFormat("%.4f", r.queued_copy_gbps) : "null",
-        r.timing.launches_per_step, by_kernel, r.timing.cupti_kernels_per_step,
-        r.validated_elements, r.bytes_per_param, r.device_bytes_per_param);
-  }
-  absl::PrintF("\n]}\n");
 }
 
 absl::StatusOr<BenchConfig> ConfigFromFlags() {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/wire.h"
 #include "common/file_io.h"
 #include "common/grpc_args.h"
@@ -114,6 +115,15 @@ absl::Status LoadToken(ClientOptions* options) {
 void ConfigureCall(const ClientOptions& options, grpc::ClientContext* context) {
   if (options.wait_for_ready) context->set_wait_for_ready(true);
   if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
+}
+
+void ConfigureContext(const ClientOptions& options, grpc::ClientContext* context,
+                      uint64_t payload_bytes) {
+  internal::ConfigureCall(options, context);
+  const absl::Duration timeout = internal::CallTimeout(options, payload_bytes);
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
 }
 
 }  // namespace internal

@@ -4,6 +4,7 @@
 #ifndef FUSEDPS_CLIENT_CHANNEL_H_
 #define FUSEDPS_CLIENT_CHANNEL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,11 @@ absl::Status LoadToken(ClientOptions* options);
 
 // What every call's context carries: wait_for_ready, and the bearer token's metadata.
 void ConfigureCall(const ClientOptions& options, grpc::ClientContext* context);
+
+// A call's deadline (CallTimeout of payload_bytes from now; none when that is infinite) and
+// wait_for_ready.
+void ConfigureContext(const ClientOptions& options, grpc::ClientContext* context,
+                      uint64_t payload_bytes = 0);
 
 }  // namespace fusedps::client::internal
 

@@ -1,5 +1,5 @@
 // connection.h (client internal): one of a Client's connections, for the files that implement
-// Client (client.cc, push_transaction.cc, pull_into.cc).
+// Client (client.cc, server_calls.cc, push_transaction.cc, pull_into.cc).
 #ifndef FUSEDPS_CLIENT_CONNECTION_H_
 #define FUSEDPS_CLIENT_CONNECTION_H_
 

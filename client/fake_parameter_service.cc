@@ -144,7 +144,7 @@ grpc::Status FakeParameterService::RegisterTensors(
     }
   }
   if (grpc::Status s = received.Finish(); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   register_plan_hashes_.push_back(plan_hash);
   for (const std::string& name : order) {
     if (tensors_.count(name) == 0) registration_order_.push_back(name);
@@ -159,7 +159,7 @@ grpc::Status FakeParameterService::PushGradients(
     grpc::ServerContext* context, grpc::ServerReader<v1::PushGradientsRequest>* reader,
     v1::PushGradientsResponse* response) {
   NotePeer(context);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   push_messages_ = 0;
   std::map<std::string, std::vector<float>> grads;
   Received received;
@@ -214,7 +214,7 @@ grpc::Status FakeParameterService::PullParameters(
   // The whole reply, built under the lock and sent without it.
   std::vector<v1::PullParametersResponse> messages(1);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<std::string> names(request->tensors().begin(), request->tensors().end());
     if (names.empty()) names = registration_order_;
     v1::PullHeader* header = messages[0].mutable_header();
@@ -267,7 +267,7 @@ grpc::Status FakeParameterService::GetInfo(grpc::ServerContext* context, const v
     WaitForCancellation(context);
     return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   response->set_version(version_);
   response->set_backend("fake");
   response->set_tensor_count(static_cast<uint32_t>(tensors_.size()));
@@ -280,7 +280,7 @@ grpc::Status FakeParameterService::ListTensors(grpc::ServerContext*,
                                                const v1::ListTensorsRequest* request,
                                                v1::ListTensorsResponse* response) {
   ++list_calls_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t begin = 0;
   if (!request->page_token().empty() && !absl::SimpleAtoi(request->page_token(), &begin)) {
     return Invalid("bad page_token " + request->page_token());
@@ -311,42 +311,42 @@ grpc::Status FakeParameterService::SetHyperparameters(grpc::ServerContext*,
 }
 
 std::map<std::string, FakeParameterService::Tensor> FakeParameterService::tensors() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return tensors_;
 }
 
 size_t FakeParameterService::max_request_bytes() {
-  std::lock_guard<std::mutex> lock(request_mu_);
+  MutexLock lock(&request_mu_);
   return max_request_bytes_;
 }
 
 size_t FakeParameterService::peer_count() {
-  std::lock_guard<std::mutex> lock(request_mu_);
+  MutexLock lock(&request_mu_);
   return peers_.size();
 }
 
 v1::PushHeader FakeParameterService::last_push_header() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_push_header_;
 }
 
 std::vector<std::string> FakeParameterService::register_plan_hashes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return register_plan_hashes_;
 }
 
 void FakeParameterService::set_consistency(const v1::Consistency& consistency) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   consistency_ = consistency;
 }
 
 void FakeParameterService::NoteRequest(size_t bytes) {
-  std::lock_guard<std::mutex> lock(request_mu_);
+  MutexLock lock(&request_mu_);
   max_request_bytes_ = std::max(max_request_bytes_, bytes);
 }
 
 void FakeParameterService::NotePeer(grpc::ServerContext* context) {
-  std::lock_guard<std::mutex> lock(request_mu_);
+  MutexLock lock(&request_mu_);
   peers_.insert(context->peer());
 }
 

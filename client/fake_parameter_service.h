@@ -18,12 +18,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -97,19 +98,19 @@ class FakeParameterService final : public v1::ParameterService::Service {
   void set_round_workers(uint32_t workers) { round_workers_ = workers; }
 
  private:
-  std::mutex mu_;
-  std::mutex request_mu_;
-  std::map<std::string, Tensor> tensors_;
-  std::vector<std::string> registration_order_;
-  uint64_t version_ = 0;
-  size_t max_request_bytes_ = 0;
-  std::set<std::string> peers_;
+  Mutex mu_;
+  Mutex request_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> registration_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t max_request_bytes_ ABSL_GUARDED_BY(request_mu_) = 0;
+  std::set<std::string> peers_ ABSL_GUARDED_BY(request_mu_);
   std::atomic<int> push_messages_{0};
   std::atomic<int> list_calls_{0};
   std::atomic<int> max_pull_infos_per_message_{0};
-  v1::PushHeader last_push_header_;
-  std::vector<std::string> register_plan_hashes_;
-  v1::Consistency consistency_;
+  v1::PushHeader last_push_header_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> register_plan_hashes_ ABSL_GUARDED_BY(mu_);
+  v1::Consistency consistency_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint32_t> round_workers_{0};
   std::atomic<bool> drop_first_pull_chunk_{false};
   std::atomic<bool> legacy_pull_{false};
@@ -119,8 +120,8 @@ class FakeParameterService final : public v1::ParameterService::Service {
   std::atomic<bool> hang_get_info_{false};
   std::atomic<int64_t> pull_message_delay_nanos_{0};
 
-  void NoteRequest(size_t bytes);
-  void NotePeer(grpc::ServerContext* context);
+  void NoteRequest(size_t bytes) ABSL_LOCKS_EXCLUDED(request_mu_);
+  void NotePeer(grpc::ServerContext* context) ABSL_LOCKS_EXCLUDED(request_mu_);
 };
 
 }  // namespace fusedps::client::testing

@@ -31,7 +31,7 @@ void PipelinedPull::Run() {
     int g;
     absl::Status status;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (next_ >= groups()) return;
       g = next_++;
       if (failed_ >= 0) {
@@ -40,7 +40,7 @@ void PipelinedPull::Run() {
       }
     }
     if (status.ok()) status = PullGroup(g);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!status.ok()) {
       status_[g] = std::move(status);
       if (failed_ < 0) failed_ = g;
@@ -48,7 +48,7 @@ void PipelinedPull::Run() {
     landed_[g] = true;
     seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     while (prefix_ < groups() && landed_[prefix_]) ++prefix_;
-    landed_cv_.notify_all();
+    landed_cv_.SignalAll();
   }
 }
 
@@ -61,7 +61,7 @@ absl::Status PipelinedPull::PullGroup(int g) {
     if (targets.empty()) continue;
     absl::StatusOr<PullIntoResult> pulled = clients_[c]->PullInto(options_, targets, g);
     if (!pulled.ok()) return pulled.status();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     versions_[c] = std::max(versions_[c], pulled->version);
   }
   return absl::OkStatus();
@@ -69,8 +69,8 @@ absl::Status PipelinedPull::PullGroup(int g) {
 
 absl::Status PipelinedPull::WaitUpTo(int g) {
   const int upto = std::min(g, groups() - 1);
-  std::unique_lock<std::mutex> lock(mu_);
-  landed_cv_.wait(lock, [&] { return prefix_ > upto; });
+  MutexLock lock(&mu_);
+  while (prefix_ <= upto) landed_cv_.Wait(&mu_);
   for (int i = 0; i <= upto; ++i) {
     if (!status_[i].ok()) return status_[i];
   }
@@ -78,17 +78,17 @@ absl::Status PipelinedPull::WaitUpTo(int g) {
 }
 
 int PipelinedPull::LandedPrefix() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return prefix_;
 }
 
 double PipelinedPull::Seconds() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return seconds_;
 }
 
 uint64_t PipelinedPull::Version(int c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return c >= 0 && c < static_cast<int>(versions_.size()) ? versions_[c] : 0;
 }
 

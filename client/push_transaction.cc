@@ -2,8 +2,6 @@
 // chunks' payloads slices of the caller's memory, committed with its grad_scale at the end.
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <utility>
 
 #include "absl/memory/memory.h"
@@ -14,6 +12,7 @@
 #include "client/wire.h"
 #include "common/byte_buffer_view.h"
 #include "common/chunk_framing.h"
+#include "common/mutex.h"
 #include "common/tsan.h"
 #include "fusedps/client.h"
 #include "fusedps/v1/parameter_service.pb.h"
@@ -34,15 +33,15 @@ grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& message) {
 // gRPC holds a reference to each slice of the caller's memory until it has sent it; each
 // slice's user data is a reference to this tracker, dropped by its destroy callback.
 struct PushTransaction::SliceTracker {
-  std::mutex mu;
-  std::condition_variable released;
-  uint64_t held = 0;  // Guarded by mu.
+  Mutex mu;
+  CondVar released;
+  uint64_t held ABSL_GUARDED_BY(mu) = 0;
 
   // A slice of the caller's memory whose release this counts.
   static grpc::Slice Borrow(const std::shared_ptr<SliceTracker>& tracker, const void* data,
                             size_t bytes) {
     {
-      std::lock_guard<std::mutex> lock(tracker->mu);
+      MutexLock lock(&tracker->mu);
       ++tracker->held;
     }
     auto* reference = new std::shared_ptr<SliceTracker>(tracker);
@@ -55,8 +54,8 @@ struct PushTransaction::SliceTracker {
     auto* reference = static_cast<std::shared_ptr<SliceTracker>*>(user_data);
     SliceTracker& tracker = **reference;
     {
-      std::lock_guard<std::mutex> lock(tracker.mu);
-      if (--tracker.held == 0) tracker.released.notify_all();
+      MutexLock lock(&tracker.mu);
+      if (--tracker.held == 0) tracker.released.SignalAll();
     }
     delete reference;
   }
@@ -271,8 +270,8 @@ void PushTransaction::Cancel() {
 void PushTransaction::AwaitSlicesReleased() {
   // gRPC drops its references to a call's slices when the call is freed, with its context
   // (the parts are destroyed before this).
-  std::unique_lock<std::mutex> lock(tracker_->mu);
-  tracker_->released.wait(lock, [this] { return tracker_->held == 0; });
+  MutexLock lock(&tracker_->mu);
+  while (tracker_->held != 0) tracker_->released.Wait(&tracker_->mu);
 }
 
 absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
@@ -309,12 +308,12 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
 }
 
 void Client::SetWorkspace(Workspace workspace) {
-  std::lock_guard<std::mutex> lock(workspace_mu_);
+  MutexLock lock(&workspace_mu_);
   workspace_ = std::move(workspace);
 }
 
 Workspace Client::workspace() const {
-  std::lock_guard<std::mutex> lock(workspace_mu_);
+  MutexLock lock(&workspace_mu_);
   return workspace_;
 }
 

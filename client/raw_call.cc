@@ -26,14 +26,14 @@ RawCall::RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::strin
 
 RawCall::~RawCall() {
   if (!done()) Cancel();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return done_; });
+  MutexLock lock(&mu_);
+  while (!done_) done_cv_.Wait(&mu_);
 }
 
 void RawCall::Write(grpc::ByteBuffer message, uint64_t bytes) {
   Next next;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (broken_ || hold_removed_) return;
     queue_.emplace_back(std::move(message), bytes);
     queued_bytes_ += bytes;
@@ -46,7 +46,7 @@ void RawCall::Write(grpc::ByteBuffer message, uint64_t bytes) {
 void RawCall::WritesDone() {
   Next next = Next::kNothing;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (writes_done_asked_) return;
     writes_done_asked_ = true;
     if (!write_in_flight_) next = NextWriteLocked();
@@ -55,7 +55,7 @@ void RawCall::WritesDone() {
 }
 
 uint64_t RawCall::queued_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queued_bytes_;
 }
 
@@ -63,7 +63,7 @@ void RawCall::Cancel() {
   context_.TryCancel();
   bool remove;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     remove = !hold_removed_ && !write_in_flight_;
     if (remove) hold_removed_ = true;
     broken_ = true;
@@ -75,18 +75,21 @@ void RawCall::Cancel() {
 }
 
 bool RawCall::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return done_;
 }
 
 bool RawCall::WaitDone(absl::Time deadline) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return done_cv_.wait_until(lock, absl::ToChronoTime(deadline), [this] { return done_; });
+  MutexLock lock(&mu_);
+  while (!done_) {
+    if (done_cv_.WaitWithDeadline(&mu_, deadline)) return done_;
+  }
+  return true;
 }
 
 absl::Status RawCall::Await() {
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return done_; });
+  MutexLock lock(&mu_);
+  while (!done_) done_cv_.Wait(&mu_);
   if (!message_error_.ok()) return message_error_;
   return ToAbslStatus(status_);
 }
@@ -130,7 +133,7 @@ void RawCall::OnWriteDone(bool ok) {
   FUSEDPS_HAPPENS_AFTER(this);
   Next next;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     write_in_flight_ = false;
     writing_.Clear();
     if (!ok) {
@@ -156,7 +159,7 @@ void RawCall::OnReadDone(bool ok) {
     // the call: nothing more is sent, and the hold goes so that OnDone can come.
     bool remove;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       broken_ = true;
       queue_.clear();
       queued_bytes_ = 0;
@@ -170,7 +173,7 @@ void RawCall::OnReadDone(bool ok) {
   reply_.Clear();
   if (!handled.ok()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (message_error_.ok()) message_error_ = handled;
     }
     context_.TryCancel();
@@ -182,11 +185,11 @@ void RawCall::OnReadDone(bool ok) {
 
 void RawCall::OnDone(const grpc::Status& status) {
   FUSEDPS_HAPPENS_AFTER(this);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   status_ = status;
   done_ = true;
   // Under mu_: a waiter that sees done_ may destroy this right after it takes mu_.
-  done_cv_.notify_all();
+  done_cv_.SignalAll();
 }
 
 }  // namespace fusedps::client::internal

@@ -20,16 +20,16 @@
 #ifndef FUSEDPS_CLIENT_RAW_CALL_H_
 #define FUSEDPS_CLIENT_RAW_CALL_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "fusedps/client.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/client_callback.h"
@@ -51,19 +51,19 @@ class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byt
 
   // Queues a message; `bytes` is its size, for queued_bytes(). Dropped once the call has
   // broken (Await then says why). REQUIRES: WritesDone not called yet.
-  void Write(grpc::ByteBuffer message, uint64_t bytes);
+  void Write(grpc::ByteBuffer message, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the writes once the queued messages are sent.
-  void WritesDone();
+  void WritesDone() ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes queued by Write and not yet handed to gRPC.
-  uint64_t queued_bytes() const;
+  uint64_t queued_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the call (TryCancel); Await still waits for its end.
-  void Cancel();
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the call has ended (OnDone ran).
-  bool done() const;
+  bool done() const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the call has ended, at most until `deadline`: false when it has not by then.
-  bool WaitDone(absl::Time deadline) const;
+  bool WaitDone(absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the end: the callback's error if it returned one, else the call's status.
-  absl::Status Await();
+  absl::Status Await() ABSL_LOCKS_EXCLUDED(mu_);
 
   // grpc::ClientBidiReactor.
   void OnReadInitialMetadataDone(bool ok) override;
@@ -75,25 +75,26 @@ class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byt
   // Takes the next queued message and starts its write, or ends the writes; returns what to
   // start outside mu_. REQUIRES: mu_ held, no write in flight.
   enum class Next { kNothing, kWrite, kWritesDone, kRemoveHold };
-  Next NextWriteLocked();
-  void Start(Next next);
+  Next NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Start(Next next) ABSL_LOCKS_EXCLUDED(mu_);
 
   grpc::ClientContext context_;
   const OnMessage on_message_;
   grpc::ByteBuffer reply_;  // The read in flight; only gRPC's reactions touch it.
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable done_cv_;
-  std::deque<std::pair<grpc::ByteBuffer, uint64_t>> queue_;  // Guarded by mu_.
-  grpc::ByteBuffer writing_;                                 // Guarded by mu_: the write in flight.
-  bool write_in_flight_ = false;                             // Guarded by mu_.
-  bool writes_done_asked_ = false;                           // Guarded by mu_.
-  bool hold_removed_ = false;                                // Guarded by mu_.
-  bool broken_ = false;         // Guarded by mu_: a write failed; later writes are dropped.
-  uint64_t queued_bytes_ = 0;   // Guarded by mu_.
-  absl::Status message_error_;  // Guarded by mu_: the callback's first error.
-  bool done_ = false;           // Guarded by mu_.
-  grpc::Status status_;         // Guarded by mu_: OnDone's.
+  mutable Mutex mu_;
+  mutable CondVar done_cv_;
+  std::deque<std::pair<grpc::ByteBuffer, uint64_t>> queue_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer writing_ ABSL_GUARDED_BY(mu_);  // The write in flight.
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_done_asked_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_removed_ ABSL_GUARDED_BY(mu_) = false;
+  // A write failed; later writes are dropped.
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status message_error_ ABSL_GUARDED_BY(mu_);  // The callback's first error.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);  // OnDone's.
 };
 
 }  // namespace fusedps::client::internal

@@ -180,19 +180,19 @@ absl::Status ShardedClient::SetPlan(ShardPlan plan) {
         absl::StrCat("the plan has ", plan.shards(), " shards; this client has ", shards_.size()));
   }
   auto layout = std::make_shared<const Layout>(std::move(plan));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   layout_ = std::move(layout);
   return absl::OkStatus();
 }
 
 std::shared_ptr<const ShardPlan> ShardedClient::plan() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (layout_ == nullptr) return nullptr;
   return std::shared_ptr<const ShardPlan>(layout_, &layout_->plan);
 }
 
 absl::StatusOr<std::shared_ptr<const ShardedClient::Layout>> ShardedClient::layout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (layout_ == nullptr) {
     return absl::FailedPreconditionError("no shard plan yet: call Register or SetPlan first");
   }
@@ -210,12 +210,12 @@ absl::Status ShardedClient::FirstError(const std::vector<absl::Status>& statuses
 }
 
 std::vector<uint64_t> ShardedClient::versions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return versions_;
 }
 
 void ShardedClient::SetVersion(size_t shard, uint64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   versions_[shard] = version;
 }
 

@@ -16,12 +16,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/grad_check.h"
 #include "kernels/parallel.h"
@@ -249,7 +249,7 @@ class CpuBackend final : public OptimizerBackend {
     if (snapshot == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("pull snapshot of ", bytes, " bytes"));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     snapshots_[snapshot] = bytes;
     snapshot_bytes_ += bytes;
     return snapshot;
@@ -257,7 +257,7 @@ class CpuBackend final : public OptimizerBackend {
 
   absl::Status FreeSnapshot(void* snapshot) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = snapshots_.find(snapshot);
       if (it == snapshots_.end()) return absl::InvalidArgumentError("not a snapshot");
       snapshot_bytes_ -= it->second;
@@ -274,12 +274,12 @@ class CpuBackend final : public OptimizerBackend {
   }
 
   absl::StatusOr<Marker> Mark() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return ++last_marker_;
   }
 
   absl::StatusOr<WorkDone> Wait(Marker marker) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     WorkDone done;
     if (auto it = step_seconds_.find(marker); it != step_seconds_.end()) {
       done.device_seconds = it->second;
@@ -300,7 +300,7 @@ class CpuBackend final : public OptimizerBackend {
     return counts;
   }
   std::map<std::string, uint64_t> memory_bytes() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
     return {{"params", bytes(params32_) + bytes(params16_)},
             {"exp_avg", bytes(exp_avg32_) + bytes(exp_avg16_) + bytes(exp_avg8_)},
@@ -314,7 +314,7 @@ class CpuBackend final : public OptimizerBackend {
   }
 
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(arena_mu_);
+    MutexLock lock(&arena_mu_);
     if (arena_view_.host != nullptr) {
       return absl::FailedPreconditionError("the backend has a staging arena already");
     }
@@ -328,14 +328,14 @@ class CpuBackend final : public OptimizerBackend {
   }
 
   StagingArena staging_arena() const override {
-    std::lock_guard<std::mutex> lock(arena_mu_);
+    MutexLock lock(&arena_mu_);
     return arena_view_;
   }
   absl::Status ShareStagingArena(const StagingArena& arena) override {
     if (arena.host == nullptr || arena.bytes == 0) {
       return absl::InvalidArgumentError("the staging arena to share is empty");
     }
-    std::lock_guard<std::mutex> lock(arena_mu_);
+    MutexLock lock(&arena_mu_);
     if (arena_view_.host != nullptr) {
       return absl::FailedPreconditionError("the backend has a staging arena already");
     }
@@ -350,7 +350,7 @@ class CpuBackend final : public OptimizerBackend {
     const uint64_t bytes = count * DTypeSize(dtype);
     staged_non_finite_ |= !GradsAllFinite(data, dtype, count, grad_scale);
     try {
-      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacity.
+      MutexLock lock(&mu_);  // memory_bytes() reads the capacity.
       if (staging_.size() * 8 < byte_offset + bytes) staging_.resize((byte_offset + bytes + 7) / 8);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(
@@ -381,7 +381,7 @@ class CpuBackend final : public OptimizerBackend {
     if (!outcome.ok()) return outcome;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     outcome->marker = ++last_marker_;
     step_seconds_[outcome->marker] = seconds;
     return outcome;
@@ -390,7 +390,7 @@ class CpuBackend final : public OptimizerBackend {
   absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override {
     const auto start = std::chrono::steady_clock::now();
     if (accumulator_.size() < table_.arena_numel()) {
-      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacity.
+      MutexLock lock(&mu_);  // memory_bytes() reads the capacity.
       if (absl::Status s = Grow(accumulator_, table_.arena_numel(), "the gradient accumulator");
           !s.ok()) {
         return s;
@@ -415,7 +415,7 @@ class CpuBackend final : public OptimizerBackend {
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     step_seconds_[++last_marker_] = seconds;
     return last_marker_;
   }
@@ -517,7 +517,7 @@ class CpuBackend final : public OptimizerBackend {
   // says one is about to. All or nothing: on RESOURCE_EXHAUSTED the arenas keep their sizes
   // (what grew stays allocated, zero, and unused).
   absl::Status Resize(const ArenaSizes& n, bool amsgrad = false) {
-    std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the capacities.
+    MutexLock lock(&mu_);  // memory_bytes() reads the capacities.
     absl::Status s = Grow(params32_, n.params32, "fp32 params");
     if (s.ok()) s = Grow(params16_, n.params16, "bf16 params");
     for (auto* v : {&exp_avg32_, &exp_avg_sq32_}) {
@@ -562,18 +562,20 @@ class CpuBackend final : public OptimizerBackend {
   std::vector<float> accumulator_;  // Accumulate's sums, laid out canonically.
   std::atomic<uint64_t> accumulate_launches_{0};
   // Guards what the thread-safe methods read (Mark, Wait, memory_bytes, the snapshots).
-  mutable std::mutex mu_;
-  Marker last_marker_ = 0;
-  std::unordered_map<Marker, double> step_seconds_;  // Steps' wall time, until waited for.
-  std::unordered_map<void*, uint64_t> snapshots_;    // AllocateSnapshot's, by address.
-  uint64_t snapshot_bytes_ = 0;
+  mutable Mutex mu_;
+  Marker last_marker_ ABSL_GUARDED_BY(mu_) = 0;
+  // Steps' wall time, until waited for.
+  std::unordered_map<Marker, double> step_seconds_ ABSL_GUARDED_BY(mu_);
+  // AllocateSnapshot's, by address.
+  std::unordered_map<void*, uint64_t> snapshots_ ABSL_GUARDED_BY(mu_);
+  uint64_t snapshot_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool staged_non_finite_ = false;
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }
   };
-  std::unique_ptr<char, FreeDeleter> arena_;  // AllocateStagingArena's.
-  mutable std::mutex arena_mu_;
-  StagingArena arena_view_;  // Guarded by arena_mu_: arena_'s, or a shared one.
+  mutable Mutex arena_mu_;
+  std::unique_ptr<char, FreeDeleter> arena_ ABSL_GUARDED_BY(arena_mu_);  // AllocateStagingArena's.
+  StagingArena arena_view_ ABSL_GUARDED_BY(arena_mu_);  // arena_'s, or a shared one.
 };
 
 }  // namespace

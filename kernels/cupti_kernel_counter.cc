@@ -3,21 +3,22 @@
 #include <cupti.h>
 
 #include <cstdlib>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 
 namespace fusedps {
 namespace {
 
 constexpr size_t kBufferBytes = 8 << 20;
 
-std::mutex& CountsMutex() {
-  static std::mutex* mu = new std::mutex;
-  return *mu;
-}
-std::map<std::string, uint64_t>& Counts() {
-  static auto* counts = new std::map<std::string, uint64_t>;
+// The kernels that ran, by name: CUPTI's buffer callback adds to them on its own thread.
+struct KernelCounts {
+  Mutex mu;
+  std::map<std::string, uint64_t> by_name ABSL_GUARDED_BY(mu);
+};
+KernelCounts& Counts() {
+  static auto* counts = new KernelCounts;
   return *counts;
 }
 
@@ -29,12 +30,13 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
 
 void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid_size) {
   CUpti_Activity* record = nullptr;
-  std::lock_guard<std::mutex> lock(CountsMutex());
+  KernelCounts& counts = Counts();
+  MutexLock lock(&counts.mu);
   while (cuptiActivityGetNextRecord(buffer, valid_size, &record) == CUPTI_SUCCESS) {
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
         record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      ++Counts()[kernel->name != nullptr ? kernel->name : "?"];
+      ++counts.by_name[kernel->name != nullptr ? kernel->name : "?"];
     }
   }
   std::free(buffer);
@@ -51,8 +53,9 @@ absl::Status Check(CUptiResult result, const char* what) {
 
 absl::Status CuptiKernelCounter::Start() {
   {
-    std::lock_guard<std::mutex> lock(CountsMutex());
-    Counts().clear();
+    KernelCounts& counts = Counts();
+    MutexLock lock(&counts.mu);
+    counts.by_name.clear();
   }
   if (absl::Status s = Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
                              "cuptiActivityRegisterCallbacks");
@@ -69,8 +72,9 @@ absl::StatusOr<std::map<std::string, uint64_t>> CuptiKernelCounter::Stop() {
       !s.ok()) {
     return s;
   }
-  std::lock_guard<std::mutex> lock(CountsMutex());
-  return Counts();
+  KernelCounts& counts = Counts();
+  MutexLock lock(&counts.mu);
+  return counts.by_name;
 }
 
 uint64_t CuptiKernelCounter::CountMatching(const std::map<std::string, uint64_t>& kernels,

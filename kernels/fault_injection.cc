@@ -1,11 +1,11 @@
 #include "kernels/fault_injection.h"
 
 #include <atomic>
-#include <mutex>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "kernels/forwarding_backend.h"
 
 namespace fusedps {
@@ -42,7 +42,7 @@ class FaultInjectingBackend final : public ForwardingBackend {
     if (n == faults_.step) return Fault("Step");
     absl::StatusOr<StepOutcome> outcome = ForwardingBackend::Step(request);
     if (outcome.ok() && n == faults_.step_wait) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (outcome->marker == 0) {
         absl::StatusOr<Marker> marker = inner().Mark();
         if (!marker.ok()) return marker.status();
@@ -72,7 +72,7 @@ class FaultInjectingBackend final : public ForwardingBackend {
   absl::StatusOr<WorkDone> Wait(Marker marker) override {
     absl::StatusOr<WorkDone> done = ForwardingBackend::Wait(marker);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (faulty_markers_.erase(marker) > 0) return Fault("a step's kernel");
     }
     if (absl::Status s = Sticky(); !s.ok()) return s;
@@ -97,8 +97,8 @@ class FaultInjectingBackend final : public ForwardingBackend {
   const InjectedFaults faults_;
   std::atomic<bool> faulted_{false};
   int64_t add_tensors_calls_ = 0, step_calls_ = 0;
-  std::mutex mu_;
-  std::set<Marker> faulty_markers_;  // Guarded by mu_.
+  Mutex mu_;
+  std::set<Marker> faulty_markers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -26,10 +26,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,7 +39,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/flag_usage.h"
@@ -47,13 +50,14 @@
 #include "kernels/backend_factory.h"
 #include "kernels/fault_injection.h"
 #include "server/server.h"
+#include "server/server_options.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the bound gRPC port to this file (atomically)");
 ABSL_FLAG(std::string, device, "auto", "optimizer backend: auto, cpu, cuda or cuda:N");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 means one per core");
-ABSL_FLAG(std::string, param_copy_dtype, "none",
+ABSL_FLAG(fusedps::ParamCopyDType, param_copy_dtype, fusedps::ParamCopyDType::kNone,
           "low-precision param copy kept for pulls: none, bf16 or fp16");
 ABSL_FLAG(uint64_t, max_message_bytes, 8 << 20, "gRPC max receive and send message size");
 ABSL_FLAG(uint64_t, staging_pool_bytes, uint64_t{2} << 30,
@@ -111,7 +115,7 @@ ABSL_FLAG(bool, checkpoint_on_sigterm, true,
 ABSL_FLAG(std::string, restore, "latest",
           "what the shard starts from: latest (the newest good checkpoint in --checkpoint-dir, "
           "else empty), none, or a checkpoint directory's path (which must load)");
-ABSL_FLAG(std::string, mode, "async",
+ABSL_FLAG(fusedps::ConsistencyMode, mode, fusedps::ConsistencyMode::kAsync,
           "how pushes become optimizer steps: async (each push is a step), sync (K of N pushes "
           "averaged per version) or bounded (a push at most --max-staleness versions behind is "
           "a step); docs/consistency.md");
@@ -144,6 +148,197 @@ ABSL_FLAG(double, credentials_reload_seconds, 10,
 ABSL_FLAG(int, shutdown_grace_seconds, 30,
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 
+namespace {
+
+// What fusedps-server runs with: the server's options, and what main does around the server.
+struct MainOptions {
+  fusedps::ServerOptions server;
+  std::string port_file;          // --port-file; empty: none.
+  std::string metrics_port_file;  // --metrics-port-file; empty: none.
+  int fault_drain_seconds = 2;
+  int shutdown_grace_seconds = 30;
+  bool checkpoint_on_sigterm = true;
+};
+
+// A --*-seconds flag's value as a duration. NaN is no duration: -infinity, which every limit
+// (> 0, >= 0) refuses.
+absl::Duration FlagSeconds(double seconds) {
+  return std::isnan(seconds) ? -absl::InfiniteDuration() : absl::Seconds(seconds);
+}
+
+// The options the flags say, unchecked (fusedps::ValidateServerOptions checks them).
+MainOptions OptionsFromFlags() {
+  MainOptions main_options;
+  main_options.port_file = absl::GetFlag(FLAGS_port_file);
+  main_options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  main_options.fault_drain_seconds = absl::GetFlag(FLAGS_fault_drain_seconds);
+  main_options.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  main_options.checkpoint_on_sigterm = absl::GetFlag(FLAGS_checkpoint_on_sigterm);
+
+  fusedps::ServerOptions& options = main_options.server;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.backend.threads = absl::GetFlag(FLAGS_threads);
+  options.backend.param_copy_dtype = absl::GetFlag(FLAGS_param_copy_dtype);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_bytes);
+  options.window_bytes = absl::GetFlag(FLAGS_window_bytes);
+  options.pull_snapshot_bytes = absl::GetFlag(FLAGS_pull_snapshot_bytes);
+  options.workspaces.dir = absl::GetFlag(FLAGS_workspace_dir);
+  options.workspaces.budget_bytes = absl::GetFlag(FLAGS_workspace_budget_bytes);
+  options.push_part_wait = FlagSeconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
+  const double idle = absl::GetFlag(FLAGS_call_idle_seconds);
+  options.call_idle = idle == 0 ? absl::InfiniteDuration() : FlagSeconds(idle);
+  options.keepalive = FlagSeconds(absl::GetFlag(FLAGS_keepalive_seconds));
+  options.retry_table_clients = absl::GetFlag(FLAGS_retry_table_clients);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+
+  options.checkpoint.root = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint.keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  options.checkpoint.interval = FlagSeconds(absl::GetFlag(FLAGS_checkpoint_interval_seconds));
+  options.checkpoint.every_versions = absl::GetFlag(FLAGS_checkpoint_every_versions);
+  options.checkpoint.host_buffer_bytes = absl::GetFlag(FLAGS_checkpoint_host_buffer_bytes);
+  options.restore = absl::GetFlag(FLAGS_restore);
+
+  options.consistency.mode = absl::GetFlag(FLAGS_mode);
+  options.consistency.total_replicas = absl::GetFlag(FLAGS_total_replicas);
+  options.consistency.replicas_to_aggregate = absl::GetFlag(FLAGS_replicas_to_aggregate);
+  if (options.consistency.replicas_to_aggregate == 0) {
+    options.consistency.replicas_to_aggregate = options.consistency.total_replicas;
+  }
+  const double round_timeout = absl::GetFlag(FLAGS_round_timeout_seconds);
+  options.consistency.round_timeout =
+      round_timeout >= 0 ? absl::Seconds(round_timeout) : absl::InfiniteDuration();
+  options.consistency.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  options.consistency.staleness_lr_scaling = absl::GetFlag(FLAGS_staleness_lr_scaling);
+
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  const absl::Duration reload = FlagSeconds(absl::GetFlag(FLAGS_credentials_reload_seconds));
+  options.tls.reload_interval = reload;
+  options.auth_tokens_reload = reload;
+
+  // After every backend option: the factory copies them.
+  if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
+    options.backend_factory =
+        [device = options.device, backend = options.backend,
+         step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
+      absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> inner =
+          fusedps::MakeBackend(device, backend);
+      if (!inner.ok()) return inner;
+      fusedps::InjectedFaults faults;
+      faults.step = step;
+      return fusedps::MakeFaultInjectingBackend(*std::move(inner), faults);
+    };
+  }
+  return main_options;
+}
+
+// Logs the addresses served and writes the port files. False when a port file cannot be
+// written (logged).
+bool AnnounceServing(const MainOptions& options, const fusedps::Server& server) {
+  const std::string& listen = options.server.listen;
+  const std::string& metrics_listen = options.server.metrics_listen;
+  LOG(INFO) << "fusedps-server listening on " << listen.substr(0, listen.rfind(':')) << ":"
+            << server.port() << " (backend " << server.backend_name() << ", device "
+            << server.device() << ")";
+  if (!metrics_listen.empty()) {
+    LOG(INFO) << "fusedps-server metrics on http://"
+              << metrics_listen.substr(0, metrics_listen.rfind(':')) << ":" << server.metrics_port()
+              << "/metrics";
+  }
+  // The metrics port file first: once the gRPC port file exists, both are there.
+  if (!options.metrics_port_file.empty() &&
+      !fusedps::WritePortFile(options.metrics_port_file, server.metrics_port())) {
+    LOG(ERROR) << "cannot write --metrics-port-file " << options.metrics_port_file;
+    return false;
+  }
+  if (!options.port_file.empty() && !fusedps::WritePortFile(options.port_file, server.port())) {
+    LOG(ERROR) << "cannot write --port-file " << options.port_file;
+    return false;
+  }
+  return true;
+}
+
+// After a shard fault: serves the fault's UNAVAILABLE for the drain, then exits with status 3.
+[[noreturn]] void ExitAfterFault(fusedps::Server& server, int drain_seconds) {
+  LOG(ERROR) << "the shard faulted (" << server.fault().cause() << "); exiting with status 3";
+  // The server keeps serving for the drain, so that every call, in flight or new, gets the
+  // fault's UNAVAILABLE (a gRPC shutdown would refuse or cancel new ones instead). Then it
+  // stops; a failed device may never answer, so the stop gets a deadline of its own, and the
+  // process leaves without destroying the engine.
+  absl::SleepFor(absl::Seconds(drain_seconds));
+  std::promise<void> stopped;
+  std::thread([&server, &stopped] {
+    server.Shutdown(absl::Seconds(1));
+    server.Wait();
+    stopped.set_value();
+  }).detach();
+  stopped.get_future().wait_for(std::chrono::seconds(5));
+  std::_Exit(3);
+}
+
+// Checkpoints every model after the SIGTERM drain: 0, or 4 when one failed (logged).
+int CheckpointOnExit(fusedps::Server& server) {
+  int status = 0;
+  // Every push acknowledged was applied in the drain; the checkpoint holds them all.
+  for (const auto& [model, written] : server.CheckpointAll()) {
+    if (written.ok()) {
+      LOG(INFO) << "checkpoint on exit: version " << written->version << " of model '" << model
+                << "' in " << written->path;
+    } else {
+      LOG(ERROR) << "the checkpoint on exit of model '" << model
+                 << "' failed: " << written.status();
+      status = 4;
+    }
+  }
+  return status;
+}
+
+// Starts the server and serves until SIGTERM/SIGINT (drain, checkpoint) or a shard fault.
+// Returns the exit status (the header's).
+int Run(MainOptions options) {
+  // Block the stop signals in every thread; one thread below waits for them. SIGUSR1 is the
+  // server's own: a shard fault raises it.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGUSR1);
+  if (pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr) != 0) {
+    std::perror("fusedps-server: pthread_sigmask");
+    return 1;
+  }
+  // A fault wakes the signal wait below.
+  options.server.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
+
+  absl::StatusOr<std::unique_ptr<fusedps::Server>> server = fusedps::Server::Start(options.server);
+  if (!server.ok()) {
+    LOG(ERROR) << "cannot start: " << server.status();
+    return 1;
+  }
+  if (!AnnounceServing(options, **server)) return 1;
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  if (signal == SIGUSR1) ExitAfterFault(**server, options.fault_drain_seconds);
+  LOG(INFO) << strsignal(signal) << ", draining for up to " << options.shutdown_grace_seconds
+            << " s";
+  (*server)->Shutdown(absl::Seconds(options.shutdown_grace_seconds));
+  (*server)->Wait();
+  int status = 0;
+  if (!options.server.checkpoint.root.empty() && options.checkpoint_on_sigterm) {
+    status = CheckpointOnExit(**server);
+  }
+  server->reset();
+  LOG(INFO) << "fusedps-server stopped";
+  return status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   fusedps::InitLogging(argv[0]);
   absl::SetProgramUsageMessage(
@@ -160,181 +355,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-
-  // Block the stop signals in every thread; one thread below waits for them. SIGUSR1 is the
-  // server's own: a shard fault raises it.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGUSR1);
-  if (pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr) != 0) {
-    std::perror("fusedps-server: pthread_sigmask");
-    return 1;
-  }
-
-  fusedps::ServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.device = absl::GetFlag(FLAGS_device);
-  options.backend.threads = absl::GetFlag(FLAGS_threads);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.staging_pool_bytes = absl::GetFlag(FLAGS_staging_pool_bytes);
-  if (!(absl::GetFlag(FLAGS_push_part_wait_seconds) > 0)) {
-    LOG(ERROR) << "--push-part-wait-seconds must be > 0";
-    return 2;
-  }
-  options.push_part_wait = absl::Seconds(absl::GetFlag(FLAGS_push_part_wait_seconds));
-  options.window_bytes = absl::GetFlag(FLAGS_window_bytes);
-  options.pull_snapshot_bytes = absl::GetFlag(FLAGS_pull_snapshot_bytes);
-  options.workspaces.dir = absl::GetFlag(FLAGS_workspace_dir);
-  options.workspaces.budget_bytes = absl::GetFlag(FLAGS_workspace_budget_bytes);
-  options.retry_table_clients = absl::GetFlag(FLAGS_retry_table_clients);
-  const double idle = absl::GetFlag(FLAGS_call_idle_seconds);
-  const double keepalive = absl::GetFlag(FLAGS_keepalive_seconds);
-  if (idle < 0 || !(keepalive > 0) || options.window_bytes < 4096) {
-    LOG(ERROR) << "--call-idle-seconds must be >= 0, --keepalive-seconds > 0 and "
-                  "--window-bytes >= 4096";
-    return 2;
-  }
-  options.call_idle = idle == 0 ? absl::InfiniteDuration() : absl::Seconds(idle);
-  options.keepalive = absl::Seconds(keepalive);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.checkpoint.root = absl::GetFlag(FLAGS_checkpoint_dir);
-  options.checkpoint.keep = absl::GetFlag(FLAGS_checkpoint_keep);
-  options.checkpoint.every_versions = absl::GetFlag(FLAGS_checkpoint_every_versions);
-  options.checkpoint.host_buffer_bytes = absl::GetFlag(FLAGS_checkpoint_host_buffer_bytes);
-  const double interval = absl::GetFlag(FLAGS_checkpoint_interval_seconds);
-  options.restore = absl::GetFlag(FLAGS_restore);
-  if (interval < 0 || options.checkpoint.keep < 1 || options.restore.empty()) {
-    LOG(ERROR) << "--checkpoint-interval-seconds must be >= 0, --checkpoint-keep >= 1, and "
-                  "--restore latest, none or a path";
-    return 2;
-  }
-  if (options.checkpoint.root.empty() && (interval > 0 || options.checkpoint.every_versions > 0)) {
-    LOG(ERROR) << "--checkpoint-interval-seconds and --checkpoint-every-versions need "
-                  "--checkpoint-dir";
-    return 2;
-  }
-  options.checkpoint.interval = absl::Seconds(interval);
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
-  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
-  const double reload = absl::GetFlag(FLAGS_credentials_reload_seconds);
-  if (!(reload > 0)) {
-    LOG(ERROR) << "--credentials-reload-seconds must be > 0";
-    return 2;
-  }
-  options.tls.reload_interval = absl::Seconds(reload);
-  options.auth_tokens_reload = absl::Seconds(reload);
-  // A fault wakes the signal wait below.
-  options.on_fault = [](const absl::Status&) { kill(getpid(), SIGUSR1); };
-  absl::StatusOr<fusedps::ParamCopyDType> copy =
-      fusedps::ParseParamCopyDType(absl::GetFlag(FLAGS_param_copy_dtype));
-  if (!copy.ok()) {
-    LOG(ERROR) << copy.status().message();
-    return 2;
-  }
-  options.backend.param_copy_dtype = *copy;
-  absl::StatusOr<fusedps::ConsistencyMode> mode =
-      fusedps::ParseConsistencyMode(absl::GetFlag(FLAGS_mode));
-  if (!mode.ok()) {
-    LOG(ERROR) << mode.status().message();
-    return 2;
-  }
-  options.consistency.mode = *mode;
-  options.consistency.total_replicas = absl::GetFlag(FLAGS_total_replicas);
-  options.consistency.replicas_to_aggregate = absl::GetFlag(FLAGS_replicas_to_aggregate);
-  if (options.consistency.replicas_to_aggregate == 0) {
-    options.consistency.replicas_to_aggregate = options.consistency.total_replicas;
-  }
-  const double round_timeout = absl::GetFlag(FLAGS_round_timeout_seconds);
-  options.consistency.round_timeout =
-      round_timeout >= 0 ? absl::Seconds(round_timeout) : absl::InfiniteDuration();
-  options.consistency.max_staleness = absl::GetFlag(FLAGS_max_staleness);
-  options.consistency.staleness_lr_scaling = absl::GetFlag(FLAGS_staleness_lr_scaling);
-  if (absl::Status s = fusedps::ValidateConsistency(options.consistency); !s.ok()) {
+  const MainOptions options = OptionsFromFlags();
+  if (absl::Status s = fusedps::ValidateServerOptions(options.server); !s.ok()) {
     LOG(ERROR) << s.message();
     return 2;
   }
-  // After every backend option: the factory copies them.
-  if (const int64_t step = absl::GetFlag(FLAGS_testing_fault_at_step); step > 0) {
-    options.backend_factory =
-        [device = options.device, backend = options.backend,
-         step]() -> absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> {
-      absl::StatusOr<std::unique_ptr<fusedps::OptimizerBackend>> inner =
-          fusedps::MakeBackend(device, backend);
-      if (!inner.ok()) return inner;
-      fusedps::InjectedFaults faults;
-      faults.step = step;
-      return fusedps::MakeFaultInjectingBackend(*std::move(inner), faults);
-    };
-  }
-
-  absl::StatusOr<std::unique_ptr<fusedps::Server>> server = fusedps::Server::Start(options);
-  if (!server.ok()) {
-    LOG(ERROR) << "cannot start: " << server.status();
-    return 1;
-  }
-  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  LOG(INFO) << "fusedps-server listening on " << host << ":" << (*server)->port() << " (backend "
-            << (*server)->backend_name() << ", device " << (*server)->device() << ")";
-  if (!options.metrics_listen.empty()) {
-    LOG(INFO) << "fusedps-server metrics on http://"
-              << options.metrics_listen.substr(0, options.metrics_listen.rfind(':')) << ":"
-              << (*server)->metrics_port() << "/metrics";
-  }
-  // The metrics port file first: once the gRPC port file exists, both are there.
-  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  if (!metrics_port_file.empty() &&
-      !fusedps::WritePortFile(metrics_port_file, (*server)->metrics_port())) {
-    LOG(ERROR) << "cannot write --metrics-port-file " << metrics_port_file;
-    return 1;
-  }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !fusedps::WritePortFile(port_file, (*server)->port())) {
-    LOG(ERROR) << "cannot write --port-file " << port_file;
-    return 1;
-  }
-
-  int signal = 0;
-  sigwait(&stop_signals, &signal);
-  if (signal == SIGUSR1) {
-    LOG(ERROR) << "the shard faulted (" << (*server)->fault().cause() << "); exiting with status 3";
-    const int drain = absl::GetFlag(FLAGS_fault_drain_seconds);
-    // The server keeps serving for the drain, so that every call, in flight or new, gets the
-    // fault's UNAVAILABLE (a gRPC shutdown would refuse or cancel new ones instead). Then it
-    // stops; a failed device may never answer, so the stop gets a deadline of its own, and the
-    // process leaves without destroying the engine.
-    absl::SleepFor(absl::Seconds(drain));
-    std::promise<void> stopped;
-    std::thread([&server, &stopped] {
-      (*server)->Shutdown(absl::Seconds(1));
-      (*server)->Wait();
-      stopped.set_value();
-    }).detach();
-    stopped.get_future().wait_for(std::chrono::seconds(5));
-    std::_Exit(3);
-  }
-  LOG(INFO) << strsignal(signal) << ", draining for up to "
-            << absl::GetFlag(FLAGS_shutdown_grace_seconds) << " s";
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
-  (*server)->Wait();
-  int status = 0;
-  if (!options.checkpoint.root.empty() && absl::GetFlag(FLAGS_checkpoint_on_sigterm)) {
-    // Every push acknowledged was applied in the drain; the checkpoint holds them all.
-    for (const auto& [model, written] : (*server)->CheckpointAll()) {
-      if (written.ok()) {
-        LOG(INFO) << "checkpoint on exit: version " << written->version << " of model '" << model
-                  << "' in " << written->path;
-      } else {
-        LOG(ERROR) << "the checkpoint on exit of model '" << model
-                   << "' failed: " << written.status();
-        status = 4;
-      }
-    }
-  }
-  server->reset();
-  LOG(INFO) << "fusedps-server stopped";
-  return status;
+  return Run(options);
 }

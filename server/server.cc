@@ -22,18 +22,9 @@ int Millis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds
 
 }  // namespace
 
-absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
-  for (ParamCopyDType copy :
-       {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
-    if (name == ParamCopyDTypeName(copy)) return copy;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--param-copy-dtype = '", name, "' must be none, bf16 or fp16"));
-}
-
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   // Copies what it needs: models are made after Start returns too.
-  const auto make_backend =
+  BackendMaker make_backend =
       [factory = options.backend_factory, device = options.device,
        backend_options = options.backend]() -> absl::StatusOr<std::unique_ptr<OptimizerBackend>> {
     return factory ? factory() : MakeBackend(device, backend_options);
@@ -44,41 +35,62 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ServerCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
+
   std::unique_ptr<Server> server(new Server());
-  Server* self = server.get();
   server->fault_ = std::make_unique<ShardFault>();
   server->arena_owner_ = *std::move(backend);
-  // The metrics before the models, which report to them; they read the models only on a
-  // scrape, once serving.
-  server->metrics_ = std::make_unique<Metrics>(
-      Metrics::BuildInfo{FUSEDPS_VERSION, server->arena_owner_->name(),
-                         server->arena_owner_->device()},
-      [self, cert_file = options.tls.cert_file] { return self->ScrapeShard(cert_file); });
-  absl::StatusOr<char*> arena =
-      server->arena_owner_->AllocateStagingArena(options.staging_pool_bytes);
+  server->InitMetrics(options);  // First: the destructor stops serving them.
+  if (absl::Status s = server->InitStaging(options); !s.ok()) return s;
+  server->InitWatchdog(options);
+  server->InitModels(options, std::move(make_backend));
+  if (absl::Status s = server->fault_->status(); !s.ok()) return s;
+  if (!options.metrics_listen.empty()) {
+    if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
+  }
+  if (absl::Status s = server->InitAuthorizer(options); !s.ok()) return s;
+  server->InitService(options);
+  if (absl::Status s = server->StartGrpc(options, *std::move(credentials)); !s.ok()) return s;
+  if (absl::Status s = server->OpenModels(options); !s.ok()) return s;
+  return server;
+}
+
+void Server::InitMetrics(const ServerOptions& options) {
+  // They read the models only on a scrape, once serving.
+  metrics_ = std::make_unique<Metrics>(
+      Metrics::BuildInfo{FUSEDPS_VERSION, arena_owner_->name(), arena_owner_->device()},
+      [this, cert_file = options.tls.cert_file] { return ScrapeShard(cert_file); });
+}
+
+absl::Status Server::InitStaging(const ServerOptions& options) {
+  absl::StatusOr<char*> arena = arena_owner_->AllocateStagingArena(options.staging_pool_bytes);
   if (!arena.ok()) return arena.status();
-  server->staging_ =
+  staging_ =
       std::make_unique<StagingPool>(options.staging_pool_bytes, *arena, "--staging-pool-bytes");
-  server->snapshot_budget_ =
+  snapshot_budget_ =
       std::make_unique<StagingPool>(options.pull_snapshot_bytes, nullptr, "--pull-snapshot-bytes");
-  server->workspaces_ =
-      std::make_unique<WorkspaceTable>(options.workspaces, server->arena_owner_.get());
+  workspaces_ = std::make_unique<WorkspaceTable>(options.workspaces, arena_owner_.get());
+  return absl::OkStatus();
+}
+
+void Server::InitWatchdog(const ServerOptions& options) {
   // A line that stops moving leaves a line in the log (and the oldest-wait gauge shows it).
-  server->watchdog_ = std::make_unique<CallWatchdog>(options.call_idle, [self] {
-    const absl::Duration waited = self->staging_->oldest_wait();
+  watchdog_ = std::make_unique<CallWatchdog>(options.call_idle, [this] {
+    const absl::Duration waited = staging_->oldest_wait();
     if (waited > absl::Seconds(10)) {
       FUSEDPS_LOG_EVERY_SECONDS(WARNING, 30)
-          << self->staging_->waiting() << " calls wait for staging, the oldest for "
-          << absl::FormatDuration(waited) << "; " << self->staging_->in_use() << " of "
-          << self->staging_->capacity() << " bytes are held (--staging-pool-bytes)";
+          << staging_->waiting() << " calls wait for staging, the oldest for "
+          << absl::FormatDuration(waited) << "; " << staging_->in_use() << " of "
+          << staging_->capacity() << " bytes are held (--staging-pool-bytes)";
     }
   });
+}
 
+void Server::InitModels(const ServerOptions& options, BackendMaker make_backend) {
   ModelOptions models;
-  models.make_backend = make_backend;
-  models.arena = server->arena_owner_->staging_arena();
-  models.fault = server->fault_.get();
-  models.metrics = server->metrics_.get();
+  models.make_backend = std::move(make_backend);
+  models.arena = arena_owner_->staging_arena();
+  models.fault = fault_.get();
+  models.metrics = metrics_.get();
   models.push_part_wait = options.push_part_wait;
   models.retry_table_clients = options.retry_table_clients;
   if (!options.checkpoint.root.empty()) {
@@ -87,53 +99,56 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       models.checkpoint.server_version = FUSEDPS_VERSION;
     }
   }
-  server->models_ = std::make_unique<ModelRegistry>(std::move(models), options.consistency);
-  if (absl::Status s = server->fault_->status(); !s.ok()) return s;
+  models_ = std::make_unique<ModelRegistry>(std::move(models), options.consistency);
+}
 
-  if (!options.metrics_listen.empty()) {
-    if (absl::Status s = server->metrics_->Serve(options.metrics_listen); !s.ok()) return s;
-  }
-
+absl::Status Server::InitAuthorizer(const ServerOptions& options) {
   AuthOptions auth;
   auth.tokens_file = options.auth_tokens_file;
   auth.client_certificates = !options.tls.client_ca_file.empty();
   auth.reload_interval = options.auth_tokens_reload;
-  auth.on_failure = [metrics = server->metrics_.get()](const std::string& reason) {
+  auth.on_failure = [metrics = metrics_.get()](const std::string& reason) {
     metrics->RecordAuthFailure(reason);
   };
   absl::StatusOr<std::unique_ptr<Authorizer>> authorizer = Authorizer::Create(std::move(auth));
   if (!authorizer.ok()) return authorizer.status();
-  server->authorizer_ = *std::move(authorizer);
-  if (!server->authorizer_->enabled()) {
+  authorizer_ = *std::move(authorizer);
+  if (!authorizer_->enabled()) {
     LOG(WARNING) << "no authentication (--auth-tokens, --tls-client-ca): anyone who reaches "
                  << options.listen << " may push, pull, register and load state";
   } else if (options.tls.cert_file.empty()) {
     LOG(WARNING) << "--auth-tokens without --tls-cert: tokens travel in plaintext";
   }
+  return absl::OkStatus();
+}
 
+void Server::InitService(const ServerOptions& options) {
   ServiceContext context;
-  context.workspaces = server->workspaces_.get();
-  context.models = server->models_.get();
-  context.arena_owner = server->arena_owner_.get();
-  context.authorizer = server->authorizer_.get();
-  context.fault = server->fault_.get();
-  context.staging = server->staging_.get();
-  context.snapshot_budget = server->snapshot_budget_.get();
-  context.metrics = server->metrics_.get();
-  context.watchdog = server->watchdog_.get();
-  context.restoring = &server->restoring_;
-  server->testing_before_push_join_ = options.testing_before_push_join;
-  if (server->testing_before_push_join_) {
-    context.testing_before_push_join = &server->testing_before_push_join_;
+  context.workspaces = workspaces_.get();
+  context.models = models_.get();
+  context.arena_owner = arena_owner_.get();
+  context.authorizer = authorizer_.get();
+  context.fault = fault_.get();
+  context.staging = staging_.get();
+  context.snapshot_budget = snapshot_budget_.get();
+  context.metrics = metrics_.get();
+  context.watchdog = watchdog_.get();
+  context.restoring = &restoring_;
+  testing_before_push_join_ = options.testing_before_push_join;
+  if (testing_before_push_join_) {
+    context.testing_before_push_join = &testing_before_push_join_;
   }
   context.limits.max_message_bytes = options.max_message_bytes;
   context.limits.window_bytes = options.window_bytes;
-  server->service_ = std::make_unique<ParameterServiceImpl>(context);
+  service_ = std::make_unique<ParameterServiceImpl>(context);
+}
 
+absl::Status Server::StartGrpc(const ServerOptions& options,
+                               std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, *credentials, &server->port_);
+  builder.AddListeningPort(options.listen, std::move(credentials), &port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // A peer that vanishes (a dead host, a cut network) is noticed within keepalive +
@@ -148,23 +163,27 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // would then start beside the first, and the kernel would split new connections between two
   // independent shards (a restart overlapping a draining process did this silently).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(server->service_.get());
-  server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+  builder.RegisterService(service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on '", options.listen,
                      "': the address is in use (another server?) or cannot be bound here"));
   }
-  server->SetServing(false);  // Until the restore is done.
-  if (absl::Status s = server->models_->Open(options.restore); !s.ok()) return s;
-  server->restoring_.store(false, std::memory_order_release);
-  server->models_->StartCheckpoints();
-  server->SetServing(true);
-  server->fault_->OnFault([self, on_fault = options.on_fault](const absl::Status& cause) {
-    self->SetServing(false);
+  return absl::OkStatus();
+}
+
+absl::Status Server::OpenModels(const ServerOptions& options) {
+  SetServing(false);  // Until the restore is done.
+  if (absl::Status s = models_->Open(options.restore); !s.ok()) return s;
+  restoring_.store(false, std::memory_order_release);
+  models_->StartCheckpoints();
+  SetServing(true);
+  fault_->OnFault([this, on_fault = options.on_fault](const absl::Status& cause) {
+    SetServing(false);
     if (on_fault) on_fault(cause);
   });
-  return server;
+  return absl::OkStatus();
 }
 
 ShardMetrics Server::ScrapeShard(const std::string& cert_file) {
@@ -224,7 +243,7 @@ Server::CheckpointAll() {
 }
 
 void Server::SetServing(bool serving) {
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(&health_mu_);
   if (grpc_server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
   serving = serving && !fault_->faulted();
@@ -248,7 +267,7 @@ Server::~Server() {
   Shutdown(absl::ZeroDuration());
   Wait();
   {
-    std::lock_guard<std::mutex> lock(health_mu_);
+    MutexLock lock(&health_mu_);
     grpc_server_.reset();
   }
   service_.reset();

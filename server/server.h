@@ -25,13 +25,14 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
 #include "server/auth/authorizer.h"
@@ -42,73 +43,12 @@
 #include "server/ingest/staging_pool.h"
 #include "server/metrics/metrics.h"
 #include "server/models/model_registry.h"
+#include "server/server_options.h"
 #include "server/service/call_watchdog.h"
 #include "server/service/service.h"
 #include "server/workspace/workspace.h"
 
 namespace fusedps {
-
-struct ServerOptions {
-  std::string listen = "0.0.0.0:50051";  // Port 0 picks a free port.
-  std::string device = "auto";           // auto | cpu | cuda | cuda:N
-  BackendOptions backend;
-  uint64_t max_message_bytes = 8 << 20;  // gRPC max receive and send message size.
-  // Host staging shared by the pushes, pulls and registrations in flight; a call waits for its
-  // share (back-pressure), and a push that needs more than all of it is RESOURCE_EXHAUSTED.
-  uint64_t staging_pool_bytes = uint64_t{2} << 30;
-  // The most staging one pull or one registration holds at a time.
-  uint64_t window_bytes = 32 << 20;
-  // Snapshot memory (device memory on a GPU) for pulls larger than one window; a pull larger
-  // than all of it is RESOURCE_EXHAUSTED.
-  uint64_t pull_snapshot_bytes = uint64_t{4} << 30;
-  // Same-host workspaces (proto OpenWorkspace, server/workspace/workspace.h): where their
-  // files go (empty: off) and the most they hold in all.
-  WorkspaceOptions workspaces;
-  // A push sent in parts fails (DEADLINE_EXCEEDED) when its parts have not all arrived within
-  // this long of its first; the parts that came give their staging back.
-  absl::Duration push_part_wait = absl::Seconds(30);
-  // A call whose peer sends (or, for a pull, reads) nothing for this long ends with
-  // DEADLINE_EXCEEDED and gives back what it holds. InfiniteDuration: no limit.
-  absl::Duration call_idle = absl::Seconds(60);
-  // HTTP/2 keepalive pings on idle connections, and how long to wait for their answer.
-  absl::Duration keepalive = absl::Seconds(30);
-  absl::Duration keepalive_timeout = absl::Seconds(10);
-  // How pushes become steps: async, sync rounds or bounded staleness (server/engine/
-  // consistency.h): the default model's, and that of models created without their own. Start
-  // fails with INVALID_ARGUMENT for options ValidateConsistency refuses.
-  ConsistencyOptions consistency;
-  // Clients whose recent pushes each model's retry table remembers (LRU).
-  size_t retry_table_clients = 10000;
-  // HTTP address of /metrics, HOST:PORT (port 0 picks a free port); empty: not served (the
-  // metrics are still kept, see Server::metrics()).
-  std::string metrics_listen;
-  // Checkpoints (docs/checkpoints.md); checkpoint.root empty: none are written.
-  checkpoint::CheckpointerOptions checkpoint;
-  // What the models start from: "latest" (each its newest good checkpoint under checkpoint.root,
-  // or empty when there is none), "none" (empty), or a checkpoint directory's path (which must
-  // load) for the default model (the others then restore their latest). The models the root
-  // lists are made again either way (models/model_files.h). Health is NOT_SERVING and every
-  // call UNAVAILABLE until the restore is done.
-  std::string restore = "latest";
-  // Transport security of the gRPC port (auth/tls.h): TLS with tls.cert_file, mutual TLS with
-  // tls.client_ca_file; plaintext without. /metrics stays plain HTTP (docs/operations.md,
-  // "Security": keep it on a private network).
-  TlsOptions tls;
-  // The bearer tokens (auth/token_table.h), read again every auth_tokens_reload; empty: none.
-  // With tokens or with client certificates, callers are authenticated and a push's client_id
-  // must be the caller's principal (auth/authorizer.h).
-  std::string auth_tokens_file;
-  absl::Duration auth_tokens_reload = absl::Seconds(10);
-  // Tests: makes the backends instead of `device` (e.g. one that injects faults): one that owns
-  // the staging arena, then one per model.
-  std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()> backend_factory;
-  // Runs once if the shard faults, after health has turned NOT_SERVING (on the thread that
-  // saw the fault; it must not block).
-  std::function<void(const absl::Status& cause)> on_fault;
-  // Tests: runs in each push call after its header is checked, just before the call joins its
-  // push (on a gRPC thread; it may block that call).
-  std::function<void()> testing_before_push_join;
-};
 
 class Server {
  public:
@@ -145,8 +85,34 @@ class Server {
   void Wait();
 
  private:
+  // Makes an optimizer backend for `device` (or with the options' backend_factory).
+  using BackendMaker = std::function<absl::StatusOr<std::unique_ptr<OptimizerBackend>>()>;
+
   Server() = default;
-  void SetServing(bool serving);
+
+  // Start's steps, in its order; each builds one part from the options. After the first, a
+  // failure returns from Start, and the destructor takes down what was built.
+  // The metrics (before anything that reports to them); arena_owner_ names the device.
+  void InitMetrics(const ServerOptions& options);
+  // The staging pool over the device's staging arena, the pull snapshots' budget and the
+  // same-host workspaces.
+  absl::Status InitStaging(const ServerOptions& options);
+  // The watchdog that ends idle calls and logs a staging line that stops moving.
+  void InitWatchdog(const ServerOptions& options);
+  // The model registry, which makes each model's backend with make_backend (not yet opened).
+  void InitModels(const ServerOptions& options, BackendMaker make_backend);
+  // Who may call what: the bearer tokens and the client certificates (auth/authorizer.h).
+  absl::Status InitAuthorizer(const ServerOptions& options);
+  // The ParameterService over the parts built before it.
+  void InitService(const ServerOptions& options);
+  // The gRPC server (the service, health, reflection) listening on options.listen.
+  absl::Status StartGrpc(const ServerOptions& options,
+                         std::shared_ptr<grpc::ServerCredentials> credentials);
+  // Opens the models (the restore), starts their checkpoints, turns health SERVING, and hooks
+  // the fault path to health and options.on_fault.
+  absl::Status OpenModels(const ServerOptions& options);
+
+  void SetServing(bool serving) ABSL_LOCKS_EXCLUDED(health_mu_);
   // The values the metrics export, read on each scrape.
   ShardMetrics ScrapeShard(const std::string& cert_file);
 
@@ -167,11 +133,8 @@ class Server {
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
-  std::mutex health_mu_;  // Orders health changes from the fault path and Shutdown.
+  Mutex health_mu_;  // Orders health changes from the fault path and Shutdown.
 };
-
-// Parses "none", "bf16" or "fp16".
-absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name);
 
 }  // namespace fusedps
 

@@ -48,7 +48,7 @@
 // 0 instead copies each array's span of the portion with one bulk copy (cp.async.bulk), and the
 // warp waits on the stage's transaction barrier (mbarrier) as well: that kernel is bound by
 // instructions, and the bulk copies took 2.4-2.5% off its step (kBulkCopies). The per-portion
-// device code is in adamw_portion.cuh.
+// device code is in adamw_pipeline.cuh (moving portions) and adamw_portion.cuh (computing them).
 //
 // Computing a portion: a warp reads a tensor's step once, when it reaches the tensor, computes
 // the step's scalars (bias corrections in float64, as torch does) only when the (group, step)

@@ -24,13 +24,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_check.h"
@@ -263,24 +264,24 @@ class LaunchCounter {
                       cudaStream_t stream, Args&&... args) {
     kernel<<<grid, kThreads, smem, stream>>>(std::forward<Args>(args)...);
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++counts_[name];
     ++total_;
     return absl::OkStatus();
   }
-  uint64_t total() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total() const ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     return total_;
   }
-  std::map<std::string, uint64_t> counts() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, uint64_t> counts() const ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     return counts_;
   }
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::string, uint64_t> counts_;
-  uint64_t total_ = 0;
+  mutable Mutex mu_;
+  std::map<std::string, uint64_t> counts_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Prepares every instantiation of AdamWApply for the current device (its shared memory limit)

@@ -1,5 +1,6 @@
 // markers.cu: markers as pooled CUDA events (markers.cuh).
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/markers.cuh"
 
@@ -8,7 +9,7 @@ namespace gpu {
 
 absl::StatusOr<cudaEvent_t> MarkerTable::Take() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!free_.empty()) {
       cudaEvent_t e = free_.back();
       free_.pop_back();
@@ -34,14 +35,14 @@ absl::StatusOr<StepEvents> MarkerTable::TakeStepEvents() {
 }
 
 void MarkerTable::Return(const StepEvents& events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (cudaEvent_t e : {events.reached, events.begin, events.done}) {
     if (e != nullptr) free_.push_back(e);
   }
 }
 
 Marker MarkerTable::Add(const StepEvents& events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Marker marker = ++last_marker_;
   pending_[marker] = events;
   return marker;
@@ -62,7 +63,7 @@ absl::StatusOr<Marker> MarkerTable::Mark(cudaStream_t stream) {
 absl::StatusOr<WorkDone> MarkerTable::Wait(Marker marker) {
   StepEvents events;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto it = pending_.find(marker);
     if (it == pending_.end()) {
       return absl::InvalidArgumentError(
@@ -89,7 +90,7 @@ absl::StatusOr<WorkDone> MarkerTable::Wait(Marker marker) {
 }
 
 void MarkerTable::Free() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& marker_events : pending_) {
     const StepEvents& events = marker_events.second;
     for (cudaEvent_t e : {events.reached, events.begin, events.done}) {

@@ -15,12 +15,13 @@
 
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "kernels/backend.h"
 
 namespace fusedps {
@@ -42,30 +43,31 @@ class MarkerTable {
   ~MarkerTable() { Free(); }
 
   // Three events for a step. Errors: INTERNAL when CUDA cannot create one.
-  absl::StatusOr<StepEvents> TakeStepEvents();
+  absl::StatusOr<StepEvents> TakeStepEvents() ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back events that were not made a marker (a step that failed to queue).
-  void Return(const StepEvents& events);
+  void Return(const StepEvents& events) ABSL_LOCKS_EXCLUDED(mu_);
   // Makes recorded events a marker.
-  Marker Add(const StepEvents& events);
+  Marker Add(const StepEvents& events) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A marker after the work queued on `stream` so far.
-  absl::StatusOr<Marker> Mark(cudaStream_t stream);
+  absl::StatusOr<Marker> Mark(cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until the marker's event is done and returns its events to the pool. For a step's
   // marker, device_seconds is begin -> done and copy_wait_seconds reached -> begin.
   // Errors: INVALID_ARGUMENT for a marker that is not pending; INTERNAL when the device failed.
-  absl::StatusOr<WorkDone> Wait(Marker marker);
+  absl::StatusOr<WorkDone> Wait(Marker marker) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Destroys every event. REQUIRES: the device is current and the streams are drained.
-  void Free();
+  void Free() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::StatusOr<cudaEvent_t> Take();
+  absl::StatusOr<cudaEvent_t> Take() ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::mutex mu_;
-  Marker last_marker_ = 0;
-  std::unordered_map<Marker, StepEvents> pending_;  // Markers not waited for yet.
-  std::vector<cudaEvent_t> free_;                   // The pool.
+  Mutex mu_;
+  Marker last_marker_ ABSL_GUARDED_BY(mu_) = 0;
+  // Markers not waited for yet.
+  std::unordered_map<Marker, StepEvents> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);  // The pool.
 };
 
 }  // namespace gpu

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/snapshots.cuh"
 
@@ -22,14 +23,14 @@ absl::StatusOr<void*> SnapshotStore::Allocate(uint64_t bytes, cudaStream_t strea
         absl::StrCat("device memory: cannot allocate a pull snapshot of ", bytes, " bytes"));
   }
   FUSEDPS_CUDA_RETURN_IF_ERROR(err);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sizes_[snapshot] = bytes;
   bytes_ += bytes;
   return snapshot;
 }
 
 absl::Status SnapshotStore::Release(void* snapshot, cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = sizes_.find(snapshot);
   if (it == sizes_.end()) return absl::InvalidArgumentError("not a snapshot");
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaFreeAsync(snapshot, stream));
@@ -39,7 +40,7 @@ absl::Status SnapshotStore::Release(void* snapshot, cudaStream_t stream) {
 }
 
 absl::Status SnapshotStore::CheckRange(const void* snapshot, uint64_t end) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = sizes_.find(snapshot);
   if (it == sizes_.end()) return absl::InvalidArgumentError("not a snapshot");
   if (end > it->second) {
@@ -53,7 +54,7 @@ absl::Status SnapshotStore::CopyOut(const void* snapshot, uint64_t offset, uint6
                                     void* dst) {
   if (absl::Status s = CheckRange(snapshot, offset + bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(copy_mu_);
+  MutexLock lock(&copy_mu_);
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, static_cast<const char*>(snapshot) + offset,
                                                bytes, cudaMemcpyDeviceToHost, copy_stream_));
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
@@ -61,12 +62,12 @@ absl::Status SnapshotStore::CopyOut(const void* snapshot, uint64_t offset, uint6
 }
 
 uint64_t SnapshotStore::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_;
 }
 
 void SnapshotStore::Free(cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   for (const auto& snapshot : sizes_) cudaFreeAsync(const_cast<void*>(snapshot.first), stream);
   if (!sizes_.empty()) cudaStreamSynchronize(stream);

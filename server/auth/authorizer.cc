@@ -1,6 +1,7 @@
 #include "server/auth/authorizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -84,10 +85,10 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(AuthOptions optio
 
 Authorizer::~Authorizer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  stop_.notify_all();
+  stop_.SignalAll();
   if (watcher_.joinable()) watcher_.join();
 }
 
@@ -97,13 +98,13 @@ absl::Status Authorizer::Reload() {
     return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: ", text.status().message()));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (tokens_ != nullptr && *text == tokens_text_) return absl::OkStatus();
   }
   absl::StatusOr<TokenTable> table = TokenTable::Parse(*text, options_.tokens_file);
   if (!table.ok()) return table.status();
   const size_t size = table->size();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const bool first = tokens_ == nullptr;
   tokens_ = std::make_shared<const TokenTable>(*std::move(table));
   tokens_text_ = *std::move(text);
@@ -114,18 +115,23 @@ absl::Status Authorizer::Reload() {
 }
 
 void Authorizer::WatchLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_.wait_for(lock, absl::ToChronoMilliseconds(options_.reload_interval),
-                         [this] { return stopping_; })) {
-    lock.unlock();
+  mu_.Lock();
+  while (true) {
+    const auto due =
+        std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(options_.reload_interval);
+    while (!stopping_ && !stop_.WaitWithDeadline(&mu_, due)) {
+    }
+    if (stopping_) break;
+    mu_.Unlock();
     const absl::Status s = Reload();
-    lock.lock();
+    mu_.Lock();
     if (!s.ok() && s.ToString() != last_error_) {
       // Logged once per distinct error: the file is checked every reload_interval.
       LOG(ERROR) << s.message() << "; the tokens loaded before stay in force";
       last_error_ = s.ToString();
     }
   }
+  mu_.Unlock();
 }
 
 absl::Status Authorizer::Refuse(absl::StatusCode code, const std::string& reason,
@@ -178,7 +184,7 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
   }
   std::shared_ptr<const TokenTable> tokens;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tokens = tokens_;
   }
   std::optional<Identity> identity = tokens->Find(value.substr(kScheme.size()));

@@ -37,17 +37,17 @@
 #ifndef FUSEDPS_SERVER_AUTH_AUTHORIZER_H_
 #define FUSEDPS_SERVER_AUTH_AUTHORIZER_H_
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth/token_table.h"
 
@@ -129,20 +129,20 @@ class Authorizer {
  private:
   explicit Authorizer(AuthOptions options);
   // Reads and parses the token file; replaces the table when the text changed and parses.
-  absl::Status Reload();
-  void WatchLoop();
+  absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_);
+  void WatchLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Reports a refusal of the call on `context` to on_failure and the log (with its peer, at
   // most a line a second), and returns it.
   absl::Status Refuse(absl::StatusCode code, const std::string& reason, const std::string& message,
                       const grpc::ServerContextBase& context) const;
 
   const AuthOptions options_;
-  mutable std::mutex mu_;
-  std::shared_ptr<const TokenTable> tokens_;  // Guarded by mu_.
-  std::string tokens_text_;                   // Guarded by mu_: the text `tokens_` came from.
-  std::string last_error_;                    // Guarded by mu_: the last reload's error, if any.
-  bool stopping_ = false;                     // Guarded by mu_.
-  std::condition_variable stop_;
+  mutable Mutex mu_;
+  std::shared_ptr<const TokenTable> tokens_ ABSL_GUARDED_BY(mu_);
+  std::string tokens_text_ ABSL_GUARDED_BY(mu_);  // The text `tokens_` came from.
+  std::string last_error_ ABSL_GUARDED_BY(mu_);   // The last reload's error, if any.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar stop_;
   std::thread watcher_;
 };
 

@@ -21,7 +21,7 @@ double UnixNow() {
 }
 
 // How often the thread looks at the version, for --checkpoint-every-versions.
-constexpr auto kVersionPoll = std::chrono::milliseconds(50);
+constexpr absl::Duration kVersionPoll = absl::Milliseconds(50);
 // A fenced snapshot's buffer when --checkpoint-host-buffer-bytes does not say (the full buffer
 // could not be allocated): large enough for fast writes, small enough to be had.
 constexpr uint64_t kFallbackFenceBytes = uint64_t{256} << 20;
@@ -44,10 +44,10 @@ void Checkpointer::Start() {
 
 Checkpointer::~Checkpointer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   // Requests that came before Start, if it never came.
   for (const std::shared_ptr<Request>& request : requests_) {
@@ -60,17 +60,17 @@ Checkpointer::~Checkpointer() {
 absl::StatusOr<CheckpointResult> Checkpointer::CheckpointNow() {
   auto request = std::make_shared<Request>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the checkpointer is stopping");
     requests_.push_back(request);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   request->done.WaitForNotification();
   return request->result;
 }
 
 void Checkpointer::Restored(const CheckpointResult& result) {
-  std::lock_guard<std::mutex> lock(mu_);  // Orders it before the thread's next checkpoint.
+  MutexLock lock(&mu_);  // Orders it before the thread's next checkpoint.
   last_ = result;
   last_generation_ = engine_->generation();
   metrics_->RecordCheckpointSuccess(options_.model, 0, UnixNow());
@@ -85,7 +85,7 @@ void Checkpointer::Run() {
   for (;;) {
     std::vector<std::shared_ptr<Request>> batch;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (;;) {
         if (!requests_.empty()) {
           batch.swap(requests_);
@@ -98,11 +98,11 @@ void Checkpointer::Run() {
           break;
         }
         if (options_.every_versions > 0) {
-          cv_.wait_for(lock, kVersionPoll);
+          cv_.WaitWithTimeout(&mu_, kVersionPoll);
         } else if (timed) {
-          cv_.wait_until(lock, due);
+          cv_.WaitWithDeadline(&mu_, due);
         } else {
-          cv_.wait(lock);
+          cv_.Wait(&mu_);
         }
       }
     }
@@ -165,7 +165,7 @@ absl::StatusOr<CheckpointSnapshot> Checkpointer::Snapshot(
 
 absl::StatusOr<CheckpointResult> Checkpointer::TakeOne() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // Nothing changed since the last checkpoint: it holds it all.
     if (last_.has_value() && engine_->generation() == last_generation_) {
       metrics_->RecordCheckpointSuccess(options_.model, 0, UnixNow());
@@ -205,7 +205,7 @@ absl::StatusOr<CheckpointResult> Checkpointer::TakeOne() {
             << (fenced ? " (fenced)" : "") << ", write " << write_seconds << " s ("
             << written->bytes / std::max(write_seconds, 1e-9) / 1e9 << " GB/s)";
   CheckpointResult result{written->version, written->directory};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_ = result;
   last_generation_ = generation;
   return result;

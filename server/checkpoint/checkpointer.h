@@ -23,17 +23,17 @@
 #define FUSEDPS_SERVER_CHECKPOINT_CHECKPOINTER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "server/engine/update_engine.h"
 #include "server/metrics/metrics.h"
 
@@ -67,16 +67,16 @@ class Checkpointer {
   // Blocks until a checkpoint that holds every push acknowledged before this call is durable
   // (one started after the call; calls that wait together share it). Errors: the write's
   // (RESOURCE_EXHAUSTED for a full disk, ...), UNAVAILABLE when stopping or after a fault.
-  absl::StatusOr<CheckpointResult> CheckpointNow();
+  absl::StatusOr<CheckpointResult> CheckpointNow() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The shard was restored from `result` (of this root): it counts as the last checkpoint.
-  void Restored(const CheckpointResult& result);
+  void Restored(const CheckpointResult& result) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Request;
 
-  void Run();
-  absl::StatusOr<CheckpointResult> TakeOne();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CheckpointResult> TakeOne() ABSL_LOCKS_EXCLUDED(mu_);
   // The snapshot, and in *started when its job was submitted (after any allocation).
   absl::StatusOr<CheckpointSnapshot> Snapshot(bool* fenced,
                                               std::chrono::steady_clock::time_point* started);
@@ -90,14 +90,15 @@ class Checkpointer {
   void* buffer_ = nullptr;  // Page-locked host memory (UpdateEngine::AllocateHostBuffer).
   uint64_t buffer_bytes_ = 0;
   bool full_failed_ = false;  // The full buffer could not be had: fenced from now on.
-  std::optional<CheckpointResult> last_;
-  uint64_t last_generation_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::shared_ptr<Request>> requests_;  // Guarded by mu_.
-  bool stopping_ = false;                           // Guarded by mu_.
-  std::thread thread_;                              // Last: starts once the rest exists.
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The last checkpoint taken (by the checkpoint thread) or restored from (Restored).
+  std::optional<CheckpointResult> last_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;  // Last: starts once the rest exists.
 };
 
 }  // namespace fusedps::checkpoint

@@ -26,16 +26,16 @@
 #ifndef FUSEDPS_SERVER_CHECKPOINT_SHARD_FILES_H_
 #define FUSEDPS_SERVER_CHECKPOINT_SHARD_FILES_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "common/safetensors.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/engine/update_engine.h"
@@ -107,13 +107,13 @@ class ShardReader final : public RestoreSource {
   const RestoredShard& shard() const { return shard_; }
   uint64_t bytes() const { return bytes_; }  // The data files' sizes.
 
-  absl::StatusOr<bool> Next(Batch* batch) override;
-  void Release(int slot) override;
+  absl::StatusOr<bool> Next(Batch* batch) ABSL_LOCKS_EXCLUDED(mu_) override;
+  void Release(int slot) ABSL_LOCKS_EXCLUDED(mu_) override;
 
  private:
   struct Part;
   explicit ShardReader(UpdateEngine* engine);
-  void ReadPart(Part* part);  // A reader thread.
+  void ReadPart(Part* part) ABSL_LOCKS_EXCLUDED(mu_);  // A reader thread.
 
   UpdateEngine* const engine_;
   RestoredShard shard_;
@@ -123,13 +123,13 @@ class ShardReader final : public RestoreSource {
   std::vector<std::unique_ptr<Part>> parts_;
   std::vector<std::thread> threads_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int> free_slots_;  // Guarded by mu_.
-  std::deque<Batch> ready_;      // Guarded by mu_.
-  size_t parts_done_ = 0;        // Guarded by mu_: files read whole and checked.
-  absl::Status error_;           // Guarded by mu_: the first reader's error.
-  bool stopping_ = false;        // Guarded by mu_.
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
+  std::deque<Batch> ready_ ABSL_GUARDED_BY(mu_);
+  size_t parts_done_ ABSL_GUARDED_BY(mu_) = 0;  // Files read whole and checked.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);     // The first reader's error.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace fusedps::checkpoint

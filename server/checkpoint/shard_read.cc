@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_io.h"
+#include "common/mutex.h"
 #include "kernels/quant_math.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/shard_files.h"
@@ -397,7 +398,10 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   if (!buffers.ok()) return buffers.status();
   reader->buffers_ = static_cast<char*>(*buffers);
   reader->buffer_bytes_ = slot_bytes;
-  for (int i = 0; i < slots; ++i) reader->free_slots_.push_back(i);
+  {
+    MutexLock lock(&reader->mu_);  // Free: no reader thread runs yet.
+    for (int i = 0; i < slots; ++i) reader->free_slots_.push_back(i);
+  }
   for (const std::unique_ptr<Part>& part : reader->parts_) {
     reader->threads_.emplace_back(&ShardReader::ReadPart, reader.get(), part.get());
   }
@@ -406,10 +410,10 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
 
 ShardReader::~ShardReader() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (std::thread& t : threads_) t.join();
   if (buffers_ != nullptr) engine_->FreeHostBuffer(buffers_);
 }
@@ -419,15 +423,15 @@ void ShardReader::ReadPart(Part* part) {
   uint64_t at = 0;   // Bytes of the data read so far.
   size_t entry = 0;  // The first entry not read whole.
   const auto fail = [&](absl::Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (error_.ok()) error_ = std::move(s);
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   while (part->reader.data_left() > 0) {
     Batch batch;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !error_.ok() || !free_slots_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && error_.ok() && free_slots_.empty()) cv_.Wait(&mu_);
       if (stopping_ || !error_.ok()) return;
       batch.slot = free_slots_.back();
       free_slots_.pop_back();
@@ -465,22 +469,22 @@ void ShardReader::ReadPart(Part* part) {
       if (e.end > at + n) break;  // Goes on in the next slot.
     }
     at += n;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ready_.push_back(std::move(batch));
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (part->reader.crc32() != part->crc32) {
     return fail(absl::DataLossError(
         absl::StrCat(part->reader.path(), " does not match its crc32 in the manifest")));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++parts_done_;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 absl::StatusOr<bool> ShardReader::Next(Batch* batch) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !error_.ok() || !ready_.empty() || parts_done_ == parts_.size(); });
+  MutexLock lock(&mu_);
+  while (error_.ok() && ready_.empty() && parts_done_ != parts_.size()) cv_.Wait(&mu_);
   if (!error_.ok()) return error_;
   if (ready_.empty()) return false;  // Every file read whole, and checked.
   *batch = std::move(ready_.front());
@@ -489,9 +493,9 @@ absl::StatusOr<bool> ShardReader::Next(Batch* batch) {
 }
 
 void ShardReader::Release(int slot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   free_slots_.push_back(slot);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 #undef FUSEDPS_ASSIGN

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "kernels/quant_math.h"
 #include "server/engine/update_engine.h"
 
@@ -308,12 +309,12 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source, Do
         queued_version_ = shard->version;
         ++generation_;
         {
-          std::unique_lock<std::shared_mutex> lock(progress_mu_);
+          WriterMutexLock lock(&progress_mu_);
           version_ = shard->version;
           steps_ = shard->steps;
         }
         {
-          std::lock_guard<std::mutex> lock(view_mu_);
+          MutexLock lock(&view_mu_);
           view_ = std::move(restored);
           buffers_ = shard->buffers != nullptr ? shard->buffers : BufferSet::Empty();
         }
@@ -387,7 +388,7 @@ void UpdateEngine::LoadState(const StateLoad* load, Done<uint64_t> done) {
         Complete({*marker, [this, load, done, version](absl::StatusOr<WorkDone> work) {
                     if (!work.ok()) return done(work.status());
                     {
-                      std::unique_lock<std::shared_mutex> lock(progress_mu_);
+                      WriterMutexLock lock(&progress_mu_);
                       version_ = version;
                       for (size_t i = 0; i < load->tensors.size(); ++i) {
                         steps_[load->tensors[i]] = load->steps[i];

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/mutex.h"
 #include "server/engine/update_engine.h"
 
 namespace fusedps {
@@ -195,36 +196,37 @@ void UpdateEngine::FailRound(const absl::Status& status) {
 
 void UpdateEngine::ArmRoundTimer(uint64_t round, absl::Time deadline) {
   {
-    std::lock_guard<std::mutex> lock(timer_mu_);
+    MutexLock lock(&timer_mu_);
     timer_round_ = round + 1;  // 0 means none armed.
     timer_deadline_ = deadline;
   }
-  timer_cv_.notify_all();
+  timer_cv_.SignalAll();
 }
 
 void UpdateEngine::RunRoundTimer() {
-  std::unique_lock<std::mutex> lock(timer_mu_);
+  timer_mu_.Lock();
   while (!timer_stop_) {
     if (timer_round_ == 0) {
-      timer_cv_.wait(lock);
+      timer_cv_.Wait(&timer_mu_);
       continue;
     }
     const absl::Time now = absl::Now();
     if (now < timer_deadline_) {
-      timer_cv_.wait_for(lock, absl::ToChronoNanoseconds(timer_deadline_ - now));
+      timer_cv_.WaitWithTimeout(&timer_mu_, timer_deadline_ - now);
       continue;
     }
     const uint64_t round = timer_round_ - 1;
     timer_round_ = 0;
-    lock.unlock();
+    timer_mu_.Unlock();
     // A job, so that the round closes in stream order; a no-op if it closed meanwhile.
     Submit(
         [this, round] {
           if (round_.id == round && !round_.members.empty()) CloseRound(/*timed_out=*/true);
         },
         [](const absl::Status&) {});
-    lock.lock();
+    timer_mu_.Lock();
   }
+  timer_mu_.Unlock();
 }
 
 }  // namespace fusedps

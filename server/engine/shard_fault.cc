@@ -10,7 +10,7 @@ namespace fusedps {
 void ShardFault::Report(const absl::Status& cause) {
   std::vector<Observer> observers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (faulted_.load(std::memory_order_relaxed)) {
       LOG(ERROR) << "a further fault after the shard stopped: " << cause;
       return;
@@ -26,7 +26,7 @@ void ShardFault::Report(const absl::Status& cause) {
 void ShardFault::OnFault(Observer observer) {
   absl::Status cause;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!faulted_.load(std::memory_order_relaxed)) {
       observers_.push_back(std::move(observer));
       return;
@@ -44,7 +44,7 @@ absl::Status ShardFault::status() const {
 }
 
 absl::Status ShardFault::cause() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return cause_;
 }
 

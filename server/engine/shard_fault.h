@@ -19,10 +19,11 @@
 
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/mutex.h"
 
 namespace fusedps {
 
@@ -32,22 +33,22 @@ class ShardFault {
 
   // Records the first fault; later ones are logged and otherwise ignored. Runs the observers
   // once, on the calling thread, after the fault is recorded. REQUIRES: !cause.ok().
-  void Report(const absl::Status& cause);
+  void Report(const absl::Status& cause) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs `observer` when the shard faults (at once, if it has).
-  void OnFault(Observer observer);
+  void OnFault(Observer observer) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool faulted() const { return faulted_.load(std::memory_order_acquire); }
   // OK while the shard is sound; afterwards UNAVAILABLE: "the shard stopped after a fault
   // (<cause>); the server exits to be restarted".
-  absl::Status status() const;
-  absl::Status cause() const;  // The first fault reported; OK when none.
+  absl::Status status() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status cause() const ABSL_LOCKS_EXCLUDED(mu_);  // The first fault reported; OK when none.
 
  private:
   std::atomic<bool> faulted_{false};
-  mutable std::mutex mu_;
-  absl::Status cause_;               // Guarded by mu_.
-  std::vector<Observer> observers_;  // Guarded by mu_.
+  mutable Mutex mu_;
+  absl::Status cause_ ABSL_GUARDED_BY(mu_);
+  std::vector<Observer> observers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fusedps

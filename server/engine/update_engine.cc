@@ -43,50 +43,50 @@ UpdateEngine::UpdateEngine(std::unique_ptr<OptimizerBackend> backend, ShardFault
 UpdateEngine::~UpdateEngine() {
   {
     // First the timer, which submits jobs.
-    std::lock_guard<std::mutex> lock(timer_mu_);
+    MutexLock lock(&timer_mu_);
     timer_stop_ = true;
   }
-  timer_cv_.notify_all();
+  timer_cv_.SignalAll();
   if (timer_thread_.joinable()) timer_thread_.join();
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     stopping_ = true;
   }
-  jobs_cv_.notify_all();
+  jobs_cv_.SignalAll();
   engine_thread_.join();  // Runs every job submitted, then marks the completions finished.
   completion_thread_.join();
 }
 
 std::shared_ptr<const ShardView> UpdateEngine::view() const {
-  std::lock_guard<std::mutex> lock(view_mu_);
+  MutexLock lock(&view_mu_);
   return view_;
 }
 
 uint64_t UpdateEngine::version() const {
-  std::shared_lock<std::shared_mutex> lock(progress_mu_);
+  ReaderMutexLock lock(&progress_mu_);
   return version_;
 }
 
 uint64_t UpdateEngine::Steps(absl::Span<const uint32_t> tensors,
                              std::vector<int64_t>* steps) const {
-  std::shared_lock<std::shared_mutex> lock(progress_mu_);
+  ReaderMutexLock lock(&progress_mu_);
   steps->resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) (*steps)[i] = steps_[tensors[i]];
   return version_;
 }
 
 void UpdateEngine::Publish(uint64_t version, absl::Span<const uint32_t> stepped) {
-  std::unique_lock<std::shared_mutex> lock(progress_mu_);
+  WriterMutexLock lock(&progress_mu_);
   version_ = version;
   for (uint32_t t : stepped) ++steps_[t];
 }
 
 void UpdateEngine::Submit(Work work, const std::function<void(const absl::Status&)>& fail) {
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     if (!stopping_) {
       jobs_.push_back(std::move(work));
-      jobs_cv_.notify_one();
+      jobs_cv_.Signal();
       return;
     }
   }
@@ -94,9 +94,9 @@ void UpdateEngine::Submit(Work work, const std::function<void(const absl::Status
 }
 
 void UpdateEngine::Complete(Completion completion) {
-  std::lock_guard<std::mutex> lock(completions_mu_);
+  MutexLock lock(&completions_mu_);
   completions_.push_back(std::move(completion));
-  completions_cv_.notify_one();
+  completions_cv_.Signal();
 }
 
 absl::Status UpdateEngine::Checked(absl::Status status, bool expected_ok) {
@@ -109,8 +109,8 @@ void UpdateEngine::RunJobs() {
   for (;;) {
     Work work;
     {
-      std::unique_lock<std::mutex> lock(jobs_mu_);
-      jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      MutexLock lock(&jobs_mu_);
+      while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&jobs_mu_);
       if (jobs_.empty()) break;  // Stopping, and every job submitted has run.
       work = std::move(jobs_.front());
       jobs_.pop_front();
@@ -118,17 +118,17 @@ void UpdateEngine::RunJobs() {
     work();
   }
   FailRound(ShuttingDown());
-  std::lock_guard<std::mutex> lock(completions_mu_);
+  MutexLock lock(&completions_mu_);
   jobs_done_ = true;
-  completions_cv_.notify_one();
+  completions_cv_.Signal();
 }
 
 void UpdateEngine::RunCompletions() {
   for (;;) {
     Completion completion;
     {
-      std::unique_lock<std::mutex> lock(completions_mu_);
-      completions_cv_.wait(lock, [this] { return jobs_done_ || !completions_.empty(); });
+      MutexLock lock(&completions_mu_);
+      while (!jobs_done_ && completions_.empty()) completions_cv_.Wait(&completions_mu_);
       if (completions_.empty()) return;
       completion = std::move(completions_.front());
       completions_.pop_front();
@@ -283,7 +283,7 @@ absl::Status UpdateEngine::AdmitPush(absl::string_view client_id, uint64_t base_
 }
 
 std::shared_ptr<const BufferSet> UpdateEngine::buffers() const {
-  std::lock_guard<std::mutex> lock(view_mu_);
+  MutexLock lock(&view_mu_);
   return buffers_;
 }
 
@@ -295,7 +295,7 @@ void UpdateEngine::WriteBuffers(std::vector<BufferValue> writes, Done<uint64_t> 
             buffers()->Merged(std::move(writes));
         if (!next.ok()) return done(next.status());
         {
-          std::lock_guard<std::mutex> lock(view_mu_);
+          MutexLock lock(&view_mu_);
           buffers_ = *std::move(next);
         }
         ++generation_;
@@ -337,7 +337,7 @@ void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
           return done(s);
         }
         {
-          std::lock_guard<std::mutex> lock(view_mu_);
+          MutexLock lock(&view_mu_);
           view_ = view_->WithGroup(index, std::move(group));
         }
         ++generation_;
@@ -367,7 +367,7 @@ void UpdateEngine::SetHyperparameters(std::string group, HyperparameterUpdate up
           return done(s);
         }
         {
-          std::lock_guard<std::mutex> lock(view_mu_);
+          MutexLock lock(&view_mu_);
           view_ = view_->WithGroup(*index, changed);
         }
         ++generation_;
@@ -435,11 +435,11 @@ void UpdateEngine::CommitRegistration(std::string plan_hash, Done<uint64_t> done
         if (absl::Status s = fault_->status(); !s.ok()) return done(s);
         {
           // Steps first: a reader that finds the new tensors in the view finds their steps.
-          std::unique_lock<std::shared_mutex> lock(progress_mu_);
+          WriterMutexLock lock(&progress_mu_);
           steps_.resize(pending_first_ + pending_tensors_.size(), 0);
         }
         {
-          std::lock_guard<std::mutex> lock(view_mu_);
+          MutexLock lock(&view_mu_);
           view_ = view_->WithTensors(std::move(pending_tensors_));
           if (view_->plan_hash().empty() && !plan_hash.empty()) {
             view_ = view_->WithPlanHash(plan_hash);

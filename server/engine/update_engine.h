@@ -39,22 +39,21 @@
 #define FUSEDPS_SERVER_ENGINE_UPDATE_ENGINE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/mutex.h"
 #include "common/notification.h"
 #include "kernels/backend.h"
 #include "server/engine/consistency.h"
@@ -240,17 +239,18 @@ class UpdateEngine {
   UpdateEngine& operator=(const UpdateEngine&) = delete;
 
   // --- Readers: any thread; never wait for a job or the device. ---
-  std::shared_ptr<const ShardView> view() const;
+  std::shared_ptr<const ShardView> view() const ABSL_LOCKS_EXCLUDED(view_mu_);
   // The version as of the last completed step.
-  uint64_t version() const;
+  uint64_t version() const ABSL_LOCKS_EXCLUDED(progress_mu_);
   // ShardCut::generation as of the jobs run so far (a checkpoint of this generation holds the
   // shard as it is).
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   // The version and the steps of `tensors` (indices of the current view), read together.
-  uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const;
+  uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const
+      ABSL_LOCKS_EXCLUDED(progress_mu_);
 
   // The model's buffers as of the last write run (a write has no device work).
-  std::shared_ptr<const BufferSet> buffers() const;
+  std::shared_ptr<const BufferSet> buffers() const ABSL_LOCKS_EXCLUDED(view_mu_);
 
   const ConsistencyOptions& consistency() const { return consistency_; }
   // The checks a push's header can pass or fail before its payload is read, against the
@@ -371,8 +371,9 @@ class UpdateEngine {
   };
   using Work = std::function<void()>;  // Runs on the engine thread; may call Complete.
 
-  void Submit(Work work, const std::function<void(const absl::Status&)>& fail);
-  void Complete(Completion completion);
+  void Submit(Work work, const std::function<void(const absl::Status&)>& fail)
+      ABSL_LOCKS_EXCLUDED(jobs_mu_);
+  void Complete(Completion completion) ABSL_LOCKS_EXCLUDED(completions_mu_);
   // A backend error (on any thread): a fault unless expected_ok and it is an expected code.
   absl::Status Checked(absl::Status status, bool expected_ok = false);
   // Restore's part on the engine thread once the tensors exist (from `first`; `view` has them
@@ -424,11 +425,12 @@ class UpdateEngine {
   PushReply Advance(const StepOutcome& outcome);
   // Reports a push refused for its version to the observer: its staleness, and why.
   void Dropped(uint64_t tau, absl::string_view reason) const;
-  void RunRoundTimer();
-  void ArmRoundTimer(uint64_t round, absl::Time deadline);
-  void RunJobs();
-  void RunCompletions();
-  void Publish(uint64_t version, absl::Span<const uint32_t> stepped);
+  void RunRoundTimer() ABSL_LOCKS_EXCLUDED(timer_mu_);
+  void ArmRoundTimer(uint64_t round, absl::Time deadline) ABSL_LOCKS_EXCLUDED(timer_mu_);
+  void RunJobs() ABSL_LOCKS_EXCLUDED(jobs_mu_, completions_mu_);
+  void RunCompletions() ABSL_LOCKS_EXCLUDED(completions_mu_);
+  void Publish(uint64_t version, absl::Span<const uint32_t> stepped)
+      ABSL_LOCKS_EXCLUDED(progress_mu_);
 
   const std::unique_ptr<OptimizerBackend> backend_;
   ShardFault* const fault_;
@@ -454,32 +456,32 @@ class UpdateEngine {
 
   // The round timer (sync mode with a round timeout): closes round timer_round_ at
   // timer_deadline_ through a job.
-  std::mutex timer_mu_;
-  std::condition_variable timer_cv_;
-  uint64_t timer_round_ = 0;   // Guarded by timer_mu_; 0: none armed.
-  absl::Time timer_deadline_;  // Guarded by timer_mu_.
-  bool timer_stop_ = false;    // Guarded by timer_mu_.
-  std::thread timer_thread_;   // Runs only in sync mode with a timeout.
+  Mutex timer_mu_;
+  CondVar timer_cv_;
+  uint64_t timer_round_ ABSL_GUARDED_BY(timer_mu_) = 0;  // 0: none armed.
+  absl::Time timer_deadline_ ABSL_GUARDED_BY(timer_mu_);
+  bool timer_stop_ ABSL_GUARDED_BY(timer_mu_) = false;
+  std::thread timer_thread_;  // Runs only in sync mode with a timeout.
 
   // Guards view_ and buffers_ (the pointers; views and buffer sets are immutable), which
   // only the engine thread swaps.
-  mutable std::mutex view_mu_;
-  std::shared_ptr<const ShardView> view_;
-  std::shared_ptr<const BufferSet> buffers_;
+  mutable Mutex view_mu_;
+  std::shared_ptr<const ShardView> view_ ABSL_GUARDED_BY(view_mu_);
+  std::shared_ptr<const BufferSet> buffers_ ABSL_GUARDED_BY(view_mu_);
 
-  mutable std::shared_mutex progress_mu_;
-  uint64_t version_ = 0;        // Guarded by progress_mu_.
-  std::vector<int64_t> steps_;  // Guarded by progress_mu_. By tensor index.
+  mutable SharedMutex progress_mu_;
+  uint64_t version_ ABSL_GUARDED_BY(progress_mu_) = 0;
+  std::vector<int64_t> steps_ ABSL_GUARDED_BY(progress_mu_);  // By tensor index.
 
-  std::mutex jobs_mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<Work> jobs_;  // Guarded by jobs_mu_.
-  bool stopping_ = false;  // Guarded by jobs_mu_.
+  Mutex jobs_mu_;
+  CondVar jobs_cv_;
+  std::deque<Work> jobs_ ABSL_GUARDED_BY(jobs_mu_);
+  bool stopping_ ABSL_GUARDED_BY(jobs_mu_) = false;
 
-  std::mutex completions_mu_;
-  std::condition_variable completions_cv_;
-  std::deque<Completion> completions_;  // Guarded by completions_mu_.
-  bool jobs_done_ = false;              // Guarded by completions_mu_: no more completions.
+  Mutex completions_mu_;
+  CondVar completions_cv_;
+  std::deque<Completion> completions_ ABSL_GUARDED_BY(completions_mu_);
+  bool jobs_done_ ABSL_GUARDED_BY(completions_mu_) = false;  // No more completions.
 
   std::thread completion_thread_;
   std::thread engine_thread_;  // Last: started once everything above exists.

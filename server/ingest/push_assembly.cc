@@ -1,6 +1,7 @@
 #include "server/ingest/push_assembly.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -126,7 +127,7 @@ absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHe
   }
   bool ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (over_) return absl::AbortedError("the push this part belongs to has failed or ended");
     if (parts_[index] != nullptr) {
       return absl::AbortedError(absl::StrCat("header.part_index = ", index,
@@ -142,12 +143,17 @@ absl::Status PushAssembly::Join(PushPart* part, uint32_t index, const v1::PushHe
 }
 
 void PushAssembly::Reserve() {
-  const uint64_t bytes = ChunkAssembler::StagingBytes(expected_, DTypeSize(checked_.dtype));
+  uint64_t bytes;
+  {
+    // OnReserved moves expected_ under the lock; this read comes before ReserveAsync below.
+    MutexLock lock(&mu_);
+    bytes = ChunkAssembler::StagingBytes(expected_, DTypeSize(checked_.dtype));
+  }
   const uint64_t ticket = services_.staging->ReserveAsync(
       bytes, [self = shared_from_this()](absl::StatusOr<StagingPool::Reservation> r) {
         self->OnReserved(std::move(r));
       });
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!ready_ && !over_) ticket_ = ticket;
 }
 
@@ -156,7 +162,7 @@ void PushAssembly::OnReserved(absl::StatusOr<StagingPool::Reservation> reservati
   std::vector<PushPart*> joined;
   absl::Status failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (over_) return;  // Failed meanwhile; the reservation goes back now.
     ticket_ = 0;
     reservation_ = *std::move(reservation);
@@ -184,7 +190,7 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   // again at the end if the commit's scale could make a finite gradient overflow (PartEnded).
   const float grad_scale = header_.has_grad_scale() ? header_.grad_scale() : 0.0f;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (commit_part_ == static_cast<int64_t>(part_index)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "part ", part_index, " sent a message after its commit (the commit comes last)"));
@@ -194,7 +200,7 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   uint64_t staging_offset = 0;
   const auto claim = [&](absl::string_view tensor, uint64_t offset,
                          uint64_t bytes) -> absl::StatusOr<char*> {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (over_) return absl::AbortedError("the push this part belongs to has failed");
     absl::StatusOr<std::optional<uint64_t>> at =
         ClaimChunk(*assembler_, *view_, tensor, offset, bytes);
@@ -212,7 +218,7 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
     *bytes_added += bytes;
     if (!GradsAllFinite(data, checked_.dtype, bytes / DTypeSize(checked_.dtype), grad_scale,
                         /*parallel=*/false)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       grads_finite_ = false;
     }
     const uint64_t at = staging_offset + (data - staging);
@@ -247,7 +253,7 @@ absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index
     return absl::InvalidArgumentError(
         absl::StrCat("commit.grad_scale = ", commit.grad_scale(), " must be finite and > 0"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (commit_.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "part ", part_index, " sent a second commit (part ", commit_part_, " sent the first)"));
@@ -260,7 +266,7 @@ absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index
 void PushAssembly::PartEnded() {
   absl::Status complete;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (over_ || ++ended_ < checked_.part_count) return;
     complete = assembler_->Finish();
     if (complete.ok() && header_.commit_at_end() && !commit_.has_value()) {
@@ -303,7 +309,7 @@ void PushAssembly::PartEnded() {
       [self = shared_from_this()](absl::StatusOr<StepResult> result) { self->OnApplied(result); },
       [self = shared_from_this()] {
         StagingPool::Reservation released;
-        std::lock_guard<std::mutex> lock(self->mu_);
+        MutexLock lock(&self->mu_);
         released = std::move(self->reservation_);
       });
 }
@@ -312,7 +318,7 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
   const absl::Time stepped = absl::Now();
   std::vector<PushPart*> parts;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     parts = TakePartsLocked();
   }
   if (!key_.empty()) services_.assemblies->Remove(key_, this, /*failed=*/!result.ok());
@@ -339,7 +345,7 @@ void PushAssembly::Fail(const PushPart* part, const absl::Status& status, bool w
   std::vector<PushPart*> parts;
   uint64_t ticket;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (over_) return;
     over_ = true;
     ticket = std::exchange(ticket_, 0);
@@ -357,7 +363,7 @@ void PushAssembly::Fail(const PushPart* part, const absl::Status& status, bool w
 }
 
 uint32_t PushAssembly::parts_joined() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return joined_;
 }
 
@@ -374,10 +380,10 @@ PushAssemblies::PushAssemblies(absl::Duration part_wait)
 
 PushAssemblies::~PushAssemblies() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   checker_.join();
 }
 
@@ -387,8 +393,12 @@ std::string PushAssemblies::Key(const v1::PushHeader& header) {
 
 void PushAssemblies::FailLatePushes() {
   const absl::Duration period = std::min(absl::Seconds(1), part_wait_ / 4);
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return stop_; })) {
+  mu_.Lock();
+  while (true) {
+    const auto due = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(period);
+    while (!stop_ && !stop_cv_.WaitWithDeadline(&mu_, due)) {
+    }
+    if (stop_) break;
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<PushAssembly>> late;
     for (const auto& [key, assembly] : assemblies_) {
@@ -398,7 +408,7 @@ void PushAssemblies::FailLatePushes() {
       }
     }
     if (late.empty()) continue;
-    lock.unlock();  // FailAll calls Remove.
+    mu_.Unlock();  // FailAll calls Remove.
     for (const std::shared_ptr<PushAssembly>& assembly : late) {
       assembly->FailAll(absl::DeadlineExceededError(
           absl::StrCat("only ", assembly->parts_joined(), " of the push's ", assembly->part_count(),
@@ -406,14 +416,15 @@ void PushAssemblies::FailLatePushes() {
                        " of its first (--push-part-wait-seconds)")));
     }
     late.clear();
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 std::shared_ptr<PushAssembly> PushAssemblies::FindOrCreate(
     const std::string& key, const std::function<std::shared_ptr<PushAssembly>()>& make,
     bool* created) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   absl::erase_if(failed_, [now](const auto& entry) { return now - entry.second > kFailedMemory; });
   *created = false;
@@ -425,7 +436,7 @@ std::shared_ptr<PushAssembly> PushAssemblies::FindOrCreate(
 }
 
 void PushAssemblies::Remove(const std::string& key, const PushAssembly* assembly, bool failed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = assemblies_.find(key);
   if (it != assemblies_.end() && it->second.get() == assembly) assemblies_.erase(it);
   if (failed) failed_[key] = absl::Now();

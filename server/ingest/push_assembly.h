@@ -28,20 +28,20 @@
 #define FUSEDPS_SERVER_INGEST_PUSH_ASSEMBLY_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "fusedps/v1/parameter_service.pb.h"
 #include "server/engine/update_engine.h"
 #include "server/ingest/chunk_assembler.h"
@@ -117,10 +117,11 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   // Adds a part. Errors: INVALID_ARGUMENT for a header unlike the first part's (the push then
   // fails); ABORTED for a part index that joined already, or once the push failed or ended.
   // Calls part->OnStagingReady() at once when the staging is ready.
-  absl::Status Join(PushPart* part, uint32_t index, const v1::PushHeader& header);
+  absl::Status Join(PushPart* part, uint32_t index, const v1::PushHeader& header)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reserves the staging; the part that created the assembly calls it once, after joining.
-  void Reserve();
+  void Reserve() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checks one message's chunks and copies them into staging (see the file comment). Only the
   // checks hold the assembly's lock. `first`: the message that carried the header;
@@ -129,11 +130,11 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   // commit_at_end, a second commit, a commit.grad_scale that is not finite and > 0, and a
   // message after its part's commit.
   absl::Status AddMessage(MessageSlices message, bool first, uint32_t part_index,
-                          uint64_t* bytes_added);
+                          uint64_t* bytes_added) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A part's stream ended well. The last one submits the push; with commit_at_end, the push
   // fails (INVALID_ARGUMENT) when no part sent the commit.
-  void PartEnded();
+  void PartEnded() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The push fails: `part` (if any) gets `status`, the other parts ABORTED.
   void Fail(const PushPart* part, const absl::Status& status) { Fail(part, status, false); }
@@ -141,15 +142,16 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   void FailAll(const absl::Status& status) { Fail(nullptr, status, true); }
 
   absl::Time arrived() const { return arrived_; }  // When its first part's header arrived.
-  uint32_t parts_joined() const;
+  uint32_t parts_joined() const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t part_count() const { return checked_.part_count; }
 
  private:
-  void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation);
-  absl::Status TakeCommit(v1::PushCommit commit, uint32_t part_index);
-  void OnApplied(const absl::StatusOr<StepResult>& result);
-  void Fail(const PushPart* part, const absl::Status& status, bool whole_push);
-  std::vector<PushPart*> TakePartsLocked();
+  void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status TakeCommit(v1::PushCommit commit, uint32_t part_index) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnApplied(const absl::StatusOr<StepResult>& result) ABSL_LOCKS_EXCLUDED(mu_);
+  void Fail(const PushPart* part, const absl::Status& status, bool whole_push)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<PushPart*> TakePartsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SameHeader(const v1::PushHeader& header) const;
 
   const IngestServices services_;
@@ -159,20 +161,23 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   const CheckedPushHeader checked_;
   const absl::Time arrived_ = absl::Now();
 
-  mutable std::mutex mu_;
-  std::vector<PushPart*> parts_;  // By part index; null: not joined, or finished.
-  uint32_t joined_ = 0;
-  uint32_t ended_ = 0;
-  // Guarded by mu_ once Reserve ran: moved into the assembler when the staging is granted.
-  std::vector<ChunkAssembler::Expected> expected_;
-  bool ready_ = false;                    // The staging is reserved and the assembler exists.
-  bool over_ = false;                     // Failed, or submitted.
-  uint64_t ticket_ = 0;                   // The staging pool's, while waiting.
-  StagingPool::Reservation reservation_;  // Set once, before ready_.
-  std::optional<ChunkAssembler> assembler_;
-  bool grads_finite_ = true;
-  std::optional<v1::PushCommit> commit_;  // commit_at_end: the commit, once it came.
-  int64_t commit_part_ = -1;              // The part that sent it.
+  mutable Mutex mu_;
+  // By part index; null: not joined, or finished.
+  std::vector<PushPart*> parts_ ABSL_GUARDED_BY(mu_);
+  uint32_t joined_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t ended_ ABSL_GUARDED_BY(mu_) = 0;
+  // Moved into the assembler when the staging is granted.
+  std::vector<ChunkAssembler::Expected> expected_ ABSL_GUARDED_BY(mu_);
+  // The staging is reserved and the assembler exists.
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  bool over_ ABSL_GUARDED_BY(mu_) = false;                     // Failed, or submitted.
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;                   // The staging pool's, while waiting.
+  StagingPool::Reservation reservation_ ABSL_GUARDED_BY(mu_);  // Set once, before ready_.
+  std::optional<ChunkAssembler> assembler_ ABSL_GUARDED_BY(mu_);
+  bool grads_finite_ ABSL_GUARDED_BY(mu_) = true;
+  // commit_at_end: the commit, once it came.
+  std::optional<v1::PushCommit> commit_ ABSL_GUARDED_BY(mu_);
+  int64_t commit_part_ ABSL_GUARDED_BY(mu_) = -1;  // The part that sent it.
   // Guarded by mu_ up to here.
   std::atomic<int64_t> ingest_nanos_{0};  // PushStageSeconds::ingest, summed over messages.
   absl::Time received_;                   // Written once, before the push is submitted.
@@ -198,20 +203,21 @@ class PushAssemblies {
   // when the push under `key` failed within the last minute.
   std::shared_ptr<PushAssembly> FindOrCreate(
       const std::string& key, const std::function<std::shared_ptr<PushAssembly>()>& make,
-      bool* created);
+      bool* created) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets `assembly` (if it is still the one under `key`); with `failed`, remembers that the
   // push under `key` failed.
-  void Remove(const std::string& key, const PushAssembly* assembly, bool failed);
+  void Remove(const std::string& key, const PushAssembly* assembly, bool failed)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void FailLatePushes();
+  void FailLatePushes() ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration part_wait_;
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  absl::flat_hash_map<std::string, std::shared_ptr<PushAssembly>> assemblies_;  // Guarded.
-  absl::flat_hash_map<std::string, absl::Time> failed_;                         // Guarded.
-  bool stop_ = false;                                                           // Guarded.
+  Mutex mu_;
+  CondVar stop_cv_;
+  absl::flat_hash_map<std::string, std::shared_ptr<PushAssembly>> assemblies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> failed_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread checker_;
 };
 

@@ -40,14 +40,14 @@ StagingPool::StagingPool(uint64_t capacity_bytes, char* arena, std::string limit
 
 StagingPool::~StagingPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     for (auto& [ticket, waiter] : waiters_) QueueLocked(std::move(waiter.done), ShuttingDown());
     waiters_.clear();
-    grants_ready_.notify_one();
+    grants_ready_.Signal();
   }
   grant_thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (in_use_ != 0) {
     Die(absl::StrCat("destroyed while ", in_use_,
                      " bytes of its staging are still held; every reservation must be given "
@@ -83,7 +83,7 @@ uint64_t StagingPool::ReserveAsync(uint64_t requested, Done done) {
   const uint64_t bytes = Aligned(requested);
   std::optional<uint64_t> region;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // No waiter fits (ServeLocked leaves none that does), so one that fits passes no one who
     // could be served.
     region = AllocateLocked(bytes);
@@ -102,7 +102,7 @@ uint64_t StagingPool::ReserveAsync(uint64_t requested, Done done) {
 }
 
 void StagingPool::Cancel(uint64_t ticket) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = waiters_.find(ticket);
   if (it == waiters_.end()) return;
   // Leaving the line frees nothing, so no one else can be served now.
@@ -119,51 +119,57 @@ absl::StatusOr<StagingPool::Reservation> StagingPool::Reserve(
   }
   // Shared with the callback, which may still be returning when this returns.
   struct Result {
-    std::mutex mu;
-    std::condition_variable ready_cv;
-    bool ready = false;
-    absl::StatusOr<Reservation> value;
+    Mutex mu;
+    CondVar ready_cv;
+    bool ready ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<Reservation> value ABSL_GUARDED_BY(mu);
   };
   auto result = std::make_shared<Result>();
   const uint64_t ticket = ReserveAsync(bytes, [result](absl::StatusOr<Reservation> r) {
-    std::lock_guard<std::mutex> lock(result->mu);
+    MutexLock lock(&result->mu);
     result->value = std::move(r);
     result->ready = true;
-    result->ready_cv.notify_one();
+    result->ready_cv.Signal();
   });
-  std::unique_lock<std::mutex> lock(result->mu);
+  result->mu.Lock();
   bool cancel_sent = false;
-  while (!result->ready_cv.wait_for(lock, std::chrono::milliseconds(50),
-                                    [&] { return result->ready; })) {
+  while (true) {
+    const auto due = Clock::now() + std::chrono::milliseconds(50);
+    while (!result->ready && !result->ready_cv.WaitWithDeadline(&result->mu, due)) {
+    }
+    if (result->ready) break;
     if (cancel_sent) continue;
-    lock.unlock();  // `cancelled` and Cancel may take their time; the callback needs this lock.
+    // `cancelled` and Cancel may take their time; the callback needs this lock.
+    result->mu.Unlock();
     if (cancelled()) {
       Cancel(ticket);
       cancel_sent = true;
     }
-    lock.lock();
+    result->mu.Lock();
   }
-  return std::move(result->value);
+  absl::StatusOr<Reservation> value = std::move(result->value);
+  result->mu.Unlock();
+  return value;
 }
 
 uint64_t StagingPool::in_use() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return in_use_;
 }
 
 uint32_t StagingPool::waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<uint32_t>(waiters_.size());
 }
 
 absl::Duration StagingPool::oldest_wait() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (waiters_.empty()) return absl::ZeroDuration();
   return absl::FromChrono(Clock::now() - waiters_.begin()->second.since);
 }
 
 absl::Status StagingPool::CheckInvariants() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t free_bytes = 0, largest = 0;
   std::optional<uint64_t> previous_end;
   for (const auto& [offset, size] : free_) {
@@ -197,7 +203,7 @@ absl::Status StagingPool::CheckInvariants() const {
 }
 
 void StagingPool::Release(uint64_t offset, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (bytes > in_use_) {
     Die(absl::StrCat("region [", offset, ", +", bytes, ") given back with only ", in_use_,
                      " bytes in use"));
@@ -269,21 +275,22 @@ void StagingPool::ServeLocked() {
 
 void StagingPool::QueueLocked(Done done, absl::StatusOr<Reservation> result) {
   grants_.push_back({std::move(done), std::move(result)});
-  grants_ready_.notify_one();
+  grants_ready_.Signal();
 }
 
 void StagingPool::RunGrants() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (true) {
-    grants_ready_.wait(lock, [&] { return !grants_.empty() || stopping_; });
-    if (grants_.empty()) return;  // Stopping, and every grant delivered.
+    while (grants_.empty() && !stopping_) grants_ready_.Wait(&mu_);
+    if (grants_.empty()) break;  // Stopping, and every grant delivered.
     std::deque<Grant> batch;
     batch.swap(grants_);
-    lock.unlock();
+    mu_.Unlock();
     for (Grant& grant : batch) grant.done(std::move(grant.result));
     batch.clear();  // Reservations a callback did not take go back here, outside the lock.
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace fusedps

@@ -31,18 +31,17 @@
 // or (a blocking handler):
 //   absl::StatusOr<Reservation> r = pool.Reserve(bytes, [&] { return ctx->IsCancelled(); });
 //
-// Synchronization uses std::mutex, std::condition_variable and std::thread, which
-// ThreadSanitizer sees through pthreads (Debian's absl synchronization is not built for it).
+// Synchronization uses std::mutex and std::condition_variable (through common/mutex.h, which
+// annotates them for clang's -Wthread-safety) and std::thread, which ThreadSanitizer sees
+// through pthreads (Debian's absl synchronization is not built for it).
 #ifndef FUSEDPS_SERVER_INGEST_STAGING_POOL_H_
 #define FUSEDPS_SERVER_INGEST_STAGING_POOL_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -52,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 
 namespace fusedps {
 
@@ -160,8 +160,8 @@ class StagingPool {
   const uint64_t capacity_;
   char* const arena_;
   const std::string limit_flag_;
-  mutable std::mutex mu_;
-  std::condition_variable grants_ready_;  // Signalled when grants_ gains one, or on shutdown.
+  mutable Mutex mu_;
+  CondVar grants_ready_;  // Signalled when grants_ gains one, or on shutdown.
   uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // By ticket: in arrival order.

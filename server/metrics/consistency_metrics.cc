@@ -39,7 +39,7 @@ class ConsistencyMetrics::ModelSeries final : public ConsistencyObserver {
       : metrics_(metrics), model_(std::move(model)) {}
 
   void Make() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ConsistencyMetrics& m = *metrics_;
     staleness_ = &m.staleness_.Add({{"model", model_}}, StalenessBuckets());
     for (int i = 0; i < 3; ++i) {
@@ -58,7 +58,7 @@ class ConsistencyMetrics::ModelSeries final : public ConsistencyObserver {
   }
 
   void Remove() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!live_) return;
     live_ = false;
     ConsistencyMetrics& m = *metrics_;
@@ -77,12 +77,12 @@ class ConsistencyMetrics::ModelSeries final : public ConsistencyObserver {
   }
 
   void OnStaleness(uint64_t tau) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (live_) staleness_->Observe(static_cast<double>(tau));
   }
 
   void OnDropped(absl::string_view reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!live_) return;
     for (int i = 0; i < 3; ++i) {
       if (reason == kDropReasons[i]) dropped_[i]->Increment();
@@ -90,7 +90,7 @@ class ConsistencyMetrics::ModelSeries final : public ConsistencyObserver {
   }
 
   void OnRound(const RoundStats& round) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!live_) return;
     duration_->Observe(round.duration);
     const double stages[4] = {round.receive, round.accumulate, round.apply, round.ack};
@@ -102,14 +102,14 @@ class ConsistencyMetrics::ModelSeries final : public ConsistencyObserver {
  private:
   ConsistencyMetrics* const metrics_;
   const std::string model_;
-  std::mutex mu_;
-  bool live_ = false;  // Guarded by mu_, as the pointers below.
-  prometheus::Histogram* staleness_ = nullptr;
-  prometheus::Counter* dropped_[3] = {};
-  prometheus::Histogram* duration_ = nullptr;
-  prometheus::Histogram* stage_[4] = {};
-  prometheus::Histogram* workers_ = nullptr;
-  prometheus::Counter* rounds_[2] = {};
+  Mutex mu_;
+  bool live_ ABSL_GUARDED_BY(mu_) = false;  // As the pointers below.
+  prometheus::Histogram* staleness_ ABSL_GUARDED_BY(mu_) = nullptr;
+  prometheus::Counter* dropped_[3] ABSL_GUARDED_BY(mu_) = {};
+  prometheus::Histogram* duration_ ABSL_GUARDED_BY(mu_) = nullptr;
+  prometheus::Histogram* stage_[4] ABSL_GUARDED_BY(mu_) = {};
+  prometheus::Histogram* workers_ ABSL_GUARDED_BY(mu_) = nullptr;
+  prometheus::Counter* rounds_[2] ABSL_GUARDED_BY(mu_) = {};
 };
 
 ConsistencyMetrics::ConsistencyMetrics(prometheus::Registry& registry,
@@ -148,7 +148,7 @@ ConsistencyMetrics::ConsistencyMetrics(prometheus::Registry& registry,
 ConsistencyMetrics::~ConsistencyMetrics() = default;
 
 ConsistencyObserver* ConsistencyMetrics::ForModel(const std::string& model) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::unique_ptr<ModelSeries>& series = models_[model];
   if (series == nullptr) series = std::make_unique<ModelSeries>(this, model);
   series->Make();
@@ -156,7 +156,7 @@ ConsistencyObserver* ConsistencyMetrics::ForModel(const std::string& model) {
 }
 
 void ConsistencyMetrics::RemoveModel(const std::string& model) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = models_.find(model);
   if (it != models_.end()) it->second->Remove();
 }

@@ -25,10 +25,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "server/engine/consistency.h"
 
 namespace fusedps {
@@ -41,9 +42,9 @@ class ConsistencyMetrics {
   ~ConsistencyMetrics();
 
   // The observer of `model`'s engine, which lives as long as this. Makes its series.
-  ConsistencyObserver* ForModel(const std::string& model);
+  ConsistencyObserver* ForModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes `model`'s series.
-  void RemoveModel(const std::string& model);
+  void RemoveModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   class ModelSeries;
@@ -57,8 +58,9 @@ class ConsistencyMetrics {
   prometheus::Family<prometheus::Histogram>& round_workers_;
   prometheus::Family<prometheus::Counter>& rounds_;
 
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<ModelSeries>> models_;  // Guarded by mu_; never erased.
+  Mutex mu_;
+  // Never erased.
+  std::map<std::string, std::unique_ptr<ModelSeries>> models_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fusedps

@@ -350,7 +350,7 @@ void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
 
 void Metrics::SyncShard() const {
   const ShardMetrics shard = shard_();
-  std::lock_guard<std::mutex> lock(sync_mu_);
+  MutexLock lock(&sync_mu_);
   std::set<std::string> models;
   for (const ModelMetrics& model : shard.models) {
     const prometheus::Labels labels{{"model", model.name}};

@@ -23,13 +23,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "grpcpp/support/status_code_enum.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -162,7 +163,7 @@ class Metrics {
   class Collector;
 
   // Copies the shard's values into the gauges and counters that mirror them.
-  void SyncShard() const;
+  void SyncShard() const ABSL_LOCKS_EXCLUDED(sync_mu_);
 
   const std::function<ShardMetrics()> shard_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -199,12 +200,12 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& auth_failures_;
   prometheus::Family<prometheus::Gauge>& tls_certificate_expiry_;
 
-  mutable std::mutex sync_mu_;
-  // Launch counts already added to kernel_launches_, by kernel name. Guarded by sync_mu_.
-  mutable std::map<std::string, uint64_t> launches_synced_;
-  mutable uint64_t evictions_synced_ = 0;  // Guarded by sync_mu_.
-  // The models whose series exist (to remove those of a model deleted). Guarded by sync_mu_.
-  mutable std::set<std::string> models_synced_;
+  mutable Mutex sync_mu_;
+  // Launch counts already added to kernel_launches_, by kernel name.
+  mutable std::map<std::string, uint64_t> launches_synced_ ABSL_GUARDED_BY(sync_mu_);
+  mutable uint64_t evictions_synced_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  // The models whose series exist (to remove those of a model deleted).
+  mutable std::set<std::string> models_synced_ ABSL_GUARDED_BY(sync_mu_);
 
   std::unique_ptr<ConsistencyMetrics> consistency_;
   std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Make(std::string name, Consistency
     checkpoint.root = ModelDirectory(options.checkpoint.root, model->name_);
     checkpoint.model = model->name_;
     model->checkpoint_root_ = checkpoint.root;
+    WriterMutexLock lock(&model->checkpointer_mu_);  // Free: no other thread sees it yet.
     model->checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
         model->engine_.get(), options.metrics, std::move(checkpoint));
   }
@@ -75,7 +76,7 @@ absl::Status Model::DeletedError() const {
 }
 
 absl::StatusOr<checkpoint::CheckpointResult> Model::CheckpointNow() {
-  std::shared_lock<std::shared_mutex> lock(checkpointer_mu_);
+  ReaderMutexLock lock(&checkpointer_mu_);
   if (deleted()) return DeletedError();
   if (checkpointer_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -85,19 +86,19 @@ absl::StatusOr<checkpoint::CheckpointResult> Model::CheckpointNow() {
 }
 
 void Model::Restored(const checkpoint::CheckpointResult& result) {
-  std::shared_lock<std::shared_mutex> lock(checkpointer_mu_);
+  ReaderMutexLock lock(&checkpointer_mu_);
   if (checkpointer_ != nullptr) checkpointer_->Restored(result);
 }
 
 void Model::StartCheckpoints() {
-  std::shared_lock<std::shared_mutex> lock(checkpointer_mu_);
+  ReaderMutexLock lock(&checkpointer_mu_);
   if (checkpointer_ != nullptr) checkpointer_->Start();
 }
 
 void Model::StopCheckpoints() {
   // Waits for the checkpoints asked for to be written; the destructor lets the one in
   // progress finish.
-  std::unique_lock<std::shared_mutex> lock(checkpointer_mu_);
+  WriterMutexLock lock(&checkpointer_mu_);
   checkpointer_.reset();
 }
 

@@ -25,12 +25,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpointer.h"
 #include "server/engine/consistency.h"
@@ -88,9 +89,10 @@ class Model {
   std::timed_mutex& registration_gate() { return registration_gate_; }
   // Checkpointer::CheckpointNow. FAILED_PRECONDITION without checkpoints; NOT_FOUND once
   // the model is being deleted (StopCheckpoints waits for a checkpoint in progress).
-  absl::StatusOr<checkpoint::CheckpointResult> CheckpointNow();
+  absl::StatusOr<checkpoint::CheckpointResult> CheckpointNow()
+      ABSL_LOCKS_EXCLUDED(checkpointer_mu_);
   // Checkpointer::Restored: the shard was restored from `result`. No-op without checkpoints.
-  void Restored(const checkpoint::CheckpointResult& result);
+  void Restored(const checkpoint::CheckpointResult& result) ABSL_LOCKS_EXCLUDED(checkpointer_mu_);
   // ModelDirectory of the server's root; empty without checkpoints.
   const std::string& checkpoint_root() const { return checkpoint_root_; }
   // The bytes of device memory (host memory on the CPU backend) its backend holds.
@@ -103,9 +105,9 @@ class Model {
   absl::Status DeletedError() const;
 
   // Starts taking checkpoints (after the restore). No-op without them.
-  void StartCheckpoints();
+  void StartCheckpoints() ABSL_LOCKS_EXCLUDED(checkpointer_mu_);
   // Stops taking checkpoints: a checkpoint in progress finishes first. Idempotent.
-  void StopCheckpoints();
+  void StopCheckpoints() ABSL_LOCKS_EXCLUDED(checkpointer_mu_);
 
  private:
   Model() = default;
@@ -118,8 +120,8 @@ class Model {
   std::unique_ptr<PushAssemblies> assemblies_;
   std::timed_mutex registration_gate_;  // One registration at a time.
   // Held shared while a checkpoint is asked for, exclusively to stop taking them.
-  std::shared_mutex checkpointer_mu_;
-  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;  // Guarded by checkpointer_mu_.
+  SharedMutex checkpointer_mu_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_ ABSL_GUARDED_BY(checkpointer_mu_);
 };
 
 }  // namespace fusedps

@@ -59,7 +59,7 @@ ModelRegistry::~ModelRegistry() {
   std::map<std::string, std::shared_ptr<Model>, std::less<>> models;
   std::vector<std::shared_ptr<Model>> held;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     models.swap(models_);
     held.swap(held_);
   }
@@ -92,7 +92,7 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Make(const std::string& na
 }
 
 absl::Status ModelRegistry::Open(const std::string& restore) {
-  std::lock_guard<std::mutex> admin(admin_mu_);
+  MutexLock admin(&admin_mu_);
   const std::string& root = options_.checkpoint.root;
   std::vector<ModelFile> files;
   if (!root.empty()) {
@@ -106,7 +106,7 @@ absl::Status ModelRegistry::Open(const std::string& restore) {
         file.name == kDefaultModel || restore == "none" ? restore : "latest";
     absl::StatusOr<std::shared_ptr<Model>> model = Make(file.name, file.consistency, model_restore);
     if (!model.ok()) return model.status();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     models_[file.name] = *std::move(model);
   }
   return absl::OkStatus();
@@ -119,7 +119,7 @@ void ModelRegistry::StartCheckpoints() {
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Find(absl::string_view name) const {
   if (name.empty()) name = kDefaultModel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = models_.find(name);
     if (it != models_.end()) return it->second;
   }
@@ -134,10 +134,10 @@ absl::StatusOr<ModelRegistry::Created> ModelRegistry::Create(
   if (absl::Status s = ValidateModelName(name, "CreateModelRequest.name"); !s.ok()) return s;
   const ConsistencyOptions wanted = consistency.value_or(default_consistency_);
   if (absl::Status s = ValidateConsistency(wanted); !s.ok()) return s;
-  std::lock_guard<std::mutex> admin(admin_mu_);
+  MutexLock admin(&admin_mu_);
   ReapHeld();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = models_.find(name);
     if (it != models_.end()) {
       const ConsistencyOptions& has = it->second->engine().consistency();
@@ -162,7 +162,7 @@ absl::StatusOr<ModelRegistry::Created> ModelRegistry::Create(
   }
   (*model)->StartCheckpoints();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     models_[name] = *model;
   }
   LOG(INFO) << "model '" << name << "' created (" << Describe(wanted) << ")";
@@ -171,7 +171,7 @@ absl::StatusOr<ModelRegistry::Created> ModelRegistry::Create(
 
 std::vector<std::shared_ptr<Model>> ModelRegistry::List() const {
   std::vector<std::shared_ptr<Model>> models;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   models.reserve(models_.size());
   for (const auto& [name, model] : models_) models.push_back(model);
   return models;
@@ -179,11 +179,11 @@ std::vector<std::shared_ptr<Model>> ModelRegistry::List() const {
 
 absl::StatusOr<ModelRegistry::Deleted> ModelRegistry::Delete(const std::string& name,
                                                              absl::Time deadline) {
-  std::lock_guard<std::mutex> admin(admin_mu_);
+  MutexLock admin(&admin_mu_);
   ReapHeld();
   std::shared_ptr<Model> model;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = models_.find(name);
     if (it == models_.end()) {
       if (absl::Status s = ValidateModelName(name, "DeleteModelRequest.name"); !s.ok()) return s;
@@ -207,14 +207,14 @@ absl::StatusOr<ModelRegistry::Deleted> ModelRegistry::Delete(const std::string& 
   } else {
     LOG(WARNING) << "model '" << name << "' deleted; calls still hold it, so its "
                  << deleted.freed_bytes << " bytes are freed when they are done";
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     held_.push_back(std::move(model));
   }
   if (name == kDefaultModel) {
     absl::StatusOr<std::shared_ptr<Model>> fresh = Make(name, default_consistency_, "none");
     if (!fresh.ok()) return fresh.status();
     (*fresh)->StartCheckpoints();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     models_[name] = *std::move(fresh);
   }
   if (!files.ok()) {
@@ -231,7 +231,7 @@ void ModelRegistry::Destroy(std::shared_ptr<Model> model) {
   const std::map<std::string, uint64_t> launches = model->engine().launch_counts();
   const uint64_t evictions = model->retries().evictions();
   model.reset();  // Drains the engine and frees the backend's memory.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [kernel, count] : launches) retired_.kernel_launches[kernel] += count;
   retired_.retry_table_evictions += evictions;
 }
@@ -239,7 +239,7 @@ void ModelRegistry::Destroy(std::shared_ptr<Model> model) {
 void ModelRegistry::ReapHeld() {
   std::vector<std::shared_ptr<Model>> free;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = held_.begin(); it != held_.end();) {
       // Out of the map, a model can gain no holder: a count of 1 stays 1.
       if (it->use_count() == 1) {
@@ -254,7 +254,7 @@ void ModelRegistry::ReapHeld() {
 }
 
 ModelRegistry::Retired ModelRegistry::retired() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return retired_;
 }
 

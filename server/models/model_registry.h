@@ -27,14 +27,15 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "server/models/model.h"
 
 namespace fusedps {
@@ -52,12 +53,13 @@ class ModelRegistry {
   // (RestoreModel): `restore` "latest" or "none" applies to every model, a checkpoint
   // directory's path to the default model only (the others restore their latest). Errors: a
   // model's (the backend's, ReadModelFiles', RestoreModel's), naming the model.
-  absl::Status Open(const std::string& restore);
+  absl::Status Open(const std::string& restore) ABSL_LOCKS_EXCLUDED(admin_mu_, mu_);
   // Starts every model's checkpoints (after Open, once serving).
   void StartCheckpoints();
 
   // The model named `name` ("" is "default"). NOT_FOUND naming it, and how to create it.
-  absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view name) const;
+  absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Created {
     std::shared_ptr<Model> model;
@@ -70,10 +72,11 @@ class ModelRegistry {
   // ALREADY_EXISTS for a model of another consistency than the one given; the backend's
   // (RESOURCE_EXHAUSTED, UNAVAILABLE) and the file's (the errno's status).
   absl::StatusOr<Created> Create(const std::string& name,
-                                 std::optional<ConsistencyOptions> consistency);
+                                 std::optional<ConsistencyOptions> consistency)
+      ABSL_LOCKS_EXCLUDED(admin_mu_, mu_);
 
   // Every model, by name.
-  std::vector<std::shared_ptr<Model>> List() const;
+  std::vector<std::shared_ptr<Model>> List() const ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Deleted {
     uint64_t freed_bytes = 0;   // Its memory_bytes when it was deleted.
@@ -82,34 +85,37 @@ class ModelRegistry {
   // Deletes model `name` (above); for "default", makes a fresh empty one. Errors: NOT_FOUND;
   // the files' (the model is then deleted from the running server all the same, but a restart
   // may bring it back: the error says so).
-  absl::StatusOr<Deleted> Delete(const std::string& name, absl::Time deadline);
+  absl::StatusOr<Deleted> Delete(const std::string& name, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(admin_mu_, mu_);
 
   // What the models destroyed so far had counted, for the metrics' monotonic counters.
   struct Retired {
     std::map<std::string, uint64_t> kernel_launches;
     uint64_t retry_table_evictions = 0;
   };
-  Retired retired() const;
+  Retired retired() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // Destroys `model` (the registry's reference must be the last), adding its counts to
   // retired_.
-  void Destroy(std::shared_ptr<Model> model);
+  void Destroy(std::shared_ptr<Model> model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Destroys the models kept aside that no call holds any more.
-  void ReapHeld();
+  void ReapHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<Model>> Make(const std::string& name,
                                               const ConsistencyOptions& consistency,
-                                              const std::string& restore);
+                                              const std::string& restore)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ModelOptions options_;
   const ConsistencyOptions default_consistency_;
 
-  std::mutex admin_mu_;  // Serializes Open, Create and Delete (and their file operations).
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Model>, std::less<>> models_;  // Guarded by mu_.
-  // Deleted models that calls still held at their Delete's deadline. Guarded by mu_.
-  mutable std::vector<std::shared_ptr<Model>> held_;
-  Retired retired_;  // Guarded by mu_.
+  Mutex admin_mu_;  // Serializes Open, Create and Delete (and their file operations).
+  mutable Mutex mu_ ABSL_ACQUIRED_AFTER(admin_mu_);
+  std::map<std::string, std::shared_ptr<Model>, std::less<>> models_ ABSL_GUARDED_BY(mu_);
+  // Deleted models that calls still held at their Delete's deadline.
+  mutable std::vector<std::shared_ptr<Model>> held_ ABSL_GUARDED_BY(mu_);
+  Retired retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fusedps

@@ -1,6 +1,7 @@
 #include "server/service/call_watchdog.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -9,18 +10,18 @@
 namespace fusedps {
 
 void CallWatchdog::Handle::Arm() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = true;
   since_ = absl::Now();
 }
 
 void CallWatchdog::Handle::Disarm() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = false;
 }
 
 void CallWatchdog::Handle::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = false;
   on_idle_ = nullptr;
 }
@@ -34,17 +35,17 @@ CallWatchdog::CallWatchdog(absl::Duration idle_limit, std::function<void()> peri
 
 CallWatchdog::~CallWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   if (checker_.joinable()) checker_.join();
 }
 
 std::shared_ptr<CallWatchdog::Handle> CallWatchdog::Watch(std::function<void()> on_idle) {
   auto handle = std::make_shared<Handle>(std::move(on_idle));
   if (idle_limit_ == absl::InfiniteDuration()) return handle;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   handles_.push_back(handle);
   return handle;
 }
@@ -52,8 +53,12 @@ std::shared_ptr<CallWatchdog::Handle> CallWatchdog::Watch(std::function<void()> 
 void CallWatchdog::Run() {
   const absl::Duration period = std::min(absl::Seconds(1), idle_limit_ / 4);
   absl::Time next_periodic = absl::Now();
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return stop_; })) {
+  mu_.Lock();
+  while (true) {
+    const auto due = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(period);
+    while (!stop_ && !stop_cv_.WaitWithDeadline(&mu_, due)) {
+    }
+    if (stop_) break;
     std::vector<std::shared_ptr<Handle>> live;
     for (auto it = handles_.begin(); it != handles_.end();) {
       if (std::shared_ptr<Handle> handle = it->lock()) {
@@ -63,14 +68,14 @@ void CallWatchdog::Run() {
         it = handles_.erase(it);
       }
     }
-    lock.unlock();
+    mu_.Unlock();
     const absl::Time now = absl::Now();
     if (periodic_ && now >= next_periodic) {
       periodic_();
       next_periodic = now + absl::Seconds(1);
     }
     for (const std::shared_ptr<Handle>& handle : live) {
-      std::lock_guard<std::mutex> handle_lock(handle->mu_);
+      MutexLock handle_lock(&handle->mu_);
       if (!handle->armed_ || !handle->on_idle_ || now - handle->since_ < idle_limit_) continue;
       std::function<void()> on_idle = std::move(handle->on_idle_);
       handle->on_idle_ = nullptr;
@@ -78,8 +83,9 @@ void CallWatchdog::Run() {
       on_idle();  // Under the handle's lock: Stop waits for it.
     }
     live.clear();
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace fusedps

@@ -23,14 +23,14 @@
 #ifndef FUSEDPS_SERVER_SERVICE_CALL_WATCHDOG_H_
 #define FUSEDPS_SERVER_SERVICE_CALL_WATCHDOG_H_
 
-#include <condition_variable>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 
 namespace fusedps {
 
@@ -40,18 +40,19 @@ class CallWatchdog {
    public:
     explicit Handle(std::function<void()> on_idle) : on_idle_(std::move(on_idle)) {}
     // Waiting for the peer from now: idle time counts from this call.
-    void Arm();
+    void Arm() ABSL_LOCKS_EXCLUDED(mu_);
     // Waiting on the server: idle time does not count.
-    void Disarm();
+    void Disarm() ABSL_LOCKS_EXCLUDED(mu_);
     // No on_idle from the moment this returns.
-    void Stop();
+    void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
    private:
     friend class CallWatchdog;
-    std::mutex mu_;
-    std::function<void()> on_idle_;  // Guarded by mu_; cleared by Stop and after it runs.
-    bool armed_ = false;             // Guarded by mu_.
-    absl::Time since_;               // Guarded by mu_: when it was armed.
+    Mutex mu_;
+    // Cleared by Stop and after it runs.
+    std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
+    bool armed_ ABSL_GUARDED_BY(mu_) = false;
+    absl::Time since_ ABSL_GUARDED_BY(mu_);  // When it was armed.
   };
 
   // An infinite limit watches nothing. `periodic`, when set, runs on the watchdog's thread
@@ -64,17 +65,17 @@ class CallWatchdog {
   absl::Duration idle_limit() const { return idle_limit_; }
 
   // A new watch, disarmed.
-  std::shared_ptr<Handle> Watch(std::function<void()> on_idle);
+  std::shared_ptr<Handle> Watch(std::function<void()> on_idle) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration idle_limit_;
   const std::function<void()> periodic_;
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  std::list<std::weak_ptr<Handle>> handles_;  // Guarded by mu_.
-  bool stop_ = false;                         // Guarded by mu_.
+  Mutex mu_;
+  CondVar stop_cv_;
+  std::list<std::weak_ptr<Handle>> handles_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread checker_;
 };
 

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "common/byte_buffer_view.h"
 #include "common/chunk_framing.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/tsan.h"
 #include "common/workspace_range.h"
 #include "server/ingest/state_loader.h"
@@ -116,7 +116,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     uint64_t ticket;
     StagingPool* pool;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ticket = std::exchange(ticket_, 0);
       pool = ticket_pool_;
     }
@@ -127,7 +127,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     FUSEDPS_HAPPENS_AFTER(this);
     watch_->Stop();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
       if (holds_ > 0) return;
     }
@@ -145,13 +145,13 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         " (--call-idle-seconds)"));
   }
 
-  void Hold() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Hold() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     ++holds_;
   }
-  void ReleaseHold() {
+  void ReleaseHold() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (--holds_ > 0 || !done_) return;
     }
     delete this;
@@ -311,17 +311,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Reserves `bytes` of `pool` asynchronously; `then` runs with the reservation (under a hold,
   // released after it), or the call finishes with the error.
   void Reserve(StagingPool* pool, uint64_t bytes,
-               std::function<void(StagingPool::Reservation)> then) {
+               std::function<void(StagingPool::Reservation)> then) ABSL_LOCKS_EXCLUDED(mu_) {
     uint64_t reserve;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ticket_pool_ = pool;
       reserve = ++reserves_;
     }
     const uint64_t ticket = pool->ReserveAsync(
         bytes, [this, then = std::move(then)](absl::StatusOr<StagingPool::Reservation> r) {
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             ticket_ = 0;
             ++reserves_;  // This wait is over: its ticket must not be stored below.
           }
@@ -335,7 +335,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           ReleaseHold();
         });
     // Unless the grant ran meanwhile (and maybe began the next wait, on this pool or another).
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (ticket != 0 && !finished_ && reserves_ == reserve) ticket_ = ticket;
   }
 
@@ -414,9 +414,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     StartWriting();
   }
 
-  void StartWriting() {
+  void StartWriting() ABSL_LOCKS_EXCLUDED(mu_) {
     watch_->Arm();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     FUSEDPS_HAPPENS_BEFORE(this);
     StartWrite(&buffer_);
@@ -496,8 +496,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   // The one place a call ends: metrics, then the status. Once.
-  void FinishCall(const absl::Status& status) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void FinishCall(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
     services_.metrics->RecordPull(static_cast<grpc::StatusCode>(status.code()), bytes_sent_);
@@ -554,13 +554,14 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t bytes_sent_ = 0;
   std::atomic<bool> idle_{false};
 
-  std::mutex mu_;
-  uint64_t ticket_ = 0;                 // Guarded by mu_: a staging wait to cancel.
-  StagingPool* ticket_pool_ = nullptr;  // Guarded by mu_.
-  uint64_t reserves_ = 0;  // Guarded by mu_: counts Reserve calls and grants (a stale ticket).
-  int holds_ = 0;          // Guarded by mu_: callbacks still to come.
-  bool finished_ = false;  // Guarded by mu_.
-  bool done_ = false;      // Guarded by mu_.
+  Mutex mu_;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // A staging wait to cancel.
+  StagingPool* ticket_pool_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Counts Reserve calls and grants (a stale ticket).
+  uint64_t reserves_ ABSL_GUARDED_BY(mu_) = 0;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;  // Callbacks still to come.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

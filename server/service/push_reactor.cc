@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/byte_buffer_view.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/tsan.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_writer.h"
@@ -52,7 +52,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
       if (context_->IsCancelled()) return assembly->Fail(this, absl::CancelledError("cancelled"));
       bool ended;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stream_ended_ = true;
         ended = messages_in_flight_ == 0;  // Else the last message to be added ends it.
       }
@@ -73,7 +73,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     FUSEDPS_HAPPENS_AFTER(this);
     watch_->Stop();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
       if (holds_ > 0) return;  // The last holder deletes this.
     }
@@ -82,7 +82,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
 
   // PushPart.
   void BeginMessage() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++messages_in_flight_;
     ++holds_;
   }
@@ -93,18 +93,18 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   }
 
  private:
-  std::shared_ptr<PushAssembly> Assembly() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<PushAssembly> Assembly() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     return assembly_;
   }
 
   // Fails this part from outside its reads (OnCancel, OnIdle, which may run while OnHeader
   // does): through its push once it has joined one, else by itself, and then it never joins
   // one (a push would finish it a second time, after gRPC has freed the call).
-  void FailPart(const absl::Status& status) {
+  void FailPart(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
     std::shared_ptr<PushAssembly> assembly;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       assembly = assembly_;
       if (assembly == nullptr && failed_alone_.ok()) failed_alone_ = status;
     }
@@ -114,8 +114,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
 
   // The one place a call ends: metrics, then the status and reply to the client. Once.
   void FinishCall(const absl::Status& status, const PushReply& reply,
-                  const PushStageSeconds& stages) {
-    std::lock_guard<std::mutex> lock(mu_);
+                  const PushStageSeconds& stages) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
     if (status.ok()) {
@@ -140,17 +140,17 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
 
   // Reads the next message, unless the call is finished. The watch is armed first, so that the
   // read's OnReadDone (which disarms it) cannot come before.
-  void StartNextRead() {
+  void StartNextRead() ABSL_LOCKS_EXCLUDED(mu_) {
     watch_->Arm();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     FUSEDPS_HAPPENS_BEFORE(this);
     StartRead(&request_);
   }
 
-  void ReleaseHold() {
+  void ReleaseHold() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (--holds_ > 0 || !done_) return;
     }
     delete this;
@@ -183,7 +183,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     }
     bool ended;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ended = --messages_in_flight_ == 0 && stream_ended_;
     }
     if (ended) assembly.PartEnded();
@@ -204,7 +204,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     }
     const v1::PushHeader header = **std::move(read);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       client_id_ = header.client_id();
     }
     part_index_ = header.part_index();
@@ -231,7 +231,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
 
     // A retry is answered from its header: its chunks are never read.
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++holds_;  // For the waiter, which may run on another thread before Await returns.
     }
     const RetryTable::Verdict verdict = model->retries().Await(
@@ -269,7 +269,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     }
     absl::Status failed_alone;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       failed_alone = failed_alone_;
       if (failed_alone.ok()) assembly_ = assembly;
     }
@@ -281,7 +281,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     if (absl::Status s = assembly->Join(this, header.part_index(), header); !s.ok()) {
       // Joined nothing: this part answers for itself.
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         assembly_ = nullptr;
       }
       return FinishCall(s, {}, {});
@@ -299,15 +299,16 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
   std::atomic<uint64_t> bytes_{0};  // Gradient payload this part received.
   // The header's part_index: set before the part joins its push, read by the message adds.
   uint32_t part_index_ = 0;
-  std::mutex mu_;
-  std::string client_id_;                   // Guarded by mu_: the header's, for the log.
-  std::shared_ptr<PushAssembly> assembly_;  // Guarded by mu_.
-  absl::Status failed_alone_;   // Guarded by mu_: FailPart's error before a join; then no join.
-  int messages_in_flight_ = 0;  // Guarded by mu_.
-  int holds_ = 0;               // Guarded by mu_: messages in flight and a retry's waiter.
-  bool stream_ended_ = false;   // Guarded by mu_: the client's writes are done.
-  bool finished_ = false;       // Guarded by mu_: Finish was called.
-  bool done_ = false;           // Guarded by mu_: gRPC called OnDone.
+  Mutex mu_;
+  std::string client_id_ ABSL_GUARDED_BY(mu_);  // The header's, for the log.
+  std::shared_ptr<PushAssembly> assembly_ ABSL_GUARDED_BY(mu_);
+  // FailPart's error before a join; then no join.
+  absl::Status failed_alone_ ABSL_GUARDED_BY(mu_);
+  int messages_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;              // Messages in flight and a retry's waiter.
+  bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;  // The client's writes are done.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;      // Finish was called.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;          // gRPC called OnDone.
 };
 
 }  // namespace

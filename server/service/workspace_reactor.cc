@@ -1,11 +1,11 @@
 #include "server/service/workspace_reactor.h"
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/tsan.h"
 #include "server/service/convert.h"
 
@@ -21,7 +21,7 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
     // Finish and StartWrite, called here, write the reactor's own state, which OnDone deletes
     // on another thread after taking mu_: mu_ orders the two (gRPC's own order is invisible to
     // TSan).
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!opened.ok()) {
       FUSEDPS_LOG_EVERY_SECONDS(WARNING, 1)
           << "no workspace for " << context_->peer() << ": " << opened.status();
@@ -72,8 +72,8 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
   }
 
   // Closes the workspace and ends the call. Once.
-  void End(const absl::Status& status) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void End(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     if (ended_) return;
     ended_ = true;
     CloseLocked();
@@ -81,11 +81,11 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
     Finish(ToGrpc(status));
   }
 
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     CloseLocked();
   }
-  void CloseLocked() {
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!id_.empty()) services_.workspaces->Close(id_);
     id_.clear();
   }
@@ -93,9 +93,10 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
   grpc::CallbackServerContext* const context_;
   const ServiceContext services_;
   v1::OpenWorkspaceResponse response_;
-  std::mutex mu_;
-  std::string id_;      // Guarded by mu_ once the call runs: the open workspace, or empty.
-  bool ended_ = false;  // Guarded by mu_.
+  Mutex mu_;
+  // Guarded by mu_ once the call runs: the open workspace, or empty.
+  std::string id_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

@@ -68,7 +68,7 @@ void RetryTable::EvictLocked() {
 
 RetryTable::Verdict RetryTable::Lookup(absl::string_view client_id, uint64_t sequence_number) {
   if (!Tracked(client_id, sequence_number)) return Verdict{};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return ClassifyLocked(FindLocked(client_id), sequence_number);
 }
 
@@ -84,14 +84,14 @@ RetryTable::Verdict RetryTable::AwaitLocked(Client* client, uint64_t sequence_nu
 RetryTable::Verdict RetryTable::Await(absl::string_view client_id, uint64_t sequence_number,
                                       Waiter waiter) {
   if (!Tracked(client_id, sequence_number)) return Verdict{};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return AwaitLocked(FindLocked(client_id), sequence_number, &waiter);
 }
 
 RetryTable::Verdict RetryTable::Begin(absl::string_view client_id, uint64_t sequence_number,
                                       Waiter waiter) {
   if (!Tracked(client_id, sequence_number)) return Verdict{};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Client* found = FindLocked(client_id);
   Verdict verdict = AwaitLocked(found, sequence_number, &waiter);
   if (verdict.kind != Kind::kNew) return verdict;
@@ -141,7 +141,7 @@ void RetryTable::Finish(absl::string_view client_id, uint64_t sequence_number,
   if (!Tracked(client_id, sequence_number)) return;
   std::vector<Waiter> waiters;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     waiters = TakeLocked(client_id, sequence_number, &reply);
   }
   PushReply duplicate = reply;
@@ -154,14 +154,14 @@ void RetryTable::Abandon(absl::string_view client_id, uint64_t sequence_number,
   if (!Tracked(client_id, sequence_number)) return;
   std::vector<Waiter> waiters;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     waiters = TakeLocked(client_id, sequence_number, nullptr);
   }
   for (Waiter& waiter : waiters) waiter(error);
 }
 
 std::vector<RetryTable::ClientRecord> RetryTable::Export() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<ClientRecord> records;
   for (const std::string& id : lru_) {
     const Client& client = clients_.find(id)->second;
@@ -182,7 +182,7 @@ std::vector<RetryTable::ClientRecord> RetryTable::Export() const {
 }
 
 void RetryTable::Import(const std::vector<ClientRecord>& records) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   clients_.clear();
   lru_.clear();
   for (const ClientRecord& record : records) {
@@ -199,12 +199,12 @@ void RetryTable::Import(const std::vector<ClientRecord>& records) {
 }
 
 size_t RetryTable::clients() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return clients_.size();
 }
 
 uint64_t RetryTable::evictions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return evictions_;
 }
 

@@ -27,14 +27,15 @@
 #include <functional>
 #include <list>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 
 namespace fusedps {
 
@@ -74,23 +75,27 @@ class RetryTable {
   }
 
   // Classifies a push without changing anything (but the client's recency).
-  Verdict Lookup(absl::string_view client_id, uint64_t sequence_number);
+  Verdict Lookup(absl::string_view client_id, uint64_t sequence_number) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Lookup, and for kInFlight registers `waiter`, which runs (once) when that push is finished
   // or abandoned; for the other kinds `waiter` is dropped without running.
-  Verdict Await(absl::string_view client_id, uint64_t sequence_number, Waiter waiter);
+  Verdict Await(absl::string_view client_id, uint64_t sequence_number, Waiter waiter)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Lookup, and for kNew marks the push in flight (it becomes the client's highest); for
   // kInFlight registers `waiter` (when given) as Await does, under the same lock.
-  Verdict Begin(absl::string_view client_id, uint64_t sequence_number, Waiter waiter = nullptr);
+  Verdict Begin(absl::string_view client_id, uint64_t sequence_number, Waiter waiter = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The push begun under these keys is done with `reply`: remembered, and its waiters run
   // (outside the table's lock) with it, duplicate = true.
-  void Finish(absl::string_view client_id, uint64_t sequence_number, const PushReply& reply);
+  void Finish(absl::string_view client_id, uint64_t sequence_number, const PushReply& reply)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The push begun under these keys failed: forgotten (a retry may apply it), and its waiters
   // run with `error`.
-  void Abandon(absl::string_view client_id, uint64_t sequence_number, const absl::Status& error);
+  void Abandon(absl::string_view client_id, uint64_t sequence_number, const absl::Status& error)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // What a checkpoint keeps of one client: its highest sequence number and its remembered
   // replies (by sequence number), as of the pushes done so far.
@@ -103,13 +108,13 @@ class RetryTable {
   // they had not begun): the table as of the last push finished. The checkpoint takes it when
   // every push before its cut is finished and none after it is, so that the records match the
   // cut exactly.
-  std::vector<ClientRecord> Export() const;
+  std::vector<ClientRecord> Export() const ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces the contents with `records` (most recently used first), keeping the first
   // max_clients. For a restore, before any push. REQUIRES: no push in flight.
-  void Import(const std::vector<ClientRecord>& records);
+  void Import(const std::vector<ClientRecord>& records) ABSL_LOCKS_EXCLUDED(mu_);
 
-  size_t clients() const;      // Clients remembered now.
-  uint64_t evictions() const;  // Clients forgotten by the LRU so far.
+  size_t clients() const ABSL_LOCKS_EXCLUDED(mu_);      // Clients remembered now.
+  uint64_t evictions() const ABSL_LOCKS_EXCLUDED(mu_);  // Clients forgotten by the LRU so far.
 
  private:
   struct Entry {
@@ -124,20 +129,25 @@ class RetryTable {
     std::list<std::string>::iterator lru;  // Its place in lru_.
   };
 
-  Verdict ClassifyLocked(Client* client, uint64_t sequence_number) const;
-  Client* FindLocked(absl::string_view client_id);  // Also marks it most recently used.
-  Client& AddLocked(absl::string_view client_id);   // REQUIRES: not present.
+  Verdict ClassifyLocked(Client* client, uint64_t sequence_number) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Also marks it most recently used.
+  Client* FindLocked(absl::string_view client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: not present.
+  Client& AddLocked(absl::string_view client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Classifies; for kInFlight moves *waiter (when set) into that push's waiters.
-  Verdict AwaitLocked(Client* client, uint64_t sequence_number, Waiter* waiter);
-  void EvictLocked();
+  Verdict AwaitLocked(Client* client, uint64_t sequence_number, Waiter* waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Waiter> TakeLocked(absl::string_view client_id, uint64_t sequence_number,
-                                 const PushReply* reply);
+                                 const PushReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_clients_;
-  mutable std::mutex mu_;
-  absl::flat_hash_map<std::string, Client> clients_;  // Guarded by mu_.
-  std::list<std::string> lru_;  // Client ids, most recently used first. Guarded by mu_.
-  uint64_t evictions_ = 0;      // Guarded by mu_.
+  mutable Mutex mu_;
+  absl::flat_hash_map<std::string, Client> clients_ ABSL_GUARDED_BY(mu_);
+  // Client ids, most recently used first.
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // ABORTED for a push that RetryTable classified kStale.

@@ -60,7 +60,7 @@ WorkspaceTable::WorkspaceTable(WorkspaceOptions options, const OptimizerBackend*
 }
 
 WorkspaceTable::~WorkspaceTable() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, workspace] : open_) unlink(workspace->path().c_str());
   open_.clear();
 }
@@ -91,7 +91,7 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
   }
   if (bytes == 0) return absl::InvalidArgumentError("bytes = 0: a workspace needs at least 1");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (bytes > options_.budget_bytes - open_bytes_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("a workspace of ", bytes,
@@ -136,7 +136,7 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
     }
     return absl::OkStatus();
   }();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!made.ok()) {
     open_bytes_ -= bytes;
     return made;
@@ -148,7 +148,7 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
 
 absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Find(
     absl::string_view id, absl::string_view owner) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = open_.find(id);
   if (it == open_.end() || it->second->owner() != owner) {
     return absl::NotFoundError(
@@ -161,7 +161,7 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Find(
 
 void WorkspaceTable::Close(absl::string_view id) {
   std::shared_ptr<const Workspace> closed;  // Its last holder may be this: freed unlocked.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = open_.find(id);
   if (it == open_.end()) return;
   closed = std::move(it->second);
@@ -171,12 +171,12 @@ void WorkspaceTable::Close(absl::string_view id) {
 }
 
 size_t WorkspaceTable::open_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return open_.size();
 }
 
 uint64_t WorkspaceTable::open_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return open_bytes_;
 }
 

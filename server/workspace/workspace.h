@@ -30,7 +30,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -39,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/mutex.h"
 #include "kernels/backend.h"
 
 namespace fusedps {
@@ -86,26 +86,28 @@ class WorkspaceTable {
   // authentication). Errors: FAILED_PRECONDITION when workspaces are off; INVALID_ARGUMENT for
   // bytes 0; RESOURCE_EXHAUSTED past the budget, or when the file system or the page-locking
   // has no room; INTERNAL for another failure of the file system, naming the call and path.
-  absl::StatusOr<std::shared_ptr<const Workspace>> Open(std::string owner, uint64_t bytes);
+  absl::StatusOr<std::shared_ptr<const Workspace>> Open(std::string owner, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The open workspace `id` of `owner`. NOT_FOUND (naming the id) for one that is not open, or
   // is another owner's (which is not told apart, so that ids of others cannot be probed).
   absl::StatusOr<std::shared_ptr<const Workspace>> Find(absl::string_view id,
-                                                        absl::string_view owner) const;
+                                                        absl::string_view owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Closes `id`: Find fails from now on, its file's name goes, its bytes go back to the
   // budget; its memory goes with the last holder. Nothing for an id that is not open.
-  void Close(absl::string_view id);
+  void Close(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  size_t open_count() const;
-  uint64_t open_bytes() const;
+  size_t open_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t open_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void RemoveDeadFiles() const;
 
   const WorkspaceOptions options_;
   const OptimizerBackend* const pinner_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Workspace>> open_ ABSL_GUARDED_BY(mu_);
   uint64_t open_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

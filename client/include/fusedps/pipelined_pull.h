@@ -23,15 +23,14 @@
 #define FUSEDPS_CLIENT_PIPELINED_PULL_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "fusedps/client.h"
 
 namespace fusedps::client {
@@ -55,28 +54,28 @@ class PipelinedPull {
 
   // Blocks until groups 0..g have landed (each written to its targets, or failed); returns the
   // first error among them, OK otherwise. g past the last group waits for all of them.
-  absl::Status WaitUpTo(int g);
+  absl::Status WaitUpTo(int g) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The number of leading groups that have landed (0..groups()), without waiting.
-  int LandedPrefix();
+  int LandedPrefix() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The highest version any landed group read from client `c` (0 before one has).
-  uint64_t Version(int c);
+  uint64_t Version(int c) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Seconds from the start to the last group that has landed so far (0 before one has).
-  double Seconds();
+  double Seconds() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
-  absl::Status PullGroup(int g);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PullGroup(int g) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<Client*> clients_;
   const PullOptions options_;
   const std::vector<Group> groups_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 
-  std::mutex mu_;
-  std::condition_variable landed_cv_;
+  Mutex mu_;
+  CondVar landed_cv_;
   int next_ ABSL_GUARDED_BY(mu_) = 0;    // The next group a thread starts.
   int prefix_ ABSL_GUARDED_BY(mu_) = 0;  // Groups [0, prefix_) have landed.
   std::vector<bool> landed_ ABSL_GUARDED_BY(mu_);

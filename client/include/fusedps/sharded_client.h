@@ -35,13 +35,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/mutex.h"
 #include "fusedps/client.h"
 #include "fusedps/plan.h"
 
@@ -146,8 +147,8 @@ class ShardedClient {
   struct Layout;  // The plan with indexes by tensor name.
 
   explicit ShardedClient(std::vector<Shard> shards);
-  absl::StatusOr<std::shared_ptr<const Layout>> layout() const;
-  void SetVersion(size_t shard, uint64_t version);
+  absl::StatusOr<std::shared_ptr<const Layout>> layout() const ABSL_LOCKS_EXCLUDED(mu_);
+  void SetVersion(size_t shard, uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
   // The first failed shard's status, its message prefixed with the shard; OK when none failed.
   absl::Status FirstError(const std::vector<absl::Status>& statuses) const;
   // Runs call(i) (an absl::StatusOr<T>, T with a version) for each of `shards` at once, each on
@@ -157,9 +158,9 @@ class ShardedClient {
   absl::Status CallShards(const std::vector<size_t>& shards, std::vector<T>* results, Call call);
 
   const std::vector<Shard> shards_;
-  mutable std::mutex mu_;
-  std::shared_ptr<const Layout> layout_;  // Guarded by mu_.
-  std::vector<uint64_t> versions_;        // Guarded by mu_.
+  mutable Mutex mu_;
+  std::shared_ptr<const Layout> layout_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> versions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fusedps::client
