@@ -1,9 +1,12 @@
 #include "client/wire.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -306,15 +309,46 @@ absl::StatusOr<DType> FromProtoDType(v1::DType dtype) {
 
 v1::TensorField ToProtoField(TensorField field) { return static_cast<v1::TensorField>(field); }
 
+namespace {
+
+// The client's mirror enums (fusedps/client_types.h) take the proto's values: conversions cast.
+static_assert(static_cast<int>(DType::kFloat32) == v1::DTYPE_FLOAT32);
+static_assert(static_cast<int>(DType::kBFloat16) == v1::DTYPE_BFLOAT16);
+static_assert(static_cast<int>(DType::kFloat16) == v1::DTYPE_FLOAT16);
+static_assert(static_cast<int>(StateDType::kFloat32) == v1::STATE_DTYPE_FLOAT32);
+static_assert(static_cast<int>(StateDType::kBFloat16) == v1::STATE_DTYPE_BFLOAT16);
+static_assert(static_cast<int>(StateDType::kInt8) == v1::STATE_DTYPE_INT8);
+static_assert(static_cast<int>(WeightDecayMode::kDecoupled) == v1::WEIGHT_DECAY_MODE_DECOUPLED);
+static_assert(static_cast<int>(WeightDecayMode::kL2) == v1::WEIGHT_DECAY_MODE_L2);
+static_assert(static_cast<int>(TensorField::kParam) == v1::TENSOR_FIELD_PARAM);
+static_assert(static_cast<int>(TensorField::kExpAvg) == v1::TENSOR_FIELD_EXP_AVG);
+static_assert(static_cast<int>(TensorField::kExpAvgSq) == v1::TENSOR_FIELD_EXP_AVG_SQ);
+static_assert(static_cast<int>(TensorField::kMaxExpAvgSq) == v1::TENSOR_FIELD_MAX_EXP_AVG_SQ);
+
+// The proto's field of that name; a name the proto lacks is a build of mismatched sources.
+const google::protobuf::FieldDescriptor* HyperparameterField(const char* name) {
+  const google::protobuf::FieldDescriptor* f =
+      v1::Hyperparameters::descriptor()->FindFieldByName(name);
+  if (f == nullptr) {
+    std::fprintf(stderr, "fusedps: proto fusedps.v1.Hyperparameters has no field %s\n", name);
+    std::abort();
+  }
+  return f;
+}
+
+}  // namespace
+
 v1::Hyperparameters ToProtoHyperparameters(const ParamGroupOptions& options) {
   v1::Hyperparameters hyper;
-  if (options.lr) hyper.set_lr(*options.lr);
-  if (options.beta1) hyper.set_beta1(*options.beta1);
-  if (options.beta2) hyper.set_beta2(*options.beta2);
-  if (options.eps) hyper.set_eps(*options.eps);
-  if (options.weight_decay) hyper.set_weight_decay(*options.weight_decay);
-  if (options.amsgrad) hyper.set_amsgrad(*options.amsgrad);
-  if (options.maximize) hyper.set_maximize(*options.maximize);
+  const google::protobuf::Reflection* r = v1::Hyperparameters::GetReflection();
+  for (const auto& [name, member] : kParamGroupDoubleFields) {
+    if (const std::optional<double>& v = options.*member)
+      r->SetDouble(&hyper, HyperparameterField(name), *v);
+  }
+  for (const auto& [name, member] : kParamGroupBoolFields) {
+    if (const std::optional<bool>& v = options.*member)
+      r->SetBool(&hyper, HyperparameterField(name), *v);
+  }
   if (options.weight_decay_mode) {
     hyper.set_weight_decay_mode(static_cast<v1::WeightDecayMode>(*options.weight_decay_mode));
   }
@@ -326,13 +360,15 @@ v1::Hyperparameters ToProtoHyperparameters(const ParamGroupOptions& options) {
 
 ParamGroupOptions FromProtoHyperparameters(const v1::Hyperparameters& hyper) {
   ParamGroupOptions options;
-  if (hyper.has_lr()) options.lr = hyper.lr();
-  if (hyper.has_beta1()) options.beta1 = hyper.beta1();
-  if (hyper.has_beta2()) options.beta2 = hyper.beta2();
-  if (hyper.has_eps()) options.eps = hyper.eps();
-  if (hyper.has_weight_decay()) options.weight_decay = hyper.weight_decay();
-  if (hyper.has_amsgrad()) options.amsgrad = hyper.amsgrad();
-  if (hyper.has_maximize()) options.maximize = hyper.maximize();
+  const google::protobuf::Reflection* r = v1::Hyperparameters::GetReflection();
+  for (const auto& [name, member] : kParamGroupDoubleFields) {
+    const google::protobuf::FieldDescriptor* f = HyperparameterField(name);
+    if (r->HasField(hyper, f)) options.*member = r->GetDouble(hyper, f);
+  }
+  for (const auto& [name, member] : kParamGroupBoolFields) {
+    const google::protobuf::FieldDescriptor* f = HyperparameterField(name);
+    if (r->HasField(hyper, f)) options.*member = r->GetBool(hyper, f);
+  }
   if (hyper.has_weight_decay_mode()) {
     // UNSPECIFIED means decoupled (see the proto).
     options.weight_decay_mode = hyper.weight_decay_mode() == v1::WEIGHT_DECAY_MODE_L2

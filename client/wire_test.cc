@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/half_float.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
 
@@ -261,6 +262,39 @@ TEST(HyperparametersTest, OnlySetFieldsTravel) {
   EXPECT_EQ(back.weight_decay_mode, options.weight_decay_mode);
   EXPECT_FALSE(back.beta1.has_value());
   EXPECT_FALSE(back.eps.has_value());
+}
+
+// Every field of the proto, set to a value other than its default, comes back from
+// ParamGroupOptions: a field the conversion forgets comes back unset.
+TEST(HyperparametersTest, EveryProtoFieldSurvivesTheOptions) {
+  v1::Hyperparameters p;
+  const google::protobuf::Descriptor* d = v1::Hyperparameters::descriptor();
+  const google::protobuf::Reflection* r = v1::Hyperparameters::GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    switch (f->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(&p, f, 0.125 + i);
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(&p, f, true);
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(&p, f, 7 + i);
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_ENUM:  // BFLOAT16 or L2: value 2.
+        r->SetEnumValue(&p, f, 2);
+        break;
+      default:
+        ADD_FAILURE() << "wire_test does not know the type of field " << f->name();
+    }
+  }
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(
+      differ.Compare(p, internal::ToProtoHyperparameters(internal::FromProtoHyperparameters(p))))
+      << diff;
 }
 
 TEST(HyperparametersTest, StorageFieldsTravelWhenSet) {

@@ -69,6 +69,28 @@ struct AdamWHyperparameters {
   uint64_t rounding_seed = 0;  // Stochastic rounding of bf16 params (quant_math.h).
 };
 
+// The scalar hyperparameters by the name of their field in proto fusedps.v1.Hyperparameters, so
+// that the server converts, compares and stores them in one loop (server/schema/
+// hyperparameters.h). A double or bool added to AdamWHyperparameters is added here too (a unit
+// test fails for a proto field that neither lists nor converts by name); decoupled_weight_decay
+// (the proto's weight_decay_mode) and the storage fields are converted by name there.
+template <typename T>
+struct HyperparameterField {
+  // (An alias: nvcc's front end writes a member pointer declared in place with parentheses,
+  // which the host compiler's -Wparentheses refuses.)
+  using Member = T AdamWHyperparameters::*;
+  const char* name;
+  Member member;
+};
+inline constexpr HyperparameterField<double> kDoubleHyperparameters[] = {
+    {"lr", &AdamWHyperparameters::lr},
+    {"beta1", &AdamWHyperparameters::beta1},
+    {"beta2", &AdamWHyperparameters::beta2},
+    {"eps", &AdamWHyperparameters::eps},
+    {"weight_decay", &AdamWHyperparameters::weight_decay}};
+inline constexpr HyperparameterField<bool> kBoolHyperparameters[] = {
+    {"amsgrad", &AdamWHyperparameters::amsgrad}, {"maximize", &AdamWHyperparameters::maximize}};
+
 // Per-tensor, per-step scalars. Computed in float64 from the hyperparameters and the
 // (already incremented) step, then rounded to fp32 as torch's scalar arguments are.
 struct AdamWStepScalars {

@@ -60,6 +60,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/ingest/push_message.h"
+#include "server/schema/hyperparameters.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address, HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, port_file, "",
@@ -78,19 +79,12 @@ constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
 constexpr uint32_t kMinPullChunkBytes = 16;
 constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
 
-// torch.optim.AdamW's defaults for every field the caller left unset.
-v1::Hyperparameters WithDefaults(v1::Hyperparameters h) {
-  if (!h.has_lr()) h.set_lr(1e-3);
-  if (!h.has_beta1()) h.set_beta1(0.9);
-  if (!h.has_beta2()) h.set_beta2(0.999);
-  if (!h.has_eps()) h.set_eps(1e-8);
-  if (!h.has_weight_decay()) h.set_weight_decay(1e-2);
-  if (!h.has_amsgrad()) h.set_amsgrad(false);
-  if (!h.has_maximize()) h.set_maximize(false);
-  if (!h.has_weight_decay_mode() || h.weight_decay_mode() == v1::WEIGHT_DECAY_MODE_UNSPECIFIED) {
-    h.set_weight_decay_mode(v1::WEIGHT_DECAY_MODE_DECOUPLED);
-  }
-  return h;
+// The group's hyperparameters with the server's defaults (torch.optim.AdamW's) for every field
+// the caller left unset, as fusedps-server converts them (server/schema/hyperparameters.h).
+absl::StatusOr<v1::Hyperparameters> WithDefaults(const v1::Hyperparameters& h) {
+  absl::StatusOr<fusedps::AdamWHyperparameters> full = fusedps::HyperparametersFromProto(h);
+  if (!full.ok()) return full.status();
+  return fusedps::HyperparametersToProto(*full);
 }
 
 // Bytes per element of a wire dtype; 0 for anything else.
@@ -112,7 +106,7 @@ class SinkService final : public v1::ParameterService::WithRawCallbackMethod_Pus
   explicit SinkService(uint64_t max_message_bytes) : max_message_bytes_(max_message_bytes) {
     v1::ParamGroup group;
     group.set_name(kDefaultParamGroup);
-    *group.mutable_hyperparameters() = WithDefaults({});
+    *group.mutable_hyperparameters() = *WithDefaults({});
     groups_.push_back(group);
   }
 
@@ -123,7 +117,12 @@ class SinkService final : public v1::ParameterService::WithRawCallbackMethod_Pus
     if (group.name().empty()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "param_group.name is empty");
     }
-    *group.mutable_hyperparameters() = WithDefaults(group.hyperparameters());
+    absl::StatusOr<v1::Hyperparameters> hyperparameters = WithDefaults(group.hyperparameters());
+    if (!hyperparameters.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          std::string(hyperparameters.status().message()));
+    }
+    *group.mutable_hyperparameters() = *hyperparameters;
     std::lock_guard<std::mutex> lock(mu_);
     *response->mutable_param_group() = group;
     if (const v1::ParamGroup* existing = FindGroup(group.name())) {

@@ -148,12 +148,11 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
       !m["serial"].is_number_unsigned() || !m.contains("files") || !m["files"].is_object()) {
     return absl::DataLossError(absl::StrCat(manifest_path, " is not a complete manifest"));
   }
-  if (m.value("format_version", 0) != kFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(manifest_path, " has format_version ",
-                                                      m.value("format_version", 0),
-                                                      "; this server "
-                                                      "reads ",
-                                                      kFormatVersion));
+  const int format_version = m.value("format_version", 0);
+  if (format_version < kOldestFormatVersionRead || format_version > kFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest_path, " has format_version ", format_version, "; this server reads ",
+                     kOldestFormatVersionRead, " to ", kFormatVersion));
   }
   loaded.version = m["version"].get<uint64_t>();
   loaded.serial = m["serial"].get<uint64_t>();

@@ -34,7 +34,10 @@ namespace fusedps::checkpoint {
 
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kLatestName[] = "latest";
-inline constexpr int kFormatVersion = 2;  // 1: sha256 checksums (no longer read).
+// The format written. 3: a group's hyperparameters in protobuf's JSON mapping. 2 (still read):
+// each hyperparameter a key of the group. 1: sha256 checksums (no longer read).
+inline constexpr int kFormatVersion = 3;
+inline constexpr int kOldestFormatVersionRead = 2;
 
 // "checkpoint-00000000000000000042" for serial 42.
 std::string DirectoryName(uint64_t serial);

@@ -185,13 +185,15 @@ TEST_F(CheckpointDirTest, AnUnknownFormatVersionStopsTheSearchInsteadOfFallingBa
   ASSERT_TRUE(Write(2).ok());
   const std::string manifest = DirOf(2) + "/manifest.json";
   std::string text = Slurp(manifest);
-  const size_t at = text.find("\"format_version\": 2");
+  const size_t at = text.find("\"format_version\": 3");
   ASSERT_NE(at, std::string::npos) << text;
-  text.replace(at, 19, "\"format_version\": 3");
+  text.replace(at, 19, "\"format_version\": 4");
   std::ofstream(manifest, std::ios::trunc) << text;
   absl::StatusOr<Loaded> loaded = Load();
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition) << loaded.status();
-  EXPECT_NE(loaded.status().message().find("format_version 3"), std::string::npos);
+  EXPECT_NE(loaded.status().message().find("format_version 4; this server reads 2 to 3"),
+            std::string::npos)
+      << loaded.status();
 }
 
 TEST_F(CheckpointDirTest, NothingLoadableIsNotFound) {

@@ -12,32 +12,24 @@
 #include "common/file_io.h"
 #include "kernels/quant_math.h"
 #include "nlohmann/json.hpp"
+#include "server/schema/hyperparameters.h"
 
 namespace fusedps::checkpoint {
 namespace {
 
 using nlohmann::json;
 
-json HyperparametersJson(const ParamGroupSpec& g) {
-  const AdamWHyperparameters& h = g.hyperparameters;
+// A group: its name, and its hyperparameters in protobuf's JSON mapping of
+// fusedps.v1.Hyperparameters (format_version 3).
+json GroupJson(const ParamGroupSpec& g) {
   return {{"name", g.name},
-          {"lr", h.lr},
-          {"beta1", h.beta1},
-          {"beta2", h.beta2},
-          {"eps", h.eps},
-          {"weight_decay", h.weight_decay},
-          {"amsgrad", h.amsgrad},
-          {"maximize", h.maximize},
-          {"decoupled_weight_decay", h.decoupled_weight_decay},
-          {"state_dtype", StateDTypeName(h.state_dtype)},
-          {"params_dtype", ParamsDTypeName(h.params_dtype)},
-          {"rounding_seed", h.rounding_seed}};
+          {"hyperparameters", json::parse(HyperparametersToJson(g.hyperparameters))}};
 }
 
 json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& settings) {
   const ShardCut& cut = snapshot.cut;
   json groups = json::array();
-  for (const ParamGroupSpec& g : cut.view->groups()) groups.push_back(HyperparametersJson(g));
+  for (const ParamGroupSpec& g : cut.view->groups()) groups.push_back(GroupJson(g));
   json tensors = json::array();
   bool int8_state = false;
   for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {

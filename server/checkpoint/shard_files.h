@@ -2,17 +2,18 @@
 // written as safetensors files and a manifest, and a checkpoint read back into a shard to
 // restore. The commit protocol underneath is checkpoint_dir.h's.
 //
-// Files (format_version 2, docs/checkpoints.md): one per field of SnapshotLayout,
+// Files (format_version 3, docs/checkpoints.md): one per field of SnapshotLayout,
 // "<field>.safetensors": params, exp_avg, exp_avg_sq (every tensor), max_exp_avg_sq (tensors
 // of amsgrad groups), exp_avg_absmax and exp_avg_sq_absmax (tensors with int8 state),
 // param_copy (tensors with fp32 params, when the server keeps a copy); and "buffers.safetensors"
 // when the model has buffers (BufferSet: each in its own dtype and shape). Each entry holds the
 // field's stored form bit for bit (ReadRequest::stored): params F32 or BF16; exp_avg and
 // exp_avg_sq F32, BF16 or U8 (int8 codes); the scales F32 of shape [QuantBlocks(numel)];
-// max_exp_avg_sq F32; the copy BF16 or F16. The manifest holds the param groups (with
-// state_dtype, params_dtype and rounding_seed), the tensors with their steps and layouts, the
-// shard version, the retry table, and int8_codebooks when a tensor has int8 state. A manifest
-// without the storage keys (written before they existed) is read as all fp32.
+// max_exp_avg_sq F32; the copy BF16 or F16. The manifest holds the param groups (their
+// hyperparameters as fusedps.v1.Hyperparameters in protobuf's JSON mapping), the tensors with
+// their steps and layouts, the shard version, the retry table, and int8_codebooks when a tensor
+// has int8 state. A format_version 2 manifest (each hyperparameter a key of its group) is read
+// too, and one without the storage keys (written before they existed) as all fp32.
 //
 // Lifetimes: a ShardReader owns its threads and buffers; it must outlive the Restore it feeds
 // (its `done`), and its destructor joins the threads.

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/quant_math.h"
 #include "server/checkpoint/checkpointer.h"
+#include "server/schema/hyperparameters.h"
 
 namespace fusedps::checkpoint {
 namespace {
@@ -288,14 +290,17 @@ TEST_F(ShardFilesTest, FilesHoldTheStoredFormAndTheManifestItsLayout) {
                "z:BF16[0]"}));
 
   const nlohmann::json& m = c.manifest;
-  EXPECT_EQ(m["format_version"], 2);
+  EXPECT_EQ(m["format_version"], 3);
   const nlohmann::json& sr8 = m["param_groups"][4];
   EXPECT_EQ(sr8["name"], "sr8");
-  EXPECT_EQ(sr8["state_dtype"], "int8");
-  EXPECT_EQ(sr8["params_dtype"], "bf16");
-  EXPECT_EQ(sr8["rounding_seed"], 99u);
-  EXPECT_EQ(m["param_groups"][0]["state_dtype"], "fp32");
-  EXPECT_EQ(m["param_groups"][2]["state_dtype"], "bf16");
+  // Protobuf's JSON mapping of fusedps.v1.Hyperparameters: enums by name, uint64 as a string.
+  EXPECT_EQ(sr8["hyperparameters"]["state_dtype"], "STATE_DTYPE_INT8");
+  EXPECT_EQ(sr8["hyperparameters"]["params_dtype"], "DTYPE_BFLOAT16");
+  EXPECT_EQ(sr8["hyperparameters"]["rounding_seed"], "99");
+  EXPECT_EQ(sr8["hyperparameters"]["weight_decay_mode"], "WEIGHT_DECAY_MODE_DECOUPLED");
+  EXPECT_EQ(sr8["hyperparameters"]["lr"], shard_.engine.view()->groups()[4].hyperparameters.lr);
+  EXPECT_EQ(m["param_groups"][0]["hyperparameters"]["state_dtype"], "STATE_DTYPE_FLOAT32");
+  EXPECT_EQ(m["param_groups"][2]["hyperparameters"]["state_dtype"], "STATE_DTYPE_BFLOAT16");
   const nlohmann::json& q_small = m["tensors"][4];
   EXPECT_EQ(q_small["name"], "q_small");
   EXPECT_EQ(q_small["state_dtype"], "fp32");  // Under 4096 elements.
@@ -395,6 +400,50 @@ TEST_F(ShardFilesTest, EntriesOfAnyOrderAndAlignmentRestore) {
   EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(shard_.engine));
 }
 
+// The manifest as format_version 2 wrote it (docs/checkpoints.md; read since format 3 for the
+// checkpoints written before): each hyperparameter a key of its group, weight decay as
+// decoupled_weight_decay, the storage by dtype names, rounding_seed a number.
+void ToFormatVersion2(nlohmann::json& m) {
+  m["format_version"] = 2;
+  for (nlohmann::json& g : m["param_groups"]) {
+    const nlohmann::json h = g["hyperparameters"];
+    g.erase("hyperparameters");
+    for (const char* key : {"lr", "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize"}) {
+      g[key] = h.at(key);
+    }
+    g["decoupled_weight_decay"] = h.at("weight_decay_mode") != "WEIGHT_DECAY_MODE_L2";
+    const std::map<std::string, std::string> names = {{"STATE_DTYPE_FLOAT32", "fp32"},
+                                                      {"STATE_DTYPE_BFLOAT16", "bf16"},
+                                                      {"STATE_DTYPE_INT8", "int8"},
+                                                      {"DTYPE_FLOAT32", "fp32"},
+                                                      {"DTYPE_BFLOAT16", "bf16"}};
+    g["state_dtype"] = names.at(h.at("state_dtype"));
+    g["params_dtype"] = names.at(h.at("params_dtype"));
+    g["rounding_seed"] = std::stoull(h.at("rounding_seed").get<std::string>());
+  }
+}
+
+// A checkpoint written before format 3 restores bit for bit, every storage included, and its
+// groups come back with the same hyperparameters.
+TEST_F(ShardFilesTest, AFormatVersion2ManifestRestoresBitExactly) {
+  Loaded c = Checkpoint(/*fenced=*/false);
+  ToFormatVersion2(c.manifest);
+  ASSERT_FALSE(c.manifest["param_groups"][4].contains("hyperparameters"));
+  EXPECT_EQ(c.manifest["param_groups"][4]["state_dtype"], "int8");
+  Shard restored;
+  const absl::Status restore = RestoreFrom(c, restored.engine);
+  ASSERT_TRUE(restore.ok()) << restore;
+  EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(shard_.engine));
+  const auto& before = shard_.engine.view()->groups();
+  const auto& after = restored.engine.view()->groups();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t g = 0; g < before.size(); ++g) {
+    EXPECT_EQ(after[g].name, before[g].name);
+    EXPECT_TRUE(SameHyperparameters(after[g].hyperparameters, before[g].hyperparameters))
+        << before[g].name;
+  }
+}
+
 struct BadManifest {
   const char* name;
   std::function<void(nlohmann::json&)> change;
@@ -420,17 +469,37 @@ TEST_F(ShardFilesTest, AManifestThatDisagreesWithTheFilesOrTheServerIsDataLoss) 
        [](nlohmann::json& m) { m["int8_codebooks"]["exp_avg_sq"].erase(0); },
        {"int8_codebooks.exp_avg_sq", "255 values"}},
       {"an unknown state_dtype",
-       [](nlohmann::json& m) { m["param_groups"][3]["state_dtype"] = "fp8"; },
-       {"param_groups[3].state_dtype", "\"fp8\"", "fp32, bf16, int8"}},
+       [](nlohmann::json& m) { m["param_groups"][3]["hyperparameters"]["state_dtype"] = "fp8"; },
+       {"param_groups[3]", "fp8"}},
       {"fp16 params",
-       [](nlohmann::json& m) { m["param_groups"][4]["params_dtype"] = "fp16"; },
-       {"param_groups[4].params_dtype", "fp32, bf16"}},
+       [](nlohmann::json& m) {
+         m["param_groups"][4]["hyperparameters"]["params_dtype"] = "DTYPE_FLOAT16";
+       },
+       {"param_groups[4]", "params_dtype = 3 must be FLOAT32 (1) or BFLOAT16 (2)"}},
       {"a seed that is not a uint64",
-       [](nlohmann::json& m) { m["param_groups"][4]["rounding_seed"] = -1; },
-       {"param_groups[4].rounding_seed", "wrong type"}},
+       [](nlohmann::json& m) { m["param_groups"][4]["hyperparameters"]["rounding_seed"] = -1; },
+       {"param_groups[4]"}},
       {"amsgrad with int8 state",
-       [](nlohmann::json& m) { m["param_groups"][3]["amsgrad"] = true; },
+       [](nlohmann::json& m) { m["param_groups"][3]["hyperparameters"]["amsgrad"] = true; },
        {"param_groups[3]", "amsgrad needs state_dtype FLOAT32"}},
+      {"a hyperparameter the proto lacks",
+       [](nlohmann::json& m) { m["param_groups"][1]["hyperparameters"]["learning_rate"] = 1; },
+       {"param_groups[1]", "learning_rate"}},
+      {"a group without hyperparameters",
+       [](nlohmann::json& m) { m["param_groups"][1].erase("hyperparameters"); },
+       {"param_groups[1]", "lacks \"hyperparameters\""}},
+      {"format_version 2: an unknown state_dtype",
+       [](nlohmann::json& m) {
+         ToFormatVersion2(m);
+         m["param_groups"][3]["state_dtype"] = "fp8";
+       },
+       {"param_groups[3].state_dtype", "\"fp8\"", "fp32, bf16, int8"}},
+      {"format_version 2: a seed that is not a uint64",
+       [](nlohmann::json& m) {
+         ToFormatVersion2(m);
+         m["param_groups"][4]["rounding_seed"] = -1;
+       },
+       {"param_groups[4].rounding_seed", "wrong type"}},
       {"a tensor's layout unlike its group's",
        [](nlohmann::json& m) { m["tensors"][4]["state_dtype"] = "int8"; },
        {"tensors[4].state_dtype", "is int8", "give fp32"}},
@@ -441,13 +510,13 @@ TEST_F(ShardFilesTest, AManifestThatDisagreesWithTheFilesOrTheServerIsDataLoss) 
       {"files of another state_dtype",
        [&](nlohmann::json& m) {
          drop_tensor_layouts(m);
-         m["param_groups"][3]["state_dtype"] = "bf16";
+         m["param_groups"][3]["hyperparameters"]["state_dtype"] = "STATE_DTYPE_BFLOAT16";
        },
        {"exp_avg.safetensors", "'q_small' is F32 [100]", "makes it BF16 [100]"}},
       {"files of another params_dtype",
        [&](nlohmann::json& m) {
          drop_tensor_layouts(m);
-         m["param_groups"][5]["params_dtype"] = "fp32";
+         m["param_groups"][5]["hyperparameters"]["params_dtype"] = "DTYPE_FLOAT32";
        },
        {"params.safetensors", "'r' is BF16 [333]", "makes it F32 [333]"}},
       {"another shape",
@@ -493,8 +562,8 @@ TEST_F(ShardFilesTest, WithoutInt8StateThereAreNoScalesAndNoCodebooks) {
   fs::remove_all(root);
 }
 
-// A checkpoint written before the storage keys existed (the same format_version, every field
-// F32) restores as an fp32 shard.
+// A checkpoint written before the storage keys existed (format_version 2, every field F32)
+// restores as an fp32 shard.
 TEST_F(ShardFilesTest, AManifestWithoutStorageKeysIsAllFp32) {
   Shard plain;
   ParamGroupSpec ams{"ams", AdamWHyperparameters{}};
@@ -503,6 +572,7 @@ TEST_F(ShardFilesTest, AManifestWithoutStorageKeysIsAllFp32) {
   Loaded loaded;
   ASSERT_NO_FATAL_FAILURE(
       RegisterAndCheckpoint(plain, ams, {{"w", {5000}, 0, 5000}, {"b", {3}, 1, 3}}, root, &loaded));
+  ToFormatVersion2(loaded.manifest);
   for (nlohmann::json& g : loaded.manifest["param_groups"]) {
     g.erase("state_dtype");
     g.erase("params_dtype");

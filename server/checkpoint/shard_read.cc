@@ -15,6 +15,7 @@
 #include "kernels/quant_math.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/shard_files.h"
+#include "server/schema/hyperparameters.h"
 
 namespace fusedps::checkpoint {
 namespace {
@@ -143,6 +144,39 @@ absl::Status CheckCodebooks(const ManifestReader& m, const json& root, bool int8
   return absl::OkStatus();
 }
 
+// A group's hyperparameters in format_version 3: protobuf's JSON mapping of
+// fusedps.v1.Hyperparameters (server/schema/hyperparameters.h).
+absl::Status ReadHyperparameters(const ManifestReader& m, const json& g, const std::string& where,
+                                 AdamWHyperparameters* h) {
+  FUSEDPS_ASSIGN(v, m.Get(g, "hyperparameters", json::value_t::object, where));
+  absl::StatusOr<AdamWHyperparameters> read = HyperparametersFromJson(v.dump());
+  if (!read.ok()) return m.Bad(where, std::string(read.status().message()));
+  *h = *read;
+  return absl::OkStatus();
+}
+
+// A group's hyperparameters in format_version 2 (written before 3): each a key of the group,
+// decoupled_weight_decay a bool, the storage fields by their dtype names (ReadStorage).
+absl::Status ReadHyperparametersV2(const ManifestReader& m, const json& g, const std::string& where,
+                                   AdamWHyperparameters* h_out) {
+  AdamWHyperparameters& h = *h_out;
+  for (auto [key, field] : {std::pair{"lr", &h.lr},
+                            {"beta1", &h.beta1},
+                            {"beta2", &h.beta2},
+                            {"eps", &h.eps},
+                            {"weight_decay", &h.weight_decay}}) {
+    FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::number_float, where));
+    *field = v.get<double>();
+  }
+  for (auto [key, field] : {std::pair{"amsgrad", &h.amsgrad},
+                            {"maximize", &h.maximize},
+                            {"decoupled_weight_decay", &h.decoupled_weight_decay}}) {
+    FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::boolean, where));
+    *field = v.get<bool>();
+  }
+  return ReadStorage(m, g, where, &h);
+}
+
 absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, const json& root) {
   FUSEDPS_ASSIGN(groups, m.Get(root, "param_groups", json::value_t::array, "manifest"));
   std::vector<ParamGroupSpec> out;
@@ -153,24 +187,12 @@ absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, 
     FUSEDPS_ASSIGN(name, m.Get(g, "name", json::value_t::string, where));
     ParamGroupSpec spec;
     spec.name = name.get<std::string>();
-    AdamWHyperparameters& h = spec.hyperparameters;
-    for (auto [key, field] : {std::pair{"lr", &h.lr},
-                              {"beta1", &h.beta1},
-                              {"beta2", &h.beta2},
-                              {"eps", &h.eps},
-                              {"weight_decay", &h.weight_decay}}) {
-      FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::number_float, where));
-      *field = v.get<double>();
-    }
-    for (auto [key, field] : {std::pair{"amsgrad", &h.amsgrad},
-                              {"maximize", &h.maximize},
-                              {"decoupled_weight_decay", &h.decoupled_weight_decay}}) {
-      FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::boolean, where));
-      *field = v.get<bool>();
-    }
-    if (absl::Status s = ReadStorage(m, g, where, &h); !s.ok()) return s;
-    absl::Status s = CheckName(spec.name, kMaxGroupNameBytes, where + ".name");
-    if (s.ok()) s = ValidateHyperparameters(h);
+    absl::Status s = root.value("format_version", 0) == kFormatVersion
+                         ? ReadHyperparameters(m, g, where, &spec.hyperparameters)
+                         : ReadHyperparametersV2(m, g, where, &spec.hyperparameters);
+    if (!s.ok()) return s;
+    s = CheckName(spec.name, kMaxGroupNameBytes, where + ".name");
+    if (s.ok()) s = ValidateHyperparameters(spec.hyperparameters);
     if (!s.ok()) return m.Bad(where, std::string(s.message()));
     if (!names.insert(spec.name).second) return m.Bad(where, "repeats the name " + spec.name);
     if (i == 0 && spec.name != kDefaultParamGroup) {

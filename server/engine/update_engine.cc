@@ -317,15 +317,10 @@ void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
         }
         std::shared_ptr<const ShardView> current = view();
         if (std::optional<uint32_t> existing = current->FindGroup(group.name)) {
-          const AdamWHyperparameters& a = current->groups()[*existing].hyperparameters;
-          const AdamWHyperparameters& b = group.hyperparameters;
-          const bool same = a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 &&
-                            a.eps == b.eps && a.weight_decay == b.weight_decay &&
-                            a.amsgrad == b.amsgrad && a.maximize == b.maximize &&
-                            a.decoupled_weight_decay == b.decoupled_weight_decay &&
-                            a.state_dtype == b.state_dtype && a.params_dtype == b.params_dtype &&
-                            a.rounding_seed == b.rounding_seed;
-          if (same) return done(false);
+          if (SameHyperparameters(current->groups()[*existing].hyperparameters,
+                                  group.hyperparameters)) {
+            return done(false);
+          }
           return done(absl::AlreadyExistsError(
               absl::StrCat("param group ", QuoteName(group.name),
                            " is registered with other hyperparameters; change them with "
@@ -346,10 +341,10 @@ void UpdateEngine::RegisterParamGroup(ParamGroupSpec group, Done<bool> done) {
       [done](const absl::Status& s) { done(s); });
 }
 
-void UpdateEngine::SetHyperparameters(std::string group, HyperparameterUpdate update,
+void UpdateEngine::SetHyperparameters(std::string group, v1::Hyperparameters update,
                                       Done<ParamGroupSpec> done) {
   Submit(
-      [this, group = std::move(group), update, done] {
+      [this, group = std::move(group), update = std::move(update), done] {
         if (absl::Status s = fault_->status(); !s.ok()) return done(s);
         std::shared_ptr<const ShardView> current = view();
         const std::string& name = group.empty() ? std::string(kDefaultParamGroup) : group;

@@ -58,6 +58,7 @@
 #include "kernels/backend.h"
 #include "server/engine/consistency.h"
 #include "server/engine/shard_fault.h"
+#include "server/schema/hyperparameters.h"
 #include "server/store/buffer_set.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
@@ -275,9 +276,9 @@ class UpdateEngine {
   // RegisterParamGroup's value is true when created, false when an identical group existed;
   // ALREADY_EXISTS for a group with other hyperparameters.
   void RegisterParamGroup(ParamGroupSpec group, Done<bool> done);
-  // The group after the change; NOT_FOUND, INVALID_ARGUMENT (UpdatedHyperparameters).
-  void SetHyperparameters(std::string group, HyperparameterUpdate update,
-                          Done<ParamGroupSpec> done);
+  // The group after the change of the fields `update` sets; NOT_FOUND, INVALID_ARGUMENT
+  // (UpdatedHyperparameters).
+  void SetHyperparameters(std::string group, v1::Hyperparameters update, Done<ParamGroupSpec> done);
   // Replaces or adds buffers (BufferSet::Merged's errors, all or nothing), in stream order: a
   // checkpoint's cut after this job holds them, one before does not. Versions and steps do not
   // change. `done` runs on the engine thread, with the version of the steps queued before.

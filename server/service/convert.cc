@@ -8,51 +8,6 @@
 namespace fusedps {
 namespace {
 
-// Whether weight decay is decoupled, for a field that is set.
-absl::StatusOr<bool> DecoupledFromProto(v1::WeightDecayMode mode) {
-  switch (mode) {
-    case v1::WEIGHT_DECAY_MODE_UNSPECIFIED:
-    case v1::WEIGHT_DECAY_MODE_DECOUPLED:
-      return true;
-    case v1::WEIGHT_DECAY_MODE_L2:
-      return false;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("hyperparameters.weight_decay_mode = ", static_cast<int>(mode),
-                       " must be DECOUPLED (1) or L2 (2)"));
-  }
-}
-
-absl::StatusOr<StateDType> StateDTypeFromProto(v1::StateDType dtype) {
-  switch (dtype) {
-    case v1::STATE_DTYPE_UNSPECIFIED:
-    case v1::STATE_DTYPE_FLOAT32:
-      return StateDType::kFloat32;
-    case v1::STATE_DTYPE_BFLOAT16:
-      return StateDType::kBFloat16;
-    case v1::STATE_DTYPE_INT8:
-      return StateDType::kInt8;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("hyperparameters.state_dtype = ", static_cast<int>(dtype),
-                       " must be FLOAT32 (1), BFLOAT16 (2) or INT8 (3)"));
-  }
-}
-
-absl::StatusOr<ParamsDType> ParamsDTypeFromProto(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_FLOAT32:
-      return ParamsDType::kFloat32;
-    case v1::DTYPE_BFLOAT16:
-      return ParamsDType::kBFloat16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("hyperparameters.params_dtype = ", static_cast<int>(dtype),
-                       " must be FLOAT32 (1) or BFLOAT16 (2)"));
-  }
-}
-
 v1::StateDType ToProto(StateDType dtype) { return static_cast<v1::StateDType>(dtype); }
 v1::DType ToProto(ParamsDType dtype) { return static_cast<v1::DType>(dtype); }
 
@@ -63,68 +18,9 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(const v1::Hyperparameters& p) {
-  absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(p);
-  if (!update.ok()) return update.status();
-  AdamWHyperparameters h;  // torch.optim.AdamW's defaults.
-  h.lr = update->lr.value_or(h.lr);
-  h.beta1 = update->beta1.value_or(h.beta1);
-  h.beta2 = update->beta2.value_or(h.beta2);
-  h.eps = update->eps.value_or(h.eps);
-  h.weight_decay = update->weight_decay.value_or(h.weight_decay);
-  h.amsgrad = update->amsgrad.value_or(h.amsgrad);
-  h.maximize = update->maximize.value_or(h.maximize);
-  h.decoupled_weight_decay = update->decoupled_weight_decay.value_or(h.decoupled_weight_decay);
-  h.state_dtype = update->state_dtype.value_or(h.state_dtype);
-  h.params_dtype = update->params_dtype.value_or(h.params_dtype);
-  h.rounding_seed = update->rounding_seed.value_or(h.rounding_seed);
-  return h;
-}
-
-absl::StatusOr<HyperparameterUpdate> UpdateFromProto(const v1::Hyperparameters& p) {
-  HyperparameterUpdate u;
-  if (p.has_lr()) u.lr = p.lr();
-  if (p.has_beta1()) u.beta1 = p.beta1();
-  if (p.has_beta2()) u.beta2 = p.beta2();
-  if (p.has_eps()) u.eps = p.eps();
-  if (p.has_weight_decay()) u.weight_decay = p.weight_decay();
-  if (p.has_amsgrad()) u.amsgrad = p.amsgrad();
-  if (p.has_maximize()) u.maximize = p.maximize();
-  if (p.has_weight_decay_mode()) {
-    absl::StatusOr<bool> decoupled = DecoupledFromProto(p.weight_decay_mode());
-    if (!decoupled.ok()) return decoupled.status();
-    u.decoupled_weight_decay = *decoupled;
-  }
-  if (p.has_state_dtype()) {
-    absl::StatusOr<StateDType> dtype = StateDTypeFromProto(p.state_dtype());
-    if (!dtype.ok()) return dtype.status();
-    u.state_dtype = *dtype;
-  }
-  if (p.has_params_dtype()) {
-    absl::StatusOr<ParamsDType> dtype = ParamsDTypeFromProto(p.params_dtype());
-    if (!dtype.ok()) return dtype.status();
-    u.params_dtype = *dtype;
-  }
-  if (p.has_rounding_seed()) u.rounding_seed = p.rounding_seed();
-  return u;
-}
-
 void ToProto(const ParamGroupSpec& g, v1::ParamGroup* p) {
   p->set_name(g.name);
-  v1::Hyperparameters* h = p->mutable_hyperparameters();
-  const AdamWHyperparameters& a = g.hyperparameters;
-  h->set_lr(a.lr);
-  h->set_beta1(a.beta1);
-  h->set_beta2(a.beta2);
-  h->set_eps(a.eps);
-  h->set_weight_decay(a.weight_decay);
-  h->set_amsgrad(a.amsgrad);
-  h->set_maximize(a.maximize);
-  h->set_weight_decay_mode(a.decoupled_weight_decay ? v1::WEIGHT_DECAY_MODE_DECOUPLED
-                                                    : v1::WEIGHT_DECAY_MODE_L2);
-  h->set_state_dtype(ToProto(a.state_dtype));
-  h->set_params_dtype(ToProto(a.params_dtype));
-  h->set_rounding_seed(a.rounding_seed);
+  *p->mutable_hyperparameters() = HyperparametersToProto(g.hyperparameters);
 }
 
 void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInfo* p) {

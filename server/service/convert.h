@@ -9,6 +9,7 @@
 #include "grpcpp/support/status.h"
 #include "server/engine/consistency.h"
 #include "server/models/model.h"
+#include "server/schema/hyperparameters.h"
 #include "server/store/buffer_set.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
@@ -17,15 +18,6 @@ namespace fusedps {
 
 // The same code and message.
 grpc::Status ToGrpc(const absl::Status& s);
-
-// A registration's hyperparameters: unset fields take torch.optim.AdamW's defaults (and fp32
-// state and params, rounding_seed 0). INVALID_ARGUMENT, naming the field and the values it
-// takes, for a weight_decay_mode that is not a WeightDecayMode, a state_dtype that is not a
-// StateDType, or a params_dtype other than FLOAT32 and BFLOAT16 (UNSPECIFIED means FLOAT32 for
-// both). Ranges, and amsgrad with non-fp32 state, are ValidateHyperparameters' (the engine's).
-absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(const v1::Hyperparameters& p);
-// A change: unset fields keep their value. INVALID_ARGUMENT as above.
-absl::StatusOr<HyperparameterUpdate> UpdateFromProto(const v1::Hyperparameters& p);
 
 // Every field set, the storage fields included.
 void ToProto(const ParamGroupSpec& group, v1::ParamGroup* p);

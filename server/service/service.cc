@@ -94,11 +94,10 @@ grpc::Status ParameterServiceImpl::SetHyperparameters(grpc::ServerContext* conte
   absl::StatusOr<std::shared_ptr<Model>> model =
       services_.AdmitModel(*context, Rpc::kSetHyperparameters, request->model());
   if (!model.ok()) return ToGrpc(model.status());
-  absl::StatusOr<HyperparameterUpdate> update = UpdateFromProto(request->hyperparameters());
-  if (!update.ok()) return ToGrpc(update.status());
   absl::StatusOr<ParamGroupSpec> group =
       UpdateEngine::Wait<ParamGroupSpec>([&](UpdateEngine::Done<ParamGroupSpec> done) {
-        (*model)->engine().SetHyperparameters(request->param_group(), *update, done);
+        (*model)->engine().SetHyperparameters(request->param_group(), request->hyperparameters(),
+                                              done);
       });
   if (!group.ok()) return ToGrpc(group.status());
   ToProto(*group, response->mutable_param_group());

@@ -50,59 +50,6 @@ absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape) {
   return numel;
 }
 
-absl::Status ValidateHyperparameters(const AdamWHyperparameters& h) {
-  auto out_of_range = [](absl::string_view field, double value, absl::string_view range) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hyperparameters.", field, " = ", value, " must be ", range));
-  };
-  if (!std::isfinite(h.lr) || h.lr < 0) return out_of_range("lr", h.lr, "finite and >= 0");
-  if (!(h.beta1 >= 0 && h.beta1 < 1)) return out_of_range("beta1", h.beta1, "in [0, 1)");
-  if (!(h.beta2 >= 0 && h.beta2 < 1)) return out_of_range("beta2", h.beta2, "in [0, 1)");
-  if (!std::isfinite(h.eps) || h.eps < 0) return out_of_range("eps", h.eps, "finite and >= 0");
-  if (!std::isfinite(h.weight_decay) || h.weight_decay < 0) {
-    return out_of_range("weight_decay", h.weight_decay, "finite and >= 0");
-  }
-  if (h.amsgrad && h.state_dtype != StateDType::kFloat32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hyperparameters.amsgrad needs state_dtype FLOAT32, not ", StateDTypeName(h.state_dtype)));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperparameters& old,
-                                                            const HyperparameterUpdate& update) {
-  if (update.amsgrad.has_value() && *update.amsgrad != old.amsgrad) {
-    return absl::InvalidArgumentError(
-        "hyperparameters.amsgrad is fixed at registration (max_exp_avg_sq would be missing)");
-  }
-  if (update.state_dtype.has_value() && *update.state_dtype != old.state_dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hyperparameters.state_dtype is fixed at registration (the group's state is stored in ",
-        StateDTypeName(old.state_dtype), ")"));
-  }
-  if (update.params_dtype.has_value() && *update.params_dtype != old.params_dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hyperparameters.params_dtype is fixed at registration (the group's params are stored "
-        "in ",
-        ParamsDTypeName(old.params_dtype), ")"));
-  }
-  if (update.rounding_seed.has_value() && *update.rounding_seed != old.rounding_seed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hyperparameters.rounding_seed is fixed at registration (it is ",
-                     old.rounding_seed, "; a replay or restore must round the same)"));
-  }
-  AdamWHyperparameters h = old;
-  h.lr = update.lr.value_or(h.lr);
-  h.beta1 = update.beta1.value_or(h.beta1);
-  h.beta2 = update.beta2.value_or(h.beta2);
-  h.eps = update.eps.value_or(h.eps);
-  h.weight_decay = update.weight_decay.value_or(h.weight_decay);
-  h.maximize = update.maximize.value_or(h.maximize);
-  h.decoupled_weight_decay = update.decoupled_weight_decay.value_or(h.decoupled_weight_decay);
-  if (absl::Status s = ValidateHyperparameters(h); !s.ok()) return s;
-  return h;
-}
-
 std::shared_ptr<const ShardView> ShardView::Initial() {
   std::shared_ptr<ShardView> view(new ShardView());
   view->tensors_ = std::make_shared<const std::vector<TensorMeta>>();

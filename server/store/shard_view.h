@@ -8,9 +8,9 @@
 // device. A view never changes after it is built. Values that change at every step (steps, the
 // version) are not here: see UpdateEngine::version() and Steps().
 //
-// This file also holds the checks of names, shapes and hyperparameters that registration and
+// This file also holds the checks of names and shapes that registration and
 // SetHyperparameters share. Their errors (absl::Status) name the field and the limit:
-//   INVALID_ARGUMENT  a bad name, shape or hyperparameter
+//   INVALID_ARGUMENT  a bad name or shape
 //   NOT_FOUND         a tensor or param group that is not registered
 //   ALREADY_EXISTS    a spec that conflicts with a registered one
 //
@@ -47,16 +47,6 @@ inline constexpr uint64_t kMaxTensorNumel = uint64_t{1} << 36;
 struct ParamGroupSpec {
   std::string name;
   AdamWHyperparameters hyperparameters;
-};
-
-// Hyperparameters to change; unset fields keep their value. amsgrad, state_dtype, params_dtype
-// and rounding_seed are fixed at registration: an update may repeat them, not change them.
-struct HyperparameterUpdate {
-  std::optional<double> lr, beta1, beta2, eps, weight_decay;
-  std::optional<bool> amsgrad, maximize, decoupled_weight_decay;
-  std::optional<StateDType> state_dtype;
-  std::optional<ParamsDType> params_dtype;
-  std::optional<uint64_t> rounding_seed;
 };
 
 struct TensorSpec {
@@ -141,16 +131,6 @@ absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
 
 // Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.
 absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape);
-
-// INVALID_ARGUMENT naming the field and its range for a hyperparameter out of range, and for
-// amsgrad with a state_dtype other than fp32 (max_exp_avg_sq is fp32 beside fp32 state).
-absl::Status ValidateHyperparameters(const AdamWHyperparameters& h);
-
-// `h` changed by `update`; INVALID_ARGUMENT when the result is out of range, or amsgrad,
-// state_dtype, params_dtype or rounding_seed would change (fixed at registration: the state's
-// storage, and the bits of stochastic rounding, depend on them).
-absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperparameters& h,
-                                                            const HyperparameterUpdate& update);
 
 // INVALID_ARGUMENT unless `name` has 1 to max_bytes bytes; the message names `field`.
 absl::Status CheckName(absl::string_view name, size_t max_bytes, absl::string_view field);

@@ -105,7 +105,7 @@ def test_server_checkpoint_continues_in_torch(tmp_path, case_id):
         assert (root / "latest").read_text().strip() == os.path.basename(path)
         with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
             manifest = json.load(f)
-        assert manifest["version"] == version and manifest["format_version"] == 2
+        assert manifest["version"] == version and manifest["format_version"] == 3
         assert [t["name"] for t in manifest["tensors"]] == names
 
         model_state, optim_state = checkpoint.to_torch(path)

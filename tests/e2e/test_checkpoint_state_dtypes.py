@@ -128,13 +128,14 @@ def test_checkpoint_holds_the_stored_form_and_to_torch_dequantizes_it_exactly(tm
 
     with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    assert manifest["format_version"] == 2
-    groups = {g["name"]: g for g in manifest["param_groups"]}
+    assert manifest["format_version"] == 3
+    groups = {g["name"]: g["hyperparameters"] for g in manifest["param_groups"]}
+    proto_names = {"fp32": "FLOAT32", "bf16": "BFLOAT16", "int8": "INT8"}
     for group, kwargs in GROUPS.items():
-        g = groups[group]
-        assert g["state_dtype"] == kwargs.get("state_dtype", "fp32")
-        assert g["params_dtype"] == kwargs.get("params_dtype", "fp32")
-        assert g["rounding_seed"] == kwargs.get("rounding_seed", 0)
+        g = groups[group]  # protobuf's JSON mapping: enums by name, uint64 as a string
+        assert g["state_dtype"] == "STATE_DTYPE_" + proto_names[kwargs.get("state_dtype", "fp32")]
+        assert g["params_dtype"] == "DTYPE_" + proto_names[kwargs.get("params_dtype", "fp32")]
+        assert g["rounding_seed"] == str(kwargs.get("rounding_seed", 0))
     for t in manifest["tensors"]:
         if t["name"] in LAYOUTS:
             assert (t["params_dtype"], t["state_dtype"]) == LAYOUTS[t["name"]], t["name"]
@@ -219,12 +220,13 @@ def test_restore_serves_the_same_bits_and_replays_the_rounding(tmp_path):
 
 # -- offline: hand-made checkpoints ---------------------------------------------------------------
 
-def _hand_made(root, *, codebook_scale=1.0):
-    """A checkpoint written here by the format's definition: group "q" (int8 state, bf16
-    params) with "q/w" (5000 elements: int8) and "q/b" (10: fp32 state), group "h" (bf16
-    state) with "h/w". Returns (directory, expected fp32 values: field -> name -> tensor).
-    The codebooks are a linear map times codebook_scale, not the server's: to_torch must use
-    the manifest's."""
+def _hand_made(root, *, codebook_scale=1.0, format_version=2):
+    """A checkpoint written here by the format's definition (docs/checkpoints.md, format 2 or
+    3): group "q" (int8 state, bf16 params) with "q/w" (5000 elements: int8) and "q/b" (10:
+    fp32 state), group "h" (bf16 state) with "h/w". Returns (directory, expected fp32 values:
+    field -> name -> tensor). The codebooks are a linear map times codebook_scale, not the
+    server's: to_torch must use the manifest's. The bad-storage cases below edit format 2's
+    keys, and the server's checkpoints of format 3 are tested above."""
     gen = torch.Generator().manual_seed(8)
     book = {"exp_avg": torch.linspace(-1, 1, 256) * codebook_scale,
             "exp_avg_sq": torch.linspace(0, 1, 256) * codebook_scale}
@@ -256,16 +258,26 @@ def _hand_made(root, *, codebook_scale=1.0):
     for field, tensors in files.items():
         size, crc = _write_stored(os.path.join(directory, f"{field}.safetensors"), tensors)
         listed[f"{field}.safetensors"] = {"bytes": size, "crc32": crc}
-    hyper = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False,
-                 maximize=False, decoupled_weight_decay=True)
+    if format_version == 2:  # Each hyperparameter a key of its group.
+        hyper = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                     amsgrad=False, maximize=False, decoupled_weight_decay=True)
+        param_groups = [dict(name="default", **hyper),
+                        dict(name="q", state_dtype="int8", params_dtype="bf16",
+                             rounding_seed=2**64 - 1, **hyper),
+                        dict(name="h", state_dtype="bf16", params_dtype="fp32",
+                             rounding_seed=0, **hyper)]
+    else:  # protobuf's JSON mapping of fusedps.v1.Hyperparameters; absent fields: defaults.
+        hyper = dict(lr=0.01, weight_decay=0.0, weight_decay_mode="WEIGHT_DECAY_MODE_DECOUPLED")
+        param_groups = [dict(name="default", hyperparameters=hyper),
+                        dict(name="q", hyperparameters=dict(
+                            state_dtype="STATE_DTYPE_INT8", params_dtype="DTYPE_BFLOAT16",
+                            rounding_seed=str(2**64 - 1), **hyper)),
+                        dict(name="h", hyperparameters=dict(
+                            state_dtype="STATE_DTYPE_BFLOAT16", **hyper))]
     manifest = {
-        "format": "fusedps-checkpoint", "format_version": 2, "serial": 1, "version": 4,
-        "server_version": "test", "created_unix_seconds": 0, "param_copy_dtype": "none",
-        "param_groups": [dict(name="default", **hyper),
-                         dict(name="q", state_dtype="int8", params_dtype="bf16",
-                              rounding_seed=2**64 - 1, **hyper),
-                         dict(name="h", state_dtype="bf16", params_dtype="fp32",
-                              rounding_seed=0, **hyper)],
+        "format": "fusedps-checkpoint", "format_version": format_version, "serial": 1,
+        "version": 4, "server_version": "test", "created_unix_seconds": 0,
+        "param_copy_dtype": "none", "param_groups": param_groups,
         "tensors": [dict(name="q/w", shape=[50, 100], param_group="q", step=4,
                          params_dtype="bf16", state_dtype="int8"),
                     dict(name="q/b", shape=[10], param_group="q", step=4,
@@ -279,9 +291,11 @@ def _hand_made(root, *, codebook_scale=1.0):
     return directory, expected
 
 
-def test_to_torch_dequantizes_with_the_manifests_codebooks(tmp_path):
+@pytest.mark.parametrize("format_version", [2, 3])
+def test_to_torch_dequantizes_with_the_manifests_codebooks(tmp_path, format_version):
     for scale in (1.0, 0.5):
-        directory, expected = _hand_made(tmp_path / str(scale), codebook_scale=scale)
+        directory, expected = _hand_made(tmp_path / str(scale), codebook_scale=scale,
+                                         format_version=format_version)
         model_state, optim_state = checkpoint.to_torch(directory)
         index = {n: i for g in optim_state["param_groups"]
                  for i, n in zip(g["params"], g["param_names"])}
@@ -383,7 +397,9 @@ def test_from_torch_writes_fp32_storage_only(tmp_path):
     with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
         m = json.load(f)
     for g in m["param_groups"]:
-        assert (g["state_dtype"], g["params_dtype"], g["rounding_seed"]) == ("fp32", "fp32", 0)
+        h = g["hyperparameters"]
+        assert (h["state_dtype"], h["params_dtype"], h["rounding_seed"]) == (
+            "STATE_DTYPE_FLOAT32", "DTYPE_FLOAT32", "0")
     for t in m["tensors"]:
         assert (t["params_dtype"], t["state_dtype"]) == ("fp32", "fp32")
     assert "int8_codebooks" not in m

@@ -259,7 +259,9 @@ def test_optimizer_loaded_from_checkpoint_continues_exactly(tmp_path, cls):
                                  **kw)
     expected_decoupled = cls is torch.optim.AdamW
     groups = _manifest(path)["param_groups"]  # "default" (AdamW's defaults), body, head
-    assert [g["decoupled_weight_decay"] for g in groups] == [True] + [expected_decoupled] * 2
+    assert [g["hyperparameters"]["weight_decay_mode"] for g in groups] == \
+        ["WEIGHT_DECAY_MODE_DECOUPLED"] + \
+        ["WEIGHT_DECAY_MODE_DECOUPLED" if expected_decoupled else "WEIGHT_DECAY_MODE_L2"] * 2
     model_state, optim_state = checkpoint.to_torch(path)
     assert [g["decoupled_weight_decay"] for g in optim_state["param_groups"]] == \
         [expected_decoupled] * 2
@@ -316,7 +318,7 @@ def test_corruption_is_reported(tmp_path):
         f.write(text[:len(text) // 2])
     with pytest.raises(ValueError, match=r"manifest\.json is not valid JSON"):
         checkpoint.to_torch(path)
-    for key, value, match in [("format_version", 3, "format_version 3 is unknown"),
+    for key, value, match in [("format_version", 4, "format_version 4 is unknown"),
                               ("format_version", 1, "format_version 1 is unknown"),
                               ("format", "other", "format 'other'"),
                               ("version", -1, "'version'")]:
@@ -414,7 +416,8 @@ def test_group_names_default_and_empty_groups(tmp_path):
     path = _write(tmp_path, model, opt, group_names=None)
     m = _manifest(path)
     assert [g["name"] for g in m["param_groups"]] == ["default", "group1"]
-    assert m["param_groups"][0]["lr"] == 0.01 and m["param_groups"][1]["amsgrad"] is True
+    assert m["param_groups"][0]["hyperparameters"]["lr"] == 0.01
+    assert m["param_groups"][1]["hyperparameters"]["amsgrad"] is True
     # A group without tensors (as the server's "default" often is) is left out of to_torch's
     # param_groups; indices still run group by group.
     m["param_groups"].insert(1, dict(m["param_groups"][0], name="idle"))
@@ -455,22 +458,24 @@ def test_manifest_has_the_documented_keys(tmp_path):
     path = _write(tmp_path, model, opt)
     m = _manifest(path)
     assert list(m) == keys[:-1]
-    assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 2
+    assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 3
     assert m["serial"] == 1 and m["version"] == 3 and m["server_version"] == "python"
     assert before <= m["created_unix_seconds"] <= time.time() + 1
     assert m["param_copy_dtype"] == "none" and m["retry_table"] == []
     # The server's group 0 is "default": from_torch adds it, with AdamW's defaults.
     assert [g["name"] for g in m["param_groups"]] == ["default"] + GROUP_NAMES
     defaults = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]).defaults
-    assert m["param_groups"][0] == dict(
-        name="default", lr=defaults["lr"], beta1=defaults["betas"][0],
-        beta2=defaults["betas"][1], eps=defaults["eps"], weight_decay=defaults["weight_decay"],
-        amsgrad=False, maximize=False, decoupled_weight_decay=True, state_dtype="fp32",
-        params_dtype="fp32", rounding_seed=0)
+    # Protobuf's JSON mapping of fusedps.v1.Hyperparameters, every field present.
+    assert m["param_groups"][0] == dict(name="default", hyperparameters=dict(
+        lr=defaults["lr"], beta1=defaults["betas"][0], beta2=defaults["betas"][1],
+        eps=defaults["eps"], weight_decay=defaults["weight_decay"], amsgrad=False,
+        maximize=False, weight_decay_mode="WEIGHT_DECAY_MODE_DECOUPLED",
+        state_dtype="STATE_DTYPE_FLOAT32", params_dtype="DTYPE_FLOAT32", rounding_seed="0"))
     for g, (_, h) in zip(m["param_groups"][1:], GROUPS):
         assert set(g) == nested["param_groups"]
-        assert (g["lr"], g["weight_decay"], g["amsgrad"]) == (h["lr"], h["weight_decay"],
-                                                              h.get("amsgrad", False))
+        hyper = g["hyperparameters"]
+        assert (hyper["lr"], hyper["weight_decay"], hyper["amsgrad"]) == (
+            h["lr"], h["weight_decay"], h.get("amsgrad", False))
     params = dict(model.named_parameters())
     assert [t["name"] for t in m["tensors"]] == ORDER
     for t in m["tensors"]:

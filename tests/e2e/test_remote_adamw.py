@@ -9,7 +9,10 @@ writes), the loads in the order opt, scheduler, then model, and 14 more steps. T
 state_dicts must then match within test_parity.py's tolerances (torch's own for fused vs
 for-loop AdamW); on the GPU under fp16 autocast, where each run's forward passes round their
 own way, within 1e-4. The focused tests after it give both optimizers the same gradients
-(RemoteAdamW's model's, copied), so that they compare the optimizers alone.
+(RemoteAdamW's model's, copied), so that they compare the optimizers alone. Loading state
+(state_dict round trips, load order, restarts) and several servers are tested in
+test_remote_adamw_state_dict.py; the model, the oracle and the comparisons of both files are in
+remote_adamw_helpers.py.
 
 GradScaler: grad_scalers.make_scaler (torch's own GradScaler on every torch version). With
 FUSEDPS_TEST_DEVICE=cuda on a machine with CUDA, the model runs on the GPU under fp16 autocast
@@ -20,17 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
-from typing import Callable, Dict, List
+from typing import Callable
 
 import grpc
 import pytest
 import torch
 
-import fusedps
-from fusedps.plan import make_plan
 from fusedps.torch import RemoteAdamW
 from grad_scalers import make_scaler
+from remote_adamw_helpers import (ATOL, DEVICE, RTOL, Net, _has_load_state, _models,
+                                  _step_both, assert_params_close, assert_state_dicts_close,
+                                  batch, copy_grads, param_groups, torch_adamw)
 from server_fixture import running_server
 
 # torch >= 2.3 warns at each GradScaler.step that its grad_scaler keyword will go; fusedps.torch
@@ -38,121 +41,9 @@ from server_fixture import running_server
 pytestmark = pytest.mark.filterwarnings(
     "ignore:GradScaler is going to stop passing itself:FutureWarning")
 
-# test_parity.py's tolerance: PyTorch's own for fused vs for-loop AdamW.
-RTOL = 1.3e-6
-ATOL = 1e-5
-
-DEVICE = torch.device("cuda" if os.environ.get("FUSEDPS_TEST_DEVICE") == "cuda"
-                      and torch.cuda.is_available() else "cpu")
 # fp16 autocast on the GPU: the forward passes see params that differ by rounding, and fp16
 # rounds their activations differently; a looser bound there.
 TRAIN_RTOL, TRAIN_ATOL = (RTOL, ATOL) if DEVICE.type == "cpu" else (1e-4, 1e-4)
-
-
-def _has_load_state() -> bool:
-    return hasattr(fusedps.Client, "load_state")
-
-
-needs_load_state = pytest.mark.skipif(not _has_load_state(),
-                                      reason="fusedps.Client.load_state not available")
-
-
-def autocast():
-    if DEVICE.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.float16)
-    return contextlib.nullcontext()
-
-
-# ----------------------------------------------------------------------------------------------
-# Models and optimizers
-# ----------------------------------------------------------------------------------------------
-
-class Net(torch.nn.Module):
-    """A small MLP with a classification head and an auxiliary head (used on some steps only,
-    so that its grads are None on the others)."""
-
-    def __init__(self, seed: int):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.body = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(),
-                                        torch.nn.Linear(32, 32), torch.nn.Tanh())
-        self.head = torch.nn.Linear(32, 3)
-        self.aux = torch.nn.Linear(32, 1)
-
-    def loss(self, x, y, use_aux: bool):
-        with autocast():
-            h = self.body(x)
-            logits = self.head(h)
-            aux = self.aux(h) if use_aux else None
-        loss = torch.nn.functional.cross_entropy(logits.float(), y)
-        if use_aux:
-            loss = loss + aux.float().square().mean()
-        return loss
-
-
-def param_groups(model: torch.nn.Module) -> List[Dict]:
-    """Two groups of named params, the usual split: decayed weights, biases without decay."""
-    decay = [(n, p) for n, p in model.named_parameters() if n.endswith("weight")]
-    no_decay = [(n, p) for n, p in model.named_parameters() if not n.endswith("weight")]
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def torch_adamw(params, **kw):
-    """The oracle: torch.optim.AdamW's for-loop implementation. Given named params (a module's
-    named_parameters or groups of them) it keeps the names where torch can (>= 2.6: its
-    state_dict then has "param_names", as RemoteAdamW's has there)."""
-    params = list(params)
-    try:
-        return torch.optim.AdamW(params, foreach=False, **kw)
-    except TypeError:  # torch < 2.6: tensors only
-        def strip(ps):
-            return [p[1] if isinstance(p, tuple) else p for p in ps]
-        if params and isinstance(params[0], dict):
-            params = [dict(g, params=strip(g["params"])) for g in params]
-        else:
-            params = strip(params)
-        return torch.optim.AdamW(params, foreach=False, **kw)
-
-
-def batch(step: int):
-    gen = torch.Generator().manual_seed(1000 + step)
-    x = torch.randn(16, 12, generator=gen)
-    y = torch.randint(0, 3, (16,), generator=gen)
-    return x.to(DEVICE), y.to(DEVICE)
-
-
-def assert_params_close(a: torch.nn.Module, b: torch.nn.Module, rtol=RTOL, atol=ATOL, msg=""):
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(pa.detach().cpu(), pb.detach().cpu(), rtol=rtol, atol=atol,
-                                   msg=lambda m: f"{msg} {name}: {m}")
-
-
-def assert_state_dicts_close(ours: Dict, theirs: Dict, rtol=RTOL, atol=ATOL,
-                             ignore_group_keys=("foreach",)):
-    """Same structure (group keys, state indices and keys, dtypes, shapes, devices) and values
-    within tolerance; steps exactly."""
-    assert len(ours["param_groups"]) == len(theirs["param_groups"])
-    for g, h in zip(ours["param_groups"], theirs["param_groups"]):
-        assert set(g) == set(h), (set(g) ^ set(h))
-        for k in g:
-            if k in ignore_group_keys:
-                continue
-            if k in ("lr", "initial_lr"):
-                assert float(g[k]) == pytest.approx(float(h[k]), rel=1e-12), k
-            else:
-                assert g[k] == h[k], (k, g[k], h[k])
-    assert set(ours["state"]) == set(theirs["state"])
-    for i, entry in ours["state"].items():
-        other = theirs["state"][i]
-        assert list(entry) == list(other), (i, list(entry), list(other))
-        for k, v in entry.items():
-            w = other[k]
-            assert (v.dtype, v.shape, v.device) == (w.dtype, w.shape, w.device), (i, k)
-            if k == "step":
-                assert torch.equal(v, w), (i, v, w)
-            else:
-                torch.testing.assert_close(v, w, rtol=rtol, atol=atol,
-                                           msg=lambda m: f"state {i} {k}: {m}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,30 +128,6 @@ def test_training_matches_torch(server_target):
 # ----------------------------------------------------------------------------------------------
 # Focused checks
 # ----------------------------------------------------------------------------------------------
-
-def _models(seed=3):
-    ours, theirs = Net(seed).to(DEVICE), Net(seed).to(DEVICE)
-    return ours, theirs
-
-
-def copy_grads(source: torch.nn.Module, *targets: torch.nn.Module) -> None:
-    """Gives the targets' params source's gradients (None stays None): the focused tests compare
-    the optimizers on the same gradients, with no feedback through separate forward passes."""
-    for ps in zip(source.parameters(), *(t.parameters() for t in targets)):
-        for q in ps[1:]:
-            q.grad = None if ps[0].grad is None else ps[0].grad.detach().clone()
-
-
-def _step_both(models, opts, step, use_aux=True):
-    """One step of each optimizer on models[0]'s gradients of batch ``step``."""
-    x, y = batch(step)
-    for opt in opts:
-        opt.zero_grad(set_to_none=True)
-    models[0].loss(x, y, use_aux).backward()
-    copy_grads(models[0], *models[1:])
-    for opt in opts:
-        opt.step()
-
 
 @pytest.mark.parametrize("hyper", [
     dict(lr=0.01),
@@ -468,163 +335,6 @@ def test_bfloat16_gradients(server_target):
         topt.step()
     assert opt.last_push_result.grad_bytes == 2 * sum(p.numel() for p in ours.parameters())
     assert_params_close(ours, theirs)
-
-
-def test_sharded_targets_match_one_server(server_target):
-    """The same training on two servers, whole tensors (targets=[a, b]) and cut ones (a plan
-    with small slices), gives one server's params and state, bit for bit."""
-    models = [Net(6).to(DEVICE) for _ in range(3)]
-    hyper = dict(lr=0.01, weight_decay=0.1, amsgrad=True)
-    with contextlib.ExitStack() as stack:
-        # A server serves one plan: a pair for each.
-        servers = [stack.enter_context(running_server()) for _ in range(6)]
-        single = RemoteAdamW(models[0].named_parameters(), targets=server_target,
-                             prefix="shard/", **hyper)
-        stack.callback(single.close)
-        whole = RemoteAdamW(models[1].named_parameters(), targets=servers[:2], prefix="shard/",
-                            **hyper)
-        stack.callback(whole.close)
-        assert isinstance(whole.client, fusedps.ShardedClient)
-        cut = RemoteAdamW(models[2].named_parameters(),
-                          client=cut_client(models[2], servers[2:4], stack), **hyper)
-        assert any(s.server_tensor != s.tensor for s in cut.client.plan.slices)
-        opts = (single, whole, cut)
-        for step in range(6):
-            _step_both(models, opts, step, use_aux=step != 2)
-        for other, o in zip(models[1:], opts[1:]):
-            for (n, p), q in zip(models[0].named_parameters(), other.parameters()):
-                assert torch.equal(p, q), n
-            assert_state_dicts_close(o.state_dict(), single.state_dict(), rtol=0, atol=0)
-        if _has_load_state():
-            # A state_dict load writes every shard.
-            saved = single.state_dict()
-            fresh = Net(7).to(DEVICE)
-            cut2 = RemoteAdamW(fresh.named_parameters(),
-                               client=cut_client(fresh, servers[4:], stack),
-                               **dict(hyper, lr=0.5))
-            cut2.load_state_dict(saved)
-            fresh.load_state_dict(models[0].state_dict())
-            assert cut2.write_pending_state()
-            assert_state_dicts_close(cut2.state_dict(), saved, rtol=0, atol=0)
-            pulled = cut2.client.pull_parameters(cut2.tensor_names)
-            for n, p in models[0].named_parameters():
-                assert torch.equal(pulled[n], p.detach().cpu()), n
-
-
-def cut_client(model, targets, stack):
-    """A ShardedClient whose plan cuts the model's tensors into slices of 100 elements, closed
-    with ``stack``. A plan given with the client names the optimizer's server groups."""
-    plan = make_plan([(n, tuple(p.shape), "group0") for n, p in model.named_parameters()],
-                     len(targets), slice_elements=100)
-    client = fusedps.ShardedClient(targets, plan=plan)
-    stack.callback(client.close)
-    return client
-
-
-@needs_load_state
-def test_state_dict_round_trip_with_torch(server_target):
-    """torch's state_dict loads into RemoteAdamW and RemoteAdamW's into torch; both go on as
-    one."""
-    ours, theirs = _models()
-    hyper = dict(lr=0.01, weight_decay=0.1, amsgrad=True)
-    opt = RemoteAdamW(param_groups(ours), targets=server_target,
-                      prefix="roundtrip/", **hyper)
-    topt = torch_adamw(param_groups(theirs), **hyper)
-    for step in range(3):
-        _step_both((ours, theirs), (opt, topt), step, use_aux=step != 1)
-    ours_sd, theirs_sd = opt.state_dict(), topt.state_dict()
-    assert_state_dicts_close(ours_sd, theirs_sd)
-    assert ours_sd["state"][0]["step"].dtype == theirs_sd["state"][0]["step"].dtype
-    # torch's state_dict holds its live tensors: copies, with another lr in both.
-    ours_sd, theirs_sd = copy.deepcopy(ours_sd), copy.deepcopy(theirs_sd)
-    ours_sd["param_groups"][0]["lr"] = theirs_sd["param_groups"][0]["lr"] = 0.004
-
-    with running_server() as target:
-        # torch -> RemoteAdamW, on a fresh server that holds other values until the load.
-        model2 = Net(8).to(DEVICE)
-        opt2 = RemoteAdamW(param_groups(model2), targets=target, prefix="rt2/",
-                           **hyper)
-        opt2.load_state_dict(theirs_sd)
-        model2.load_state_dict(theirs.state_dict())
-        assert opt2.param_groups[0]["lr"] == 0.004
-        assert_state_dicts_close(opt2.state_dict(), theirs_sd)  # pending, as loaded
-        # RemoteAdamW -> torch
-        model3 = Net(9).to(DEVICE)
-        model3.load_state_dict(ours.state_dict())
-        topt3 = torch_adamw(param_groups(model3), **hyper)
-        topt3.load_state_dict(ours_sd)
-        topt.load_state_dict(theirs_sd)
-        opt.load_state_dict(ours_sd)  # its own state back, with the new lr
-        for step in range(3, 6):
-            _step_both((model2, theirs, model3, ours), (opt2, topt, topt3, opt), step)
-        assert_params_close(model2, theirs)
-        assert_params_close(model3, theirs)
-        assert_params_close(ours, theirs)
-        assert_state_dicts_close(opt2.state_dict(), topt.state_dict())
-        opt2.close()
-    opt.close()
-
-
-@needs_load_state
-@pytest.mark.parametrize("order", ["model_first", "optimizer_first", "eager"])
-def test_load_order(server_target, order):
-    """Lazy load: model.load_state_dict and opt.load_state_dict in either order; the server gets
-    the params the model holds at the next step (write_pending_state: at once)."""
-    source, theirs = _models(10)
-    sopt = torch_adamw(source.named_parameters(), lr=0.01)
-    _step_both((source,), (sopt,), 0)
-    saved_model, saved_opt = copy.deepcopy(source.state_dict()), copy.deepcopy(sopt.state_dict())
-
-    model = Net(11).to(DEVICE)  # other values, registered on the server as they are
-    opt = RemoteAdamW(model.named_parameters(), lr=0.01, targets=server_target,
-                      prefix=f"order-{order}/")
-    if order == "model_first":
-        model.load_state_dict(saved_model)
-        opt.load_state_dict(saved_opt)
-    else:
-        opt.load_state_dict(saved_opt)
-        if order == "eager":
-            opt.write_pending_state()  # the server gets Net(11)'s values now ...
-            _, _, steps = opt.client.pull_state("exp_avg", opt.tensor_names)
-            assert set(steps.values()) == {1}
-        model.load_state_dict(saved_model)  # ... and this does not reach it
-    version = opt.client.info().version
-    _step_both((model, source), (opt, sopt), 1)
-    if order == "eager":  # the push stepped Net(11)'s values, not the loaded ones
-        assert opt.last_step_timings["load_state_seconds"] == 0.0
-        assert opt.client.info().version == version + 1
-        opt.close()
-        return
-    assert opt.last_step_timings["load_state_seconds"] > 0
-    assert opt.client.info().version == version + 2  # the load, then the push
-    assert_params_close(model, source)
-    assert_state_dicts_close(opt.state_dict(), sopt.state_dict())
-    opt.close()
-
-
-def test_restart_takes_the_server_values(server_target):
-    """A second optimizer over the same names (a restarted trainer, on_existing="resume")
-    leaves the server's values and state, pulls them into its model, and takes its own
-    hyperparameters."""
-    model = Net(12).to(DEVICE)
-    opt = RemoteAdamW(model.named_parameters(), lr=0.01, targets=server_target,
-                      prefix="restart/")
-    _step_both((model,), (opt,), 0)
-    _step_both((model,), (opt,), 1)
-    opt.close()
-    restarted = Net(13).to(DEVICE)
-    opt2 = RemoteAdamW(restarted.named_parameters(), lr=0.03, targets=server_target,
-                       prefix="restart/", on_existing="resume")
-    for p, q in zip(model.parameters(), restarted.parameters()):
-        assert torch.equal(p, q)
-    group = {g.name: g for g in opt2.client.info().param_groups}["restart/group0"]
-    assert group.lr == pytest.approx(0.03)
-    assert {int(e["step"].item()) for e in opt2.state_dict()["state"].values()} == {2}
-    with pytest.raises(ValueError, match="amsgrad"):
-        RemoteAdamW(Net(14).named_parameters(), amsgrad=True, targets=server_target,
-                    prefix="restart/", on_existing="resume")
-    opt2.close()
-
 
 def test_construction_errors(server_target):
     model = Net(15)

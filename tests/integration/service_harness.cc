@@ -99,22 +99,7 @@ AdamWHyperparameters CustomHyperparameters() {
   return h;
 }
 
-v1::Hyperparameters ToProto(const AdamWHyperparameters& h) {
-  v1::Hyperparameters p;
-  p.set_lr(h.lr);
-  p.set_beta1(h.beta1);
-  p.set_beta2(h.beta2);
-  p.set_eps(h.eps);
-  p.set_weight_decay(h.weight_decay);
-  p.set_amsgrad(h.amsgrad);
-  p.set_maximize(h.maximize);
-  p.set_weight_decay_mode(h.decoupled_weight_decay ? v1::WEIGHT_DECAY_MODE_DECOUPLED
-                                                   : v1::WEIGHT_DECAY_MODE_L2);
-  p.set_state_dtype(static_cast<v1::StateDType>(h.state_dtype));
-  p.set_params_dtype(static_cast<v1::DType>(h.params_dtype));
-  p.set_rounding_seed(h.rounding_seed);
-  return p;
-}
+v1::Hyperparameters ToProto(const AdamWHyperparameters& h) { return HyperparametersToProto(h); }
 
 // --- HostModel ---
 

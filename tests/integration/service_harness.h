@@ -28,6 +28,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kernels/adamw_math.h"
+#include "server/schema/hyperparameters.h"
 #include "server/server.h"
 
 namespace fusedps::integration {

@@ -164,6 +164,25 @@ struct ParamGroupOptions {
   std::optional<uint64_t> rounding_seed;
 };
 
+namespace internal {
+// ParamGroupOptions' doubles and bools by the name of their field in proto
+// fusedps.v1.Hyperparameters, which client/wire.cc converts in one loop each way (its test fails
+// for a proto field that converts nowhere). A double or bool added above is added here too.
+template <typename T>
+struct ParamGroupField {
+  const char* name;
+  std::optional<T> ParamGroupOptions::*member;
+};
+inline constexpr ParamGroupField<double> kParamGroupDoubleFields[] = {
+    {"lr", &ParamGroupOptions::lr},
+    {"beta1", &ParamGroupOptions::beta1},
+    {"beta2", &ParamGroupOptions::beta2},
+    {"eps", &ParamGroupOptions::eps},
+    {"weight_decay", &ParamGroupOptions::weight_decay}};
+inline constexpr ParamGroupField<bool> kParamGroupBoolFields[] = {
+    {"amsgrad", &ParamGroupOptions::amsgrad}, {"maximize", &ParamGroupOptions::maximize}};
+}  // namespace internal
+
 // A param group as the server stores it.
 struct ParamGroup {
   std::string name;

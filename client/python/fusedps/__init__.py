@@ -7,6 +7,7 @@ gradients (one atomic AdamW step per push) and pull parameters back.
   servers, a drop-in for torch.optim.AdamW (imported on first use).
 * fusedps.Client: one server; fusedps.ShardedClient: a model split over several servers, with
   fusedps.plan computing which slice of which tensor each holds (docs/sharding.md).
+  fusedps.ParameterServiceClient: the typing.Protocol both satisfy (what RemoteAdamW uses).
 * fusedps.errors: the exceptions, one per gRPC status code, under fusedps.FusedPSError.
 * fusedps.checkpoint converts server checkpoints to and from PyTorch state dicts
   (docs/checkpoints.md); imported on first use.
@@ -19,6 +20,7 @@ imported only by the calls that move tensors, not by ``import fusedps``.
 from fusedps import errors
 from fusedps.client import Client
 from fusedps.errors import FusedPSError
+from fusedps._protocol import ParameterServiceClient
 from fusedps._push_transaction import PushTransaction
 from fusedps.plan import PlanSlice, ShardPlan, make_plan
 from fusedps.results import (Consistency, ModelDeleted, ModelInfo, ParamGroup, PulledTensors,
@@ -46,6 +48,7 @@ __all__ = [
     "ModelDeleted",
     "ModelInfo",
     "ParamGroup",
+    "ParameterServiceClient",
     "PlanSlice",
     "PulledShards",
     "PulledTensors",

@@ -12,13 +12,17 @@ Wire rules (proto/fusedps/v1/parameter_service.proto):
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from fusedps._dtypes import element_size, torch_dtype
 from fusedps._lazy import LazyModule
 
-np = LazyModule("numpy")
-torch = LazyModule("torch")
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+else:
+    np = LazyModule("numpy")
+    torch = LazyModule("torch")
 
 # Bytes reserved per TensorChunk for protobuf framing: field tags, length varints (<= 5 bytes
 # each) and the offset varint (<= 10 bytes). 32 covers the worst case with room to spare; the
@@ -211,13 +215,13 @@ def chunk_framing(name: bytes, offset: int, nbytes: int, field: int = 0) -> Tupl
     return _tag(CHUNKS_FIELD, _WIRETYPE_LEN) + _varint(size) + body, suffix
 
 
-def encode_messages(plan: Sequence[List[Tuple[str, int, int]]], wire_views,
+def encode_messages(plan: Iterable[List[Tuple[str, int, int]]], wire_views,
                     itemsize: int, field: int = 0) -> Iterator[bytes]:
     """Serialized request messages carrying the chunks of ``plan`` (plan_messages' lists of
     (name, start, stop)), the data read from ``wire_views[name]``: the tensor's wire bytes as a
     1-D uint8 numpy array (element ranges are scaled by ``itemsize``). ``field``: as
     chunk_framing. Each message is one bytes object, made by one join: the data's only copy."""
-    names = {}
+    names: Dict[str, bytes] = {}
     for message in plan:
         parts = []
         for name, start, stop in message:
@@ -240,7 +244,7 @@ class _OneTensorAtATime:
     def __init__(self, tensors, wire: str):
         self._tensors = tensors
         self._wire = wire
-        self._name = None
+        self._name: Optional[str] = None
         self._view = None
 
     def __getitem__(self, name: str):
@@ -251,7 +255,7 @@ class _OneTensorAtATime:
         return self._view
 
 
-def chunk_messages(items: Sequence[Tuple[str, object]], wire: str, max_message_bytes: int,
+def chunk_messages(items: Sequence[Tuple[str, "torch.Tensor"]], wire: str, max_message_bytes: int,
                    field: int = 0) -> Iterator[bytes]:
     """Serialized request messages (of any request whose field 2 is its chunks) carrying every
     element of every tensor of ``items`` ((name, tensor) pairs) as ``wire``-dtype chunks, each

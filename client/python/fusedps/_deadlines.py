@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 from fusedps import errors
 
@@ -100,7 +100,9 @@ class GrowingDeadline:
     def _watch(self) -> None:
         with self._changed:
             while not self._done:
-                deadline = self._start + call_timeout(self._timeout, self._rate, self._payload)
+                # Not None: the watcher runs only with a timeout.
+                seconds = cast(float, call_timeout(self._timeout, self._rate, self._payload))
+                deadline = self._start + seconds
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.expired = True

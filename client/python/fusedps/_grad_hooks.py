@@ -14,7 +14,7 @@ The callback runs on the thread that runs backward (autograd's device thread for
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 import torch
 
@@ -28,8 +28,8 @@ class GradReadyHooks:
     """
 
     def __init__(self, params: Sequence[torch.Tensor], on_ready: Callable[[int], None]):
-        self._handles: List[object] = []
-        self._accumulators: List[object] = []
+        self._handles: List[Any] = []  # torch's RemovableHandle.
+        self._accumulators: List[Any] = []
         native = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
         for index, p in enumerate(params):
             if not p.requires_grad:

@@ -314,7 +314,7 @@ class NativePush:
 
     def __init__(self, lib: ctypes.CDLL, handle: int):
         self._lib = lib
-        self._handle = handle
+        self._handle: Optional[int] = handle  # None once closed.
 
     def write(self, tensors: Sequence[int], offsets: Sequence[int], counts: Sequence[int],
               pointers: Sequence[int]) -> None:

@@ -10,11 +10,12 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    (fusedps.PushTransaction, one per server): the server stages it while backward goes on. At
    the end of backward the loop's stream waits for the gathering (so that what was sent is
    each gradient as backward left it, whatever the loop writes next).
-2. step(). The rest is staged. Then the check: every gradient as it is now (after clipping,
-   GradScaler.unscale_, anything the loop did) against what was sent. Unchanged: the commit's
-   grad_scale is the step's own (the GradScaler's scale, or none). All multiplied by one
-   factor c (clip_grad_norm_, unscale_, both): grad_scale / c. Anything else: the push is
-   cancelled and the step pushed again in full (a fallback, counted and warned about once).
+2. step(). The rest is staged. Then the check (StepCheck, fusedps/_overlap_step.py): every
+   gradient as it is now (after clipping, GradScaler.unscale_, anything the loop did) against
+   what was sent. Unchanged: the commit's grad_scale is the step's own (the GradScaler's
+   scale, or none). All multiplied by one factor c (clip_grad_norm_, unscale_, both):
+   grad_scale / c. Anything else: the push is cancelled and the step pushed again in full (a
+   fallback, counted and warned about once).
    Non-finite gradients skip the step without a commit. The worker then sends changed
    hyperparameters and commits.
 3. The pull. delay=0: step() waits for the commit, then starts the pulls in forward order
@@ -49,14 +50,14 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 import torch
 
 from fusedps import _dtypes, _trace, _workspace
 from fusedps import _remote_optim as _ro
 from fusedps._grad_hooks import GradReadyHooks
+from fusedps._overlap_step import StepCheck, _Bucket, _Step
 from fusedps._pull_pipeline import PullPipeline
 from fusedps._route import Route
 
@@ -72,46 +73,8 @@ _logger = logging.getLogger("fusedps.torch")  # RemoteAdamW's.
 GRPC_BUCKET_BYTES = 8 << 20
 WORKSPACE_BUCKET_BYTES = 32 << 20
 
-# A gradient changed by one factor c, as fl(g * c): with c estimated in fp32 from one element,
-# |new - fl(old * c_est)| stays within about 4 roundings of |new| (2^-22); the bound allows 16,
-# and an absolute 1e-30 for subnormals.
-_RATIO_RTOL = 2.0 ** -20
-_RATIO_ATOL = 1e-30
 
-
-@dataclass
-class _Bucket:
-    params: List[int]
-    begin: int  # Elements into the step's flat buffers.
-    end: int
-    event: Optional[object] = None  # The staging's device copy; None on the CPU.
-
-
-@dataclass
-class _Step:
-    """What the hooks and step() gathered for one step."""
-
-    params: List[int] = field(default_factory=list)  # In staging order.
-    offset: Dict[int, int] = field(default_factory=dict)
-    cursor: int = 0
-    bucket: List[int] = field(default_factory=list)
-    bucket_begin: int = 0
-    bucket_bytes: int = 0
-    buckets: List[_Bucket] = field(default_factory=list)
-    buffer: int = 0  # Which host buffer (delay=1 alternates two).
-    tensors: Optional[List[int]] = None  # The push's params, fixed when it began.
-    transactions: Optional[list] = None  # Per shard; set by the worker.
-    index: Dict[Tuple[int, int], int] = field(default_factory=dict)
-    error: Optional[BaseException] = None  # The worker's, while writing.
-    mismatch: bool = False  # A gradient of a param the push does not name.
-    fenced: bool = False  # The end-of-backward fence is queued (GPU).
-    # Per staged param, its gradient tensor and that tensor's version counter when it was
-    # staged: both the same at step() means nothing wrote it since, through autograd's view.
-    versions: Dict[int, Tuple[torch.Tensor, int]] = field(default_factory=dict)
-    push_started: float = 0.0
-
-
-class OverlapEngine:
+class OverlapEngine(StepCheck):
     """Args:
       optimizer: the RemoteAdamW (its client, _scaling_plan, hyperparameter and fallback
         methods are used).
@@ -161,9 +124,9 @@ class OverlapEngine:
         # Compare every gradient with what was sent at each step, also when no version
         # counter moved (for loops that write gradients through .data).
         self.always_check = False
-        self._warned = set()
+        self._warned: Set[str] = set()
         self._expected: List[int] = []
-        self._expected_set = set()
+        self._expected_set: Set[int] = set()
         self._expect([i for i, p in enumerate(self._params) if p.requires_grad])
         self._lock = threading.Lock()
         self._step = _Step()
@@ -336,8 +299,9 @@ class OverlapEngine:
     def _begin(self, step: _Step) -> None:
         """Begins the step's push on every server that holds some of its params."""
         # The same params each step, as a rule: their split over the shards is made once.
-        if self._begun is None or self._begun[0] != step.tensors:
-            self._begun = (list(step.tensors), *self._route.tensors_by_shard(step.tensors))
+        named = cast(List[int], step.tensors)  # Fixed with the step's first gradient.
+        if self._begun is None or self._begun[0] != named:
+            self._begun = (list(named), *self._route.tensors_by_shard(named))
         _, by_shard, step.index = self._begun
         step.transactions = []
         for shard, tensors in enumerate(by_shard):
@@ -352,18 +316,19 @@ class OverlapEngine:
         try:
             if step.transactions is None:
                 self._begin(step)
+            transactions = cast(list, step.transactions)  # Set by _begin.
             if bucket.event is not None:
                 bucket.event.synchronize()
             _trace.mark("write", bucket.end - bucket.begin)
-            host = self._hosts[step.buffer]
+            host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
             base = host.data_ptr()
-            pieces: List[list] = [[] for _ in step.transactions]
+            pieces: List[list] = [[] for _ in transactions]
             for i in bucket.params:
                 at = step.offset[i]
                 for k, seg in enumerate(self._route.segments[i]):
                     address = base + (at + seg.begin) * self._itemsize
                     pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
-            for txn, shard_pieces in zip(step.transactions, pieces):
+            for txn, shard_pieces in zip(transactions, pieces):
                 if shard_pieces:
                     txn.write(shard_pieces)
         except BaseException as e:  # noqa: BLE001 - reported at step()
@@ -578,55 +543,6 @@ class OverlapEngine:
         """Cancels the step's push (on the worker, after its writes)."""
         self._call(lambda: self._cancel(step)).result()
 
-    def _untouched(self, step: _Step) -> bool:
-        """Every param's gradient is the tensor staged, at the version staged (in-place writes
-        through autograd's views, as clip_grad_norm_ and GradScaler.unscale_ make, count; writes
-        through .data do not, see RemoteAdamW's overlap)."""
-        if self.always_check:
-            return False
-        for i in step.params:
-            g = self._params[i].grad
-            staged = step.versions.get(i)
-            if staged is None or staged[0] is not g or staged[1] != g._version:
-                return False
-        return True
-
-    def _check(self, step: _Step) -> Tuple[bool, bool, bool, float]:
-        """(unchanged, finite, uniform, c): the gradients now against what was sent, on the
-        device, in one pass; one synchronization. uniform: every gradient is what was sent
-        times one c, within fp32 rounding (c from the largest sent element)."""
-        n = step.cursor
-        if self._current is None:
-            self._current = torch.empty_like(self._sent)
-        sent, current = self._sent[:n], self._current[:n]
-        grads = [self._params[i].grad for i in step.params]
-        with torch.no_grad():
-            if self._cuda:
-                ready = torch.cuda.current_stream(self.device).record_event()
-                context = torch.cuda.stream(self._stream)
-            else:
-                context = _nullcontext()
-            with context:
-                if self._cuda:
-                    self._stream.wait_event(ready)
-                torch.cat([g.reshape(-1).float() for g in grads], out=current)
-                unchanged = (current.view(torch.int32) == sent.view(torch.int32)).all()
-                finite = torch.isfinite(current).all()
-                k = sent.abs().argmax()
-                factor = current[k] / sent[k]
-                residual = torch.mul(sent, factor).sub_(current).abs_()
-                bound = current.abs().mul_(_RATIO_RTOL).add_(_RATIO_ATOL)
-                uniform = (residual <= bound).all()
-                self._check_host.copy_(torch.stack([
-                    unchanged.double(), finite.double(), uniform.double(), factor.double()]),
-                    non_blocking=self._cuda)
-                if self._cuda:
-                    event = self._stream.record_event()
-        if self._cuda:
-            event.synchronize()
-        values = self._check_host.tolist()
-        return bool(values[0]), bool(values[1]), bool(values[2]), float(values[3])
-
     def _fallback(self, step: _Step, plan, timings: Dict[str, float], why: str) -> None:
         """Cancels the step's push and pushes the gradients again in full, then pulls."""
         self._discard(step)
@@ -647,11 +563,3 @@ def _new_timings() -> Dict[str, float]:
             "check_seconds", "hyperparameters_seconds", "load_state_seconds", "buffers_seconds",
             "step_wait_seconds")
     return {k: 0.0 for k in keys}
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -42,7 +42,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import torch
 
@@ -71,7 +71,7 @@ class _Pull:
 
     mode: str
     groups: List[_Group]
-    landing: object  # _native.PipelinedPull or _ThreadLanding
+    landing: Union[_native.PipelinedPull, _ThreadLanding]
     ready: Optional[object]  # Event: where the step's device work stood at start() (GPU).
     events: List[Optional[object]]  # Per group, its copies' event once queued (GPU).
     queued: int = 0  # Groups whose device copies are queued.
@@ -161,14 +161,15 @@ class PullPipeline:
         self._numel = [p.numel() for p in self._params]
         self._workspace = workspace
         natives = [getattr(c, "_native", None) for c in route.clients]
-        self._natives = natives if all(n is not None for n in natives) else None
+        self._natives = cast(Optional[List[_native.NativeClient]],
+                             natives if all(n is not None for n in natives) else None)
         self._pool = None if self._natives is not None else ThreadPoolExecutor(
             max_workers=self._streams, thread_name_prefix="fusedps-pull")
         # The pull in flight, until wait(); the copying (its queued, waited_upto) is done by one
         # thread at a time: the loop's (pre-hooks, wait), or for a "shadow" pull the worker's
         # (land) and then the loop's (wait, which follows the worker's end).
         self._pull: Optional[_Pull] = None
-        self._last_event = None  # The last pull's last device copy (GPU).
+        self._last_event: Optional[Any] = None  # The last pull's last device copy (GPU).
         self._lock = threading.Lock()
         self._groups: List[_Group] = []
         self._group_of: List[int] = [0] * len(self._params)
@@ -177,8 +178,8 @@ class PullPipeline:
         self._to_install = False  # A "shadow" pull not installed yet.
         # The order of first use, recorded by the pre-hook since the last start().
         self._recorded: List[int] = []
-        self._recorded_set = set()
-        self._modules_hooked = set()
+        self._recorded_set: Set[int] = set()
+        self._modules_hooked: Set[int] = set()  # id() of each module seen.
         self._host: Optional[torch.Tensor] = None
         self._laid_out: List[int] = []  # The order _groups was laid out in.
         # Made once per layout (each step's Python work beside the loop costs it): the native
@@ -251,14 +252,15 @@ class PullPipeline:
             # (the loop's stream waited for them), but the CPU must know before it writes.
             self._last_event.synchronize()
             self._last_event = None
+        landing: Union[_native.PipelinedPull, _ThreadLanding]
         if self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
-                self._natives, self._native_targets, dtype=_dtypes.WIRE_CODES[self._wire],
-                field=_FIELD_PARAM,
+                self._natives, cast(list, self._native_targets),  # Made with the layout.
+                dtype=_dtypes.WIRE_CODES[self._wire], field=_FIELD_PARAM,
                 threads=self._streams)
         else:
-            landing = _ThreadLanding(self._pool, self._route, self._groups, self._wire,
-                                     self._workspace)
+            landing = _ThreadLanding(cast(ThreadPoolExecutor, self._pool),  # Without natives.
+                                     self._route, self._groups, self._wire, self._workspace)
         pull = _Pull(mode, self._groups, landing, ready, [None] * len(self._groups))
         with self._lock:
             self._mode = mode
@@ -368,13 +370,16 @@ class PullPipeline:
                 pull.events[g] = self._h2d_stream.record_event()
 
     def _copy_to_device(self, mode: str, group: _Group) -> None:
+        host = cast(torch.Tensor, self._host)  # Made by _layout, before any pull.
         with torch.no_grad():
             if mode == "shadow":
                 if self._shadow_free is not None:
                     self._h2d_stream.wait_event(self._shadow_free)
                 begin = self._offset[group.params[0]]
                 end = self._offset[group.params[-1]] + self._numel[group.params[-1]]
-                self._shadow[begin:end].copy_(self._host[begin:end], non_blocking=True)
+                # Made by start() for a "shadow" pull.
+                cast(torch.Tensor, self._shadow)[begin:end].copy_(host[begin:end],
+                                                                  non_blocking=True)
                 return
             params = [self._params[i] for i in group.params]
             if all(p.dtype == self._wire_dtype for p in params):
@@ -382,7 +387,7 @@ class PullPipeline:
             else:  # Converted on the device, not on the CPU: the group's bytes go there first.
                 begin = self._offset[group.params[0]]
                 end = self._offset[group.params[-1]] + self._numel[group.params[-1]]
-                staged = self._host[begin:end].to(self.device, non_blocking=True)
+                staged = host[begin:end].to(self.device, non_blocking=True)
                 sources = [staged[self._offset[i] - begin:self._offset[i] - begin +
                                   self._numel[i]].view(self._params[i].shape)
                            for i in group.params]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import queue
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -154,13 +154,13 @@ class GrpcioTransactionImpl:
     """Over grpcio: one PushGradients call per channel, each fed its messages from a queue by
     grpcio's own thread. Each message is serialized in Python (one copy of the payload)."""
 
-    def __init__(self, calls: Sequence[Callable], header: "pb.PushHeader", names: Sequence[str],
+    def __init__(self, calls: Sequence[Any], header: "pb.PushHeader", names: Sequence[str],
                  itemsize: int, max_message_bytes: int, timeout: Optional[float]):
         self._names = [n.encode("utf-8") for n in names]
         self._itemsize = itemsize
         self._max_message_bytes = max_message_bytes
         self._queues: List[queue.Queue] = []
-        self._futures = []
+        self._futures: List[Any] = []  # grpc futures, one per call.
         self._next = 0
         parts = len(calls)
         for p, call in enumerate(calls):

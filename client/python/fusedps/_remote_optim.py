@@ -14,6 +14,8 @@ import grpc
 import torch
 
 from fusedps import _dtypes
+from fusedps import _hyperparameters as _hp
+from fusedps._protocol import ParameterServiceClient
 from fusedps._requests import checked_rounding_seed, storage_name
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
@@ -23,7 +25,12 @@ from fusedps.sharded import ShardedClient
 IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
 
 # Per-group hyperparameters the server keeps and set_hyperparameters can change at run time.
-HyperTuple = Tuple[float, float, float, float, float, bool]  # lr, beta1, beta2, eps, wd, maximize
+# The hyperparameters of a torch param group that the server takes and a loop may change during
+# training: fusedps._hyperparameters.NAMES but amsgrad, the decay's kind and the storage (fixed
+# at registration): lr, betas, eps, weight_decay, maximize.
+MUTABLE = tuple(n for n in _hp.NAMES
+                if n not in ("amsgrad", "decoupled_weight_decay") + _hp.STORAGE)
+HyperTuple = Tuple[Tuple[str, Any], ...]  # (name, value) of each of MUTABLE a group has
 
 STATE_FIELDS = ("exp_avg", "exp_avg_sq")
 AMSGRAD_FIELD = "max_exp_avg_sq"
@@ -169,16 +176,15 @@ def torch_adamw_facts(**hyperparameters) -> TorchAdamWFacts:
 
 
 def hyperparameters_of(group: Mapping[str, Any]) -> HyperTuple:
-    """(lr, beta1, beta2, eps, weight_decay, maximize) of a torch param group as Python
-    numbers (lr and betas may be tensors, as torch >= 2.2 allows and some schedulers store)."""
-    beta1, beta2 = group["betas"]
-    return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-            float(group["weight_decay"]), bool(group["maximize"]))
+    """((name, value), ...) of the MUTABLE hyperparameters of a torch param group, as Python
+    numbers (lr and betas may be tensors, as torch >= 2.2 allows and some schedulers store).
+    TypeError or ValueError for a value that is no number."""
+    return tuple((name, _hp.as_python(name, group[name])) for name in MUTABLE if name in group)
 
 
 def hyperparameter_kwargs(h: HyperTuple) -> Dict[str, Any]:
     """Client.set_hyperparameters / register_param_group keywords of a HyperTuple."""
-    return dict(lr=h[0], betas=(h[1], h[2]), eps=h[3], weight_decay=h[4], maximize=h[5])
+    return dict(h)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,7 +245,7 @@ def overlap_client_options(options: Optional[Mapping[str, Any]]) -> Dict[str, An
     return options
 
 
-def register_group(client: Any, name: str, h: HyperTuple, amsgrad: bool,
+def register_group(client: ParameterServiceClient, name: str, h: HyperTuple, amsgrad: bool,
                    storage: Storage) -> None:
     """Registers a server param group with these values; a group that exists already (a
     restarted trainer, an lr a schedule changed) takes them, unless its amsgrad or storage
@@ -254,8 +260,7 @@ def register_group(client: Any, name: str, h: HyperTuple, amsgrad: bool,
     except grpc.RpcError as e:
         if e.code() != grpc.StatusCode.ALREADY_EXISTS:
             raise
-    infos = client.info()
-    for info in infos if isinstance(infos, list) else [infos]:
+    for info in client.server_infos():
         for g in info.param_groups:
             if g.name != name:
                 continue
@@ -266,14 +271,14 @@ def register_group(client: Any, name: str, h: HyperTuple, amsgrad: bool,
     client.set_hyperparameters(name, decoupled_weight_decay=True, **kwargs)
 
 
-def register_tensors(client: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
+def register_tensors(client: ParameterServiceClient, pairs: Sequence[Tuple[str, torch.Tensor]],
                      groups: Sequence[str]) -> None:
     """Registers each (name, param) in its server group (groups[i]) with its current value,
-    on one server or through a ShardedClient's plan (ValueError when that plan puts a tensor
-    in another group)."""
+    group by group, on one server or through a ShardedClient's plan (ValueError when a plan
+    given with the ShardedClient puts a tensor in another group)."""
     detached = [(n, p.detach()) for n, p in pairs]
-    if isinstance(client, ShardedClient):
-        group_of = {n: groups[i] for i, (n, _) in enumerate(detached)}
+    group_of = {n: groups[i] for i, (n, _) in enumerate(detached)}
+    if isinstance(client, ShardedClient):  # A plan given with it fixes the groups: check ours.
         plan = client.plan
         for s in plan.slices if plan is not None else ():
             if s.tensor in group_of and s.param_group != group_of[s.tensor]:
@@ -281,11 +286,7 @@ def register_tensors(client: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
                                  f"group {s.param_group!r}, this optimizer in "
                                  f"{group_of[s.tensor]!r} (make the plan with "
                                  "the optimizer's group names)")
-        client.register_model(detached, param_group=group_of)
-        return
-    for group_name in dict.fromkeys(groups):
-        batch = [pair for pair, g in zip(detached, groups) if g == group_name]
-        client.register_model(batch, param_group=group_name)
+    client.register_model(detached, param_group=group_of)
 
 
 def make_client(targets: Union[str, Sequence[str]],
@@ -541,38 +542,15 @@ def state_entry(step: int, fields: Mapping[str, torch.Tensor], like: torch.Tenso
 # Server state: reads and writes for Client and ShardedClient alike
 # ----------------------------------------------------------------------------------------------
 
-def pull_state(client: Any, field: str, names: Sequence[str]
+def pull_state(client: ParameterServiceClient, field: str, names: Sequence[str]
                ) -> Tuple[Dict[str, torch.Tensor], Dict[str, int]]:
     """(name -> fp32 CPU tensor of ``field``, name -> steps) of ``names``, from one server or
     gathered from the shards (the steps of a cut tensor: those of its first slice)."""
-    if isinstance(client, ShardedClient):
-        return _pull_state_sharded(client, field, names)
     tensors, _, steps = client.pull_state(field, list(names))
     return tensors, steps
 
 
-def _pull_state_sharded(sc: ShardedClient, field: str, names: Sequence[str]):
-    plan = sc._require_plan()
-    wanted = set(names)
-
-    def pull(shard: int, c: Client):
-        server_names = [s.server_tensor for s in plan.shard_slices(shard) if s.tensor in wanted]
-        if not server_names:
-            return None
-        tensors, _, steps = c.pull_state(field, server_names)
-        return tensors, steps
-
-    pulled = sc._fan_out(pull)
-    tensors_of = [None if p is None else p[0] for p in pulled]
-    out = {n: sc._gather(n, tensors_of) for n in names}
-    steps = {}
-    for n in names:
-        first = sc._slices_of[n][0]
-        steps[n] = pulled[first.shard][1][first.server_tensor]
-    return out, steps
-
-
-def write_state(client: Any, states: Mapping[str, Mapping[str, torch.Tensor]],
+def write_state(client: ParameterServiceClient, states: Mapping[str, Mapping[str, torch.Tensor]],
                 steps: Mapping[str, int]) -> None:
     """Writes params and optimizer state, name -> {field -> tensor}, and steps, all or nothing
     on each server (Client.load_state / ShardedClient.load_state).

@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fusedps import _chunks, _dtypes
 from fusedps.v1 import parameter_service_pb2 as pb
 
 if TYPE_CHECKING:
     import torch
+
+# Where a pulled tensor's elements go: (1-D numpy array of the wire dtype, the local shape, or
+# None for any shape of the array's element count). See PullAssembler.
+Destination = Tuple[Any, Optional[Tuple[int, ...]]]
+
 
 def _malformed(what: str) -> RuntimeError:
     return RuntimeError(f"malformed pull reply: {what}")
@@ -51,8 +56,7 @@ class PullAssembler:
     Every failed check raises RuntimeError("malformed pull reply: ...").
     """
 
-    def __init__(self, wire: str,
-                 destinations: Optional[Dict[str, Tuple[object, tuple]]] = None):
+    def __init__(self, wire: str, destinations: Optional[Mapping[str, Destination]] = None):
         """``destinations``: name -> (1-D numpy array of the wire dtype, the local shape): that
         tensor's elements are decoded straight into the array (a view of the caller's tensor),
         once its TensorInfo has the same shape (None: any shape of the array's element count,
@@ -62,7 +66,7 @@ class PullAssembler:
         self._version: Optional[int] = None
         self._tensor_count = 0
         self._infos: List[pb.TensorInfo] = []
-        self._arrays: Dict[str, object] = {}
+        self._arrays: Dict[str, Any] = {}  # name -> 1-D numpy array of the wire dtype.
         self._received: Dict[str, int] = {}
         self.announced_bytes = 0
         """Bytes of tensor data the reply has announced so far (what a pull's deadline grows

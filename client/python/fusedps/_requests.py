@@ -11,6 +11,7 @@ import numbers
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from fusedps import _dtypes
+from fusedps import _hyperparameters as _hp
 from fusedps._lazy import LazyModule
 from fusedps.v1 import parameter_service_pb2 as pb
 
@@ -99,43 +100,21 @@ def checked_rounding_seed(value) -> Optional[int]:
 
 def _hyperparameters(lr=None, betas=None, eps=None, weight_decay=None, amsgrad=None,
                      maximize=None, decoupled_weight_decay=None, state_dtype=None,
-                     params_dtype=None, rounding_seed=None) -> "pb.Hyperparameters":
-    """A Hyperparameters message with the fields given (None: unset). state_dtype and
-    params_dtype are checked names ("fp32", ...: storage_name); rounding_seed an int (see the
-    checks above)."""
-    h = pb.Hyperparameters()
-    if lr is not None:
-        h.lr = float(lr)
-    if betas is not None:
-        b1, b2 = betas
-        if b1 is not None:
-            h.beta1 = float(b1)
-        if b2 is not None:
-            h.beta2 = float(b2)
-    if eps is not None:
-        h.eps = float(eps)
-    if weight_decay is not None:
-        h.weight_decay = float(weight_decay)
-    if amsgrad is not None:
-        h.amsgrad = bool(amsgrad)
-    if maximize is not None:
-        h.maximize = bool(maximize)
-    if decoupled_weight_decay is not None:
-        h.weight_decay_mode = (pb.WEIGHT_DECAY_MODE_DECOUPLED if decoupled_weight_decay
-                               else pb.WEIGHT_DECAY_MODE_L2)
-    if state_dtype is not None:
-        h.state_dtype = _dtypes.STATE_CODES[_dtypes.canonical(state_dtype)]
-    if params_dtype is not None:
-        h.params_dtype = _dtypes.WIRE_CODES[_dtypes.canonical(params_dtype)]
-    if rounding_seed is not None:
-        h.rounding_seed = rounding_seed
-    return h
+                     params_dtype=None, rounding_seed=None, **more) -> "pb.Hyperparameters":
+    """A Hyperparameters message with the fields given (None: unset), by torch's names
+    (fusedps._hyperparameters; ``more``: any other field of the message by its name, TypeError
+    for a name that is none). state_dtype and params_dtype are checked names ("fp32", ...:
+    storage_name); rounding_seed an int (see the checks above)."""
+    return _hp.to_proto(dict(
+        lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+        maximize=maximize, decoupled_weight_decay=decoupled_weight_decay,
+        state_dtype=state_dtype, params_dtype=params_dtype, rounding_seed=rounding_seed, **more))
 
 
 def checked_group_hyperparameters(lr=None, betas=None, eps=None, weight_decay=None,
                                   amsgrad=None, maximize=None, decoupled_weight_decay=None,
                                   state_dtype=None, params_dtype=None,
-                                  rounding_seed=None) -> "pb.Hyperparameters":
+                                  rounding_seed=None, **more) -> "pb.Hyperparameters":
     """register_param_group's Hyperparameters message, its storage arguments checked first.
 
     Raises:
@@ -149,7 +128,7 @@ def checked_group_hyperparameters(lr=None, betas=None, eps=None, weight_decay=No
         raise ValueError(f"state_dtype={state_dtype!r} with amsgrad=True: amsgrad keeps "
                          "max_exp_avg_sq in fp32 and needs state_dtype 'fp32'")
     return _hyperparameters(lr, betas, eps, weight_decay, amsgrad, maximize,
-                            decoupled_weight_decay, state, params, seed)
+                            decoupled_weight_decay, state, params, seed, **more)
 
 
 def checked_states(states: Mapping[str, Mapping[str, "torch.Tensor"]],

@@ -157,20 +157,21 @@ def _decode_builtin(data: bytes, what: str) -> Dict[str, torch.Tensor]:
         raise bad("__metadata__ is not an object of strings")
     start, size = 8 + n, len(data) - 8 - n
     entries = []
-    for name, e in header.items():
-        if not (isinstance(e, dict) and isinstance(e.get("shape"), list)
-                and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2):
+    for name, entry in header.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list)
+                and isinstance(entry.get("data_offsets"), list)
+                and len(entry["data_offsets"]) == 2):
             raise bad(f"{name}: needs dtype, shape and data_offsets [begin, end]")
-        if e.get("dtype") not in _DTYPES:
-            raise bad(f"{name}: dtype {e.get('dtype')!r} is not one of {DTYPE_NAMES}")
-        dims = e["shape"] + e["data_offsets"]
+        if entry.get("dtype") not in _DTYPES:
+            raise bad(f"{name}: dtype {entry.get('dtype')!r} is not one of {DTYPE_NAMES}")
+        dims = entry["shape"] + entry["data_offsets"]
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
             raise bad(f"{name}: a dimension or offset is not a non-negative integer")
-        begin, end = e["data_offsets"]
-        dtype, itemsize = _DTYPES[e["dtype"]]
-        if end < begin or end - begin != math.prod(e["shape"]) * itemsize:
+        begin, end = entry["data_offsets"]
+        dtype, itemsize = _DTYPES[entry["dtype"]]
+        if end < begin or end - begin != math.prod(entry["shape"]) * itemsize:
             raise bad(f"{name}: data_offsets disagree with the shape and dtype")
-        entries.append((begin, end, name, dtype, tuple(e["shape"])))
+        entries.append((begin, end, name, dtype, tuple(entry["shape"])))
     entries.sort(key=lambda x: (x[0], x[1]))
     covered = 0
     for begin, end, name, _, _ in entries:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, cast
 
 import torch
 
@@ -98,7 +98,7 @@ def read_codebooks(m: Mapping[str, Any], needed: bool, bad: Callable[[str], Exce
         values = books.get(key)
         if not (isinstance(values, list) and len(values) == QUANT_MAP_SIZE and all(
                 isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-                and -1.0 <= v <= 1.0 for v in values)):
+                and -1.0 <= cast(float, v) <= 1.0 for v in values)):
             raise bad(f"int8_codebooks[{key!r}] is not {QUANT_MAP_SIZE} numbers in [-1, 1]")
         book = torch.tensor(values, dtype=torch.float64)
         as_fp32 = book.to(torch.float32)

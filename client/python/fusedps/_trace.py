@@ -28,7 +28,7 @@ def mark(event: str, detail: object = None) -> None:
 
 def dump() -> None:
     """Writes the events so far to FUSEDPS_OVERLAP_TRACE (appending) and forgets them."""
-    if not enabled:
+    if not enabled or _PATH is None:
         return
     with _lock:
         events, _events[:] = list(_events), []

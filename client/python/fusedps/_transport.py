@@ -14,13 +14,16 @@ close(); the channels belong to the Client.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple, cast
 
 import grpc
 
 from fusedps import _chunks, _deadlines, _dtypes, _replies, errors
 from fusedps.results import PulledTensors
 from fusedps.v1 import parameter_service_pb2 as pb
+
+if TYPE_CHECKING:
+    import torch
 
 # The largest max_chunk_bytes a PullParametersRequest may ask for (proto: at most 4 MiB).
 _MAX_PULL_CHUNK_BYTES = 4 << 20
@@ -54,7 +57,7 @@ class GrpcioPusher:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def push(self, header: "pb.PushHeader", items: Sequence[Tuple[str, object]], wire: str,
+    def push(self, header: "pb.PushHeader", items: Sequence[Tuple[str, "torch.Tensor"]], wire: str,
              max_message_bytes: int, timeout: Callable[[int], Optional[float]],
              name_push: Callable[["pb.PushHeader"], None]) -> "pb.PushGradientsResponse":
         """Sends one push of ``items`` ((name, tensor) pairs) in ``wire`` dtype.
@@ -91,7 +94,8 @@ class GrpcioPusher:
 
         if parts == 1:
             return send(0)
-        futures = [self._pool.submit(send, p) for p in range(1, parts)]
+        pool = cast(ThreadPoolExecutor, self._pool)  # Made with the channels beyond the first.
+        futures = [pool.submit(send, p) for p in range(1, parts)]
         outcomes: List[object] = []
         for run in [lambda: send(0)] + [f.result for f in futures]:
             try:
@@ -108,7 +112,8 @@ class GrpcioPusher:
         return outcomes[0]
 
 
-def pull(stub, names: Sequence[str], wire: str, field: int, destinations: Mapping[str, object],
+def pull(stub, names: Sequence[str], wire: str, field: int,
+         destinations: Mapping[str, _replies.Destination],
          *, max_chunk_bytes: int, timeout: Optional[float],
          min_bytes_per_second: float, model: str = "") -> PulledTensors:
     """One PullParameters call of ``names`` (one field, ``wire`` dtype). Tensors named in

@@ -36,6 +36,11 @@ Conventions:
     network partition raises an error instead of hanging a trainer; see Client.
   * TLS, client certificates and bearer tokens: Client's tls* and token* arguments, on both
     transports (docs/python.md, "Security").
+
+Client's methods live in this module (connection, registration, pushes and pulls) and in the
+classes it inherits, one module each: _client_admin.AdminCalls (param groups, server facts,
+models, checkpoints, the tensor listing), _client_state.StateCalls (pull_state, load_state,
+buffers) and _client_pieces.PieceCalls (begin_push, pull_into).
 """
 
 from __future__ import annotations
@@ -44,23 +49,23 @@ import math
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union, cast)
 
 import grpc
 
-from fusedps import (_chunks, _connect, _deadlines, _dtypes, _models, _native, _push_transaction,
-                     _replies, _security, _transport, errors)
+from fusedps import _chunks, _connect, _deadlines, _dtypes, _native, _security, _transport, errors
+from fusedps._client_admin import AdminCalls
+from fusedps._client_pieces import PieceCalls
+from fusedps._client_state import StateCalls
 from fusedps._lazy import LazyModule
-from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _hyperparameters,
-                               _named_tensors, checked_group_hyperparameters, checked_states)
+from fusedps._requests import ModelLike, _check_sendable, _named_tensors
 from fusedps.results import (Consistency, ModelDeleted, ModelInfo, ParamGroup, PulledTensors,
                              PushResult, RegisterResult, ServerInfo, TensorInfo, TensorList)
 from fusedps.v1 import parameter_service_pb2 as pb, parameter_service_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     import torch
-
-    from fusedps._push_transaction import PushTransaction
 else:
     torch = LazyModule("torch")
 
@@ -74,6 +79,8 @@ __all__ = [
     "PulledTensors",
     "ServerInfo",
     "Consistency",
+    "ModelInfo",
+    "ModelDeleted",
 ]
 
 DEFAULT_TIMEOUT = _deadlines.DEFAULT_TIMEOUT
@@ -87,7 +94,7 @@ TRANSPORTS = ("auto", "native", "grpcio")
 # ----------------------------------------------------------------------------------------------
 
 @errors.translate_public_methods
-class Client:
+class Client(AdminCalls, StateCalls, PieceCalls):
     """A connection to one fusedps server (one shard).
 
     Args:
@@ -293,81 +300,10 @@ class Client:
         if self._native is not None:
             self._native.wait_ready(max(0.0, deadline - time.monotonic()))
 
-    # -- param groups ---------------------------------------------------------------------------
-
-    def register_param_group(self, name: str, lr: Optional[float] = None,
-                             betas: Optional[Tuple[float, float]] = None,
-                             eps: Optional[float] = None, weight_decay: Optional[float] = None,
-                             amsgrad: Optional[bool] = None, maximize: Optional[bool] = None,
-                             decoupled_weight_decay: bool = True, *,
-                             state_dtype: Optional[str] = None,
-                             params_dtype: Optional[str] = None,
-                             rounding_seed: Optional[int] = None) -> ParamGroup:
-        """Registers a param group (a set of AdamW hyperparameters shared by tensors).
-
-        Arguments left None take torch.optim.AdamW's defaults on the server (lr 1e-3,
-        betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, amsgrad False, maximize False) and
-        fp32 storage. decoupled_weight_decay=False selects L2 decay, as torch.optim.Adam's
-        weight_decay. Registering an identical group again is a no-op.
-
-        Storage, fixed at registration as amsgrad is (docs/python.md, "Low-precision
-        optimizer state"); each step's math is fp32 whatever the storage. Each dtype takes
-        either spelling: "fp32" or "float32", "bf16" or "bfloat16":
-          state_dtype: "fp32" (None: the default; 12 bytes per parameter with fp32 params),
-            "bf16" (exp_avg and exp_avg_sq rounded to nearest even: 8) or "int8" (block-wise
-            dynamic quantization, an fp32 scale per 256 elements: 6.03; tensors under 4096
-            elements keep fp32 state, as TensorInfo.state_dtype says). Not with amsgrad.
-          params_dtype: "fp32" (None: the default, the fp32 master copy) or "bf16": bf16
-            params only (2 bytes less per parameter), each step's fp32 result rounded to bf16
-            stochastically; pulls return the bf16 values exactly.
-          rounding_seed: that rounding's seed, an int in [0, 2**64) (None: 0). Its random bits
-            depend only on (rounding_seed, the tensor's name, its step, the element's index),
-            so replaying the same pushes, or restoring a checkpoint, gives the same bits.
-
-        Returns:
-          The group as stored, with defaults filled in (ParamGroup).
-        Raises:
-          ValueError (before any call): a state_dtype, params_dtype or rounding_seed not
-            listed above, or amsgrad with a state_dtype other than "fp32".
-          FusedPSError: INVALID_ARGUMENT for out-of-range values or a bad name (1..128 bytes);
-            ALREADY_EXISTS when a different group of that name exists (other storage
-            included).
-        """
-        hyperparameters = checked_group_hyperparameters(
-            lr, betas, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay,
-            state_dtype, params_dtype, rounding_seed)
-        req = pb.RegisterParamGroupRequest(model=self.model, param_group=pb.ParamGroup(
-            name=name, hyperparameters=hyperparameters))
-        resp = self._stub.RegisterParamGroup(req, timeout=self._timeout())
-        return ParamGroup._from_pb(resp.param_group)
-
-    def set_hyperparameters(self, group: str, *, lr: Optional[float] = None,
-                            betas: Optional[Tuple[float, float]] = None,
-                            eps: Optional[float] = None, weight_decay: Optional[float] = None,
-                            maximize: Optional[bool] = None,
-                            decoupled_weight_decay: Optional[bool] = None) -> ParamGroup:
-        """Changes hyperparameters of a group at run time (e.g. an lr schedule).
-
-        Only the arguments given change; the next push uses the new values (like assigning
-        ``optimizer.param_groups[i]["lr"]``). amsgrad and the storage (state_dtype,
-        params_dtype, rounding_seed) cannot change.
-
-        Returns:
-          The group after the change (ParamGroup).
-        Raises:
-          FusedPSError: NOT_FOUND for an unknown group, INVALID_ARGUMENT for bad values.
-        """
-        req = pb.SetHyperparametersRequest(
-            model=self.model,
-            param_group=group,
-            hyperparameters=_hyperparameters(lr, betas, eps, weight_decay, None, maximize,
-                                             decoupled_weight_decay))
-        resp = self._stub.SetHyperparameters(req, timeout=self._timeout())
-        return ParamGroup._from_pb(resp.param_group)
-
     # -- tensors --------------------------------------------------------------------------------
 
-    def register_model(self, model_or_named_params: ModelLike, param_group: str = "default",
+    def register_model(self, model_or_named_params: ModelLike,
+                       param_group: Union[str, Mapping[str, str]] = "default",
                        prefix: str = "", *, plan_hash: str = "") -> RegisterResult:
         """Registers tensors and streams their initial values (as float32) to the server.
 
@@ -375,7 +311,10 @@ class Client:
           model_or_named_params: an nn.Module (its named_parameters()), a mapping
             name -> tensor, or an iterable of (name, tensor) pairs. Tensors may have any
             floating dtype and device; they are sent as float32 (fp32 master copy on the server).
-          param_group: the (registered) group of every tensor given.
+          param_group: the (registered) group of every tensor given, or a mapping name -> group
+            (names with ``prefix``; names it lacks: "default"), as ShardedClient.register_model
+            takes it: the tensors are then registered group by group, the groups in the order
+            their first tensors come.
           prefix: prepended to every name (e.g. "encoder." to share one server among models).
           plan_hash: the sharding plan's hash when this server is one shard of a model
             (fusedps.plan, docs/sharding.md); "" for an unsharded server.
@@ -398,12 +337,20 @@ class Client:
             raise ValueError("no tensors to register")
         for name, t in items:
             _check_sendable(name, t)
-        specs = [pb.TensorSpec(name=name, shape=list(t.shape), param_group=param_group)
-                 for name, t in items]
+        if isinstance(param_group, str):
+            runs = [(param_group, items)]
+        else:
+            by_group: Dict[str, List[Tuple[str, "torch.Tensor"]]] = {}
+            for name, t in items:
+                by_group.setdefault(param_group.get(name, "default"), []).append((name, t))
+            runs = list(by_group.items())
         tensors = dict(items)
         created = existing = 0
         version = 0
-        for batch in _chunks.group_specs(specs, self.max_chunk_bytes - 64):
+        batches = [batch for group, run in runs for batch in _chunks.group_specs(
+            [pb.TensorSpec(name=name, shape=list(t.shape), param_group=group) for name, t in run],
+            self.max_chunk_bytes - 64)]
+        for batch in batches:
             batch_items = [(s.name, tensors[s.name]) for s in batch]
             payload = sum(t.numel() for _, t in batch_items) * 4
 
@@ -495,7 +442,7 @@ class Client:
                     raise ValueError(f"tensor {n!r} has no .grad")
         if not names:
             raise ValueError("no gradients to push (no parameter has .grad)")
-        items = [(n, grads[n]) for n in names]
+        items = [(n, cast("torch.Tensor", grads[n])) for n in names]  # Each has one (above).
         for name, g in items:
             _check_sendable(name, g)
         if grad_dtype is None:
@@ -522,78 +469,10 @@ class Client:
                 grads=[g.detach().to(device="cpu", dtype=torch.float32).contiguous()
                        for _, g in items])
             return PushResult._from_native(r)
-        r = self._pusher.push(header, items, wire, self.max_chunk_bytes, self._timeout,
-                              self._name_push)
+        pusher = cast(_transport.GrpcioPusher, self._pusher)  # grpcio's, without _native.
+        r = pusher.push(header, items, wire, self.max_chunk_bytes, self._timeout,
+                        self._name_push)
         return PushResult._from_pb(r)
-
-    def begin_push(self, tensors: Sequence[Tuple[str, int]], *, grad_dtype="float32",
-                   base_version: Optional[int] = None, plan_hash: str = "",
-                   client_id: Optional[str] = None, sequence_number: int = 0,
-                   workspace=None) -> "PushTransaction":
-        """Begins a push of ``tensors`` ((name, numel) pairs) written a piece at a time and
-        committed with its grad_scale at the end (fusedps.PushTransaction; the server applies
-        it as one atomic step). It goes as one part per stream; client_id None and
-        sequence_number 0 take this client's own, as pushes in parts do (see ``streams``).
-        ``workspace``: a same-host workspace of this client's server (fusedps._workspace);
-        pieces inside it travel as their place in it, not as bytes.
-
-        Raises:
-          ValueError: no tensors, an unknown grad_dtype (spelled as for push_gradients).
-            Server errors (NOT_FOUND for an unknown tensor, ABORTED for a stale sequence
-            number) come from its write/commit.
-        """
-        if not tensors:
-            raise ValueError("begin_push needs a tensor")
-        header = pb.PushHeader(client_id=self.client_id if client_id is None else client_id,
-                               sequence_number=int(sequence_number))
-        self._name_push(header)
-        return _push_transaction.begin(
-            self, [(str(n), int(k)) for n, k in tensors],
-            _dtypes.wire_dtype(grad_dtype, "grad_dtype"),
-            self.last_pulled_version if base_version is None else int(base_version), plan_hash,
-            header.client_id, header.sequence_number, workspace)
-
-    def pull_into(self, targets: Sequence[Tuple[str, "torch.Tensor"]], dtype="float32", *,
-                  field: str = "param", stream: int = 0) -> Tuple[int, Dict[str, int]]:
-        """Pulls one field of the targets' tensors at one version, over one call on stream
-        ``stream`` (modulo ``streams``), writing raw wire elements straight into each target:
-        a contiguous CPU tensor of the wire dtype (torch.float32 or torch.bfloat16) with the
-        tensor's element count (any shape; a view into a larger buffer works). ``dtype``: as
-        push_gradients' grad_dtype.
-
-        Returns:
-          (version, name -> steps).
-        Raises:
-          ValueError: a target that is not such a tensor, or whose element count differs from
-            the server's. FusedPSError: as pull_parameters.
-        """
-        wire = _dtypes.wire_dtype(dtype, "dtype")
-        if field not in _FIELDS:
-            raise ValueError(f"field must be one of {sorted(_FIELDS)}, got {field!r}")
-        for name, t in targets:
-            if (t.device.type != "cpu" or not t.is_contiguous()
-                    or t.dtype != _dtypes.torch_dtype(wire)):
-                raise ValueError(f"{name}: pull_into writes into a contiguous CPU tensor of "
-                                 f"{wire}, got {t.dtype} on {t.device}")
-        if not targets:
-            raise ValueError("nothing to pull")
-        names = [n for n, _ in targets]
-        if self._native is not None:
-            version, steps = self._native.pull_raw(
-                names, [t.data_ptr() for _, t in targets], [t.numel() for _, t in targets],
-                dtype=_dtypes.WIRE_CODES[wire], field=_FIELDS[field],
-                stream=int(stream) % self.streams)
-            self._observe_version(version)
-            return version, dict(zip(names, steps))
-        channels = [self._channel] + self._extra_channels
-        stub = pb_grpc.ParameterServiceStub(channels[int(stream) % len(channels)])
-        direct = {n: (_chunks.tensor_as_wire_array(t.view(-1), wire), None)
-                  for n, t in targets}
-        out = _transport.pull(stub, names, wire, _FIELDS[field], direct,
-                              max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
-                              min_bytes_per_second=self.min_bytes_per_second)
-        self._observe_version(out.version)
-        return out.version, dict(out.steps)
 
     def pull_parameters(self, model_or_names=None, dtype="float32", *,
                         prefix: str = "") -> PulledTensors:
@@ -637,218 +516,6 @@ class Client:
             self.highest_pulled_version = max(seen, int(version))
         if int(version) < seen and not self.allow_version_regression:
             raise errors.VersionRegression(self.target, seen, int(version))
-
-    def pull_state(self, field: str = "exp_avg", names=None, *, prefix: str = ""
-                   ) -> Tuple[Dict[str, torch.Tensor], int, Dict[str, int]]:
-        """Reads one stored array per tensor as fp32 (for checkpoints, tests and debugging):
-        bf16 state and params widened, int8 state dequantized (map value x block scale).
-
-        Args:
-          field: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad groups only) or "param".
-          names: names, one name, a module/mapping/pairs (their names, with ``prefix``), or
-            None for every tensor of the shard.
-
-        Returns:
-          (tensors, version, steps): name -> torch.float32 CPU tensor with the registered
-          shape; the shard version it was read at; name -> steps applied (int). Names follow
-          the server's order. The optimizer state of a tensor that was never stepped is zeros,
-          as torch's would be after its first (zero-gradient-free) initialization.
-        Raises:
-          ValueError: unknown field. FusedPSError: NOT_FOUND for unknown names;
-          INVALID_ARGUMENT / FAILED_PRECONDITION for max_exp_avg_sq without amsgrad.
-        """
-        if field not in _FIELDS:
-            raise ValueError(f"field must be one of {sorted(_FIELDS)}, got {field!r}")
-        _, names = self._targets_and_names(names, prefix)
-        out = self._pull(names, "float32", _FIELDS[field])
-        return dict(out), out.version, out.steps
-
-    def load_state(self, states: Mapping[str, Mapping[str, "torch.Tensor"]],
-                   steps: Mapping[str, int], *, plan_hash: str = "") -> int:
-        """Overwrites registered tensors' params, AdamW state and steps on the server, all or
-        nothing: the counterpart of torch.optim.Optimizer.load_state_dict (e.g. to resume a
-        job from a torch checkpoint into a running server).
-
-        Args:
-          states: name -> {field: tensor}, fields among "param", "exp_avg", "exp_avg_sq" and
-            "max_exp_avg_sq" (amsgrad groups only). Each tensor has the tensor's registered
-            shape (the server checks its element count) and any floating dtype and device; it
-            travels as float32, rounded as tensor.to(torch.float32) rounds. A field not given
-            keeps its value on the server; an empty mapping sets the step alone. The server
-            stores the values as its group does: bf16 params and state rounded to nearest
-            even, int8 state quantized block by block (a pull_state afterwards returns the
-            quantized values).
-          steps: name -> the tensor's step afterwards (an int >= 0, or a 0-dim tensor holding
-            one, as torch's state["step"]); the next push's bias correction counts on from it.
-            Every name of states must be in steps, and every name of steps in states.
-          plan_hash: the shard's sharding plan hash, as given to register_model.
-
-        The load is one call: the server receives and checks all of it before it changes
-        anything, then applies it in order with pushes (after every push acknowledged before
-        this call, before any push sent after it returns) and advances the shard version by 1.
-        Its header (about 20 bytes plus the name per tensor) must fit in one message of the
-        server's max_message_bytes, and its values in the server's staging pool.
-
-        Returns:
-          The shard version after the load.
-        Raises:
-          ValueError: no tensors; states and steps with other names; an unknown field; a step
-            that is not an int >= 0. TypeError: a value that is not a dense floating tensor.
-          fusedps.errors.NotFound (NOT_FOUND): a tensor the server does not have.
-          fusedps.errors.InvalidArgument (INVALID_ARGUMENT): a tensor of another element count
-            than the registered one.
-          fusedps.errors.FailedPrecondition (FAILED_PRECONDITION): max_exp_avg_sq of a tensor
-            whose group has no amsgrad; another plan_hash than the shard's; in sync mode, a
-            round that holds pushes (load between rounds).
-          fusedps.errors.ResourceExhausted (RESOURCE_EXHAUSTED): values larger than the
-            server's whole staging pool (--staging-pool-bytes), or a header over its message
-            size. Each of these leaves the server's state as it was.
-        """
-        int_steps = checked_states(states, steps)
-        by_field: Dict[str, List[Tuple[str, "torch.Tensor"]]] = {f: [] for f in _FIELDS}
-        header = pb.LoadStateHeader(plan_hash=plan_hash, model=self.model)
-        payload = 0
-        for name, fields in states.items():
-            state = header.tensors.add(name=name, step=int_steps[name])
-            for field, t in fields.items():
-                state.fields.append(_FIELDS[field])
-                by_field[field].append((name, t))
-                payload += t.numel() * 4
-
-        def requests():
-            yield pb.LoadStateRequest(header=header).SerializeToString()
-            for field, items in by_field.items():
-                # The field's two bytes a chunk fit in _chunks.CHUNK_FRAMING_BYTES.
-                yield from _chunks.chunk_messages(items, "float32", self.max_chunk_bytes,
-                                                  field=_FIELDS[field])
-
-        return int(self._load_state(requests(), timeout=self._timeout(payload)).version)
-
-    def write_buffers(self, buffers, *, prefix: str = "") -> int:
-        """Writes the model's buffers to the server (docs/api.md, "Buffers"): module state that
-        is not a parameter, such as BatchNorm's running statistics, kept with the model and in
-        its checkpoints, never optimized. Each in its own dtype and shape, bit for bit; buffers
-        not given keep their values on the server. In stream order with pushes: a checkpoint
-        taken after this call holds these values. Returns the model's version.
-
-        Args:
-          buffers: an nn.Module (the buffers its state_dict holds, by those names), a mapping
-            name -> tensor or (name, tensor) pairs; any device, dtypes float32, float64,
-            float16, bfloat16, int64, int32, int16, int8, uint8 and bool.
-          prefix: prepended to each name.
-        Raises:
-          TypeError: a value that is not a tensor, or of another dtype. ValueError: a name
-            twice, or no buffers.
-          fusedps.errors.InvalidArgument: a bad name, more than 4096 buffers or 256 MiB.
-        """
-        from fusedps import _buffers  # torch: not imported by `import fusedps`.
-
-        pairs = _buffers.named_buffers(buffers, prefix)
-        if not pairs:
-            raise ValueError("no buffers to write")
-        return _buffers.write(self._stub, self.model, pairs, self._timeout())
-
-    def pull_buffers(self, buffers=None, *, prefix: str = "") -> Dict[str, "torch.Tensor"]:
-        """The model's buffers from the server (name -> CPU tensor in its dtype and shape).
-
-        Args:
-          buffers: None (every buffer), a list of names, or an nn.Module / mapping / pairs
-            (as write_buffers): then the server's values are also copied into those tensors,
-            in place; those the server does not have keep theirs.
-        Raises:
-          fusedps.errors.NotFound: a name the model has no buffer of.
-          ValueError: a local buffer whose shape differs from the server's.
-        """
-        from fusedps import _buffers  # torch: not imported by `import fusedps`.
-
-        if buffers is None:
-            return _buffers.pull(self._stub, self.model, [], self._timeout())
-        if isinstance(buffers, str) or (isinstance(buffers, (list, tuple))
-                                        and all(isinstance(b, str) for b in buffers)):
-            names = [buffers] if isinstance(buffers, str) else list(buffers)
-            return _buffers.pull(self._stub, self.model, names, self._timeout())
-        pairs = _buffers.named_buffers(buffers, prefix)
-        pulled = _buffers.pull(self._stub, self.model, [], self._timeout())
-        _buffers.copy_into(pairs, pulled)
-        return pulled
-
-    def info(self) -> ServerInfo:
-        """Server and model facts: version, backend, device, counts, param groups, limits,
-        memory (ServerInfo)."""
-        r = self._stub.GetInfo(pb.GetInfoRequest(model=self.model), timeout=self._timeout())
-        return ServerInfo(
-            version=int(r.version), backend=r.backend, device=r.device,
-            tensor_count=int(r.tensor_count), parameter_count=int(r.parameter_count),
-            param_groups=tuple(ParamGroup._from_pb(g) for g in r.param_groups),
-            server_version=r.server_version, max_message_bytes=int(r.max_message_bytes),
-            param_copy_dtype=_dtypes.WIRE_NAMES.get(r.param_copy_dtype),
-            consistency=(Consistency._from_pb(r.consistency) if r.HasField("consistency")
-                         else None),
-            plan_hash=r.plan_hash, model=r.model, memory_bytes=int(r.memory_bytes),
-            server_memory_bytes=int(r.server_memory_bytes), model_count=int(r.model_count),
-            buffer_count=int(r.buffer_count), buffer_bytes=int(r.buffer_bytes))
-
-    def create_model(self, name: str, *, mode: Optional[str] = None,
-                     replicas_to_aggregate: int = 1, total_replicas: int = 1,
-                     round_timeout_seconds: float = 30.0, max_staleness: int = 0,
-                     staleness_lr_scaling: bool = False) -> Tuple[bool, ModelInfo]:
-        """Creates an empty model ``name`` on the server (docs/api.md, "Models"), with a
-        consistency mode of its own ("async", "sync", "bounded", with the options of
-        docs/consistency.md), or the server's flags' for mode None. Returns (created, its
-        ModelInfo); created is False when it existed with the same consistency (a no-op, so
-        that every trainer of a job may create it). Not implied by ``model``.
-
-        Raises:
-          ValueError: an unknown mode.
-          fusedps.errors.InvalidArgument: a bad name (1-64 of [a-z0-9._-]) or consistency.
-          fusedps.errors.AlreadyExists: the model exists with another consistency.
-          fusedps.errors.PermissionDenied: a token that is not admin (of that model).
-        """
-        consistency = _models.consistency_request(mode, replicas_to_aggregate, total_replicas,
-                                                  round_timeout_seconds, max_staleness,
-                                                  staleness_lr_scaling)
-        return _models.create(self._stub, name, consistency, self._timeout())
-
-    def list_models(self) -> List[ModelInfo]:
-        """The server's models that this client's token may reach, by name (ModelInfo)."""
-        return _models.list_all(self._stub, self._timeout())
-
-    def delete_model(self, name: str, timeout: Optional[float] = 60.0) -> ModelDeleted:
-        """Deletes model ``name``: its tensors, state, device memory and checkpoints, durably
-        (a restart does not bring it back). Calls naming it then raise NotFound; deleting
-        "default" empties it. Waits up to ``timeout`` seconds for calls in flight to let go of
-        the model's memory (ModelDeleted.memory_freed says whether they did).
-
-        Raises:
-          fusedps.errors.NotFound: no such model.
-          fusedps.errors.PermissionDenied: a token that is not admin (of that model).
-        """
-        return _models.delete(self._stub, name, timeout)
-
-    def checkpoint(self, timeout: Optional[float] = 600.0) -> Tuple[int, str]:
-        """Has the server write a checkpoint holding every push acknowledged before this call,
-        and returns ``(version, path)``: the shard version it holds and its directory on the
-        server. Blocks until the checkpoint is durable (``timeout`` seconds at most).
-
-        Raises:
-          FusedPSError: FAILED_PRECONDITION (the server has no --checkpoint-dir),
-            RESOURCE_EXHAUSTED (its disk is full), UNAVAILABLE, DEADLINE_EXCEEDED.
-        """
-        r = self._stub.Checkpoint(pb.CheckpointRequest(model=self.model), timeout=timeout)
-        return int(r.version), r.path
-
-    def list_tensors(self) -> TensorList:
-        """Every registered tensor (TensorInfo: name, shape, group, step, numel, and its
-        storage: params_dtype, state_dtype), with ``.version``. The server returns a large
-        shard in pages; this reads them all, each page a call with a deadline of its own.
-
-        Raises:
-          RuntimeError: the server repeated a page token (a listing that would never end).
-        """
-        version, infos = _replies.list_pages(
-            lambda request: self._stub.ListTensors(request, timeout=self._timeout()),
-            model=self.model)
-        return TensorList((TensorInfo._from_pb(t) for t in infos), version)
 
     # -- internals ------------------------------------------------------------------------------
 

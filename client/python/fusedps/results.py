@@ -7,10 +7,12 @@ torch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from fusedps import _dtypes
+from fusedps import _hyperparameters as _hp
 from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["ParamGroup", "RegisterResult", "PushResult", "TensorInfo", "TensorList",
@@ -54,26 +56,10 @@ class ParamGroup:
 
     @classmethod
     def _from_pb(cls, g: "pb.ParamGroup") -> "ParamGroup":
-        h = g.hyperparameters
-
-        def opt(field):
-            return getattr(h, field) if h.HasField(field) else None
-
-        mode = opt("weight_decay_mode")
-        state, params = opt("state_dtype"), opt("params_dtype")
-        return cls(
-            name=g.name,
-            lr=opt("lr"),
-            betas=(opt("beta1"), opt("beta2")),
-            eps=opt("eps"),
-            weight_decay=opt("weight_decay"),
-            amsgrad=opt("amsgrad"),
-            maximize=opt("maximize"),
-            decoupled_weight_decay=None if mode is None else mode != pb.WEIGHT_DECAY_MODE_L2,
-            state_dtype=None if state is None else _state_dtype_name(state),
-            params_dtype=None if params is None else _params_dtype_name(params),
-            rounding_seed=opt("rounding_seed"),
-        )
+        fields: Dict[str, Any] = {"betas": (None, None), **_hp.from_proto(g.hyperparameters)}
+        values: Dict[str, Any] = {f.name: fields.get(f.name) for f in dataclasses.fields(cls)
+                                  if f.name != "name"}
+        return cls(name=g.name, **values)
 
 
 def _state_dtype_name(value: int) -> str:

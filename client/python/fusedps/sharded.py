@@ -218,7 +218,7 @@ class ShardedClient:
             default = param_group if isinstance(param_group, str) else "default"
             entries = [(n, tuple(t.shape), groups.get(n, default)) for n, t in items]
             self._set_plan(make_plan(entries, len(self.clients), slice_elements))
-        plan = self.plan
+        plan = self._require_plan()  # Set just above when there was none.
         tensors = dict(items)
         self._check_matches_plan({n: tuple(t.shape) for n, t in items}, exact=True)
         flat = _Flattened(tensors, plan)
@@ -349,6 +349,53 @@ class ShardedClient:
                     t.copy_(out[name])
         return out
 
+    def pull_state(self, field: str = "exp_avg", names=None, *, prefix: str = ""
+                   ) -> Tuple[Dict[str, "torch.Tensor"], List[Optional[int]], Dict[str, int]]:
+        """Reads one stored array per tensor as fp32, gathered from the shards that hold its
+        slices, as Client.pull_state does on one server.
+
+        Args:
+          field: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad groups only) or "param".
+          names: names, one name, a module/mapping/pairs (their names, with ``prefix``), or
+            None for every tensor of the plan. Only the shards holding a slice of them are read.
+
+        Returns:
+          (tensors, versions, steps): name -> torch.float32 CPU tensor with the model's shape,
+          in the order asked for; per shard, the version it was read at (None for a shard not
+          read); name -> steps applied (of a cut tensor: those of its first slice). Each shard
+          is read at its own version.
+        Raises:
+          RuntimeError: no plan yet. KeyError: a name the plan does not have. ValueError:
+            unknown field. FusedPSError: as Client.pull_state.
+        """
+        plan = self._require_plan()
+        if field not in _FIELDS:
+            raise ValueError(f"field must be one of {sorted(_FIELDS)}, got {field!r}")
+        if names is None:
+            names = [t.name for t in plan.tensors]
+        else:
+            _, names = Client._targets_and_names(names, prefix)
+        for name in names:
+            if name not in self._slices_of:
+                raise KeyError(f"no tensor named {name!r} in the plan")
+        wanted = set(names)
+
+        def pull(shard: int, c: Client):
+            server_names = [s.server_tensor for s in plan.shard_slices(shard)
+                            if s.tensor in wanted]
+            if not server_names:
+                return None
+            return c.pull_state(field, server_names)
+
+        pulled = self._fan_out(pull)
+        tensors_of = [None if p is None else p[0] for p in pulled]
+        out = {n: self._gather(n, tensors_of) for n in names}
+        steps = {}
+        for n in names:
+            first = self._slices_of[n][0]
+            steps[n] = pulled[first.shard][2][first.server_tensor]
+        return out, [None if p is None else p[1] for p in pulled], steps
+
     def load_state(self, states: Mapping[str, Mapping[str, "torch.Tensor"]],
                    steps: Mapping[str, int]) -> List[Optional[int]]:
         """Overwrites whole tensors' params, AdamW state and steps on the shards that hold
@@ -409,13 +456,18 @@ class ShardedClient:
         (buffers are small and not cut); its checkpoints hold them. Returns its version."""
         return self.clients[0].write_buffers(buffers, prefix=prefix)
 
-    def pull_buffers(self, buffers=None, *, prefix: str = ""):
+    def pull_buffers(self, buffers=None, *, prefix: str = "") -> Dict[str, "torch.Tensor"]:
         """Client.pull_buffers from the first shard (see write_buffers)."""
         return self.clients[0].pull_buffers(buffers, prefix=prefix)
 
     def info(self) -> List[ServerInfo]:
         """Each shard's ServerInfo (version, consistency, plan_hash, ...)."""
         return self._fan_out(lambda i, c: c.info())
+
+    def server_infos(self) -> List[ServerInfo]:
+        """Each shard's ServerInfo, as info(): the name Client.server_infos shares
+        (fusedps.ParameterServiceClient)."""
+        return self.info()
 
     def versions(self) -> List[int]:
         """Each shard's current version."""

@@ -247,8 +247,8 @@ def test_remote_adamw_and_from_torch_use_them():
     params = inspect.signature(RemoteAdamW.__init__).parameters
     assert {k: params[k].default for k in ADAMW._fields} == ADAMW._asdict()
     group = checkpoint._default_group()
-    assert group == dict(name="default", lr=ADAMW.lr, beta1=ADAMW.betas[0],
-                         beta2=ADAMW.betas[1], eps=ADAMW.eps, weight_decay=ADAMW.weight_decay,
+    assert group == dict(name="default", lr=ADAMW.lr, betas=ADAMW.betas, eps=ADAMW.eps,
+                         weight_decay=ADAMW.weight_decay,
                          amsgrad=ADAMW.amsgrad, maximize=ADAMW.maximize,
                          decoupled_weight_decay=True, state_dtype="fp32",
                          params_dtype="fp32", rounding_seed=0)

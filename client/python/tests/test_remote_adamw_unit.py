@@ -65,9 +65,13 @@ def test_torch_adamw_facts_and_hyperparameters():
         ro.torch_adamw_facts(lr=0.1, betas=(1.5, 0.9))
     group = dict(facts.defaults, lr=torch.tensor(0.25), betas=(torch.tensor(0.5), 0.75))
     h = ro.hyperparameters_of(group)
-    assert h == (0.25, 0.5, 0.75, 1e-6, 0.0, True) and all(type(x) is float for x in h[:5])
+    assert h == (("lr", 0.25), ("betas", (0.5, 0.75)), ("eps", 1e-6), ("weight_decay", 0.0),
+                 ("maximize", True))
+    assert type(h[0][1]) is float and all(type(x) is float for x in h[1][1])
     assert ro.hyperparameter_kwargs(h) == dict(lr=0.25, betas=(0.5, 0.75), eps=1e-6,
                                                weight_decay=0.0, maximize=True)
+    # The loop may change these; amsgrad, the decay's kind and the storage are fixed.
+    assert ro.MUTABLE == ("lr", "betas", "eps", "weight_decay", "maximize")
 
 
 # -- GradScaler -----------------------------------------------------------------------------------
