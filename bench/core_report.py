@@ -10,10 +10,18 @@ against this tree's ("new"), all measured in that one run on one GPU machine.
            pushes' throughput
   small    back-to-back pushes of 10,000 tensors x 1K (the whole model, bf16)
 """
+import json
 import os
 import sys
 
-from push_report import load  # bench/push_report.py, beside this script
+
+def load(path):
+    """The JSON document at path, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def ratio(new, old):

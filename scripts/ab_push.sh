@@ -2,7 +2,7 @@
 # Runs on the GPU machine with .device-pack (fusedps-server, fusedps-server-old: e.g. a base
 # commit's build, fusedps-bench): both servers up at once, the same GPT-2 push loads sent to each
 # in alternation, ROUNDS times, so that drift on a shared host hits both alike (the servers of
-# device_push_bench.sh run one after the other). Prints each load's throughput, latency and the
+# `bench/run.py push` run one after the other). Prints each load's throughput, latency and the
 # server's CPU time per push (utime + stime from /proc; round 1 includes the registration).
 # Env: LOADS ("16x8 4x8": clients x streams), ROUNDS (3), DURATION (6s), DEVICE (cuda:0).
 set -uo pipefail

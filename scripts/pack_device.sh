@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# Builds what the GPU machine's scripts (scripts/device_*.sh) need and packs it into .device-pack
+# Builds what a GPU machine without the build's libraries needs and packs it into .device-pack
 # with the workplace's device-pack tool (DEVICE_PACK, default ../shared/tools/device-pack): the
-# CUDA fusedps-server, the fusedps CLI, fusedps-bench, fusedps-transport-bench, the native
-# transport (libfusedps_c.so), each stripped, with the shared libraries a bare GPU machine lacks;
-# the Python package in .device-pack/python; the GPT example's corpus (Debian's jargon-text).
-# Then carry .device-pack to the device and run a scripts/device_*.sh there.
+# CUDA fusedps-server, the fusedps CLI, the benchmarks (fusedps-bench, fusedps-kernel-bench,
+# fusedps-gpt-fit, fusedps-transport-bench, fusedps-grpc-sink), the native transport
+# (libfusedps_c.so), each stripped, with the shared libraries a bare GPU machine lacks; the
+# Python package in .device-pack/python; the TLS test certificates in .device-pack/certs; the
+# GPT example's corpus (Debian's jargon-text). Then carry .device-pack to the device and run
+# `bench/run.py SUITE --pack .device-pack --out results.json` there (or a scripts/device_*.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh fusedps-server fusedps fusedps-bench fusedps-transport-bench fusedps_c \
-  fusedps_python
+scripts/build.sh fusedps-server fusedps fusedps-bench fusedps-kernel-bench fusedps-gpt-fit \
+  fusedps-transport-bench fusedps-grpc-sink fusedps_c fusedps_python
 build=${BUILD_DIR:-build}
 rm -rf .device-pack
 "${DEVICE_PACK:-../shared/tools/device-pack}" .device-pack "$build/server/fusedps-server" \
-  "$build/client/fusedps" "$build/bench/fusedps-bench" "$build/bench/fusedps-transport-bench" \
-  "$build/python/fusedps/libfusedps_c.so"
+  "$build/client/fusedps" "$build/bench/fusedps-bench" "$build/bench/fusedps-kernel-bench" \
+  "$build/bench/fusedps-gpt-fit" "$build/bench/fusedps-transport-bench" \
+  "$build/bench/peers/fusedps-grpc-sink" "$build/python/fusedps/libfusedps_c.so"
 strip .device-pack/bin/*
 strip --strip-unneeded .device-pack/lib/* 2>/dev/null || true
 mkdir -p .device-pack/python
 cp -r "$build/python/fusedps" .device-pack/python/
 rm -f .device-pack/python/fusedps/libfusedps_c.so  # python_env loads .device-pack/bin's.
+bash tests/integration/make_test_certs.sh .device-pack/certs >/dev/null
 cp /usr/share/doc/jargon-text/jargon.txt.gz .device-pack/
 du -sh .device-pack
