@@ -291,7 +291,9 @@ def measure(step: Dict[str, Any], values: Dict[str, Any], cmd: str, bins: Binari
 
 
 def run_suite(name: str, bins: Binaries, overrides: Dict[str, List[str]], certs: str,
-              dry: bool) -> Dict[str, Any]:
+              dry: bool, out: Optional[str] = None) -> Dict[str, Any]:
+    """Runs the suite and returns its results document; with ``out``, also writes the document
+    there after each step, so that a run cut short (a timeout) keeps the steps it finished."""
     suite = SUITES[name]
     scratch = "<out>" if dry else tempfile.mkdtemp(prefix=f"fusedps-bench-{name}-")
     print(f"{name}: logs in {scratch}", file=sys.stderr)
@@ -304,6 +306,14 @@ def run_suite(name: str, bins: Binaries, overrides: Dict[str, List[str]], certs:
     shared = dict(suite.get("defaults", {}), **base)
     shared.update({k: v[0] for k, v in overrides.items()})
     results: List[Dict[str, Any]] = []
+
+    def document() -> Dict[str, Any]:
+        return {"suite": name, "about": suite["about"], "device": device_line(),
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"),
+                "git": git_line(), "binaries": "pack" if bins.pack else "build",
+                "results": results}
+
     try:
         for step in suite["steps"]:
             for values in runs_of(suite, step, overrides):
@@ -346,12 +356,18 @@ def run_suite(name: str, bins: Binaries, overrides: Dict[str, List[str]], certs:
                     for row in rows:
                         metrics = dict(row, server_ms=stages) if any(stages.values()) else row
                         results.append(dict(result, metrics=metrics))
+                    if out:
+                        write_document(out, document())
     finally:
         servers.stop()
-    return {"suite": name, "about": suite["about"], "device": device_line(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git": git_line(), "binaries": "pack" if bins.pack else "build",
-            "results": results}
+    return document()
+
+
+def write_document(path: str, doc: Dict[str, Any]) -> None:
+    """Writes a results document whole (through a temporary file, renamed)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
+    os.replace(path + ".tmp", path)
 
 
 def device_line() -> str:
@@ -423,15 +439,13 @@ def main(argv: List[str]) -> int:
         certs = tempfile.mkdtemp(prefix="fusedps-certs-")
         subprocess.run(["bash", "tests/integration/make_test_certs.sh", certs], check=True,
                        cwd=ROOT, stdout=subprocess.DEVNULL)
-    doc = run_suite(args.suite, bins, overrides, certs or "<certs>", args.dry_run)
+    doc = run_suite(args.suite, bins, overrides, certs or "<certs>", args.dry_run, args.out)
     if args.dry_run:
         return 0
-    text = json.dumps(doc, indent=1) + "\n"
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        write_document(args.out, doc)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     return 1 if any("error" in r for r in doc["results"]) else 0
 
 

@@ -3,7 +3,9 @@
 // arenas they update, the grid that fills the GPU, which kernel a launch runs (RunsChunkBlocks:
 // AdamWApply, the persistent grid, or AdamWApplyChunks, a block per chunk), and the launchers
 // that check and count every launch. The kernels and their tuning history are in adamw_kernel.cu
-// and adamw_chunk_blocks.cu; the device memory and tables that feed them are in cuda_backend.cu.
+// and adamw_chunk_blocks.cu (a portion's math in adamw_portion.cuh, its loads and stores in
+// adamw_pipeline.cuh); the device memory and tables that feed them are the CUDA backend's
+// (cuda_backend_impl.cuh, the step path in cuda_backend_step.cu).
 //
 // Usage:
 //   std::vector<Chunk> chunks;
