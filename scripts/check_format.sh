@@ -7,14 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v clang-format-14 >/dev/null; then
-  echo "check_format: installing clang-format-14" >&2
-  sudo=()
-  [[ $(id -u) == 0 ]] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
-    clang-format-14 >&2
-fi
+scripts/setup.sh --only clang-format-14
 
 mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 drift=0

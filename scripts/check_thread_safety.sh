@@ -24,19 +24,7 @@ repo=$PWD
 build=${1:-build-threads}
 jobs=${JOBS:-$(nproc)}
 
-packages=(clang-14 libomp-14-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "check_thread_safety: installing ${missing[*]}" >&2
-  sudo=()
-  [[ $(id -u) == 0 ]] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >&2
-fi
+scripts/setup.sh --only clang-14 libomp-14-dev
 
 cmake -S . -B "$build" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 cmake --build "$build" -j"$jobs" --target fusedps_proto >/dev/null

@@ -7,6 +7,8 @@
 #              runtimes, libomp
 #   --deploy   adds what `make test-deploy` needs: the Docker engine and debootstrap
 #   --print    prints the package names instead of installing them
+#   --only PKG...  only these packages, the same way (the check scripts' tools: clang-format-14,
+#              pyflakes3, mypy, clang-14)
 set -euo pipefail
 # What CMake needs to configure and build the server and the CLI (find_package at the top of
 # CMakeLists.txt: the test frameworks too).
@@ -31,13 +33,19 @@ packages=(
   prometheus
 )
 print=0
+if [[ ${1:-} == --only ]]; then
+  shift
+  packages=("$@")
+  set --
+fi
 for arg in "$@"; do
   case $arg in
     --server) packages=("${server_packages[@]}") ;;
     --fuzz) packages+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
     --deploy) packages+=(docker.io debootstrap) ;;
     --print) print=1 ;;
-    *) echo "usage: setup.sh [--server] [--fuzz] [--deploy] [--print]" >&2; exit 2 ;;
+    *) echo "usage: setup.sh [--server] [--fuzz] [--deploy] [--print] | --only PKG..." >&2
+       exit 2 ;;
   esac
 done
 if ((print)); then printf '%s\n' "${packages[@]}"; exit 0; fi
