@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "kernels/backend.h"
 #include "kernels/tensor_layout.h"
 
 namespace fusedps {
@@ -16,7 +17,17 @@ namespace {
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Reflection;
 
-// The mirror enums of kernels/adamw_math.h take the proto's values, so a conversion is a cast.
+// The kernels' mirror enums (adamw_math.h, backend.h) take the proto's values, so a conversion
+// is a cast (here and in server/service/convert.cc).
+static_assert(static_cast<int>(GradDType::kFloat32) == v1::DTYPE_FLOAT32);
+static_assert(static_cast<int>(GradDType::kBFloat16) == v1::DTYPE_BFLOAT16);
+static_assert(static_cast<int>(GradDType::kFloat16) == v1::DTYPE_FLOAT16);
+static_assert(static_cast<int>(ParamCopyDType::kBFloat16) == v1::DTYPE_BFLOAT16);
+static_assert(static_cast<int>(ParamCopyDType::kFloat16) == v1::DTYPE_FLOAT16);
+static_assert(static_cast<int>(TensorField::kParam) == v1::TENSOR_FIELD_PARAM);
+static_assert(static_cast<int>(TensorField::kExpAvg) == v1::TENSOR_FIELD_EXP_AVG);
+static_assert(static_cast<int>(TensorField::kExpAvgSq) == v1::TENSOR_FIELD_EXP_AVG_SQ);
+static_assert(static_cast<int>(TensorField::kMaxExpAvgSq) == v1::TENSOR_FIELD_MAX_EXP_AVG_SQ);
 static_assert(static_cast<int>(StateDType::kFloat32) == v1::STATE_DTYPE_FLOAT32);
 static_assert(static_cast<int>(StateDType::kBFloat16) == v1::STATE_DTYPE_BFLOAT16);
 static_assert(static_cast<int>(StateDType::kInt8) == v1::STATE_DTYPE_INT8);
