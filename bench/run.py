@@ -307,12 +307,14 @@ def run_suite(name: str, bins: Binaries, overrides: Dict[str, List[str]], certs:
     shared.update({k: v[0] for k, v in overrides.items()})
     results: List[Dict[str, Any]] = []
 
+    # The run's facts, asked once (nvidia-smi and git are processes): document() is called
+    # after every step.
+    facts = {"suite": name, "about": suite["about"], "device": device_line(),
+             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "git": git_line(), "binaries": "pack" if bins.pack else "build"}
+
     def document() -> Dict[str, Any]:
-        return {"suite": name, "about": suite["about"], "device": device_line(),
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                    "%Y-%m-%dT%H:%M:%SZ"),
-                "git": git_line(), "binaries": "pack" if bins.pack else "build",
-                "results": results}
+        return dict(facts, results=results)
 
     try:
         for step in suite["steps"]:
