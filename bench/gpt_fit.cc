@@ -12,11 +12,11 @@
 // Usage: fusedps-gpt-fit --backend=cuda:0 [--json]
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -110,11 +110,9 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Finds the largest GPT whose whole AdamW state fits one device, per storage option.\n"
       "  fusedps-gpt-fit --backend=cuda:0 [--json]");
-  if (HelpRequested(argc, argv)) {
-    PrintHelp(__FILE__);
-    return 0;
+  if (std::optional<int> exit_code = ParseProgramFlags(argc, argv, {__FILE__})) {
+    return *exit_code;
   }
-  absl::ParseCommandLine(argc, argv);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   const bool json = absl::GetFlag(FLAGS_json);
   const std::vector<GptConfig> ladder = {

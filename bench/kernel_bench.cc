@@ -33,15 +33,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +52,7 @@
 #include "bench/kernel_bench_report.h"
 #include "bench/step_validation.h"
 #include "bench/workloads.h"
+#include "common/dtype_names.h"
 #include "common/flag_usage.h"
 #include "kernels/adamw_math.h"
 #include "kernels/backend.h"
@@ -375,26 +378,45 @@ absl::StatusOr<Result> RunWorkload(const Workload& workload, const BenchConfig& 
   return result;
 }
 
+// A dtype flag's value in either spelling (common/dtype_names.h), one of `allowed`, the dtypes
+// the bench runs (the kernels' enums have the proto's codes). `also`: other values the caller
+// takes itself, for the message ("none or ").
+template <typename ProtoDType>
+absl::StatusOr<ProtoDType> DTypeFlag(absl::string_view flag, const std::string& value,
+                                     std::initializer_list<ProtoDType> allowed,
+                                     absl::string_view also = "") {
+  absl::StatusOr<ProtoDType> parsed;
+  if constexpr (std::is_same_v<ProtoDType, v1::StateDType>) {
+    parsed = dtypes::ParseStateDType(value);
+  } else {
+    parsed = dtypes::ParseDType(value);
+  }
+  if (parsed.ok() && std::find(allowed.begin(), allowed.end(), *parsed) != allowed.end()) {
+    return *parsed;
+  }
+  std::string names;  // "fp32, bf16 or int8"
+  for (auto it = allowed.begin(); it != allowed.end(); ++it) {
+    if (it != allowed.begin()) absl::StrAppend(&names, it + 1 == allowed.end() ? " or " : ", ");
+    absl::StrAppend(&names, dtypes::ShortName(*it));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": expected ", also, names));
+}
+
 absl::StatusOr<BenchConfig> ConfigFromFlags() {
   BenchConfig config;
   config.backend = absl::GetFlag(FLAGS_backend);
-  const std::string grad_dtype = absl::GetFlag(FLAGS_grad_dtype);
-  if (grad_dtype == "fp32") {
-    config.grad_dtype = GradDType::kFloat32;
-  } else if (grad_dtype == "bf16") {
-    config.grad_dtype = GradDType::kBFloat16;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--grad-dtype=", grad_dtype, ": expected fp32 or bf16"));
-  }
+  absl::StatusOr<v1::DType> grad_dtype = DTypeFlag("--grad-dtype", absl::GetFlag(FLAGS_grad_dtype),
+                                                   {v1::DTYPE_FLOAT32, v1::DTYPE_BFLOAT16});
+  if (!grad_dtype.ok()) return grad_dtype.status();
+  config.grad_dtype = static_cast<GradDType>(*grad_dtype);
   const std::string param_copy = absl::GetFlag(FLAGS_param_copy);
   if (param_copy == "none") {
     config.param_copy = ParamCopyDType::kNone;
-  } else if (param_copy == "bf16") {
-    config.param_copy = ParamCopyDType::kBFloat16;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--param-copy=", param_copy, ": expected none or bf16"));
+    absl::StatusOr<v1::DType> copy =
+        DTypeFlag("--param-copy", param_copy, {v1::DTYPE_BFLOAT16}, "none or ");
+    if (!copy.ok()) return copy.status();
+    config.param_copy = static_cast<ParamCopyDType>(*copy);
   }
   const std::string step_kernel = absl::GetFlag(FLAGS_step_kernel);
   if (step_kernel == "auto") {
@@ -407,26 +429,15 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--step-kernel=", step_kernel, ": expected auto, persistent or chunk-blocks"));
   }
-  const std::string state_dtype = absl::GetFlag(FLAGS_state_dtype);
-  if (state_dtype == "fp32") {
-    config.state_dtype = StateDType::kFloat32;
-  } else if (state_dtype == "bf16") {
-    config.state_dtype = StateDType::kBFloat16;
-  } else if (state_dtype == "int8") {
-    config.state_dtype = StateDType::kInt8;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--state-dtype=", state_dtype, ": expected fp32, bf16 or int8"));
-  }
-  const std::string params_dtype = absl::GetFlag(FLAGS_params_dtype);
-  if (params_dtype == "fp32") {
-    config.params_dtype = ParamsDType::kFloat32;
-  } else if (params_dtype == "bf16") {
-    config.params_dtype = ParamsDType::kBFloat16;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--params-dtype=", params_dtype, ": expected fp32 or bf16"));
-  }
+  absl::StatusOr<v1::StateDType> state_dtype =
+      DTypeFlag("--state-dtype", absl::GetFlag(FLAGS_state_dtype),
+                {v1::STATE_DTYPE_FLOAT32, v1::STATE_DTYPE_BFLOAT16, v1::STATE_DTYPE_INT8});
+  if (!state_dtype.ok()) return state_dtype.status();
+  config.state_dtype = static_cast<StateDType>(*state_dtype);
+  absl::StatusOr<v1::DType> params_dtype = DTypeFlag(
+      "--params-dtype", absl::GetFlag(FLAGS_params_dtype), {v1::DTYPE_FLOAT32, v1::DTYPE_BFLOAT16});
+  if (!params_dtype.ok()) return params_dtype.status();
+  config.params_dtype = static_cast<ParamsDType>(*params_dtype);
   config.warmup = absl::GetFlag(FLAGS_warmup);
   config.iters = absl::GetFlag(FLAGS_iters);
   config.threads = absl::GetFlag(FLAGS_threads);
@@ -438,36 +449,13 @@ absl::StatusOr<BenchConfig> ConfigFromFlags() {
   return config;
 }
 
-// absl flag names are C++ identifiers; accept --grad-dtype as well as --grad_dtype.
-std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
-  storage.assign(argv, argv + argc);
-  for (std::string& arg : storage) {
-    if (arg == "--") break;
-    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') continue;
-    const size_t name_end = std::min(arg.find('='), arg.size());
-    std::replace(arg.begin() + 2, arg.begin() + name_end, '-', '_');
-  }
-  std::vector<char*> normalized;
-  for (std::string& arg : storage) normalized.push_back(arg.data());
-  return normalized;
-}
-
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Validates, then times one AdamW step of a fusedps backend on the workloads of\n"
       "bench/workloads.h (GPT-2 small and others).\n"
       "  fusedps-kernel-bench --backend=cpu --workload=all --scale=0.1 --iters=10");
-  if (HelpRequested(argc, argv)) {
-    PrintHelp(__FILE__);
-    return 0;
-  }
-  std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
-  const std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (positional.size() > 1) {
-    absl::FPrintF(stderr, "fusedps-kernel-bench: unexpected argument '%s'\n", positional[1]);
-    return 2;
+  if (std::optional<int> exit_code = ParseProgramFlags(argc, argv, {__FILE__})) {
+    return *exit_code;
   }
   absl::StatusOr<BenchConfig> config = ConfigFromFlags();
   const double scale = absl::GetFlag(FLAGS_scale);

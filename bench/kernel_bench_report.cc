@@ -6,22 +6,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/dtype_names.h"
 #include "common/json_string.h"
+#include "kernels/backend.h"
 #include "kernels/tensor_layout.h"
 
 namespace fusedps {
 namespace {
 
 const char* GradDTypeName(GradDType dtype) {
-  return dtype == GradDType::kFloat32 ? "fp32" : "bf16";
+  return dtypes::ShortName(static_cast<v1::DType>(dtype));  // The proto's codes.
 }
 double MeanBytesPerParam(const std::vector<Result>& results) {
   return results.empty() ? 0 : results[0].bytes_per_param;
 }
-const char* ParamCopyName(ParamCopyDType dtype) {
-  return dtype == ParamCopyDType::kNone ? "none" : "bf16";
-}
-
 }  // namespace
 
 void PrintTable(const BenchConfig& config, double scale, const std::vector<Result>& results) {
@@ -29,7 +27,7 @@ void PrintTable(const BenchConfig& config, double scale, const std::vector<Resul
       "fusedps-kernel-bench: backend=%s device=\"%s\" grad_dtype=%s param_copy=%s "
       "state_dtype=%s params_dtype=%s scale=%g warmup=%d iters=%d bytes/param=%.4g\n",
       config.backend, results.empty() ? "" : results[0].device, GradDTypeName(config.grad_dtype),
-      ParamCopyName(config.param_copy), StateDTypeName(config.state_dtype),
+      ParamCopyDTypeName(config.param_copy), StateDTypeName(config.state_dtype),
       ParamsDTypeName(config.params_dtype), scale, config.warmup, config.iters,
       MeanBytesPerParam(results));
   absl::PrintF("%-11s %8s %12s %10s %10s %10s %8s %9s %10s %7s %9s %9s %7s %10s\n", "workload",
@@ -63,7 +61,7 @@ void PrintJson(const BenchConfig& config, double scale, const std::vector<Result
       "\"params_dtype\": \"%s\", \"scale\": %.17g, "
       "\"warmup\": %d, \"iters\": %d, \"bytes_per_param\": %.6g, \"results\": [",
       JsonString(config.backend), JsonString(results.empty() ? "" : results[0].device),
-      GradDTypeName(config.grad_dtype), ParamCopyName(config.param_copy),
+      GradDTypeName(config.grad_dtype), ParamCopyDTypeName(config.param_copy),
       StateDTypeName(config.state_dtype), ParamsDTypeName(config.params_dtype), scale,
       config.warmup, config.iters, MeanBytesPerParam(results));
   for (size_t i = 0; i < results.size(); ++i) {

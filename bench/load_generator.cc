@@ -19,11 +19,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,7 +38,6 @@
 #include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
 #include "common/json_string.h"
-#include "common/kebab_flags.h"
 #include "fusedps/client.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, HOST:PORT.");
@@ -306,19 +305,9 @@ int Main(int argc, char** argv) {
       "  fusedps-bench --target=HOST:PORT --model=synthetic --tensors=3 --numel=1000 "
       "--steps=5 --json\n"
       "  fusedps-bench --targets=HOST:PORT,HOST:PORT --clients=4 --model=gpt2 --steps=20");
-  if (HelpRequested(argc, argv)) {
-    PrintHelp(__FILE__);
-    std::cout << client::SecurityFlagsHelp();
-    return 0;
-  }
-  std::vector<std::string> storage;
-  std::vector<char*> args = KebabToSnakeFlags(argc, argv, storage);
-  const std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (positional.size() > 1) {
-    absl::FPrintF(stderr, "fusedps-bench: unexpected argument '%s'\n", positional[1]);
-    return 2;
-  }
+  ProgramFlags how{__FILE__};
+  how.extra_help = client::SecurityFlagsHelp();
+  if (std::optional<int> exit_code = ParseProgramFlags(argc, argv, how)) return *exit_code;
   absl::StatusOr<Run> run = RunFromFlags();
   if (!run.ok()) {
     absl::FPrintF(stderr, "fusedps-bench: %s\n", run.status().ToString());

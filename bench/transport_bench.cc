@@ -27,18 +27,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_usage.h"
-#include "common/kebab_flags.h"
 #include "fusedps/client.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "fusedps server host:port");
@@ -138,13 +137,9 @@ int main(int argc, char** argv) {
       "loopback TCP in the same run (flags: --a-b and --a_b both work).\n"
       "  fusedps-transport-bench --target=127.0.0.1:50051 --mib=256 --streams=1,8\n"
       "  fusedps-transport-bench --tcp-only --mib=1024");
-  if (fusedps::HelpRequested(argc, argv)) {
-    fusedps::PrintHelp(__FILE__);
-    return 0;
+  if (std::optional<int> exit_code = fusedps::ParseProgramFlags(argc, argv, {__FILE__})) {
+    return *exit_code;
   }
-  std::vector<std::string> storage;
-  std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const uint64_t bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_mib)) << 20;
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
   std::vector<int> stream_counts;

@@ -27,18 +27,12 @@ using google::protobuf::io::CodedInputStream;
 
 constexpr char kPullMethod[] = "/fusedps.v1.ParameterService/PullParameters";
 
-// Field numbers of proto/fusedps/v1/parameter_service.proto.
-constexpr int kResponseHeader = 1;   // PullParametersResponse.header
-constexpr int kResponseChunks = 2;   // PullParametersResponse.chunks
-constexpr int kResponseTensors = 3;  // PullParametersResponse.tensors
+constexpr int kResponseHeader = v1::PullParametersResponse::kHeaderFieldNumber;
+constexpr int kResponseChunks = v1::PullParametersResponse::kChunksFieldNumber;
+constexpr int kResponseTensors = v1::PullParametersResponse::kTensorsFieldNumber;
 
 absl::Status Malformed(absl::string_view what) {
   return absl::InternalError(absl::StrCat("malformed pull reply: ", what));
-}
-
-bool IsField(uint32_t tag, int number, WireFormatLite::WireType type) {
-  return WireFormatLite::GetTagFieldNumber(tag) == number &&
-         WireFormatLite::GetTagWireType(tag) == type;
 }
 
 // Reads a pull's reply messages into the targets, checking what PullAssembler checks (wire.h):
@@ -62,7 +56,7 @@ class PullReader {
     SliceInputStream stream(view.views());
     CodedInputStream in(&stream);
     for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
-      if (IsField(tag, kResponseHeader, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      if (IsWireField(tag, kResponseHeader, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
         v1::PullHeader header;
         std::string bytes;
         if (!WireFormatLite::ReadString(&in, &bytes) || !header.ParseFromString(bytes)) {
@@ -75,14 +69,14 @@ class PullReader {
         for (const v1::TensorInfo& info : header.tensors()) {
           if (absl::Status s = AddInfo(info); !s.ok()) return s;
         }
-      } else if (IsField(tag, kResponseTensors, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      } else if (IsWireField(tag, kResponseTensors, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
         v1::TensorInfo info;
         std::string bytes;
         if (!WireFormatLite::ReadString(&in, &bytes) || !info.ParseFromString(bytes)) {
           return Malformed("tensors");
         }
         if (absl::Status s = AddInfo(info); !s.ok()) return s;
-      } else if (IsField(tag, kResponseChunks, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      } else if (IsWireField(tag, kResponseChunks, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
         uint32_t length = 0;
         if (!in.ReadVarint32(&length) || length > INT_MAX) return Malformed("chunks");
         const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));

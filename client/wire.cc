@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_names.h"
 #include "common/half_float.h"
 #include "grpcpp/support/status.h"
 
@@ -19,37 +20,20 @@
 
 namespace fusedps::client {
 
-size_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+// The names and sizes are common/dtype_names.h's: DType and StateDType have the proto's codes
+// (static_asserts in wire.cc's tail).
+size_t ElementBytes(DType dtype) { return dtypes::ElementBytes(static_cast<v1::DType>(dtype)); }
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "fp16";
-  }
-  return "?";
-}
+const char* DTypeName(DType dtype) { return dtypes::ShortName(static_cast<v1::DType>(dtype)); }
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  if (name == "fp32" || name == "float32") return DType::kFloat32;
-  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
-  if (name == "fp16" || name == "float16") return DType::kFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("must be fp32, bf16 or fp16, not ", name));
+  absl::StatusOr<v1::DType> dtype = dtypes::ParseDType(name);
+  if (!dtype.ok()) return dtype.status();
+  return static_cast<DType>(*dtype);
 }
 
 const char* StateDTypeName(StateDType dtype) {
-  switch (dtype) {
-    case StateDType::kFloat32:
-      return "fp32";
-    case StateDType::kBFloat16:
-      return "bf16";
-    case StateDType::kInt8:
-      return "int8";
-  }
-  return "?";
+  return dtypes::ShortName(static_cast<v1::StateDType>(dtype));
 }
 
 namespace internal {

@@ -22,8 +22,33 @@ function(fusedps_cc_test name)
     target_compile_definitions(${name} PRIVATE ${arg_DEFINITIONS})
   endif()
   add_test(NAME ${name} COMMAND ${name} ${arg_ARGS})
-  set_tests_properties(${name} PROPERTIES LABELS "${arg_LABELS}")
-  if(arg_TIMEOUT)
-    set_tests_properties(${name} PROPERTIES TIMEOUT ${arg_TIMEOUT})
+  _fusedps_test_properties(${name} "${arg_LABELS}" "${arg_TIMEOUT}")
+endfunction()
+
+# fusedps_pytest(NAME ARGS arg... ENVIRONMENT var=value... LABELS label... [TIMEOUT seconds])
+#
+# A pytest run in one call: ctest test NAME runs FUSEDPS_PYTHON -m pytest -q (no cache
+# directory) with ARGS (test files, folders, options), from the tree's root, with ENVIRONMENT,
+# LABELS and, when given, a TIMEOUT in seconds. Other properties go in calls after it on the
+# same NAME.
+function(fusedps_pytest name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "TIMEOUT" "ARGS;ENVIRONMENT;LABELS")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "fusedps_pytest(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT arg_ARGS OR NOT arg_LABELS)
+    message(FATAL_ERROR "fusedps_pytest(${name}): ARGS and LABELS are required")
+  endif()
+  add_test(NAME ${name} COMMAND ${FUSEDPS_PYTHON} -m pytest -q -p no:cacheprovider ${arg_ARGS}
+           WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${arg_ENVIRONMENT}")
+  _fusedps_test_properties(${name} "${arg_LABELS}" "${arg_TIMEOUT}")
+endfunction()
+
+# The LABELS and, when not empty, the TIMEOUT of test `name` (both helpers above).
+function(_fusedps_test_properties name labels timeout)
+  set_tests_properties(${name} PROPERTIES LABELS "${labels}")
+  if(timeout)
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${timeout})
   endif()
 endfunction()

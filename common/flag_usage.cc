@@ -7,12 +7,14 @@
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/kebab_flags.h"
 
 namespace fusedps {
 namespace {
@@ -130,6 +132,36 @@ void PrintHelp(absl::string_view main_file) {
                    FlagsHelp(main_file));
   std::fwrite(help.data(), 1, help.size(), stdout);
   std::fflush(stdout);
+}
+
+std::optional<int> ParseProgramFlags(int argc, char** argv, const ProgramFlags& how,
+                                     std::vector<std::string>* positional) {
+  if (HelpRequested(argc, argv)) {
+    if (how.print_help) {
+      how.print_help();
+    } else {
+      PrintHelp(how.main_file);
+      std::fputs(how.extra_help.c_str(), stdout);
+    }
+    return 0;
+  }
+  absl::string_view program = argc > 0 ? argv[0] : "fusedps";
+  program = program.substr(program.rfind('/') + 1);  // npos + 1 == 0: no slash.
+  std::vector<std::string> storage;
+  std::vector<char*> args = KebabToSnakeFlags(argc, argv, storage);
+  if (const std::string bad = CheckFlags(args); !bad.empty()) {
+    std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(), bad.c_str());
+    return 2;
+  }
+  const std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (how.max_positional >= 0 && rest.size() > static_cast<size_t>(how.max_positional) + 1) {
+    std::fprintf(stderr, "%s: unexpected argument '%s'\n", std::string(program).c_str(),
+                 rest[static_cast<size_t>(how.max_positional) + 1]);
+    return 2;
+  }
+  if (positional != nullptr) positional->assign(rest.begin() + 1, rest.end());
+  return std::nullopt;
 }
 
 }  // namespace fusedps

@@ -4,6 +4,8 @@
 // belongs. The server reads pushes with it (server/ingest/push_message.cc), the client pulls
 // (client/pull_into.cc).
 //
+// Field numbers are the generated code's (v1::TensorChunk::k*FieldNumber), not copies.
+//
 // Every protobuf serializer writes a chunk's fields in that order, so `data` is last and its
 // destination is known when it starts. A chunk whose `data` is followed by other fields (legal
 // protobuf, from an unusual writer) is still read correctly, through a temporary copy. Unknown
@@ -23,10 +25,20 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/workspace_range.h"
+#include "fusedps/v1/parameter_service.pb.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 
 namespace fusedps {
+
+// Whether a wire tag is field `number` of wire type `type`: for readers that walk a message's
+// fields by hand, with the generated k*FieldNumber constants.
+inline bool IsWireField(uint32_t tag, int number,
+                        google::protobuf::internal::WireFormatLite::WireType type) {
+  using google::protobuf::internal::WireFormatLite;
+  return WireFormatLite::GetTagFieldNumber(tag) == number &&
+         WireFormatLite::GetTagWireType(tag) == type;
+}
 
 // Where a chunk's `bytes` of payload go: claim(tensor, offset, bytes) checks the chunk and
 // returns a destination of `bytes` bytes, or nullptr to drop the payload.
@@ -47,13 +59,14 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
                                     ChunkStagedFn staged, MalformedFn malformed,
                                     absl::Span<const char> workspace = {}) {
   using google::protobuf::internal::WireFormatLite;
-  constexpr int kTensor = 1, kOffset = 2, kData = 3, kWorkspaceOffset = 5, kWorkspaceBytes = 6;
+  constexpr int kTensor = v1::TensorChunk::kTensorFieldNumber;
+  constexpr int kOffset = v1::TensorChunk::kOffsetFieldNumber;
+  constexpr int kData = v1::TensorChunk::kDataFieldNumber;
+  constexpr int kWorkspaceOffset = v1::TensorChunk::kWorkspaceOffsetBytesFieldNumber;
+  constexpr int kWorkspaceBytes = v1::TensorChunk::kWorkspaceBytesFieldNumber;
   uint64_t workspace_offset = 0, workspace_bytes = 0;
   bool has_data = false;
-  const auto is = [](uint32_t tag, int number, WireFormatLite::WireType type) {
-    return WireFormatLite::GetTagFieldNumber(tag) == number &&
-           WireFormatLite::GetTagWireType(tag) == type;
-  };
+  const auto is = IsWireField;
   std::string tensor;
   uint64_t offset = 0;
   std::optional<std::string> held;  // data that other fields follow (an unusual order)

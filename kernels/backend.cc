@@ -1,33 +1,22 @@
 #include "kernels/backend.h"
 
+#include "common/dtype_names.h"
+
 namespace fusedps {
 
+// The names are dtype_names.h's: the kernels' enums have the proto's codes
+// (static_asserts in server/schema/hyperparameters.cc).
 const char* ParamCopyDTypeName(ParamCopyDType copy) {
-  switch (copy) {
-    case ParamCopyDType::kBFloat16:
-      return "bf16";
-    case ParamCopyDType::kFloat16:
-      return "fp16";
-    case ParamCopyDType::kNone:
-      break;
-  }
-  return "none";
+  if (copy == ParamCopyDType::kNone) return "none";
+  return dtypes::ShortName(static_cast<v1::DType>(copy));
 }
 
 const char* StateDTypeName(StateDType dtype) {
-  switch (dtype) {
-    case StateDType::kBFloat16:
-      return "bf16";
-    case StateDType::kInt8:
-      return "int8";
-    case StateDType::kFloat32:
-      break;
-  }
-  return "fp32";
+  return dtypes::ShortName(static_cast<v1::StateDType>(dtype));
 }
 
 const char* ParamsDTypeName(ParamsDType dtype) {
-  return dtype == ParamsDType::kBFloat16 ? "bf16" : "fp32";
+  return dtypes::ShortName(static_cast<v1::DType>(dtype));
 }
 
 const char* TensorFieldName(TensorField field) {

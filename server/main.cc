@@ -32,19 +32,18 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/flag_usage.h"
-#include "common/kebab_flags.h"
 #include "common/logging.h"
 #include "common/port_file.h"
 #include "kernels/backend_factory.h"
@@ -344,17 +343,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fusedps-server: a gRPC parameter service applying AdamW on the server's device.\n"
       "  fusedps-server --listen=0.0.0.0:50051 --device=auto");
-  if (fusedps::HelpRequested(argc, argv)) {
-    fusedps::PrintHelp(__FILE__);
-    return 0;
+  if (std::optional<int> exit_code = fusedps::ParseProgramFlags(argc, argv, {__FILE__})) {
+    return *exit_code;
   }
-  std::vector<std::string> arg_storage;
-  std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
-  if (const std::string bad = fusedps::CheckFlags(args); !bad.empty()) {
-    LOG(ERROR) << bad;
-    return 2;
-  }
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const MainOptions options = OptionsFromFlags();
   if (absl::Status s = fusedps::ValidateServerOptions(options.server); !s.ok()) {
     LOG(ERROR) << s.message();

@@ -42,17 +42,16 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_buffer_view.h"
 #include "common/flag_usage.h"
-#include "common/kebab_flags.h"
 #include "common/port_file.h"
 #include "fusedps/v1/parameter_service.grpc.pb.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -409,13 +408,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fusedps-grpc-sink: fusedps.v1.ParameterService that discards every gradient byte.\n"
       "  fusedps-grpc-sink --listen=0.0.0.0:50051 --port-file=/tmp/sink.port");
-  if (fusedps::HelpRequested(argc, argv)) {
-    fusedps::PrintHelp(__FILE__);
-    return 0;
+  if (std::optional<int> exit_code = fusedps::ParseProgramFlags(argc, argv, {__FILE__})) {
+    return *exit_code;
   }
-  std::vector<std::string> arg_storage;
-  std::vector<char*> args = fusedps::KebabToSnakeFlags(argc, argv, arg_storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
   const uint64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message_bytes == 0 ||

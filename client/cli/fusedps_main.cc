@@ -18,13 +18,13 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,7 +39,6 @@
 #include "client/cli/models_command.h"
 #include "client/cli/security_flags.h"
 #include "common/flag_usage.h"
-#include "common/kebab_flags.h"
 #include "common/safetensors.h"
 #include "fusedps/client.h"
 #include "fusedps/plan.h"
@@ -460,24 +459,21 @@ absl::Status RunPlan() {
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fusedps [flags] info|list|register|push|pull|set-lr|checkpoint|health|models|plan|help");
-  if (HelpRequested(argc, argv)) {
+  ProgramFlags how{__FILE__};
+  how.print_help = [] { PrintHelp(); };
+  how.max_positional = -1;  // The command and its words, checked below.
+  std::vector<std::string> args;
+  if (std::optional<int> exit_code = ParseProgramFlags(argc, argv, how, &args)) return *exit_code;
+  if (args.empty() || args[0] == "help") {
     PrintHelp();
-    return 0;
+    return args.empty() ? 2 : 0;
   }
-  std::vector<std::string> storage;
-  std::vector<char*> snake_args = KebabToSnakeFlags(argc, argv, storage);
-  const std::vector<char*> args =
-      absl::ParseCommandLine(static_cast<int>(snake_args.size()), snake_args.data());
-  if (args.size() < 2 || std::string(args[1]) == "help") {
-    PrintHelp();
-    return args.size() < 2 ? 2 : 0;
-  }
-  const std::string command = args[1];
-  if (args.size() > 2 && command != "models") {
-    std::cerr << "fusedps: unexpected argument " << args[2] << " (see fusedps help)\n";
+  const std::string command = args[0];
+  if (args.size() > 1 && command != "models") {
+    std::cerr << "fusedps: unexpected argument " << args[1] << " (see fusedps help)\n";
     return 2;
   }
-  const std::vector<std::string> words(args.begin() + 2, args.end());
+  const std::vector<std::string> words(args.begin() + 1, args.end());
   if (command == "plan") {
     absl::Status status = RunPlan();
     if (status.ok()) return 0;

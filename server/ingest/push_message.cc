@@ -16,18 +16,12 @@ namespace {
 using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedInputStream;
 
-// Field numbers of proto/fusedps/v1/parameter_service.proto.
-constexpr int kRequestHeader = 1;  // PushGradientsRequest.header
-constexpr int kRequestChunks = 2;  // PushGradientsRequest.chunks
-constexpr int kRequestCommit = 3;  // PushGradientsRequest.commit
+constexpr int kRequestHeader = v1::PushGradientsRequest::kHeaderFieldNumber;
+constexpr int kRequestChunks = v1::PushGradientsRequest::kChunksFieldNumber;
+constexpr int kRequestCommit = v1::PushGradientsRequest::kCommitFieldNumber;
 
 absl::Status Malformed(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed PushGradientsRequest: ", what));
-}
-
-bool IsField(uint32_t tag, int number, WireFormatLite::WireType type) {
-  return WireFormatLite::GetTagFieldNumber(tag) == number &&
-         WireFormatLite::GetTagWireType(tag) == type;
 }
 
 // Reads the message: its header into *header when header is non-null (else a header is
@@ -39,7 +33,7 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
   SliceInputStream stream(message);
   CodedInputStream in(&stream);
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
-    if (IsField(tag, kRequestHeader, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+    if (IsWireField(tag, kRequestHeader, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       if (!header_allowed) {
         return absl::InvalidArgumentError("header may appear only in the first message");
       }
@@ -52,7 +46,7 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
         return Malformed("header");
       }
       *has_header = true;
-    } else if (IsField(tag, kRequestCommit, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+    } else if (IsWireField(tag, kRequestCommit, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       if (commit == nullptr) {
         if (!WireFormatLite::SkipField(&in, tag)) return Malformed("commit");
         continue;
@@ -65,7 +59,7 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
         return Malformed("commit");
       }
       *commit = std::move(parsed);
-    } else if (IsField(tag, kRequestChunks, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+    } else if (IsWireField(tag, kRequestChunks, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       if (claim == nullptr) {
         if (!WireFormatLite::SkipField(&in, tag)) return Malformed("chunks");
         continue;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/temp_dir.h"
 #include "common/workspace_range.h"
 #include "gtest/gtest.h"
 
@@ -19,15 +20,8 @@ namespace {
 
 class WorkspaceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/fusedps-ws-test-XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-
-  WorkspaceOptions Options(uint64_t budget = 1 << 20) const { return {dir_, budget}; }
-  std::string dir_;
+  WorkspaceOptions Options(uint64_t budget = 1 << 20) const { return {dir_.path(), budget}; }
+  TempDir dir_{"fusedps-ws-test"};
 };
 
 bool Exists(const std::string& path) {
@@ -104,10 +98,10 @@ TEST_F(WorkspaceTest, OffAndMissingDirectoriesAreErrors) {
   WorkspaceTable off({"", 1 << 20}, nullptr);
   EXPECT_FALSE(off.enabled());
   EXPECT_EQ(off.Open("", 64).status().code(), absl::StatusCode::kFailedPrecondition);
-  WorkspaceTable missing({dir_ + "/nope", 1 << 20}, nullptr);
+  WorkspaceTable missing({dir_.path() + "/nope", 1 << 20}, nullptr);
   const absl::Status s = missing.Open("", 64).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(s.message().find(dir_ + "/nope"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(dir_.path() + "/nope"), std::string::npos) << s;
   EXPECT_EQ(missing.open_bytes(), 0u);  // The failed open gave its bytes back.
 }
 
@@ -117,9 +111,9 @@ TEST_F(WorkspaceTest, TheTableRemovesTheFilesOfDeadServersOnly) {
   if (child == 0) _exit(0);
   int status = 0;
   waitpid(child, &status, 0);
-  const std::string dead = dir_ + "/fusedps-ws-" + std::to_string(child) + "-abc";
-  const std::string alive = dir_ + "/fusedps-ws-" + std::to_string(getpid()) + "-def";
-  const std::string other = dir_ + "/someone-else";
+  const std::string dead = dir_.path() + "/fusedps-ws-" + std::to_string(child) + "-abc";
+  const std::string alive = dir_.path() + "/fusedps-ws-" + std::to_string(getpid()) + "-def";
+  const std::string other = dir_.path() + "/someone-else";
   for (const std::string& path : {dead, alive, other}) std::ofstream(path) << "x";
   WorkspaceTable table(Options(), nullptr);
   EXPECT_FALSE(Exists(dead));

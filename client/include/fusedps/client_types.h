@@ -37,8 +37,8 @@ size_t ElementBytes(DType dtype);
 // "fp32", "bf16" or "fp16".
 const char* DTypeName(DType dtype);
 
-// Parses "fp32"/"float32", "bf16"/"bfloat16" or "fp16"/"float16" (the spellings of the fusedps
-// CLI's and fusedps-bench's --dtype). Errors: INVALID_ARGUMENT "must be fp32, bf16 or fp16,
+// Parses "fp32"/"float32", "bf16"/"bfloat16" or "fp16"/"float16", in any case (the spellings of the
+// fusedps CLI's and fusedps-bench's --dtype). Errors: INVALID_ARGUMENT "must be fp32, bf16 or fp16,
 // not NAME".
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 

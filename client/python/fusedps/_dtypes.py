@@ -9,6 +9,7 @@ spelling: "float" becomes "fp" and "bfloat" "bf" ("fp32", "bf16", "fp16", "int8"
 spelling of checkpoint manifests and of the storage the server reports. The element size is
 the name's bit count over 8. So a value added to DType or StateDType gets its name, code, size
 and spellings with nothing written here (which arguments take it is below: the server's rules).
+The C++ code's one table (common/dtype_names.h) follows the same rules.
 
 Spellings: every dtype argument of the package (grad_dtype, pull_dtype, a pull's dtype,
 state_dtype, params_dtype, param_copy_dtype) takes a name in either spelling, in any case

@@ -1,0 +1,124 @@
+#include "common/dtype_names.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace fusedps::dtypes {
+namespace {
+
+struct Entry {
+  std::string name;        // "bfloat16"
+  std::string short_name;  // "bf16"
+  int element_bytes = 0;
+};
+
+// One enum's members by code, UNSPECIFIED (and every code the enum lacks) left out.
+struct Table {
+  std::map<int, Entry> by_code;
+  std::map<std::string, int> by_spelling;  // Both spellings, lower case.
+  std::vector<std::string> short_names;    // In declaration order.
+};
+
+Table Build(const google::protobuf::EnumDescriptor& enum_type, absl::string_view prefix) {
+  Table table;
+  for (int i = 0; i < enum_type.value_count(); ++i) {
+    const google::protobuf::EnumValueDescriptor& value = *enum_type.value(i);
+    std::string member = value.name();
+    if (!absl::StartsWith(member, prefix)) continue;  // Not a dtype of this enum's pattern.
+    member = absl::AsciiStrToLower(member.substr(prefix.size()));
+    if (member == "unspecified") continue;
+    Entry entry;
+    entry.name = member;
+    entry.short_name = absl::StrReplaceAll(member, {{"bfloat", "bf"}, {"float", "fp"}});
+    // The trailing bit count: "bfloat16" -> 16 -> 2 bytes.
+    size_t digits = member.size();
+    while (digits > 0 && absl::ascii_isdigit(static_cast<unsigned char>(member[digits - 1]))) {
+      --digits;
+    }
+    entry.element_bytes = digits < member.size() ? std::stoi(member.substr(digits)) / 8 : 0;
+    table.by_spelling[entry.name] = value.number();
+    table.by_spelling[entry.short_name] = value.number();
+    table.short_names.push_back(entry.short_name);
+    table.by_code[value.number()] = std::move(entry);
+  }
+  return table;
+}
+
+const Table& Wire() {
+  static const Table* const table = new Table(Build(*v1::DType_descriptor(), "DTYPE_"));
+  return *table;
+}
+
+const Table& State() {
+  static const Table* const table = new Table(Build(*v1::StateDType_descriptor(), "STATE_DTYPE_"));
+  return *table;
+}
+
+const Entry* Find(const Table& table, int code) {
+  auto it = table.by_code.find(code);
+  return it == table.by_code.end() ? nullptr : &it->second;
+}
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) absl::StrAppend(&out, i + 1 == names.size() ? " or " : ", ");
+    absl::StrAppend(&out, names[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<int> Parse(const Table& table, absl::string_view spelling) {
+  auto it = table.by_spelling.find(absl::AsciiStrToLower(spelling));
+  if (it != table.by_spelling.end()) return it->second;
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be ", Join(table.short_names), ", not ", spelling));
+}
+
+}  // namespace
+
+const char* Name(v1::DType dtype) {
+  const Entry* e = Find(Wire(), dtype);
+  return e == nullptr ? "?" : e->name.c_str();
+}
+const char* Name(v1::StateDType dtype) {
+  const Entry* e = Find(State(), dtype);
+  return e == nullptr ? "?" : e->name.c_str();
+}
+const char* ShortName(v1::DType dtype) {
+  const Entry* e = Find(Wire(), dtype);
+  return e == nullptr ? "?" : e->short_name.c_str();
+}
+const char* ShortName(v1::StateDType dtype) {
+  const Entry* e = Find(State(), dtype);
+  return e == nullptr ? "?" : e->short_name.c_str();
+}
+int ElementBytes(v1::DType dtype) {
+  const Entry* e = Find(Wire(), dtype);
+  return e == nullptr ? 0 : e->element_bytes;
+}
+int ElementBytes(v1::StateDType dtype) {
+  const Entry* e = Find(State(), dtype);
+  return e == nullptr ? 0 : e->element_bytes;
+}
+
+absl::StatusOr<v1::DType> ParseDType(absl::string_view spelling) {
+  absl::StatusOr<int> code = Parse(Wire(), spelling);
+  if (!code.ok()) return code.status();
+  return static_cast<v1::DType>(*code);
+}
+
+absl::StatusOr<v1::StateDType> ParseStateDType(absl::string_view spelling) {
+  absl::StatusOr<int> code = Parse(State(), spelling);
+  if (!code.ok()) return code.status();
+  return static_cast<v1::StateDType>(*code);
+}
+
+}  // namespace fusedps::dtypes
