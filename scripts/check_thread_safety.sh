@@ -9,8 +9,8 @@
 # in the build's compile_commands.json.
 #
 # It configures a build tree of its own (build-threads, or $1) and builds only the generated
-# protobuf code there (fusedps_proto), which the files include. Installs Debian's clang-14 and
-# libomp-14-dev (clang's omp.h) first when missing.
+# protobuf code there (fusedps_proto, fusedps_checkpoint_proto), which the files include.
+# Installs Debian's clang-14 and libomp-14-dev (clang's omp.h) first when missing.
 #
 # CUDA files (.cu, .cuh) are not checked: clang 14's CUDA mode supports CUDA up to 11.5 and
 # fails on CUDA 13's headers (no sm_90; its wrapper includes texture_fetch_functions.h, which
@@ -27,7 +27,7 @@ jobs=${JOBS:-$(nproc)}
 scripts/setup.sh --only clang-14 libomp-14-dev
 
 cmake -S . -B "$build" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
-cmake --build "$build" -j"$jobs" --target fusedps_proto >/dev/null
+cmake --build "$build" -j"$jobs" --target fusedps_proto fusedps_checkpoint_proto >/dev/null
 
 # One line per translation unit: its directory, the file, then the flags clang needs from its
 # entry (include paths, definitions, the language standard, OpenMP), separated by \x1f. The

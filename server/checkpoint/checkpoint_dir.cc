@@ -26,7 +26,6 @@ using file_io::Errno;
 using file_io::Fd;
 using file_io::SyncPath;
 using file_io::WriteAll;
-using nlohmann::json;
 
 constexpr char kPrefix[] = "checkpoint-";
 
@@ -79,25 +78,27 @@ std::string PendingCheckpoint::PathOf(const std::string& file) const {
 
 absl::Status PendingCheckpoint::AddFile(const std::string& name, uint64_t bytes, uint32_t crc32) {
   if (name.empty() || absl::StrContains(name, '/') || absl::StartsWith(name, kManifestName) ||
-      files_.contains(name)) {
+      files_.count(name) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint file name \"", name,
                                                    "\" is empty, has '/', is the manifest's or "
                                                    "was added already"));
   }
-  files_[name] = {{"bytes", bytes}, {"crc32", crc32}};
+  v1::CheckpointManifest::File& file = files_[name];
+  file.set_bytes(bytes);
+  file.set_crc32(crc32);
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> PendingCheckpoint::Commit(json body, int keep) {
+absl::StatusOr<uint64_t> PendingCheckpoint::Commit(v1::CheckpointManifest body, int keep) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("keep ", keep, " < 1"));
-  if (!body.is_object()) return absl::InvalidArgumentError("the manifest body is not an object");
-  body["format"] = "fusedps-checkpoint";
-  body["format_version"] = kFormatVersion;
-  body["serial"] = serial_;
-  body["version"] = version_;
-  body["files"] = files_;
-  const std::string manifest = body.dump(1);
-  if (absl::Status s = WriteDurably(directory_, kManifestName, manifest); !s.ok()) return s;
+  body.set_format(kManifestFormat);
+  body.set_format_version(kFormatVersion);
+  body.set_serial(serial_);
+  body.set_version(version_);
+  *body.mutable_files() = files_;
+  const absl::StatusOr<std::string> manifest = ManifestToJson(body);
+  if (!manifest.ok()) return manifest.status();
+  if (absl::Status s = WriteDurably(directory_, kManifestName, *manifest); !s.ok()) return s;
   if (absl::Status s = WriteDurably(root_, kLatestName, DirectoryName(serial_)); !s.ok()) {
     return s;
   }
@@ -114,7 +115,7 @@ absl::StatusOr<uint64_t> PendingCheckpoint::Commit(json body, int keep) {
       LOG(WARNING) << "checkpoint: cannot remove " << directory << ": " << error.message();
     }
   }
-  return manifest.size();
+  return manifest->size();
 }
 
 std::vector<std::pair<uint64_t, std::string>> ListCheckpoints(const std::string& root) {
@@ -139,50 +140,33 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory) {
     return absl::DataLossError(
         absl::StrCat(manifest_path, ": ", text.status().message(), " (an incomplete checkpoint)"));
   }
+  absl::StatusOr<v1::CheckpointManifest> manifest = ParseManifest(*text, manifest_path);
+  if (!manifest.ok()) return manifest.status();
   Loaded loaded;
   loaded.directory = directory;
-  loaded.manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  const json& m = loaded.manifest;
-  if (!m.is_object() || m.value("format", "") != "fusedps-checkpoint" || !m.contains("version") ||
-      !m["version"].is_number_unsigned() || !m.contains("serial") ||
-      !m["serial"].is_number_unsigned() || !m.contains("files") || !m["files"].is_object()) {
-    return absl::DataLossError(absl::StrCat(manifest_path, " is not a complete manifest"));
-  }
-  const int format_version = m.value("format_version", 0);
-  if (format_version < kOldestFormatVersionRead || format_version > kFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(manifest_path, " has format_version ", format_version, "; this server reads ",
-                     kOldestFormatVersionRead, " to ", kFormatVersion));
-  }
-  loaded.version = m["version"].get<uint64_t>();
-  loaded.serial = m["serial"].get<uint64_t>();
-  for (const auto& [name, entry] : m["files"].items()) {
+  loaded.manifest = *std::move(manifest);
+  loaded.version = loaded.manifest.version();
+  loaded.serial = loaded.manifest.serial();
+  for (const auto& [name, entry] : loaded.manifest.files()) {
     const std::string path = absl::StrCat(directory, "/", name);
-    if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() ||
-        !entry.contains("crc32") || !entry["crc32"].is_number_unsigned() ||
-        entry["crc32"].get<uint64_t>() > 0xffffffffu) {
-      return absl::DataLossError(absl::StrCat(manifest_path, ": a bad entry for ", name));
-    }
     if (stat(path.c_str(), &info) != 0) {
       return absl::DataLossError(absl::StrCat(path, " is missing"));
     }
-    if (static_cast<uint64_t>(info.st_size) != entry["bytes"].get<uint64_t>()) {
-      return absl::DataLossError(absl::StrCat(path, " has ", info.st_size,
-                                              " bytes, the "
-                                              "manifest says ",
-                                              entry["bytes"].get<uint64_t>()));
+    if (static_cast<uint64_t>(info.st_size) != entry.bytes()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " has ", info.st_size, " bytes, the manifest says ", entry.bytes()));
     }
   }
   return loaded;
 }
 
 absl::StatusOr<uint32_t> ExpectedCrc32(const Loaded& checkpoint, const std::string& name) {
-  const json& files = checkpoint.manifest["files"];
-  if (!files.contains(name)) {
+  const auto file = checkpoint.manifest.files().find(name);
+  if (file == checkpoint.manifest.files().end()) {
     return absl::DataLossError(
         absl::StrCat(checkpoint.directory, "/", name, " is not in the manifest"));
   }
-  return files[name]["crc32"].get<uint32_t>();  // ReadManifest checked it.
+  return file->second.crc32();
 }
 
 absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,

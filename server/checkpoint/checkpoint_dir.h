@@ -1,7 +1,8 @@
 // checkpoint_dir.h: the on-disk protocol of checkpoints. How a checkpoint is committed so that a
 // crash at any moment leaves the last complete one loadable, how the newest good one is found
 // again, and how old ones are pruned. What goes in the files is the caller's (the engine's
-// snapshot); this layer sees files, their checksums and a JSON manifest.
+// snapshot); this layer sees files, their checksums and the manifest (manifest.h: the message
+// fusedps.v1.CheckpointManifest, written as protobuf's JSON mapping).
 //
 // Layout under the checkpoint root (--checkpoint-dir):
 //   checkpoint-<serial>/      one checkpoint (serial: 20 digits, zero-padded; one more than the
@@ -28,16 +29,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
+#include "fusedps/v1/checkpoint.pb.h"
+#include "server/checkpoint/manifest.h"
 
 namespace fusedps::checkpoint {
 
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kLatestName[] = "latest";
-// The format written. 3: a group's hyperparameters in protobuf's JSON mapping. 2 (still read):
-// each hyperparameter a key of the group. 1: sha256 checksums (no longer read).
-inline constexpr int kFormatVersion = 3;
-inline constexpr int kOldestFormatVersionRead = 2;
+// The format written and those read: kFormatVersion and kOldestFormatVersionRead (manifest.h).
 
 // "checkpoint-00000000000000000042" for serial 42.
 std::string DirectoryName(uint64_t serial);
@@ -59,13 +58,12 @@ class PendingCheckpoint {
   // fsync). INVALID_ARGUMENT for a name with '/', "manifest.json" or one added twice.
   absl::Status AddFile(const std::string& name, uint64_t bytes, uint32_t crc32);
 
-  // Writes the manifest (`body`'s keys plus "format", "format_version", "serial", "version" and
-  // "files"),
-  // makes it durable, moves `latest` here, then removes all but the newest `keep` complete
-  // checkpoints (keep >= 1) and any incomplete one older than this. Returns the manifest's
-  // size. After an error the checkpoint is incomplete and `latest` is unchanged; a failed prune
-  // is only logged.
-  absl::StatusOr<uint64_t> Commit(nlohmann::json body, int keep);
+  // Writes the manifest (`body` with its format, format_version, serial, version and files set
+  // here, as format 4's JSON: ManifestToJson), makes it durable, moves `latest` here, then
+  // removes all but the newest `keep` complete checkpoints (keep >= 1) and any incomplete one
+  // older than this. Returns the manifest's size in bytes. After an error the checkpoint is
+  // incomplete and `latest` is unchanged; a failed prune is only logged.
+  absl::StatusOr<uint64_t> Commit(v1::CheckpointManifest body, int keep);
 
  private:
   PendingCheckpoint(std::string root, uint64_t serial, uint64_t version);
@@ -74,7 +72,7 @@ class PendingCheckpoint {
   uint64_t serial_;
   uint64_t version_;
   std::string directory_;
-  nlohmann::json files_ = nlohmann::json::object();
+  google::protobuf::Map<std::string, v1::CheckpointManifest::File> files_;  // By AddFile.
 };
 
 // A complete checkpoint: every file the manifest lists is there with its size (ReadManifest).
@@ -82,12 +80,15 @@ struct Loaded {
   std::string directory;
   uint64_t serial = 0;
   uint64_t version = 0;
-  nlohmann::json manifest;
+  // As format 4's message, whatever format the file has (ParseManifest); its format_version is
+  // the file's.
+  v1::CheckpointManifest manifest;
 };
 
-// Reads one checkpoint's manifest and checks that every file it lists exists with its size and
-// has a crc32 (its contents are checked as they are read: ExpectedCrc32). DATA_LOSS naming the
-// file for a missing or unparsable manifest, or a missing file or one of another size;
+// Reads one checkpoint's manifest (ParseManifest: formats 2 to 4) and checks that every file it
+// lists exists with its size (its contents are checked against its crc32 as they are read:
+// ExpectedCrc32). DATA_LOSS naming the file for a missing or unparsable manifest (naming the
+// key, when one is unknown or of the wrong type), or a missing file or one of another size;
 // FAILED_PRECONDITION for a format_version this server does not read; NOT_FOUND for no
 // directory.
 absl::StatusOr<Loaded> ReadManifest(const std::string& directory);

@@ -17,9 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint/shard_files.h"
+#include "server/checkpoint/shard_files_test_util.h"  // RestoreFrom
 
 namespace fusedps::checkpoint {
 namespace {
+
+using test_util::RestoreFrom;
 
 namespace fs = std::filesystem;
 
@@ -84,17 +87,6 @@ struct Shard {
   UpdateEngine engine{MakeCpuBackend({.threads = 2}), &fault, &retries};
   Metrics metrics{{"test", "cpu", "cpu"}, [] { return ShardMetrics{}; }};
 };
-
-// Restores a checkpoint through ShardReader, in small buffers (many batches, tensors split
-// across them).
-absl::Status RestoreFrom(const Loaded& checkpoint, UpdateEngine& engine) {
-  absl::StatusOr<std::unique_ptr<ShardReader>> reader =
-      ShardReader::Open(checkpoint, &engine, /*slot_bytes=*/1000);
-  if (!reader.ok()) return reader.status();
-  return Wait<uint64_t>(
-             [&](auto done) { engine.Restore(&(*reader)->shard(), reader->get(), done); })
-      .status();
-}
 
 class CheckpointerStressTest : public ::testing::TestWithParam<bool> {};
 

@@ -11,63 +11,59 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "kernels/quant_math.h"
-#include "nlohmann/json.hpp"
 #include "server/schema/hyperparameters.h"
 
 namespace fusedps::checkpoint {
 namespace {
 
-using nlohmann::json;
+using Manifest = v1::CheckpointManifest;
 
-// A group: its name, and its hyperparameters in protobuf's JSON mapping of
-// fusedps.v1.Hyperparameters (format_version 3).
-json GroupJson(const ParamGroupSpec& g) {
-  return {{"name", g.name},
-          {"hyperparameters", json::parse(HyperparametersToJson(g.hyperparameters))}};
-}
-
-json ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& settings) {
+// The manifest without what PendingCheckpoint::Commit adds (format, serial, version, files).
+Manifest ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& settings) {
   const ShardCut& cut = snapshot.cut;
-  json groups = json::array();
-  for (const ParamGroupSpec& g : cut.view->groups()) groups.push_back(GroupJson(g));
-  json tensors = json::array();
+  Manifest body;
+  body.set_server_version(settings.server_version);
+  body.set_created_unix_seconds(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  // ParamCopyDType has the proto's codes, kNone DTYPE_UNSPECIFIED (server/schema's asserts).
+  body.set_param_copy_dtype(static_cast<v1::DType>(settings.param_copy_dtype));
+  body.set_plan_hash(cut.view->plan_hash());
+  for (const ParamGroupSpec& g : cut.view->groups()) {
+    v1::ParamGroup* group = body.add_param_groups();
+    group->set_name(g.name);
+    *group->mutable_hyperparameters() = HyperparametersToProto(g.hyperparameters);
+  }
   bool int8_state = false;
   for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {
     const TensorMeta& m = cut.view->tensor(t);
     const TensorLayout layout = cut.view->layout(t);
     int8_state |= layout.state == StateDType::kInt8;
-    tensors.push_back({{"name", m.name},
-                       {"shape", m.shape},
-                       {"param_group", cut.view->groups()[m.group].name},
-                       {"step", cut.steps[t]},
-                       {"params_dtype", ParamsDTypeName(layout.params)},
-                       {"state_dtype", StateDTypeName(layout.state)}});
+    Manifest::Tensor* tensor = body.add_tensors();
+    tensor->set_name(m.name);
+    for (int64_t d : m.shape) tensor->add_shape(d);
+    tensor->set_param_group(cut.view->groups()[m.group].name);
+    tensor->set_step(cut.steps[t]);
+    // The kernels' dtype enums take the proto's values (server/schema/hyperparameters.cc).
+    tensor->set_params_dtype(static_cast<v1::DType>(layout.params));
+    tensor->set_state_dtype(static_cast<v1::StateDType>(layout.state));
   }
-  json retries = json::array();
   for (const RetryTable::ClientRecord& r : cut.retries) {
-    json replies = json::array();
+    Manifest::RetryClient* client = body.add_retry_table();
+    client->set_client_id(r.client_id);
+    client->set_highest(r.highest);
     for (const auto& [sequence_number, reply] : r.replies) {
-      replies.push_back({{"sequence_number", sequence_number},
-                         {"version", reply.version},
-                         {"skipped", reply.skipped},
-                         {"tensors_updated", reply.tensors_updated},
-                         {"grad_bytes", reply.grad_bytes},
-                         {"round_workers", reply.round_workers},
-                         {"round_timed_out", reply.round_timed_out},
-                         {"missing_replicas", reply.missing_replicas}});
+      Manifest::Reply* out = client->add_replies();
+      out->set_sequence_number(sequence_number);
+      out->set_version(reply.version);
+      out->set_skipped(reply.skipped);
+      out->set_tensors_updated(reply.tensors_updated);
+      out->set_grad_bytes(reply.grad_bytes);
+      out->set_round_workers(reply.round_workers);
+      out->set_round_timed_out(reply.round_timed_out);
+      for (const std::string& id : reply.missing_replicas) out->add_missing_replicas(id);
     }
-    retries.push_back({{"client_id", r.client_id}, {"highest", r.highest}, {"replies", replies}});
   }
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  json body = {{"server_version", settings.server_version},
-               {"created_unix_seconds", now},
-               {"param_copy_dtype", ParamCopyDTypeName(settings.param_copy_dtype)},
-               {"plan_hash", cut.view->plan_hash()},
-               {"param_groups", groups},
-               {"tensors", tensors},
-               {"retry_table", retries}};
-  if (int8_state) body["int8_codebooks"] = Int8CodebooksJson();
+  if (int8_state) *body.mutable_int8_codebooks() = ManifestCodebooks();
   return body;
 }
 
@@ -169,15 +165,12 @@ std::vector<int64_t> ShapeOf(const SnapshotField& field, const TensorMeta& tenso
   return tensor.shape;
 }
 
-json Int8CodebooksJson() {
-  const auto values = [](const QuantCodebook& book) {
-    json out = json::array();
-    // A float's double is exact, and nlohmann prints doubles so that they read back the same.
-    for (float v : book.values) out.push_back(static_cast<double>(v));
-    return out;
-  };
+Manifest::Int8Codebooks ManifestCodebooks() {
   const Int8Codebooks& books = DynamicCodebooks();
-  return {{"exp_avg", values(books.exp_avg)}, {"exp_avg_sq", values(books.exp_avg_sq)}};
+  Manifest::Int8Codebooks out;
+  for (float v : books.exp_avg.values) out.add_exp_avg(v);
+  for (float v : books.exp_avg_sq.values) out.add_exp_avg_sq(v);
+  return out;
 }
 
 absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,

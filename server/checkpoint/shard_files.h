@@ -2,18 +2,18 @@
 // written as safetensors files and a manifest, and a checkpoint read back into a shard to
 // restore. The commit protocol underneath is checkpoint_dir.h's.
 //
-// Files (format_version 3, docs/checkpoints.md): one per field of SnapshotLayout,
+// Files (format_version 4, docs/checkpoints.md): one per field of SnapshotLayout,
 // "<field>.safetensors": params, exp_avg, exp_avg_sq (every tensor), max_exp_avg_sq (tensors
 // of amsgrad groups), exp_avg_absmax and exp_avg_sq_absmax (tensors with int8 state),
 // param_copy (tensors with fp32 params, when the server keeps a copy); and "buffers.safetensors"
 // when the model has buffers (BufferSet: each in its own dtype and shape). Each entry holds the
 // field's stored form bit for bit (ReadRequest::stored): params F32 or BF16; exp_avg and
 // exp_avg_sq F32, BF16 or U8 (int8 codes); the scales F32 of shape [QuantBlocks(numel)];
-// max_exp_avg_sq F32; the copy BF16 or F16. The manifest holds the param groups (their
-// hyperparameters as fusedps.v1.Hyperparameters in protobuf's JSON mapping), the tensors with
-// their steps and layouts, the shard version, the retry table, and int8_codebooks when a tensor
-// has int8 state. A format_version 2 manifest (each hyperparameter a key of its group) is read
-// too, and one without the storage keys (written before they existed) as all fp32.
+// max_exp_avg_sq F32; the copy BF16 or F16. The manifest (fusedps.v1.CheckpointManifest,
+// manifest.h) holds the param groups with their hyperparameters, the tensors with their steps
+// and layouts, the shard version, the retry table, and int8_codebooks when a tensor has int8
+// state. Manifests of formats 2 and 3 are read too (manifest_legacy.h), and one without the
+// storage keys (written before they existed) as all fp32.
 //
 // Lifetimes: a ShardReader owns its threads and buffers; it must outlive the Restore it feeds
 // (its `done`), and its destructor joins the threads.
@@ -78,9 +78,8 @@ std::string FileOf(const SnapshotField& field);
 safetensors::DType DTypeOf(const SnapshotField& field, TensorLayout layout, ParamCopyDType copy);
 std::vector<int64_t> ShapeOf(const SnapshotField& field, const TensorMeta& tensor);
 
-// The manifest's "int8_codebooks": {"exp_avg": [256 numbers], "exp_avg_sq": [256 numbers]},
-// the fp32 values of DynamicCodebooks() as JSON doubles (each converts back to the same float).
-nlohmann::json Int8CodebooksJson();
+// The manifest's int8_codebooks: the 256 fp32 values of each of DynamicCodebooks()' maps.
+v1::CheckpointManifest::Int8Codebooks ManifestCodebooks();
 
 // A complete checkpoint (ReadManifest's) opened for UpdateEngine::Restore: its manifest checked
 // under the rules registration holds a client to (names, shapes, hyperparameters, retry table),

@@ -1,10 +1,12 @@
 // ShardReader (shard_files.h): a checkpoint's manifest and file headers checked, then its data
 // read by one thread per file into page-locked buffers that UpdateEngine::Restore uploads as
-// they fill. A manifest may come from another tool (fusedps.checkpoint.from_torch), so it is
-// held to the rules registration holds a client to.
+// they fill. The manifest comes as the message (Loaded::manifest, whatever the file's format:
+// manifest.h), and may come from another tool (fusedps.checkpoint.from_torch), so it is held
+// to the rules registration holds a client to.
 #include <algorithm>
 #include <initializer_list>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -13,91 +15,51 @@
 #include "common/file_io.h"
 #include "common/mutex.h"
 #include "kernels/quant_math.h"
-#include "nlohmann/json.hpp"
 #include "server/checkpoint/shard_files.h"
 #include "server/schema/hyperparameters.h"
 
 namespace fusedps::checkpoint {
 namespace {
 
-using nlohmann::json;
+using Manifest = v1::CheckpointManifest;
 
-// Typed access to the manifest, with DATA_LOSS naming the manifest and the key.
-class ManifestReader {
+// DATA_LOSS naming the manifest and where in it.
+class ManifestErrors {
  public:
-  explicit ManifestReader(const Loaded& c) : path_(absl::StrCat(c.directory, "/manifest.json")) {}
+  explicit ManifestErrors(const Loaded& c) : path_(absl::StrCat(c.directory, "/", kManifestName)) {}
 
   absl::Status Bad(const std::string& where, const std::string& why) const {
     return absl::DataLossError(absl::StrCat(path_, ": ", where, " ", why));
-  }
-  absl::StatusOr<const json*> Get(const json& object, const std::string& key, json::value_t type,
-                                  const std::string& where) const {
-    if (!object.is_object() || !object.contains(key)) return Bad(where, "lacks \"" + key + "\"");
-    const json& v = object[key];
-    const bool ok = type == json::value_t::number_float      ? v.is_number()
-                    : type == json::value_t::number_unsigned ? v.is_number_unsigned()
-                                                             : v.type() == type;
-    if (!ok) return Bad(absl::StrCat(where, ".", key), "has the wrong type");
-    return &v;
   }
 
  private:
   std::string path_;
 };
 
-#define FUSEDPS_ASSIGN(lhs, expr)               \
-  auto lhs##_or = (expr);                       \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  const json& lhs = **lhs##_or
-
-// A dtype's name in a manifest ("fp32", "bf16", "int8"), or DATA_LOSS naming the key.
-template <typename DType>
-absl::StatusOr<DType> ParseDTypeName(const ManifestReader& m, const json& object,
-                                     const std::string& key, const std::string& where,
-                                     std::initializer_list<DType> allowed,
-                                     const char* (*name_of)(DType)) {
-  FUSEDPS_ASSIGN(v, m.Get(object, key, json::value_t::string, where));
+// A tensor's dtype as the manifest lists it: the kernels' enum, or DATA_LOSS naming the key for
+// a value it does not allow. The kernels' enums take the proto's values
+// (server/schema/hyperparameters.cc).
+template <typename Kernel, typename Proto>
+absl::StatusOr<Kernel> DTypeOf(const ManifestErrors& m, Proto dtype, const std::string& where,
+                               std::initializer_list<Kernel> allowed,
+                               const std::string& (*proto_name)(Proto)) {
   std::string names;
-  for (DType d : allowed) {
-    if (v.get<std::string>() == name_of(d)) return d;
-    absl::StrAppend(&names, names.empty() ? "" : ", ", name_of(d));
+  for (Kernel d : allowed) {
+    if (static_cast<int>(dtype) == static_cast<int>(d)) return d;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", proto_name(static_cast<Proto>(d)));
   }
-  return m.Bad(absl::StrCat(where, ".", key),
-               absl::StrCat("is \"", v.get<std::string>(), "\", not one of ", names));
+  return m.Bad(where, absl::StrCat("is ", static_cast<int>(dtype), " (", proto_name(dtype),
+                                   "), not one of ", names));
 }
 
-// A group's storage: state_dtype, params_dtype and rounding_seed, each fp32 (or 0) when absent
-// (a checkpoint written before they existed).
-absl::Status ReadStorage(const ManifestReader& m, const json& g, const std::string& where,
-                         AdamWHyperparameters* h) {
-  if (g.contains("state_dtype")) {
-    absl::StatusOr<StateDType> dtype = ParseDTypeName(
-        m, g, "state_dtype", where,
-        {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8}, &StateDTypeName);
-    if (!dtype.ok()) return dtype.status();
-    h->state_dtype = *dtype;
-  }
-  if (g.contains("params_dtype")) {
+// A tensor's layout as the manifest lists it (UNSPECIFIED: not listed) must be the one its
+// group gives it.
+absl::Status CheckLayout(const ManifestErrors& m, const Manifest::Tensor& t,
+                         const std::string& where, TensorLayout layout) {
+  if (t.params_dtype() != v1::DTYPE_UNSPECIFIED) {
     absl::StatusOr<ParamsDType> dtype =
-        ParseDTypeName(m, g, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
-                       &ParamsDTypeName);
-    if (!dtype.ok()) return dtype.status();
-    h->params_dtype = *dtype;
-  }
-  if (g.contains("rounding_seed")) {
-    FUSEDPS_ASSIGN(seed, m.Get(g, "rounding_seed", json::value_t::number_unsigned, where));
-    h->rounding_seed = seed.get<uint64_t>();
-  }
-  return absl::OkStatus();
-}
-
-// A tensor's layout as the manifest lists it (optional) must be the one its group gives it.
-absl::Status CheckLayout(const ManifestReader& m, const json& t, const std::string& where,
-                         TensorLayout layout) {
-  if (t.contains("params_dtype")) {
-    absl::StatusOr<ParamsDType> dtype =
-        ParseDTypeName(m, t, "params_dtype", where, {ParamsDType::kFloat32, ParamsDType::kBFloat16},
-                       &ParamsDTypeName);
+        DTypeOf(m, t.params_dtype(), where + ".params_dtype",
+                {ParamsDType::kFloat32, ParamsDType::kBFloat16}, &v1::DType_Name<v1::DType>);
     if (!dtype.ok()) return dtype.status();
     if (*dtype != layout.params) {
       return m.Bad(where + ".params_dtype",
@@ -105,10 +67,11 @@ absl::Status CheckLayout(const ManifestReader& m, const json& t, const std::stri
                                 ParamsDTypeName(layout.params)));
     }
   }
-  if (t.contains("state_dtype")) {
-    absl::StatusOr<StateDType> dtype = ParseDTypeName(
-        m, t, "state_dtype", where,
-        {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8}, &StateDTypeName);
+  if (t.state_dtype() != v1::STATE_DTYPE_UNSPECIFIED) {
+    absl::StatusOr<StateDType> dtype =
+        DTypeOf(m, t.state_dtype(), where + ".state_dtype",
+                {StateDType::kFloat32, StateDType::kBFloat16, StateDType::kInt8},
+                &v1::StateDType_Name<v1::StateDType>);
     if (!dtype.ok()) return dtype.status();
     if (*dtype != layout.state) {
       return m.Bad(where + ".state_dtype",
@@ -121,22 +84,23 @@ absl::Status CheckLayout(const ManifestReader& m, const json& t, const std::stri
 
 // The manifest's int8_codebooks, required when a tensor has int8 state: each value must be the
 // server's own (DynamicCodebooks), bit for bit, or the codes would mean other values.
-absl::Status CheckCodebooks(const ManifestReader& m, const json& root, bool int8_state) {
-  if (!root.contains("int8_codebooks") && !int8_state) return absl::OkStatus();
-  FUSEDPS_ASSIGN(books, m.Get(root, "int8_codebooks", json::value_t::object, "manifest"));
+absl::Status CheckCodebooks(const ManifestErrors& m, const Manifest& manifest, bool int8_state) {
+  if (!manifest.has_int8_codebooks()) {
+    return int8_state ? m.Bad("manifest", "lacks \"int8_codebooks\"") : absl::OkStatus();
+  }
   const Int8Codebooks& ours = DynamicCodebooks();
-  for (const auto& [key, book] :
-       {std::pair{"exp_avg", &ours.exp_avg}, {"exp_avg_sq", &ours.exp_avg_sq}}) {
-    FUSEDPS_ASSIGN(values, m.Get(books, key, json::value_t::array, "int8_codebooks"));
+  const Manifest::Int8Codebooks& theirs = manifest.int8_codebooks();
+  for (const auto& [key, values, book] :
+       {std::tuple{"exp_avg", &theirs.exp_avg(), &ours.exp_avg},
+        std::tuple{"exp_avg_sq", &theirs.exp_avg_sq(), &ours.exp_avg_sq}}) {
     const std::string where = absl::StrCat("int8_codebooks.", key);
-    if (values.size() != kQuantMapSize) {
-      return m.Bad(where, absl::StrCat("has ", values.size(), " values, not ", kQuantMapSize));
+    if (values->size() != kQuantMapSize) {
+      return m.Bad(where, absl::StrCat("has ", values->size(), " values, not ", kQuantMapSize));
     }
     for (int i = 0; i < kQuantMapSize; ++i) {
-      const float v = values[i].is_number() ? static_cast<float>(values[i].get<double>()) : -2.0f;
-      if (FloatToBits(v) != FloatToBits(book->values[i])) {
+      if (FloatToBits(values->Get(i)) != FloatToBits(book->values[i])) {
         return m.Bad(absl::StrCat(where, "[", i, "]"),
-                     absl::StrCat("= ", values[i].dump(), " is not this server's ", book->values[i],
+                     absl::StrCat("= ", values->Get(i), " is not this server's ", book->values[i],
                                   ": its codes would mean other values"));
       }
     }
@@ -144,54 +108,22 @@ absl::Status CheckCodebooks(const ManifestReader& m, const json& root, bool int8
   return absl::OkStatus();
 }
 
-// A group's hyperparameters in format_version 3: protobuf's JSON mapping of
-// fusedps.v1.Hyperparameters (server/schema/hyperparameters.h).
-absl::Status ReadHyperparameters(const ManifestReader& m, const json& g, const std::string& where,
-                                 AdamWHyperparameters* h) {
-  FUSEDPS_ASSIGN(v, m.Get(g, "hyperparameters", json::value_t::object, where));
-  absl::StatusOr<AdamWHyperparameters> read = HyperparametersFromJson(v.dump());
-  if (!read.ok()) return m.Bad(where, std::string(read.status().message()));
-  *h = *read;
-  return absl::OkStatus();
-}
-
-// A group's hyperparameters in format_version 2 (written before 3): each a key of the group,
-// decoupled_weight_decay a bool, the storage fields by their dtype names (ReadStorage).
-absl::Status ReadHyperparametersV2(const ManifestReader& m, const json& g, const std::string& where,
-                                   AdamWHyperparameters* h_out) {
-  AdamWHyperparameters& h = *h_out;
-  for (auto [key, field] : {std::pair{"lr", &h.lr},
-                            {"beta1", &h.beta1},
-                            {"beta2", &h.beta2},
-                            {"eps", &h.eps},
-                            {"weight_decay", &h.weight_decay}}) {
-    FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::number_float, where));
-    *field = v.get<double>();
-  }
-  for (auto [key, field] : {std::pair{"amsgrad", &h.amsgrad},
-                            {"maximize", &h.maximize},
-                            {"decoupled_weight_decay", &h.decoupled_weight_decay}}) {
-    FUSEDPS_ASSIGN(v, m.Get(g, key, json::value_t::boolean, where));
-    *field = v.get<bool>();
-  }
-  return ReadStorage(m, g, where, &h);
-}
-
-absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, const json& root) {
-  FUSEDPS_ASSIGN(groups, m.Get(root, "param_groups", json::value_t::array, "manifest"));
+absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestErrors& m,
+                                                       const Manifest& manifest) {
   std::vector<ParamGroupSpec> out;
   std::set<std::string> names;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const json& g = groups[i];
+  for (int i = 0; i < manifest.param_groups_size(); ++i) {
+    const v1::ParamGroup& g = manifest.param_groups(i);
     const std::string where = absl::StrCat("param_groups[", i, "]");
-    FUSEDPS_ASSIGN(name, m.Get(g, "name", json::value_t::string, where));
+    if (!g.has_hyperparameters()) return m.Bad(where, "lacks \"hyperparameters\"");
     ParamGroupSpec spec;
-    spec.name = name.get<std::string>();
-    absl::Status s = root.value("format_version", 0) == kFormatVersion
-                         ? ReadHyperparameters(m, g, where, &spec.hyperparameters)
-                         : ReadHyperparametersV2(m, g, where, &spec.hyperparameters);
-    if (!s.ok()) return s;
-    s = CheckName(spec.name, kMaxGroupNameBytes, where + ".name");
+    spec.name = g.name();
+    absl::Status s = CheckName(spec.name, kMaxGroupNameBytes, where + ".name");
+    if (s.ok()) {
+      absl::StatusOr<AdamWHyperparameters> h = HyperparametersFromProto(g.hyperparameters());
+      s = h.status();
+      if (h.ok()) spec.hyperparameters = *h;
+    }
     if (s.ok()) s = ValidateHyperparameters(spec.hyperparameters);
     if (!s.ok()) return m.Bad(where, std::string(s.message()));
     if (!names.insert(spec.name).second) return m.Bad(where, "repeats the name " + spec.name);
@@ -204,32 +136,25 @@ absl::StatusOr<std::vector<ParamGroupSpec>> ReadGroups(const ManifestReader& m, 
   return out;
 }
 
-absl::Status ReadTensors(const ManifestReader& m, const json& root, RestoredShard* out) {
+absl::Status ReadTensors(const ManifestErrors& m, const Manifest& manifest, RestoredShard* out) {
   RestoredShard& shard = *out;
   absl::flat_hash_map<std::string, uint32_t> groups;
   for (uint32_t g = 0; g < shard.groups.size(); ++g) groups[shard.groups[g].name] = g;
-  FUSEDPS_ASSIGN(tensors, m.Get(root, "tensors", json::value_t::array, "manifest"));
   std::set<std::string> names;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const json& t = tensors[i];
+  for (int i = 0; i < manifest.tensors_size(); ++i) {
+    const Manifest::Tensor& t = manifest.tensors(i);
     const std::string where = absl::StrCat("tensors[", i, "]");
-    FUSEDPS_ASSIGN(name, m.Get(t, "name", json::value_t::string, where));
-    FUSEDPS_ASSIGN(shape, m.Get(t, "shape", json::value_t::array, where));
-    FUSEDPS_ASSIGN(group, m.Get(t, "param_group", json::value_t::string, where));
-    FUSEDPS_ASSIGN(step, m.Get(t, "step", json::value_t::number_unsigned, where));
     TensorMeta meta;
-    meta.name = name.get<std::string>();
-    for (const json& d : shape) {
-      if (!d.is_number_integer()) return m.Bad(where + ".shape", "has a non-integer");
-      meta.shape.push_back(d.get<int64_t>());
-    }
+    meta.name = t.name();
+    meta.shape.assign(t.shape().begin(), t.shape().end());
     if (absl::Status s = CheckName(meta.name, kMaxTensorNameBytes, where + ".name"); !s.ok()) {
       return m.Bad(where, std::string(s.message()));
     }
     absl::StatusOr<uint64_t> numel = NumelOf(meta.shape);
     if (!numel.ok()) return m.Bad(where + ".shape", std::string(numel.status().message()));
     meta.numel = *numel;
-    auto g = groups.find(group.get<std::string>());
+    if (t.step() < 0) return m.Bad(where + ".step", absl::StrCat("= ", t.step(), " is negative"));
+    auto g = groups.find(t.param_group());
     if (g == groups.end()) return m.Bad(where + ".param_group", "names no group");
     meta.group = g->second;
     if (absl::Status s = CheckLayout(
@@ -239,49 +164,32 @@ absl::Status ReadTensors(const ManifestReader& m, const json& root, RestoredShar
     }
     if (!names.insert(meta.name).second) return m.Bad(where, "repeats the name " + meta.name);
     shard.tensors.push_back(std::move(meta));
-    shard.steps.push_back(step.get<int64_t>());
+    shard.steps.push_back(t.step());
   }
   return absl::OkStatus();
 }
 
-absl::Status ReadRetries(const ManifestReader& m, const json& root, RestoredShard* shard) {
-  FUSEDPS_ASSIGN(clients, m.Get(root, "retry_table", json::value_t::array, "manifest"));
-  for (size_t i = 0; i < clients.size(); ++i) {
-    const std::string where = absl::StrCat("retry_table[", i, "]");
-    FUSEDPS_ASSIGN(id, m.Get(clients[i], "client_id", json::value_t::string, where));
-    FUSEDPS_ASSIGN(highest, m.Get(clients[i], "highest", json::value_t::number_unsigned, where));
-    FUSEDPS_ASSIGN(replies, m.Get(clients[i], "replies", json::value_t::array, where));
-    RetryTable::ClientRecord record{id.get<std::string>(), highest.get<uint64_t>(), {}};
-    for (size_t k = 0; k < replies.size(); ++k) {
-      const std::string at = absl::StrCat(where, ".replies[", k, "]");
-      const json& r = replies[k];
-      FUSEDPS_ASSIGN(seq, m.Get(r, "sequence_number", json::value_t::number_unsigned, at));
-      FUSEDPS_ASSIGN(version, m.Get(r, "version", json::value_t::number_unsigned, at));
-      FUSEDPS_ASSIGN(skipped, m.Get(r, "skipped", json::value_t::boolean, at));
-      FUSEDPS_ASSIGN(updated, m.Get(r, "tensors_updated", json::value_t::number_unsigned, at));
-      FUSEDPS_ASSIGN(bytes, m.Get(r, "grad_bytes", json::value_t::number_unsigned, at));
+absl::Status ReadRetries(const ManifestErrors& m, const Manifest& manifest, RestoredShard* shard) {
+  for (int i = 0; i < manifest.retry_table_size(); ++i) {
+    const Manifest::RetryClient& client = manifest.retry_table(i);
+    RetryTable::ClientRecord record{client.client_id(), client.highest(), {}};
+    for (int k = 0; k < client.replies_size(); ++k) {
+      const Manifest::Reply& r = client.replies(k);
       PushReply reply;
-      reply.version = version.get<uint64_t>();
-      reply.skipped = skipped.get<bool>();
-      reply.tensors_updated = updated.get<uint32_t>();
-      reply.grad_bytes = bytes.get<uint64_t>();
-      if (r.contains("round_workers")) {  // Checkpoints before it have none: 0, as async's.
-        FUSEDPS_ASSIGN(workers, m.Get(r, "round_workers", json::value_t::number_unsigned, at));
-        reply.round_workers = workers.get<uint32_t>();
-      }
-      if (r.contains("round_timed_out")) {  // Nor these: false and none.
-        FUSEDPS_ASSIGN(timed_out, m.Get(r, "round_timed_out", json::value_t::boolean, at));
-        reply.round_timed_out = timed_out.get<bool>();
-        FUSEDPS_ASSIGN(missing, m.Get(r, "missing_replicas", json::value_t::array, at));
-        for (const json& id : missing) {
-          if (!id.is_string() || id.get<std::string>().size() > RetryTable::kMaxClientIdBytes) {
-            return m.Bad(absl::StrCat(at, ".missing_replicas"),
-                         "holds something other than client_ids");
-          }
-          reply.missing_replicas.push_back(id.get<std::string>());
+      reply.version = r.version();
+      reply.skipped = r.skipped();
+      reply.tensors_updated = r.tensors_updated();
+      reply.grad_bytes = r.grad_bytes();
+      reply.round_workers = r.round_workers();
+      reply.round_timed_out = r.round_timed_out();
+      for (const std::string& id : r.missing_replicas()) {
+        if (id.size() > RetryTable::kMaxClientIdBytes) {
+          return m.Bad(absl::StrCat("retry_table[", i, "].replies[", k, "].missing_replicas"),
+                       "holds something other than client_ids");
         }
+        reply.missing_replicas.push_back(id);
       }
-      record.replies.emplace_back(seq.get<uint64_t>(), reply);
+      record.replies.emplace_back(r.sequence_number(), reply);
     }
     shard->retries.push_back(std::move(record));
   }
@@ -331,37 +239,39 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
     return absl::InvalidArgumentError(
         absl::StrCat("slot_bytes ", slot_bytes, " is not a positive multiple of 4"));
   }
-  const ManifestReader m(checkpoint);
-  const json& root = checkpoint.manifest;
+  const ManifestErrors m(checkpoint);
+  const Manifest& manifest = checkpoint.manifest;
   std::unique_ptr<ShardReader> reader(new ShardReader(engine));
   RestoredShard& shard = reader->shard_;
   shard.version = checkpoint.version;
-  absl::StatusOr<std::vector<ParamGroupSpec>> groups = ReadGroups(m, root);
+  absl::StatusOr<std::vector<ParamGroupSpec>> groups = ReadGroups(m, manifest);
   if (!groups.ok()) return groups.status();
   shard.groups = *std::move(groups);
-  if (absl::Status s = ReadTensors(m, root, &shard); !s.ok()) return s;
+  if (absl::Status s = ReadTensors(m, manifest, &shard); !s.ok()) return s;
   bool int8_state = false;
   for (const TensorMeta& t : shard.tensors) {
     int8_state |=
         LayoutOf(shard.groups[t.group].hyperparameters, t.numel).state == StateDType::kInt8;
   }
-  if (absl::Status s = CheckCodebooks(m, root, int8_state); !s.ok()) return s;
-  if (absl::Status s = ReadRetries(m, root, &shard); !s.ok()) return s;
-  // Optional: checkpoints from before sharding have none.
-  if (root.contains("plan_hash")) {
-    FUSEDPS_ASSIGN(plan_hash, m.Get(root, "plan_hash", json::value_t::string, "manifest"));
-    shard.plan_hash = plan_hash.get<std::string>();
-    if (shard.plan_hash.size() > kMaxPlanHashBytes) {
-      return m.Bad("plan_hash", absl::StrCat("has more than ", kMaxPlanHashBytes, " bytes"));
-    }
+  if (absl::Status s = CheckCodebooks(m, manifest, int8_state); !s.ok()) return s;
+  if (absl::Status s = ReadRetries(m, manifest, &shard); !s.ok()) return s;
+  shard.plan_hash = manifest.plan_hash();  // Empty in checkpoints from before sharding.
+  if (shard.plan_hash.size() > kMaxPlanHashBytes) {
+    return m.Bad("plan_hash", absl::StrCat("has more than ", kMaxPlanHashBytes, " bytes"));
   }
-  FUSEDPS_ASSIGN(copy_name, m.Get(root, "param_copy_dtype", json::value_t::string, "manifest"));
+  // The param copy's file: read when it has the engine's dtype (--param-copy-dtype).
+  const v1::DType copy_dtype = manifest.param_copy_dtype();
+  if (copy_dtype != v1::DTYPE_UNSPECIFIED && copy_dtype != v1::DTYPE_BFLOAT16 &&
+      copy_dtype != v1::DTYPE_FLOAT16) {
+    return m.Bad("param_copy_dtype", absl::StrCat("is ", v1::DType_Name(copy_dtype),
+                                                  ", not one of DTYPE_UNSPECIFIED (none), "
+                                                  "DTYPE_BFLOAT16, DTYPE_FLOAT16"));
+  }
 
   // The files the writer made of this shard (SnapshotLayout's fields), less a param copy of
   // another dtype than the server's.
   const ParamCopyDType copy = engine->param_copy_dtype();
-  shard.param_copy =
-      copy != ParamCopyDType::kNone && copy_name.get<std::string>() == ParamCopyDTypeName(copy);
+  shard.param_copy = copy != ParamCopyDType::kNone && copy_dtype == static_cast<v1::DType>(copy);
   std::shared_ptr<const ShardView> view = ShardView::Initial();
   for (uint32_t g = 0; g < shard.groups.size(); ++g) view = view->WithGroup(g, shard.groups[g]);
   view = view->WithTensors(shard.tensors);
@@ -408,7 +318,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
         std::make_unique<Part>(Part{std::move(field), *std::move(file), *crc32}));
   }
 
-  if (root["files"].contains(kBuffersFileName)) {
+  if (manifest.files().count(kBuffersFileName) != 0) {
     absl::StatusOr<std::shared_ptr<const BufferSet>> buffers = ReadBuffers(checkpoint);
     if (!buffers.ok()) return buffers.status();
     shard.buffers = *std::move(buffers);
@@ -519,7 +429,5 @@ void ShardReader::Release(int slot) {
   free_slots_.push_back(slot);
   cv_.SignalAll();
 }
-
-#undef FUSEDPS_ASSIGN
 
 }  // namespace fusedps::checkpoint

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "kernels/backend.h"
 #include "kernels/tensor_layout.h"
@@ -189,26 +188,6 @@ absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperpara
 bool SameHyperparameters(const AdamWHyperparameters& a, const AdamWHyperparameters& b) {
   return google::protobuf::util::MessageDifferencer::Equals(HyperparametersToProto(a),
                                                             HyperparametersToProto(b));
-}
-
-std::string HyperparametersToJson(const AdamWHyperparameters& h) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  // Printing a message without Any fields cannot fail.
-  (void)google::protobuf::util::MessageToJsonString(HyperparametersToProto(h), &out, options);
-  return out;
-}
-
-absl::StatusOr<AdamWHyperparameters> HyperparametersFromJson(absl::string_view json) {
-  v1::Hyperparameters p;
-  const auto status = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &p);
-  if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hyperparameters: ", std::string(status.message().data(), status.message().size())));
-  }
-  return HyperparametersFromProto(p);
 }
 
 }  // namespace fusedps

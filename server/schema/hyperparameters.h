@@ -1,8 +1,8 @@
 // hyperparameters.h: a param group's AdamW hyperparameters as the wire API declares them (proto
 // fusedps.v1.Hyperparameters, the one schema) and the one C++ struct the kernels take
 // (AdamWHyperparameters, kernels/adamw_math.h), made from it here and nowhere else: one
-// conversion each way, one validation, one comparison and one JSON form (protobuf's JSON mapping,
-// which the checkpoint manifest stores).
+// conversion each way, one validation and one comparison. (The checkpoint manifest stores the
+// message itself: server/checkpoint/manifest.h.)
 //
 // The scalar fields convert by name through kDoubleHyperparameters and kBoolHyperparameters
 // (kernels/adamw_math.h); weight_decay_mode, state_dtype, params_dtype and rounding_seed by
@@ -46,13 +46,6 @@ absl::StatusOr<AdamWHyperparameters> UpdatedHyperparameters(const AdamWHyperpara
 
 // Whether every field is equal (doubles compared with ==).
 bool SameHyperparameters(const AdamWHyperparameters& a, const AdamWHyperparameters& b);
-
-// Protobuf's JSON mapping of HyperparametersToProto(h), with the proto's field names: doubles as
-// numbers, enums by name, rounding_seed (uint64) as a decimal string.
-std::string HyperparametersToJson(const AdamWHyperparameters& h);
-// Its inverse: INVALID_ARGUMENT for JSON that is not that mapping (an unknown field, a wrong
-// type), or as HyperparametersFromProto. Absent fields take the defaults. Ranges are not checked.
-absl::StatusOr<AdamWHyperparameters> HyperparametersFromJson(absl::string_view json);
 
 }  // namespace fusedps
 

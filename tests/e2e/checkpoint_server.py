@@ -5,7 +5,9 @@ The independent references:
   * shard_digest: sha256 of every tensor's params, exp_avg, exp_avg_sq (max_exp_avg_sq for
     amsgrad tensors), its step, and the version, read through the public API;
   * newest_complete / read_safetensors: the checkpoint directory read by the format's
-    definition (docs/checkpoints.md), without the server's code.
+    definition (docs/checkpoints.md), without the server's code;
+  * to_format_3: a manifest of format 4 rewritten as format 3, for the readers of older
+    formats.
 """
 
 from __future__ import annotations
@@ -117,8 +119,36 @@ def complete_checkpoints(root: str) -> List[Tuple[int, str]]:
 
 
 def manifest_of(directory: str) -> Dict:
+    """manifest.json's JSON as it is (format 4: 64-bit integers are strings)."""
     with open(os.path.join(directory, "manifest.json")) as f:
         return json.load(f)
+
+
+def to_format_3(m: Dict) -> Dict:
+    """A format 4 manifest's JSON (fusedps.v1.CheckpointManifest in protobuf's JSON mapping) as
+    format 3 wrote it (docs/checkpoints.md, "Formats 2 and 3"), by the format's definition: its
+    64-bit integers as JSON numbers, a tensor's dtypes and the param copy's by their short names
+    ("none": no copy). The param groups are the same in both."""
+    names = {"DTYPE_FLOAT32": "fp32", "DTYPE_BFLOAT16": "bf16", "STATE_DTYPE_FLOAT32": "fp32",
+             "STATE_DTYPE_BFLOAT16": "bf16", "STATE_DTYPE_INT8": "int8"}
+    m = json.loads(json.dumps(m))
+    m["format_version"] = 3
+    m["param_copy_dtype"] = {"DTYPE_UNSPECIFIED": "none", "DTYPE_BFLOAT16": "bf16",
+                             "DTYPE_FLOAT16": "fp16"}[m["param_copy_dtype"]]
+    m["serial"], m["version"] = int(m["serial"]), int(m["version"])
+    for t in m["tensors"]:
+        t["shape"] = [int(d) for d in t["shape"]]
+        t["step"] = int(t["step"])
+        for key in ("params_dtype", "state_dtype"):
+            t[key] = names[t[key]]
+    for entry in m["files"].values():
+        entry["bytes"] = int(entry["bytes"])
+    for client in m["retry_table"]:
+        client["highest"] = int(client["highest"])
+        for r in client["replies"]:
+            for key in ("sequence_number", "version", "grad_bytes"):
+                r[key] = int(r[key])
+    return m
 
 
 def params_of(directory: str) -> Dict:

@@ -9,6 +9,9 @@ torch -> server: a torch model trains a few steps; fusedps.checkpoint.from_torch
 state; a server started on it (--checkpoint-dir=ROOT, or --restore=<the directory>) serves
 those tensors, groups and steps, bit-exact, then continues as torch does.
 
+Both ways the manifest is format 4 (fusedps.v1.CheckpointManifest's JSON); from_torch's, rewritten
+as format 3, restores the same through the server's converter of older formats.
+
 Each test starts its own server (the flags differ); the CPU backend unless
 FUSEDPS_TEST_DEVICE says otherwise.
 """
@@ -26,6 +29,7 @@ import torch
 
 import fusedps
 from fusedps import checkpoint
+from checkpoint_server import manifest_of, to_format_3
 from server_fixture import running_server
 from test_parity import ATOL, RTOL, _assert_matches_torch, _torch_optimizer
 
@@ -103,9 +107,9 @@ def test_server_checkpoint_continues_in_torch(tmp_path, case_id):
         assert re.fullmatch(r"checkpoint-[0-9]{20}", os.path.basename(path)), path
         assert os.path.samefile(os.path.dirname(path), root)
         assert (root / "latest").read_text().strip() == os.path.basename(path)
-        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
-        assert manifest["version"] == version and manifest["format_version"] == 3
+        manifest = manifest_of(path)
+        # Format 4, as the server writes it: 64-bit integers are JSON strings.
+        assert manifest["format_version"] == 4 and manifest["version"] == str(version)
         assert [t["name"] for t in manifest["tensors"]] == names
 
         model_state, optim_state = checkpoint.to_torch(path)
@@ -163,13 +167,14 @@ def _torch_model():
     return m
 
 
-@pytest.mark.parametrize("restore", ["checkpoint_dir", "restore_path"])
-def test_torch_checkpoint_continues_on_server(tmp_path, restore):
+@pytest.mark.parametrize("restore,format_version", [("checkpoint_dir", 4), ("restore_path", 4),
+                                                    ("checkpoint_dir", 3)])
+def test_torch_checkpoint_continues_on_server(tmp_path, restore, format_version):
     model = _torch_model()
     params = dict(model.named_parameters())
     opt = torch.optim.AdamW([dict(params=[params[n] for n in names], **h)
                              for _, names, h in TORCH_GROUPS], foreach=False)
-    gen = torch.Generator().manual_seed(zlib.crc32(restore.encode()))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{restore}{format_version}".encode()))
     stepped = [n for n in TORCH_ORDER if n != "unused"]
     shapes = [params[n].shape for n in stepped]
     for _ in range(3):
@@ -181,6 +186,11 @@ def test_torch_checkpoint_continues_on_server(tmp_path, restore):
     path = checkpoint.from_torch(model.state_dict(), opt.state_dict(), str(root),
                                  param_names=TORCH_ORDER,
                                  group_names=[name for name, _, _ in TORCH_GROUPS])
+    manifest = manifest_of(path)
+    assert manifest["format_version"] == 4 and manifest["server_version"] == "python"
+    if format_version == 3:  # As a from_torch before format 4 wrote it.
+        with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(to_format_3(manifest), f)
     args = [f"--checkpoint-dir={root}"] if restore == "checkpoint_dir" else \
         [f"--restore={path}"]
     with _server(args) as client:

@@ -1,5 +1,4 @@
-"""Checkpoints of low-precision storage (issue 16; docs/checkpoints.md, format_version 2) and
-fusedps.checkpoint.
+"""Checkpoints of low-precision storage (issue 16; docs/checkpoints.md) and fusedps.checkpoint.
 
 Against real servers: a checkpoint holds the stored form (U8 codes and F32 scales of int8
 state, BF16 state and params) that an independent reader here dequantizes to exactly what the
@@ -7,9 +6,9 @@ server serves; to_torch returns exactly that; a server restored from it serves t
 and, with bf16 params, rounds the next steps' params to the same bits as the server that wrote
 it.
 
-Offline: to_torch of hand-made checkpoints (its codebook is the manifest's, not its own), of
-manifests written before the storage keys (all fp32), and of bad ones; from_torch writes fp32
-storage only.
+Offline: to_torch of hand-made checkpoints of formats 2, 3 and 4 (its codebook is the
+manifest's, not its own), of manifests written before the storage keys (all fp32), and of bad
+ones; from_torch writes fp32 storage only.
 """
 
 from __future__ import annotations
@@ -128,7 +127,7 @@ def test_checkpoint_holds_the_stored_form_and_to_torch_dequantizes_it_exactly(tm
 
     with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    assert manifest["format_version"] == 3
+    assert manifest["format_version"] == 4
     groups = {g["name"]: g["hyperparameters"] for g in manifest["param_groups"]}
     proto_names = {"fp32": "FLOAT32", "bf16": "BFLOAT16", "int8": "INT8"}
     for group, kwargs in GROUPS.items():
@@ -136,9 +135,10 @@ def test_checkpoint_holds_the_stored_form_and_to_torch_dequantizes_it_exactly(tm
         assert g["state_dtype"] == "STATE_DTYPE_" + proto_names[kwargs.get("state_dtype", "fp32")]
         assert g["params_dtype"] == "DTYPE_" + proto_names[kwargs.get("params_dtype", "fp32")]
         assert g["rounding_seed"] == str(kwargs.get("rounding_seed", 0))
-    for t in manifest["tensors"]:
-        if t["name"] in LAYOUTS:
-            assert (t["params_dtype"], t["state_dtype"]) == LAYOUTS[t["name"]], t["name"]
+    for t in manifest["tensors"]:  # format 4: the proto's enums, by name
+        params_dtype, state_dtype = LAYOUTS[t["name"]]
+        assert (t["params_dtype"], t["state_dtype"]) == (
+            "DTYPE_" + proto_names[params_dtype], "STATE_DTYPE_" + proto_names[state_dtype])
     books = manifest["int8_codebooks"]
     assert np.array_equal(np.float32(books["exp_avg"]), SIGNED.astype(np.float32))
     assert np.array_equal(np.float32(books["exp_avg_sq"]), UNSIGNED.astype(np.float32))
@@ -221,12 +221,12 @@ def test_restore_serves_the_same_bits_and_replays_the_rounding(tmp_path):
 # -- offline: hand-made checkpoints ---------------------------------------------------------------
 
 def _hand_made(root, *, codebook_scale=1.0, format_version=2):
-    """A checkpoint written here by the format's definition (docs/checkpoints.md, format 2 or
-    3): group "q" (int8 state, bf16 params) with "q/w" (5000 elements: int8) and "q/b" (10:
+    """A checkpoint written here by the format's definition (docs/checkpoints.md, format 2, 3
+    or 4): group "q" (int8 state, bf16 params) with "q/w" (5000 elements: int8) and "q/b" (10:
     fp32 state), group "h" (bf16 state) with "h/w". Returns (directory, expected fp32 values:
     field -> name -> tensor). The codebooks are a linear map times codebook_scale, not the
     server's: to_torch must use the manifest's. The bad-storage cases below edit format 2's
-    keys, and the server's checkpoints of format 3 are tested above."""
+    keys (and format 4's), and the server's checkpoints of format 4 are tested above."""
     gen = torch.Generator().manual_seed(8)
     book = {"exp_avg": torch.linspace(-1, 1, 256) * codebook_scale,
             "exp_avg_sq": torch.linspace(0, 1, 256) * codebook_scale}
@@ -286,12 +286,22 @@ def _hand_made(root, *, codebook_scale=1.0, format_version=2):
                          params_dtype="fp32", state_dtype="bf16")],
         "int8_codebooks": {k: [float(x) for x in v] for k, v in book.items()},
         "retry_table": [], "files": listed}
+    if format_version == 4:  # fusedps.v1.CheckpointManifest: 64-bit integers as strings, enums
+        enum = {"fp32": "FLOAT32", "bf16": "BFLOAT16", "int8": "INT8"}
+        manifest.update(serial="1", version="4", plan_hash="",
+                        param_copy_dtype="DTYPE_UNSPECIFIED")
+        for t in manifest["tensors"]:
+            t.update(shape=[str(d) for d in t["shape"]], step=str(t["step"]),
+                     params_dtype="DTYPE_" + enum[t["params_dtype"]],
+                     state_dtype="STATE_DTYPE_" + enum[t["state_dtype"]])
+        for entry in listed.values():
+            entry["bytes"] = str(entry["bytes"])
     with open(os.path.join(directory, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f)
     return directory, expected
 
 
-@pytest.mark.parametrize("format_version", [2, 3])
+@pytest.mark.parametrize("format_version", [2, 3, 4])
 def test_to_torch_dequantizes_with_the_manifests_codebooks(tmp_path, format_version):
     for scale in (1.0, 0.5):
         directory, expected = _hand_made(tmp_path / str(scale), codebook_scale=scale,
@@ -351,6 +361,30 @@ def test_to_torch_refuses_bad_storage(tmp_path, edit, match):
         checkpoint.to_torch(directory)
 
 
+# Format 4: the manifest is the message's JSON (a key it lacks is refused, naming it; dtypes
+# are the proto's enums), then held to the same rules as formats 2 and 3.
+BAD_FORMAT_4 = [
+    (lambda m: m.update(trained_on="cluster-7"), "trained_on"),
+    (lambda m: m["files"]["params.safetensors"].update(sha256="00"), "sha256"),
+    (lambda m: m["tensors"][0].update(state_dtype="int8"), "int8"),
+    (lambda m: m["tensors"][1].update(state_dtype="STATE_DTYPE_INT8"),
+     "state_dtype 'int8', but its group"),
+    (lambda m: m["int8_codebooks"]["exp_avg"].pop(), "is not 256 numbers"),
+    (lambda m: m["param_groups"][2]["hyperparameters"].update(amsgrad=True),
+     "amsgrad with state_dtype"),
+    (lambda m: m["tensors"][2].update(step="-1"), "step is not a non-negative integer"),
+]
+
+
+@pytest.mark.parametrize("edit,match", BAD_FORMAT_4)
+def test_to_torch_refuses_a_bad_format_4_manifest(tmp_path, edit, match):
+    directory, _ = _hand_made(tmp_path, format_version=4)
+    checkpoint.to_torch(directory)
+    _edit_manifest(directory, edit)
+    with pytest.raises(ValueError, match=match):
+        checkpoint.to_torch(directory)
+
+
 def test_absmax_of_another_shape_is_refused(tmp_path):
     directory, _ = _hand_made(tmp_path)
     path = os.path.join(directory, "exp_avg_absmax.safetensors")
@@ -401,7 +435,7 @@ def test_from_torch_writes_fp32_storage_only(tmp_path):
         assert (h["state_dtype"], h["params_dtype"], h["rounding_seed"]) == (
             "STATE_DTYPE_FLOAT32", "DTYPE_FLOAT32", "0")
     for t in m["tensors"]:
-        assert (t["params_dtype"], t["state_dtype"]) == ("fp32", "fp32")
+        assert (t["params_dtype"], t["state_dtype"]) == ("DTYPE_FLOAT32", "STATE_DTYPE_FLOAT32")
     assert "int8_codebooks" not in m
     for key, value in (("state_dtype", "int8"), ("state_dtype", "bf16"),
                        ("params_dtype", "bf16")):

@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from fusedps import checkpoint
+from fusedps.v1 import checkpoint_pb2 as ckpt_pb
+from checkpoint_server import to_format_3
 from server_fixture import REPO_ROOT
 from test_cli import read_safetensors as independent_read  # F32 only, the format's definition
 
@@ -168,7 +170,7 @@ def test_files_are_safetensors_that_match_the_manifest(tmp_path):
     for name, entry in manifest["files"].items():
         with open(os.path.join(path, name), "rb") as f:
             raw = f.read()
-        assert len(raw) == entry["bytes"], name
+        assert len(raw) == int(entry["bytes"]), name  # a uint64: a JSON string
         assert zlib.crc32(raw) == entry["crc32"], name
         (n,) = struct.unpack("<Q", raw[:8])
         assert n % 8 == 0, name  # the data starts 8-byte aligned, as the server writes it
@@ -195,7 +197,8 @@ def test_param_copy(tmp_path, copy_dtype, torch_dtype):
     model, opt = _trained()
     path = _write(tmp_path, model, opt, param_copy_dtype=copy_dtype)
     manifest = _manifest(path)
-    assert manifest["param_copy_dtype"] == copy_dtype
+    assert manifest["param_copy_dtype"] == \
+        {"bf16": "DTYPE_BFLOAT16", "fp16": "DTYPE_FLOAT16"}[copy_dtype]
     assert "param_copy.safetensors" in manifest["files"]
     with open(os.path.join(path, "param_copy.safetensors"), "rb") as f:
         raw = f.read()
@@ -318,25 +321,42 @@ def test_corruption_is_reported(tmp_path):
         f.write(text[:len(text) // 2])
     with pytest.raises(ValueError, match=r"manifest\.json is not valid JSON"):
         checkpoint.to_torch(path)
-    for key, value, match in [("format_version", 4, "format_version 4 is unknown"),
+    for key, value, match in [("format_version", 5, "format_version 5 is unknown"),
                               ("format_version", 1, "format_version 1 is unknown"),
+                              ("format_version", "4", "format_version '4' is unknown"),
                               ("format", "other", "format 'other'"),
-                              ("version", -1, "'version'")]:
+                              ("version", -1, "version"),
+                              ("version", "x", "version"),
+                              ("checksum", "crc32", "checksum")]:  # a key the message lacks
         m = json.loads(text)
         m[key] = value
         with open(manifest_path, "w", encoding="utf-8") as f:
             json.dump(m, f)
         with pytest.raises(ValueError, match=match):
             checkpoint.to_torch(path)
-    # crc32: an unsigned 32-bit JSON integer (never a bool, a string or the old sha256).
-    crc = zlib.crc32(raw)
-    for value in [True, -1, 1 << 32, float(crc), str(crc), format(crc, "08x"), None]:
-        m = json.loads(text)
+
+    def with_crc32(m, value):
         m["files"]["exp_avg.safetensors"]["crc32"] = value
         with open(manifest_path, "w", encoding="utf-8") as f:
             json.dump(m, f)
+
+    # crc32, a uint32 of the message: what protobuf's JSON mapping takes for one (a number, or
+    # its decimal string), never a bool, a negative, a wider number or the old sha256.
+    crc = zlib.crc32(raw)
+    for value in [True, -1, 1 << 32, 1.5, format(crc, "08x"), "0x%x" % crc]:
+        with_crc32(json.loads(text), value)
+        with pytest.raises(ValueError, match="crc32"):
+            checkpoint.to_torch(path)
+    for value in [crc, float(crc), str(crc)]:
+        with_crc32(json.loads(text), value)
+        checkpoint.to_torch(path)
+    # Format 3: an unsigned 32-bit JSON integer only.
+    for value in [True, -1, 1 << 32, float(crc), str(crc), format(crc, "08x"), None]:
+        with_crc32(to_format_3(json.loads(text)), value)
         with pytest.raises(ValueError, match=r"a bad entry in 'files' for 'exp_avg\.safetensors'"):
             checkpoint.to_torch(path)
+    with_crc32(to_format_3(json.loads(text)), crc)
+    checkpoint.to_torch(path)
 
 
 def test_root_resolution(tmp_path):
@@ -355,7 +375,7 @@ def test_root_resolution(tmp_path):
     # A crash between the manifest's rename and latest's move: the manifest is the commit.
     (root / "latest").write_text(os.path.basename(first))
     assert checkpoint.resolve_checkpoint(str(root)) == third
-    assert _manifest(checkpoint.resolve_checkpoint(str(root)))["version"] == 3
+    assert _manifest(checkpoint.resolve_checkpoint(str(root)))["version"] == "3"
 
 
 def test_from_torch_rejects_bad_input(tmp_path):
@@ -451,17 +471,21 @@ def _first_object(text):
 
 def test_manifest_has_the_documented_keys(tmp_path):
     keys, nested = _doc_manifest_keys()
-    assert len(keys) == 12 and {"param_groups", "tensors", "files"} <= set(nested)
+    assert len(keys) == 13 and {"param_groups", "tensors", "files"} <= set(nested)
     assert keys[-1] == "int8_codebooks"  # only when a tensor has int8 state: never here
     model, opt = _trained()
     before = int(time.time())
     path = _write(tmp_path, model, opt)
     m = _manifest(path)
+    # The message's fields, in their order, every one printed (defaults too), as documented.
     assert list(m) == keys[:-1]
-    assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 3
-    assert m["serial"] == 1 and m["version"] == 3 and m["server_version"] == "python"
+    assert [f.name for f in ckpt_pb.CheckpointManifest.DESCRIPTOR.fields] == keys
+    assert m["format"] == "fusedps-checkpoint" and m["format_version"] == 4
+    # 64-bit integers are JSON strings in protobuf's JSON mapping.
+    assert m["serial"] == "1" and m["version"] == "3" and m["server_version"] == "python"
     assert before <= m["created_unix_seconds"] <= time.time() + 1
-    assert m["param_copy_dtype"] == "none" and m["retry_table"] == []
+    assert m["param_copy_dtype"] == "DTYPE_UNSPECIFIED"  # No param copy.
+    assert m["retry_table"] == [] and m["plan_hash"] == ""
     # The server's group 0 is "default": from_torch adds it, with AdamW's defaults.
     assert [g["name"] for g in m["param_groups"]] == ["default"] + GROUP_NAMES
     defaults = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]).defaults
@@ -480,8 +504,9 @@ def test_manifest_has_the_documented_keys(tmp_path):
     assert [t["name"] for t in m["tensors"]] == ORDER
     for t in m["tensors"]:
         assert set(t) == nested["tensors"]
-        assert t["shape"] == list(params[t["name"]].shape)
-        assert t["step"] == (0 if t["name"] == "unused" else 3)
+        assert t["shape"] == [str(d) for d in params[t["name"]].shape]
+        assert t["step"] == ("0" if t["name"] == "unused" else "3")
+        assert (t["params_dtype"], t["state_dtype"]) == ("DTYPE_FLOAT32", "STATE_DTYPE_FLOAT32")
         assert t["param_group"] == ("body" if t["name"] in GROUPS[0][0] else "head")
     for entry in m["files"].values():
         assert set(entry) == nested["files"]

@@ -1,11 +1,11 @@
 """fusedps.checkpoint.from_torch: a torch model + AdamW state written as a server checkpoint
-(docs/checkpoints.md). Internal module; fusedps.checkpoint re-exports from_torch, whose
-docstring says what it writes.
+(docs/checkpoints.md): its manifest is a fusedps.v1.CheckpointManifest message, written as
+format 4's JSON (_checkpoint_format.manifest_json). Internal module; fusedps.checkpoint
+re-exports from_torch, whose docstring says what it writes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -16,9 +16,12 @@ import torch
 from . import _dtypes, _hyperparameters
 from ._checkpoint_format import (BUFFERS, EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION, LATEST,
                                  MANIFEST, MAX_EXP_AVG_SQ, PARAM_COPY, PARAMS, _DIR_RE,
-                                 _PARAM_COPY_NAMES, _is_count, _is_number)
+                                 _PARAM_COPY_CODES, _PARAM_COPY_NAMES, _is_count, _is_number,
+                                 manifest_json)
 from ._safetensors import write_safetensors
 from ._torch_defaults import ADAMW
+from .v1 import checkpoint_pb2 as ckpt_pb
+from .v1 import parameter_service_pb2 as pb
 
 _HYPER_KEYS = ADAMW._fields  # What a torch AdamW group has: lr, betas, ..., maximize.
 # What from_torch writes: fp32 storage only (low-precision state is quantized by a server).
@@ -278,11 +281,11 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
                 row.append((file, v))
             for file, v in row:
                 files[file][name] = v
-            tensors.append({"name": name, "shape": list(p.shape),
-                            "param_group": group_names[gi], "step": step,
-                            "params_dtype": "fp32", "state_dtype": "fp32"})
+            tensors.append(ckpt_pb.CheckpointManifest.Tensor(
+                name=name, shape=list(p.shape), param_group=group_names[gi], step=step,
+                params_dtype=pb.DTYPE_FLOAT32, state_dtype=pb.STATE_DTYPE_FLOAT32))
     if version is None:
-        version = max((t["step"] for t in tensors), default=0)
+        version = max((t.step for t in tensors), default=0)
     if not _is_count(version):
         raise ValueError(f"version must be a non-negative integer, got {version!r}")
     if not files[MAX_EXP_AVG_SQ]:
@@ -308,26 +311,17 @@ def from_torch(model_state: Mapping[str, torch.Tensor], optim_state: Mapping[str
     directory = os.path.join(root, dir_name)
     os.mkdir(directory)
     _fsync_dir(root)
-    listed = {}
+    manifest = ckpt_pb.CheckpointManifest(
+        format=FORMAT, format_version=FORMAT_VERSION, serial=serial, version=version,
+        server_version="python", created_unix_seconds=time.time(),
+        param_copy_dtype=_PARAM_COPY_CODES[param_copy_dtype], tensors=tensors)
+    for g in ([] if group_names[0] == "default" else [_default_group()]) + \
+            [dict(name=n, **h) for n, h in zip(group_names, hypers)]:
+        manifest.param_groups.add(name=g.pop("name"),
+                                  hyperparameters=_hyperparameters.to_proto(g))
     for file, content in files.items():
         size, crc = write_safetensors(os.path.join(directory, file), content, fsync=True)
-        listed[file] = {"bytes": size, "crc32": crc}
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "serial": serial,
-        "version": version,
-        "server_version": "python",
-        "created_unix_seconds": int(time.time()),
-        "param_copy_dtype": param_copy_dtype,
-        "param_groups": [{"name": g.pop("name"), "hyperparameters": _hyperparameters.to_json(g)}
-                         for g in ([] if group_names[0] == "default" else [_default_group()]) +
-                         [dict(name=n, **h) for n, h in zip(group_names, hypers)]],
-        "tensors": tensors,
-        "retry_table": [],
-        "files": listed,
-    }
-    text = json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False)
-    _write_durably(directory, MANIFEST, text.encode("utf-8"))
+        manifest.files[file].bytes, manifest.files[file].crc32 = size, crc
+    _write_durably(directory, MANIFEST, manifest_json(manifest).encode("utf-8"))
     _write_durably(root, LATEST, dir_name.encode("utf-8"))
     return directory

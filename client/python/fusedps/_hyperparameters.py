@@ -9,10 +9,6 @@ proto's weight_decay_mode enum; ``state_dtype`` and ``params_dtype`` are dtype n
 "bf16", "int8": fusedps._dtypes) where the proto has enum codes. Every other field of the
 message is taken and given under its own name, with its own type (a double as float, a bool as
 bool, an integer as int), so a field added to the proto needs nothing written here.
-
-The JSON form is protobuf's JSON mapping with the proto's field names (enums by name, uint64 as
-a decimal string): the form of a checkpoint manifest's param groups (docs/checkpoints.md,
-format_version 3).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Tuple
 
 from google.protobuf import descriptor as _descriptor
-from google.protobuf import json_format
 
 from fusedps import _dtypes
 from fusedps._torch_defaults import ADAMW
@@ -111,23 +106,3 @@ def from_proto(h: "pb.Hyperparameters") -> Dict[str, Any]:
         else:
             out[f.name] = value
     return out
-
-
-def to_json(fields: Mapping[str, Any]) -> Dict[str, Any]:
-    """to_proto(fields) in protobuf's JSON mapping, as a dict (the proto's field names)."""
-    return json_format.MessageToDict(to_proto(fields), preserving_proto_field_name=True)
-
-
-def from_json(value: Any) -> Dict[str, Any]:
-    """from_proto of protobuf's JSON mapping of the message (a dict).
-
-    Raises:
-      ValueError: not that mapping (a key the proto lacks, a value of the wrong type, not an
-        object), with protobuf's message.
-    """
-    h = pb.Hyperparameters()
-    try:
-        json_format.ParseDict(value, h)
-    except (json_format.ParseError, AttributeError, TypeError) as e:
-        raise ValueError(str(e)) from None
-    return from_proto(h)

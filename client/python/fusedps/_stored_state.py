@@ -1,27 +1,30 @@
-"""The stored forms of a checkpoint's low-precision params and optimizer state (format_version 2,
-docs/checkpoints.md) and their conversion to fp32: the storage keys of a manifest, each tensor's
-layout, and dequantization. Internal module of fusedps.checkpoint.
+"""The stored forms of a checkpoint's low-precision params and optimizer state
+(docs/checkpoints.md) and their conversion to fp32: the storage keys of a manifest, each
+tensor's layout, and dequantization. Internal module of fusedps.checkpoint.
 
-A param group stores its tensors as its manifest entry says (absent keys: fp32, as written
-before they existed):
+A param group stores its tensors as its manifest entry says (absent storage fields: fp32, as
+written before they existed):
   * params: "fp32" (F32) or "bf16" (BF16, widened here exactly);
   * exp_avg, exp_avg_sq: "fp32" (F32), "bf16" (BF16) or "int8": U8 codes plus one F32 scale per
     block of 256 elements (exp_avg_absmax / exp_avg_sq_absmax, shape [ceil(numel / 256)]);
     value i = codebook[code i] * absmax[i // 256], one fp32 multiply, with the manifest's
-    int8_codebooks (signed for exp_avg, unsigned for exp_avg_sq). A tensor under 4096
-    elements of an int8 group has fp32 state.
+    int8_codebooks (signed for exp_avg, unsigned for exp_avg_sq; fp32 values, as the
+    fusedps.v1.CheckpointManifest message holds them). A tensor under 4096 elements of an
+    int8 group has fp32 state.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
 import torch
 
 from fusedps import _dtypes
+
+if TYPE_CHECKING:
+    from fusedps.v1 import checkpoint_pb2 as ckpt_pb
 
 QUANT_BLOCK = 256        # Elements per scale of int8 state.
 MIN_QUANT_NUMEL = 4096   # Smaller tensors of an int8 group keep fp32 state.
@@ -83,28 +86,25 @@ def check_tensor_layout(t: Mapping[str, Any], layout: Layout, bad: Callable[[str
             raise bad(f"{where}: {key} {t[key]!r}, but its group and size give {want!r}")
 
 
-def read_codebooks(m: Mapping[str, Any], needed: bool, bad: Callable[[str], Exception]
-                   ) -> Optional[Dict[str, torch.Tensor]]:
+def read_codebooks(m: "ckpt_pb.CheckpointManifest", needed: bool,
+                   bad: Callable[[str], Exception]) -> Optional[Dict[str, torch.Tensor]]:
     """The manifest's int8_codebooks as fp32 tensors {"exp_avg", "exp_avg_sq"} of 256 values
     each, or None when absent and not ``needed``. Raises bad(why) when missing but needed, or
-    not 256 finite numbers in [-1, 1], ascending, that are fp32 values."""
-    books = m.get("int8_codebooks")
-    if books is None and not needed:
-        return None
-    if not isinstance(books, dict):
+    not 256 finite numbers in [-1, 1], ascending."""
+    if not m.HasField("int8_codebooks"):
+        if not needed:
+            return None
         raise bad("int8_codebooks is missing or not an object (a tensor has int8 state)")
     out = {}
     for key in ("exp_avg", "exp_avg_sq"):
-        values = books.get(key)
-        if not (isinstance(values, list) and len(values) == QUANT_MAP_SIZE and all(
-                isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-                and -1.0 <= cast(float, v) <= 1.0 for v in values)):
+        values = list(getattr(m.int8_codebooks, key))
+        if not (len(values) == QUANT_MAP_SIZE and all(
+                math.isfinite(v) and -1.0 <= v <= 1.0 for v in values)):
             raise bad(f"int8_codebooks[{key!r}] is not {QUANT_MAP_SIZE} numbers in [-1, 1]")
-        book = torch.tensor(values, dtype=torch.float64)
-        as_fp32 = book.to(torch.float32)
-        if not torch.equal(as_fp32.double(), book) or not bool((book[1:] > book[:-1]).all()):
+        book = torch.tensor(values, dtype=torch.float32)
+        if not bool((book[1:] > book[:-1]).all()):
             raise bad(f"int8_codebooks[{key!r}] is not ascending fp32 values")
-        out[key] = as_fp32
+        out[key] = book
     return out
 
 

@@ -1,7 +1,9 @@
 """fusedps checkpoints <-> PyTorch state dicts (the format: docs/checkpoints.md).
 
 A fusedps server with ``--checkpoint-dir=DIR`` writes checkpoints of its shard (fp32 params,
-AdamW state, steps, param groups) as safetensors files plus a ``manifest.json``. This module
+AdamW state, steps, param groups) as safetensors files plus a ``manifest.json``, the message
+fusedps.v1.CheckpointManifest in protobuf's JSON mapping (format 4; 2 and 3 are read too). This
+module
 reads one into a torch model state_dict and a torch.optim.AdamW state_dict (to_torch), and
 writes one from them (from_torch) that a server loads at start.
 
@@ -28,27 +30,28 @@ Safetensors files are written and read by fusedps._safetensors (write_safetensor
 decode_safetensors and read_safetensors are re-exported here): written as the server writes
 them, read with the ``safetensors`` package when it is importable.
 
-The reader is this module; from_torch lives in fusedps/_checkpoint_write.py, and the names both
-use (file names, FORMAT, FORMAT_VERSION) in fusedps/_checkpoint_format.py.
+The reader is this module; from_torch lives in fusedps/_checkpoint_write.py, and what both
+use (file names, FORMAT, FORMAT_VERSION, manifest.json <-> the message) in
+fusedps/_checkpoint_format.py.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 import zlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 
 import torch
 
-from . import _checkpoint_format, _checkpoint_write, _hyperparameters, _stored_state as stored
+from . import _checkpoint_format, _checkpoint_write, _dtypes, _hyperparameters
+from . import _stored_state as stored
 from ._checkpoint_format import (BUFFERS, EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION, LATEST,
-                                 MANIFEST, MAX_EXP_AVG_SQ, PARAMS, READ_FORMAT_VERSIONS, _DIR_RE,
-                                 _PARAM_COPY_NAMES, _is_count, _is_number)
+                                 MANIFEST, MAX_EXP_AVG_SQ, PARAMS, _DIR_RE, _PARAM_COPY_CODES)
 from ._checkpoint_write import from_torch
 from ._safetensors import decode_safetensors, read_safetensors, write_safetensors
+from .v1 import checkpoint_pb2 as ckpt_pb
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "decode_safetensors", "from_torch", "read_safetensors",
            "resolve_checkpoint", "to_torch", "write_safetensors"]
@@ -104,114 +107,75 @@ def resolve_checkpoint(path: str) -> str:
     return best[1]
 
 
-def _is_crc32(x) -> bool:
-    """Whether ``x`` is a manifest file checksum: a CRC-32 (zlib.crc32's), 0..2**32-1."""
-    return _is_count(x) and x <= 0xFFFFFFFF
+class _Manifest(NamedTuple):
+    """A checkpoint's manifest as to_torch reads it: the message, and its param_groups as
+    {"name", **hyperparameters by torch's names (absent fields: the server's defaults)}."""
+
+    message: "ckpt_pb.CheckpointManifest"
+    groups: List[Dict[str, Any]]
 
 
-def _group_v3(g: Dict[str, Any], bad: Callable[[str], ValueError], where: str
-              ) -> Dict[str, Any]:
-    """A format 3 manifest group as {"name", **hyperparameters by torch's names}: its
-    "hyperparameters", protobuf's JSON mapping of fusedps.v1.Hyperparameters (an absent field
-    takes the server's default)."""
-    h = g.get("hyperparameters")
-    if not isinstance(h, dict):
-        raise bad(f"{where}: 'hyperparameters' is missing or not an object")
-    try:
-        return {"name": g["name"], **_hyperparameters.DEFAULTS, **_hyperparameters.from_json(h)}
-    except ValueError as e:
-        raise bad(f"{where}: hyperparameters: {e}") from None
-
-
-def _group_v2(g: Dict[str, Any], bad: Callable[[str], ValueError], where: str
-              ) -> Dict[str, Any]:
-    """A format 2 manifest group (each hyperparameter a key; storage keys optional) checked and
-    as _group_v3 gives it."""
-    for key in ("lr", "beta1", "beta2", "eps", "weight_decay"):
-        if not _is_number(g.get(key)):
-            raise bad(f"{where}: {key!r} is not a number")
-    for key in ("amsgrad", "maximize", "decoupled_weight_decay"):
-        if not isinstance(g.get(key), bool):
-            raise bad(f"{where}: {key!r} is not a boolean")
-    out = {key: g[key] for key in ("name", "lr", "eps", "weight_decay", "amsgrad", "maximize",
-                                   "decoupled_weight_decay")}
-    out["betas"] = (g["beta1"], g["beta2"])
-    for key in _hyperparameters.STORAGE:
-        out[key] = g.get(key, _hyperparameters.DEFAULTS[key])
-    return out
-
-
-def _read_manifest(directory: str) -> Dict[str, Any]:
-    """The manifest of ``directory``, checked for the keys and types to_torch uses; its
-    param_groups as {"name", **hyperparameters by torch's names}, whatever its format."""
+def _read_manifest(directory: str) -> _Manifest:
+    """The manifest of ``directory``, of any format read (_checkpoint_format.parse_manifest),
+    checked for what to_torch relies on: unique names, each tensor's group, shape, step and
+    layout, the groups' storage, the files' names."""
     path = os.path.join(directory, MANIFEST)
     with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        m = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path} is not valid JSON (truncated or corrupt?): {e}") from None
+        m = _checkpoint_format.parse_manifest(f.read(), path)
 
     def bad(why: str) -> ValueError:
         return ValueError(f"{path}: {why}")
 
-    if not isinstance(m, dict):
-        raise bad("not a JSON object")
-    if m.get("format") != FORMAT:
-        raise bad(f"format {m.get('format')!r} is not {FORMAT!r}")
-    if m.get("format_version") not in READ_FORMAT_VERSIONS or \
-            isinstance(m.get("format_version"), bool):
-        raise bad(f"format_version {m.get('format_version')!r} is unknown (this reader knows "
-                  f"{', '.join(map(str, READ_FORMAT_VERSIONS))})")
-    if not _is_count(m.get("version")):
-        raise bad("'version' is missing or not a non-negative integer")
-    for key, kind in [("param_groups", list), ("tensors", list), ("files", dict)]:
-        if not isinstance(m.get(key), kind):
-            raise bad(f"{key!r} is missing or not a {kind.__name__}")
-    if m.get("param_copy_dtype", "none") not in _PARAM_COPY_NAMES:
-        raise bad(f"param_copy_dtype {m.get('param_copy_dtype')!r} is not none, bf16 or fp16")
-    groups = set()
-    for i, g in enumerate(m["param_groups"]):
-        if not isinstance(g, dict) or not isinstance(g.get("name"), str) or g["name"] in groups:
+    if m.param_copy_dtype not in _PARAM_COPY_CODES.values():
+        copy = _dtypes.WIRE_NAMES.get(m.param_copy_dtype, m.param_copy_dtype)
+        raise bad(f"param_copy_dtype {copy!r} is not none (DTYPE_UNSPECIFIED), bfloat16 or "
+                  "float16")
+    groups: List[Dict[str, Any]] = []
+    for i, g in enumerate(m.param_groups):
+        if not g.name or any(h["name"] == g.name for h in groups):
             raise bad(f"param_groups[{i}] has no name, or a repeated one")
-        groups.add(g["name"])
-        where = f"param_groups[{i}] ({g['name']!r})"
-        g = m["param_groups"][i] = (_group_v3(g, bad, where) if m["format_version"] == 3
-                                    else _group_v2(g, bad, where))
-        stored.check_group_storage(g, bad, where)
+        where = f"param_groups[{i}] ({g.name!r})"
+        if not g.HasField("hyperparameters"):
+            raise bad(f"{where}: 'hyperparameters' is missing or not an object")
+        group = {"name": g.name, **_hyperparameters.DEFAULTS,
+                 **_hyperparameters.from_proto(g.hyperparameters)}
+        stored.check_group_storage(group, bad, where)
+        groups.append(group)
+    group_of = {g["name"]: g for g in groups}
     names = set()
-    group_of = {g["name"]: g for g in m["param_groups"]}
-    for i, t in enumerate(m["tensors"]):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or t["name"] in names:
+    for i, t in enumerate(m.tensors):
+        if not t.name or t.name in names:
             raise bad(f"tensors[{i}] has no name, or a repeated one")
-        names.add(t["name"])
-        if not (isinstance(t.get("shape"), list) and all(_is_count(d) for d in t["shape"])):
-            raise bad(f"tensors[{i}] ({t['name']!r}): bad shape {t.get('shape')!r}")
-        if t.get("param_group") not in groups:
-            raise bad(f"tensors[{i}] ({t['name']!r}): unknown param_group "
-                      f"{t.get('param_group')!r}")
-        if not _is_count(t.get("step")):
-            raise bad(f"tensors[{i}] ({t['name']!r}): step is not a non-negative integer")
+        names.add(t.name)
+        where = f"tensors[{i}] ({t.name!r})"
+        if not all(d >= 0 for d in t.shape):
+            raise bad(f"{where}: bad shape {list(t.shape)!r}")
+        if t.param_group not in group_of:
+            raise bad(f"{where}: unknown param_group {t.param_group!r}")
+        if t.step < 0:
+            raise bad(f"{where}: step is not a non-negative integer")
+        listed = {key: _dtypes.storage_name(getattr(t, key), table) for key, table in (
+            ("params_dtype", _dtypes.WIRE_NAMES), ("state_dtype", _dtypes.STATE_NAMES))
+            if getattr(t, key) != 0}  # UNSPECIFIED: not listed.
         stored.check_tensor_layout(
-            t, stored.layout_of(group_of[t["param_group"]], math.prod(t["shape"])), bad,
-            f"tensors[{i}] ({t['name']!r})")
-    for name, e in m["files"].items():
-        if "/" in name or name in (".", "..", MANIFEST) or not isinstance(e, dict) or \
-                not _is_count(e.get("bytes")) or not _is_crc32(e.get("crc32")):
+            listed, stored.layout_of(group_of[t.param_group], math.prod(t.shape)), bad, where)
+    for name in m.files:
+        if not name or "/" in name or name in (".", "..", MANIFEST):
             raise bad(f"a bad entry in 'files' for {name!r}")
-    return m
+    return _Manifest(m, groups)
 
 
-def _read_verified(directory: str, name: str, entry: Mapping[str, Any]) -> bytes:
+def _read_verified(directory: str, name: str, entry: "ckpt_pb.CheckpointManifest.File"
+                   ) -> bytes:
     path = os.path.join(directory, name)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise ValueError(f"{path} is missing (listed in {MANIFEST})") from None
-    if len(data) != entry["bytes"]:
-        raise ValueError(f"{path} has {len(data)} bytes, {MANIFEST} says {entry['bytes']}")
-    if zlib.crc32(data) != entry["crc32"]:
+    if len(data) != entry.bytes:
+        raise ValueError(f"{path} has {len(data)} bytes, {MANIFEST} says {entry.bytes}")
+    if zlib.crc32(data) != entry.crc32:
         raise ValueError(f"{path} does not match its crc32 in {MANIFEST}")
     return data
 
@@ -264,27 +228,27 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
     Raises:
       FileNotFoundError: no checkpoint at ``path``.
       ValueError: a manifest that does not parse, of another format or an unknown
-        format_version, or without a key it needs (int8_codebooks with int8 state); bad
+        format_version, with a key the message lacks or a value of the wrong type (format 4:
+        naming the key), or without a key it needs (int8_codebooks with int8 state); bad
         storage keys, or a tensor layout its group does not give; a file the manifest lists
         that is missing or whose size or crc32 differs (the message names the file); a data
         file that is not valid safetensors or whose tensors, dtypes or shapes disagree with
         the manifest.
     """
     directory = resolve_checkpoint(path)
-    m = _read_manifest(directory)
-    raw = {name: _read_verified(directory, name, e) for name, e in m["files"].items()}
-    groups = m["param_groups"]
+    m, groups = _read_manifest(directory)
+    raw = {name: _read_verified(directory, name, e) for name, e in sorted(m.files.items())}
     group_of = {g["name"]: g for g in groups}
-    shapes = {t["name"]: tuple(t["shape"]) for t in m["tensors"]}
-    layouts = {t["name"]: stored.layout_of(group_of[t["param_group"]], math.prod(t["shape"]))
-               for t in m["tensors"]}
+    shapes = {t.name: tuple(t.shape) for t in m.tensors}
+    layouts = {t.name: stored.layout_of(group_of[t.param_group], math.prod(t.shape))
+               for t in m.tensors}
     int8_names = [n for n, lay in layouts.items() if lay.state == "int8"]
     books = stored.read_codebooks(m, bool(int8_names),
                                   lambda why: ValueError(f"{directory}/{MANIFEST}: {why}"))
     fields = [("param", PARAMS, list(shapes)), ("exp_avg", EXP_AVG, list(shapes)),
               ("exp_avg_sq", EXP_AVG_SQ, list(shapes)),
               ("max_exp_avg_sq", MAX_EXP_AVG_SQ,
-               [t["name"] for t in m["tensors"] if group_of[t["param_group"]]["amsgrad"]])]
+               [t.name for t in m.tensors if group_of[t.param_group]["amsgrad"]])]
     fields += [(f"{f}_absmax", file, int8_names) for f, file in stored.ABSMAX_FILES.items()]
     data: Dict[str, Dict[str, torch.Tensor]] = {}
     for field, file, want in fields:
@@ -322,9 +286,10 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
             if name in model_state:
                 raise ValueError(f"{what}: buffer {name!r} has the name of a tensor")
             model_state[name] = t
-    by_group: Dict[str, List[Dict[str, Any]]] = collections.defaultdict(list)
-    for t in m["tensors"]:
-        by_group[t["param_group"]].append(t)
+    by_group: Dict[str, List["ckpt_pb.CheckpointManifest.Tensor"]] = \
+        collections.defaultdict(list)
+    for t in m.tensors:
+        by_group[t.param_group].append(t)
     state: Dict[int, Dict[str, torch.Tensor]] = {}
     param_groups = []
     index = 0
@@ -335,16 +300,16 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
         ids = list(range(index, index + len(members)))
         index += len(members)
         for i, t in zip(ids, members):
-            if t["step"] == 0:
+            if t.step == 0:
                 continue
-            st = {"step": torch.tensor(float(t["step"])),
-                  "exp_avg": data["exp_avg"][t["name"]],
-                  "exp_avg_sq": data["exp_avg_sq"][t["name"]]}
+            st = {"step": torch.tensor(float(t.step)),
+                  "exp_avg": data["exp_avg"][t.name],
+                  "exp_avg_sq": data["exp_avg_sq"][t.name]}
             if g["amsgrad"]:
-                st["max_exp_avg_sq"] = data["max_exp_avg_sq"][t["name"]]
+                st["max_exp_avg_sq"] = data["max_exp_avg_sq"][t.name]
             state[i] = st
         param_groups.append({
             **{k: v for k, v in g.items() if k != "name" and k not in _hyperparameters.STORAGE},
             "foreach": None, "capturable": False, "differentiable": False, "fused": None,
-            "params": ids, "param_names": [t["name"] for t in members]})
+            "params": ids, "param_names": [t.name for t in members]})
     return model_state, {"state": state, "param_groups": param_groups}

@@ -28,6 +28,25 @@ check() {  # check VENV TRANSPORT
   (cd "$work" && FUSEDPS_SERVER=$server "$python" "$repo/tests/e2e/server_fixture.py" -- \
       "$venv/bin/python" "$repo/client/python/tests/install_check.py" --target '{target}' \
       --venv "$venv" --transport "$transport")
+  # The checkpoint manifest's message (fusedps.v1.checkpoint_pb2) is installed beside the gRPC
+  # stubs: from_torch writes a checkpoint through it, to_torch reads it back.
+  (cd "$work" && "$venv/bin/python" - "$venv" "$work" <<'PY'
+import os, sys, tempfile
+import torch
+import fusedps.v1.checkpoint_pb2 as manifest_pb2
+from fusedps import checkpoint
+where = os.path.realpath(manifest_pb2.__file__)
+assert where.startswith(os.path.realpath(sys.argv[1])), where
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.AdamW(model.parameters())
+root = tempfile.mkdtemp(dir=sys.argv[2])
+path = checkpoint.from_torch(model.state_dict(), opt.state_dict(), root,
+                             param_names=["weight", "bias"])
+state, _ = checkpoint.to_torch(path)
+assert all(torch.equal(state[n], t) for n, t in model.state_dict().items()), state
+print(f"install check: checkpoint round trip ok ({where})")
+PY
+  )
 }
 
 "$python" -m venv --system-site-packages "$work/venv-src"

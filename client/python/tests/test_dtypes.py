@@ -165,7 +165,8 @@ def test_from_torch_param_copy_dtype_takes_both_spellings(tmp_path, spelling, sh
     path = checkpoint.from_torch(model_state, optim_state, str(tmp_path),
                                  param_copy_dtype=spelling)
     with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-        assert json.load(f)["param_copy_dtype"] == short  # the manifest's spelling
+        # The manifest's spelling (format 4): the proto's DType member.
+        assert json.load(f)["param_copy_dtype"] == "DTYPE_" + _dtypes.canonical(short).upper()
     copy = checkpoint.read_safetensors(os.path.join(path, "param_copy.safetensors"))
     assert {t.dtype for t in copy.values()} == {_dtypes.torch_dtype(short)}
 
