@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/byte_buffer_view.h"
@@ -15,17 +14,13 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/tsan.h"
-#include "common/workspace_range.h"
-#include "server/ingest/state_loader.h"
+#include "server/ingest/pull_request.h"
 #include "server/service/convert.h"
 #include "server/workspace/workspace.h"
 
 namespace fusedps {
 namespace {
 
-constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
-constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
-constexpr uint32_t kMinPullChunkBytes = 16;
 // Room left in a message for its framing, beside the payload or the TensorInfo it carries.
 constexpr uint64_t kMessageMarginBytes = 64 << 10;
 
@@ -69,35 +64,40 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         if (model_->deleted()) ready = model_->DeletedError();
       }
     }
-    if (ready.ok()) ready = Prepare(*request);
-    if (ready.ok() && !request->workspace().empty()) {
-      ready = PrepareWorkspace(*request, caller);
+    if (ready.ok()) {
+      // The request is checked and planned in ingest (server/ingest/pull_request.h); this
+      // executes the plan.
+      absl::StatusOr<PullPlan> plan =
+          PlanPull(*request, *engine_, *services_.workspaces, WorkspaceOwner(caller));
+      ready = plan.status();
+      if (ready.ok()) plan_ = *std::move(plan);
     }
     if (!ready.ok()) {
       FinishCall(ready);
       return;
     }
-    if (workspace_ != nullptr) {
+    if (plan_.workspace != nullptr) {
       ReadIntoWorkspace();
       return;
     }
     Hold();
     window_limit_ = services_.window_bytes();
-    if (total_bytes_ <= window_limit_) {
-      Reserve(services_.staging, total_bytes_, [this](StagingPool::Reservation r) {
+    if (plan_.total_bytes <= window_limit_) {
+      Reserve(services_.staging, plan_.total_bytes, [this](StagingPool::Reservation r) {
         window_ = std::make_shared<StagingPool::Reservation>(std::move(r));
-        window_end_ = total_bytes_;
+        window_end_ = plan_.total_bytes;
         Read(/*snapshot_bytes=*/0);
       });
     } else {
-      Reserve(services_.snapshot_budget, total_bytes_, [this](StagingPool::Reservation budget) {
-        budget_ = std::move(budget);
-        Hold();
-        Reserve(services_.staging, window_limit_, [this](StagingPool::Reservation r) {
-          window_ = std::make_shared<StagingPool::Reservation>(std::move(r));
-          Read(total_bytes_);
-        });
-      });
+      Reserve(services_.snapshot_budget, plan_.total_bytes,
+              [this](StagingPool::Reservation budget) {
+                budget_ = std::move(budget);
+                Hold();
+                Reserve(services_.staging, window_limit_, [this](StagingPool::Reservation r) {
+                  window_ = std::make_shared<StagingPool::Reservation>(std::move(r));
+                  Read(plan_.total_bytes);
+                });
+              });
     }
   }
 
@@ -157,130 +157,28 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     delete this;
   }
 
-  // Checks the request and lays the tensors out in the window or snapshot (16-byte aligned).
-  absl::Status Prepare(const v1::PullParametersRequest& request) {
-    wire_dtype_ = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : request.dtype();
-    absl::StatusOr<GradDType> dtype = GradDTypeFromProto(wire_dtype_, "dtype");
-    if (!dtype.ok()) return dtype.status();
-    dtype_ = *dtype;
-    chunk_bytes_ =
-        request.max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request.max_chunk_bytes();
-    if (chunk_bytes_ < kMinPullChunkBytes || chunk_bytes_ > kMaxPullChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes = ", chunk_bytes_,
-                                                     " must be 0 or in [", kMinPullChunkBytes, ", ",
-                                                     kMaxPullChunkBytes, "]"));
-    }
-    const std::optional<TensorField> field = TensorFieldFromProto(request.field());
-    if (!field) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("field = ", static_cast<int>(request.field()), " is not a TensorField"));
-    }
-    field_ = *field;
-    absl::flat_hash_set<absl::string_view> seen;
-    for (int i = 0; i < request.tensors_size(); ++i) {
-      if (!seen.insert(request.tensors(i)).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensors[", i, "] names tensor ", QuoteName(request.tensors(i)), " a second time"));
-      }
-    }
-    view_ = engine_->view();
-    const std::vector<std::string> names(request.tensors().begin(), request.tensors().end());
-    absl::StatusOr<std::vector<uint32_t>> tensors = view_->Resolve(names);
-    if (!tensors.ok()) return tensors.status();
-    tensors_ = *std::move(tensors);
-    for (uint32_t t : tensors_) {
-      if (field_ == TensorField::kMaxExpAvgSq &&
-          !view_->groups()[view_->tensor(t).group].hyperparameters.amsgrad) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("tensor ", QuoteName(view_->tensor(t).name),
-                         ": max_exp_avg_sq exists only in param groups with amsgrad"));
-      }
-    }
-    // A 16-bit pull of params is served from the server's copy when it keeps one in that dtype
-    // and every tensor pulled has one (fp32 params: bf16 params have no copy). Otherwise the
-    // values are read as fp32 (bf16 params and state widened, int8 state dequantized) and
-    // rounded here.
-    param_copy_ = field_ == TensorField::kParam && dtype_ != GradDType::kFloat32 &&
-                  static_cast<int>(dtype_) == static_cast<int>(engine_->param_copy_dtype());
-    for (size_t i = 0; param_copy_ && i < tensors_.size(); ++i) {
-      param_copy_ = view_->layout(tensors_[i]).params == ParamsDType::kFloat32;
-    }
-    stored_size_ = param_copy_ ? 2 : 4;
-    for (uint32_t t : tensors_) {
-      offsets_.push_back(total_bytes_);
-      total_bytes_ += AlignedNumel(view_->tensor(t).numel) * stored_size_;
-    }
-    return absl::OkStatus();
-  }
-
-  // A pull into the caller's workspace (PullParametersRequest.workspace): finds it and checks
-  // the offsets (one per tensor, aligned, inside, disjoint).
-  absl::Status PrepareWorkspace(const v1::PullParametersRequest& request, const Caller& caller) {
-    absl::StatusOr<std::shared_ptr<const Workspace>> found =
-        services_.workspaces->Find(request.workspace(), WorkspaceOwner(caller));
-    if (!found.ok()) return found.status();
-    if (request.tensors_size() == 0) {
-      return absl::InvalidArgumentError(
-          "a pull into a workspace must name its tensors (one workspace_offsets_bytes each)");
-    }
-    if (request.workspace_offsets_bytes_size() != request.tensors_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "workspace_offsets_bytes has ", request.workspace_offsets_bytes_size(),
-          " entries; tensors has ", request.tensors_size(), " (one offset per tensor)"));
-    }
-    const uint64_t size = (*found)->memory().size();
-    const uint64_t wire_size = DTypeSize(dtype_);
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, end), to check overlaps.
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      const uint64_t at = request.workspace_offsets_bytes(static_cast<int>(i));
-      const uint64_t bytes = view_->tensor(tensors_[i]).numel * wire_size;
-      const std::string field = absl::StrCat("workspace_offsets_bytes[", i, "]");
-      if (at % wire_size != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, " = ", at, " must be a multiple of the dtype's size, ", wire_size));
-      }
-      if (absl::Status s = CheckWorkspaceRange(at, bytes, size, field); !s.ok()) return s;
-      workspace_offsets_.push_back(at);
-      ranges.emplace_back(at, at + bytes);
-    }
-    std::vector<size_t> order(ranges.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return ranges[a].first < ranges[b].first; });
-    for (size_t k = 1; k < order.size(); ++k) {
-      if (ranges[order[k]].first < ranges[order[k - 1]].second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("workspace_offsets_bytes[", order[k], "] overlaps the region of tensor ",
-                         QuoteName(view_->tensor(tensors_[order[k - 1]]).name),
-                         " (workspace_offsets_bytes[", order[k - 1], "])"));
-      }
-    }
-    workspace_ = *std::move(found);
-    return absl::OkStatus();
-  }
-
   // The engine reads straight into the workspace when the wire has the stored dtype (on a GPU,
   // device-to-host copies into the page-locked mapping); else into host memory of its own, and
   // the values are rounded to 16 bits into the workspace here.
   void ReadIntoWorkspace() {
-    ReadJob job = Job();
-    if (stored_size_ == static_cast<uint32_t>(DTypeSize(dtype_))) {
-      job.dst = workspace_->memory().data();
-      job.dst_offsets = workspace_offsets_;
+    ReadJob job = plan_.Job();
+    if (plan_.stored_size == static_cast<uint32_t>(DTypeSize(plan_.dtype))) {
+      job.dst = plan_.workspace->memory().data();
+      job.dst_offsets = plan_.workspace_offsets;
       return StartRead(std::move(job), [] {});
     }
-    scratch_.reset(new (std::nothrow) char[total_bytes_]);
+    scratch_.reset(new (std::nothrow) char[plan_.total_bytes]);
     if (scratch_ == nullptr) {
       return FinishCall(absl::ResourceExhaustedError(absl::StrCat(
-          "no host memory for a pull of ", total_bytes_, " bytes to round to 16 bits")));
+          "no host memory for a pull of ", plan_.total_bytes, " bytes to round to 16 bits")));
     }
     job.dst = scratch_.get();
-    job.dst_offsets = offsets_;
+    job.dst_offsets = plan_.offsets;
     StartRead(std::move(job), [this] {
-      for (size_t i = 0; i < tensors_.size(); ++i) {
-        StoreFloats(reinterpret_cast<const float*>(scratch_.get() + offsets_[i]),
-                    view_->tensor(tensors_[i]).numel, dtype_,
-                    workspace_->memory().data() + workspace_offsets_[i]);
+      for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+        StoreFloats(reinterpret_cast<const float*>(scratch_.get() + plan_.offsets[i]),
+                    plan_.view->tensor(plan_.tensors[i]).numel, plan_.dtype,
+                    plan_.workspace->memory().data() + plan_.workspace_offsets[i]);
       }
       scratch_.reset();
     });
@@ -290,15 +188,15 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // where its bytes are (already written), as many per message as fit.
   void WriteWorkspaceChunks() {
     const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
-    const uint64_t wire_size = DTypeSize(dtype_);
+    const uint64_t wire_size = DTypeSize(plan_.dtype);
     uint64_t bytes = 0;
-    while (cursor_tensor_ < tensors_.size()) {
-      const TensorMeta& meta = view_->tensor(tensors_[cursor_tensor_]);
+    while (cursor_tensor_ < plan_.tensors.size()) {
+      const TensorMeta& meta = plan_.view->tensor(plan_.tensors[cursor_tensor_]);
       const uint64_t size = meta.name.size() + 40;
       if (bytes + size > budget && message_.chunks_size() > 0) break;
       v1::TensorChunk* chunk = message_.add_chunks();
       chunk->set_tensor(meta.name);
-      chunk->set_workspace_offset_bytes(workspace_offsets_[cursor_tensor_]);
+      chunk->set_workspace_offset_bytes(plan_.workspace_offsets[cursor_tensor_]);
       chunk->set_workspace_bytes(meta.numel * wire_size);
       message_payload_ += meta.numel * wire_size;
       bytes += size;
@@ -341,20 +239,11 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // The engine's read, in stream order: into the window, or into a snapshot.
   void Read(uint64_t snapshot_bytes) {
-    ReadJob job = Job();
-    job.dst_offsets = offsets_;
+    ReadJob job = plan_.Job();
+    job.dst_offsets = plan_.offsets;
     job.dst = window_->data();
     job.snapshot_bytes = snapshot_bytes;
     StartRead(std::move(job), [] {});
-  }
-
-  // The request's tensors and field; dst and its offsets are the caller's to set.
-  ReadJob Job() const {
-    ReadJob job;
-    job.field = field_;
-    job.param_copy = param_copy_;
-    job.tensors = tensors_;
-    return job;
   }
 
   // Has the engine run `job`; once it has read, `after_read` (on the thread that acknowledges
@@ -384,8 +273,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     message_.Clear();
     v1::PullHeader* header = message_.mutable_header();
     header->set_version(version_);
-    header->set_dtype(wire_dtype_);
-    header->set_tensor_count(static_cast<uint32_t>(tensors_.size()));
+    header->set_dtype(plan_.wire_dtype);
+    header->set_tensor_count(static_cast<uint32_t>(plan_.tensors.size()));
     AddInfos(header->mutable_tensors());
     message_payload_ = 0;
     StartWritingMessage();
@@ -395,9 +284,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void AddInfos(google::protobuf::RepeatedPtrField<v1::TensorInfo>* infos) {
     const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
     uint64_t bytes = 0;
-    while (next_info_ < tensors_.size()) {
+    while (next_info_ < plan_.tensors.size()) {
       v1::TensorInfo info;
-      ToProto(*view_, tensors_[next_info_], steps_[next_info_], &info);
+      ToProto(*plan_.view, plan_.tensors[next_info_], steps_[next_info_], &info);
       const uint64_t size = info.ByteSizeLong() + 8;
       if (bytes + size > budget && !infos->empty()) break;
       bytes += size;
@@ -429,19 +318,19 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void WriteNext() {
     message_.Clear();
     message_payload_ = 0;
-    if (next_info_ < tensors_.size()) {
+    if (next_info_ < plan_.tensors.size()) {
       AddInfos(message_.mutable_tensors());
       return StartWritingMessage();
     }
-    if (workspace_ != nullptr) return WriteWorkspaceChunks();
-    const uint32_t wire_size = DTypeSize(dtype_);
-    uint64_t room = chunk_bytes_ / wire_size;  // Elements left in this message.
+    if (plan_.workspace != nullptr) return WriteWorkspaceChunks();
+    const uint32_t wire_size = DTypeSize(plan_.dtype);
+    uint64_t room = plan_.chunk_bytes / wire_size;  // Elements left in this message.
     // Names count too: many small tensors with long names must not outgrow a message.
     const uint64_t budget = services_.limits.max_message_bytes - kMessageMarginBytes;
     uint64_t message_bytes = 0;
     std::vector<grpc::Slice> slices;
-    while (room > 0 && cursor_tensor_ < tensors_.size()) {
-      const TensorMeta& meta = view_->tensor(tensors_[cursor_tensor_]);
+    while (room > 0 && cursor_tensor_ < plan_.tensors.size()) {
+      const TensorMeta& meta = plan_.view->tensor(plan_.tensors[cursor_tensor_]);
       if (cursor_element_ == meta.numel) {
         ++cursor_tensor_;
         cursor_element_ = 0;
@@ -449,25 +338,25 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
       const uint64_t overhead = meta.name.size() + 32;  // Name, offset and framing.
       if (!slices.empty() && message_bytes + overhead + wire_size > budget) break;
-      const uint64_t position = offsets_[cursor_tensor_] + cursor_element_ * stored_size_;
-      if (position + stored_size_ > window_end_) {
+      const uint64_t position = plan_.offsets[cursor_tensor_] + cursor_element_ * plan_.stored_size;
+      if (position + plan_.stored_size > window_end_) {
         if (absl::Status s = LoadWindow(position); !s.ok()) return FinishCall(s);
       }
-      const uint64_t count =
-          std::min({room, meta.numel - cursor_element_, (window_end_ - position) / stored_size_});
+      const uint64_t count = std::min(
+          {room, meta.numel - cursor_element_, (window_end_ - position) / plan_.stored_size});
       char* data = window_->data() + (position - window_begin_);
       const uint64_t bytes = count * wire_size;
       slices.emplace_back(ChunkFraming(meta.name, cursor_element_, bytes));
-      if (stored_size_ == wire_size && snapshot_ == nullptr) {
+      if (plan_.stored_size == wire_size && snapshot_ == nullptr) {
         auto* hold = new std::shared_ptr<StagingPool::Reservation>(window_);
         FUSEDPS_HAPPENS_BEFORE(hold);
         slices.emplace_back(data, bytes, &ReleaseWindow, hold);
-      } else if (stored_size_ == wire_size) {
+      } else if (plan_.stored_size == wire_size) {
         slices.emplace_back(data, bytes);  // A copy: the window is reloaded later.
       } else {  // fp32 stored, 16-bit on the wire: rounded here, into aligned memory (a
                 // small grpc::Slice keeps its bytes inline, at any alignment).
         std::string rounded(bytes, '\0');
-        StoreFloats(reinterpret_cast<const float*>(data), count, dtype_, rounded.data());
+        StoreFloats(reinterpret_cast<const float*>(data), count, plan_.dtype, rounded.data());
         slices.emplace_back(rounded);
       }
       cursor_element_ += count;
@@ -485,7 +374,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (snapshot_ == nullptr) {
       return absl::InternalError(absl::StrCat("a pull read past its window at byte ", position));
     }
-    const uint64_t bytes = std::min(window_->bytes(), total_bytes_ - position);
+    const uint64_t bytes = std::min(window_->bytes(), plan_.total_bytes - position);
     if (absl::Status s = engine_->CopyFromSnapshot(snapshot_, position, bytes, window_->data());
         !s.ok()) {
       return s;
@@ -517,22 +406,11 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<Model> model_;
   UpdateEngine* engine_ = nullptr;
 
-  // The request, checked (Prepare).
-  v1::DType wire_dtype_ = v1::DTYPE_FLOAT32;
-  GradDType dtype_ = GradDType::kFloat32;
-  uint32_t chunk_bytes_ = kDefaultPullChunkBytes;
-  TensorField field_ = TensorField::kParam;
-  bool param_copy_ = false;
-  uint32_t stored_size_ = 4;  // Bytes per element in the window and the snapshot.
-  std::shared_ptr<const ShardView> view_;
-  std::vector<uint32_t> tensors_;
-  std::vector<uint64_t> offsets_;  // Per tensor, bytes into the layout.
-  uint64_t total_bytes_ = 0;
+  // The request, checked and laid out (PlanPull): set by the constructor before anything else
+  // reads it, then only read. It holds its view and its workspace until the reactor is gone.
+  PullPlan plan_;
   uint64_t window_limit_ = 0;  // The most staging this pull holds.
-  // A pull into the caller's workspace: it, and each tensor's offset in it (bytes); held until
-  // the reactor is gone. scratch_: the fp32 values of a pull rounded to 16 bits here.
-  std::shared_ptr<const Workspace> workspace_;
-  std::vector<uint64_t> workspace_offsets_;
+  // The fp32 values of a workspace pull that are rounded to 16 bits here.
   std::unique_ptr<char[]> scratch_;
 
   // What the read saw, and where its bytes are. Written before the first write, by the thread

@@ -13,6 +13,9 @@
 // (version, dtype, tensor_count, as many TensorInfo as fit in a message); TensorInfo that did
 // not fit follow in the next messages; then chunks of at most max_chunk_bytes.
 //
+// The request is checked and its read laid out in ingest (server/ingest/pull_request.h,
+// PlanPull); the reactor finds the model, executes the plan and translates its errors.
+//
 // No gRPC thread waits for a kernel: the read is acknowledged from the engine's completion
 // path. A window's copy out of a snapshot runs on the thread that finished the last write (it
 // waits for that copy alone, never for a step).

@@ -14,6 +14,7 @@
 #include "common/tsan.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "server/ingest/push_admission.h"
 #include "server/ingest/push_message.h"
 #include "server/service/convert.h"
 
@@ -219,47 +220,44 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publ
     if (!found.ok()) return FinishCall(found.status(), {}, {});
     const std::shared_ptr<Model> model = *std::move(found);
     if (model->deleted()) return FinishCall(model->DeletedError(), {}, {});
-    std::shared_ptr<const ShardView> view = model->engine().view();
-    absl::StatusOr<CheckedPushHeader> checked = CheckPushHeader(header, *view);
-    if (!checked.ok()) return FinishCall(checked.status(), {}, {});
-    if (!header.workspace().empty()) {
-      absl::StatusOr<std::shared_ptr<const Workspace>> workspace =
-          services_.workspaces->Find(header.workspace(), WorkspaceOwner(caller_));
-      if (!workspace.ok()) return FinishCall(workspace.status(), {}, {});
-      checked->workspace = *std::move(workspace);
-    }
 
-    // A retry is answered from its header: its chunks are never read.
+    // The shard decides (server/ingest/push_admission.h); this only translates its verdict.
     {
       MutexLock lock(&mu_);
-      ++holds_;  // For the waiter, which may run on another thread before Await returns.
+      ++holds_;  // For the waiter, which may run on another thread before the verdict is back.
     }
-    const RetryTable::Verdict verdict = model->retries().Await(
-        header.client_id(), header.sequence_number(), [this](absl::StatusOr<PushReply> reply) {
-          FinishCall(reply.status(), reply.ok() ? *reply : PushReply{}, {});
-          ReleaseHold();
-        });
-    if (verdict.kind == RetryTable::Kind::kInFlight) return;  // The waiter finishes the call.
+    const std::string owner = WorkspaceOwner(caller_);
+    PushVerdict verdict =
+        AdmitPushHeader(header, {&model->engine(), &model->retries(), services_.workspaces, owner},
+                        [this](absl::StatusOr<PushReply> reply) {
+                          FinishCall(reply.status(), reply.ok() ? *reply : PushReply{}, {});
+                          ReleaseHold();
+                        });
+    if (verdict.kind == PushVerdict::Kind::kWaiting) return;  // The waiter finishes the call.
     ReleaseHold();  // The waiter was dropped; this call still holds the reactor (not done).
-    if (verdict.kind == RetryTable::Kind::kDone)
-      return FinishCall(absl::OkStatus(), verdict.reply, {});
-    if (verdict.kind == RetryTable::Kind::kStale) {
-      return FinishCall(StalePushError(header.sequence_number(), verdict.highest), {}, {});
+    switch (verdict.kind) {
+      case PushVerdict::Kind::kRefused:
+        return FinishCall(verdict.status, {}, {});
+      case PushVerdict::Kind::kAnswered:
+        return FinishCall(absl::OkStatus(), verdict.reply, {});
+      case PushVerdict::Kind::kWaiting:
+      case PushVerdict::Kind::kAdmitted:
+        break;
     }
+    JoinAssembly(model, header, std::move(verdict));
+  }
 
-    // What the shard's consistency mode refuses from the header alone (after the retries,
-    // which are answered whatever their version).
-    if (absl::Status s = model->engine().AdmitPush(header.client_id(), header.base_version());
-        !s.ok()) {
-      return FinishCall(s, {}, {});
-    }
+  // Joins the admitted push's assembly, or makes it and reserves its staging; the assembly then
+  // has this part add the header's message and read on (OnStagingReady).
+  void JoinAssembly(const std::shared_ptr<Model>& model, const v1::PushHeader& header,
+                    PushVerdict admitted) {
     first_.Swap(&request_);
     if (services_.testing_before_push_join != nullptr) (*services_.testing_before_push_join)();
-    const bool parts = checked->part_count > 1;
+    const bool parts = admitted.checked.part_count > 1;
     const std::string key = parts ? PushAssemblies::Key(header) : std::string();
     const auto make = [&] {
-      return std::make_shared<PushAssembly>(services_.ingest(model), key, header, view,
-                                            *std::move(checked));
+      return std::make_shared<PushAssembly>(services_.ingest(model), key, header,
+                                            std::move(admitted.view), std::move(admitted.checked));
     };
     bool created = true;
     std::shared_ptr<PushAssembly> assembly =
