@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""The benchmark driver: runs one suite of bench/suites.py and writes one results file.
+"""The benchmark driver: runs one suite of bench/suites/ and writes one results file.
 
     bench/run.py --list
     bench/run.py SUITE [--build DIR | --pack DIR] [--out results.json] [--set NAME=V1,V2 ...]
                  [--certs DIR] [--dry-run]
     bench/report.py results.json
 
-From the repository root of a normal build (`--build build`, the default), or, on a machine
-without the build's libraries, from the binary pack that scripts/pack_device.sh makes
-(`--pack .device-pack`: each binary runs as `.device-pack/run NAME`). --dry-run prints every
-command (servers and steps) without running any. --set replaces a param's list of values for
-every step that has it (e.g. `--set workload=gpt2 --set iters=20`).
+From a normal build (`--build build`, the default) or from the binary pack that
+scripts/pack_device.sh makes (`--pack .device-pack`: each binary runs as `PACK/run NAME`).
+--dry-run prints every command without running any. --set replaces a value for every step that
+has it (`--set iters=20`; a list, `--set round=1,2`, runs each; a comma inside a value is `\\,`);
+`--set parts=a,b` picks a suite's parts (bench/suites/__init__.py says what a suite is).
 
 The results file, the one format that bench/report.py reads:
 
@@ -20,6 +20,7 @@ The results file, the one format that bench/report.py reads:
      "date": "2026-11-29T01:00:00Z",
      "git": "0123abc (dirty)",
      "binaries": "build" | "pack",
+     "settings": {"iters": 30},                   # the run's --set values
      "results": [
        {"step": "kernel",                          # the step kind: one table per kind
         "params": {"workload": "gpt2", ...},        # the step's params for this run
@@ -28,15 +29,16 @@ The results file, the one format that bench/report.py reads:
         "error": "exit 1: ..."}                     # only when the command failed
      ]}
 
-A step whose parser yields several rows (one per workload, say) records one result per row,
-the row's own keys (workload, variant, path...) among its metrics. Servers' /metrics scraped
-around a step add "server_ms" (Δsum / Δcount of each histogram, in ms) to its metrics, keyed by
-server name. Logs of every command go to the scratch folder named on stderr.
+A parser's rows (one per workload, say) are one result each. Servers' /metrics scraped around
+a step add "server_ms" (Δsum / Δcount of each histogram, in ms, by server). A failed setup
+command is a result of step "setup". The file is rewritten after each step (a run cut short
+keeps what it finished). Every command's log is in the scratch folder named on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import itertools
 import json
@@ -48,22 +50,29 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from suites import SUITES  # noqa: E402  bench/suites.py, beside this file
+from suites import SUITES  # noqa: E402  bench/suites/, beside this file
+from suites.parsers import PARSERS  # noqa: E402
+from servers import Servers, histogram_means  # noqa: E402  bench/servers.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLACEHOLDER = re.compile(r"\{([a-z_]+(?::[A-Za-z0-9_.-]+)?)\}")
+PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*(?::[A-Za-z0-9_.-]+)?)\}")
+# Values of --set that the driver reads itself, not the templates.
+RESERVED = {"parts"}
+CORPUS = "/usr/share/doc/jargon-text/jargon.txt.gz"  # Debian's jargon-text, as for ctest.
+FAILURES = (RuntimeError, ValueError, KeyError, OSError, subprocess.TimeoutExpired)
 
 
 class Binaries:
-    """Resolves {bin:NAME} to a command: a build's executable, or the pack's `run NAME`."""
+    """Resolves {bin:NAME} to a command: a build's executable, or the pack's `run NAME`; and
+    the environment of every command."""
 
     def __init__(self, build: Optional[str], pack: Optional[str]):
         self.build, self.pack = build, pack
         self._found: Dict[str, str] = {}
+        self.extra: Dict[str, str] = {}  # Set by the suite's setup, and by tools().
 
     def command(self, name: str) -> str:
         if self.pack:
@@ -80,9 +89,22 @@ class Binaries:
                 return os.path.join(folder, name)
         return os.path.join(self.build, "<missing>", name)
 
+    def tools(self, scratch: str) -> None:
+        """FUSEDPS_SERVER and FUSEDPS_CLI, for scripts that start servers themselves
+        (tests/e2e/server_fixture.py): a build's executables, or wrappers of the pack's."""
+        for var, name in (("FUSEDPS_SERVER", "fusedps-server"), ("FUSEDPS_CLI", "fusedps")):
+            if self.pack:
+                path = os.path.join(scratch, name)
+                with open(path, "w") as f:
+                    f.write(f'#!/bin/sh\nexec "{os.path.abspath(self.pack)}/run" {name} "$@"\n')
+                os.chmod(path, 0o755)
+            else:
+                path = os.path.abspath(self.command(name))
+            self.extra[var] = path
+
     def env(self) -> Dict[str, str]:
         """The environment of every command: the Python package and, from a pack, its libraries."""
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **self.extra)
         if self.pack:
             pack = os.path.abspath(self.pack)
             env["PYTHONPATH"] = os.path.join(pack, "python")
@@ -96,8 +118,8 @@ class Binaries:
 
 
 def fill(template: str, values: Dict[str, Any], bins: Binaries) -> str:
-    """The template with every {name} replaced, values that are templates themselves included.
-    REQUIRES: every name is in values (or is bin:NAME)."""
+    """The template with every {name} replaced, values that are templates themselves included,
+    and each {{name}} left as {name}. REQUIRES: every name is in values (or is bin:NAME)."""
     def one(m: "re.Match[str]") -> str:
         key = m.group(1)
         if key.startswith("bin:"):
@@ -106,152 +128,62 @@ def fill(template: str, values: Dict[str, Any], bins: Binaries) -> str:
             raise KeyError(f"no value for {{{key}}} in {template!r}")
         return str(values[key])
     for _ in range(4):
+        template = template.replace("{{", "\x00").replace("}}", "\x01")
         filled = PLACEHOLDER.sub(one, template)
         if filled == template:
             break
         template = filled
-    return template
+    return template.replace("\x00", "{").replace("\x01", "}")
+
+
+def loops_of(suite: Dict[str, Any], step: Dict[str, Any],
+             overrides: Dict[str, List[Any]]) -> Dict[str, List[Any]]:
+    """The step's params with their values, outermost first: a list given for a name that no
+    step of the suite has as a param (--set round=1,2), then the step's own."""
+    everyone = {k for s in suite["steps"] for k in s.get("params", {})}
+    params = {k: v for k, v in overrides.items()
+              if k not in everyone and k not in RESERVED and len(v) > 1}
+    params.update({k: overrides.get(k, v) for k, v in step.get("params", {}).items()})
+    return params
 
 
 def runs_of(suite: Dict[str, Any], step: Dict[str, Any],
-            overrides: Dict[str, List[str]]) -> List[Dict[str, Any]]:
-    """Every combination of the step's params, over the suite's defaults and lookups. An
-    override of several values that the step lacks (--set round=1,2) becomes its outermost."""
-    own = step.get("params", {})
-    params = {k: v for k, v in overrides.items() if k not in own and len(v) > 1}
-    params.update({k: overrides.get(k, v) for k, v in own.items()})
+            overrides: Dict[str, List[Any]]) -> List[Dict[str, Any]]:
+    """Every combination of the step's params (loops_of), over the suite's defaults and
+    lookups. Raises KeyError when a lookup has no entry for its key."""
+    params = loops_of(suite, step, overrides)
+    combos = list(itertools.product(*params.values()))
+    if step.get("alternate") and params:
+        width = len(list(params.values())[-1])
+        groups = [combos[i:i + width] for i in range(0, len(combos), width)]
+        combos = [c for i, g in enumerate(groups) for c in (g[::-1] if i % 2 else g)]
     out = []
-    for combo in itertools.product(*params.values()):
+    for combo in combos:
         values = dict(suite.get("defaults", {}))
-        values.update({k: v[0] for k, v in overrides.items() if k not in params})
+        values.update({k: v[0] for k, v in overrides.items()
+                       if k not in params and k not in RESERVED})
         values.update(zip(params, combo))
         for name, lookup in suite.get("lookups", {}).items():
-            values[name] = lookup["values"][values[lookup["key"]]]
+            if name in overrides or lookup["key"] not in values:
+                continue
+            table, key = lookup["values"], values[lookup["key"]]
+            if key not in table:
+                raise KeyError(f"{name}: no value for {lookup['key']}={key!r} (one of "
+                               f"{', '.join(map(str, table))})")
+            values[name] = table[key]
         out.append(values)
     return out
 
 
-# Parsers: a command's stdout to a list of metrics dicts (one per row).
-def parse_json(text: str, _: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [json.loads(text)]
+def selected(suite: Dict[str, Any], step: Dict[str, Any],
+             overrides: Dict[str, List[Any]]) -> bool:
+    """Whether the step runs: it has no part, or its part is among those chosen."""
+    parts = overrides.get("parts", suite.get("parts"))
+    return "part" not in step or parts is None or step["part"] in parts
 
 
-def parse_json_rows(key: str):
-    def parse(text: str, _: Dict[str, Any]) -> List[Dict[str, Any]]:
-        doc = json.loads(text)
-        shared = {k: v for k, v in doc.items()
-                  if k != key and isinstance(v, (str, int, float, bool))}
-        return [dict(shared, **row) for row in doc[key]]
-    return parse
-
-
-def parse_transport(text: str, _: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """fusedps-transport-bench's lines: path (words), streams, GB/s median, GB/s best."""
-    rows = []
-    for line in text.splitlines():
-        m = re.match(r"^(\S.*?)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
-        if m:
-            rows.append({"path": m.group(1), "streams": int(m.group(2)),
-                         "gbps_median": float(m.group(3)), "gbps_best": float(m.group(4))})
-    if not rows:
-        raise ValueError("no result lines")
-    return rows
-
-
-PARSERS = {"json": parse_json, "json-rows:results": parse_json_rows("results"),
-           "json-rows:rows": parse_json_rows("rows"), "transport": parse_transport, "wall": None}
-
-
-def scrape(port_file: str) -> Dict[str, float]:
-    """{sample name with labels: value} of a server's /metrics ({} when unreachable)."""
-    try:
-        port = open(port_file).read().strip()
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    except (OSError, ValueError):
-        return {}
-    samples = {}
-    for line in text.decode().splitlines():
-        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$", line.strip())
-        if m:
-            samples[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return samples
-
-
-def histogram_means(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
-    """{histogram{labels}: mean ms} over what was observed between two scrapes."""
-    means = {}
-    for name, total in after.items():
-        m = re.match(r"^(\w+)_sum(\{.*\})?$", name)
-        if not m:
-            continue
-        count_name = f"{m.group(1)}_count{m.group(2) or ''}"
-        count = after.get(count_name, 0.0) - before.get(count_name, 0.0)
-        if count > 0 and m.group(1).endswith("_seconds"):
-            means[m.group(1)[:-len("_seconds")] + (m.group(2) or "")] = round(
-                1e3 * (total - before.get(name, 0.0)) / count, 4)
-    return means
-
-
-class Servers:
-    """The servers of a run: started on demand, on 127.0.0.1 port 0, each once."""
-
-    def __init__(self, suite: Dict[str, Any], bins: Binaries, scratch: str, dry: bool):
-        self.suite, self.bins, self.scratch, self.dry = suite, bins, scratch, dry
-        self.running: Dict[str, subprocess.Popen] = {}
-        self.printed: Dict[str, str] = {}
-
-    def _files(self, name: str):
-        return (os.path.join(self.scratch, f"{name}.port"),
-                os.path.join(self.scratch, f"{name}.metrics-port"))
-
-    def command(self, name: str, values: Dict[str, Any]) -> str:
-        port_file, metrics_file = self._files(name)
-        values = dict(values, metrics_flags=f"--metrics-listen=127.0.0.1:0 "
-                                            f"--metrics-port-file={metrics_file}")
-        return (fill(self.suite["servers"][name], values, self.bins) +
-                f" --listen=127.0.0.1:0 --port-file={port_file}")
-
-    def start(self, name: str, values: Dict[str, Any]) -> str:
-        """The server's address, "127.0.0.1:PORT", once it has written its port."""
-        port_file, _ = self._files(name)
-        cmd = self.command(name, values)
-        if self.dry:
-            if self.printed.get(name) != cmd:
-                print(f"  server {name}: {cmd}")
-                self.printed[name] = cmd
-            return f"127.0.0.1:<{name}>"
-        if name not in self.running:
-            if os.path.exists(port_file):
-                os.remove(port_file)
-            log = open(os.path.join(self.scratch, f"server_{name}.log"), "w")
-            self.running[name] = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log,
-                                                  env=self.bins.env(), cwd=ROOT)
-            for _ in range(240):
-                if os.path.exists(port_file) and open(port_file).read().strip():
-                    break
-                if self.running[name].poll() is not None:
-                    break
-                time.sleep(0.25)
-            if not (os.path.exists(port_file) and open(port_file).read().strip()):
-                raise RuntimeError(f"server {name} did not start: see its log in {log.name}")
-        return "127.0.0.1:" + open(port_file).read().strip()
-
-    def scrape_all(self, names: List[str]) -> Dict[str, Dict[str, float]]:
-        if self.dry:
-            return {}
-        return {n: scrape(self._files(n)[1]) for n in names
-                if os.path.exists(self._files(n)[1])}
-
-    def stop(self, names: Optional[List[str]] = None) -> None:
-        for name in list(self.running) if names is None else names:
-            proc = self.running.pop(name, None)
-            if proc:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+def truthy(value: Any) -> bool:
+    return str(value).lower() not in ("", "0", "false", "no", "off", "none")
 
 
 def run_command(cmd: str, env: Dict[str, str], timeout: float, log: str):
@@ -262,10 +194,63 @@ def run_command(cmd: str, env: Dict[str, str], timeout: float, log: str):
                               env=env, cwd=ROOT, timeout=timeout)
 
 
+def evaluate(expression: str, values: Dict[str, Any]) -> Any:
+    return eval(expression, {"__builtins__": {}}, values)
+
+
+def background_command(step: Dict[str, Any], values: Dict[str, Any],
+                       bins: Binaries) -> Optional[str]:
+    """The step's background command for these values, or None when it has none that runs."""
+    bg = step.get("background")
+    if not bg or (bg.get("when") and not evaluate(bg["when"], values)):
+        return None
+    return fill(bg["run"], values, bins)
+
+
 def measure(step: Dict[str, Any], values: Dict[str, Any], cmd: str, bins: Binaries,
             log: str) -> List[Dict[str, Any]]:
-    """Runs one command of a step; its metrics rows. Raises RuntimeError when it fails."""
+    """Runs one command of a step (and its background command); its metrics rows. Raises one
+    of FAILURES when it fails."""
     timeout = step.get("timeout", 600)
+    bg_cmd = background_command(step, values, bins)
+    bg, bg_out = None, tempfile.TemporaryFile("w+") if bg_cmd else None
+    reads = fill(step["reads"], values, bins) if "reads" in step else None
+    if reads and os.path.exists(reads):
+        os.remove(reads)
+    try:
+        if bg_cmd:
+            with open(log, "a") as err:
+                err.write(f"+ (background) {bg_cmd}\n")
+                err.flush()
+                bg = subprocess.Popen(shlex.split(bg_cmd), stdout=bg_out, stderr=err, text=True,
+                                      env=bins.env(), cwd=ROOT)
+            time.sleep(float(fill(str(step["background"].get("lead", 0)), values, bins)))
+        rows = run_parsed(step, values, cmd, bins, log, timeout, reads)
+        if bg:
+            if bg.wait(timeout=timeout) != 0:
+                raise RuntimeError(f"background: exit {bg.returncode}")
+            assert bg_out is not None
+            bg_out.seek(0)
+            parse = PARSERS[step["background"]["parse"]]
+            assert parse is not None
+            found = parse(bg_out.read(), values)[0]
+            for row in rows:
+                row[step["background"]["key"]] = found
+    finally:
+        if bg and bg.poll() is None:
+            bg.kill()
+            bg.wait()
+        if bg_out:
+            bg_out.close()
+    for row in rows:
+        for name, expression in step.get("derive", {}).items():
+            row[name] = evaluate(expression, dict(values, **row))
+    return rows
+
+
+def run_parsed(step: Dict[str, Any], values: Dict[str, Any], cmd: str, bins: Binaries, log: str,
+               timeout: float, reads: Optional[str]) -> List[Dict[str, Any]]:
+    """The command's rows: its wall time ("wall"), or what its parser reads in its output."""
     if step["parse"] == "wall":
         times = []
         for _ in range(int(values.get("reps", 1))):
@@ -278,91 +263,206 @@ def measure(step: Dict[str, Any], values: Dict[str, Any], cmd: str, bins: Binari
                                    "seconds_min": min(times), "reps": len(times)}
         if "size_of" in step:
             metrics["file_bytes"] = os.path.getsize(fill(step["size_of"], values, bins))
-        rows = [metrics]
-    else:
-        proc = run_command(cmd, bins.env(), timeout, log)
-        if proc.returncode != 0:
-            raise RuntimeError(f"exit {proc.returncode}")
-        rows = PARSERS[step["parse"]](proc.stdout, values)
-    for row in rows:
-        for name, expression in step.get("derive", {}).items():
-            row[name] = eval(expression, {"__builtins__": {}}, dict(values, **row))
-    return rows
+        return [metrics]
+    proc = run_command(cmd, bins.env(), timeout, log)
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}")
+    parse = PARSERS[step["parse"]]
+    assert parse is not None
+    if reads:
+        with open(reads) as f:
+            return parse(f.read(), values)
+    return parse(proc.stdout, values)
 
 
-def run_suite(name: str, bins: Binaries, overrides: Dict[str, List[str]], certs: str,
+def attempt(step: Dict[str, Any], values: Dict[str, Any], cmd: str, bins: Binaries,
+            log: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """measure(), its failure as a message: (rows, None) or ([{}], error)."""
+    try:
+        return measure(step, values, cmd, bins, log), None
+    except FAILURES as e:
+        error = str(e)[-300:] or type(e).__name__
+        print(f"  failed: {error}", file=sys.stderr)
+        return [{}], error
+
+
+class Run:
+    """One run of a suite: its servers, setup and results document."""
+
+    def __init__(self, name: str, bins: Binaries, overrides: Dict[str, List[Any]], certs: str,
+                 dry: bool, out: Optional[str]):
+        suite = SUITES[name]
+        corpus = os.path.join(bins.pack, "jargon.txt.gz") if bins.pack else CORPUS
+        self.suite = dict(suite, defaults=dict({"corpus": corpus}, **suite.get("defaults", {})))
+        self.bins, self.overrides, self.dry, self.out = bins, overrides, dry, out
+        self.scratch = "<out>" if dry else tempfile.mkdtemp(prefix=f"fusedps-bench-{name}-")
+        print(f"{name}: logs in {self.scratch}", file=sys.stderr)
+        if not dry:
+            bins.tools(self.scratch)
+        # Debian's, which has torch and grpcio (as for ctest), unless told otherwise.
+        # From a pack, the GPU machine's python3 (as its scripts always had).
+        python = os.environ.get("FUSEDPS_PYTHON") or (
+            "/usr/bin/python3" if os.path.exists("/usr/bin/python3") and not bins.pack
+            else "python3")
+        self.base = {"python": python, "out": self.scratch, "certs": certs}
+        self.servers = Servers(self.scratch, bins.env, ROOT, dry)
+        self.shared = dict(self.suite["defaults"], **self.base)
+        self.shared.update({k: v[0] for k, v in overrides.items() if k not in RESERVED})
+        self.results: List[Dict[str, Any]] = []
+        self.undo: List[Dict[str, Any]] = []
+        # The run's facts, asked once (nvidia-smi and git are processes): document() is
+        # called after every step.
+        self.facts = {
+            "suite": name, "about": suite["about"], "device": device_line(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "git": git_line(), "binaries": "pack" if bins.pack else "build",
+            "settings": {k: v[0] if len(v) == 1 else v for k, v in overrides.items()}}
+
+    def document(self) -> Dict[str, Any]:
+        return dict(self.facts, results=self.results)
+
+    def record(self, step: Dict[str, Any], result: Dict[str, Any], rows: List[Dict[str, Any]],
+               stages: Dict[str, Dict[str, float]]) -> None:
+        if not step.get("record", True) and "error" not in result:
+            return
+        for row in rows:
+            metrics = dict(row, server_ms=stages) if any(stages.values()) else row
+            self.results.append(dict(result, metrics=metrics))
+        if self.out:
+            write_document(self.out, self.document())
+
+    def setup(self) -> None:
+        """Runs the suite's setup commands whose `when` holds; a failed one is a result."""
+        for entry in self.suite.get("setup", []):
+            if entry.get("when") and not truthy(self.shared.get(entry["when"])):
+                continue
+            env = {k: fill(v, self.shared, self.bins) for k, v in entry.get("env", {}).items()}
+            cmd = fill(entry["run"], self.shared, self.bins)
+            if self.dry:
+                print(f"  setup {entry['name']}: {cmd}")
+                if "undo" in entry:
+                    print(f"  undo {entry['name']}: {fill(entry['undo'], self.shared, self.bins)}")
+                continue
+            self.bins.extra.update(env)
+            try:
+                proc = run_command(cmd, self.bins.env(), 120,
+                                   os.path.join(self.scratch, "setup.log"))
+                error = f"exit {proc.returncode}" if proc.returncode else None
+            except FAILURES as e:
+                error = str(e)
+            if error:
+                print(f"setup {entry['name']} failed: {error}", file=sys.stderr)
+                for key in env:
+                    self.bins.extra.pop(key, None)
+                self.record({}, {"step": "setup", "params": {"name": entry["name"]},
+                                 "command": cmd, "error": error}, [{}], {})
+            else:
+                self.undo.append(entry)
+
+    def teardown(self) -> None:
+        self.servers.stop()
+        for entry in reversed(self.undo):
+            if "undo" in entry:
+                try:
+                    run_command(fill(entry["undo"], self.shared, self.bins), self.bins.env(), 60,
+                                os.path.join(self.scratch, "setup.log"))
+                except FAILURES as e:
+                    print(f"undo {entry['name']} failed: {e}", file=sys.stderr)
+
+    def server_command(self, name: str, values: Dict[str, Any]) -> str:
+        port_file, metrics_file = self.servers.files(name)
+        values = dict(values, metrics_flags=f"--metrics-listen=127.0.0.1:0 "
+                                            f"--metrics-port-file={metrics_file}")
+        return (fill(self.suite["servers"][name], values, self.bins) +
+                f" --listen=127.0.0.1:0 --port-file={port_file}")
+
+    def prepare(self, step: Dict[str, Any],
+                values: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+        """The params a result shows, and the step's server names, for one run's values."""
+        values.update(self.base)
+        names = fill(" ".join(step.get("servers", [])), values, self.bins).split()
+        shown = {k: fill(values[k], values, self.bins) if isinstance(values[k], str)
+                 else values[k] for k in loops_of(self.suite, step, self.overrides)}
+        return shown, names
+
+    def step(self, step: Dict[str, Any]) -> None:
+        if step.get("stop") and not self.dry:
+            self.servers.stop(step["stop"])
+        runs = runs_of(self.suite, step, self.overrides)
+        width = int(fill(str(step.get("parallel", 1)), self.shared, self.bins))
+        if width > 1 and not self.dry:
+            self.parallel(step, runs, width)
+            return
+        for values in runs:
+            self.one(step, values)
+
+    def one(self, step: Dict[str, Any], values: Dict[str, Any]) -> None:
+        """One run of a step: its servers, its command, its result."""
+        kind = step["kind"]
+        shown, names = self.prepare(step, values)
+        try:
+            addresses = [self.servers.start(n, self.server_command(
+                n, values if step.get("fresh") else self.shared)) for n in names]
+        except RuntimeError as e:
+            print(f"{kind} {json.dumps(shown)}: {e}", file=sys.stderr)
+            self.record(step, {"step": kind, "params": shown, "error": str(e)}, [{}], {})
+            self.servers.stop(names)
+            return
+        values["target"] = addresses[0] if addresses else ""
+        values["targets"] = ",".join(addresses)
+        cmd = fill(step["run"], values, self.bins)
+        if self.dry:
+            print(f"  {kind} {json.dumps(shown)}: {cmd}")
+            bg_cmd = background_command(step, values, self.bins)
+            if bg_cmd:
+                print(f"    background: {bg_cmd}")
+            return
+        print(f"{kind} {json.dumps(shown)}", file=sys.stderr)
+        before = self.servers.scrape_all(names)
+        result: Dict[str, Any] = {"step": kind, "params": shown, "command": cmd}
+        rows, error = attempt(step, values, cmd, self.bins,
+                              os.path.join(self.scratch, f"{kind}.log"))
+        if error:
+            result["error"] = error
+        stages = {n: histogram_means(before[n], after)
+                  for n, after in self.servers.scrape_all(names).items() if n in before}
+        if step.get("fresh"):
+            self.servers.stop(names)
+        self.record(step, result, rows, stages)
+
+    def parallel(self, step: Dict[str, Any], runs: List[Dict[str, Any]], width: int) -> None:
+        """The step's runs, `width` at a time (commands that need no driver servers); each
+        result recorded as its run ends."""
+        assert not step.get("servers"), f"{step['kind']}: a parallel step starts no servers"
+        with concurrent.futures.ThreadPoolExecutor(width) as pool:
+            futures = {}
+            for i, values in enumerate(runs):
+                shown, _ = self.prepare(step, values)
+                cmd = fill(step["run"], values, self.bins)
+                print(f"{step['kind']} {json.dumps(shown)}", file=sys.stderr)
+                log = os.path.join(self.scratch, f"{step['kind']}.{i}.log")
+                futures[pool.submit(attempt, step, values, cmd, self.bins, log)] = (shown, cmd)
+            for future in concurrent.futures.as_completed(futures):
+                (shown, cmd), (rows, error) = futures[future], future.result()
+                result = {"step": step["kind"], "params": shown, "command": cmd}
+                if error:
+                    result["error"] = error
+                self.record(step, result, rows, {})
+
+
+def run_suite(name: str, bins: Binaries, overrides: Dict[str, List[Any]], certs: str,
               dry: bool, out: Optional[str] = None) -> Dict[str, Any]:
     """Runs the suite and returns its results document; with ``out``, also writes the document
     there after each step, so that a run cut short (a timeout) keeps the steps it finished."""
-    suite = SUITES[name]
-    scratch = "<out>" if dry else tempfile.mkdtemp(prefix=f"fusedps-bench-{name}-")
-    print(f"{name}: logs in {scratch}", file=sys.stderr)
-    # Debian's, which has torch and grpcio (as for ctest), unless told otherwise.
-    # From a pack, the GPU machine's python3 (as its scripts always had).
-    python = os.environ.get("FUSEDPS_PYTHON") or (
-        "/usr/bin/python3" if os.path.exists("/usr/bin/python3") and not bins.pack else "python3")
-    base = {"python": python, "out": scratch, "certs": certs}
-    servers = Servers(suite, bins, scratch, dry)
-    shared = dict(suite.get("defaults", {}), **base)
-    shared.update({k: v[0] for k, v in overrides.items()})
-    results: List[Dict[str, Any]] = []
-
-    # The run's facts, asked once (nvidia-smi and git are processes): document() is called
-    # after every step.
-    facts = {"suite": name, "about": suite["about"], "device": device_line(),
-             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-             "git": git_line(), "binaries": "pack" if bins.pack else "build"}
-
-    def document() -> Dict[str, Any]:
-        return dict(facts, results=results)
-
+    run = Run(name, bins, overrides, certs, dry, out)
     try:
-        for step in suite["steps"]:
-            for values in runs_of(suite, step, overrides):
-                values.update(base)
-                names = fill(" ".join(step.get("servers", [])), values, bins).split()
-                shown = {k: values[k] for k in step.get("params", {})}
-                shown.update({k: values[k] for k, v in overrides.items() if len(v) > 1})
-                shown = {k: fill(v, values, bins) if isinstance(v, str) else v
-                         for k, v in shown.items()}
-                try:
-                    addresses = [servers.start(n, values if step.get("fresh") else shared)
-                                 for n in names]
-                except RuntimeError as e:
-                    print(f"{step['kind']} {json.dumps(shown)}: {e}", file=sys.stderr)
-                    results.append({"step": step["kind"], "params": shown, "metrics": {},
-                                    "error": str(e)})
-                    servers.stop(names)
-                    continue
-                values["target"] = addresses[0] if addresses else ""
-                values["targets"] = ",".join(addresses)
-                cmd = fill(step["run"], values, bins)
-                if dry:
-                    print(f"  {step['kind']} {json.dumps(shown)}: {cmd}")
-                    continue
-                print(f"{step['kind']} {json.dumps(shown)}", file=sys.stderr)
-                before = servers.scrape_all(names)
-                result: Dict[str, Any] = {"step": step["kind"], "params": shown, "command": cmd}
-                try:
-                    rows = measure(step, values, cmd, bins,
-                                   os.path.join(scratch, f"{step['kind']}.log"))
-                except (RuntimeError, ValueError, KeyError, OSError,
-                        subprocess.TimeoutExpired) as e:
-                    rows, result["error"] = [{}], str(e)[-300:]
-                    print(f"  failed: {result['error']}", file=sys.stderr)
-                stages = {n: histogram_means(before[n], after)
-                          for n, after in servers.scrape_all(names).items() if n in before}
-                if step.get("fresh"):
-                    servers.stop(names)
-                if step.get("record", True):
-                    for row in rows:
-                        metrics = dict(row, server_ms=stages) if any(stages.values()) else row
-                        results.append(dict(result, metrics=metrics))
-                    if out:
-                        write_document(out, document())
+        run.setup()
+        for step in run.suite["steps"]:
+            if selected(run.suite, step, overrides):
+                run.step(step)
     finally:
-        servers.stop()
-    return document()
+        run.teardown()
+    return run.document()
 
 
 def write_document(path: str, doc: Dict[str, Any]) -> None:
@@ -409,6 +509,19 @@ def scalar(text: str) -> Any:
         return text
 
 
+def parse_sets(items: List[str]) -> Dict[str, List[Any]]:
+    """--set NAME=V1,V2 ... as {NAME: [V1, V2]} ("\\," is a comma inside a value). Raises
+    ValueError on an item without "="."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item}: want NAME=V1,V2")
+        overrides[key] = [scalar(v.replace("\\,", ","))
+                          for v in re.split(r"(?<!\\),", value)] if value else [""]
+    return overrides
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("suite", nargs="?", help="the suite to run (see --list)")
@@ -429,12 +542,12 @@ def main(argv: List[str]) -> int:
         return 0 if args.list else 2
     if args.suite not in SUITES:
         parser.error(f"no suite {args.suite!r}; --list names them")
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item}: want NAME=V1,V2")
-        overrides[key] = [scalar(v) for v in value.split(",")] if value else [""]
+    try:
+        overrides = parse_sets(args.set)
+        for step in SUITES[args.suite]["steps"]:
+            runs_of(SUITES[args.suite], step, overrides)  # Every lookup has its entry.
+    except (ValueError, KeyError) as e:
+        parser.error(str(e).strip("'\""))
     bins = Binaries(None if args.pack else (args.build or "build"), args.pack)
     certs = args.certs or (os.path.join(args.pack, "certs") if args.pack else "")
     if not certs and "{certs}" in json.dumps(SUITES[args.suite]) and not args.dry_run:
