@@ -61,6 +61,12 @@ const Table& State() {
   return *table;
 }
 
+const Table& Fields() {
+  static const Table* const table =
+      new Table(Build(*v1::TensorField_descriptor(), "TENSOR_FIELD_"));
+  return *table;
+}
+
 const Entry* Find(const Table& table, int code) {
   auto it = table.by_code.find(code);
   return it == table.by_code.end() ? nullptr : &it->second;
@@ -119,6 +125,17 @@ absl::StatusOr<v1::StateDType> ParseStateDType(absl::string_view spelling) {
   absl::StatusOr<int> code = Parse(State(), spelling);
   if (!code.ok()) return code.status();
   return static_cast<v1::StateDType>(*code);
+}
+
+const char* TensorFieldName(v1::TensorField field) {
+  const Entry* e = Find(Fields(), field);
+  return e == nullptr ? "?" : e->name.c_str();
+}
+
+absl::StatusOr<v1::TensorField> ParseTensorField(absl::string_view name) {
+  absl::StatusOr<int> code = Parse(Fields(), name);
+  if (!code.ok()) return code.status();
+  return static_cast<v1::TensorField>(*code);
 }
 
 }  // namespace fusedps::dtypes

@@ -1,4 +1,5 @@
-// dtype_names.h: every dtype's names and element size, built from the proto's enums.
+// dtype_names.h: every dtype's names and element size, and the tensor fields' names, built from
+// the proto's enums.
 //
 // The one dtype table of the C++ code: the kernels' (StateDTypeName, ParamsDTypeName,
 // ParamCopyDTypeName), the client's (DTypeName, ParseDType, StateDTypeName, ElementBytes) and the
@@ -12,7 +13,8 @@
 //     format 4.
 //   - element size: the name's bit count over 8, in bytes.
 // A member added to either enum gets its names and size here with nothing written; which
-// arguments take it is each caller's rule.
+// arguments take it is each caller's rule. fusedps.v1.TensorField's names follow the same rule
+// ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq").
 //
 // Thread safety: the table is built once, on first use, and read-only after; every function is
 // safe to call from any thread. Returned strings live as long as the process.
@@ -43,6 +45,13 @@ int ElementBytes(v1::StateDType dtype);
 // Errors: INVALID_ARGUMENT "must be fp32, bf16 or fp16, not NAME" (the enum's short names).
 absl::StatusOr<v1::DType> ParseDType(absl::string_view spelling);
 absl::StatusOr<v1::StateDType> ParseStateDType(absl::string_view spelling);
+
+// "param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq": the fields as clients spell them (fusedps
+// pull --field, Client.pull_state); "?" for UNSPECIFIED or an unknown code.
+const char* TensorFieldName(v1::TensorField field);
+// The field a name names, in any case. Errors: INVALID_ARGUMENT "must be param, exp_avg,
+// exp_avg_sq or max_exp_avg_sq, not NAME".
+absl::StatusOr<v1::TensorField> ParseTensorField(absl::string_view name);
 
 }  // namespace fusedps::dtypes
 

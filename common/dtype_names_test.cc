@@ -74,5 +74,16 @@ TEST(DTypeNamesTest, EveryMemberIsInTheTable) {
   }
 }
 
+TEST(DTypeNamesTest, TensorFields) {
+  EXPECT_STREQ(TensorFieldName(v1::TENSOR_FIELD_PARAM), "param");
+  EXPECT_STREQ(TensorFieldName(v1::TENSOR_FIELD_EXP_AVG), "exp_avg");
+  EXPECT_STREQ(TensorFieldName(v1::TENSOR_FIELD_EXP_AVG_SQ), "exp_avg_sq");
+  EXPECT_STREQ(TensorFieldName(v1::TENSOR_FIELD_MAX_EXP_AVG_SQ), "max_exp_avg_sq");
+  EXPECT_STREQ(TensorFieldName(v1::TENSOR_FIELD_UNSPECIFIED), "?");
+  EXPECT_EQ(*ParseTensorField("max_exp_avg_sq"), v1::TENSOR_FIELD_MAX_EXP_AVG_SQ);
+  EXPECT_EQ(ParseTensorField("params").status().message(),
+            "must be param, exp_avg, exp_avg_sq or max_exp_avg_sq, not params");
+}
+
 }  // namespace
 }  // namespace fusedps::dtypes

@@ -20,21 +20,14 @@ const char* ParamsDTypeName(ParamsDType dtype) {
 }
 
 const char* TensorFieldName(TensorField field) {
-  switch (field) {
-    case TensorField::kParam:
-      return "param";
-    case TensorField::kExpAvg:
-      return "exp_avg";
-    case TensorField::kExpAvgSq:
-      return "exp_avg_sq";
-    case TensorField::kMaxExpAvgSq:
-      return "max_exp_avg_sq";
+  switch (field) {  // The two fields the proto lacks: an int8 tensor's block scales.
     case TensorField::kExpAvgAbsmax:
       return "exp_avg_absmax";
     case TensorField::kExpAvgSqAbsmax:
       return "exp_avg_sq_absmax";
+    default:  // The proto's fields, with its codes (server/schema's static_asserts).
+      return dtypes::TensorFieldName(static_cast<v1::TensorField>(field));
   }
-  return "unknown field";
 }
 
 int StoredElementBytes(TensorLayout layout, TensorField field) {

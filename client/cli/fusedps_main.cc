@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "client/cli/models_command.h"
 #include "client/cli/security_flags.h"
+#include "common/dtype_names.h"
 #include "common/flag_usage.h"
 #include "common/safetensors.h"
 #include "fusedps/client.h"
@@ -137,12 +138,10 @@ absl::StatusOr<DType> DTypeFlag(const std::string& text, DType fallback) {
 }
 
 absl::StatusOr<TensorField> ParseField(const std::string& text) {
-  if (text == "param") return TensorField::kParam;
-  if (text == "exp_avg") return TensorField::kExpAvg;
-  if (text == "exp_avg_sq") return TensorField::kExpAvgSq;
-  if (text == "max_exp_avg_sq") return TensorField::kMaxExpAvgSq;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--field must be param, exp_avg, exp_avg_sq or max_exp_avg_sq, not ", text));
+  absl::StatusOr<v1::TensorField> field = dtypes::ParseTensorField(text);
+  if (!field.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--field ", field.status().message()));
+  return static_cast<TensorField>(*field);  // The proto's codes (wire.cc's static_asserts).
 }
 
 std::vector<std::string> SplitNames(const std::string& text) {
