@@ -118,10 +118,15 @@ absl::StatusOr<Loaded> WithManifest(const Loaded& checkpoint, const std::string&
   return ReadManifest(checkpoint.directory);
 }
 
-// The restored groups are the checkpointed ones, hyperparameters and storage included.
-void ExpectSameGroups(const UpdateEngine& restored, const UpdateEngine& original) {
+// `checkpoint` restores into a fresh shard bit for bit (StoredStateOf: every stored value and
+// step) with `original`'s groups, hyperparameters and storage included.
+void ExpectRestoresAs(const Loaded& checkpoint, UpdateEngine& original) {
+  Shard restored;
+  const absl::Status restore = RestoreFrom(checkpoint, restored.engine);
+  ASSERT_TRUE(restore.ok()) << restore;
+  EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(original));
   const auto& before = original.view()->groups();
-  const auto& after = restored.view()->groups();
+  const auto& after = restored.engine.view()->groups();
   ASSERT_EQ(after.size(), before.size());
   for (size_t g = 0; g < before.size(); ++g) {
     EXPECT_EQ(after[g].name, before[g].name);
@@ -150,11 +155,7 @@ TEST_F(ShardFilesTest, AFormat3ManifestFromTheFormat3WriterRestoresBitExactly) {
   }
   ExpectSameManifest(converted, current);
 
-  Shard restored;
-  const absl::Status restore = RestoreFrom(*c, restored.engine);
-  ASSERT_TRUE(restore.ok()) << restore;
-  EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(shard_.engine));
-  ExpectSameGroups(restored.engine, shard_.engine);
+  ExpectRestoresAs(*c, shard_.engine);
 }
 
 // A checkpoint written before format 3 restores bit for bit, every storage included, and its
@@ -167,11 +168,7 @@ TEST_F(ShardFilesTest, AFormatVersion2ManifestRestoresBitExactly) {
   EXPECT_EQ(m["param_groups"][4]["state_dtype"], "int8");
   absl::StatusOr<Loaded> c = WithManifest(written, m.dump(1));
   ASSERT_TRUE(c.ok()) << c.status();
-  Shard restored;
-  const absl::Status restore = RestoreFrom(*c, restored.engine);
-  ASSERT_TRUE(restore.ok()) << restore;
-  EXPECT_EQ(StoredStateOf(restored.engine), StoredStateOf(shard_.engine));
-  ExpectSameGroups(restored.engine, shard_.engine);
+  ExpectRestoresAs(*c, shard_.engine);
 }
 
 // A checkpoint written before the storage keys existed (format_version 2, every field F32)
