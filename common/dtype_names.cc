@@ -14,14 +14,15 @@ namespace fusedps::dtypes {
 namespace {
 
 struct Entry {
-  std::string name;        // "bfloat16"
-  std::string short_name;  // "bf16"
+  std::string name = "?";        // "bfloat16"; "?": no dtype (UNSPECIFIED, a code not in the enum)
+  std::string short_name = "?";  // "bf16"
   int element_bytes = 0;
 };
 
-// One enum's members by code, UNSPECIFIED (and every code the enum lacks) left out.
+// One enum's members, indexed by code (the codes are small); UNSPECIFIED and the codes the enum
+// lacks are the "?" entry.
 struct Table {
-  std::map<int, Entry> by_code;
+  std::vector<Entry> by_code;
   std::map<std::string, int> by_spelling;  // Both spellings, lower case.
   std::vector<std::string> short_names;    // In declaration order.
 };
@@ -46,7 +47,10 @@ Table Build(const google::protobuf::EnumDescriptor& enum_type, absl::string_view
     table.by_spelling[entry.name] = value.number();
     table.by_spelling[entry.short_name] = value.number();
     table.short_names.push_back(entry.short_name);
-    table.by_code[value.number()] = std::move(entry);
+    if (static_cast<size_t>(value.number()) >= table.by_code.size()) {
+      table.by_code.resize(static_cast<size_t>(value.number()) + 1);
+    }
+    table.by_code[static_cast<size_t>(value.number())] = std::move(entry);
   }
   return table;
 }
@@ -67,9 +71,10 @@ const Table& Fields() {
   return *table;
 }
 
-const Entry* Find(const Table& table, int code) {
-  auto it = table.by_code.find(code);
-  return it == table.by_code.end() ? nullptr : &it->second;
+const Entry& Find(const Table& table, int code) {
+  static const Entry* const none = new Entry();
+  const bool known = code >= 0 && static_cast<size_t>(code) < table.by_code.size();
+  return known ? table.by_code[static_cast<size_t>(code)] : *none;
 }
 
 std::string Join(const std::vector<std::string>& names) {
@@ -90,30 +95,12 @@ absl::StatusOr<int> Parse(const Table& table, absl::string_view spelling) {
 
 }  // namespace
 
-const char* Name(v1::DType dtype) {
-  const Entry* e = Find(Wire(), dtype);
-  return e == nullptr ? "?" : e->name.c_str();
-}
-const char* Name(v1::StateDType dtype) {
-  const Entry* e = Find(State(), dtype);
-  return e == nullptr ? "?" : e->name.c_str();
-}
-const char* ShortName(v1::DType dtype) {
-  const Entry* e = Find(Wire(), dtype);
-  return e == nullptr ? "?" : e->short_name.c_str();
-}
-const char* ShortName(v1::StateDType dtype) {
-  const Entry* e = Find(State(), dtype);
-  return e == nullptr ? "?" : e->short_name.c_str();
-}
-int ElementBytes(v1::DType dtype) {
-  const Entry* e = Find(Wire(), dtype);
-  return e == nullptr ? 0 : e->element_bytes;
-}
-int ElementBytes(v1::StateDType dtype) {
-  const Entry* e = Find(State(), dtype);
-  return e == nullptr ? 0 : e->element_bytes;
-}
+const char* Name(v1::DType dtype) { return Find(Wire(), dtype).name.c_str(); }
+const char* Name(v1::StateDType dtype) { return Find(State(), dtype).name.c_str(); }
+const char* ShortName(v1::DType dtype) { return Find(Wire(), dtype).short_name.c_str(); }
+const char* ShortName(v1::StateDType dtype) { return Find(State(), dtype).short_name.c_str(); }
+int ElementBytes(v1::DType dtype) { return Find(Wire(), dtype).element_bytes; }
+int ElementBytes(v1::StateDType dtype) { return Find(State(), dtype).element_bytes; }
 
 absl::StatusOr<v1::DType> ParseDType(absl::string_view spelling) {
   absl::StatusOr<int> code = Parse(Wire(), spelling);
@@ -127,10 +114,7 @@ absl::StatusOr<v1::StateDType> ParseStateDType(absl::string_view spelling) {
   return static_cast<v1::StateDType>(*code);
 }
 
-const char* TensorFieldName(v1::TensorField field) {
-  const Entry* e = Find(Fields(), field);
-  return e == nullptr ? "?" : e->name.c_str();
-}
+const char* TensorFieldName(v1::TensorField field) { return Find(Fields(), field).name.c_str(); }
 
 absl::StatusOr<v1::TensorField> ParseTensorField(absl::string_view name) {
   absl::StatusOr<int> code = Parse(Fields(), name);

@@ -1,5 +1,8 @@
 #include "kernels/backend.h"
 
+#include <initializer_list>
+
+#include "absl/strings/str_cat.h"
 #include "common/dtype_names.h"
 
 namespace fusedps {
@@ -9,6 +12,14 @@ namespace fusedps {
 const char* ParamCopyDTypeName(ParamCopyDType copy) {
   if (copy == ParamCopyDType::kNone) return "none";
   return dtypes::ShortName(static_cast<v1::DType>(copy));
+}
+
+absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
+  for (ParamCopyDType copy :
+       {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
+    if (name == ParamCopyDTypeName(copy)) return copy;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("'", name, "' must be none, bf16 or fp16"));
 }
 
 const char* StateDTypeName(StateDType dtype) {

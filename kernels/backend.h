@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/adamw_math.h"
 #include "kernels/tensor_layout.h"
@@ -73,6 +74,8 @@ uint64_t StoredCount(TensorLayout layout, TensorField field, uint64_t numel);
 enum class ParamCopyDType : uint8_t { kNone = 0, kBFloat16 = 2, kFloat16 = 3 };
 // "none", "bf16", "fp16": the spelling of --param-copy-dtype and of checkpoint manifests.
 const char* ParamCopyDTypeName(ParamCopyDType copy);
+// Its inverse. Errors: INVALID_ARGUMENT "'NAME' must be none, bf16 or fp16".
+absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name);
 
 // CUDA backend: which kernel applies a step. kAuto picks per launch (kernels/cuda/adamw_kernel.cuh,
 // RunsChunkBlocks); the others force one wherever it can apply the launch, for tests and

@@ -32,19 +32,10 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   return ValidateConsistency(options.consistency);
 }
 
-absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name) {
-  for (ParamCopyDType copy :
-       {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
-    if (name == ParamCopyDTypeName(copy)) return copy;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--param-copy-dtype = '", name, "' must be none, bf16 or fp16"));
-}
-
 bool AbslParseFlag(absl::string_view text, ParamCopyDType* copy, std::string* error) {
-  absl::StatusOr<ParamCopyDType> parsed = ParseParamCopyDType(text);
+  absl::StatusOr<ParamCopyDType> parsed = ParseParamCopyDType(text);  // kernels/backend.h
   if (!parsed.ok()) {
-    *error = std::string(parsed.status().message());
+    *error = absl::StrCat("--param-copy-dtype = ", parsed.status().message());
     return false;
   }
   *copy = *parsed;

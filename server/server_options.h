@@ -99,12 +99,10 @@ struct ServerOptions {
 // windows than the flags allow).
 absl::Status ValidateServerOptions(const ServerOptions& options);
 
-// Parses "none", "bf16" or "fp16".
-absl::StatusOr<ParamCopyDType> ParseParamCopyDType(absl::string_view name);
-
 // absl flag syntax of the option types named by text (absl/flags/marshalling.h): a flag of one
-// of these types parses with ParseParamCopyDType or ParseConsistencyMode, whose message is the
-// error, and shows its value by name.
+// of these types parses with ParseParamCopyDType (kernels/backend.h; the error is its message
+// after "--param-copy-dtype = ") or ParseConsistencyMode (its message), and shows its value by
+// name.
 bool AbslParseFlag(absl::string_view text, ParamCopyDType* copy, std::string* error);
 std::string AbslUnparseFlag(ParamCopyDType copy);
 bool AbslParseFlag(absl::string_view text, ConsistencyMode* mode, std::string* error);

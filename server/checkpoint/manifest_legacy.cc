@@ -294,17 +294,12 @@ absl::StatusOr<v1::CheckpointManifest> LegacyManifestToProto(const json& m,
   {
     // "none", "bf16" or "fp16" (--param-copy-dtype's spelling) before format 4.
     const std::string name = copy.get<std::string>();
-    bool known = false;
-    for (ParamCopyDType d :
-         {ParamCopyDType::kNone, ParamCopyDType::kBFloat16, ParamCopyDType::kFloat16}) {
-      if (name != ParamCopyDTypeName(d)) continue;
-      out.set_param_copy_dtype(static_cast<v1::DType>(d));  // The proto's codes; kNone: 0.
-      known = true;
-    }
-    if (!known) {
+    absl::StatusOr<ParamCopyDType> parsed = ParseParamCopyDType(name);
+    if (!parsed.ok()) {
       return k.Bad("param_copy_dtype",
                    absl::StrCat("is \"", name, "\", not one of none, bf16, fp16"));
     }
+    out.set_param_copy_dtype(static_cast<v1::DType>(*parsed));  // The proto's codes; kNone: 0.
   }
   if (m.contains("plan_hash")) {  // Checkpoints from before sharding have none.
     FUSEDPS_GET(plan_hash, k.Get(m, "plan_hash", Type::kString, "manifest"));
