@@ -11,8 +11,8 @@ in full (but the last recipe's, which must be).
 Each recipe has a negative control: the same run with the mechanism that keeps it exact
 switched off (monkeypatched) must fail the same check, so that these tests can fail.
 Then: the one-step-delayed update against a torch reference that computes each gradient on the
-parameters of two steps back, sharded servers, a param that stops having a gradient, and a
-GradScaler's overflow. With FUSEDPS_TEST_DEVICE=cuda (on a GPU machine) the models train on the
+parameters of two steps back, sharded servers, a param that stops having a gradient, a
+GradScaler's overflow, a scheduler's lr sent during backward, and a failed send of it. With FUSEDPS_TEST_DEVICE=cuda (on a GPU machine) the models train on the
 GPU, so that the staging on a side stream, the check and the pulls' device copies run there.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import pytest
 import torch
@@ -158,7 +158,8 @@ def test_overlap_over_grpcio_matches_torch(server_target, data_plane):
 # What keeps each recipe exact, switched off: each must make its recipe fail.
 SWITCH_OFF: Dict[str, Callable] = {
     # The lr the scheduler set is never sent.
-    "plain": lambda mp: mp.setattr(RemoteAdamW, "_changed_hyperparameters", lambda self: []),
+    "plain": lambda mp: mp.setattr(RemoteAdamW, "_changed_hyperparameters",
+                                   lambda self, mark=False: []),
     # The check believes every gradient is as it was sent (so no clipping factor, no unscale).
     "clip": lambda mp: mp.setattr(_overlap.OverlapEngine, "_check",
                                   lambda self, step: (True, True, True, 1.0)),
@@ -326,3 +327,77 @@ def test_a_scaler_overflow_skips_the_step_as_torch_does(server_target):
     finally:
         opt.close()
 
+
+
+def test_a_changed_lr_goes_during_backward_not_at_step(server_target, monkeypatch):
+    """The scheduler's lr changes every step: it is sent once the step's first gradient is
+    ready (on the worker, behind backward), so it is at the server before step() and the
+    commit sends nothing. The control: with the early send switched off, it goes at step()."""
+    def sent_before_step(prefix: str) -> List[bool]:
+        model = Mlp(8)
+        opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix=prefix,
+                          overlap=True, bucket_bytes=2048, **HYPER)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+        real, sent = opt.client.set_hyperparameters, []
+
+        def recording(group, **kwargs):
+            sent.append(kwargs["lr"])
+            return real(group, **kwargs)
+
+        opt.client.set_hyperparameters = recording
+        before = []
+        try:
+            for step in range(6):
+                opt.zero_grad(set_to_none=True)
+                loss_of(model, step).backward()
+                opt._overlap._call(lambda: None).result()  # The worker's queue so far, done.
+                before.append(bool(sent) and sent[-1] == opt.param_groups[0]["lr"])
+                opt.step()
+                sched.step()
+                assert sent == [HYPER["lr"] * (1.0 / (1 + k)) for k in range(1, step + 1)]
+        finally:
+            opt.close()
+        return before[1:]  # Step 0 has the registered lr.
+
+    assert sent_before_step("lr-early/") == [True] * 5
+    monkeypatch.setattr(_overlap.OverlapEngine, "_queue_hyperparameters",
+                        lambda self, step: None)
+    assert sent_before_step("lr-late/") == [False] * 5
+
+
+def test_a_failed_lr_send_fails_its_step_and_the_next_sends_it_again(server_target):
+    """The early send of step 5's lr fails: that step raises and applies nothing; the next
+    step sends every group's hyperparameters again, and the run goes on equal to torch's with
+    step 5 left out."""
+    model, ref_model = Mlp(9), Mlp(9)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="lr-fail/",
+                      overlap=True, bucket_bytes=2048, **HYPER)
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5) for o in (opt, ref)]
+    real = opt.client.set_hyperparameters
+    calls = []
+
+    def failing_once(group, **kwargs):
+        calls.append(kwargs["lr"])
+        if len(calls) == 1:
+            raise RuntimeError("injected: set_hyperparameters failed")
+        return real(group, **kwargs)
+
+    opt.client.set_hyperparameters = failing_once
+    try:
+        for step in range(12):
+            for m, o in ((model, opt), (ref_model, ref)):
+                o.zero_grad(set_to_none=True)
+                loss_of(m, step).backward()
+            if step == 5:
+                with pytest.raises(RuntimeError, match="injected"):
+                    opt.step()
+            else:
+                opt.step()
+                ref.step()
+            for sched in scheds:
+                sched.step()
+        assert calls == [0.005, 0.005, 0.0025]  # Failed, sent again at step 6, step 10's.
+        assert_close(opt, model, ref, ref_model)
+    finally:
+        opt.close()

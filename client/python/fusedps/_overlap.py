@@ -3,13 +3,17 @@
 Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A step goes:
 
 1. Backward. As backward finishes each parameter's gradient (fusedps._grad_hooks), the
-   parameter joins the open bucket; a bucket of ``bucket_bytes`` wire bytes is staged by the
-   hook itself, on a side CUDA stream (its gradients gathered into the flat fp32 buffer
-   ``sent``, rounded to the wire dtype, copied to pinned host memory), and handed to a worker
-   thread, which waits for the copy and writes it into the step's push
-   (fusedps.PushTransaction, one per server): the server stages it while backward goes on. At
-   the end of backward the loop's stream waits for the gathering (so that what was sent is
-   each gradient as backward left it, whatever the loop writes next).
+   parameter joins the open bucket; a full bucket is staged by the hook itself, on a side
+   CUDA stream (its gradients gathered into the flat fp32 buffer ``sent``, rounded to the
+   wire dtype, copied to pinned host memory), and handed to a worker thread, which waits for
+   the copy and writes it into the step's push (fusedps.PushTransaction, one per server): the
+   server stages it while backward goes on. At the end of backward the loop's stream waits
+   for the gathering (so that what was sent is each gradient as backward left it, whatever
+   the loop writes next). A bucket is full at
+   ``bucket_bytes`` wire bytes, except near the end of backward: from the second step on, the
+   buckets are planned on the last step's order so that the last one holds about
+   ``edge_bytes`` and the ones before it double up to ``bucket_bytes`` (fusedps._bucket_plan):
+   what is left to push once backward ends is small.
 2. step(). The rest is staged. Then the check (StepCheck, fusedps/_overlap_step.py): every
    gradient as it is now (after clipping, GradScaler.unscale_, anything the loop did) against
    what was sent. Unchanged: the commit's grad_scale is the step's own (the GradScaler's
@@ -17,7 +21,8 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    grad_scale / c. Anything else: the push is cancelled and the step pushed again in full (a
    fallback, counted and warned about once).
    Non-finite gradients skip the step without a commit. The worker then sends changed
-   hyperparameters and commits.
+   hyperparameters and commits. (Hyperparameters changed before backward, as a scheduler's
+   lr, went at the step's first gradient already: _queue_hyperparameters.)
 3. The pull. delay=0: step() waits for the commit, then starts the pulls in forward order
    (fusedps._pull_pipeline) and returns; the next forward waits for each module's own
    parameters. delay=1 (after ``delay_warmup`` steps as delay=0): step() returns at once; the
@@ -25,9 +30,9 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
    ZeRO-Offload's delayed parameter update). Once delayed, the whole step hides behind the
    next step's compute, so nothing needs to leave during backward: the gradient and forward
-   hooks are removed, step() stages every gradient at once, and the worker lands the pull and
-   queues its device copy. The loop's threads then run no fusedps Python during forward and
-   backward (each hook call costs the CPU-bound loop, docs/benchmarks.md).
+   hooks are removed, step() stages every gradient at once, as one bucket, and the worker
+   lands the pull and queues its device copy. The loop's threads then run no fusedps Python
+   during forward and backward (each hook call costs the CPU-bound loop, docs/benchmarks.md).
 
 Where the bytes go (``data_plane``): with one server on the same host, the host buffers are
 carved from a same-host workspace (fusedps._workspace), and the pushes and pulls carry only
@@ -56,6 +61,7 @@ import torch
 
 from fusedps import _dtypes, _trace, _workspace
 from fusedps import _remote_optim as _ro
+from fusedps._bucket_plan import plan_ends
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps._overlap_step import StepCheck, _Bucket, _Step
 from fusedps._pull_pipeline import PullPipeline
@@ -83,6 +89,8 @@ class OverlapEngine(StepCheck):
       bucket_bytes: wire bytes that close a bucket; None: WORKSPACE_BUCKET_BYTES through a
         workspace, GRPC_BUCKET_BYTES over gRPC.
       pull_group_bytes: wire bytes per pull group; None: as bucket_bytes.
+      edge_bytes: wire bytes of a backward's last bucket and of a forward's first pull group
+        (fusedps._bucket_plan); 0: every bucket and group full size.
       delay: 0 or 1; delay_warmup: steps run with delay 0 first.
       data_plane: "auto" (a same-host workspace when the one server offers it, else gRPC),
         "workspace" (RuntimeError when none can be had) or "grpc" (fusedps._workspace).
@@ -91,7 +99,8 @@ class OverlapEngine(StepCheck):
     def __init__(self, optimizer: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
                  grad_dtype: str, pull_dtype: str, bucket_bytes: Optional[int],
                  pull_group_bytes: Optional[int],
-                 delay: int, delay_warmup: int, data_plane: str = "auto"):
+                 delay: int, delay_warmup: int, data_plane: str = "auto",
+                 edge_bytes: int = 0):
         self._opt = optimizer
         self._names = [n for n, _ in pairs]
         self._params = [p for _, p in pairs]
@@ -114,9 +123,19 @@ class OverlapEngine(StepCheck):
             bucket_bytes = (WORKSPACE_BUCKET_BYTES if self.workspace is not None
                             else GRPC_BUCKET_BYTES)
         self._bucket_bytes = int(bucket_bytes)
+        self._edge_bytes = int(edge_bytes)
+        # The push's planned buckets (params after which one closes), made from the staging
+        # order of the last step that staged every gradient in that order.
+        self._planned_order: List[int] = []
+        self._close_after: Set[int] = set()
         pull_group_bytes = self._bucket_bytes if pull_group_bytes is None else pull_group_bytes
         self.pulls = PullPipeline(self._route, self._params, pull_dtype, streams,
-                                  pull_group_bytes, workspace=self.workspace)
+                                  pull_group_bytes, edge_bytes=self._edge_bytes,
+                                  workspace=self.workspace)
+        # The worker's pieces of a bucket's write, by (buffer, first element, params): the
+        # same every step once the order settles.
+        self._pieces: Dict[Tuple[int, int, Tuple[int, ...]], List[list]] = {}
+        self._hyper_failed = False  # A queued send of hyperparameters failed (the worker's).
         self.enabled = True  # False inside no_sync().
         self.steps = 0
         self.fallbacks = 0
@@ -176,6 +195,7 @@ class OverlapEngine(StepCheck):
             step = self._step
             if step.tensors is None:  # The step's first gradient: its push names these.
                 step.tensors = list(self._expected)
+                self._queue_hyperparameters(step)
             if self._cuda and not step.fenced:
                 # At the end of this backward, the loop's next writes to the gradients (clipping,
                 # unscale_) must come after the buckets' gathering: see _fence.
@@ -190,15 +210,52 @@ class OverlapEngine(StepCheck):
                 return
             self._add_locked(step, i)
 
-    def _add_locked(self, step: _Step, i: int) -> None:
-        """Adds param i to the open bucket, and closes the bucket once it is full."""
+    def _queue_hyperparameters(self, step: _Step) -> None:
+        """At a step's first gradient (the loop waits in backward meanwhile): the changed
+        hyperparameters (a scheduler's lr) go to the server now, on the worker before the
+        step's writes, not on the step's critical path after backward. A failed send fails
+        the step, and the next one sends every group's."""
+        opt = self._opt
+        changed = opt._changed_hyperparameters(mark=True)
+        if not changed:
+            return
+
+        def send():
+            try:
+                opt._send_hyperparameters(changed, mark=False)
+            except BaseException as e:  # noqa: BLE001 - raised by the step's commit
+                self._hyper_failed = True
+                if step.error is None:
+                    step.error = e
+
+        self._call(send)
+
+    def _after_hyperparameters_failed(self) -> None:
+        """(The training thread.) After a failed send of marked hyperparameters, the next
+        send is of every group's."""
+        if self._hyper_failed:
+            self._hyper_failed = False
+            self._opt._forget_sent_hyperparameters()
+
+    def _add_locked(self, step: _Step, i: int, close: bool = True) -> None:
+        """Adds param i to the open bucket, and (with close) closes the bucket once it is full
+        or the plan ends one after i."""
         step.offset[i] = step.cursor
         step.params.append(i)
         step.bucket.append(i)
         step.cursor += self._numel[i]
         step.bucket_bytes += self._numel[i] * self._itemsize
-        if step.bucket_bytes >= self._bucket_bytes:
+        if close and (step.bucket_bytes >= self._bucket_bytes or i in self._close_after):
             self._close_bucket_locked(step)
+
+    def _plan_buckets(self, order: List[int]) -> None:
+        """Plans the next steps' buckets on this staging order (the module docstring, 1)."""
+        if order == self._planned_order:
+            return
+        self._planned_order = list(order)
+        ends = plan_ends([self._numel[i] * self._itemsize for i in order], self._bucket_bytes,
+                         self._edge_bytes, "tail")
+        self._close_after = {order[end - 1] for end in ends}
 
     def _close_bucket_locked(self, step: _Step) -> None:
         if not step.bucket:
@@ -302,6 +359,7 @@ class OverlapEngine(StepCheck):
         named = cast(List[int], step.tensors)  # Fixed with the step's first gradient.
         if self._begun is None or self._begun[0] != named:
             self._begun = (list(named), *self._route.tensors_by_shard(named))
+            self._pieces.clear()  # They name tensors by their index in the push.
         _, by_shard, step.index = self._begun
         step.transactions = []
         for shard, tensors in enumerate(by_shard):
@@ -320,19 +378,31 @@ class OverlapEngine(StepCheck):
             if bucket.event is not None:
                 bucket.event.synchronize()
             _trace.mark("write", bucket.end - bucket.begin)
-            host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
-            base = host.data_ptr()
-            pieces: List[list] = [[] for _ in transactions]
-            for i in bucket.params:
-                at = step.offset[i]
-                for k, seg in enumerate(self._route.segments[i]):
-                    address = base + (at + seg.begin) * self._itemsize
-                    pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
-            for txn, shard_pieces in zip(transactions, pieces):
+            for txn, shard_pieces in zip(transactions, self._pieces_of(step, bucket)):
                 if shard_pieces:
                     txn.write(shard_pieces)
         except BaseException as e:  # noqa: BLE001 - reported at step()
             step.error = e
+
+    def _pieces_of(self, step: _Step, bucket: _Bucket) -> List[list]:
+        """Per shard, the (tensor index, element offset, elements, host address) pieces of the
+        bucket's write; made once per buffer, place and params (and push's tensors, _begin)."""
+        key = (step.buffer, bucket.begin, tuple(bucket.params))
+        pieces = self._pieces.get(key)
+        if pieces is not None:
+            return pieces
+        host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
+        base = host.data_ptr()
+        pieces = [[] for _ in cast(list, step.transactions)]
+        for i in bucket.params:
+            at = step.offset[i]
+            for k, seg in enumerate(self._route.segments[i]):
+                address = base + (at + seg.begin) * self._itemsize
+                pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
+        if len(self._pieces) > 4096:  # Orders that never settle: no unbounded growth.
+            self._pieces.clear()
+        self._pieces[key] = pieces
+        return pieces
 
     def _end(self, step: _Step, grad_scale: Optional[float]) -> list:
         """Commits (grad_scale, or cancels when it is False) every transaction of the step;
@@ -449,8 +519,11 @@ class OverlapEngine(StepCheck):
                     step.tensors = list(self._expected)
                 for i in with_grad:
                     if i not in step.offset:  # No hook ran for it (or none is left): staged now.
-                        self._add_locked(step, i)
+                        # Once delayed (no hooks) all in one bucket: nothing to overlap here.
+                        self._add_locked(step, i, close=not delayed)
                 self._close_bucket_locked(step)
+                if not delayed:
+                    self._plan_buckets(step.params)
         if self._cuda:
             self._fence(torch.cuda.current_stream(self.device))
         step = self._take_step()
@@ -480,7 +553,8 @@ class OverlapEngine(StepCheck):
                            "one factor for all (as clipping or GradScaler.unscale_ change them)")
             return self._finish_timings(timings, t0)
         commit_scale = plan.grad_scale if unchanged else (plan.grad_scale or 1.0) / factor
-        hyper = opt._changed_hyperparameters()
+        self._after_hyperparameters_failed()
+        hyper = opt._changed_hyperparameters(mark=True)
         if opt._pending is not None:
             start = time.perf_counter()
             self._call(opt.write_pending_state).result()
@@ -490,7 +564,12 @@ class OverlapEngine(StepCheck):
 
         def commit():
             start = time.perf_counter()
-            opt._send_hyperparameters(hyper)
+            try:
+                opt._send_hyperparameters(hyper, mark=False)
+            except BaseException:
+                self._hyper_failed = True
+                self._cancel(step)
+                raise
             sent_hyper = time.perf_counter()
             opt._buffers.send(buffers)
             sent = time.perf_counter()
@@ -501,6 +580,7 @@ class OverlapEngine(StepCheck):
             if delayed:
                 self.pulls.start("shadow")
                 self.pulls.land()  # Here, so that the loop's threads do nothing for it.
+                _trace.mark("landed")
             else:
                 self.pulls.start("direct")
             return results, sent_hyper - start, sent - sent_hyper, pushed - step.push_started
@@ -546,6 +626,7 @@ class OverlapEngine(StepCheck):
     def _fallback(self, step: _Step, plan, timings: Dict[str, float], why: str) -> None:
         """Cancels the step's push and pushes the gradients again in full, then pulls."""
         self._discard(step)
+        self._after_hyperparameters_failed()  # The worker is done with the step's sends.
         self.pulls.discard()  # The full pull below brings newer values than any shadow.
         self.fallbacks += 1
         if why not in self._warned:

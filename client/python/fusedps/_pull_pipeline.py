@@ -1,8 +1,9 @@
 """Parameters back in the order the forward uses them (RemoteAdamW(overlap=True)).
 
 Internal module of fusedps.torch. After a step is applied, PullPipeline pulls every parameter in
-groups of about ``group_bytes``, in the order the last forward pass first used them, over the
-client's streams at once. Each group lands in pinned host memory (the wire's bytes, no
+groups, in the order the last forward pass first used them, over the client's streams at once:
+the first group small (``edge_bytes``), the next ones doubling up to ``group_bytes``
+(fusedps._bucket_plan). Each group lands in pinned host memory (the wire's bytes, no
 conversion) and is copied to the device on a side stream.
 
 Who does what: the landing runs on the C++ client's threads (fusedps._native.PipelinedPull)
@@ -47,6 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 import torch
 
 from fusedps import _dtypes, _native, _trace, _workspace
+from fusedps._bucket_plan import plan_ends
 from fusedps._route import Route
 
 __all__ = ["PullPipeline"]
@@ -142,18 +144,21 @@ class PullPipeline:
       wire: "float32" or "bfloat16": the pull's dtype.
       streams: pulls in flight at once (each on its own stream of the clients).
       group_bytes: wire bytes per group, about.
+      edge_bytes: wire bytes of the first group, about; the next ones double up to group_bytes
+        (fusedps._bucket_plan), so the first module waits for little. 0: all group_bytes.
       workspace: a same-host workspace of the route's one server (fusedps._workspace), which
         the host buffer is carved from and the pulls land through; None: over gRPC.
     """
 
     def __init__(self, route: Route, params: Sequence[torch.Tensor], wire: str, streams: int,
-                 group_bytes: int, workspace=None):
+                 group_bytes: int, edge_bytes: int = 0, workspace=None):
         self._route = route
         self._params = list(params)
         self._wire = wire
         self._wire_dtype = _dtypes.torch_dtype(wire)
         self._streams = max(1, int(streams))
         self._group_bytes = max(1, int(group_bytes))
+        self._edge_bytes = int(edge_bytes)
         self._itemsize = _dtypes.element_size(wire)
         self.device = self._params[0].device
         self._cuda = self.device.type == "cuda"
@@ -197,27 +202,20 @@ class PullPipeline:
     # -- the optimizer's side ---------------------------------------------------------------------
 
     def _layout(self, order: List[int]) -> List[_Group]:
-        """Groups of about group_bytes in ``order``, their places in the host buffer, and what
-        each pulls and copies."""
+        """Groups in ``order`` (edge_bytes first, doubling up to group_bytes), their places in
+        the host buffer, and what each pulls and copies."""
         if self._host is None and self._workspace is not None:
             self._host = self._workspace.carve(sum(self._numel), self._wire_dtype)
         elif self._host is None:
             self._host = torch.empty(sum(self._numel), dtype=self._wire_dtype,
                                      pin_memory=self._cuda)
-        groups: List[_Group] = []
         offset = 0
-        current: List[int] = []
-        size = 0
         for i in order:
             self._offset[i] = offset
             offset += self._numel[i]
-            current.append(i)
-            size += self._numel[i] * self._itemsize
-            if size >= self._group_bytes:
-                groups.append(_Group(current))
-                current, size = [], 0
-        if current:
-            groups.append(_Group(current))
+        ends = plan_ends([self._numel[i] * self._itemsize for i in order], self._group_bytes,
+                         self._edge_bytes, "head")
+        groups = [_Group(list(order[begin:end])) for begin, end in zip([0] + ends, ends)]
         for g, group in enumerate(groups):
             for i in group.params:
                 self._group_of[i] = g

@@ -215,13 +215,16 @@ DATA_PLANES = ("auto", "workspace", "grpc")
 
 def check_overlap_options(overlap: bool, bucket_bytes: Optional[int], delay: int,
                           delay_warmup: int, pull_dtype: Optional[str],
-                          data_plane: str = "auto") -> None:
+                          data_plane: str = "auto",
+                          edge_bucket_bytes: Optional[int] = None) -> None:
     """ValueError for RemoteAdamW's overlap arguments out of range (delay without overlap,
     too)."""
     if data_plane not in DATA_PLANES:
         raise ValueError(f"data_plane must be one of {DATA_PLANES}, got {data_plane!r}")
     if bucket_bytes is not None and int(bucket_bytes) < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    if edge_bucket_bytes is not None and int(edge_bucket_bytes) < 0:
+        raise ValueError(f"edge_bucket_bytes must be >= 0, got {edge_bucket_bytes}")
     if delay not in (0, 1):
         raise ValueError(f"delay must be 0 or 1, got {delay!r}")
     if delay and not overlap:

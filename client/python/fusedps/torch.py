@@ -62,6 +62,7 @@ import torch
 from fusedps import _buffers, _on_existing
 from fusedps import _remote_optim as ro
 from fusedps._adamw_state_dict import StateDictMethods
+from fusedps._bucket_plan import DEFAULT_EDGE_BYTES
 from fusedps._torch_defaults import ADAMW
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
@@ -134,6 +135,12 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
         wait_parameters(). Works on torch 1.13 and 2.x, with one server or several.
       bucket_bytes: see overlap (default None: 32 MiB through a same-host workspace, 8 MiB
         over gRPC); the pulls go in groups of this size too.
+      edge_bucket_bytes: with overlap, the size of the two exposed ends of a step: the last
+        bucket of a backward (what is left to push when it ends) and the first pull group of
+        a forward (what its first layers wait for). The buckets before the last, and the
+        groups after the first, double in size up to ``bucket_bytes``. DDP's first bucket
+        (1 MiB) is the same idea at its one end. Default None: 4 MiB; 0: every bucket and
+        group ``bucket_bytes``.
       delay: with overlap, 1 turns on the one-step-delayed update (ZeRO-Offload's DPU): after
         ``delay_warmup`` steps, step() returns at once and the push, the server's step and
         the pull complete behind the next forward and backward, which run on the parameters
@@ -261,7 +268,9 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                  client_options: Optional[Mapping[str, Any]] = None,
                  grad_dtype: Union[str, torch.dtype] = "float32", prefix: str = "",
                  connect_timeout: Optional[float] = 30.0, overlap: bool = False,
-                 bucket_bytes: Optional[int] = None, delay: int = 0, delay_warmup: int = 10,
+                 bucket_bytes: Optional[int] = None,
+                 edge_bucket_bytes: Optional[int] = None, delay: int = 0,
+                 delay_warmup: int = 10,
                  pull_dtype: Optional[str] = None, grad_scaler: Any = None,
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
                  rounding_seed: int = 0, on_existing: str = "error",
@@ -274,7 +283,7 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
         if (targets is None) == (client is None):
             raise ValueError("give exactly one of targets= and client=")
         ro.check_overlap_options(overlap, bucket_bytes, delay, delay_warmup, pull_dtype,
-                                 data_plane)
+                                 data_plane, edge_bucket_bytes)
         facts = ro.torch_adamw_facts(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                      amsgrad=amsgrad, maximize=maximize)
         groups = ro.named_param_groups(params)
@@ -349,7 +358,9 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                 self._overlap = OverlapEngine(
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
                     pull_group_bytes=None, delay=delay,
-                    delay_warmup=delay_warmup, data_plane=data_plane)
+                    delay_warmup=delay_warmup, data_plane=data_plane,
+                    edge_bytes=(DEFAULT_EDGE_BYTES if edge_bucket_bytes is None
+                                else edge_bucket_bytes))
         except BaseException:
             self.close()
             raise
@@ -534,23 +545,31 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                 raise ValueError(f"param group {i}: amsgrad cannot change after construction "
                                  "(the server keeps max_exp_avg_sq or not from registration)")
 
-    def _changed_hyperparameters(self) -> List[Tuple[int, ro.HyperTuple]]:
+    def _changed_hyperparameters(self, mark: bool = False) -> List[Tuple[int, ro.HyperTuple]]:
         """(group index, hyperparameters) of each group whose values differ from the last
-        ones sent."""
+        ones sent or queued to be sent; ``mark`` records them as queued (the overlap engine's
+        worker sends them in order; forget_sent_hyperparameters() if that fails)."""
         changed = []
         for i, g in enumerate(self.param_groups):
             h = ro.hyperparameters_of(g)
             if h != self._sent[i]:
                 changed.append((i, h))
+                if mark:
+                    self._sent[i] = h
         return changed
 
-    def _send_hyperparameters(self, changed: Optional[List[Tuple[int, ro.HyperTuple]]] = None
-                              ) -> None:
+    def _send_hyperparameters(self, changed: Optional[List[Tuple[int, ro.HyperTuple]]] = None,
+                              mark: bool = True) -> None:
         """set_hyperparameters for each changed group (_changed_hyperparameters() when
-        None)."""
+        None), recording each as sent unless ``mark`` is False (marked when queued)."""
         for i, h in self._changed_hyperparameters() if changed is None else changed:
             self.client.set_hyperparameters(self.group_names[i], **ro.hyperparameter_kwargs(h))
-            self._sent[i] = h
+            if mark:
+                self._sent[i] = h
+
+    def _forget_sent_hyperparameters(self) -> None:
+        """After a failed send of queued ones: the next step sends every group's."""
+        self._sent = [None] * len(self._sent)  # type: ignore[list-item]
 
     def _scaling_plan(self, grad_scaler: Any, grad_scale: Optional[float]) -> ro.ScalerPlan:
         own = ro.check_grad_scale(grad_scale)
