@@ -44,7 +44,11 @@ context bytes, targets: the last context bytes); the validation loss is the mean
 "loss", "lr", "data_seconds", "fwd_bwd_seconds", "optimizer_seconds", "push_seconds",
 "pull_seconds", "hyperparameters_seconds", "step_seconds"}; per eval {"kind": "eval", "step",
 "val_loss"}; and a last {"kind": "summary", ...}. Losses are mean cross-entropy in nats per byte;
-times are seconds of wall clock, measured after torch.cuda.synchronize() on CUDA. data is the
+times are seconds of wall clock. On CUDA each phase ends when the loop's own stream has done its
+work (--timing-sync stream, the default): work queued on other streams, such as RemoteAdamW's
+gradient copies, goes on behind the next phase, as it does in a loop that is not timed, and the
+next step() waits for it. --timing-sync device waits for every stream instead, so such work
+counts in the phase that queued it (the timing of runs before 2026-11-29). data is the
 batch's sampling and copy to the device; push/pull/hyperparameters come from
 RemoteAdamW.last_step_timings (0 with --optimizer torch); optimizer_seconds is all of
 optimizer.step(); "other" in the summary is step - fwd_bwd - push - pull (so it holds the data,
@@ -79,6 +83,7 @@ import torch.nn.functional as F
 
 try:  # The model lives in the fusedps package (the self-check trains it too).
     from fusedps.bench.gpt import GPT, HAS_SDPA, GPTConfig
+    from fusedps.bench.timing import synchronize as sync_device
 except ImportError as e:
     sys.exit(f"error: {e}: run with PYTHONPATH=build/python (or wherever the fusedps client is "
              "built or installed)")
@@ -141,6 +146,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bucket-mib", type=float,
                    help="with --overlap: gradient bucket size, MiB of wire bytes (default: "
                         "RemoteAdamW's, 32 through a workspace, 8 over gRPC)")
+    p.add_argument("--edge-bucket-mib", type=float,
+                   help="with --overlap: the last gradient bucket's and the first pull "
+                        "group's size, MiB (RemoteAdamW's edge_bucket_bytes; default 4; 0: "
+                        "all --bucket-mib)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -170,6 +179,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, help="steps between val evals (0: only at the end)")
     p.add_argument("--eval-batches", type=int)
+    p.add_argument("--timing-sync", default="stream", choices=["stream", "device"],
+                   help="on CUDA, where each timed phase ends: when the loop's stream is done "
+                        "(default) or every stream of the device (see --log-json)")
     p.add_argument("--timing-warmup", type=int, default=5,
                    help="first steps left out of the mean times (never all of them)")
     p.add_argument("--log-every", type=int, default=10, help="print every N steps")
@@ -265,6 +277,8 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
                        pull_dtype=args.pull_dtype, data_plane=args.data_plane,
                        bucket_bytes=(None if args.bucket_mib is None
                                      else int(args.bucket_mib * (1 << 20))))
+        if args.edge_bucket_mib is not None:
+            overlap["edge_bucket_bytes"] = int(args.edge_bucket_mib * (1 << 20))
     return RemoteAdamW(model.named_parameters(), targets=targets, grad_dtype=args.grad_dtype,
                        client_options=client_options, prefix=args.prefix,
                        state_dtype=args.state_dtype, params_dtype=args.params_dtype,
@@ -281,9 +295,8 @@ def round_grads(model: torch.nn.Module, grad_dtype: str) -> None:
             p.grad.copy_(p.grad.to(dt))
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def synchronize(device: torch.device, args) -> None:
+    sync_device(device, every_stream=args.timing_sync == "device")
 
 
 def autocast(args):
@@ -348,20 +361,20 @@ def train_step(model, optimizer, scheduler, train, batch_gen, args, device) -> d
     data_seconds = time.perf_counter() - t_start
     lr = optimizer.param_groups[0]["lr"]
     optimizer.zero_grad(set_to_none=True)
-    synchronize(device)
+    synchronize(device, args)
     t_fwd = time.perf_counter()
     loss = loss_of(model, inputs, targets, args)
     loss.backward()
-    synchronize(device)
+    synchronize(device, args)
     fwd_bwd = time.perf_counter() - t_fwd
     if args.clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
     if args.optimizer == "torch":
         round_grads(model, args.grad_dtype)
-    synchronize(device)
+    synchronize(device, args)
     t_opt = time.perf_counter()
     optimizer.step()
-    synchronize(device)
+    synchronize(device, args)
     opt_seconds = time.perf_counter() - t_opt
     scheduler.step()
     timings = getattr(optimizer, "last_step_timings", None) or {}

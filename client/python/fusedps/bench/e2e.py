@@ -29,6 +29,7 @@ import torch
 
 from fusedps import _dtypes
 from fusedps.bench.gpt import GPT, GPTConfig
+from fusedps.bench.timing import synchronize
 
 PRESETS = {
     "tiny": dict(n_layer=2, d_model=64, n_head=4, context=64, batch_size=16),
@@ -59,11 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def copy_rates(device: torch.device) -> Dict[str, float]:
     """GB/s of pinned device-to-host and host-to-device copies of 256 MiB (CUDA only)."""
     if device.type != "cuda":
@@ -74,11 +70,11 @@ def copy_rates(device: torch.device) -> Dict[str, float]:
     rates = {}
     for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
         dst.copy_(src, non_blocking=True)
-        synchronize(device)
+        synchronize(device, every_stream=True)
         start = time.perf_counter()
         for _ in range(3):
             dst.copy_(src, non_blocking=True)
-        synchronize(device)
+        synchronize(device, every_stream=True)
         rates[name] = 3 * n * 4 / (time.perf_counter() - start) / 1e9
     return rates
 
