@@ -5,11 +5,11 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
 1. Backward. As backward finishes each parameter's gradient (fusedps._grad_hooks), the
    parameter joins the open bucket; a full bucket is staged by the hook itself, on a side
    CUDA stream (its gradients gathered into the flat fp32 buffer ``sent``, rounded to the
-   wire dtype, copied to pinned host memory), and handed to a worker thread, which waits for
-   the copy and writes it into the step's push (fusedps.PushTransaction, one per server): the
-   server stages it while backward goes on. At the end of backward the loop's stream waits
-   for the gathering (so that what was sent is each gradient as backward left it, whatever
-   the loop writes next). A bucket is full at
+   wire dtype, copied to pinned host memory), and handed to a worker thread (StepWorker,
+   fusedps/_overlap_worker.py), which waits for the copy and writes it into the step's push
+   (fusedps.PushTransaction, one per server): the server stages it while backward goes on.
+   At the end of backward the loop's stream waits for the gathering (so that what was sent
+   is each gradient as backward left it, whatever the loop writes next). A bucket is full at
    ``bucket_bytes`` wire bytes, except near the end of backward: from the second step on, the
    buckets are planned on the last step's order so that the last one holds about
    ``edge_bytes`` and the ones before it double up to ``bucket_bytes`` (fusedps._bucket_plan):
@@ -55,7 +55,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -64,6 +64,7 @@ from fusedps import _remote_optim as _ro
 from fusedps._bucket_plan import plan_ends
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps._overlap_step import StepCheck, _Bucket, _Step
+from fusedps._overlap_worker import StepWorker
 from fusedps._pull_pipeline import PullPipeline
 from fusedps._route import Route
 
@@ -80,7 +81,7 @@ GRPC_BUCKET_BYTES = 8 << 20
 WORKSPACE_BUCKET_BYTES = 32 << 20
 
 
-class OverlapEngine(StepCheck):
+class OverlapEngine(StepCheck, StepWorker):
     """Args:
       optimizer: the RemoteAdamW (its client, _scaling_plan, hyperparameter and fallback
         methods are used).
@@ -210,33 +211,6 @@ class OverlapEngine(StepCheck):
                 return
             self._add_locked(step, i)
 
-    def _queue_hyperparameters(self, step: _Step) -> None:
-        """At a step's first gradient (the loop waits in backward meanwhile): the changed
-        hyperparameters (a scheduler's lr) go to the server now, on the worker before the
-        step's writes, not on the step's critical path after backward. A failed send fails
-        the step, and the next one sends every group's."""
-        opt = self._opt
-        changed = opt._changed_hyperparameters(mark=True)
-        if not changed:
-            return
-
-        def send():
-            try:
-                opt._send_hyperparameters(changed, mark=False)
-            except BaseException as e:  # noqa: BLE001 - raised by the step's commit
-                self._hyper_failed = True
-                if step.error is None:
-                    step.error = e
-
-        self._call(send)
-
-    def _after_hyperparameters_failed(self) -> None:
-        """(The training thread.) After a failed send of marked hyperparameters, the next
-        send is of every group's."""
-        if self._hyper_failed:
-            self._hyper_failed = False
-            self._opt._forget_sent_hyperparameters()
-
     def _add_locked(self, step: _Step, i: int, close: bool = True) -> None:
         """Adds param i to the open bucket, and (with close) closes the bucket once it is full
         or the plan ends one after i."""
@@ -325,115 +299,6 @@ class OverlapEngine(StepCheck):
                     source = self._wire_dev[r]
                 host[r].copy_(source, non_blocking=True)
                 bucket.event = self._stream.record_event()
-
-    # -- the worker ---------------------------------------------------------------------------
-
-    def _work(self) -> None:
-        """The worker's loop: writes, commits and cancels, in the order they come."""
-        if self._cuda:
-            torch.cuda.set_device(self.device)
-        while True:
-            task = self._tasks.get()
-            if task is None:
-                return
-            kind, *args = task
-            if kind == "write":
-                self._write(*args)
-            else:  # ("call", future, fn)
-                future, fn = args
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn())
-                    except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                        future.set_exception(e)
-
-    def _call(self, fn: Callable[[], Any]) -> Future:
-        """Runs fn on the worker, after everything queued before it."""
-        future: Future = Future()
-        self._tasks.put(("call", future, fn))
-        return future
-
-    def _begin(self, step: _Step) -> None:
-        """Begins the step's push on every server that holds some of its params."""
-        # The same params each step, as a rule: their split over the shards is made once.
-        named = cast(List[int], step.tensors)  # Fixed with the step's first gradient.
-        if self._begun is None or self._begun[0] != named:
-            self._begun = (list(named), *self._route.tensors_by_shard(named))
-            self._pieces.clear()  # They name tensors by their index in the push.
-        _, by_shard, step.index = self._begun
-        step.transactions = []
-        for shard, tensors in enumerate(by_shard):
-            client = self._route.clients[shard]
-            step.transactions.append(None if not tensors else client.begin_push(
-                tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash,
-                workspace=self.workspace))
-
-    def _write(self, step: _Step, bucket: _Bucket) -> None:
-        if step.error is not None:
-            return
-        try:
-            if step.transactions is None:
-                self._begin(step)
-            transactions = cast(list, step.transactions)  # Set by _begin.
-            if bucket.event is not None:
-                bucket.event.synchronize()
-            _trace.mark("write", bucket.end - bucket.begin)
-            for txn, shard_pieces in zip(transactions, self._pieces_of(step, bucket)):
-                if shard_pieces:
-                    txn.write(shard_pieces)
-        except BaseException as e:  # noqa: BLE001 - reported at step()
-            step.error = e
-
-    def _pieces_of(self, step: _Step, bucket: _Bucket) -> List[list]:
-        """Per shard, the (tensor index, element offset, elements, host address) pieces of the
-        bucket's write; made once per buffer, place and params (and push's tensors, _begin)."""
-        key = (step.buffer, bucket.begin, tuple(bucket.params))
-        pieces = self._pieces.get(key)
-        if pieces is not None:
-            return pieces
-        host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
-        base = host.data_ptr()
-        pieces = [[] for _ in cast(list, step.transactions)]
-        for i in bucket.params:
-            at = step.offset[i]
-            for k, seg in enumerate(self._route.segments[i]):
-                address = base + (at + seg.begin) * self._itemsize
-                pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
-        if len(self._pieces) > 4096:  # Orders that never settle: no unbounded growth.
-            self._pieces.clear()
-        self._pieces[key] = pieces
-        return pieces
-
-    def _end(self, step: _Step, grad_scale: Optional[float]) -> list:
-        """Commits (grad_scale, or cancels when it is False) every transaction of the step;
-        returns the commits' results. Raises the first error (the others are cancelled)."""
-        if step.error is not None:
-            self._cancel(step)
-            raise step.error
-        if step.transactions is None:
-            raise RuntimeError("internal: a step with nothing staged was committed")
-        results, error = [], None
-        for txn in step.transactions:
-            if txn is None:
-                continue
-            try:
-                if error is None:
-                    results.append(txn.commit(grad_scale))
-                else:
-                    txn.cancel()
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                error = e
-            finally:
-                txn.close()
-        if error is not None:
-            raise error
-        return results
-
-    @staticmethod
-    def _cancel(step: _Step) -> None:
-        for txn in step.transactions or ():
-            if txn is not None:
-                txn.close()
 
     # -- step() (the training thread) ---------------------------------------------------------
 
