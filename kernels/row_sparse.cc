@@ -1,0 +1,134 @@
+#include "kernels/row_sparse.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <numeric>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/sparse_adam_math.h"
+
+namespace fusedps {
+namespace {
+
+// Whether `count` floats make `rows` rows of `dim` (without forming rows * dim, which may
+// overflow).
+bool IsRowsByDim(size_t count, int64_t rows, int64_t dim) {
+  const auto d = static_cast<size_t>(dim);
+  return count % d == 0 && count / d == static_cast<size_t>(rows);
+}
+
+absl::Status CheckTable(const RowSparseTable& table) {
+  if (table.dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("table.dim = ", table.dim, " is below 1"));
+  }
+  if (table.rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table.rows = ", table.rows, " is below 0"));
+  }
+  if (table.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table.step = ", table.step, " is below 0"));
+  }
+  const struct {
+    const char* name;
+    absl::Span<float> values;
+  } fields[] = {
+      {"params", table.params}, {"exp_avg", table.exp_avg}, {"exp_avg_sq", table.exp_avg_sq}};
+  for (const auto& field : fields) {
+    if (!IsRowsByDim(field.values.size(), table.rows, table.dim)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table.", field.name, " has ", field.values.size(),
+                       " floats, not rows * dim = ", table.rows, " * ", table.dim));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper) {
+  if (hyper.amsgrad) {
+    return absl::InvalidArgumentError("hyper.amsgrad: row-sparse steps do not support amsgrad");
+  }
+  if (!hyper.decoupled_weight_decay && hyper.weight_decay != 0.0) {
+    return absl::InvalidArgumentError(
+        "hyper.decoupled_weight_decay: row-sparse steps support decoupled weight decay only");
+  }
+  if (hyper.state_dtype != StateDType::kFloat32 || hyper.params_dtype != ParamsDType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "hyper.state_dtype and hyper.params_dtype: row-sparse tables are fp32");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPush(const RowSparseTable& table, absl::Span<const int64_t> keys,
+                       absl::Span<const float> grads, float grad_scale) {
+  if (!std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("grad_scale = ", grad_scale, " is not finite"));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] < 0 || keys[i] >= table.rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keys[", i, "] = ", keys[i], " is outside [0, ", table.rows, ") (the table's rows)"));
+    }
+  }
+  if (!IsRowsByDim(grads.size(), static_cast<int64_t>(keys.size()), table.dim)) {
+    return absl::InvalidArgumentError(absl::StrCat("grads has ", grads.size(),
+                                                   " floats, not keys.size() * dim = ", keys.size(),
+                                                   " * ", table.dim));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const float> grads,
+                           int64_t dim) {
+  const auto row_size = static_cast<size_t>(dim);
+  std::vector<size_t> order(keys.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  // Stable: duplicates stay in push order, so they are summed in it.
+  std::stable_sort(order.begin(), order.end(),
+                   [&keys](size_t a, size_t b) { return keys[a] < keys[b]; });
+  CoalescedRows out;
+  for (size_t k = 0; k < order.size();) {
+    const int64_t key = keys[order[k]];
+    const float* first = grads.data() + order[k] * row_size;
+    out.keys.push_back(key);
+    const size_t at = out.grads.size();
+    out.grads.insert(out.grads.end(), first, first + row_size);
+    for (++k; k < order.size() && keys[order[k]] == key; ++k) {
+      const float* row = grads.data() + order[k] * row_size;
+      for (size_t j = 0; j < row_size; ++j) out.grads[at + j] += row[j];
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperparameters& hyper,
+                                        absl::Span<const int64_t> keys,
+                                        absl::Span<const float> grads, float grad_scale) {
+  if (absl::Status s = CheckTable(table); !s.ok()) return s;
+  if (absl::Status s = CheckHyperparameters(hyper); !s.ok()) return s;
+  if (absl::Status s = CheckPush(table, keys, grads, grad_scale); !s.ok()) return s;
+
+  CoalescedRows rows = CoalesceRows(keys, grads, table.dim);
+  const AdamWStepScalars s = MakeStepScalars(hyper, table.step + 1, grad_scale);
+  // All or nothing: every gradient is checked before any state is written.
+  for (float& g : rows.grads) {
+    g = SparseAdamGrad(s, g);
+    if (!std::isfinite(g)) return false;
+  }
+
+  ++table.step;
+  const auto dim = static_cast<size_t>(table.dim);
+  for (size_t i = 0; i < rows.keys.size(); ++i) {
+    const size_t offset = static_cast<size_t>(rows.keys[i]) * dim;
+    const float* g = rows.grads.data() + i * dim;
+    float* param = table.params.data() + offset;
+    float* exp_avg = table.exp_avg.data() + offset;
+    float* exp_avg_sq = table.exp_avg_sq.data() + offset;
+    for (size_t j = 0; j < dim; ++j) SparseAdamUpdate(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
+  }
+  return true;
+}
+
+}  // namespace fusedps

@@ -1,0 +1,84 @@
+// row_sparse.h: one row-sparse optimizer step of an embedding table, on the CPU, fp32 state.
+//
+// An embedding table is a [rows, dim] matrix of params with its Adam state (exp_avg,
+// exp_avg_sq, same shape). A push names some rows by key (the row's index, an int64 in
+// [0, rows), duplicates allowed) with one gradient row each; the step sums the gradients of
+// duplicate keys (as torch.Tensor.coalesce() does), then updates the pushed rows only, with
+// torch.optim.SparseAdam's math (kernels/sparse_adam_math.h: its op order, its sources and our
+// one extension, decoupled weight decay of the pushed rows). Rows not pushed keep every byte
+// of their params and moments; the table's one step count advances at every applied step.
+//
+// Errors are absl::InvalidArgumentError naming the field and its limit, e.g.
+// "keys[3] = 70 is outside [0, 64) (the table's rows)", and change nothing: every check runs
+// before any write. A step whose gradients are not all finite (after summing duplicates and
+// dividing by grad_scale) is skipped whole: nothing changes, the step count included, and the
+// call returns false, as a dense push with a non-finite gradient is skipped.
+//
+// Thread safety: none; one thread at a time per table.
+//
+// Usage:
+//   std::vector<float> params(rows * dim), exp_avg(rows * dim), exp_avg_sq(rows * dim);
+//   RowSparseTable table{absl::MakeSpan(params), absl::MakeSpan(exp_avg),
+//                        absl::MakeSpan(exp_avg_sq), rows, dim, /*step=*/0};
+//   absl::StatusOr<bool> applied = ApplyRowSparseStep(table, hyper, keys, grads, 0.0f);
+//   if (!applied.ok()) ...;    // bad input; nothing changed
+//   if (!*applied) ...;        // non-finite gradients; skipped, nothing changed
+#ifndef FUSEDPS_KERNELS_ROW_SPARSE_H_
+#define FUSEDPS_KERNELS_ROW_SPARSE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/adamw_math.h"
+
+namespace fusedps {
+
+// One table's state, which the caller owns: params, exp_avg and exp_avg_sq are fp32 [rows, dim]
+// row-major (row r is elements [r * dim, (r + 1) * dim)), each of exactly rows * dim floats; the
+// moments start at zero, as torch's. step is the number of steps applied so far (0 before the
+// first), one count for the whole table.
+struct RowSparseTable {
+  absl::Span<float> params;
+  absl::Span<float> exp_avg;
+  absl::Span<float> exp_avg_sq;
+  int64_t rows = 0;  // >= 0
+  int64_t dim = 0;   // >= 1
+  int64_t step = 0;  // >= 0
+};
+
+// A push's gradients with duplicate keys summed.
+struct CoalescedRows {
+  std::vector<int64_t> keys;  // Unique, ascending.
+  std::vector<float> grads;   // [keys.size(), dim] row-major: row i belongs to keys[i].
+};
+
+// The unique keys of `keys`, ascending, each with the fp32 sum of its gradient rows; row i of
+// `grads` (elements [i * dim, (i + 1) * dim)) belongs to keys[i]. Duplicates are summed in push
+// order (first + second + ...); a key pushed once keeps its row's bits. Keys are not checked
+// against any table.
+// REQUIRES: dim >= 1 and grads.size() == keys.size() * dim.
+CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const float> grads,
+                           int64_t dim);
+
+// One SparseAdam step (sparse_adam_math.h) of `table`: row i of `grads` ([keys.size(), dim]
+// fp32, row-major) is the gradient of row keys[i] of the table. grad_scale <= 0 means none;
+// otherwise the summed gradients are divided by it (a loss scale, as in adamw_math.h).
+// hyper's lr, beta1, beta2, eps, weight_decay (decoupled, pushed rows only) and maximize apply.
+// Returns true when the step was applied (step incremented, pushed rows updated; an empty push
+// only increments step, as torch's), false when it was skipped for a non-finite gradient.
+// Errors (INVALID_ARGUMENT, nothing changed):
+//   - table: dim < 1, rows < 0, step < 0, or params / exp_avg / exp_avg_sq not rows * dim floats;
+//   - hyper: amsgrad, L2 weight decay (decoupled_weight_decay false, weight_decay != 0), or a
+//     state_dtype or params_dtype other than fp32;
+//   - grad_scale: NaN or infinite;
+//   - keys: a key outside [0, table.rows);
+//   - grads: not keys.size() * table.dim floats.
+absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperparameters& hyper,
+                                        absl::Span<const int64_t> keys,
+                                        absl::Span<const float> grads, float grad_scale);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_KERNELS_ROW_SPARSE_H_
