@@ -60,10 +60,7 @@ absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper) {
 }
 
 absl::Status CheckPush(const RowSparseTable& table, absl::Span<const int64_t> keys,
-                       absl::Span<const float> grads, float grad_scale) {
-  if (!std::isfinite(grad_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat("grad_scale = ", grad_scale, " is not finite"));
-  }
+                       absl::Span<const float> grads) {
   for (size_t i = 0; i < keys.size(); ++i) {
     if (keys[i] < 0 || keys[i] >= table.rows) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -103,31 +100,49 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
   return out;
 }
 
-absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperparameters& hyper,
-                                        absl::Span<const int64_t> keys,
-                                        absl::Span<const float> grads, float grad_scale) {
+absl::Status CheckRowSparseStep(const RowSparseTable& table, const AdamWHyperparameters& hyper,
+                                float grad_scale) {
   if (absl::Status s = CheckTable(table); !s.ok()) return s;
   if (absl::Status s = CheckHyperparameters(hyper); !s.ok()) return s;
-  if (absl::Status s = CheckPush(table, keys, grads, grad_scale); !s.ok()) return s;
+  if (!std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("grad_scale = ", grad_scale, " is not finite"));
+  }
+  return absl::OkStatus();
+}
 
-  CoalescedRows rows = CoalesceRows(keys, grads, table.dim);
-  const AdamWStepScalars s = MakeStepScalars(hyper, table.step + 1, grad_scale);
-  // All or nothing: every gradient is checked before any state is written.
-  for (float& g : rows.grads) {
+bool UnscaleRowGrads(const AdamWStepScalars& s, absl::Span<float> grads) {
+  for (float& g : grads) {
     g = SparseAdamGrad(s, g);
     if (!std::isfinite(g)) return false;
   }
+  return true;
+}
 
-  ++table.step;
+void UpdateTableRows(RowSparseTable& table, const AdamWStepScalars& s,
+                     absl::Span<const int64_t> rows, absl::Span<const float> grads) {
   const auto dim = static_cast<size_t>(table.dim);
-  for (size_t i = 0; i < rows.keys.size(); ++i) {
-    const size_t offset = static_cast<size_t>(rows.keys[i]) * dim;
-    const float* g = rows.grads.data() + i * dim;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t offset = static_cast<size_t>(rows[i]) * dim;
+    const float* g = grads.data() + i * dim;
     float* param = table.params.data() + offset;
     float* exp_avg = table.exp_avg.data() + offset;
     float* exp_avg_sq = table.exp_avg_sq.data() + offset;
     for (size_t j = 0; j < dim; ++j) SparseAdamUpdate(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
   }
+}
+
+absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperparameters& hyper,
+                                        absl::Span<const int64_t> keys,
+                                        absl::Span<const float> grads, float grad_scale) {
+  if (absl::Status s = CheckRowSparseStep(table, hyper, grad_scale); !s.ok()) return s;
+  if (absl::Status s = CheckPush(table, keys, grads); !s.ok()) return s;
+
+  CoalescedRows rows = CoalesceRows(keys, grads, table.dim);
+  const AdamWStepScalars s = MakeStepScalars(hyper, table.step + 1, grad_scale);
+  // All or nothing: every gradient is checked before any state is written.
+  if (!UnscaleRowGrads(s, absl::MakeSpan(rows.grads))) return false;
+  ++table.step;
+  UpdateTableRows(table, s, rows.keys, rows.grads);
   return true;
 }
 

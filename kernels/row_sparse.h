@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/adamw_math.h"
@@ -78,6 +79,23 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
 absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperparameters& hyper,
                                         absl::Span<const int64_t> keys,
                                         absl::Span<const float> grads, float grad_scale);
+
+// --- ApplyRowSparseStep's pieces, shared with the step of hashed tables (hashed_row_step.h). ---
+
+// ApplyRowSparseStep's checks of table, hyper and grad_scale, in that order, with its errors.
+absl::Status CheckRowSparseStep(const RowSparseTable& table, const AdamWHyperparameters& hyper,
+                                float grad_scale);
+
+// Step 1 of sparse_adam_math.h on a push's coalesced gradients, in place: each g becomes
+// SparseAdamGrad(s, g). Returns false at the first one that is not finite: the step must then be
+// skipped whole (grads is then partly rewritten; no table was read or written).
+bool UnscaleRowGrads(const AdamWStepScalars& s, absl::Span<float> grads);
+
+// Steps 2 to 6 of sparse_adam_math.h: row rows[i] of the table's params and moments is updated
+// with row i of grads (UnscaleRowGrads'). s is for the table's incremented step.
+// REQUIRES: each row in [0, table.rows), none twice; grads.size() == rows.size() * table.dim.
+void UpdateTableRows(RowSparseTable& table, const AdamWStepScalars& s,
+                     absl::Span<const int64_t> rows, absl::Span<const float> grads);
 
 }  // namespace fusedps
 
