@@ -18,9 +18,13 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/row_init.h"
+#include "kernels/row_table_test_util.h"
 
 namespace fusedps {
 namespace {
+
+using row_table_test::SameBytes;
+using row_table_test::SparseAdamDefaults;
 
 constexpr uint64_t kSeed = 2024;
 constexpr float kInitStd = 0.5f;
@@ -45,12 +49,7 @@ struct ReferenceHashedTable {
   void Step(const AdamWHyperparameters& h, const std::vector<int64_t>& keys,
             const std::vector<float>& grads) {
     ++step;
-    std::map<int64_t, std::vector<double>> sums;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::vector<double>& sum = sums[keys[i]];
-      sum.resize(dim, 0.0);
-      for (int64_t j = 0; j < dim; ++j) sum[j] += grads[i * dim + j];
-    }
+    const std::map<int64_t, std::vector<double>> sums = row_table_test::SumRows(keys, grads, dim);
     for (const auto& [key, sum] : sums) {
       if (rows.count(key)) continue;
       Row row;
@@ -76,20 +75,12 @@ struct ReferenceHashedTable {
       row.exp_avg_sq.assign(dim, 0.0);
       rows[key] = row;
     }
-    const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
-    const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
-    const double step_size = h.lr * std::sqrt(bias_correction2) / bias_correction1;
+    const double step_size = row_table_test::ReferenceStepSize(h, step);
     for (const auto& [key, sum] : sums) {
       Row& row = rows[key];
       row.stamp = step;
-      for (int64_t j = 0; j < dim; ++j) {
-        const double g = h.maximize ? -sum[j] : sum[j];
-        double& param = row.params[j];
-        param -= h.lr * h.weight_decay * param;
-        row.exp_avg[j] = h.beta1 * row.exp_avg[j] + (1 - h.beta1) * g;
-        row.exp_avg_sq[j] = h.beta2 * row.exp_avg_sq[j] + (1 - h.beta2) * g * g;
-        param -= step_size * row.exp_avg[j] / (std::sqrt(row.exp_avg_sq[j]) + h.eps);
-      }
+      row_table_test::ReferenceRowUpdate(h, step_size, sum, row.params.data(), row.exp_avg.data(),
+                                         row.exp_avg_sq.data());
     }
   }
 };
@@ -127,27 +118,13 @@ struct TestTable {
 };
 
 // Everything a step may change, copied.
-struct Snapshot {
-  explicit Snapshot(const TestTable& t)
-      : params(t.params),
-        exp_avg(t.exp_avg),
-        exp_avg_sq(t.exp_avg_sq),
-        step(t.table.step),
-        index(t.index.Export()) {}
-  std::vector<float> params, exp_avg, exp_avg_sq;
-  int64_t step;
+struct Snapshot : row_table_test::TableBytes {
+  explicit Snapshot(const TestTable& t) : TableBytes(t.table), index(t.index.Export()) {}
   HashedRowIndexState index;
 };
 
-bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 void ExpectBitIdentical(const Snapshot& a, const Snapshot& b) {
-  EXPECT_TRUE(SameBytes(a.params, b.params));
-  EXPECT_TRUE(SameBytes(a.exp_avg, b.exp_avg));
-  EXPECT_TRUE(SameBytes(a.exp_avg_sq, b.exp_avg_sq));
-  EXPECT_EQ(a.step, b.step);
+  row_table_test::ExpectSameBytes(a, b);
   EXPECT_TRUE(a.index == b.index);
 }
 
@@ -168,13 +145,6 @@ Push RandomPush(std::mt19937& rng, int64_t dim) {
   push.keys.push_back(push.keys.front());
   for (size_t i = 0; i < push.keys.size() * dim; ++i) push.grads.push_back(normal(rng));
   return push;
-}
-
-AdamWHyperparameters SparseAdamDefaults() {
-  AdamWHyperparameters h;
-  h.lr = 0.01;
-  h.weight_decay = 0;  // AdamWHyperparameters' default is AdamW's 1e-2; SparseAdam has none.
-  return h;
 }
 
 bool Near(float actual, double expected) {
@@ -216,11 +186,7 @@ TEST(HashedRowStepTest, MatchesFloat64ModelOver30StepsWithEvictions) {
 }
 
 TEST(HashedRowStepTest, MatchesFloat64ModelWithWeightDecayMaximizeOddBetasAndEps) {
-  AdamWHyperparameters h = SparseAdamDefaults();
-  h.lr = 0.05;
-  h.beta1 = 0.5;
-  h.beta2 = 0.9;
-  h.eps = 1e-2;
+  AdamWHyperparameters h = row_table_test::OddSparseAdam();
   h.weight_decay = 0.1;
   h.maximize = true;
   ExpectMatchesReferenceOver30Steps(h);

@@ -13,9 +13,12 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "kernels/row_table_test_util.h"
 
 namespace fusedps {
 namespace {
+
+using row_table_test::SparseAdamDefaults;
 
 constexpr int64_t kRows = 64;
 
@@ -29,25 +32,14 @@ struct ReferenceTable {
   void Step(const AdamWHyperparameters& h, const std::vector<int64_t>& keys,
             const std::vector<float>& grads, double grad_scale) {
     ++step;
-    std::map<int64_t, std::vector<double>> sums;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::vector<double>& sum = sums[keys[i]];
-      sum.resize(dim, 0.0);
-      for (int64_t j = 0; j < dim; ++j) sum[j] += grads[i * dim + j];
-    }
-    const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
-    const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
-    const double step_size = h.lr * std::sqrt(bias_correction2) / bias_correction1;
-    for (const auto& [key, sum] : sums) {
-      for (int64_t j = 0; j < dim; ++j) {
-        double g = grad_scale > 0 ? sum[j] / grad_scale : sum[j];
-        if (h.maximize) g = -g;
-        const size_t e = key * dim + j;
-        params[e] -= h.lr * h.weight_decay * params[e];
-        exp_avg[e] = h.beta1 * exp_avg[e] + (1 - h.beta1) * g;
-        exp_avg_sq[e] = h.beta2 * exp_avg_sq[e] + (1 - h.beta2) * g * g;
-        params[e] -= step_size * exp_avg[e] / (std::sqrt(exp_avg_sq[e]) + h.eps);
+    const double step_size = row_table_test::ReferenceStepSize(h, step);
+    for (auto& [key, sum] : row_table_test::SumRows(keys, grads, dim)) {
+      if (grad_scale > 0) {
+        for (double& g : sum) g /= grad_scale;
       }
+      const size_t e = key * dim;
+      row_table_test::ReferenceRowUpdate(h, step_size, sum, &params[e], &exp_avg[e],
+                                         &exp_avg_sq[e]);
     }
   }
 };
@@ -90,22 +82,12 @@ struct TestTable {
 };
 
 // Everything a step may change, copied.
-struct Snapshot {
-  explicit Snapshot(const TestTable& t)
-      : params(t.params), exp_avg(t.exp_avg), exp_avg_sq(t.exp_avg_sq), step(t.table.step) {}
-  std::vector<float> params, exp_avg, exp_avg_sq;
-  int64_t step;
+struct Snapshot : row_table_test::TableBytes {
+  explicit Snapshot(const TestTable& t) : TableBytes(t.table) {}
 };
 
-bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 void ExpectBitIdentical(const Snapshot& before, const TestTable& t) {
-  EXPECT_TRUE(SameBytes(before.params, t.params));
-  EXPECT_TRUE(SameBytes(before.exp_avg, t.exp_avg));
-  EXPECT_TRUE(SameBytes(before.exp_avg_sq, t.exp_avg_sq));
-  EXPECT_EQ(before.step, t.table.step);
+  row_table_test::ExpectSameBytes(before, Snapshot(t));
 }
 
 // Whether row `row` of all three arrays has the same bytes in a and b.
@@ -131,13 +113,6 @@ Push RandomPush(std::mt19937& rng, int64_t key_limit, int64_t dim, float scale =
   push.keys.push_back(push.keys.front());
   for (size_t i = 0; i < push.keys.size() * dim; ++i) push.grads.push_back(normal(rng) * scale);
   return push;
-}
-
-AdamWHyperparameters SparseAdamDefaults() {
-  AdamWHyperparameters h;
-  h.lr = 0.01;
-  h.weight_decay = 0;  // AdamWHyperparameters' default is AdamW's 1e-2; SparseAdam has none.
-  return h;
 }
 
 // 25 steps on a [64, dim] table against the float64 reference (step 13 pushes nothing; rows 60
@@ -168,15 +143,8 @@ TEST(RowSparseStepTest, MatchesFloat64SparseAdamOver25Steps) {
   ExpectMatchesReferenceOver25Steps(SparseAdamDefaults());
 }
 
-// Large eps and small betas: Adam's order (eps added to sqrt(exp_avg_sq) unscaled) differs
-// visibly from AdamW's here.
 TEST(RowSparseStepTest, MatchesFloat64SparseAdamWithOddBetasAndEps) {
-  AdamWHyperparameters h = SparseAdamDefaults();
-  h.lr = 0.05;
-  h.beta1 = 0.5;
-  h.beta2 = 0.9;
-  h.eps = 1e-2;
-  ExpectMatchesReferenceOver25Steps(h);
+  ExpectMatchesReferenceOver25Steps(row_table_test::OddSparseAdam());
 }
 
 TEST(RowSparseStepTest, DecoupledWeightDecayOfPushedRowsMatchesFloat64Reference) {
