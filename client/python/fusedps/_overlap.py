@@ -61,7 +61,7 @@ import torch
 
 from fusedps import _dtypes, _trace, _workspace
 from fusedps import _remote_optim as _ro
-from fusedps._bucket_plan import plan_ends
+from fusedps._bucket_plan import DEFAULT_EDGE_BYTES, plan_ends
 from fusedps._grad_hooks import GradReadyHooks
 from fusedps._overlap_step import StepCheck, _Bucket, _Step
 from fusedps._overlap_worker import StepWorker
@@ -91,7 +91,8 @@ class OverlapEngine(StepCheck, StepWorker):
         workspace, GRPC_BUCKET_BYTES over gRPC.
       pull_group_bytes: wire bytes per pull group; None: as bucket_bytes.
       edge_bytes: wire bytes of a backward's last bucket and of a forward's first pull group
-        (fusedps._bucket_plan); 0: every bucket and group full size.
+        (fusedps._bucket_plan); None: DEFAULT_EDGE_BYTES; 0: every bucket and group full
+        size.
       delay: 0 or 1; delay_warmup: steps run with delay 0 first.
       data_plane: "auto" (a same-host workspace when the one server offers it, else gRPC),
         "workspace" (RuntimeError when none can be had) or "grpc" (fusedps._workspace).
@@ -101,7 +102,7 @@ class OverlapEngine(StepCheck, StepWorker):
                  grad_dtype: str, pull_dtype: str, bucket_bytes: Optional[int],
                  pull_group_bytes: Optional[int],
                  delay: int, delay_warmup: int, data_plane: str = "auto",
-                 edge_bytes: int = 0):
+                 edge_bytes: Optional[int] = None):
         self._opt = optimizer
         self._names = [n for n, _ in pairs]
         self._params = [p for _, p in pairs]
@@ -124,7 +125,7 @@ class OverlapEngine(StepCheck, StepWorker):
             bucket_bytes = (WORKSPACE_BUCKET_BYTES if self.workspace is not None
                             else GRPC_BUCKET_BYTES)
         self._bucket_bytes = int(bucket_bytes)
-        self._edge_bytes = int(edge_bytes)
+        self._edge_bytes = DEFAULT_EDGE_BYTES if edge_bytes is None else int(edge_bytes)
         # The push's planned buckets (params after which one closes), made from the staging
         # order of the last step that staged every gradient in that order.
         self._planned_order: List[int] = []

@@ -62,7 +62,6 @@ import torch
 from fusedps import _buffers, _on_existing
 from fusedps import _remote_optim as ro
 from fusedps._adamw_state_dict import StateDictMethods
-from fusedps._bucket_plan import DEFAULT_EDGE_BYTES
 from fusedps._torch_defaults import ADAMW
 from fusedps.client import Client
 from fusedps.sharded import ShardedClient
@@ -359,8 +358,7 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
                     pull_group_bytes=None, delay=delay,
                     delay_warmup=delay_warmup, data_plane=data_plane,
-                    edge_bytes=(DEFAULT_EDGE_BYTES if edge_bucket_bytes is None
-                                else edge_bucket_bytes))
+                    edge_bytes=edge_bucket_bytes)
         except BaseException:
             self.close()
             raise
