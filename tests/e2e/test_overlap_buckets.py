@@ -15,7 +15,7 @@ from typing import List
 import pytest
 import torch
 
-from fusedps import _overlap
+from fusedps import _native, _overlap
 from fusedps._bucket_plan import plan_ends
 from fusedps.torch import RemoteAdamW
 from grad_scalers import DEVICE
@@ -154,3 +154,23 @@ def test_a_delayed_step_stages_one_bucket(server_target, monkeypatch):
     # stage during backward; then step() stages all.
     assert all(n > 1 for n in counts[:3]), counts
     assert counts[3:] == [1, 1], counts
+
+
+@pytest.mark.skipif(_native.library() is None, reason="no native library")
+@pytest.mark.parametrize("data_plane", ["workspace", "grpc"])
+def test_pull_groups_through_a_workspace_go_one_at_a_time(server_target, monkeypatch,
+                                                          data_plane):
+    """Through a workspace the server reads the groups one after another, so groups requested
+    together land together, the small first one behind the rest: one in flight, in order.
+    Over gRPC several go at once (each group's bytes on its own stream's socket)."""
+    threads = []
+
+    class Recording(_native.PipelinedPull):
+        def __init__(self, *args, **kwargs):
+            threads.append(kwargs["threads"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(_native, "PipelinedPull", Recording)
+    train(server_target, f"pull-order-{data_plane}/", EDGE, steps=3, data_plane=data_plane,
+          client_options={"streams": 4})
+    assert threads and set(threads) == ({1} if data_plane == "workspace" else {4}), threads
