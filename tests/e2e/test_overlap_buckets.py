@@ -5,7 +5,8 @@ A deep stack of small layers makes the plan visible: from the second step on, th
 of a backward holds about edge_bucket_bytes and the ones before it double up to
 bucket_bytes; the first pull group of a forward is small too. Each size check has its control:
 with edge_bucket_bytes=0 (every bucket full size) the same check fails. Once delayed, step()
-stages every gradient as one bucket. torch.optim.AdamW is the oracle for the values throughout.
+stages every gradient as one bucket, and on a GPU its copy to the host waits for the next
+forward. torch.optim.AdamW is the oracle for the values throughout.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fusedps import _native, _overlap
 from fusedps._bucket_plan import plan_ends
 from fusedps.torch import RemoteAdamW
 from grad_scalers import DEVICE
+from test_overlap import stale_reference_step
 
 RTOL, ATOL = 1.3e-6, 1e-5  # test_parity.py's.
 HYPER = dict(lr=0.01, betas=(0.9, 0.99), weight_decay=0.05)
@@ -79,9 +81,9 @@ def record_buckets(monkeypatch) -> Buckets:
     buckets = Buckets()
     stage = _overlap.OverlapEngine._stage
 
-    def recording(self, step, bucket, grads, ready):
+    def recording(self, step, bucket, grads, ready, **kwargs):
         buckets.add(step, (bucket.end - bucket.begin) * self._itemsize)
-        return stage(self, step, bucket, grads, ready)
+        return stage(self, step, bucket, grads, ready, **kwargs)
 
     monkeypatch.setattr(_overlap.OverlapEngine, "_stage", recording)
     return buckets
@@ -154,6 +156,45 @@ def test_a_delayed_step_stages_one_bucket(server_target, monkeypatch):
     # stage during backward; then step() stages all.
     assert all(n > 1 for n in counts[:3]), counts
     assert counts[3:] == [1, 1], counts
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="on the CPU a bucket is copied as it is staged")
+def test_a_delayed_steps_copy_to_the_host_waits_for_the_next_forward(server_target):
+    """Once delayed, step() gathers the gradients on the device and leaves their copy to the
+    host for the next forward's first module: a copy engine runs copies in the order they
+    were queued, so the loop's loss.item() right after step() would wait behind it. The
+    values are still those of torch's one-step-stale reference."""
+    warmup, steps = 2, 8
+    model, ref_model, stale = Deep(9), Deep(9), Deep(9)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="delay-copy/",
+                      overlap=True, bucket_bytes=CAP, delay=1, delay_warmup=warmup, **HYPER)
+    engine = opt._overlap
+    deferred = []
+    try:
+        for step in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(model, step)
+            assert not engine._deferred, f"step {step}: the forward left a copy unqueued"
+            loss.backward()
+            opt.step()
+            deferred.append(len(engine._deferred))
+            loss.item()
+            stale.zero_grad(set_to_none=True)
+            loss_of(stale, step).backward()
+            stale_reference_step(ref, ref_model, stale, step >= warmup)
+        opt.wait_parameters()
+        assert not engine._deferred
+        # The warm-up's buckets are copied as they are staged; from the step after the first
+        # delayed one (which removes the gradient hooks), the one bucket's copy waits.
+        assert deferred[:warmup] == [0] * warmup, deferred
+        assert deferred[warmup + 1:] == [1] * (steps - warmup - 1), deferred
+        for (name, p), s in zip(model.named_parameters(), stale.parameters()):
+            torch.testing.assert_close(p.detach(), s.detach(), rtol=RTOL, atol=ATOL,
+                                       msg=lambda m: f"{name}: {m}")
+        assert opt.overlap_fallbacks == 0
+    finally:
+        opt.close()
 
 
 @pytest.mark.skipif(_native.library() is None, reason="no native library")

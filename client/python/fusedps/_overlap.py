@@ -30,9 +30,16 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
    ZeRO-Offload's delayed parameter update). Once delayed, the whole step hides behind the
    next step's compute, so nothing needs to leave during backward: the gradient and forward
-   hooks are removed, step() stages every gradient at once, as one bucket, and the worker
+   hooks are removed, step() gathers every gradient at once, as one bucket, and the worker
    lands the pull and queues its device copy. The loop's threads then run no fusedps Python
-   during forward and backward (each hook call costs the CPU-bound loop, docs/benchmarks.md).
+   during forward and backward (each hook call costs the CPU-bound loop, docs/benchmarks.md)
+   but one global forward pre-hook that returns at once: the gathered bucket's copy to the
+   host is queued there, at the next forward's first module, not in step(). A copy engine runs
+   the copies of its direction in the order they were queued, whatever their stream, so the
+   loop's own small device-to-host copy right after step() (``loss.item()``) would wait for
+   the whole gradient (2.7 ms for the GPT-2-small shape's 170 MB, docs/benchmarks.md); the
+   forward and backward that follow make no such copy. Anything that waits for the worker
+   queues the deferred copy first (_release_copies).
 
 Where the bytes go (``data_plane``): with one server on the same host, the host buffers are
 carved from a same-host workspace (fusedps._workspace), and the pushes and pulls carry only
@@ -63,6 +70,7 @@ from fusedps import _dtypes, _trace, _workspace
 from fusedps import _remote_optim as _ro
 from fusedps._bucket_plan import DEFAULT_EDGE_BYTES, plan_ends
 from fusedps._grad_hooks import GradReadyHooks
+from fusedps._overlap_staging import Staging
 from fusedps._overlap_step import StepCheck, _Bucket, _Step
 from fusedps._overlap_worker import StepWorker
 from fusedps._pull_pipeline import PullPipeline
@@ -81,7 +89,7 @@ GRPC_BUCKET_BYTES = 8 << 20
 WORKSPACE_BUCKET_BYTES = 32 << 20
 
 
-class OverlapEngine(StepCheck, StepWorker):
+class OverlapEngine(StepCheck, StepWorker, Staging):
     """Args:
       optimizer: the RemoteAdamW (its client, _scaling_plan, hyperparameter and fallback
         methods are used).
@@ -130,6 +138,13 @@ class OverlapEngine(StepCheck, StepWorker):
         # order of the last step that staged every gradient in that order.
         self._planned_order: List[int] = []
         self._close_after: Set[int] = set()
+        # Delayed on a GPU: the buckets gathered at step() whose copies to the host wait for
+        # the next forward (step(), delay=1), and the global forward pre-hook that queues them.
+        self._deferred: List[Tuple[int, _Bucket]] = []
+        self._views: Dict[Tuple[int, Tuple[int, ...]], List[torch.Tensor]] = {}  # _gather_views
+        self._copy_hook: Optional[Any] = None
+        # A delayed step's one bucket (_add_all_locked): (expected params, offsets, elements).
+        self._all_layout: Optional[Tuple[List[int], Dict[int, int], int]] = None
         pull_group_bytes = self._bucket_bytes if pull_group_bytes is None else pull_group_bytes
         self.pulls = PullPipeline(self._route, self._params, pull_dtype, streams,
                                   pull_group_bytes, edge_bytes=self._edge_bytes,
@@ -223,6 +238,22 @@ class OverlapEngine(StepCheck, StepWorker):
         if close and (step.bucket_bytes >= self._bucket_bytes or i in self._close_after):
             self._close_bucket_locked(step)
 
+    def _add_all_locked(self, step: _Step) -> None:
+        """Adds every expected param to the empty step as one open bucket, as _add_locked
+        would one by one (close=False), from a layout made once per expected list: a delayed
+        step() stages all of them, on the loop's critical path."""
+        if self._all_layout is None or self._all_layout[0] != self._expected:
+            offsets, cursor = {}, 0
+            for i in self._expected:
+                offsets[i] = cursor
+                cursor += self._numel[i]
+            self._all_layout = (list(self._expected), offsets, cursor)
+        params, offsets, cursor = self._all_layout
+        step.offset = dict(offsets)
+        step.params, step.bucket = list(params), list(params)
+        step.cursor = cursor
+        step.bucket_bytes = cursor * self._itemsize
+
     def _plan_buckets(self, order: List[int]) -> None:
         """Plans the next steps' buckets on this staging order (the module docstring, 1)."""
         if order == self._planned_order:
@@ -232,7 +263,7 @@ class OverlapEngine(StepCheck, StepWorker):
                          self._edge_bytes, "tail")
         self._close_after = {order[end - 1] for end in ends}
 
-    def _close_bucket_locked(self, step: _Step) -> None:
+    def _close_bucket_locked(self, step: _Step, defer_copy: bool = False) -> None:
         if not step.bucket:
             return
         _trace.mark("bucket", step.cursor - step.bucket_begin)
@@ -247,59 +278,8 @@ class OverlapEngine(StepCheck, StepWorker):
         # On a GPU, gathered on the side stream after this point of the stream that wrote
         # them (backward's, or the loop's at step()); on the CPU, now.
         ready = torch.cuda.current_stream(self.device).record_event() if self._cuda else None
-        self._stage(step, bucket, grads, ready)
+        self._stage(step, bucket, grads, ready, defer_copy=defer_copy)
         self._tasks.put(("write", step, bucket))
-
-    def _fence(self, stream) -> None:
-        """At the end of backward (autograd's final callback, on its thread) and of step()'s
-        staging: the stream the loop goes on in waits for every bucket's gathering (not its copy
-        to the host), so that what was sent is each gradient as it was staged, whatever the loop
-        writes next (clipping, zero_grad(set_to_none=False), the next backward)."""
-        if self._gathered is not None:
-            stream.wait_event(self._gathered)
-
-    def _buffers(self, buffer: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(sent, host) of a step, made on first use: sent is fp32 on the device; host holds
-        the wire bytes (pinned on a GPU; on the CPU, sent itself for fp32)."""
-        total = sum(self._numel)
-        if self._sent is None:
-            self._sent = torch.empty(total, dtype=torch.float32, device=self.device)
-            if self._cuda and self._wire_dtype != torch.float32:
-                self._wire_dev = torch.empty(total, dtype=self._wire_dtype, device=self.device)
-        if self._hosts[buffer] is None:
-            if self.workspace is not None:
-                self._hosts[buffer] = self.workspace.carve(total, self._wire_dtype)
-            elif not self._cuda and self._wire_dtype == torch.float32:
-                self._hosts[buffer] = self._sent if buffer == 0 else torch.empty(total)
-            else:
-                self._hosts[buffer] = torch.empty(total, dtype=self._wire_dtype,
-                                                  pin_memory=self._cuda)
-        return self._sent, self._hosts[buffer]
-
-    def _stage(self, step: _Step, bucket: _Bucket, grads: List[torch.Tensor], ready) -> None:
-        """Gathers the bucket's gradients into sent and the host buffer: on a GPU on the side
-        stream, after `ready` (where backward wrote them), without waiting for it."""
-        sent, host = self._buffers(step.buffer)
-        r = slice(bucket.begin, bucket.end)
-        with torch.no_grad():
-            if not self._cuda:
-                torch.cat([g.reshape(-1).float() for g in grads], out=sent[r])
-                if host.data_ptr() != sent.data_ptr():
-                    host[r].copy_(sent[r])
-                return
-            with torch.cuda.stream(self._stream):
-                self._stream.wait_event(ready)
-                torch.cat([g.reshape(-1) if g.dtype == torch.float32 else g.reshape(-1).float()
-                           for g in grads], out=sent[r])
-                for g in grads:  # Not reused by the allocator before the side stream read it.
-                    g.record_stream(self._stream)
-                self._gathered = self._stream.record_event()
-                source = sent[r]
-                if self._wire_dev is not None:
-                    self._wire_dev[r].copy_(source)
-                    source = self._wire_dev[r]
-                host[r].copy_(source, non_blocking=True)
-                bucket.event = self._stream.record_event()
 
     # -- step() (the training thread) ---------------------------------------------------------
 
@@ -313,6 +293,7 @@ class OverlapEngine(StepCheck, StepWorker):
         are not installed) and every pull into the parameters. Returns the seconds it waited for
         the last delayed commit (which lands its pull too)."""
         waited = 0.0
+        self._release_copies()  # The commit waits for them.
         if self._commit is not None:
             commit, self._commit = self._commit, None
             start = time.perf_counter()
@@ -335,6 +316,9 @@ class OverlapEngine(StepCheck, StepWorker):
             self.wait_parameters()
         finally:
             self._remove_hooks()
+            if self._copy_hook is not None:
+                self._copy_hook.remove()
+                self._copy_hook = None
             self._tasks.put(None)
             self._worker.join()
             self.pulls.close()
@@ -346,7 +330,11 @@ class OverlapEngine(StepCheck, StepWorker):
 
     def _take_step(self) -> _Step:
         """The step the hooks gathered; the next one starts empty (delay=1: staging into the
-        other host buffer, since this step's push may still read its own)."""
+        other host buffer, since this step's push may still read its own). On a GPU the loop's
+        stream first waits for its gathering (_fence): the gradients it holds may be freed
+        once it is dropped."""
+        if self._cuda:
+            self._fence(torch.cuda.current_stream(self.device))
         with self._lock:
             step, self._step = self._step, _Step()
             self._step.buffer = (1 - step.buffer) if self._delay else 0
@@ -383,15 +371,17 @@ class OverlapEngine(StepCheck, StepWorker):
             if not mismatch:
                 if step.tensors is None:
                     step.tensors = list(self._expected)
+                if delayed and not step.params:
+                    # Once delayed (no hooks) all in one bucket: nothing to overlap here.
+                    self._add_all_locked(step)
                 for i in with_grad:
                     if i not in step.offset:  # No hook ran for it (or none is left): staged now.
-                        # Once delayed (no hooks) all in one bucket: nothing to overlap here.
-                        self._add_locked(step, i, close=not delayed)
-                self._close_bucket_locked(step)
+                        self._add_locked(step, i)
+                # Delayed on a GPU: gathered now, copied to the host at the next forward (see
+                # the delayed branch below).
+                self._close_bucket_locked(step, defer_copy=delayed and self._cuda)
                 if not delayed:
                     self._plan_buckets(step.params)
-        if self._cuda:
-            self._fence(torch.cuda.current_stream(self.device))
         step = self._take_step()
         if mismatch:
             # Another set of params has gradients than the push named: this step goes in
@@ -423,7 +413,7 @@ class OverlapEngine(StepCheck, StepWorker):
         hyper = opt._changed_hyperparameters(mark=True)
         if opt._pending is not None:
             start = time.perf_counter()
-            self._call(opt.write_pending_state).result()
+            self._run_on_worker(opt.write_pending_state)
             timings["load_state_seconds"] = time.perf_counter() - start
 
         buffers = opt._buffers.snapshot()
@@ -457,12 +447,15 @@ class OverlapEngine(StepCheck, StepWorker):
             # step commits behind the next forward, and the next ones are staged here.
             self.pulls.install()
             self._remove_hooks()
+            if self._cuda and self._copy_hook is None:
+                self._copy_hook = torch.nn.modules.module.register_module_forward_pre_hook(
+                    self._release_copies)
             self._commit = self._call(commit)
             opt.last_step_skipped = False
             plan.report(False)
             return self._finish_timings(timings, t0)
         wait = time.perf_counter()
-        results, hyper_seconds, buffers_seconds, push_seconds = self._call(commit).result()
+        results, hyper_seconds, buffers_seconds, push_seconds = self._run_on_worker(commit)
         timings["push_exposed_seconds"] = time.perf_counter() - wait
         timings["push_seconds"] = push_seconds
         timings["hyperparameters_seconds"] = hyper_seconds
@@ -485,9 +478,16 @@ class OverlapEngine(StepCheck, StepWorker):
                                       + timings["pull_exposed_seconds"])
         return timings
 
+    def _run_on_worker(self, fn):
+        """fn() on the worker, after everything queued before it; waits for it and returns its
+        value (raises its error). Queues the deferred copies first: a write queued before
+        waits for its copy."""
+        self._release_copies()
+        return self._call(fn).result()
+
     def _discard(self, step: _Step) -> None:
         """Cancels the step's push (on the worker, after its writes)."""
-        self._call(lambda: self._cancel(step)).result()
+        self._run_on_worker(lambda: self._cancel(step))
 
     def _fallback(self, step: _Step, plan, timings: Dict[str, float], why: str) -> None:
         """Cancels the step's push and pushes the gradients again in full, then pulls."""

@@ -6,6 +6,7 @@ docstring says how a step goes.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
@@ -24,6 +25,9 @@ class _Bucket:
     begin: int  # Elements into the step's flat buffers.
     end: int
     event: Optional[Any] = None  # The staging's device copy (torch.cuda.Event); None on the CPU.
+    # Set once that copy is queued, when it was deferred (delay=1 on a GPU); None: queued with
+    # the gathering.
+    copied: Optional[threading.Event] = None
 
 
 @dataclass
