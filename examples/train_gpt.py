@@ -41,18 +41,19 @@ context bytes, targets: the last context bytes); the validation loss is the mean
 --eval-batches batches drawn from a generator seeded with --seed + 2, the same at every eval.
 
 --log-json PATH writes JSON lines: one {"kind": "config", ...}; per step {"kind": "step", "step",
-"loss", "lr", "data_seconds", "fwd_bwd_seconds", "optimizer_seconds", "push_seconds",
-"pull_seconds", "hyperparameters_seconds", "step_seconds"}; per eval {"kind": "eval", "step",
-"val_loss"}; and a last {"kind": "summary", ...}. Losses are mean cross-entropy in nats per byte;
-times are seconds of wall clock. On CUDA each phase ends when the loop's own stream has done its
-work (--timing-sync stream, the default): work queued on other streams, such as RemoteAdamW's
-gradient copies, goes on behind the next phase, as it does in a loop that is not timed, and the
-next step() waits for it. --timing-sync device waits for every stream instead, so such work
-counts in the phase that queued it (the timing of runs before 2026-11-29). data is the
-batch's sampling and copy to the device; push/pull/hyperparameters come from
-RemoteAdamW.last_step_timings (0 with --optimizer torch); optimizer_seconds is all of
-optimizer.step(); "other" in the summary is step - fwd_bwd - push - pull (so it holds the data,
-torch's local AdamW, the lr schedule).
+"loss", "lr", "data_seconds", "fwd_bwd_seconds", "optimizer_seconds", "item_seconds",
+"push_seconds", "pull_seconds", "hyperparameters_seconds", "step_seconds"}; per eval {"kind":
+"eval", "step", "val_loss"}; and a last {"kind": "summary", ...}. Losses are mean
+cross-entropy in nats per byte; times are seconds of wall clock. On CUDA each phase ends when
+the loop's own stream has done its work (--timing-sync stream, the default): work queued on
+other streams, such as RemoteAdamW's gradient copies, goes on behind the next phase, as it does
+in a loop that is not timed, and the next step() waits for it. --timing-sync device waits for
+every stream instead, so such work counts in the phase that queued it (the timing of runs
+before 2026-11-29). data is the batch's sampling and copy to the device;
+push/pull/hyperparameters come from RemoteAdamW.last_step_timings (0 with --optimizer torch);
+optimizer_seconds is all of optimizer.step(); item_seconds is the loss's loss.item() after it;
+"other" in the summary is step - fwd_bwd - push - pull (so it holds the data, torch's local
+AdamW, the lr schedule, the loss.item()).
 
 --state-dtype bf16|int8 and --params-dtype bf16 (with --optimizer remote) have the server
 store the optimizer state, or the params, in less memory (docs/python.md, "Low-precision
@@ -376,10 +377,15 @@ def train_step(model, optimizer, scheduler, train, batch_gen, args, device) -> d
     optimizer.step()
     synchronize(device, args)
     opt_seconds = time.perf_counter() - t_opt
+    # The loss as a loop logs it: a small device-to-host copy, which waits for a free copy
+    # engine (behind a large copy that fusedps queued, say).
+    t_item = time.perf_counter()
+    loss_value = loss.item()
+    item_seconds = time.perf_counter() - t_item
     scheduler.step()
     timings = getattr(optimizer, "last_step_timings", None) or {}
-    return dict(loss=loss.item(), lr=lr, data_seconds=data_seconds, fwd_bwd_seconds=fwd_bwd,
-                optimizer_seconds=opt_seconds,
+    return dict(loss=loss_value, lr=lr, data_seconds=data_seconds, fwd_bwd_seconds=fwd_bwd,
+                optimizer_seconds=opt_seconds, item_seconds=item_seconds,
                 step_seconds=time.perf_counter() - t_start,
                 **{key: float(timings.get(key, 0.0)) for key in TIMING_KEYS})
 
@@ -412,6 +418,7 @@ def summarize(records, val_loss: float, args) -> dict:
                 final_train_loss=records[-1]["loss"], train_loss_last5=sum(last) / len(last),
                 val_loss=val_loss, timed_steps=len(timed), step_ms=step_ms,
                 data_ms=mean_ms("data_seconds"), optimizer_ms=mean_ms("optimizer_seconds"),
+                item_ms=mean_ms("item_seconds"),
                 hyperparameters_ms=mean_ms("hyperparameters_seconds"),
                 other_ms=step_ms - sum(split.values()), **split,
                 push_total_ms=mean_ms("push_seconds"), pull_total_ms=mean_ms("pull_seconds"),
