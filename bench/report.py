@@ -8,7 +8,8 @@ Several files (e.g. the same suite from two builds) share the tables, with a "ru
 --ratio server=plain adds a column: each row's first metric over the row's that differs only
 in having that param value (a baseline in the same file); --ratio run=2 divides by the same row
 of the second file (this build against the base commit's, say). Some kinds have tables of their
-own: train (ratios to the local runs of the same call, loss-curve gaps), quality (seeds
+own: train (ratios to the local runs of the same call, loss-curve gaps; with --set
+round=1,2,... in the run, each configuration's medians over the rounds), quality (seeds
 aggregated, against fp32 storage), ncu (one column per profiled launch).
 """
 
@@ -249,7 +250,37 @@ def train_table(kind: str, rows: List[Dict[str, Any]], many_runs: bool,
         gap = (curve_gap(m.get("losses", []), base.get("losses", []))
                if base and r["params"].get("variant") != "local" else None)
         body.append(cells + [cell(gap, ".4f")])
-    return markdown(header, body)
+    lines = markdown(header, body)
+    if "round" in params:
+        lines += [""] + rounds_table(rows, params, many_runs,
+                                     lambda r, b: local.get((group(r), b), {}).get("step_ms"))
+    return lines
+
+
+def rounds_table(rows: List[Dict[str, Any]], params: List[str], many_runs: bool,
+                 local_ms: Callable[[Dict[str, Any], str], Optional[float]]) -> List[str]:
+    """With --set round=1,2,...: each configuration's median over the rounds, of its ms/step
+    and of its ratio to the local run of the same round (local_ms(row, "local"))."""
+    shown = [p for p in params if p != "round"]
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if "error" not in r and r["metrics"].get("step_ms"):
+            key = json.dumps([r["run"]] + [r["params"].get(p) for p in shown], default=str)
+            groups.setdefault(key, []).append(r)
+    header = ((["run"] if many_runs else []) + shown +
+              ["rounds", "ms/step (median)", "vs local (median)", "ms/step of each round"])
+    body = []
+    for members in groups.values():
+        first = members[0]
+        times = [r["metrics"]["step_ms"] for r in members]
+        ratios = [r["metrics"]["step_ms"] / of for r in members
+                  if (of := local_ms(r, "local"))]
+        body.append(([first["run"]] if many_runs else []) +
+                    [cell(first["params"].get(p), "") for p in shown] +
+                    [str(len(members)), f"{statistics.median(times):.2f}",
+                     f"{statistics.median(ratios):.3f}x" if ratios else "-",
+                     ", ".join(f"{t:.2f}" for t in times)])
+    return ["medians over the rounds:", ""] + markdown(header, body)
 
 
 QUALITY_METRICS = ("final_train_loss", "final_val_loss", "test_loss", "test_accuracy")

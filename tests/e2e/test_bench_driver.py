@@ -290,3 +290,25 @@ def test_report_tables_of_gpu_kinds(tmp_path):
     assert "| failed |  | exit 1 |" in text
     assert "| 1 | 6.00 | 0.200 | 0.400 | 1.000 | 0.800 | 1.600 | 900 | 1.50 |" in text, text
     assert "| 2 | 4.00 | 0.400 |" in text and text.rstrip().endswith("| 1.00 |")
+
+
+def test_report_takes_medians_over_rounds_against_each_rounds_local_run(tmp_path):
+    """--set round=1,2,3 of the training suite: a table of medians follows the runs', each
+    ratio against the local run of its own round (the median of the ratios, 1.2x here, not
+    the ratio of the medians, 15/10)."""
+    def train(round_, variant, ms):
+        return {"step": "train", "params": {"round": round_, "preset": "small",
+                                            "variant": variant},
+                "metrics": {"step_ms": ms, "losses": []}}
+    path = write(tmp_path, "rounds.json", "training", [
+        train(1, "local", 10.0), train(1, "bf16", 12.0),
+        train(2, "local", 20.0), train(2, "bf16", 22.0),
+        train(3, "local", 10.0), train(3, "bf16", 15.0)])
+    out = driver(path, script=REPORT)
+    assert out.returncode == 0, out.stderr
+    assert "| round | variant | ms/step | vs local |" in out.stdout, out.stdout
+    assert "| 3 | bf16 | 15.00 | 1.500x |" in out.stdout, out.stdout
+    assert "| variant | rounds | ms/step (median) | vs local (median) | ms/step of each round |" \
+        in out.stdout, out.stdout
+    assert "| local | 3 | 10.00 | 1.000x | 10.00, 20.00, 10.00 |" in out.stdout, out.stdout
+    assert "| bf16 | 3 | 15.00 | 1.200x | 12.00, 22.00, 15.00 |" in out.stdout, out.stdout
