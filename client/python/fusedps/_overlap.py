@@ -376,7 +376,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                     self._add_all_locked(step)
                 for i in with_grad:
                     if i not in step.offset:  # No hook ran for it (or none is left): staged now.
-                        self._add_locked(step, i)
+                        self._add_locked(step, i, close=not delayed)
                 # Delayed on a GPU: gathered now, copied to the host at the next forward (see
                 # the delayed branch below).
                 self._close_bucket_locked(step, defer_copy=delayed and self._cuda)
