@@ -57,6 +57,7 @@ worker waits (a bucket's copy, a commit, a pull).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -143,6 +144,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         self._deferred: List[Tuple[int, _Bucket]] = []
         self._views: Dict[Tuple[int, Tuple[int, ...]], List[torch.Tensor]] = {}  # _gather_views
         self._copy_hook: Optional[Any] = None
+        self._owner_pid = os.getpid()  # A forked child inherits the hook: _release_copies.
         # A delayed step's one bucket (_add_all_locked): (expected params, offsets, elements).
         self._all_layout: Optional[Tuple[List[int], Dict[int, int], int]] = None
         pull_group_bytes = self._bucket_bytes if pull_group_bytes is None else pull_group_bytes

@@ -11,6 +11,7 @@ for the worker), under the same lock. The side stream is used by one of them at 
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
@@ -42,6 +43,7 @@ class Staging:
         _gathered: Optional[object]
         _deferred: List[Tuple[int, _Bucket]]
         _views: Dict[Tuple[int, Tuple[int, ...]], List[torch.Tensor]]
+        _owner_pid: int  # The process that made the engine (os.getpid()).
 
     def _fence(self, stream) -> None:
         """At the end of backward (autograd's final callback, on its thread) and of step()'s
@@ -119,23 +121,43 @@ class Staging:
 
     def _copy_to_host(self, buffer: int, bucket: _Bucket) -> None:
         """Queues the copy of a gathered bucket (GPU) to the host buffer, on the side stream
-        after its gathering; the worker writes it into the push once it is done."""
-        r = slice(bucket.begin, bucket.end)
-        source = (self._wire_dev if self._wire_dev is not None else self._sent)[r]
-        with torch.no_grad(), torch.cuda.stream(self._stream):
-            host = cast(torch.Tensor, self._hosts[buffer])  # Made by _buffers at the staging.
-            host[r].copy_(source, non_blocking=True)
-            bucket.event = self._stream.record_event()
-        if bucket.copied is not None:
-            bucket.copied.set()
+        after its gathering; the worker writes it into the push once it is done. A deferred
+        bucket is marked copied whatever happens, with the error if the copy could not be
+        queued (the worker then fails the step with it rather than wait for ever)."""
+        try:
+            r = slice(bucket.begin, bucket.end)
+            source = (self._wire_dev if self._wire_dev is not None else self._sent)[r]
+            with torch.no_grad(), torch.cuda.stream(self._stream):
+                host = cast(torch.Tensor, self._hosts[buffer])  # Made by _buffers (staging).
+                host[r].copy_(source, non_blocking=True)
+                bucket.event = self._stream.record_event()
+        except BaseException as e:
+            bucket.copy_error = e
+            raise
+        finally:
+            if bucket.copied is not None:
+                bucket.copied.set()
 
     def _release_copies(self, *_unused) -> None:
         """Queues the deferred copies to the host (step(), delay=1). Called by the global
         forward pre-hook while delayed (at the next forward's first module) and before any
-        wait for the worker (wait_parameters, _discard), which would wait for them."""
+        wait for the worker (wait_parameters, _discard), which would wait for them. Raises the
+        first copy's error; every deferred bucket is marked copied before it returns. Does
+        nothing in a forked child (a DataLoader worker calling a transform that is a Module):
+        the copies are the parent's, and CUDA is not the child's to use."""
         if not self._deferred:  # Every module's forward calls this: the common case first.
+            return
+        if os.getpid() != self._owner_pid:
             return
         with self._lock:
             deferred, self._deferred = self._deferred, []
-            for buffer, bucket in deferred:
-                self._copy_to_host(buffer, bucket)
+            try:
+                for buffer, bucket in deferred:
+                    self._copy_to_host(buffer, bucket)
+            finally:  # After an error (or an interrupt): the rest are not queued, but marked.
+                for _, bucket in deferred:
+                    if bucket.copied is not None and not bucket.copied.is_set():
+                        bucket.copy_error = RuntimeError(
+                            "the gradients' copy to the host was not queued: an earlier "
+                            "bucket's copy failed")
+                        bucket.copied.set()

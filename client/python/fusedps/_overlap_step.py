@@ -26,8 +26,9 @@ class _Bucket:
     end: int
     event: Optional[Any] = None  # The staging's device copy (torch.cuda.Event); None on the CPU.
     # Set once that copy is queued, when it was deferred (delay=1 on a GPU); None: queued with
-    # the gathering.
+    # the gathering. copy_error: why a deferred copy was not queued (then set all the same).
     copied: Optional[threading.Event] = None
+    copy_error: Optional[BaseException] = None
 
 
 @dataclass

@@ -115,6 +115,8 @@ class StepWorker:
             transactions = cast(list, step.transactions)  # Set by _begin.
             if bucket.copied is not None:  # A deferred copy (delay=1): queued at the next
                 bucket.copied.wait()         # forward, or before anything waits for the worker.
+                if bucket.copy_error is not None:
+                    raise bucket.copy_error
             if bucket.event is not None:
                 bucket.event.synchronize()
             _trace.mark("write", bucket.end - bucket.begin)

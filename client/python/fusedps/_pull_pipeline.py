@@ -11,7 +11,8 @@ Who does what: the landing runs on the C++ client's threads (fusedps._native.Pip
 when every server is reached through the native transport; through a same-host workspace
 (fusedps._workspace, whose memory the host buffer is carved from) the server then writes each
 group there and the C++ client only reads its short replies. Over grpcio, a pool of Python
-threads lands the groups (_ThreadLanding, through the workspace when there is one). The device
+threads lands the groups (_ThreadLanding, through the workspace when there is one; one thread
+then, as the C++ client has one group in flight through a workspace). The device
 copies are queued by the training loop's own thread, in the forward pre-hook and in wait():
 each time, every group landed so far is queued. No Python
 thread of fusedps then runs while the forward computes: a Python thread beside the loop costs
