@@ -376,9 +376,10 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                 if delayed and not step.params:
                     # Once delayed (no hooks) all in one bucket: nothing to overlap here.
                     self._add_all_locked(step)
-                for i in with_grad:
-                    if i not in step.offset:  # No hook ran for it (or none is left): staged now.
-                        self._add_locked(step, i, close=not delayed)
+                else:
+                    for i in with_grad:
+                        if i not in step.offset:  # No hook ran for it (or none is left).
+                            self._add_locked(step, i, close=not delayed)
                 # Delayed on a GPU: gathered now, copied to the host at the next forward (see
                 # the delayed branch below).
                 self._close_bucket_locked(step, defer_copy=delayed and self._cuda)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 import torch
 
-from fusedps._overlap_step import _Bucket, _Step
+from fusedps._overlap_step import _Bucket, _Step, layout_cached
 
 __all__ = ["Staging"]
 
@@ -106,18 +106,15 @@ class Staging:
     def _gather_views(self, bucket: _Bucket) -> List[torch.Tensor]:
         """Views of sent where the bucket's gradients go, each of its param's shape; made once
         per place and params (the same every step once the order settles)."""
-        key = (bucket.begin, tuple(bucket.params))
-        views = self._views.get(key)
-        if views is None:
+        def make() -> List[torch.Tensor]:
             sent = cast(torch.Tensor, self._sent)  # Made by _buffers before any staging.
             views, at = [], bucket.begin
             for i in bucket.params:
                 views.append(sent[at:at + self._numel[i]].view(self._params[i].shape))
                 at += self._numel[i]
-            if len(self._views) > 4096:  # Orders that never settle: no unbounded growth.
-                self._views.clear()
-            self._views[key] = views
-        return views
+            return views
+
+        return layout_cached(self._views, (bucket.begin, tuple(bucket.params)), make)
 
     def _copy_to_host(self, buffer: int, bucket: _Bucket) -> None:
         """Queues the copy of a gathered bucket (GPU) to the host buffer, on the side stream

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, TypeVar, cast
 
 import torch
 
@@ -17,6 +17,22 @@ import torch
 # and an absolute 1e-30 for subnormals.
 _RATIO_RTOL = 2.0 ** -20
 _RATIO_ATOL = 1e-30
+
+
+_T = TypeVar("_T")
+
+
+def layout_cached(cache: Dict[Any, _T], key: Any, make: Callable[[], _T]) -> _T:
+    """cache[key], made by make() on first use: the Python work of a bucket's layout (its
+    gather's views, its write's pieces), the same every step once the staging order settles.
+    Emptied past 4096 entries, so that orders that never settle cannot grow it for ever."""
+    value = cache.get(key)
+    if value is None:
+        value = make()
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = value
+    return value
 
 
 @dataclass

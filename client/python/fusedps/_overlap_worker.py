@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, ca
 import torch
 
 from fusedps import _trace
-from fusedps._overlap_step import _Bucket, _Step
+from fusedps._overlap_step import _Bucket, _Step, layout_cached
 
 __all__ = ["StepWorker"]
 
@@ -129,22 +129,19 @@ class StepWorker:
     def _pieces_of(self, step: _Step, bucket: _Bucket) -> List[list]:
         """Per shard, the (tensor index, element offset, elements, host address) pieces of the
         bucket's write; made once per buffer, place and params (and push's tensors, _begin)."""
-        key = (step.buffer, bucket.begin, tuple(bucket.params))
-        pieces = self._pieces.get(key)
-        if pieces is not None:
+        def make() -> List[list]:
+            host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
+            base = host.data_ptr()
+            pieces: List[list] = [[] for _ in cast(list, step.transactions)]
+            for i in bucket.params:
+                at = step.offset[i]
+                for k, seg in enumerate(self._route.segments[i]):
+                    address = base + (at + seg.begin) * self._itemsize
+                    pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
             return pieces
-        host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
-        base = host.data_ptr()
-        pieces = [[] for _ in cast(list, step.transactions)]
-        for i in bucket.params:
-            at = step.offset[i]
-            for k, seg in enumerate(self._route.segments[i]):
-                address = base + (at + seg.begin) * self._itemsize
-                pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
-        if len(self._pieces) > 4096:  # Orders that never settle: no unbounded growth.
-            self._pieces.clear()
-        self._pieces[key] = pieces
-        return pieces
+
+        return layout_cached(self._pieces, (step.buffer, bucket.begin, tuple(bucket.params)),
+                             make)
 
     def _end(self, step: _Step, grad_scale: Optional[float]) -> list:
         """Commits (grad_scale, or cancels when it is False) every transaction of the step;
