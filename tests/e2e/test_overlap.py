@@ -401,3 +401,52 @@ def test_a_failed_lr_send_fails_its_step_and_the_next_sends_it_again(server_targ
         assert_close(opt, model, ref, ref_model)
     finally:
         opt.close()
+
+
+def test_buckets_are_written_by_the_hooks_not_the_worker(server_target, monkeypatch):
+    """A bucket staged during backward is written into the push by a later gradient hook once
+    its copy is done (or by step()), never by the worker thread: each time the worker takes
+    the interpreter lock, backward's hooks wait for it (docs/benchmarks.md, run Z7). A hook
+    on the first layer's weight (its gradient comes last) waits for the worker's begin of the
+    push, so that the hook after it has buckets to write and a push to write them into."""
+    from fusedps import _push_transaction
+
+    writes: List[Tuple[str, int, bool]] = []
+    in_step = [False]
+    real = _push_transaction.PushTransaction.write_prepared
+
+    def recording(self, prepared):
+        import threading
+        writes.append((threading.current_thread().name, step_now[0], in_step[0]))
+        return real(self, prepared)
+
+    monkeypatch.setattr(_push_transaction.PushTransaction, "write_prepared", recording)
+    model, ref_model = Mlp(10), Mlp(10)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="hook-writes/",
+                      overlap=True, bucket_bytes=2048, **HYPER)
+
+    def wait_for_begin(grad):
+        begun = opt._overlap._step.begun
+        if begun is not None:
+            begun.result()
+        return grad
+
+    model.layers[0].weight.register_hook(wait_for_begin)
+    step_now = [0]
+    try:
+        for step in range(4):
+            step_now[0] = step
+            for m, o in ((model, opt), (ref_model, ref)):
+                o.zero_grad(set_to_none=True)
+                loss_of(m, step).backward()
+            in_step[0] = True
+            opt.step()
+            ref.step()
+            in_step[0] = False
+        assert_close(opt, model, ref, ref_model)
+    finally:
+        opt.close()
+    assert writes and all(name != "fusedps-overlap" for name, _, _ in writes), writes
+    for step in range(4):  # Every step wrote some buckets during backward.
+        assert any(s == step and not during_step for _, s, during_step in writes), writes

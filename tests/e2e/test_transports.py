@@ -113,3 +113,52 @@ def test_wait_ready_connects_every_stream(server_target, transport):
     with fusedps.Client(dead, streams=2, transport=transport) as c:
         with pytest.raises(fusedps.errors.Unavailable, match=f"{dead}.*refused"):
             c.wait_ready(timeout=0.3)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_prepared_pieces_are_written_as_pieces_are(server_target, transport):
+    """PushTransaction.prepare checks and lays out pieces once; write_prepared queues them on
+    later pushes of the same tensors (as RemoteAdamW(overlap=True)'s worker does every step).
+    Three pushes of new values in the same host memory give torch.optim.AdamW's steps; pieces
+    outside their tensors, and pieces prepared for other tensors, are refused."""
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    names = [f"prep.{transport}.a", f"prep.{transport}.b"]
+    init = {names[0]: torch.randn(700), names[1]: torch.randn(300)}
+    grads = torch.empty(1000)  # The host memory every push reads: a's then b's elements.
+    base, f32 = grads.data_ptr(), 4
+    pieces = [(0, 0, 350, base), (0, 350, 350, base + 350 * f32), (1, 0, 300, base + 700 * f32)]
+    with fusedps.Client(server_target, transport=transport) as client:
+        client.register_param_group(f"prep.{transport}", **hyper)
+        client.register_model(init, param_group=f"prep.{transport}")
+        reference = [t.clone().requires_grad_(True) for t in init.values()]
+        optimizer = torch.optim.AdamW(reference, foreach=False, **hyper)
+        tensors = [(names[0], 700), (names[1], 300)]
+        prepared = None
+        for step in range(3):
+            grads.copy_(torch.randn(1000, generator=torch.Generator().manual_seed(step)))
+            with client.begin_push(tensors) as txn:
+                if prepared is None:
+                    prepared = txn.prepare(pieces)
+                txn.write_prepared(prepared)
+                result = txn.commit()
+                with pytest.raises(RuntimeError, match="committed or cancelled"):
+                    txn.write_prepared(prepared)
+            assert result.tensors_updated == 2 and result.grad_bytes == 1000 * f32
+            reference[0].grad, reference[1].grad = grads[:700].clone(), grads[700:].clone()
+            optimizer.step()
+            pulled = client.pull_parameters(names)
+            for name, want in zip(names, reference):
+                torch.testing.assert_close(pulled[name], want.detach(), rtol=1.3e-6, atol=1e-5)
+
+        with client.begin_push(tensors) as txn:
+            with pytest.raises(ValueError, match="tensor number 2; the push has 2"):
+                txn.prepare([(2, 0, 1, base)])
+            with pytest.raises(ValueError, match=rf"\[600, 800\) of tensor '{names[0]}'"):
+                txn.prepare([(0, 600, 200, base)])
+        with client.begin_push([(names[1], 300), (names[0], 700)]) as other:
+            with pytest.raises(ValueError, match="prepared for a push of other tensors"):
+                other.write_prepared(prepared)
+        # Nothing of the refused pushes was applied.
+        pulled = client.pull_parameters(names)
+        for name, want in zip(names, reference):
+            torch.testing.assert_close(pulled[name], want.detach(), rtol=1.3e-6, atol=1e-5)

@@ -305,6 +305,20 @@ class NativeClient:
         return int(version.value), list(steps)
 
 
+class PieceArrays:
+    """A push's pieces as the C arrays fusedps_push_write takes (NativePush.write_arrays)."""
+
+    __slots__ = ("count", "tensors", "offsets", "counts", "pointers")
+
+    def __init__(self, tensors: Sequence[int], offsets: Sequence[int], counts: Sequence[int],
+                 pointers: Sequence[int]):
+        n = self.count = len(tensors)
+        self.tensors = (ctypes.c_uint64 * n)(*tensors)
+        self.offsets = (ctypes.c_uint64 * n)(*offsets)
+        self.counts = (ctypes.c_uint64 * n)(*counts)
+        self.pointers = (ctypes.c_void_p * n)(*pointers)
+
+
 class NativePush:
     """One fusedps_push: a push written a piece at a time and committed at the end.
 
@@ -321,13 +335,14 @@ class NativePush:
         """Queues pieces: elements [offsets[i], + counts[i]) of tensor number tensors[i], raw
         wire-dtype elements at pointers[i]. Raises ValueError for a piece outside its tensor,
         FusedPSError when a part of the push has failed."""
-        n = len(tensors)
+        self.write_arrays(PieceArrays(tensors, offsets, counts, pointers))
+
+    def write_arrays(self, pieces: "PieceArrays") -> None:
+        """write() of pieces already in C arrays (made once, written every step)."""
         error = _Error()
-        code = self._lib.fusedps_push_write(
-            self._handle, n, (ctypes.c_uint64 * n)(*tensors), (ctypes.c_uint64 * n)(*offsets),
-            (ctypes.c_uint64 * n)(*counts), (ctypes.c_void_p * n)(*pointers),
-            ctypes.byref(error))
-        if code:
+        if self._lib.fusedps_push_write(self._handle, pieces.count, pieces.tensors,
+                                        pieces.offsets, pieces.counts, pieces.pointers,
+                                        ctypes.byref(error)):
             _raise(error)
 
     def commit(self, grad_scale: Optional[float]) -> _PushResult:
@@ -351,37 +366,56 @@ class NativePush:
             self._lib.fusedps_push_destroy(handle)
 
 
+class PullGroups:
+    """A pipelined pull's groups as the C arrays fusedps_pipelined_pull_start takes: made once
+    per layout, started every step (PipelinedPull).
+
+    Args:
+      groups: per group, (client index, name, address, numel) entries: numel raw elements of
+        the pull's dtype are written at address (host memory the caller keeps alive until each
+        pull of these groups is closed).
+    """
+
+    __slots__ = ("groups", "count", "group", "client", "names", "addresses", "numels")
+
+    def __init__(self, groups: Sequence[Sequence[tuple]]):
+        entries = [(g, c, n, a, k) for g, group in enumerate(groups) for c, n, a, k in group]
+        self.groups = len(groups)
+        n = self.count = len(entries)
+        u64 = ctypes.c_uint64 * n
+        self.group = u64(*[e[0] for e in entries])
+        self.client = u64(*[e[1] for e in entries])
+        self.names = _names([e[2] for e in entries])
+        self.addresses = (ctypes.c_void_p * n)(*[e[3] for e in entries])
+        self.numels = u64(*[e[4] for e in entries])
+
+
 class PipelinedPull:
     """One fusedps_pipelined_pull: groups of tensors pulled over the clients' streams on the C++
     client's threads (no Python thread, no GIL while they run), waited for group by group.
 
     Args:
       clients: NativeClients (one per shard); they outlive the pull.
-      groups: per group, (client index, name, address, numel) entries: numel raw elements of
-        ``dtype`` are written at address (host memory the caller keeps alive until close()).
+      groups: what lands where (PullGroups).
       dtype, field: proto enum numbers (fusedps_c.h); threads: groups in flight at once.
     Raises:
       ValueError: arguments the library refuses.
     Lifetimes: close() waits for the groups in flight and frees the handle.
     """
 
-    def __init__(self, clients: Sequence[NativeClient], groups: Sequence[Sequence[tuple]], *,
+    def __init__(self, clients: Sequence[NativeClient], groups: "PullGroups", *,
                  dtype: int, field: int, threads: int):
         self._lib = clients[0]._lib
-        entries = [(g, c, n, a, k) for g, group in enumerate(groups) for c, n, a, k in group]
-        count = len(entries)
-        u64 = ctypes.c_uint64 * count
         handles = (ctypes.c_void_p * len(clients))(*[c._handle for c in clients])
         error = _Error()
         handle = self._lib.fusedps_pipelined_pull_start(
-            handles, len(clients), dtype, field, threads, len(groups), count,
-            u64(*[e[0] for e in entries]), u64(*[e[1] for e in entries]),
-            _names([e[2] for e in entries]), (ctypes.c_void_p * count)(*[e[3] for e in entries]),
-            u64(*[e[4] for e in entries]), ctypes.byref(error))
+            handles, len(clients), dtype, field, threads, groups.groups, groups.count,
+            groups.group, groups.client, groups.names, groups.addresses, groups.numels,
+            ctypes.byref(error))
         if not handle:
             _raise(error)
         self._handle = handle
-        self.groups = len(groups)
+        self.groups = groups.groups
 
     def wait(self, group: int) -> None:
         """Blocks until groups 0..group have landed. Raises the first one's error (ValueError

@@ -5,9 +5,12 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
 1. Backward. As backward finishes each parameter's gradient (fusedps._grad_hooks), the
    parameter joins the open bucket; a full bucket is staged by the hook itself, on a side
    CUDA stream (its gradients gathered into the flat fp32 buffer ``sent``, rounded to the
-   wire dtype, copied to pinned host memory), and handed to a worker thread (StepWorker,
-   fusedps/_overlap_worker.py), which waits for the copy and writes it into the step's push
-   (fusedps.PushTransaction, one per server): the server stages it while backward goes on.
+   wire dtype, copied to pinned host memory). At the step's first gradient a worker thread
+   (StepWorker, fusedps/_overlap_worker.py) begins the step's push (fusedps.PushTransaction,
+   one per server); the hooks that follow write each staged bucket into it once its copy is
+   done (pieces prepared once per bucket layout: one call each), and step() writes the rest:
+   the server stages them while backward goes on, and no other Python thread takes the
+   interpreter lock from backward's hooks per bucket.
    At the end of backward the loop's stream waits for the gathering (so that what was sent
    is each gradient as backward left it, whatever the loop writes next). A bucket is full at
    ``bucket_bytes`` wire bytes, except near the end of backward: from the second step on, the
@@ -153,7 +156,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                                   workspace=self.workspace)
         # The worker's pieces of a bucket's write, by (buffer, first element, params): the
         # same every step once the order settles.
-        self._pieces: Dict[Tuple[int, int, Tuple[int, ...]], List[list]] = {}
+        self._pieces: Dict[Tuple[int, int, Tuple[int, ...]], list] = {}
         self._hyper_failed = False  # A queued send of hyperparameters failed (the worker's).
         self.enabled = True  # False inside no_sync().
         self.steps = 0
@@ -214,6 +217,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
             step = self._step
             if step.tensors is None:  # The step's first gradient: its push names these.
                 step.tensors = list(self._expected)
+                self._queue_begin(step)
                 self._queue_hyperparameters(step)
             if self._cuda and not step.fenced:
                 # At the end of this backward, the loop's next writes to the gradients (clipping,
@@ -221,13 +225,22 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                 step.fenced = True
                 stream = torch.cuda.current_stream(self.device)  # Backward's (the forward's).
                 torch.autograd.Variable._execution_engine.queue_callback(
-                    lambda: self._fence(stream))
+                    lambda: self._end_of_backward(step, stream))
             if i in step.offset:  # A second backward without no_sync: caught at step().
                 return
             if i not in self._expected_set:  # A param the push does not name.
                 step.mismatch = True
                 return
             self._add_locked(step, i)
+            if step.unwritten:
+                self._write_ready_locked(step)
+
+    def _end_of_backward(self, step: _Step, stream) -> None:
+        """Autograd's final callback (GPU): the fence (_fence), and the buckets whose copies
+        are done are written."""
+        self._fence(stream)
+        with self._lock:
+            self._write_ready_locked(step)
 
     def _add_locked(self, step: _Step, i: int, close: bool = True) -> None:
         """Adds param i to the open bucket, and (with close) closes the bucket once it is full
@@ -281,7 +294,10 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         # them (backward's, or the loop's at step()); on the CPU, now.
         ready = torch.cuda.current_stream(self.device).record_event() if self._cuda else None
         self._stage(step, bucket, grads, ready, defer_copy=defer_copy)
-        self._tasks.put(("write", step, bucket))
+        if defer_copy:  # Written by the worker once the copy is queued and done.
+            self._tasks.put(("write", step, bucket))
+        else:  # Written by a later hook, or by step() (_write_ready_locked, _write_staged).
+            step.unwritten.append(bucket)
 
     # -- step() (the training thread) ---------------------------------------------------------
 
@@ -381,7 +397,10 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                         if i not in step.offset:  # No hook ran for it (or none is left).
                             self._add_locked(step, i, close=not delayed)
                 # Delayed on a GPU: gathered now, copied to the host at the next forward (see
-                # the delayed branch below).
+                # the delayed branch below) and then written by the worker: what the hooks
+                # staged is written first, here, so that one thread at a time writes.
+                if delayed and self._cuda:
+                    self._write_staged(step)
                 self._close_bucket_locked(step, defer_copy=delayed and self._cuda)
                 if not delayed:
                     self._plan_buckets(step.params)
@@ -412,6 +431,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                            "one factor for all (as clipping or GradScaler.unscale_ change them)")
             return self._finish_timings(timings, t0)
         commit_scale = plan.grad_scale if unchanged else (plan.grad_scale or 1.0) / factor
+        self._write_staged(step)  # Before the commit is queued.
         self._after_hyperparameters_failed()
         hyper = opt._changed_hyperparameters(mark=True)
         if opt._pending is not None:

@@ -60,7 +60,10 @@ class _Step:
     buckets: List[_Bucket] = field(default_factory=list)
     buffer: int = 0  # Which host buffer (delay=1 alternates two).
     tensors: Optional[List[int]] = None  # The push's params, fixed when it began.
-    transactions: Optional[list] = None  # Per shard; set by the worker.
+    transactions: Optional[list] = None  # Per shard; published by _begin.
+    begun: Optional[Any] = None  # The Future of the begin the first hook queued (_queue_begin).
+    # Staged buckets (their copies queued, not deferred) that are not written yet, in order.
+    unwritten: List["_Bucket"] = field(default_factory=list)
     index: Dict[Tuple[int, int], int] = field(default_factory=dict)
     error: Optional[BaseException] = None  # The worker's, while writing.
     mismatch: bool = False  # A gradient of a param the push does not name.

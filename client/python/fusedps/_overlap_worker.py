@@ -2,11 +2,17 @@
 OverlapEngine inherits). Internal module of fusedps/_overlap.py, whose docstring says how a step
 goes.
 
-The worker runs tasks in the order they are queued: a bucket's write into the step's pushes
-(one fusedps.PushTransaction per server), calls (a commit, a cancel, a send of changed
-hyperparameters). Hooks and step() queue; only the worker waits on the network. Lifetimes and
-thread safety: OverlapEngine's docstring; the piece cache (_pieces) and the step's
-transactions are the worker's alone.
+The worker runs tasks in the order they are queued: calls (the begin of a step's pushes, one
+fusedps.PushTransaction per server; a commit, a cancel, a send of changed hyperparameters) and,
+once delayed (delay=1 on a GPU), the write of a bucket whose copy to the host was deferred.
+Every other bucket is written by a gradient hook or by step() (_write_ready_locked,
+_write_staged), so that the worker takes the interpreter lock once per step during backward,
+not once per bucket. Lifetimes and thread safety (OverlapEngine's docstring has the rest): a
+step's transactions are written by one thread at a time: the hooks under _lock while backward
+runs, then step(), then the worker (a deferred bucket, queued by step() after its own writes,
+and the commit or cancel); the worker publishes them (_begin) before any write. The piece cache
+(_pieces) is used by whichever thread writes, and cleared by _begin only for a new set of
+params, which no write in flight uses.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 
 from fusedps import _trace
 from fusedps._overlap_step import _Bucket, _Step, layout_cached
+from fusedps._push_transaction import PreparedPieces
 
 __all__ = ["StepWorker"]
 
@@ -36,7 +43,7 @@ class StepWorker:
         _tasks: Any
         _begun: Optional[tuple]
         _hosts: List[Optional[torch.Tensor]]
-        _pieces: Dict[Tuple[int, int, Tuple[int, ...]], List[list]]
+        _pieces: Dict[Tuple[int, int, Tuple[int, ...]], List[Optional[PreparedPieces]]]
         _hyper_failed: bool
 
     def _queue_hyperparameters(self, step: _Step) -> None:
@@ -91,22 +98,63 @@ class StepWorker:
         self._tasks.put(("call", future, fn))
         return future
 
+    def _queue_begin(self, step: _Step) -> None:
+        """At a step's first gradient: its pushes begin on the worker (making their calls takes
+        a few hundred microseconds, most of it without the interpreter lock) while backward
+        goes on; the hooks write into them once they are there (_write_ready_locked). An error
+        is the step's (raised at step())."""
+        def begin():
+            try:
+                self._begin(step)
+            except BaseException as e:  # noqa: BLE001 - reported at step()
+                if step.error is None:
+                    step.error = e
+
+        step.begun = self._call(begin)
+
     def _begin(self, step: _Step) -> None:
-        """Begins the step's push on every server that holds some of its params."""
+        """Begins the step's push on every server that holds some of its params; publishes
+        step.transactions last (the hooks write once they see it)."""
         # The same params each step, as a rule: their split over the shards is made once.
         named = cast(List[int], step.tensors)  # Fixed with the step's first gradient.
         if self._begun is None or self._begun[0] != named:
             self._begun = (list(named), *self._route.tensors_by_shard(named))
             self._pieces.clear()  # They name tensors by their index in the push.
         _, by_shard, step.index = self._begun
-        step.transactions = []
+        transactions = []
         for shard, tensors in enumerate(by_shard):
             client = self._route.clients[shard]
-            step.transactions.append(None if not tensors else client.begin_push(
+            transactions.append(None if not tensors else client.begin_push(
                 tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash,
                 workspace=self.workspace))
+        step.transactions = transactions
+
+    def _write_ready_locked(self, step: _Step) -> None:
+        """(A gradient hook, or backward's end; under _lock.) Writes the step's staged buckets
+        whose copies to the host are done, in staging order, once its pushes have begun. So
+        the worker runs no Python per bucket while backward computes: each time it takes the
+        interpreter lock, backward's hooks wait for it (docs/benchmarks.md, run Z7)."""
+        while step.unwritten and step.transactions is not None:
+            bucket = step.unwritten[0]
+            if bucket.event is not None and not bucket.event.query():
+                return
+            del step.unwritten[0]
+            self._write(step, bucket)
+
+    def _write_staged(self, step: _Step) -> None:
+        """(step(), on the training thread.) Writes every staged bucket not written yet, each
+        once its copy is done, after the begin the hooks queued (if they did; else it begins
+        here). The hooks no longer write this step: it was taken, or backward is over."""
+        if step.begun is not None:
+            step.begun.result()  # Never raises: the error is the step's.
+        unwritten, step.unwritten = step.unwritten, []
+        for bucket in unwritten:
+            self._write(step, bucket)
 
     def _write(self, step: _Step, bucket: _Bucket) -> None:
+        """Writes a staged bucket into the step's pushes (beginning them if no one has), after
+        its copy to the host; an error is the step's. Called by one thread at a time per step
+        (_write_ready_locked, _write_staged, the worker for a deferred copy)."""
         if step.error is not None:
             return
         try:
@@ -120,25 +168,29 @@ class StepWorker:
             if bucket.event is not None:
                 bucket.event.synchronize()
             _trace.mark("write", bucket.end - bucket.begin)
-            for txn, shard_pieces in zip(transactions, self._pieces_of(step, bucket)):
-                if shard_pieces:
-                    txn.write(shard_pieces)
+            for txn, prepared in zip(transactions, self._pieces_of(step, bucket)):
+                if prepared is not None:
+                    txn.write_prepared(prepared)
         except BaseException as e:  # noqa: BLE001 - reported at step()
             step.error = e
 
-    def _pieces_of(self, step: _Step, bucket: _Bucket) -> List[list]:
-        """Per shard, the (tensor index, element offset, elements, host address) pieces of the
-        bucket's write; made once per buffer, place and params (and push's tensors, _begin)."""
-        def make() -> List[list]:
+    def _pieces_of(self, step: _Step, bucket: _Bucket) -> List[Optional[PreparedPieces]]:
+        """Per shard, the bucket's write: its (tensor index, element offset, elements, host
+        address) pieces, prepared for the transport (PushTransaction.prepare), or None where
+        it has none. Made once per buffer, place and params (and push's tensors, _begin): the
+        worker's Python per bucket, which backward's hooks wait for (docs/benchmarks.md), is
+        then one call per shard."""
+        def make() -> List[Optional[PreparedPieces]]:
             host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
             base = host.data_ptr()
-            pieces: List[list] = [[] for _ in cast(list, step.transactions)]
+            transactions = cast(list, step.transactions)
+            pieces: List[list] = [[] for _ in transactions]
             for i in bucket.params:
                 at = step.offset[i]
                 for k, seg in enumerate(self._route.segments[i]):
                     address = base + (at + seg.begin) * self._itemsize
                     pieces[seg.shard].append((step.index[(i, k)], 0, seg.numel, address))
-            return pieces
+            return [txn.prepare(p) if p else None for txn, p in zip(transactions, pieces)]
 
         return layout_cached(self._pieces, (step.buffer, bucket.begin, tuple(bucket.params)),
                              make)

@@ -197,7 +197,7 @@ class PullPipeline:
         self._laid_out: List[int] = []  # The order _groups was laid out in.
         # Made once per layout (each step's Python work beside the loop costs it): the native
         # landing's targets, and install()'s sources (with the buffer they view).
-        self._native_targets: Optional[list] = None
+        self._native_targets: Optional[_native.PullGroups] = None
         self._install_sources: Optional[Tuple[torch.Tensor, List[torch.Tensor]]] = None
         self._shadow: Optional[torch.Tensor] = None
         self._h2d_stream = torch.cuda.Stream(self.device) if self._cuda else None
@@ -242,9 +242,9 @@ class PullPipeline:
         if order != self._laid_out:
             self._groups = self._layout(order)
             self._laid_out = order
-            self._native_targets = [[(shard, name, view.data_ptr(), view.numel())
-                                     for shard, name, view in group.targets]
-                                    for group in self._groups]
+            self._native_targets = _native.PullGroups(
+                [[(shard, name, view.data_ptr(), view.numel())
+                  for shard, name, view in group.targets] for group in self._groups])
             self._install_sources = None
         ready = None
         if self._cuda:
@@ -261,7 +261,7 @@ class PullPipeline:
         landing: Union[_native.PipelinedPull, _ThreadLanding]
         if self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
-                self._natives, cast(list, self._native_targets),  # Made with the layout.
+                self._natives, cast(_native.PullGroups, self._native_targets),  # The layout's.
                 dtype=_dtypes.WIRE_CODES[self._wire], field=_FIELD_PARAM,
                 threads=self._streams)
         else:

@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
 
-from fusedps import _chunks, _dtypes, _transport, errors
+from fusedps import _chunks, _dtypes, _native, _transport, errors
 from fusedps.results import PushResult
 from fusedps.v1 import parameter_service_pb2 as pb
 
@@ -31,6 +31,20 @@ __all__ = ["PushTransaction"]
 
 # (tensor index, first element, element count, address of the raw wire-dtype elements)
 Piece = Tuple[int, int, int, int]
+
+
+class PreparedPieces:
+    """Pieces checked once against a push's tensors and laid out for its transport
+    (PushTransaction.prepare): written by write_prepared to any push of the same tensors over
+    the same transport, without the per-piece Python work of write() (a training step writes the
+    same pieces every step)."""
+
+    __slots__ = ("numels", "payload", "bytes")
+
+    def __init__(self, numels: Tuple[int, ...], payload: Any, nbytes: int):
+        self.numels = numels  # The element counts of the push's tensors it was checked against.
+        self.payload = payload  # The transport's own form (the impl's prepare()).
+        self.bytes = nbytes
 
 
 class PushTransaction:
@@ -42,7 +56,7 @@ class PushTransaction:
 
     def __init__(self, impl, tensors: Sequence[Tuple[str, int]], itemsize: int):
         self._impl = impl
-        self._numels = [int(n) for _, n in tensors]
+        self._numels = tuple(int(n) for _, n in tensors)
         self._names = [n for n, _ in tensors]
         self._itemsize = itemsize
         self._ended = False
@@ -68,6 +82,32 @@ class PushTransaction:
         """
         if self._ended:
             raise RuntimeError("the push was committed or cancelled")
+        self._check(pieces)
+        if pieces:
+            self._impl.write(pieces)
+            self.bytes_written += sum(p[2] for p in pieces) * self._itemsize
+
+    def prepare(self, pieces: Sequence[Piece]) -> PreparedPieces:
+        """Checks pieces (as write() does) and lays them out for this push's transport, once:
+        write_prepared then queues them on this push or on any later one of the same tensors
+        (a training step's buckets are the same every step). Raises ValueError as write()."""
+        self._check(pieces)
+        return PreparedPieces(self._numels, self._impl.prepare(list(pieces)),
+                              sum(p[2] for p in pieces) * self._itemsize)
+
+    def write_prepared(self, prepared: PreparedPieces) -> None:
+        """write() of prepared pieces (prepare()), the same lifetimes. Raises ValueError when
+        they were prepared for a push of other tensors, RuntimeError after commit() or cancel(),
+        FusedPSError when a part of the push has failed."""
+        if self._ended:
+            raise RuntimeError("the push was committed or cancelled")
+        if prepared.numels != self._numels:
+            raise ValueError("pieces prepared for a push of other tensors")
+        if prepared.bytes:
+            self._impl.write_prepared(prepared.payload)
+            self.bytes_written += prepared.bytes
+
+    def _check(self, pieces: Sequence[Piece]) -> None:
         for t, offset, count, address in pieces:
             if not 0 <= t < len(self._numels):
                 raise ValueError(f"piece of tensor number {t}; the push has {len(self._numels)}")
@@ -75,9 +115,6 @@ class PushTransaction:
                     count and not address):
                 raise ValueError(f"piece [{offset}, {offset + count}) of tensor "
                                  f"{self._names[t]!r} ({self._numels[t]} elements)")
-        if pieces:
-            self._impl.write(pieces)
-            self.bytes_written += sum(p[2] for p in pieces) * self._itemsize
 
     def write_tensor(self, index: int, tensor, offset: int = 0) -> None:
         """Queues a contiguous CPU tensor of the wire dtype as elements [offset, offset +
@@ -133,8 +170,15 @@ class NativeTransactionImpl:
         self._push = native_push
 
     def write(self, pieces: Sequence[Piece]) -> None:
-        self._push.write([p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces],
-                         [p[3] for p in pieces])
+        self.write_prepared(self.prepare(list(pieces)))
+
+    @staticmethod
+    def prepare(pieces: List[Piece]):
+        return _native.PieceArrays([p[0] for p in pieces], [p[1] for p in pieces],
+                                   [p[2] for p in pieces], [p[3] for p in pieces])
+
+    def write_prepared(self, arrays) -> None:
+        self._push.write_arrays(arrays)
 
     def commit(self, grad_scale: Optional[float]) -> PushResult:
         r = self._push.commit(grad_scale)
@@ -180,6 +224,13 @@ class GrpcioTransactionImpl:
             if item is _END:
                 return
             yield item
+
+    @staticmethod
+    def prepare(pieces: List[Piece]) -> List[Piece]:
+        return pieces
+
+    def write_prepared(self, pieces: List[Piece]) -> None:
+        self.write(pieces)
 
     def _send(self, message: bytes) -> None:
         self._queues[self._next].put(message)
