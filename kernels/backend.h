@@ -97,6 +97,31 @@ struct NewTensor {
   uint64_t rounding_key = 0;
 };
 
+// The gradient rows of one embedding table in a step (docs/dev/embedding-tables.md). A dense-id
+// table is a registered tensor of rows * dim elements, read as a row-major [rows, dim] matrix,
+// whose group has fp32 params and state, no amsgrad and decoupled weight decay (row_sparse.h
+// refuses the rest). A step updates the rows it names only, with torch.optim.SparseAdam's math
+// (sparse_adam_math.h): the gradients of duplicate keys summed, one step count for the table
+// (the tensor's step, advanced once per step whatever rows it names).
+struct TableRows {
+  uint32_t tensor = 0;
+  uint64_t dim = 0;                     // >= 1, dividing the tensor's numel.
+  absl::Span<const int64_t> keys = {};  // Row indices in [0, rows); duplicates are summed.
+  // [keys.size(), dim] fp32, row-major (row i is keys[i]'s), host memory, unchanged until the
+  // step's marker is done.
+  absl::Span<const float> grads = {};
+};
+
+// A read of some rows of one field of an embedding table (TableRows' tensor and dim), as fp32:
+// row keys[i] goes to dst[i * dim, (i + 1) * dim). For lookups.
+struct ReadRowsRequest {
+  TensorField field = TensorField::kParam;  // kParam, kExpAvg or kExpAvgSq.
+  uint32_t tensor = 0;
+  uint64_t dim = 0;
+  absl::Span<const int64_t> keys = {};  // Row indices in [0, rows); any order, repeats allowed.
+  float* dst = nullptr;                 // keys.size() * dim floats of host memory.
+};
+
 // The gradients of one push, in one dtype.
 // Tensor tensors[i]'s grads are elements [grad_offsets[i], grad_offsets[i] + numel) of grads.
 // grads may lie in the staging arena (AllocateStagingArena; the step then reads the arena's
@@ -123,6 +148,10 @@ struct StepRequest {
   // The step uses lr / lr_divisor of each tensor's group, computed in float64 (bounded
   // staleness scales the lr of a stale push's step by 1 / (1 + tau)). >= 1.
   double lr_divisor = 1.0;
+  // Embedding tables stepped with the tensors above, in the same step: all or nothing, and a
+  // non-finite value anywhere (dense or rows, after summing duplicates and dividing by
+  // grad_scale) skips all of it. grad_scale and lr_divisor apply to them too.
+  absl::Span<const TableRows> table_rows = {};
 };
 
 // A point in the backend's stream order: Wait(marker) returns once everything queued before it
@@ -242,11 +271,29 @@ class OptimizerBackend {
   // Errors: INVALID_ARGUMENT for an unknown tensor or a negative step.
   virtual absl::Status SetStep(uint32_t tensor, int64_t step) = 0;
 
-  // Queues one AdamW step (kernels/adamw_math.h) of every tensor of the request, all or
-  // nothing: if any gradient is non-finite (after conversion to fp32 and division by
-  // grad_scale), nothing is queued, nothing changes and the outcome says skipped. Each updated
-  // tensor's step advances by one (step() reports it at once).
+  // Queues one AdamW step (kernels/adamw_math.h) of every tensor of the request, and one
+  // row-sparse step of each of its tables (TableRows), all or nothing: if any gradient is
+  // non-finite (after conversion to fp32 and division by grad_scale), nothing is queued,
+  // nothing changes and the outcome says skipped. Each updated tensor's and table's step
+  // advances by one (step() reports it at once); tensors_updated counts both.
+  // Errors (nothing queued, nothing changed): for table rows, INVALID_ARGUMENT naming the
+  // field and the limit (table_rows[i].tensor unknown, named twice or also in tensors; a dim
+  // that does not divide its numel; keys[j] outside [0, rows); grads not keys.size() * dim; a
+  // group the row step refuses, row_sparse.h; rows with from_accumulator), and UNIMPLEMENTED
+  // on a backend without embedding tables (the CUDA backend, until issue 38's step 4).
   virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
+
+  // Copies some rows of one field of an embedding table into host memory (ReadRowsRequest), in
+  // stream order: the data is there once a marker taken after this call is done. Errors
+  // (nothing queued): INVALID_ARGUMENT naming the field and the limit (an unknown tensor, a dim
+  // that does not divide its numel, a key outside [0, rows), a field other than param,
+  // exp_avg and exp_avg_sq, a table not stored in fp32); UNIMPLEMENTED on a backend without
+  // embedding tables (this default).
+  virtual absl::Status ReadRows(const ReadRowsRequest& request) {
+    (void)request;
+    return absl::UnimplementedError("embedding tables on the " + name() +
+                                    " backend (issue 38: the CPU backend has them)");
+  }
 
   // Queues a sum of gradients into the accumulator, for a synchronous round: an fp32 arena laid
   // out as the params (allocated on first use, reported as "grad_accumulator"). For each tensor

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "kernels/backend.h"
+#include "kernels/cpu_table_rows.h"
 #include "kernels/grad_check.h"
 #include "kernels/parallel.h"
 #include "kernels/quant_math.h"
@@ -244,6 +245,10 @@ class CpuBackend final : public OptimizerBackend {
     return absl::OkStatus();
   }
 
+  absl::Status ReadRows(const ReadRowsRequest& request) override {
+    return ReadTableRows(table_, arenas(), request);
+  }
+
   absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) override {
     void* snapshot = std::aligned_alloc(64, (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64);
     if (snapshot == nullptr) {
@@ -363,9 +368,16 @@ class CpuBackend final : public OptimizerBackend {
   absl::StatusOr<StepOutcome> Step(const StepRequest& given) override {
     const auto start = std::chrono::steady_clock::now();
     StepRequest request = given;
+    // The tables' rows are checked (an error changes nothing) and summed first.
+    bool rows_finite = true;
+    absl::StatusOr<std::vector<PreparedTableRows>> rows =
+        PrepareTableRows(table_, arenas(), request, &rows_finite);
+    if (!rows.ok()) return rows.status();
     const bool finite = StepGradsFinite(request, &staged_non_finite_,
                                         [this](uint32_t t) { return table_.numel(t); });
-    if (!finite) return StepOutcome{.skipped = true, .tensors_updated = 0, .marker = 0};
+    if (!finite || !rows_finite) {
+      return StepOutcome{.skipped = true, .tensors_updated = 0, .marker = 0};
+    }
     std::vector<uint64_t> offsets;
     if (request.from_accumulator) {
       if (accumulator_.size() < table_.arena_numel()) {
@@ -379,6 +391,13 @@ class CpuBackend final : public OptimizerBackend {
     if (request.grads == nullptr) request.grads = staging_.data();
     absl::StatusOr<StepOutcome> outcome = StepOn(request);
     if (!outcome.ok()) return outcome;
+    if (!rows->empty()) {
+      ApplyTableRows(*rows);
+      std::vector<uint32_t> tables;
+      for (const PreparedTableRows& p : *rows) tables.push_back(p.tensor);
+      table_.AdvanceSteps(tables);
+      outcome->tensors_updated += static_cast<uint32_t>(tables.size());
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     MutexLock lock(&mu_);

@@ -56,6 +56,10 @@ class FaultInjectingBackend final : public ForwardingBackend {
     if (absl::Status s = Sticky(); !s.ok()) return s;
     return ForwardingBackend::Read(request);
   }
+  absl::Status ReadRows(const ReadRowsRequest& request) override {
+    if (absl::Status s = Sticky(); !s.ok()) return s;
+    return ForwardingBackend::ReadRows(request);
+  }
   absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) override {
     if (absl::Status s = Sticky(); !s.ok()) return s;
     return ForwardingBackend::AllocateSnapshot(bytes);

@@ -46,6 +46,9 @@ class ForwardingBackend : public OptimizerBackend {
     return inner_->Accumulate(request, first);
   }
   absl::Status Read(const ReadRequest& request) override { return inner_->Read(request); }
+  absl::Status ReadRows(const ReadRowsRequest& request) override {
+    return inner_->ReadRows(request);
+  }
   absl::StatusOr<void*> AllocateSnapshot(uint64_t bytes) override {
     return inner_->AllocateSnapshot(bytes);
   }

@@ -59,8 +59,10 @@ absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper) {
   return absl::OkStatus();
 }
 
-absl::Status CheckPush(const RowSparseTable& table, absl::Span<const int64_t> keys,
-                       absl::Span<const float> grads) {
+}  // namespace
+
+absl::Status CheckRowSparsePush(const RowSparseTable& table, absl::Span<const int64_t> keys,
+                                absl::Span<const float> grads) {
   for (size_t i = 0; i < keys.size(); ++i) {
     if (keys[i] < 0 || keys[i] >= table.rows) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -74,8 +76,6 @@ absl::Status CheckPush(const RowSparseTable& table, absl::Span<const int64_t> ke
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const float> grads,
                            int64_t dim) {
@@ -135,7 +135,7 @@ absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperp
                                         absl::Span<const int64_t> keys,
                                         absl::Span<const float> grads, float grad_scale) {
   if (absl::Status s = CheckRowSparseStep(table, hyper, grad_scale); !s.ok()) return s;
-  if (absl::Status s = CheckPush(table, keys, grads); !s.ok()) return s;
+  if (absl::Status s = CheckRowSparsePush(table, keys, grads); !s.ok()) return s;
 
   CoalescedRows rows = CoalesceRows(keys, grads, table.dim);
   const AdamWStepScalars s = MakeStepScalars(hyper, table.step + 1, grad_scale);

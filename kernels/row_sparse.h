@@ -86,6 +86,11 @@ absl::StatusOr<bool> ApplyRowSparseStep(RowSparseTable& table, const AdamWHyperp
 absl::Status CheckRowSparseStep(const RowSparseTable& table, const AdamWHyperparameters& hyper,
                                 float grad_scale);
 
+// ApplyRowSparseStep's checks of keys and grads against `table`, with its errors (fields named
+// "keys[i]" and "grads").
+absl::Status CheckRowSparsePush(const RowSparseTable& table, absl::Span<const int64_t> keys,
+                                absl::Span<const float> grads);
+
 // Step 1 of sparse_adam_math.h on a push's coalesced gradients, in place: each g becomes
 // SparseAdamGrad(s, g). Returns false at the first one that is not finite: the step must then be
 // skipped whole (grads is then partly rewritten; no table was read or written).

@@ -19,6 +19,11 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepRequest& request) {
   FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
   // First everything that can fail with an expected error, so that such a failure changes
   // nothing; then the finiteness check; then the queueing.
+  if (!request.table_rows.empty()) {
+    return absl::UnimplementedError(
+        "table_rows: embedding tables on the CUDA backend (issue 38's step 4; the CPU backend "
+        "has them)");
+  }
   if (request.from_accumulator && accumulator_.capacity() < table_.arena_numel()) {
     return absl::FailedPreconditionError("a step from the accumulator before Accumulate");
   }

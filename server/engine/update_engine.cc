@@ -10,7 +10,8 @@ namespace {
 // Backend errors a caller can cause or expect; anything else means the device failed.
 bool Expected(const absl::Status& s) {
   return absl::IsResourceExhausted(s) || absl::IsInvalidArgument(s) ||
-         absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) || absl::IsNotFound(s);
+         absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) || absl::IsNotFound(s) ||
+         absl::IsUnimplemented(s);
 }
 
 absl::Status ShuttingDown() { return absl::UnavailableError("the server is shutting down"); }
@@ -143,7 +144,14 @@ void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done,
                         std::function<void()> consumed) {
   Submit(
       [this, push, done, consumed] {
-        if (consistency_.mode == ConsistencyMode::kSync) return Contribute(push, done, consumed);
+        if (consistency_.mode == ConsistencyMode::kSync) {
+          if (!push->tables.empty()) {
+            return Answer(done, consumed,
+                          absl::UnimplementedError(
+                              "table_rows: embedding tables in sync mode (issue 38's step 5)"));
+          }
+          return Contribute(push, done, consumed);
+        }
         StepJob(push, done, consumed);
       },
       [done, consumed](const absl::Status& s) {
@@ -227,20 +235,35 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     if (consistency_.staleness_lr_scaling) request.lr_divisor = 1.0 + static_cast<double>(tau);
   }
   if (observer_ != nullptr) observer_->OnStaleness(tau);
+  // The tables' rows (in the push, alive until `done`), and every tensor the step advances.
+  std::vector<TableRows> table_rows;
+  std::vector<uint32_t> stepped(push->tensors);
+  if (!push->tables.empty()) {
+    const std::shared_ptr<const ShardView> view = this->view();
+    for (const ReadyTableRows& t : push->tables) {
+      const uint64_t dim = t.tensor < view->tensor_count() ? view->tensor(t.tensor).table_dim() : 0;
+      table_rows.push_back({t.tensor, dim, t.keys, t.grads});
+      stepped.push_back(t.tensor);
+    }
+    request.table_rows = table_rows;
+  }
   absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
   if (!outcome.ok()) {
-    const absl::Status s = Checked(outcome.status());
+    // A dense push was checked as it arrived: its step cannot fail but for the device. Table
+    // rows are checked by the backend (keys against rows): their errors are the push's.
+    const absl::Status s = Checked(outcome.status(), /*expected_ok=*/!push->tables.empty());
     retries_->Abandon(push->client_id, push->sequence_number, s);
     return fail(s);
   }
   PushReply reply = Advance(*outcome);
   reply.grad_bytes = push->grad_bytes;
-  Complete({outcome->marker, [this, push, finish, reply](absl::StatusOr<WorkDone> work) {
+  Complete({outcome->marker, [this, push, finish, reply,
+                              stepped = std::move(stepped)](absl::StatusOr<WorkDone> work) {
               if (!work.ok()) {
                 retries_->Abandon(push->client_id, push->sequence_number, work.status());
                 return finish(work.status());
               }
-              if (!reply.skipped) Publish(reply.version, push->tensors);
+              if (!reply.skipped) Publish(reply.version, stepped);
               retries_->Finish(push->client_id, push->sequence_number, reply);
               finish(StepResult{reply, work->device_seconds, work->copy_wait_seconds});
             }});

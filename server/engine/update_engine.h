@@ -66,6 +66,13 @@
 
 namespace fusedps {
 
+// The rows of one embedding table in a push (kernels/backend.h: TableRows), as fp32.
+struct ReadyTableRows {
+  uint32_t tensor = 0;        // A table of the view (TensorMeta::table).
+  std::vector<int64_t> keys;  // Row indices; checked against the table by the step.
+  std::vector<float> grads;   // [keys.size(), dim] row-major.
+};
+
 // A push whose chunks have all arrived and passed their checks.
 struct ReadyPush {
   std::string client_id;
@@ -80,6 +87,10 @@ struct ReadyPush {
   uint64_t base_version = 0;  // PushHeader.base_version.
   absl::Time arrived;         // Its first header arrived (for sync round timings).
   absl::Time received;        // Its last byte arrived.
+  // Embedding tables stepped with the tensors, each at most once and none of `tensors`, in
+  // async and bounded modes (sync mode refuses them: UNIMPLEMENTED). Their bad keys or grads
+  // fail the push with the backend's INVALID_ARGUMENT, nothing applied.
+  std::vector<ReadyTableRows> tables;
 };
 
 struct StepResult {
@@ -110,6 +121,19 @@ struct ReadJob {
   void* dst = nullptr;                // Host memory; ignored with snapshot_bytes > 0.
   uint64_t snapshot_bytes = 0;        // > 0: read into a snapshot of this size, allocated here.
   bool stored = false;  // The stored form (ReadRequest::stored), else fp32 (or the copy's).
+};
+
+// A lookup: rows of one field of one embedding table of the view, by key, as fp32.
+struct RowsJob {
+  uint32_t tensor = 0;
+  TensorField field = TensorField::kParam;  // kParam, kExpAvg or kExpAvgSq.
+  std::vector<int64_t> keys;
+};
+
+struct RowsResult {
+  uint64_t version = 0;     // The version the read saw.
+  int64_t step = 0;         // The table's step at that version.
+  std::vector<float> rows;  // [keys.size(), dim] row-major, in key order.
 };
 
 struct ReadResult {
@@ -203,6 +227,10 @@ class UpdateEngine {
   void Read(ReadJob job, Done<ReadResult> done);
   // Frees a snapshot of an earlier Read, after the work queued before.
   void FreeSnapshot(void* snapshot);
+  // A lookup of table rows (engine_tables.cc), in stream order after the steps submitted
+  // before it. INVALID_ARGUMENT for a tensor of the view that is not a table, and the
+  // backend's (a key outside [0, rows), naming it); UNIMPLEMENTED on a backend without tables.
+  void ReadRows(RowsJob job, Done<RowsResult> done);
 
   // A checkpoint's snapshot, at the point of this job in stream order (engine_checkpoint.cc).
   // Without `fenced`, the values of SnapshotLayout(the view, param_copy_dtype()) are copied

@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<Registration>> Registration::Begin(
     if (!r->is_new_[i]) continue;
     const absl::string_view group =
         specs[i].param_group.empty() ? absl::string_view(kDefaultParamGroup) : specs[i].param_group;
-    added.push_back({specs[i].name, specs[i].shape, *r->view_->FindGroup(group), numel});
+    added.push_back(
+        {specs[i].name, specs[i].shape, *r->view_->FindGroup(group), numel, specs[i].table});
     new_bytes += numel * sizeof(float);
   }
   r->tracker_.emplace(ChunkAssembler::Tracker(std::move(expected), sizeof(float)));

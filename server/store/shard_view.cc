@@ -170,20 +170,55 @@ absl::Status ShardView::CheckTensorSpecs(const std::vector<TensorSpec>& specs,
       return absl::NotFoundError(absl::StrCat(field, ".param_group ", QuoteName(group),
                                               " is not registered (RegisterParamGroup first)"));
     }
+    if (spec.table) {
+      if (spec.shape.size() != 2 || spec.shape[1] < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " (", QuoteName(spec.name),
+                         "): an embedding table has shape [rows, dim] with dim >= 1, not ",
+                         ShapeString(spec.shape)));
+      }
+      if (absl::Status s = CheckTableGroup(groups_[*group_index], field + ".param_group");
+          !s.ok()) {
+        return s;
+      }
+    }
     std::optional<uint32_t> existing = FindTensor(spec.name);
     if (!existing.has_value()) {
       (*is_new)[i] = true;
       continue;
     }
     const TensorMeta& old = tensor(*existing);
-    if (old.shape != spec.shape || old.group != *group_index) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "tensor ", QuoteName(spec.name), " is registered with shape ", ShapeString(old.shape),
-          " in group ", QuoteName(groups_[old.group].name), "; this spec has shape ",
-          ShapeString(spec.shape), " in group ", QuoteName(group)));
+    if (old.shape != spec.shape || old.group != *group_index || old.table != spec.table) {
+      const auto kind = [](bool table) { return table ? "an embedding table" : "a tensor"; };
+      return absl::AlreadyExistsError(
+          absl::StrCat("tensor ", QuoteName(spec.name), " is registered as ", kind(old.table),
+                       " of shape ", ShapeString(old.shape), " in group ",
+                       QuoteName(groups_[old.group].name), "; this spec is ", kind(spec.table),
+                       " of shape ", ShapeString(spec.shape), " in group ", QuoteName(group)));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckTableGroup(const ParamGroupSpec& group, absl::string_view field) {
+  const AdamWHyperparameters& h = group.hyperparameters;
+  std::string why;
+  if (h.amsgrad) {
+    why = "amsgrad";
+  } else if (!h.decoupled_weight_decay && h.weight_decay != 0.0) {
+    why = "L2 weight decay (weight_decay_mode L2)";
+  } else if (h.state_dtype != StateDType::kFloat32) {
+    why = absl::StrCat("state_dtype ", StateDTypeName(h.state_dtype));
+  } else if (h.params_dtype != ParamsDType::kFloat32) {
+    why = absl::StrCat("params_dtype ", ParamsDTypeName(h.params_dtype));
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " ", QuoteName(group.name),
+      ": an embedding table's group needs fp32 params and state, no amsgrad and decoupled weight "
+      "decay; it has ",
+      why));
 }
 
 }  // namespace fusedps

@@ -53,6 +53,9 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;  // Empty: a 0-dim tensor of one element.
   std::string param_group;     // Empty means "default".
+  // An embedding table (docs/dev/embedding-tables.md): shape [rows, dim], stepped by the rows
+  // a push names (TableRows), never as a dense tensor.
+  bool table = false;
 };
 
 // A registered tensor. Its index is its position in the view (and the backend's index).
@@ -61,6 +64,9 @@ struct TensorMeta {
   std::vector<int64_t> shape;
   uint32_t group = 0;  // Index into ShardView::groups().
   uint64_t numel = 0;
+  bool table = false;  // An embedding table of shape [rows, dim] (TensorSpec::table).
+  // A table's row width, shape[1]; 0 for a dense tensor.
+  uint64_t table_dim() const { return table ? static_cast<uint64_t>(shape[1]) : 0; }
 };
 
 class ShardView {
@@ -102,8 +108,9 @@ class ShardView {
   // Checks registration specs against each other and this view, without registering.
   // `is_new[i]` tells whether specs[i] would be created (false: an identical spec exists, which
   // registration leaves as it is). Errors: INVALID_ARGUMENT for a bad name or shape or a name
-  // given twice; NOT_FOUND for an unregistered group; ALREADY_EXISTS for a spec that conflicts
-  // with a registered one (another shape or group).
+  // given twice, and for a table whose shape is not [rows, dim >= 1] or whose group the row
+  // step refuses (CheckTableGroup); NOT_FOUND for an unregistered group; ALREADY_EXISTS for a
+  // spec that conflicts with a registered one (another shape or group, a table or not).
   absl::Status CheckTensorSpecs(const std::vector<TensorSpec>& specs,
                                 std::vector<bool>* is_new) const;
 
@@ -128,6 +135,11 @@ inline constexpr size_t kMaxPlanHashBytes = 64;
 // Errors: INVALID_ARGUMENT over kMaxPlanHashBytes; FAILED_PRECONDITION naming both hashes.
 absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
                            absl::string_view field, bool registering);
+
+// OK when a param group can hold embedding tables: fp32 params and state, no amsgrad, decoupled
+// weight decay (kernels/row_sparse.h's step). Else INVALID_ARGUMENT naming `field` and what the
+// group has.
+absl::Status CheckTableGroup(const ParamGroupSpec& group, absl::string_view field);
 
 // Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.
 absl::StatusOr<uint64_t> NumelOf(const std::vector<int64_t>& shape);

@@ -1,0 +1,147 @@
+#include "kernels/cpu_table_rows.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+
+namespace fusedps {
+namespace {
+
+// `what` with its index, for errors: "table_rows[2]".
+std::string Entry(size_t i) { return absl::StrCat("table_rows[", i, "]"); }
+
+// Table `tensor` seen as [rows, dim] in the fp32 arenas, after the checks every use of a table
+// makes: a registered tensor, a dim that divides it, fp32 params and state. `field` names the
+// request's fields in errors ("table_rows[2]" or "request").
+absl::StatusOr<RowSparseTable> TableView(const TensorTable& table, const Arenas& arenas,
+                                         uint32_t tensor, uint64_t dim, const std::string& field) {
+  if (tensor >= table.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".tensor = ", tensor,
+                                                   " is not a registered tensor (", table.size(),
+                                                   " registered)"));
+  }
+  const uint64_t numel = table.numel(tensor);
+  if (dim < 1 || numel % dim != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".dim = ", dim, " does not divide tensor ", tensor, "'s ", numel, " elements"));
+  }
+  if (!IsFloat32Layout(table.layout(tensor))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".tensor = ", tensor,
+        ": an embedding table needs fp32 params and state (its group's state_dtype and "
+        "params_dtype)"));
+  }
+  RowSparseTable view;
+  view.params = absl::MakeSpan(arenas.params32 + table.param_offset(tensor), numel);
+  view.exp_avg = absl::MakeSpan(arenas.exp_avg32 + table.state_offset(tensor), numel);
+  view.exp_avg_sq = absl::MakeSpan(arenas.exp_avg_sq32 + table.state_offset(tensor), numel);
+  view.rows = static_cast<int64_t>(numel / dim);
+  view.dim = static_cast<int64_t>(dim);
+  view.step = table.step(tensor);
+  return view;
+}
+
+// status with its message after `prefix`: "table_rows[2].keys[3] = ..." (separator ".") or
+// "table_rows[2]: hyper.amsgrad ..." (": ").
+absl::Status Prefixed(const std::string& prefix, const char* separator,
+                      const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(prefix, separator, status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTable& table,
+                                                                const Arenas& arenas,
+                                                                const StepRequest& request,
+                                                                bool* finite) {
+  *finite = true;
+  std::vector<PreparedTableRows> prepared;
+  if (request.table_rows.empty()) return prepared;
+  if (request.from_accumulator) {
+    return absl::InvalidArgumentError(
+        "table_rows: a step from the accumulator has no table rows (sync rounds of tables are "
+        "not built yet)");
+  }
+  std::vector<bool> named(table.size(), false);
+  for (uint32_t t : request.tensors) {
+    if (t < named.size()) named[t] = true;
+  }
+  // Every check first, so that an error changes nothing.
+  for (size_t i = 0; i < request.table_rows.size(); ++i) {
+    const TableRows& rows = request.table_rows[i];
+    absl::StatusOr<RowSparseTable> view = TableView(table, arenas, rows.tensor, rows.dim, Entry(i));
+    if (!view.ok()) return view.status();
+    if (named[rows.tensor]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Entry(i), ".tensor = ", rows.tensor,
+                       " is named twice in the step (by tensors or another table_rows entry)"));
+    }
+    named[rows.tensor] = true;
+    const AdamWHyperparameters& hyper = table.hyper_of(rows.tensor);
+    if (absl::Status s = CheckRowSparseStep(*view, hyper, request.grad_scale); !s.ok()) {
+      return Prefixed(Entry(i), ": ", s);
+    }
+    if (absl::Status s = CheckRowSparsePush(*view, rows.keys, rows.grads); !s.ok()) {
+      return Prefixed(Entry(i), ".", s);
+    }
+    PreparedTableRows p;
+    p.tensor = rows.tensor;
+    p.view = *view;
+    p.s = MakeStepScalars(hyper, view->step + 1, request.grad_scale, request.lr_divisor);
+    prepared.push_back(std::move(p));
+  }
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    const TableRows& rows = request.table_rows[i];
+    PreparedTableRows& p = prepared[i];
+    p.rows = CoalesceRows(rows.keys, rows.grads, p.view.dim);
+    if (*finite && !UnscaleRowGrads(p.s, absl::MakeSpan(p.rows.grads))) *finite = false;
+  }
+  return prepared;
+}
+
+void ApplyTableRows(std::vector<PreparedTableRows>& prepared) {
+  for (PreparedTableRows& p : prepared) UpdateTableRows(p.view, p.s, p.rows.keys, p.rows.grads);
+}
+
+absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
+                           const ReadRowsRequest& request) {
+  absl::StatusOr<RowSparseTable> view =
+      TableView(table, arenas, request.tensor, request.dim, "request");
+  if (!view.ok()) return view.status();
+  absl::Span<float> source;
+  switch (request.field) {
+    case TensorField::kParam:
+      source = view->params;
+      break;
+    case TensorField::kExpAvg:
+      source = view->exp_avg;
+      break;
+    case TensorField::kExpAvgSq:
+      source = view->exp_avg_sq;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("request.field = ", TensorFieldName(request.field),
+                       ": a table's rows are read from param, exp_avg or exp_avg_sq"));
+  }
+  for (size_t i = 0; i < request.keys.size(); ++i) {
+    if (request.keys[i] < 0 || request.keys[i] >= view->rows) {
+      return absl::InvalidArgumentError(absl::StrCat("keys[", i, "] = ", request.keys[i],
+                                                     " is outside [0, ", view->rows,
+                                                     ") (the table's rows)"));
+    }
+  }
+  if (!request.keys.empty() && request.dst == nullptr) {
+    return absl::InvalidArgumentError("request.dst is null");
+  }
+  const auto dim = static_cast<size_t>(request.dim);
+  for (size_t i = 0; i < request.keys.size(); ++i) {
+    std::memcpy(request.dst + i * dim, source.data() + static_cast<size_t>(request.keys[i]) * dim,
+                dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusedps

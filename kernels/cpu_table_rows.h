@@ -1,0 +1,64 @@
+// cpu_table_rows.h: the CPU backend's embedding tables (backend.h: TableRows in a Step,
+// ReadRows). A dense-id table is a registered tensor of rows * dim elements read as a row-major
+// [rows, dim] matrix: its params and moments lie in the fp32 arenas at the tensor's offsets
+// (tensor_table.h), and its step count is the tensor's. The step of its pushed rows is
+// row_sparse.h's (torch.optim.SparseAdam's math, sparse_adam_math.h); this file checks a
+// step's rows against the tensor table, prepares them and applies them, so that the backend
+// steps dense tensors and tables together, all or nothing.
+//
+// Thread safety: none; the backend's one calling thread (backend.h).
+//
+// Usage (CpuBackend::Step):
+//   bool finite = true;
+//   absl::StatusOr<std::vector<PreparedTableRows>> rows =
+//       PrepareTableRows(table, arenas, request, &finite);
+//   if (!rows.ok()) return rows.status();   // nothing changed
+//   if (!finite) ... skip the whole step ...
+//   ... step the dense tensors ...
+//   ApplyTableRows(*rows);                  // then advance the tables' steps
+#ifndef FUSEDPS_KERNELS_CPU_TABLE_ROWS_H_
+#define FUSEDPS_KERNELS_CPU_TABLE_ROWS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/adamw_math.h"
+#include "kernels/backend.h"
+#include "kernels/row_sparse.h"
+#include "kernels/tensor_table.h"
+
+namespace fusedps {
+
+// One table's rows of a step, checked and ready to apply.
+struct PreparedTableRows {
+  uint32_t tensor = 0;
+  RowSparseTable view;  // Spans into the arenas; its step is the table's before this step.
+  AdamWStepScalars s;   // For the table's next step.
+  // The pushed rows, duplicates summed (CoalesceRows), each gradient already divided by the
+  // grad_scale and negated for maximize (UnscaleRowGrads).
+  CoalescedRows rows;
+};
+
+// Checks request.table_rows against `table` (the tensors, their dims, layouts and groups, the
+// keys and grads), with OptimizerBackend::Step's errors for them (INVALID_ARGUMENT naming
+// "table_rows[i]..." and the limit), and prepares each. *finite is set false when a gradient
+// is not finite after summing and unscaling (the step must then be skipped whole). Reads only
+// where the tables lie in `arenas`; changes nothing.
+absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTable& table,
+                                                                const Arenas& arenas,
+                                                                const StepRequest& request,
+                                                                bool* finite);
+
+// Updates the prepared tables' pushed rows (row_sparse.h's UpdateTableRows). The caller then
+// advances each table's step (TensorTable::AdvanceSteps).
+void ApplyTableRows(std::vector<PreparedTableRows>& prepared);
+
+// OptimizerBackend::ReadRows on the arenas: checks it (its errors) and copies the rows.
+absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
+                           const ReadRowsRequest& request);
+
+}  // namespace fusedps
+
+#endif  // FUSEDPS_KERNELS_CPU_TABLE_ROWS_H_

@@ -1,0 +1,255 @@
+// Tests of the CPU backend's embedding tables (backend.h: TableRows in a Step, ReadRows;
+// cpu_table_rows.h): a step of a dense tensor and table rows together gives the dense tensor a
+// dense-only step's bits and the table row_sparse.h's bits, and matches the float64 SparseAdam
+// of row_table_test_util.h; a non-finite row skips the whole step; bad rows are refused naming
+// the field and change nothing; ReadRows returns rows in key order.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/row_sparse.h"
+#include "kernels/row_table_test_util.h"
+
+namespace fusedps {
+namespace {
+
+using row_table_test::ReferenceRowUpdate;
+using row_table_test::ReferenceStepSize;
+using row_table_test::SameBytes;
+using row_table_test::SumRows;
+
+constexpr uint64_t kRows = 16;
+constexpr uint64_t kDim = 5;
+constexpr uint64_t kDense = 40;
+
+std::vector<float> Normal(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::vector<float> Field(OptimizerBackend& b, TensorField field, uint32_t t) {
+  std::vector<float> out(b.numel(t));
+  EXPECT_TRUE(ReadTensor(b, field, t, out.data()).ok());
+  return out;
+}
+
+// A backend with tensor 0 dense (kDense elements) and tensor 1 a [kRows, kDim] table, both in
+// group 0 (`hyper`), params from `rng`.
+struct Shard {
+  Shard(const AdamWHyperparameters& hyper, std::mt19937& rng) : backend(MakeCpuBackend({})) {
+    EXPECT_TRUE(backend->SetParamGroup(0, hyper).ok());
+    EXPECT_TRUE(backend->AddTensors({{kDense, 0}, {kRows * kDim, 0}}).ok());
+    dense0 = Normal(rng, kDense);
+    table0 = Normal(rng, kRows * kDim);
+    EXPECT_TRUE(backend->WriteParams(0, 0, dense0).ok());
+    EXPECT_TRUE(backend->WriteParams(1, 0, table0).ok());
+  }
+  // Everything a step may change.
+  std::vector<std::vector<float>> State() {
+    std::vector<std::vector<float>> all;
+    for (uint32_t t : {0u, 1u}) {
+      for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+        all.push_back(Field(*backend, f, t));
+      }
+    }
+    return all;
+  }
+  std::unique_ptr<OptimizerBackend> backend;
+  std::vector<float> dense0, table0;
+};
+
+// A step of dense tensors (their grads at `grads`, fp32) and table rows.
+StepRequest Request(absl::Span<const uint32_t> tensors, absl::Span<const uint64_t> offsets,
+                    const float* grads, absl::Span<const TableRows> rows, float grad_scale = 0.0f) {
+  StepRequest request;
+  request.tensors = tensors;
+  request.grad_offsets = offsets;
+  request.grads = grads;
+  request.grad_scale = grad_scale;
+  request.table_rows = rows;
+  return request;
+}
+
+AdamWHyperparameters TableHyper() {
+  AdamWHyperparameters h;
+  h.lr = 0.02;
+  h.beta1 = 0.8;
+  h.beta2 = 0.95;
+  h.eps = 1e-6;
+  h.weight_decay = 0.05;  // Decoupled: the pushed rows' only (sparse_adam_math.h).
+  return h;
+}
+
+TEST(CpuTableRowsTest, DenseAndTableRowsStepTogetherAsEachAlone) {
+  std::mt19937 rng(3);
+  const AdamWHyperparameters h = TableHyper();
+  Shard shard(h, rng);
+  std::mt19937 same(3);
+  Shard dense_only(h, same);  // The same params: the dense tensor's reference.
+  // The table's references: row_sparse.h's step on copies (bits), and float64 SparseAdam.
+  std::vector<float> params = shard.table0, exp_avg(kRows * kDim), exp_avg_sq(kRows * kDim);
+  RowSparseTable table{
+      absl::MakeSpan(params), absl::MakeSpan(exp_avg), absl::MakeSpan(exp_avg_sq), kRows, kDim, 0};
+  std::vector<double> p64(params.begin(), params.end()), m64(kRows * kDim), v64(kRows * kDim);
+  const float grad_scale = 4.0f;
+  for (int step = 1; step <= 6; ++step) {
+    const std::vector<float> dense_grads = Normal(rng, kDense);
+    // Duplicates (3 and 7 twice); rows 0, 1 and 15 never pushed.
+    const std::vector<int64_t> keys = {7, 3, 12, 3, 7, 2 + step};
+    const std::vector<float> grads = Normal(rng, keys.size() * kDim);
+    const uint32_t dense_tensor[] = {0};
+    const uint64_t offsets[] = {0};
+    const TableRows rows[] = {{1, kDim, keys, grads}};
+    const StepRequest request =
+        Request(dense_tensor, offsets, dense_grads.data(), rows, grad_scale);
+    const StepRequest dense_request =
+        Request(dense_tensor, offsets, dense_grads.data(), {}, grad_scale);
+    absl::StatusOr<StepOutcome> outcome = StepNow(*shard.backend, request);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_FALSE(outcome->skipped);
+    EXPECT_EQ(outcome->tensors_updated, 2u);
+    ASSERT_TRUE(StepNow(*dense_only.backend, dense_request).ok());
+    ASSERT_TRUE(*ApplyRowSparseStep(table, h, keys, grads, grad_scale));
+    const double step_size = ReferenceStepSize(h, step);
+    for (const auto& [key, sum] : SumRows(keys, grads, kDim)) {
+      std::vector<double> g(sum);
+      for (double& x : g) x /= grad_scale;
+      const size_t at = static_cast<size_t>(key) * kDim;
+      ReferenceRowUpdate(h, step_size, g, &p64[at], &m64[at], &v64[at]);
+    }
+    EXPECT_EQ(shard.backend->step(0), step);
+    EXPECT_EQ(shard.backend->step(1), step);  // One count for the table.
+  }
+  for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+    EXPECT_TRUE(SameBytes(Field(*shard.backend, f, 0), Field(*dense_only.backend, f, 0)));
+  }
+  EXPECT_TRUE(SameBytes(Field(*shard.backend, TensorField::kParam, 1), params));
+  EXPECT_TRUE(SameBytes(Field(*shard.backend, TensorField::kExpAvg, 1), exp_avg));
+  EXPECT_TRUE(SameBytes(Field(*shard.backend, TensorField::kExpAvgSq, 1), exp_avg_sq));
+  const std::vector<float> got = Field(*shard.backend, TensorField::kParam, 1);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], p64[i], 1e-5 + 1e-5 * std::fabs(p64[i])) << "element " << i;
+  }
+  for (int64_t row : {0, 1, 15}) {  // Never pushed: every byte as registered.
+    EXPECT_EQ(std::memcmp(&got[row * kDim], &shard.table0[row * kDim], kDim * sizeof(float)), 0);
+  }
+}
+
+TEST(CpuTableRowsTest, ANonFiniteRowSkipsTheWholeStep) {
+  std::mt19937 rng(4);
+  Shard shard(TableHyper(), rng);
+  const std::vector<float> dense_grads = Normal(rng, kDense);
+  const std::vector<int64_t> keys = {1, 1};
+  // Finite rows whose sum overflows: the check is of the summed, unscaled gradient.
+  std::vector<float> grads(2 * kDim, 3e38f);
+  const uint32_t dense_tensor[] = {0};
+  const uint64_t offsets[] = {0};
+  const TableRows rows[] = {{1, kDim, keys, grads}};
+  const auto before = shard.State();
+  absl::StatusOr<StepOutcome> outcome =
+      StepNow(*shard.backend, Request(dense_tensor, offsets, dense_grads.data(), rows));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_TRUE(outcome->skipped);
+  EXPECT_EQ(shard.State(), before);
+  EXPECT_EQ(shard.backend->step(0), 0);
+  EXPECT_EQ(shard.backend->step(1), 0);
+}
+
+TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
+  std::mt19937 rng(5);
+  Shard shard(TableHyper(), rng);
+  AdamWHyperparameters bf16 = TableHyper();
+  bf16.state_dtype = StateDType::kBFloat16;
+  ASSERT_TRUE(shard.backend->SetParamGroup(1, bf16).ok());
+  AdamWHyperparameters amsgrad = TableHyper();
+  amsgrad.amsgrad = true;
+  ASSERT_TRUE(shard.backend->SetParamGroup(2, amsgrad).ok());
+  ASSERT_TRUE(shard.backend->AddTensors({{kRows * kDim, 1}, {kRows * kDim, 2}}).ok());
+  const std::vector<float> dense_grads = Normal(rng, kDense);
+  const std::vector<float> grads = Normal(rng, 2 * kDim);
+  const std::vector<int64_t> good = {0, 4}, outside = {0, 16}, negative = {-1, 2};
+  const uint32_t dense_tensor[] = {0};
+  const uint32_t table_tensor[] = {1};
+  const uint64_t offsets[] = {0};
+  struct Case {
+    TableRows rows;
+    absl::Span<const uint32_t> tensors;
+    bool from_accumulator;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{1, kDim, outside, grads},
+       dense_tensor,
+       false,
+       "table_rows[0].keys[1] = 16 is outside [0, 16) (the table's rows)"},
+      {{1, kDim, negative, grads}, dense_tensor, false, "table_rows[0].keys[0] = -1 is outside"},
+      {{1, kDim, good, absl::MakeConstSpan(grads).subspan(1)},
+       dense_tensor,
+       false,
+       "table_rows[0].grads has 9 floats, not keys.size() * dim = 2 * 5"},
+      {{1, 3, good, grads},
+       dense_tensor,
+       false,
+       "table_rows[0].dim = 3 does not divide tensor 1's 80 elements"},
+      {{9, kDim, good, grads},
+       dense_tensor,
+       false,
+       "table_rows[0].tensor = 9 is not a registered tensor (4 registered)"},
+      {{1, kDim, good, grads}, table_tensor, false, "table_rows[0].tensor = 1 is named twice"},
+      {{2, kDim, good, grads},
+       dense_tensor,
+       false,
+       "table_rows[0].tensor = 2: an embedding table needs fp32 params and state"},
+      {{3, kDim, good, grads}, dense_tensor, false, "table_rows[0]: hyper.amsgrad"},
+      {{1, kDim, good, grads}, {}, true, "table_rows: a step from the accumulator"},
+  };
+  const auto before = shard.State();
+  for (const Case& c : cases) {
+    const TableRows rows[] = {c.rows};
+    StepRequest request = Request(c.tensors, offsets, dense_grads.data(), rows);
+    request.from_accumulator = c.from_accumulator;
+    if (c.from_accumulator) request.grads_checked = true;
+    absl::StatusOr<StepOutcome> outcome = shard.backend->Step(request);
+    ASSERT_FALSE(outcome.ok()) << c.message;
+    EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(outcome.status().message().find(c.message), absl::string_view::npos)
+        << outcome.status();
+    EXPECT_EQ(shard.State(), before) << c.message;
+    EXPECT_EQ(shard.backend->step(0), 0);
+    EXPECT_EQ(shard.backend->step(1), 0);
+  }
+}
+
+TEST(CpuTableRowsTest, ReadRowsReturnsRowsInKeyOrder) {
+  std::mt19937 rng(6);
+  Shard shard(TableHyper(), rng);
+  const std::vector<int64_t> pushed = {2, 9};
+  const std::vector<float> grads = Normal(rng, 2 * kDim);
+  const TableRows rows[] = {{1, kDim, pushed, grads}};
+  ASSERT_TRUE(StepNow(*shard.backend, Request({}, {}, nullptr, rows)).ok());
+  const std::vector<int64_t> keys = {9, 0, 9, 15};
+  for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+    const std::vector<float> whole = Field(*shard.backend, f, 1);
+    std::vector<float> got(keys.size() * kDim, -1.0f);
+    ASSERT_TRUE(shard.backend->ReadRows({f, 1, kDim, keys, got.data()}).ok());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&got[i * kDim], &whole[keys[i] * kDim], kDim * sizeof(float)), 0)
+          << TensorFieldName(f) << " row " << i;
+    }
+  }
+  std::vector<float> out(kDim);
+  const std::vector<int64_t> bad = {16};
+  absl::Status s = shard.backend->ReadRows({TensorField::kParam, 1, kDim, bad, out.data()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("keys[0] = 16 is outside [0, 16)"), absl::string_view::npos) << s;
+  s = shard.backend->ReadRows({TensorField::kMaxExpAvgSq, 1, kDim, pushed, out.data()});
+  EXPECT_NE(s.message().find("request.field = max_exp_avg_sq"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace fusedps
