@@ -45,6 +45,8 @@ const char* RpcName(Rpc rpc) {
       return "PullBuffers";
     case Rpc::kOpenWorkspace:
       return "OpenWorkspace";
+    case Rpc::kLookupRows:
+      return "LookupRows";
   }
   return "unknown";
 }
@@ -56,6 +58,7 @@ Role RequiredRole(Rpc rpc) {
     case Rpc::kListTensors:
     case Rpc::kListModels:
     case Rpc::kPullBuffers:
+    case Rpc::kLookupRows:
       return Role::kReader;
     case Rpc::kPushGradients:
     case Rpc::kWriteBuffers:

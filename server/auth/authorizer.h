@@ -70,6 +70,7 @@ enum class Rpc : uint8_t {
   kWriteBuffers,
   kPullBuffers,
   kOpenWorkspace,
+  kLookupRows,
 };
 
 // "PushGradients", ...

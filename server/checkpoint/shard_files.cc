@@ -46,6 +46,7 @@ Manifest ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& s
     // The kernels' dtype enums take the proto's values (server/schema/hyperparameters.cc).
     tensor->set_params_dtype(static_cast<v1::DType>(layout.params));
     tensor->set_state_dtype(static_cast<v1::StateDType>(layout.state));
+    tensor->set_table(m.table);
   }
   for (const RetryTable::ClientRecord& r : cut.retries) {
     Manifest::RetryClient* client = body.add_retry_table();

@@ -136,7 +136,8 @@ TEST_F(ShardFilesTest, FilesHoldTheStoredFormAndTheManifestItsLayout) {
                                      {"param_group", "int8"},
                                      {"step", "3"},
                                      {"params_dtype", "DTYPE_FLOAT32"},
-                                     {"state_dtype", "STATE_DTYPE_FLOAT32"}}));  // Under 4096.
+                                     {"state_dtype", "STATE_DTYPE_FLOAT32"},
+                                     {"table", false}}));  // Under 4096.
   EXPECT_EQ(m["tensors"][3]["state_dtype"], "STATE_DTYPE_INT8");
   EXPECT_EQ(m["tensors"][5]["state_dtype"], "STATE_DTYPE_INT8");
   EXPECT_EQ(m["tensors"][5]["params_dtype"], "DTYPE_BFLOAT16");

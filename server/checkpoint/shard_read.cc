@@ -162,6 +162,16 @@ absl::Status ReadTensors(const ManifestErrors& m, const Manifest& manifest, Rest
         !s.ok()) {
       return s;
     }
+    meta.table = t.table();
+    if (meta.table && (meta.shape.size() != 2 || meta.shape[1] < 1)) {
+      return m.Bad(where + ".shape", "is not [rows, dim >= 1], as an embedding table's is");
+    }
+    if (meta.table) {
+      if (absl::Status s = CheckTableGroup(shard.groups[meta.group], where + ".param_group");
+          !s.ok()) {
+        return m.Bad(where + ".param_group", std::string(s.message()));
+      }
+    }
     if (!names.insert(meta.name).second) return m.Bad(where, "repeats the name " + meta.name);
     shard.tensors.push_back(std::move(meta));
     shard.steps.push_back(t.step());

@@ -89,9 +89,43 @@ absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
       !s.ok()) {
     return s;
   }
+  absl::flat_hash_set<absl::string_view> tables_seen;
+  for (int i = 0; i < header.tables_size(); ++i) {
+    const std::string field = absl::StrCat("header.tables[", i, "]");
+    if (!tables_seen.insert(header.tables(i)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " names table ", QuoteName(header.tables(i)), " a second time"));
+    }
+    std::optional<uint32_t> table = view.FindTensor(header.tables(i));
+    if (!table.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat(field, ": tensor ", QuoteName(header.tables(i)), " is not registered"));
+    }
+    if (!view.tensor(*table).table) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": tensor ", QuoteName(header.tables(i)),
+          " is not an embedding table (push its gradient as chunks, in header.tensors)"));
+    }
+    checked.tables.push_back(*table);
+  }
+  if (header.tensors().empty()) {  // Every tensor but the tables; none when tables are named.
+    if (header.tables().empty()) {
+      for (uint32_t t = 0; t < view.tensor_count(); ++t) {
+        if (!view.tensor(t).table) checked.tensors.push_back(t);
+      }
+    }
+    return checked;
+  }
   const std::vector<std::string> names(header.tensors().begin(), header.tensors().end());
   absl::StatusOr<std::vector<uint32_t>> tensors = view.Resolve(names);
   if (!tensors.ok()) return tensors.status();
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    if (view.tensor((*tensors)[i]).table) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.tensors[", i, "]: ", QuoteName(names[i]),
+          " is an embedding table: push its rows (header.tables, table_rows), not chunks"));
+    }
+  }
   checked.tensors = *std::move(tensors);
   return checked;
 }
@@ -104,7 +138,12 @@ PushAssembly::PushAssembly(const IngestServices& services, std::string key, v1::
       view_(std::move(view)),
       checked_(std::move(checked)),
       parts_(checked_.part_count, nullptr),
-      expected_(ExpectedOf(*view_, checked_.tensors)) {}
+      expected_(ExpectedOf(*view_, checked_.tensors)) {
+  if (!checked_.tables.empty()) {
+    MutexLock lock(&mu_);
+    table_rows_.emplace(*view_, checked_.tables, checked_.dtype, services_.staging->capacity());
+  }
+}
 
 // Whether a part's header equals the push's first (but for part_index). A push in one call has
 // one header, which made the assembly: nothing to compare.
@@ -231,7 +270,15 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   const absl::Span<const char> workspace =
       checked_.workspace != nullptr ? absl::Span<const char>(checked_.workspace->memory())
                                     : absl::Span<const char>();
-  absl::Status read = ReadPushChunks(message, first, claim, staged, &commit, workspace);
+  std::vector<v1::TableRows> table_rows;
+  absl::Status read =
+      ReadPushChunks(message, first, claim, staged, &commit, workspace, &table_rows);
+  if (read.ok() && !table_rows.empty()) {
+    read = TakeTableRows(table_rows);
+    for (const v1::TableRows& rows : table_rows) {
+      *bytes_added += rows.keys().size() + rows.grads().size();
+    }
+  }
   if (read.ok() && commit.has_value()) read = TakeCommit(*std::move(commit), part_index);
   // One device copy per message, not per chunk (a message of many small tensors has hundreds).
   // It may span bytes of this push that other messages or parts write meanwhile: each of those
@@ -242,6 +289,21 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   }
   ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start), std::memory_order_relaxed);
   return read;
+}
+
+absl::Status PushAssembly::TakeTableRows(const std::vector<v1::TableRows>& rows) {
+  MutexLock lock(&mu_);
+  if (over_) return absl::AbortedError("the push this part belongs to has failed");
+  if (!table_rows_.has_value()) {
+    return absl::InvalidArgumentError(
+        "table_rows in a push whose header names no tables (header.tables)");
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (absl::Status s = table_rows_->Add(rows[i], absl::StrCat("table_rows[", i, "]")); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index) {
@@ -279,6 +341,7 @@ void PushAssembly::PartEnded() {
       push_.client_id = header_.client_id();
       push_.sequence_number = header_.sequence_number();
       push_.tensors = checked_.tensors;
+      if (table_rows_.has_value()) push_.tables = table_rows_->Take();
       push_.grad_offsets = assembler_->staging_offsets();
       push_.grads = assembler_->staging();
       push_.grad_dtype = checked_.dtype;
@@ -288,6 +351,7 @@ void PushAssembly::PartEnded() {
       }
       push_.grads_finite = grads_finite_;
       push_.grad_bytes = assembler_->bytes_received();
+      if (table_rows_.has_value()) push_.grad_bytes += table_rows_->wire_bytes();
       push_.base_version = header_.base_version();
       push_.arrived = arrived_;
       push_.received = received_;

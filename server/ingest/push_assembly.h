@@ -47,6 +47,7 @@
 #include "server/ingest/chunk_assembler.h"
 #include "server/ingest/push_message.h"
 #include "server/ingest/staging_pool.h"
+#include "server/ingest/table_rows.h"
 #include "server/metrics/metrics.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
@@ -91,6 +92,7 @@ struct IngestServices {
 // A push header, checked against a view: its tensors' indices and its dtype.
 struct CheckedPushHeader {
   std::vector<uint32_t> tensors;
+  std::vector<uint32_t> tables;  // header.tables: embedding tables of the view.
   GradDType dtype = GradDType::kFloat32;
   uint32_t part_count = 1;
   // The header's workspace (PushHeader.workspace), found by the transport; null for none. The
@@ -99,9 +101,10 @@ struct CheckedPushHeader {
 };
 
 // Checks a push header: dtype, grad_scale, worker_count, client_id's length, the parts fields,
-// each tensor named once and registered (all of the shard's when it names none).
-// Errors: INVALID_ARGUMENT naming the field and the limit; NOT_FOUND for an unknown tensor;
-// UNIMPLEMENTED for worker_count > 1.
+// each tensor named once, registered and not an embedding table (when it names none: all of
+// the shard's but its tables, or none when it names tables), each table named once and a
+// table. Errors: INVALID_ARGUMENT naming the field and the limit; NOT_FOUND for an unknown
+// tensor; UNIMPLEMENTED for worker_count > 1.
 absl::StatusOr<CheckedPushHeader> CheckPushHeader(const v1::PushHeader& header,
                                                   const ShardView& view);
 
@@ -148,6 +151,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
  private:
   void OnReserved(absl::StatusOr<StagingPool::Reservation> reservation) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status TakeCommit(v1::PushCommit commit, uint32_t part_index) ABSL_LOCKS_EXCLUDED(mu_);
+  // A message's table rows (TableRowsAssembler::Add's errors).
+  absl::Status TakeTableRows(const std::vector<v1::TableRows>& rows) ABSL_LOCKS_EXCLUDED(mu_);
   void OnApplied(const absl::StatusOr<StepResult>& result) ABSL_LOCKS_EXCLUDED(mu_);
   void Fail(const PushPart* part, const absl::Status& status, bool whole_push)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -178,6 +183,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   // commit_at_end: the commit, once it came.
   std::optional<v1::PushCommit> commit_ ABSL_GUARDED_BY(mu_);
   int64_t commit_part_ ABSL_GUARDED_BY(mu_) = -1;  // The part that sent it.
+  // The embedding tables' rows, when the header names tables.
+  std::optional<TableRowsAssembler> table_rows_ ABSL_GUARDED_BY(mu_);
   // Guarded by mu_ up to here.
   std::atomic<int64_t> ingest_nanos_{0};  // PushStageSeconds::ingest, summed over messages.
   absl::Time received_;                   // Written once, before the push is submitted.

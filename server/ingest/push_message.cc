@@ -19,6 +19,7 @@ using google::protobuf::io::CodedInputStream;
 constexpr int kRequestHeader = v1::PushGradientsRequest::kHeaderFieldNumber;
 constexpr int kRequestChunks = v1::PushGradientsRequest::kChunksFieldNumber;
 constexpr int kRequestCommit = v1::PushGradientsRequest::kCommitFieldNumber;
+constexpr int kRequestTableRows = v1::PushGradientsRequest::kTableRowsFieldNumber;
 
 absl::Status Malformed(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed PushGradientsRequest: ", what));
@@ -26,10 +27,12 @@ absl::Status Malformed(absl::string_view what) {
 
 // Reads the message: its header into *header when header is non-null (else a header is
 // skipped, or INVALID_ARGUMENT unless header_allowed); its chunks when claim is non-null; its
-// commit into *commit when commit is non-null (else it is skipped).
+// commit into *commit when commit is non-null (else it is skipped); its table rows appended to
+// *table_rows when table_rows is non-null (else skipped).
 absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHeader* header,
                          bool* has_header, const ClaimChunkFn* claim, const ChunkStagedFn* staged,
-                         std::optional<v1::PushCommit>* commit, absl::Span<const char> workspace) {
+                         std::optional<v1::PushCommit>* commit, absl::Span<const char> workspace,
+                         std::vector<v1::TableRows>* table_rows) {
   SliceInputStream stream(message);
   CodedInputStream in(&stream);
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
@@ -59,6 +62,17 @@ absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHea
         return Malformed("commit");
       }
       *commit = std::move(parsed);
+    } else if (IsWireField(tag, kRequestTableRows, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      if (table_rows == nullptr) {
+        if (!WireFormatLite::SkipField(&in, tag)) return Malformed("table_rows");
+        continue;
+      }
+      std::string bytes;
+      v1::TableRows parsed;
+      if (!WireFormatLite::ReadString(&in, &bytes) || !parsed.ParseFromString(bytes)) {
+        return Malformed("table_rows");
+      }
+      table_rows->push_back(std::move(parsed));
     } else if (IsWireField(tag, kRequestChunks, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       if (claim == nullptr) {
         if (!WireFormatLite::SkipField(&in, tag)) return Malformed("chunks");
@@ -85,7 +99,7 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
   v1::PushHeader header;
   bool has_header = false;
   if (absl::Status s = ReadMessage(message, /*header_allowed=*/true, &header, &has_header, nullptr,
-                                   nullptr, nullptr, {});
+                                   nullptr, nullptr, {}, nullptr);
       !s.ok()) {
     return s;
   }
@@ -95,9 +109,11 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged, std::optional<v1::PushCommit>* commit,
-                            absl::Span<const char> workspace) {
+                            absl::Span<const char> workspace,
+                            std::vector<v1::TableRows>* table_rows) {
   if (commit != nullptr) commit->reset();
-  return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit, workspace);
+  return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit, workspace,
+                     table_rows);
 }
 
 }  // namespace fusedps

@@ -4,13 +4,13 @@
 // staging after. Free of gRPC: the caller hands over the message's slices.
 //
 // The wire format is proto/fusedps/v1's PushGradientsRequest {PushHeader header = 1;
-// repeated TensorChunk chunks = 2; PushCommit commit = 3}, TensorChunk {string tensor = 1;
-// uint64 offset = 2; bytes data = 3; ...; workspace_offset_bytes = 5; workspace_bytes = 6}.
-// Every protobuf serializer writes a chunk's fields in that order, so `data` is last (a chunk
-// whose bytes are in a workspace has none) and its destination is known when it starts: the
-// payload is then read directly into it. A
-// chunk whose `data` is followed by other fields (legal protobuf, from an unusual writer) is
-// still read correctly, through a temporary copy. Unknown fields are skipped, as protobuf does.
+// repeated TensorChunk chunks = 2; PushCommit commit = 3; repeated TableRows table_rows = 4},
+// TensorChunk {string tensor = 1; uint64 offset = 2; bytes data = 3; ...; workspace_offset_bytes =
+// 5; workspace_bytes = 6}. Every protobuf serializer writes a chunk's fields in that order, so
+// `data` is last (a chunk whose bytes are in a workspace has none) and its destination is known
+// when it starts: the payload is then read directly into it. A chunk whose `data` is followed by
+// other fields (legal protobuf, from an unusual writer) is still read correctly, through a
+// temporary copy. Unknown fields are skipped, as protobuf does.
 //
 // Errors: INVALID_ARGUMENT for bytes that are not a PushGradientsRequest ("malformed ...") and
 // for a header in a message that may not carry one; a claim's or a staged chunk's own error
@@ -41,10 +41,13 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 // The message's commit (PushHeader.commit_at_end), if any, goes to *commit (reset first);
 // with commit null it is skipped. Two commits in one message are INVALID_ARGUMENT.
 // `workspace`: the memory of the push's workspace (PushHeader.workspace), from which chunks
-// with workspace_bytes are copied; empty when the push names none (ReadTensorChunk).
+// with workspace_bytes are copied; empty when the push names none (ReadTensorChunk). The
+// message's embedding-table rows (table_rows) are appended to *table_rows, parsed (one copy);
+// with table_rows null they are skipped.
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged, std::optional<v1::PushCommit>* commit = nullptr,
-                            absl::Span<const char> workspace = {});
+                            absl::Span<const char> workspace = {},
+                            std::vector<v1::TableRows>* table_rows = nullptr);
 
 }  // namespace fusedps
 

@@ -33,6 +33,7 @@ void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInf
   const TensorLayout layout = view.layout(tensor);
   p->set_params_dtype(ToProto(layout.params));
   p->set_state_dtype(ToProto(layout.state));
+  p->set_table(t.table);
 }
 
 void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {

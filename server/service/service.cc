@@ -181,7 +181,8 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
     model = *std::move(found);
     std::vector<TensorSpec> specs;
     for (const v1::TensorSpec& p : message.header().tensors()) {
-      specs.push_back({p.name(), {p.shape().begin(), p.shape().end()}, p.param_group()});
+      specs.push_back(
+          {p.name(), {p.shape().begin(), p.shape().end()}, p.param_group(), p.has_table()});
     }
     absl::StatusOr<std::unique_ptr<Registration>> begun =
         Registration::Begin(&model->engine(), services_.staging, &model->registration_gate(), specs,

@@ -47,6 +47,10 @@ class ParameterServiceImpl final : public ParameterServiceBase {
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const v1::GetInfoRequest* request,
                        v1::GetInfoResponse* response) override;
+  // Rows of an embedding table by key (lookup_rows.cc): one engine job in stream order, on
+  // gRPC's sync thread pool (it waits for the read), then messages of max_chunk_bytes of rows.
+  grpc::Status LookupRows(grpc::ServerContext* context, const v1::LookupRowsRequest* request,
+                          grpc::ServerWriter<v1::LookupRowsResponse>* writer) override;
   // Blocks this handler's thread until the checkpoint is durable (Checkpointer::CheckpointNow).
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
                           v1::CheckpointResponse* response) override;

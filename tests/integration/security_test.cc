@@ -273,7 +273,7 @@ TEST_F(SecurityTest, EveryParameterServiceMethodNeedsATokenButReflectionDoesNot)
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
           v1::ParameterService::service_full_name());
   ASSERT_NE(service, nullptr);
-  ASSERT_EQ(service->method_count(), 15);
+  ASSERT_EQ(service->method_count(), 16);
   // One call on the raw stream: `request` written (unless empty), then the reply read.
   const auto call = [&](const std::string& method, const std::string& request, std::string* reply) {
     grpc::ClientContext context;

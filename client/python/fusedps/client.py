@@ -58,6 +58,7 @@ from fusedps import _chunks, _connect, _deadlines, _dtypes, _native, _security, 
 from fusedps._client_admin import AdminCalls
 from fusedps._client_pieces import PieceCalls
 from fusedps._client_state import StateCalls
+from fusedps._client_tables import TableCalls
 from fusedps._lazy import LazyModule
 from fusedps._requests import ModelLike, _check_sendable, _named_tensors
 from fusedps.results import (Consistency, ModelDeleted, ModelInfo, ParamGroup, PulledTensors,
@@ -94,7 +95,7 @@ TRANSPORTS = ("auto", "native", "grpcio")
 # ----------------------------------------------------------------------------------------------
 
 @errors.translate_public_methods
-class Client(AdminCalls, StateCalls, PieceCalls):
+class Client(AdminCalls, StateCalls, PieceCalls, TableCalls):
     """A connection to one fusedps server (one shard).
 
     Args:

@@ -141,7 +141,8 @@ class TensorInfo:
     of optimizer steps applied to it, its element count, and how the server stores it:
     params_dtype ("fp32" or "bf16", its group's) and state_dtype ("fp32", "bf16" or "int8":
     its group's, except "fp32" for a tensor under 4096 elements in an int8 group). A server
-    older than the storage fields reports "fp32" (all it stores)."""
+    older than the storage fields reports "fp32" (all it stores). table: an embedding table
+    (Client.register_table), of shape (rows, dim)."""
 
     name: str
     shape: Tuple[int, ...]
@@ -150,12 +151,13 @@ class TensorInfo:
     numel: int
     params_dtype: str = "fp32"
     state_dtype: str = "fp32"
+    table: bool = False
 
     @classmethod
     def _from_pb(cls, t: "pb.TensorInfo") -> "TensorInfo":
         return cls(t.name, tuple(int(d) for d in t.shape), t.param_group, int(t.step),
                    int(t.numel), _params_dtype_name(t.params_dtype),
-                   _state_dtype_name(t.state_dtype))
+                   _state_dtype_name(t.state_dtype), bool(t.table))
 
 
 class TensorList(list):

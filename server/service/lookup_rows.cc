@@ -1,0 +1,115 @@
+// ParameterServiceImpl::LookupRows (service.h): rows of an embedding table by key, read by one
+// engine job in stream order, then streamed in messages of at most max_chunk_bytes of rows.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/half_float.h"
+#include "server/ingest/pull_request.h"
+#include "server/ingest/state_loader.h"
+#include "server/service/convert.h"
+#include "server/service/service.h"
+
+namespace fusedps {
+namespace {
+
+// The request checked against the view: the engine's job, the wire dtype and the chunk size.
+struct LookupPlan {
+  RowsJob job;
+  bool bf16 = false;
+  uint32_t chunk_bytes = kDefaultPullChunkBytes;
+};
+
+absl::StatusOr<LookupPlan> CheckLookup(const v1::LookupRowsRequest& request,
+                                       const ShardView& view) {
+  LookupPlan plan;
+  if (request.dtype() == v1::DTYPE_BFLOAT16) {
+    plan.bf16 = true;
+  } else if (request.dtype() != v1::DTYPE_UNSPECIFIED && request.dtype() != v1::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat("dtype = ", v1::DType_Name(request.dtype()),
+                                                   ": rows are read as FLOAT32 or BFLOAT16"));
+  }
+  const std::optional<TensorField> field = TensorFieldFromProto(request.field());
+  if (!field || (*field != TensorField::kParam && *field != TensorField::kExpAvg &&
+                 *field != TensorField::kExpAvgSq)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field = ", static_cast<int>(request.field()),
+                     ": a table's rows are read from PARAM, EXP_AVG or EXP_AVG_SQ"));
+  }
+  plan.job.field = *field;
+  plan.chunk_bytes =
+      request.max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request.max_chunk_bytes();
+  if (plan.chunk_bytes < kMinPullChunkBytes || plan.chunk_bytes > kMaxPullChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes = ", plan.chunk_bytes,
+                                                   " must be 0 or in [", kMinPullChunkBytes, ", ",
+                                                   kMaxPullChunkBytes, "]"));
+  }
+  const std::optional<uint32_t> table = view.FindTensor(request.table());
+  if (!table.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("table ", QuoteName(request.table()), " is not registered"));
+  }
+  if (!view.tensor(*table).table) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table: tensor ", QuoteName(request.table()),
+                     " is not an embedding table (PullParameters reads it whole)"));
+  }
+  plan.job.tensor = *table;
+  if (request.keys().size() % sizeof(int64_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys has ", request.keys().size(), " bytes, not a whole number of int64 keys (8 bytes)"));
+  }
+  plan.job.keys.resize(request.keys().size() / sizeof(int64_t));
+  std::memcpy(plan.job.keys.data(), request.keys().data(), request.keys().size());
+  return plan;
+}
+
+}  // namespace
+
+grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
+                                              const v1::LookupRowsRequest* request,
+                                              grpc::ServerWriter<v1::LookupRowsResponse>* writer) {
+  absl::StatusOr<std::shared_ptr<Model>> model =
+      services_.AdmitModel(*context, Rpc::kLookupRows, request->model());
+  if (!model.ok()) return ToGrpc(model.status());
+  UpdateEngine& engine = (*model)->engine();
+  const std::shared_ptr<const ShardView> view = engine.view();
+  absl::StatusOr<LookupPlan> plan = CheckLookup(*request, *view);
+  if (!plan.ok()) return ToGrpc(plan.status());
+  const uint64_t dim = view->tensor(plan->job.tensor).table_dim();
+  const uint64_t count = plan->job.keys.size();
+  absl::StatusOr<RowsResult> rows = UpdateEngine::Wait<RowsResult>(
+      [&](UpdateEngine::Done<RowsResult> done) { engine.ReadRows(std::move(plan->job), done); });
+  if (!rows.ok()) return ToGrpc(rows.status());
+  std::string bytes;
+  if (plan->bf16) {
+    std::vector<uint16_t> half(rows->rows.size());
+    for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(rows->rows[i]);
+    bytes.assign(reinterpret_cast<const char*>(half.data()), half.size() * sizeof(uint16_t));
+  } else {
+    bytes.assign(reinterpret_cast<const char*>(rows->rows.data()),
+                 rows->rows.size() * sizeof(float));
+  }
+  v1::LookupRowsResponse first;
+  first.set_version(rows->version);
+  first.set_step(rows->step);
+  first.set_dim(dim);
+  first.set_count(count);
+  size_t at = 0;
+  v1::LookupRowsResponse* message = &first;
+  v1::LookupRowsResponse next;
+  do {
+    const size_t n = std::min<size_t>(plan->chunk_bytes, bytes.size() - at);
+    message->set_rows(bytes.substr(at, n));
+    at += n;
+    if (!writer->Write(*message)) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    next.Clear();
+    message = &next;
+  } while (at < bytes.size());
+  return grpc::Status::OK;
+}
+
+}  // namespace fusedps
