@@ -162,3 +162,17 @@ def test_prepared_pieces_are_written_as_pieces_are(server_target, transport):
         pulled = client.pull_parameters(names)
         for name, want in zip(names, reference):
             torch.testing.assert_close(pulled[name], want.detach(), rtol=1.3e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_pull_into_reads_the_clients_own_model(server_target, transport):
+    """pull_into reads the model its client names (over grpcio it read "default" before)."""
+    import fusedps
+
+    with fusedps.Client(server_target) as admin:
+        admin.create_model("pull-into-model")
+    with fusedps.Client(server_target, transport=transport, model="pull-into-model") as client:
+        client.register_model({f"only.here.{transport}": torch.arange(6.0)})
+        into = torch.zeros(6)
+        client.pull_into([(f"only.here.{transport}", into)])
+        assert torch.equal(into, torch.arange(6.0))

@@ -105,6 +105,6 @@ class PieceCalls:
                   for n, t in targets}
         out = _transport.pull(stub, names, wire, _FIELDS[field], direct,
                               max_chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
-                              min_bytes_per_second=self.min_bytes_per_second)
+                              min_bytes_per_second=self.min_bytes_per_second, model=self.model)
         self._observe_version(out.version)
         return out.version, dict(out.steps)
