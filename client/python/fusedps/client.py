@@ -40,7 +40,8 @@ Conventions:
 Client's methods live in this module (connection, registration, pushes and pulls) and in the
 classes it inherits, one module each: _client_admin.AdminCalls (param groups, server facts,
 models, checkpoints, the tensor listing), _client_state.StateCalls (pull_state, load_state,
-buffers) and _client_pieces.PieceCalls (begin_push, pull_into).
+buffers), _client_pieces.PieceCalls (begin_push, pull_into) and _client_tables.TableCalls
+(embedding tables: register_table, push_rows, lookup_rows).
 """
 
 from __future__ import annotations

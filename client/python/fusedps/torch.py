@@ -69,7 +69,13 @@ from fusedps.sharded import ShardedClient
 if TYPE_CHECKING:  # imported at run time only by overlap=True
     from fusedps._overlap import OverlapEngine
 
-__all__ = ["RemoteAdamW"]
+# Embedding tables (fusedps/_embedding.py): drop-ins for nn.Embedding/EmbeddingBag(sparse=True)
+# and torch.optim.SparseAdam.
+from fusedps._embedding import (RemoteEmbedding, RemoteEmbeddingBag,  # noqa: E402
+                                RemoteSparseAdam, remote_tables)
+
+__all__ = ["RemoteAdamW", "RemoteEmbedding", "RemoteEmbeddingBag", "RemoteSparseAdam",
+           "remote_tables"]
 
 logger = logging.getLogger(__name__)
 
