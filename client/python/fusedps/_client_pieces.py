@@ -27,6 +27,7 @@ class PieceCalls:
 
     if TYPE_CHECKING:  # Client's, set by its __init__ or defined there.
         client_id: str
+        model: str
         max_chunk_bytes: int
         timeout: Optional[float]
         min_bytes_per_second: float
