@@ -14,6 +14,7 @@ server serves the module.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Tuple
 
 import pytest
@@ -21,6 +22,12 @@ import torch
 
 import fusedps
 from fusedps import _native
+
+# The servers these tests start run the CUDA backend under FUSEDPS_TEST_DEVICE=cuda (the GPU
+# machine's runs), which has no embedding tables yet (issue 38's step 4): it answers
+# UNIMPLEMENTED (kernels/cuda/cuda_backend_step.cu).
+if os.environ.get("FUSEDPS_TEST_DEVICE", "cpu") != "cpu":
+    pytest.skip("embedding tables: the CPU backend only, for now", allow_module_level=True)
 
 RTOL = 1.3e-6
 ATOL = 1e-5
