@@ -235,11 +235,13 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     if (consistency_.staleness_lr_scaling) request.lr_divisor = 1.0 + static_cast<double>(tau);
   }
   if (observer_ != nullptr) observer_->OnStaleness(tau);
-  // The tables' rows (in the push, alive until `done`), and every tensor the step advances.
+  // The tables' rows (in the push, alive until `done`), and with tables every tensor the step
+  // advances (without, push->tensors: no copy on the dense path).
   std::vector<TableRows> table_rows;
-  std::vector<uint32_t> stepped(push->tensors);
+  std::vector<uint32_t> stepped;
   if (!push->tables.empty()) {
     const std::shared_ptr<const ShardView> view = this->view();
+    stepped = push->tensors;
     for (const ReadyTableRows& t : push->tables) {
       const uint64_t dim = t.tensor < view->tensor_count() ? view->tensor(t.tensor).table_dim() : 0;
       table_rows.push_back({t.tensor, dim, t.keys, t.grads});
@@ -263,7 +265,11 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
                 retries_->Abandon(push->client_id, push->sequence_number, work.status());
                 return finish(work.status());
               }
-              if (!reply.skipped) Publish(reply.version, stepped);
+              if (!reply.skipped) {
+                Publish(reply.version, push->tables.empty()
+                                           ? absl::Span<const uint32_t>(push->tensors)
+                                           : absl::Span<const uint32_t>(stepped));
+              }
               retries_->Finish(push->client_id, push->sequence_number, reply);
               finish(StepResult{reply, work->device_seconds, work->copy_wait_seconds});
             }});

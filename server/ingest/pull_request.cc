@@ -22,13 +22,9 @@ absl::Status CheckTensors(const v1::PullParametersRequest& request, const Update
   absl::StatusOr<GradDType> dtype = GradDTypeFromProto(plan->wire_dtype, "dtype");
   if (!dtype.ok()) return dtype.status();
   plan->dtype = *dtype;
-  plan->chunk_bytes =
-      request.max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request.max_chunk_bytes();
-  if (plan->chunk_bytes < kMinPullChunkBytes || plan->chunk_bytes > kMaxPullChunkBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes = ", plan->chunk_bytes,
-                                                   " must be 0 or in [", kMinPullChunkBytes, ", ",
-                                                   kMaxPullChunkBytes, "]"));
-  }
+  absl::StatusOr<uint32_t> chunk_bytes = PullChunkBytes(request.max_chunk_bytes());
+  if (!chunk_bytes.ok()) return chunk_bytes.status();
+  plan->chunk_bytes = *chunk_bytes;
   const std::optional<TensorField> field = TensorFieldFromProto(request.field());
   if (!field) {
     return absl::InvalidArgumentError(
@@ -123,6 +119,16 @@ absl::Status CheckWorkspace(const v1::PullParametersRequest& request,
 }
 
 }  // namespace
+
+absl::StatusOr<uint32_t> PullChunkBytes(uint32_t max_chunk_bytes) {
+  const uint32_t bytes = max_chunk_bytes == 0 ? kDefaultPullChunkBytes : max_chunk_bytes;
+  if (bytes < kMinPullChunkBytes || bytes > kMaxPullChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes = ", bytes,
+                                                   " must be 0 or in [", kMinPullChunkBytes, ", ",
+                                                   kMaxPullChunkBytes, "]"));
+  }
+  return bytes;
+}
 
 ReadJob PullPlan::Job() const {
   ReadJob job;

@@ -35,6 +35,10 @@ inline constexpr uint32_t kDefaultPullChunkBytes = 1 << 20;
 inline constexpr uint32_t kMaxPullChunkBytes = 4 << 20;
 inline constexpr uint32_t kMinPullChunkBytes = 16;
 
+// A request's max_chunk_bytes (PullParametersRequest's, LookupRowsRequest's) as the bytes per
+// chunk: the default for 0. INVALID_ARGUMENT naming max_chunk_bytes outside [min, max].
+absl::StatusOr<uint32_t> PullChunkBytes(uint32_t max_chunk_bytes);
+
 // A checked pull: what to read, and where each tensor's values go.
 struct PullPlan {
   v1::DType wire_dtype = v1::DTYPE_FLOAT32;       // The header's (DTYPE_UNSPECIFIED: FLOAT32).

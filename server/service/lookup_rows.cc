@@ -40,13 +40,9 @@ absl::StatusOr<LookupPlan> CheckLookup(const v1::LookupRowsRequest& request,
                      ": a table's rows are read from PARAM, EXP_AVG or EXP_AVG_SQ"));
   }
   plan.job.field = *field;
-  plan.chunk_bytes =
-      request.max_chunk_bytes() == 0 ? kDefaultPullChunkBytes : request.max_chunk_bytes();
-  if (plan.chunk_bytes < kMinPullChunkBytes || plan.chunk_bytes > kMaxPullChunkBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("max_chunk_bytes = ", plan.chunk_bytes,
-                                                   " must be 0 or in [", kMinPullChunkBytes, ", ",
-                                                   kMaxPullChunkBytes, "]"));
-  }
+  absl::StatusOr<uint32_t> chunk_bytes = PullChunkBytes(request.max_chunk_bytes());
+  if (!chunk_bytes.ok()) return chunk_bytes.status();
+  plan.chunk_bytes = *chunk_bytes;
   const std::optional<uint32_t> table = view.FindTensor(request.table());
   if (!table.has_value()) {
     return absl::NotFoundError(

@@ -177,9 +177,9 @@ class StepWorker:
     def _pieces_of(self, step: _Step, bucket: _Bucket) -> List[Optional[PreparedPieces]]:
         """Per shard, the bucket's write: its (tensor index, element offset, elements, host
         address) pieces, prepared for the transport (PushTransaction.prepare), or None where
-        it has none. Made once per buffer, place and params (and push's tensors, _begin): the
-        worker's Python per bucket, which backward's hooks wait for (docs/benchmarks.md), is
-        then one call per shard."""
+        it has none. Made once per buffer, place and params (and push's tensors, _begin): a
+        bucket's write, in a gradient hook on backward's critical path, is then one call per
+        shard."""
         def make() -> List[Optional[PreparedPieces]]:
             host = cast(torch.Tensor, self._hosts[step.buffer])  # Made by _stage's _buffers.
             base = host.data_ptr()
