@@ -341,7 +341,12 @@ void PushAssembly::PartEnded() {
       push_.client_id = header_.client_id();
       push_.sequence_number = header_.sequence_number();
       push_.tensors = checked_.tensors;
-      if (table_rows_.has_value()) push_.tables = table_rows_->Take();
+      if (table_rows_.has_value()) {
+        push_.tables = table_rows_->Take();
+        for (const ReadyTableRows& rows : push_.tables) {
+          table_keys_.emplace_back(view_->tensor(rows.tensor).name, rows.keys.size());
+        }
+      }
       push_.grad_offsets = assembler_->staging_offsets();
       push_.grads = assembler_->staging();
       push_.grad_dtype = checked_.dtype;
@@ -391,8 +396,14 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
   if (result.ok()) {
     reply = result->reply;
     if (!reply.duplicate) {
-      if (result->counts_step)
+      if (result->counts_step) {
         services_.metrics->RecordStep(services_.model, reply.skipped, kSkipNonFiniteGrad);
+        if (!reply.skipped) {
+          for (const auto& [table, keys] : table_keys_) {
+            services_.metrics->RecordTablePush(services_.model, table, keys);
+          }
+        }
+      }
       // h2d is how long the device waited for the gradients' copies once it reached the step;
       // apply is the rest until the step was back: the engine's queue and the kernels.
       stages.receive = absl::ToDoubleSeconds(received_ - arrived_);

@@ -227,6 +227,15 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
           *registry_, "fusedps_tls_certificate_expiry_timestamp_seconds",
           "When the certificate in the gRPC port's --tls-cert file expires, in Unix seconds "
           "(read at each scrape; absent without TLS).")),
+      table_rows_(GaugeFamily(*registry_, "fusedps_table_rows",
+                              "Rows each embedding table holds, by model and table.")),
+      table_pushed_keys_(CounterFamily(*registry_, "fusedps_table_pushed_keys_total",
+                                       "Keys of embedding-table rows in applied steps, by "
+                                       "model and table (a key named twice in a push counts "
+                                       "twice; its row is updated once).")),
+      table_lookup_keys_(CounterFamily(*registry_, "fusedps_table_lookup_keys_total",
+                                       "Keys read by successful LookupRows calls, by model and "
+                                       "table.")),
       consistency_(std::make_unique<ConsistencyMetrics>(*registry_, DurationBuckets())),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
@@ -348,10 +357,19 @@ void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
   pull_bytes_.Increment(static_cast<double>(bytes));
 }
 
+void Metrics::RecordTablePush(const std::string& model, const std::string& table, uint64_t keys) {
+  table_pushed_keys_.Add({{"model", model}, {"table", table}}).Increment(static_cast<double>(keys));
+}
+
+void Metrics::RecordTableLookup(const std::string& model, const std::string& table, uint64_t keys) {
+  table_lookup_keys_.Add({{"model", model}, {"table", table}}).Increment(static_cast<double>(keys));
+}
+
 void Metrics::SyncShard() const {
   const ShardMetrics shard = shard_();
   MutexLock lock(&sync_mu_);
   std::set<std::string> models;
+  std::set<std::pair<std::string, std::string>> tables;
   for (const ModelMetrics& model : shard.models) {
     const prometheus::Labels labels{{"model", model.name}};
     parameters_.Add(labels).Set(static_cast<double>(model.parameters));
@@ -360,7 +378,24 @@ void Metrics::SyncShard() const {
     steps_.Add(labels);
     steps_skipped_.Add({{"model", model.name}, {"reason", kNonFiniteGrad}});
     models.insert(model.name);
+    for (const TableMetrics& table : model.tables) {
+      const prometheus::Labels table_labels{{"model", model.name}, {"table", table.name}};
+      table_rows_.Add(table_labels).Set(static_cast<double>(table.rows));
+      table_pushed_keys_.Add(table_labels);  // At zero from the start, for rate().
+      table_lookup_keys_.Add(table_labels);
+      tables.emplace(model.name, table.name);
+    }
   }
+  for (const auto& [model, table] : tables_synced_) {
+    if (tables.count({model, table}) != 0) continue;
+    const prometheus::Labels labels{{"model", model}, {"table", table}};
+    if (table_rows_.Has(labels)) table_rows_.Remove(&table_rows_.Add(labels));
+    for (prometheus::Family<prometheus::Counter>* family :
+         {&table_pushed_keys_, &table_lookup_keys_}) {
+      if (family->Has(labels)) family->Remove(&family->Add(labels));
+    }
+  }
+  tables_synced_ = std::move(tables);
   for (const std::string& gone : models_synced_) {
     if (models.count(gone) != 0) continue;
     const prometheus::Labels labels{{"model", gone}};

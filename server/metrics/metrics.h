@@ -44,12 +44,19 @@ namespace fusedps {
 class ConsistencyMetrics;
 class ConsistencyObserver;
 
+// One embedding table of a model (docs/dev/embedding-tables.md), labelled `model` and `table`.
+struct TableMetrics {
+  std::string name;   // The table's tensor name.
+  uint64_t rows = 0;  // The rows it holds (a dense-id table: all of them).
+};
+
 // The values of one model (server/models/model.h) that metrics export, labelled `model`.
 struct ModelMetrics {
   std::string name;
   uint64_t parameters = 0;
   uint64_t version = 0;
-  uint64_t memory_bytes = 0;  // Every arena of its backend.
+  uint64_t memory_bytes = 0;         // Every arena of its backend.
+  std::vector<TableMetrics> tables;  // Its embedding tables; the series of one gone are removed.
 };
 
 // The values of the server that metrics export, read on each scrape.
@@ -130,6 +137,12 @@ class Metrics {
   // One PullParameters call that ended with `code`, having sent `bytes` of tensor payload.
   void RecordPull(grpc::StatusCode code, uint64_t bytes);
 
+  // Embedding tables. `keys` keys of table `table` of `model` in one applied (not skipped)
+  // step, each key as often as the push named it (duplicates are summed into one row update).
+  void RecordTablePush(const std::string& model, const std::string& table, uint64_t keys);
+  // `keys` keys of table `table` of `model` read by one successful LookupRows call.
+  void RecordTableLookup(const std::string& model, const std::string& table, uint64_t keys);
+
   // Checkpoints (server/checkpoint). `phase` is "snapshot" (the cut: the device's copy into
   // host memory, or for a fenced snapshot the whole write), "write" (files and commit) or
   // "restore" (read, check and load at start).
@@ -199,6 +212,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;
   prometheus::Family<prometheus::Counter>& auth_failures_;
   prometheus::Family<prometheus::Gauge>& tls_certificate_expiry_;
+  prometheus::Family<prometheus::Gauge>& table_rows_;           // By model and table.
+  prometheus::Family<prometheus::Counter>& table_pushed_keys_;  // By model and table.
+  prometheus::Family<prometheus::Counter>& table_lookup_keys_;  // By model and table.
 
   mutable Mutex sync_mu_;
   // Launch counts already added to kernel_launches_, by kernel name.
@@ -206,6 +222,8 @@ class Metrics {
   mutable uint64_t evictions_synced_ ABSL_GUARDED_BY(sync_mu_) = 0;
   // The models whose series exist (to remove those of a model deleted).
   mutable std::set<std::string> models_synced_ ABSL_GUARDED_BY(sync_mu_);
+  // The (model, table) pairs whose series exist (to remove those of a model deleted).
+  mutable std::set<std::pair<std::string, std::string>> tables_synced_ ABSL_GUARDED_BY(sync_mu_);
 
   std::unique_ptr<ConsistencyMetrics> consistency_;
   std::shared_ptr<Collector> collector_;  // What the HTTP endpoint collects.

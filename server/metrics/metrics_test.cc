@@ -39,6 +39,9 @@ constexpr std::pair<const char*, const char*> kContract[] = {
     {"fusedps_model_memory_bytes", "gauge"},
     {"fusedps_models", "gauge"},
     {"fusedps_build_info", "gauge"},
+    {"fusedps_table_rows", "gauge"},
+    {"fusedps_table_pushed_keys_total", "counter"},
+    {"fusedps_table_lookup_keys_total", "counter"},
 };
 
 class MetricsTest : public ::testing::Test {
@@ -65,7 +68,8 @@ double Sample(const std::string& text, const std::string& series) {
 
 TEST_F(MetricsTest, ExportsEveryContractNameWithItsType) {
   // Families without a series are not exported; the shard gives these theirs.
-  shard_.values = {{{"default", 0, 0, 0}}, {{"cpu_adamw_apply", 0}}, {{"params", 0}}};
+  shard_.values = {
+      {{"default", 0, 0, 0, {{"words", 0}}}}, {{"cpu_adamw_apply", 0}}, {{"params", 0}}};
   const std::string text = metrics_.ScrapeText();
   for (const auto& [name, type] : kContract) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("# TYPE ", name, " ", type, "\n"))) << name;
@@ -78,7 +82,7 @@ TEST_F(MetricsTest, ExportsEveryContractNameWithItsType) {
 }
 
 TEST_F(MetricsTest, SeriesThatAlertsReadStartAtZero) {
-  shard_.values.models = {{"default", 0, 0, 0}};
+  shard_.values.models = {{"default", 0, 0, 0, {}}};
   const std::string text = metrics_.ScrapeText();
   EXPECT_EQ(Sample(text, R"(fusedps_push_requests_total{code="OK"})"), 0);
   EXPECT_EQ(Sample(text, R"(fusedps_pull_requests_total{code="OK"})"), 0);
@@ -151,7 +155,7 @@ TEST_F(MetricsTest, StepsAndPulls) {
 }
 
 TEST_F(MetricsTest, ShardValuesAreReadOnEachScrape) {
-  shard_.values = {{{"default", 1000, 7, 8000}, {"job-b", 10, 3, 80}},
+  shard_.values = {{{"default", 1000, 7, 8000, {}}, {"job-b", 10, 3, 80, {}}},
                    {{"fusedps_adamw_apply", 5}},
                    {{"params", 4000}, {"exp_avg", 4000}}};
   std::string text = metrics_.ScrapeText();
@@ -184,6 +188,33 @@ TEST_F(MetricsTest, ShardValuesAreReadOnEachScrape) {
   // Scraping again adds nothing: the counter follows the backend's count, it does not sum it.
   text = metrics_.ScrapeText();
   EXPECT_EQ(Sample(text, R"(fusedps_kernel_launches_total{kernel="fusedps_adamw_apply"})"), 12);
+}
+
+TEST_F(MetricsTest, TablesRowsPushesAndLookupsByModelAndTable) {
+  shard_.values.models = {{"default", 5000, 2, 40000, {{"words", 1000}, {"tags", 50}}},
+                          {"job-b", 800, 1, 6400, {{"words", 100}}}};
+  std::string text = metrics_.ScrapeText();
+  EXPECT_EQ(Sample(text, R"(fusedps_table_rows{model="default",table="words"})"), 1000);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_rows{model="default",table="tags"})"), 50);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_rows{model="job-b",table="words"})"), 100);
+  // The counters exist from the first scrape, at zero (rate() needs their start).
+  EXPECT_EQ(Sample(text, R"(fusedps_table_pushed_keys_total{model="job-b",table="words"})"), 0);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_keys_total{model="default",table="tags"})"), 0);
+
+  metrics_.RecordTablePush("default", "words", 64);
+  metrics_.RecordTablePush("default", "words", 3);
+  metrics_.RecordTableLookup("default", "words", 40);
+  metrics_.RecordTableLookup("job-b", "words", 7);
+  text = metrics_.ScrapeText();
+  EXPECT_EQ(Sample(text, R"(fusedps_table_pushed_keys_total{model="default",table="words"})"), 67);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_keys_total{model="default",table="words"})"), 40);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_keys_total{model="job-b",table="words"})"), 7);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_pushed_keys_total{model="job-b",table="words"})"), 0);
+
+  shard_.values.models.pop_back();  // job-b deleted: its tables' series go.
+  text = metrics_.ScrapeText();
+  EXPECT_THAT(text, Not(HasSubstr(R"(model="job-b")")));
+  EXPECT_EQ(Sample(text, R"(fusedps_table_rows{model="default",table="words"})"), 1000);
 }
 
 TEST(StatusCodeNameTest, SpellsGrpcCodes) {

@@ -75,7 +75,8 @@ grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
   const std::shared_ptr<const ShardView> view = engine.view();
   absl::StatusOr<LookupPlan> plan = CheckLookup(*request, *view);
   if (!plan.ok()) return ToGrpc(plan.status());
-  const uint64_t dim = view->tensor(plan->job.tensor).table_dim();
+  const TensorMeta& table = view->tensor(plan->job.tensor);
+  const uint64_t dim = table.table_dim();
   const uint64_t count = plan->job.keys.size();
   absl::StatusOr<RowsResult> rows = UpdateEngine::Wait<RowsResult>(
       [&](UpdateEngine::Done<RowsResult> done) { engine.ReadRows(std::move(plan->job), done); });
@@ -105,6 +106,7 @@ grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
     next.Clear();
     message = &next;
   } while (at < bytes.size());
+  services_.metrics->RecordTableLookup((*model)->name(), table.name, count);
   return grpc::Status::OK;
 }
 

@@ -463,3 +463,38 @@ def test_a_table_survives_a_checkpoint_and_a_restart(tmp_path):
         assert r.version == version + 1
         with pytest.raises(fusedps.errors.InvalidArgument, match="is an embedding table"):
             client.push_gradients({"ckpt.emb": torch.ones(12, 3)})
+
+
+def test_metrics_count_a_tables_rows_pushes_and_lookups():
+    """/metrics (docs/metrics.md, "Embedding tables"): fusedps_table_rows per table, keys of
+    applied pushes (a duplicate key counted each time it is named; a skipped step's not at all)
+    and keys looked up, labelled by model and table. Counted against what this test sent."""
+    from sync_helpers import running_shards, scrape
+
+    with running_shards(1, []) as shards:
+        client = fusedps.Client(shards[0].target)
+        client.register_param_group("metrics.tables", weight_decay=0.0)
+        client.register_table("words", torch.randn(40, 4), param_group="metrics.tables")
+        client.register_table("tags", torch.randn(7, 4), param_group="metrics.tables")
+        samples = scrape(shards[0])
+        assert samples.value("fusedps_table_rows", model="default", table="words") == 40
+        assert samples.value("fusedps_table_rows", model="default", table="tags") == 7
+        assert samples.value("fusedps_table_pushed_keys_total", model="default",
+                             table="words") == 0
+        client.push_rows({"words": ([1, 2, 2, 39], torch.randn(4, 4)),
+                          "tags": ([6], torch.randn(1, 4))})
+        client.push_rows({"words": ([5], torch.randn(1, 4))})
+        skipped = client.push_rows({"words": ([3, 4], torch.full((2, 4), float("nan")))})
+        assert skipped.step_skipped
+        client.lookup_rows("words", [0, 1, 2])
+        client.lookup_rows("tags", [6, 6])
+        samples = scrape(shards[0])
+        assert samples.value("fusedps_table_pushed_keys_total", model="default",
+                             table="words") == 5
+        assert samples.value("fusedps_table_pushed_keys_total", model="default",
+                             table="tags") == 1
+        assert samples.value("fusedps_table_lookup_keys_total", model="default",
+                             table="words") == 3
+        assert samples.value("fusedps_table_lookup_keys_total", model="default",
+                             table="tags") == 2
+        client.close()

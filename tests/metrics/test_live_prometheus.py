@@ -81,14 +81,16 @@ def prometheus_config(*metrics_addresses: str) -> dict:
 
 
 def run_workload(target: str, seconds: float) -> dict:
-    """Pushes (fp32 and bf16), pulls, some skipped steps and some failed pushes, for `seconds`.
-    Returns counts of what happened."""
+    """Pushes (fp32 and bf16), pulls, some skipped steps and some failed pushes, an embedding
+    table's row pushes and lookups, for `seconds`. Returns counts of what happened."""
     counts = {"applied": 0, "skipped": 0, "errors": 0, "pulls": 0}
     params = {f"layer{i}.weight": torch.randn(64, 64) for i in range(4)}
     params["bias"] = torch.randn(64)
     with fusedps.Client(target, max_chunk_bytes=8 << 10) as client:
         client.wait_ready(timeout=10)
         client.register_model(params)
+        client.register_param_group("tables", weight_decay=0.0)
+        client.register_table("emb", torch.randn(256, 8), param_group="tables")
         deadline = time.monotonic() + seconds
         i = 0
         while time.monotonic() < deadline:
@@ -107,6 +109,11 @@ def run_workload(target: str, seconds: float) -> dict:
             if i % 3 == 0:
                 client.pull_parameters(params)
                 counts["pulls"] += 1
+            if i % 4 == 0:  # A step of its own (docs/api.md, "Embedding tables").
+                keys = torch.randint(0, 256, (16,))
+                client.push_rows({"emb": (keys, torch.randn(16, 8))})
+                counts["applied"] += 1
+                client.lookup_rows("emb", keys.unique())
             time.sleep(0.01)
     return counts
 
