@@ -280,7 +280,9 @@ class OptimizerBackend {
   // field and the limit (table_rows[i].tensor unknown, named twice or also in tensors; a dim
   // that does not divide its numel; keys[j] outside [0, rows); grads not keys.size() * dim; a
   // group the row step refuses, row_sparse.h; rows with from_accumulator), and UNIMPLEMENTED
-  // on a backend without embedding tables (the CUDA backend, until issue 38's step 4).
+  // on a backend without embedding tables (both of ours have them: backend_tables.h). The CUDA
+  // backend updates a step's rows in a launch of their own after the dense one
+  // (kernels/cuda/table_rows_kernel.cuh): a step with tables and dense tensors is two launches.
   virtual absl::StatusOr<StepOutcome> Step(const StepRequest& request) = 0;
 
   // Copies some rows of one field of an embedding table into host memory (ReadRowsRequest), in

@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "kernels/backend.h"
-#include "kernels/cpu_table_rows.h"
+#include "kernels/backend_tables.h"
 #include "kernels/grad_check.h"
 #include "kernels/parallel.h"
 #include "kernels/quant_math.h"

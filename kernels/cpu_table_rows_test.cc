@@ -1,5 +1,5 @@
 // Tests of the CPU backend's embedding tables (backend.h: TableRows in a Step, ReadRows;
-// cpu_table_rows.h): a step of a dense tensor and table rows together gives the dense tensor a
+// backend_tables.h): a step of a dense tensor and table rows together gives the dense tensor a
 // dense-only step's bits and the table row_sparse.h's bits, and matches the float64 SparseAdam
 // of row_table_test_util.h; a non-finite row skips the whole step; bad rows are refused naming
 // the field and change nothing; ReadRows returns rows in key order.

@@ -205,11 +205,12 @@ void CudaBackend::UnregisterHostMemory(void* data) const {
 
 std::map<std::string, uint64_t> CudaBackend::memory_bytes() const {
   std::map<std::string, uint64_t> bytes = arenas_.Bytes();
-  bytes["grad_staging"] = grads_.bytes() + arena_mirror_.bytes();
+  bytes["grad_staging"] = grads_.bytes() + arena_mirror_.bytes() + row_grads_.bytes();
   bytes["grad_accumulator"] = accumulator_.bytes();
   bytes["tables"] = full_.bytes() + push_chunks_.bytes() + push_units_.bytes() +
                     read_chunks_.bytes() + step_dev_.bytes() + hyper_.bytes() + remaining_.bytes() +
-                    portions_of_dev_.bytes() + codebooks_.bytes() + work_.bytes();
+                    portions_of_dev_.bytes() + codebooks_.bytes() + work_.bytes() +
+                    row_tables_.bytes() + row_keys_.bytes();
   bytes["pull_snapshots"] = snapshots_.bytes() + read_scratch_.bytes();
   return bytes;
 }
@@ -247,9 +248,10 @@ absl::Status CudaBackend::ShareStagingArena(const StagingArena& arena) {
 
 std::vector<DeviceBuffer*> CudaBackend::AllBuffers() {
   std::vector<DeviceBuffer*> buffers = {
-      &grads_,           &arena_mirror_, &step_dev_,   &hyper_,       &remaining_,
-      &portions_of_dev_, &push_chunks_,  &push_units_, &read_chunks_, &read_scratch_,
-      &accumulator_,     &codebooks_,    &work_};
+      &grads_,       &arena_mirror_,    &step_dev_,    &hyper_,
+      &remaining_,   &portions_of_dev_, &push_chunks_, &push_units_,
+      &read_chunks_, &read_scratch_,    &accumulator_, &codebooks_,
+      &work_,        &row_tables_,      &row_keys_,    &row_grads_};
   for (DeviceBuffer* b : full_.Buffers()) buffers.push_back(b);
   return buffers;
 }

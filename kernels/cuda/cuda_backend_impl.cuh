@@ -52,12 +52,14 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/backend_tables.h"
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/device_arenas.cuh"
 #include "kernels/cuda/device_memory.cuh"
 #include "kernels/cuda/full_push_list.cuh"
 #include "kernels/cuda/markers.cuh"
 #include "kernels/cuda/snapshots.cuh"
+#include "kernels/cuda/table_rows_kernel.cuh"
 #include "kernels/tensor_table.h"
 
 namespace fusedps {
@@ -113,6 +115,8 @@ class CudaBackend final : public OptimizerBackend {
   absl::Status FreeSnapshot(void* snapshot) override;
   absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,
                                 void* dst) override;
+  // A lookup: the rows gathered on the device (LaunchTableRowsGather), then copied into dst.
+  absl::Status ReadRows(const ReadRowsRequest& request) override;
 
  private:
   // Where a step's (or an accumulation's) grads come from, once checked (CheckGrads).
@@ -160,9 +164,17 @@ class CudaBackend final : public OptimizerBackend {
   absl::StatusOr<const void*> QueueGrads(const StepRequest& request, const GradSource& source);
 
   // Queues a checked step: its chunk list, the wait for (or the copy of) its grads, the kernel,
-  // and the events of its marker.
+  // its tables' rows (QueueTableRows), and the events of its marker. list.count may be 0 (a step
+  // of tables only).
   absl::Status Queue(const StepRequest& request, const ChunkList& list, const GradSource& source,
-                     const StepEvents& events);
+                     const StepEvents& events, const std::vector<PreparedTableRows>& rows);
+
+  // Grows the buffers a step's table rows are uploaded into (before anything of the step is
+  // queued: growing waits for the apply stream).
+  absl::Status ReserveTableRows(const std::vector<PreparedTableRows>& rows);
+  // Queues the upload of prepared table rows (from pageable memory, read before this returns)
+  // and their update in one launch.
+  absl::Status QueueTableRows(const std::vector<PreparedTableRows>& rows);
 
   // Grows a buffer of a step's path to hold n elements, by half again at least, so that a
   // series of growing pushes (or a push staged tensor by tensor) makes few host waits.
@@ -223,6 +235,11 @@ class CudaBackend final : public OptimizerBackend {
   DeviceArray<float> read_scratch_;  // fp32 reads of converted storage into host memory.
   DeviceArray<Int8Codebooks> codebooks_;
   DeviceArray<uint32_t> work_;  // DeviceArenas::work.
+  // The last step's (or lookup's) table rows: the tables, the keys, the gradient rows. Rewritten
+  // only by work queued after the launch that reads them.
+  DeviceArray<RowTable> row_tables_;
+  DeviceArray<int64_t> row_keys_;
+  DeviceArray<float> row_grads_;
 
   // Thread-safe, each with its own mutex.
   MarkerTable markers_;

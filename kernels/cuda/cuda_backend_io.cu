@@ -220,5 +220,30 @@ absl::Status CudaBackend::CopyFromSnapshot(const void* snapshot, uint64_t offset
   return snapshots_.CopyOut(snapshot, offset, bytes, dst);  // On its own stream.
 }
 
+absl::Status CudaBackend::ReadRows(const ReadRowsRequest& request) {
+  FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+  absl::StatusOr<absl::Span<float>> field = CheckReadRows(table_, arenas_.Pointers(), request);
+  if (!field.ok()) return field.status();
+  const uint64_t count = request.keys.size();
+  if (count == 0) return absl::OkStatus();
+  const uint64_t values = count * request.dim;
+  if (absl::Status s = Reserve(row_keys_, count); !s.ok()) return s;
+  if (absl::Status s = Reserve(read_scratch_, values); !s.ok()) return s;
+  // After the steps queued before (stream order); the keys' pageable source is read before
+  // cudaMemcpyAsync returns, and the copy into pageable dst returns once it is done.
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_keys_.data(), request.keys.data(),
+                                               count * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                               stream_));
+  if (absl::Status s =
+          LaunchTableRowsGather(launches_, apply_grid_, stream_, field->data(), request.dim,
+                                row_keys_.data(), count, read_scratch_.data());
+      !s.ok()) {
+    return s;
+  }
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      request.dst, read_scratch_.data(), values * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  return absl::OkStatus();
+}
+
 }  // namespace gpu
 }  // namespace fusedps

@@ -1,6 +1,7 @@
 // cuda_backend_step.cu: the CUDA backend's step path (cuda_backend_impl.cuh): checking a
 // step's grads, preparing and uploading its chunk list, queueing the grads' copy, the fused
-// AdamW kernel and the events of its marker (Step); the gradient accumulator (Accumulate); the
+// AdamW kernel, its embedding tables' rows (table_rows_kernel.cuh) and the events of its marker
+// (Step); the gradient accumulator (Accumulate); the
 // grad staging that steps read (CopyStagingToDevice, StageGrads); and markers (Mark, Wait).
 #include <cuda_runtime.h>
 
@@ -19,11 +20,11 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepRequest& request) {
   FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
   // First everything that can fail with an expected error, so that such a failure changes
   // nothing; then the finiteness check; then the queueing.
-  if (!request.table_rows.empty()) {
-    return absl::UnimplementedError(
-        "table_rows: embedding tables on the CUDA backend (issue 38's step 4; the CPU backend "
-        "has them)");
-  }
+  // The tables' rows: checked and prepared on the host (duplicates summed, unscaled), first.
+  bool rows_finite = true;
+  absl::StatusOr<std::vector<PreparedTableRows>> rows =
+      PrepareTableRows(table_, arenas_.Pointers(), request, &rows_finite);
+  if (!rows.ok()) return rows.status();
   if (request.from_accumulator && accumulator_.capacity() < table_.arena_numel()) {
     return absl::FailedPreconditionError("a step from the accumulator before Accumulate");
   }
@@ -33,8 +34,9 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepRequest& request) {
   if (!chunks.ok()) return chunks.status();
   const bool finite =
       StepGradsFinite(request, &staged_non_finite_, [this](uint32_t t) { return table_.numel(t); });
-  if (!finite) return StepOutcome{true, 0, 0};  // Nothing queued.
-  if (chunks->count == 0) return StepOutcome{false, 0, 0};
+  if (!finite || !rows_finite) return StepOutcome{true, 0, 0};  // Nothing queued.
+  if (chunks->count == 0 && rows->empty()) return StepOutcome{false, 0, 0};
+  if (absl::Status s = ReserveTableRows(*rows); !s.ok()) return s;
 
   // The kernel advances packs' steps, not their members': a partial launch reads members'.
   if (!chunks->full && std::any_of(request.tensors.begin(), request.tensors.end(),
@@ -43,18 +45,72 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepRequest& request) {
   }
   absl::StatusOr<StepEvents> events = markers_.TakeStepEvents();
   if (!events.ok()) return events.status();
-  if (absl::Status s = Queue(request, *chunks, *source, *events); !s.ok()) {
+  if (absl::Status s = Queue(request, *chunks, *source, *events, *rows); !s.ok()) {
     markers_.Return(*events);
     return s;
   }
   table_.AdvanceSteps(request.tensors);
+  std::vector<uint32_t> tables;
+  for (const PreparedTableRows& r : *rows) tables.push_back(r.tensor);
+  table_.AdvanceSteps(tables);
   if (chunks->full) {
     full_.Launched();
   } else if (std::any_of(request.tensors.begin(), request.tensors.end(),
+                         [&](uint32_t t) { return full_.Affects(table_, t); }) ||
+             std::any_of(tables.begin(), tables.end(),
                          [&](uint32_t t) { return full_.Affects(table_, t); })) {
     full_.MarkStale();
   }
-  return StepOutcome{false, static_cast<uint32_t>(request.tensors.size()), markers_.Add(*events)};
+  return StepOutcome{false, static_cast<uint32_t>(request.tensors.size() + tables.size()),
+                     markers_.Add(*events)};
+}
+
+absl::Status CudaBackend::ReserveTableRows(const std::vector<PreparedTableRows>& rows) {
+  if (rows.empty()) return absl::OkStatus();
+  uint64_t keys = 0, grads = 0;
+  for (const PreparedTableRows& r : rows) {
+    keys += r.rows.keys.size();
+    grads += r.rows.grads.size();
+  }
+  if (absl::Status s = Reserve(row_tables_, rows.size()); !s.ok()) return s;
+  if (absl::Status s = Reserve(row_keys_, keys); !s.ok()) return s;
+  return Reserve(row_grads_, grads);
+}
+
+absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& rows) {
+  std::vector<RowTable> tables(rows.size());
+  uint64_t first_row = 0, grad_offset = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PreparedTableRows& r = rows[i];
+    RowTable& t = tables[i];
+    t.params = r.view.params.data();
+    t.exp_avg = r.view.exp_avg.data();
+    t.exp_avg_sq = r.view.exp_avg_sq.data();
+    t.step = step_dev_.data() + r.tensor;
+    t.first_row = first_row;
+    t.grad_offset = grad_offset;
+    t.dim = static_cast<uint64_t>(r.view.dim);
+    t.s = r.s;
+    // Pageable sources: cudaMemcpyAsync has read them before it returns (CUDA's API
+    // synchronization behavior), so the vectors may go; the device copies are rewritten only by
+    // work queued after this step's launch.
+    if (!r.rows.keys.empty()) {
+      FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_keys_.data() + first_row, r.rows.keys.data(),
+                                                   r.rows.keys.size() * sizeof(int64_t),
+                                                   cudaMemcpyHostToDevice, stream_));
+      FUSEDPS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(row_grads_.data() + grad_offset, r.rows.grads.data(),
+                          r.rows.grads.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    }
+    first_row += r.rows.keys.size();
+    grad_offset += r.rows.grads.size();
+  }
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), tables.data(),
+                                               tables.size() * sizeof(RowTable),
+                                               cudaMemcpyHostToDevice, stream_));
+  return LaunchTableRowsUpdate(launches_, apply_grid_, stream_, row_tables_.data(),
+                               static_cast<uint32_t>(tables.size()), row_keys_.data(),
+                               row_grads_.data(), first_row);
 }
 
 absl::StatusOr<Marker> CudaBackend::Accumulate(const StepRequest& request, bool first) {
@@ -215,7 +271,15 @@ absl::StatusOr<const void*> CudaBackend::QueueGrads(const StepRequest& request,
 }
 
 absl::Status CudaBackend::Queue(const StepRequest& request, const ChunkList& list,
-                                const GradSource& source, const StepEvents& events) {
+                                const GradSource& source, const StepEvents& events,
+                                const std::vector<PreparedTableRows>& rows) {
+  if (list.count == 0) {  // Tables only.
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
+    if (absl::Status s = QueueTableRows(rows); !s.ok()) return s;
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
+    return absl::OkStatus();
+  }
   absl::StatusOr<DeviceList> chunks = QueueChunks(list);
   if (!chunks.ok()) return chunks.status();
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
@@ -238,6 +302,9 @@ absl::Status CudaBackend::Queue(const StepRequest& request, const ChunkList& lis
                                         request.grad_scale, request.lr_divisor);
       !s.ok()) {
     return s;
+  }
+  if (!rows.empty()) {
+    if (absl::Status s = QueueTableRows(rows); !s.ok()) return s;
   }
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
   return absl::OkStatus();

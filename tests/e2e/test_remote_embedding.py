@@ -1,5 +1,6 @@
 """fusedps.torch.RemoteEmbedding, RemoteEmbeddingBag and RemoteSparseAdam against the local
-modules they stand in for, on a real CPU server: torch.nn.Embedding(sparse=True) and
+modules they stand in for, on a real server (CPU, or CUDA
+under FUSEDPS_TEST_DEVICE=cuda): torch.nn.Embedding(sparse=True) and
 torch.nn.EmbeddingBag(sparse=True) with torch.optim.SparseAdam (the oracle), the dense rest of
 the model with torch.optim.AdamW locally and fusedps.torch.RemoteAdamW remotely. Tolerance:
 rtol=1.3e-6, atol=1e-5 (tests/e2e/test_parity.py's, torch's own for fused vs for-loop AdamW).
@@ -7,19 +8,11 @@ rtol=1.3e-6, atol=1e-5 (tests/e2e/test_parity.py's, torch's own for fused vs for
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from fusedps.torch import (RemoteAdamW, RemoteEmbedding, RemoteEmbeddingBag, RemoteSparseAdam,
                            remote_tables)
-
-# The servers these tests start run the CUDA backend under FUSEDPS_TEST_DEVICE=cuda (the GPU
-# machine's runs), which has no embedding tables yet (issue 38's step 4): it answers
-# UNIMPLEMENTED (kernels/cuda/cuda_backend_step.cu).
-if os.environ.get("FUSEDPS_TEST_DEVICE", "cpu") != "cpu":
-    pytest.skip("embedding tables: the CPU backend only, for now", allow_module_level=True)
 
 RTOL = 1.3e-6
 ATOL = 1e-5

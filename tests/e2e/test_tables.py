@@ -1,5 +1,5 @@
 """End-to-end: dense-id embedding tables (docs/api.md, "Embedding tables") on a real server
-(CPU backend), through Client.register_table, push_rows and lookup_rows.
+(the CPU backend, or the CUDA one under FUSEDPS_TEST_DEVICE=cuda), through Client.register_table, push_rows and lookup_rows.
 
 The oracle is torch.optim.SparseAdam (its state after the same sparse gradients, pushed
 uncoalesced as nn.Embedding(sparse=True) makes them), torch.optim.AdamW (foreach=False) for the
@@ -14,7 +14,6 @@ server serves the module.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Tuple
 
 import pytest
@@ -22,12 +21,6 @@ import torch
 
 import fusedps
 from fusedps import _native
-
-# The servers these tests start run the CUDA backend under FUSEDPS_TEST_DEVICE=cuda (the GPU
-# machine's runs), which has no embedding tables yet (issue 38's step 4): it answers
-# UNIMPLEMENTED (kernels/cuda/cuda_backend_step.cu).
-if os.environ.get("FUSEDPS_TEST_DEVICE", "cpu") != "cpu":
-    pytest.skip("embedding tables: the CPU backend only, for now", allow_module_level=True)
 
 RTOL = 1.3e-6
 ATOL = 1e-5

@@ -1,4 +1,4 @@
-#include "kernels/cpu_table_rows.h"
+#include "kernels/backend_tables.h"
 
 #include <algorithm>
 #include <cstring>
@@ -105,8 +105,8 @@ void ApplyTableRows(std::vector<PreparedTableRows>& prepared) {
   for (PreparedTableRows& p : prepared) UpdateTableRows(p.view, p.s, p.rows.keys, p.rows.grads);
 }
 
-absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
-                           const ReadRowsRequest& request) {
+absl::StatusOr<absl::Span<float>> CheckReadRows(const TensorTable& table, const Arenas& arenas,
+                                                const ReadRowsRequest& request) {
   absl::StatusOr<RowSparseTable> view =
       TableView(table, arenas, request.tensor, request.dim, "request");
   if (!view.ok()) return view.status();
@@ -136,9 +136,16 @@ absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
   if (!request.keys.empty() && request.dst == nullptr) {
     return absl::InvalidArgumentError("request.dst is null");
   }
+  return source;
+}
+
+absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
+                           const ReadRowsRequest& request) {
+  absl::StatusOr<absl::Span<float>> source = CheckReadRows(table, arenas, request);
+  if (!source.ok()) return source.status();
   const auto dim = static_cast<size_t>(request.dim);
   for (size_t i = 0; i < request.keys.size(); ++i) {
-    std::memcpy(request.dst + i * dim, source.data() + static_cast<size_t>(request.keys[i]) * dim,
+    std::memcpy(request.dst + i * dim, source->data() + static_cast<size_t>(request.keys[i]) * dim,
                 dim * sizeof(float));
   }
   return absl::OkStatus();

@@ -1,10 +1,16 @@
-// cpu_table_rows.h: the CPU backend's embedding tables (backend.h: TableRows in a Step,
-// ReadRows). A dense-id table is a registered tensor of rows * dim elements read as a row-major
-// [rows, dim] matrix: its params and moments lie in the fp32 arenas at the tensor's offsets
-// (tensor_table.h), and its step count is the tensor's. The step of its pushed rows is
-// row_sparse.h's (torch.optim.SparseAdam's math, sparse_adam_math.h); this file checks a
-// step's rows against the tensor table, prepares them and applies them, so that the backend
-// steps dense tensors and tables together, all or nothing.
+// backend_tables.h: the backends' embedding tables (backend.h: TableRows in a Step, ReadRows),
+// the host side both share. A dense-id table is a registered tensor of rows * dim elements read
+// as a row-major [rows, dim] matrix: its params and moments lie in the fp32 arenas at the
+// tensor's offsets (tensor_table.h), and its step count is the tensor's. The step of its pushed
+// rows is row_sparse.h's (torch.optim.SparseAdam's math, sparse_adam_math.h): this file checks a
+// step's rows against the tensor table, prepares them (duplicates summed, gradients unscaled,
+// finiteness) and, on the CPU backend, applies them, so that a backend steps dense tensors and
+// tables together, all or nothing. The CUDA backend prepares rows here and applies them on the
+// device (kernels/cuda/table_rows_kernel.cuh), with the same math bit for bit.
+//
+// `arenas` are the backend's: host memory on the CPU backend, device memory on the CUDA backend,
+// where the spans of PreparedTableRows::view and CheckReadRows' result only say where rows lie
+// (nothing here reads or writes through them but ApplyTableRows and ReadTableRows, the CPU's).
 //
 // Thread safety: none; the backend's one calling thread (backend.h).
 //
@@ -16,8 +22,8 @@
 //   if (!finite) ... skip the whole step ...
 //   ... step the dense tensors ...
 //   ApplyTableRows(*rows);                  // then advance the tables' steps
-#ifndef FUSEDPS_KERNELS_CPU_TABLE_ROWS_H_
-#define FUSEDPS_KERNELS_CPU_TABLE_ROWS_H_
+#ifndef FUSEDPS_KERNELS_BACKEND_TABLES_H_
+#define FUSEDPS_KERNELS_BACKEND_TABLES_H_
 
 #include <cstdint>
 #include <vector>
@@ -55,10 +61,15 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
 // advances each table's step (TensorTable::AdvanceSteps).
 void ApplyTableRows(std::vector<PreparedTableRows>& prepared);
 
-// OptimizerBackend::ReadRows on the arenas: checks it (its errors) and copies the rows.
+// OptimizerBackend::ReadRows's checks (its errors): on success, the field's [rows, dim] elements
+// in `arenas` that the keys index.
+absl::StatusOr<absl::Span<float>> CheckReadRows(const TensorTable& table, const Arenas& arenas,
+                                                const ReadRowsRequest& request);
+
+// OptimizerBackend::ReadRows on host arenas (the CPU backend's): checks it and copies the rows.
 absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
                            const ReadRowsRequest& request);
 
 }  // namespace fusedps
 
-#endif  // FUSEDPS_KERNELS_CPU_TABLE_ROWS_H_
+#endif  // FUSEDPS_KERNELS_BACKEND_TABLES_H_

@@ -1,0 +1,58 @@
+// table_rows_kernel.cuh (CUDA backend only): the device side of embedding tables
+// (docs/dev/embedding-tables.md): one launch that updates the pushed rows of a step's tables
+// with torch.optim.SparseAdam's math (kernels/sparse_adam_math.h, bit for bit the CPU backend's),
+// and one that gathers rows by key for lookups. The host prepares a step's rows first
+// (kernels/backend_tables.h: duplicate keys summed, gradients divided by grad_scale and negated
+// for maximize, every value checked finite), so the update only reads them.
+//
+// A step's rows are laid out flat: the keys of every table one after another (each table's
+// unique and ascending), and their fp32 gradient rows in the same order, each `dim` wide. A
+// warp updates one row (its lanes stride over the row's columns, so a row's loads coalesce);
+// a row is read and written by that warp alone, since keys are unique within a table.
+#ifndef FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
+#define FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/adamw_math.h"
+#include "kernels/cuda/adamw_kernel.cuh"
+
+namespace fusedps {
+namespace gpu {
+
+// One table of a step, as the update reads it (device memory).
+struct RowTable {
+  float* params = nullptr;  // The table's [rows, dim] fp32 params, row-major (its arena range).
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  int64_t* step = nullptr;   // The tensor's device step count: the launch adds one.
+  uint64_t first_row = 0;    // Its first row in the launch's keys (and gradient rows).
+  uint64_t grad_offset = 0;  // Its first gradient element in the launch's grads.
+  uint64_t dim = 0;
+  AdamWStepScalars s;  // For the table's incremented step (MakeStepScalars).
+};
+
+// Updates `rows` rows in one launch ("fusedps_table_rows_update" in `launches`): row r is key
+// keys[r] of the table t with tables[t].first_row <= r < tables[t + 1].first_row, its gradient
+// grads[tables[t].grad_offset + (r - first_row) * dim, ... + dim) (already unscaled), updated by
+// SparseAdamUpdate; every table's step advances by one, rows or none. `grid`: at most this many
+// blocks. REQUIRES: table_count >= 1; tables sorted by first_row, the first 0; keys within each
+// table unique and in [0, rows); everything in device memory and unchanged until the launch is
+// done.
+absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int grid, cudaStream_t stream,
+                                   const RowTable* tables, uint32_t table_count,
+                                   const int64_t* keys, const float* grads, uint64_t rows);
+
+// Copies `count` rows of a [rows, dim] fp32 field to out (row i is row keys[i] of the field) in
+// one launch ("fusedps_table_rows_gather"). REQUIRES: keys in [0, rows); device memory.
+absl::Status LaunchTableRowsGather(LaunchCounter& launches, int grid, cudaStream_t stream,
+                                   const float* field, uint64_t dim, const int64_t* keys,
+                                   uint64_t count, float* out);
+
+}  // namespace gpu
+}  // namespace fusedps
+
+#endif  // FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_

@@ -1,0 +1,231 @@
+// Tests of the CUDA backend's embedding tables (kernels/cuda/table_rows_kernel.cuh; the rows are
+// prepared on the host by backend_tables.h): the same steps of table rows, alone or with dense
+// tensors, give the CUDA backend the CPU backend's bits (which cpu_table_rows_test.cc holds to
+// row_sparse.h and a float64 SparseAdam); a refused step changes nothing and names the field,
+// a non-finite row skips the whole step; ReadRows returns the CPU backend's rows in key order;
+// a step of tables alone is one launch, with dense tensors two. Skipped without a GPU.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/backend_factory.h"
+#include "kernels/cuda_backend_test_util.h"
+#include "kernels/row_table_test_util.h"
+
+namespace fusedps {
+namespace {
+
+using cuda_test::NeedsCuda;
+using cuda_test::ReadAll;
+using row_table_test::SameBytes;
+
+constexpr uint64_t kDense = 300;
+// Tensor 1: a table wider than a warp, not a multiple of 32; tensor 2: a narrow one.
+constexpr uint64_t kRows1 = 64, kDim1 = 40, kRows2 = 7, kDim2 = 3;
+
+std::vector<float> Normal(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::vector<int64_t> Keys(std::mt19937& rng, uint64_t rows, size_t n) {
+  std::uniform_int_distribution<int64_t> key(0, static_cast<int64_t>(rows) - 1);
+  std::vector<int64_t> keys(n);
+  for (int64_t& k : keys) k = key(rng);
+  return keys;
+}
+
+// The same tensors and params on a CPU and a CUDA backend, in one group.
+struct Pair {
+  std::unique_ptr<OptimizerBackend> cpu, cuda;
+
+  Pair(const AdamWHyperparameters& hyper, std::mt19937& rng) : cpu(MakeCpuBackend({})) {
+    auto made = MakeBackend("cuda:0", {});
+    EXPECT_TRUE(made.ok()) << made.status();
+    cuda = *std::move(made);
+    const std::vector<float> params[] = {Normal(rng, kDense), Normal(rng, kRows1 * kDim1),
+                                         Normal(rng, kRows2 * kDim2)};
+    for (OptimizerBackend* b : {cpu.get(), cuda.get()}) {
+      EXPECT_TRUE(b->SetParamGroup(0, hyper).ok());
+      EXPECT_TRUE(b->AddTensors({{kDense, 0}, {kRows1 * kDim1, 0}, {kRows2 * kDim2, 0}}).ok());
+      for (uint32_t t = 0; t < 3; ++t) EXPECT_TRUE(b->WriteParams(t, 0, params[t]).ok());
+    }
+  }
+
+  // Every field of every tensor, of one backend.
+  static std::vector<std::vector<float>> State(OptimizerBackend& b) {
+    std::vector<std::vector<float>> all;
+    for (uint32_t t = 0; t < 3; ++t) {
+      for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+        all.push_back(ReadAll(b, f, t));
+      }
+    }
+    return all;
+  }
+
+  void ExpectSame() {
+    const auto a = State(*cuda), b = State(*cpu);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(SameBytes(a[i], b[i])) << "tensor " << i / 3 << " field " << i % 3;
+    }
+    for (uint32_t t = 0; t < 3; ++t) EXPECT_EQ(cuda->step(t), cpu->step(t)) << "tensor " << t;
+  }
+};
+
+AdamWHyperparameters TableHyper() {
+  AdamWHyperparameters h;
+  h.lr = 0.02;
+  h.beta1 = 0.8;
+  h.beta2 = 0.95;
+  h.eps = 1e-6;
+  h.weight_decay = 0.05;  // Decoupled: the pushed rows' only (sparse_adam_math.h).
+  return h;
+}
+
+class CudaTablesTest : public NeedsCuda<> {};
+
+TEST_F(CudaTablesTest, RowsAloneAndWithDenseTensorsMatchTheCpuBackendBitForBit) {
+  AdamWHyperparameters maximize = TableHyper();
+  maximize.maximize = true;
+  AdamWHyperparameters plain;  // SparseAdam's own: no weight decay.
+  plain.weight_decay = 0.0;
+  for (const AdamWHyperparameters& h : {TableHyper(), maximize, plain}) {
+    std::mt19937 rng(5);
+    Pair pair(h, rng);
+    for (int step = 1; step <= 8; ++step) {
+      const bool with_dense = step % 3 != 0;
+      const std::vector<float> dense = Normal(rng, kDense);
+      // Table 1: many rows with duplicates (keys from a narrow range); table 2: some steps none.
+      std::vector<int64_t> keys1 = Keys(rng, kRows1 / 4, 30);
+      keys1.push_back(kRows1 - 1);
+      const std::vector<float> grads1 = Normal(rng, keys1.size() * kDim1);
+      const std::vector<int64_t> keys2 = step % 2 ? Keys(rng, kRows2, 4) : std::vector<int64_t>{};
+      const std::vector<float> grads2 = Normal(rng, keys2.size() * kDim2);
+      const uint32_t tensors[] = {0};
+      const uint64_t offsets[] = {0};
+      const TableRows rows[] = {{1, kDim1, keys1, grads1}, {2, kDim2, keys2, grads2}};
+      StepRequest request;
+      if (with_dense) {
+        request.tensors = tensors;
+        request.grad_offsets = offsets;
+        request.grads = dense.data();
+      }
+      request.table_rows = rows;
+      request.grad_scale = step % 2 ? 0.0f : 8.0f;
+      request.lr_divisor = step == 4 ? 2.0 : 1.0;
+      absl::StatusOr<StepOutcome> a = StepNow(*pair.cuda, request);
+      absl::StatusOr<StepOutcome> b = StepNow(*pair.cpu, request);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_FALSE(a->skipped);
+      EXPECT_EQ(a->tensors_updated, b->tensors_updated);
+      EXPECT_EQ(a->tensors_updated, with_dense ? 3u : 2u);
+      pair.ExpectSame();
+    }
+    EXPECT_EQ(pair.cuda->step(1), 8);
+  }
+}
+
+TEST_F(CudaTablesTest, RefusedAndSkippedStepsChangeNothing) {
+  std::mt19937 rng(9);
+  Pair pair(TableHyper(), rng);
+  const std::vector<int64_t> keys = {1, 5, 5};
+  const std::vector<float> grads = Normal(rng, keys.size() * kDim1);
+  const TableRows good[] = {{1, kDim1, keys, grads}};
+  StepRequest request;
+  request.table_rows = good;
+  ASSERT_TRUE(StepNow(*pair.cuda, request).ok());
+  ASSERT_TRUE(StepNow(*pair.cpu, request).ok());
+  const auto before = Pair::State(*pair.cuda);
+
+  const std::vector<int64_t> bad_keys = {2, static_cast<int64_t>(kRows1)};
+  const std::vector<float> bad_grads = Normal(rng, 2 * kDim1);
+  const TableRows bad[] = {{1, kDim1, bad_keys, bad_grads}};
+  request.table_rows = bad;
+  absl::StatusOr<StepOutcome> refused = StepNow(*pair.cuda, request);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), StepNow(*pair.cpu, request).status().message());
+  EXPECT_NE(refused.status().message().find("table_rows[0].keys[1] = 64"), std::string::npos)
+      << refused.status();
+
+  std::vector<float> nan_grads = Normal(rng, 2 * kDim1);
+  nan_grads[kDim1 + 3] = std::nanf("");
+  const std::vector<int64_t> nan_keys = {3, 4};
+  const std::vector<float> dense = Normal(rng, kDense);
+  const uint32_t tensors[] = {0};
+  const uint64_t offsets[] = {0};
+  const TableRows nan_rows[] = {{1, kDim1, nan_keys, nan_grads}};
+  request.tensors = tensors;
+  request.grad_offsets = offsets;
+  request.grads = dense.data();
+  request.table_rows = nan_rows;
+  absl::StatusOr<StepOutcome> skipped = StepNow(*pair.cuda, request);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_TRUE(skipped->skipped);
+  const auto after = Pair::State(*pair.cuda);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(SameBytes(before[i], after[i])) << i;
+  EXPECT_EQ(pair.cuda->step(0), 0);
+  EXPECT_EQ(pair.cuda->step(1), 1);
+}
+
+TEST_F(CudaTablesTest, ReadRowsInKeyOrderAsTheCpuBackend) {
+  std::mt19937 rng(13);
+  Pair pair(TableHyper(), rng);
+  const std::vector<int64_t> keys = Keys(rng, kRows1, 50);
+  const std::vector<float> grads = Normal(rng, keys.size() * kDim1);
+  const TableRows rows[] = {{1, kDim1, keys, grads}};
+  StepRequest request;
+  request.table_rows = rows;
+  ASSERT_TRUE(StepNow(*pair.cuda, request).ok());
+  ASSERT_TRUE(StepNow(*pair.cpu, request).ok());
+  const std::vector<int64_t> read = {5, 0, 5, kRows1 - 1, 17};
+  for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+    std::vector<float> a(read.size() * kDim1, -1.0f), b(read.size() * kDim1, -2.0f);
+    ReadRowsRequest r{f, 1, kDim1, read, a.data()};
+    ASSERT_TRUE(pair.cuda->ReadRows(r).ok());
+    r.dst = b.data();
+    ASSERT_TRUE(pair.cpu->ReadRows(r).ok());
+    absl::StatusOr<Marker> marker = pair.cuda->Mark();
+    ASSERT_TRUE(marker.ok());
+    ASSERT_TRUE(pair.cuda->Wait(*marker).ok());
+    EXPECT_TRUE(SameBytes(a, b)) << TensorFieldName(f);
+  }
+  const std::vector<int64_t> outside = {3, -1};
+  std::vector<float> dst(2 * kDim1);
+  absl::Status s = pair.cuda->ReadRows({TensorField::kParam, 1, kDim1, outside, dst.data()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("keys[1] = -1"), std::string::npos) << s;
+}
+
+TEST_F(CudaTablesTest, OneLaunchForTablesAloneTwoWithDenseTensors) {
+  std::mt19937 rng(17);
+  Pair pair(TableHyper(), rng);
+  const std::vector<int64_t> keys = {1, 2, 2};
+  const std::vector<float> grads = Normal(rng, keys.size() * kDim1);
+  const std::vector<float> dense = Normal(rng, kDense);
+  const TableRows rows[] = {{1, kDim1, keys, grads}, {2, kDim2, {}, {}}};
+  const uint32_t tensors[] = {0};
+  const uint64_t offsets[] = {0};
+  StepRequest request;
+  request.table_rows = rows;
+  uint64_t before = pair.cuda->launches_total();
+  ASSERT_TRUE(StepNow(*pair.cuda, request).ok());
+  EXPECT_EQ(pair.cuda->launches_total() - before, 1u);
+  EXPECT_EQ(pair.cuda->step(2), 1);  // Named without rows: stepped all the same.
+  request.tensors = tensors;
+  request.grad_offsets = offsets;
+  request.grads = dense.data();
+  before = pair.cuda->launches_total();
+  ASSERT_TRUE(StepNow(*pair.cuda, request).ok());
+  EXPECT_EQ(pair.cuda->launches_total() - before, 2u);
+  EXPECT_EQ(pair.cuda->launch_counts().at("fusedps_table_rows_update"), 2u);
+}
+
+}  // namespace
+}  // namespace fusedps
