@@ -16,6 +16,8 @@
 namespace fusedps {
 namespace {
 
+using row_table_test::DecayedSparseAdam;
+using row_table_test::NormalFloats;
 using row_table_test::ReferenceRowUpdate;
 using row_table_test::ReferenceStepSize;
 using row_table_test::SameBytes;
@@ -24,13 +26,6 @@ using row_table_test::SumRows;
 constexpr uint64_t kRows = 16;
 constexpr uint64_t kDim = 5;
 constexpr uint64_t kDense = 40;
-
-std::vector<float> Normal(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 std::vector<float> Field(OptimizerBackend& b, TensorField field, uint32_t t) {
   std::vector<float> out(b.numel(t));
@@ -44,8 +39,8 @@ struct Shard {
   Shard(const AdamWHyperparameters& hyper, std::mt19937& rng) : backend(MakeCpuBackend({})) {
     EXPECT_TRUE(backend->SetParamGroup(0, hyper).ok());
     EXPECT_TRUE(backend->AddTensors({{kDense, 0}, {kRows * kDim, 0}}).ok());
-    dense0 = Normal(rng, kDense);
-    table0 = Normal(rng, kRows * kDim);
+    dense0 = NormalFloats(rng, kDense);
+    table0 = NormalFloats(rng, kRows * kDim);
     EXPECT_TRUE(backend->WriteParams(0, 0, dense0).ok());
     EXPECT_TRUE(backend->WriteParams(1, 0, table0).ok());
   }
@@ -75,19 +70,9 @@ StepRequest Request(absl::Span<const uint32_t> tensors, absl::Span<const uint64_
   return request;
 }
 
-AdamWHyperparameters TableHyper() {
-  AdamWHyperparameters h;
-  h.lr = 0.02;
-  h.beta1 = 0.8;
-  h.beta2 = 0.95;
-  h.eps = 1e-6;
-  h.weight_decay = 0.05;  // Decoupled: the pushed rows' only (sparse_adam_math.h).
-  return h;
-}
-
 TEST(CpuTableRowsTest, DenseAndTableRowsStepTogetherAsEachAlone) {
   std::mt19937 rng(3);
-  const AdamWHyperparameters h = TableHyper();
+  const AdamWHyperparameters h = DecayedSparseAdam();
   Shard shard(h, rng);
   std::mt19937 same(3);
   Shard dense_only(h, same);  // The same params: the dense tensor's reference.
@@ -98,10 +83,10 @@ TEST(CpuTableRowsTest, DenseAndTableRowsStepTogetherAsEachAlone) {
   std::vector<double> p64(params.begin(), params.end()), m64(kRows * kDim), v64(kRows * kDim);
   const float grad_scale = 4.0f;
   for (int step = 1; step <= 6; ++step) {
-    const std::vector<float> dense_grads = Normal(rng, kDense);
+    const std::vector<float> dense_grads = NormalFloats(rng, kDense);
     // Duplicates (3 and 7 twice); rows 0, 1 and 15 never pushed.
     const std::vector<int64_t> keys = {7, 3, 12, 3, 7, 2 + step};
-    const std::vector<float> grads = Normal(rng, keys.size() * kDim);
+    const std::vector<float> grads = NormalFloats(rng, keys.size() * kDim);
     const uint32_t dense_tensor[] = {0};
     const uint64_t offsets[] = {0};
     const TableRows rows[] = {{1, kDim, keys, grads}};
@@ -142,8 +127,8 @@ TEST(CpuTableRowsTest, DenseAndTableRowsStepTogetherAsEachAlone) {
 
 TEST(CpuTableRowsTest, ANonFiniteRowSkipsTheWholeStep) {
   std::mt19937 rng(4);
-  Shard shard(TableHyper(), rng);
-  const std::vector<float> dense_grads = Normal(rng, kDense);
+  Shard shard(DecayedSparseAdam(), rng);
+  const std::vector<float> dense_grads = NormalFloats(rng, kDense);
   const std::vector<int64_t> keys = {1, 1};
   // Finite rows whose sum overflows: the check is of the summed, unscaled gradient.
   std::vector<float> grads(2 * kDim, 3e38f);
@@ -162,16 +147,16 @@ TEST(CpuTableRowsTest, ANonFiniteRowSkipsTheWholeStep) {
 
 TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
   std::mt19937 rng(5);
-  Shard shard(TableHyper(), rng);
-  AdamWHyperparameters bf16 = TableHyper();
+  Shard shard(DecayedSparseAdam(), rng);
+  AdamWHyperparameters bf16 = DecayedSparseAdam();
   bf16.state_dtype = StateDType::kBFloat16;
   ASSERT_TRUE(shard.backend->SetParamGroup(1, bf16).ok());
-  AdamWHyperparameters amsgrad = TableHyper();
+  AdamWHyperparameters amsgrad = DecayedSparseAdam();
   amsgrad.amsgrad = true;
   ASSERT_TRUE(shard.backend->SetParamGroup(2, amsgrad).ok());
   ASSERT_TRUE(shard.backend->AddTensors({{kRows * kDim, 1}, {kRows * kDim, 2}}).ok());
-  const std::vector<float> dense_grads = Normal(rng, kDense);
-  const std::vector<float> grads = Normal(rng, 2 * kDim);
+  const std::vector<float> dense_grads = NormalFloats(rng, kDense);
+  const std::vector<float> grads = NormalFloats(rng, 2 * kDim);
   const std::vector<int64_t> good = {0, 4}, outside = {0, 16}, negative = {-1, 2};
   const uint32_t dense_tensor[] = {0};
   const uint32_t table_tensor[] = {1};
@@ -227,9 +212,9 @@ TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
 
 TEST(CpuTableRowsTest, ReadRowsReturnsRowsInKeyOrder) {
   std::mt19937 rng(6);
-  Shard shard(TableHyper(), rng);
+  Shard shard(DecayedSparseAdam(), rng);
   const std::vector<int64_t> pushed = {2, 9};
-  const std::vector<float> grads = Normal(rng, 2 * kDim);
+  const std::vector<float> grads = NormalFloats(rng, 2 * kDim);
   const TableRows rows[] = {{1, kDim, pushed, grads}};
   ASSERT_TRUE(StepNow(*shard.backend, Request({}, {}, nullptr, rows)).ok());
   const std::vector<int64_t> keys = {9, 0, 9, 15};

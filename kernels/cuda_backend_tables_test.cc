@@ -20,18 +20,13 @@ namespace {
 
 using cuda_test::NeedsCuda;
 using cuda_test::ReadAll;
+using row_table_test::DecayedSparseAdam;
+using row_table_test::NormalFloats;
 using row_table_test::SameBytes;
 
 constexpr uint64_t kDense = 300;
 // Tensor 1: a table wider than a warp, not a multiple of 32; tensor 2: a narrow one.
 constexpr uint64_t kRows1 = 64, kDim1 = 40, kRows2 = 7, kDim2 = 3;
-
-std::vector<float> Normal(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 std::vector<int64_t> Keys(std::mt19937& rng, uint64_t rows, size_t n) {
   std::uniform_int_distribution<int64_t> key(0, static_cast<int64_t>(rows) - 1);
@@ -48,8 +43,9 @@ struct Pair {
     auto made = MakeBackend("cuda:0", {});
     EXPECT_TRUE(made.ok()) << made.status();
     cuda = *std::move(made);
-    const std::vector<float> params[] = {Normal(rng, kDense), Normal(rng, kRows1 * kDim1),
-                                         Normal(rng, kRows2 * kDim2)};
+    const std::vector<float> params[] = {NormalFloats(rng, kDense),
+                                         NormalFloats(rng, kRows1 * kDim1),
+                                         NormalFloats(rng, kRows2 * kDim2)};
     for (OptimizerBackend* b : {cpu.get(), cuda.get()}) {
       EXPECT_TRUE(b->SetParamGroup(0, hyper).ok());
       EXPECT_TRUE(b->AddTensors({{kDense, 0}, {kRows1 * kDim1, 0}, {kRows2 * kDim2, 0}}).ok());
@@ -77,35 +73,25 @@ struct Pair {
   }
 };
 
-AdamWHyperparameters TableHyper() {
-  AdamWHyperparameters h;
-  h.lr = 0.02;
-  h.beta1 = 0.8;
-  h.beta2 = 0.95;
-  h.eps = 1e-6;
-  h.weight_decay = 0.05;  // Decoupled: the pushed rows' only (sparse_adam_math.h).
-  return h;
-}
-
 class CudaTablesTest : public NeedsCuda<> {};
 
 TEST_F(CudaTablesTest, RowsAloneAndWithDenseTensorsMatchTheCpuBackendBitForBit) {
-  AdamWHyperparameters maximize = TableHyper();
+  AdamWHyperparameters maximize = DecayedSparseAdam();
   maximize.maximize = true;
   AdamWHyperparameters plain;  // SparseAdam's own: no weight decay.
   plain.weight_decay = 0.0;
-  for (const AdamWHyperparameters& h : {TableHyper(), maximize, plain}) {
+  for (const AdamWHyperparameters& h : {DecayedSparseAdam(), maximize, plain}) {
     std::mt19937 rng(5);
     Pair pair(h, rng);
     for (int step = 1; step <= 8; ++step) {
       const bool with_dense = step % 3 != 0;
-      const std::vector<float> dense = Normal(rng, kDense);
+      const std::vector<float> dense = NormalFloats(rng, kDense);
       // Table 1: many rows with duplicates (keys from a narrow range); table 2: some steps none.
       std::vector<int64_t> keys1 = Keys(rng, kRows1 / 4, 30);
       keys1.push_back(kRows1 - 1);
-      const std::vector<float> grads1 = Normal(rng, keys1.size() * kDim1);
+      const std::vector<float> grads1 = NormalFloats(rng, keys1.size() * kDim1);
       const std::vector<int64_t> keys2 = step % 2 ? Keys(rng, kRows2, 4) : std::vector<int64_t>{};
-      const std::vector<float> grads2 = Normal(rng, keys2.size() * kDim2);
+      const std::vector<float> grads2 = NormalFloats(rng, keys2.size() * kDim2);
       const uint32_t tensors[] = {0};
       const uint64_t offsets[] = {0};
       const TableRows rows[] = {{1, kDim1, keys1, grads1}, {2, kDim2, keys2, grads2}};
@@ -133,9 +119,9 @@ TEST_F(CudaTablesTest, RowsAloneAndWithDenseTensorsMatchTheCpuBackendBitForBit) 
 
 TEST_F(CudaTablesTest, RefusedAndSkippedStepsChangeNothing) {
   std::mt19937 rng(9);
-  Pair pair(TableHyper(), rng);
+  Pair pair(DecayedSparseAdam(), rng);
   const std::vector<int64_t> keys = {1, 5, 5};
-  const std::vector<float> grads = Normal(rng, keys.size() * kDim1);
+  const std::vector<float> grads = NormalFloats(rng, keys.size() * kDim1);
   const TableRows good[] = {{1, kDim1, keys, grads}};
   StepRequest request;
   request.table_rows = good;
@@ -144,7 +130,7 @@ TEST_F(CudaTablesTest, RefusedAndSkippedStepsChangeNothing) {
   const auto before = Pair::State(*pair.cuda);
 
   const std::vector<int64_t> bad_keys = {2, static_cast<int64_t>(kRows1)};
-  const std::vector<float> bad_grads = Normal(rng, 2 * kDim1);
+  const std::vector<float> bad_grads = NormalFloats(rng, 2 * kDim1);
   const TableRows bad[] = {{1, kDim1, bad_keys, bad_grads}};
   request.table_rows = bad;
   absl::StatusOr<StepOutcome> refused = StepNow(*pair.cuda, request);
@@ -154,10 +140,10 @@ TEST_F(CudaTablesTest, RefusedAndSkippedStepsChangeNothing) {
   EXPECT_NE(refused.status().message().find("table_rows[0].keys[1] = 64"), std::string::npos)
       << refused.status();
 
-  std::vector<float> nan_grads = Normal(rng, 2 * kDim1);
+  std::vector<float> nan_grads = NormalFloats(rng, 2 * kDim1);
   nan_grads[kDim1 + 3] = std::nanf("");
   const std::vector<int64_t> nan_keys = {3, 4};
-  const std::vector<float> dense = Normal(rng, kDense);
+  const std::vector<float> dense = NormalFloats(rng, kDense);
   const uint32_t tensors[] = {0};
   const uint64_t offsets[] = {0};
   const TableRows nan_rows[] = {{1, kDim1, nan_keys, nan_grads}};
@@ -176,9 +162,9 @@ TEST_F(CudaTablesTest, RefusedAndSkippedStepsChangeNothing) {
 
 TEST_F(CudaTablesTest, ReadRowsInKeyOrderAsTheCpuBackend) {
   std::mt19937 rng(13);
-  Pair pair(TableHyper(), rng);
+  Pair pair(DecayedSparseAdam(), rng);
   const std::vector<int64_t> keys = Keys(rng, kRows1, 50);
-  const std::vector<float> grads = Normal(rng, keys.size() * kDim1);
+  const std::vector<float> grads = NormalFloats(rng, keys.size() * kDim1);
   const TableRows rows[] = {{1, kDim1, keys, grads}};
   StepRequest request;
   request.table_rows = rows;
@@ -205,10 +191,10 @@ TEST_F(CudaTablesTest, ReadRowsInKeyOrderAsTheCpuBackend) {
 
 TEST_F(CudaTablesTest, OneLaunchForTablesAloneTwoWithDenseTensors) {
   std::mt19937 rng(17);
-  Pair pair(TableHyper(), rng);
+  Pair pair(DecayedSparseAdam(), rng);
   const std::vector<int64_t> keys = {1, 2, 2};
-  const std::vector<float> grads = Normal(rng, keys.size() * kDim1);
-  const std::vector<float> dense = Normal(rng, kDense);
+  const std::vector<float> grads = NormalFloats(rng, keys.size() * kDim1);
+  const std::vector<float> dense = NormalFloats(rng, kDense);
   const TableRows rows[] = {{1, kDim1, keys, grads}, {2, kDim2, {}, {}}};
   const uint32_t tensors[] = {0};
   const uint64_t offsets[] = {0};

@@ -1,7 +1,8 @@
-// row_table_test_util.h: what the row-sparse tests (row_sparse_test.cc, hashed_row_step_test.cc)
-// share: an independent float64 SparseAdam, written from the formulas in sparse_adam_math.h's
-// comment (torch.optim.SparseAdam, plus our decoupled weight decay of pushed rows) rather than
-// from the code under test; SparseAdam's defaults; a byte-for-byte copy of a table's arrays.
+// row_table_test_util.h: what the row-sparse tests (row_sparse_test.cc, hashed_row_step_test.cc,
+// and the backends' cpu_table_rows_test.cc and cuda_backend_tables_test.cc) share: an independent
+// float64 SparseAdam, written from the formulas in sparse_adam_math.h's comment
+// (torch.optim.SparseAdam, plus our decoupled weight decay of pushed rows) rather than from the
+// code under test; SparseAdam's defaults; a byte-for-byte copy of a table's arrays.
 #ifndef FUSEDPS_KERNELS_ROW_TABLE_TEST_UTIL_H_
 #define FUSEDPS_KERNELS_ROW_TABLE_TEST_UTIL_H_
 
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -36,6 +38,27 @@ inline AdamWHyperparameters OddSparseAdam() {
   h.beta2 = 0.9;
   h.eps = 1e-2;
   return h;
+}
+
+// Odd betas and eps with decoupled weight decay (of the pushed rows only, sparse_adam_math.h):
+// the backends' table tests (cpu_table_rows_test.cc, cuda_backend_tables_test.cc).
+inline AdamWHyperparameters DecayedSparseAdam() {
+  AdamWHyperparameters h;
+  h.lr = 0.02;
+  h.beta1 = 0.8;
+  h.beta2 = 0.95;
+  h.eps = 1e-6;
+  h.weight_decay = 0.05;
+  return h;
+}
+
+// n standard normal floats.
+template <typename Rng>
+std::vector<float> NormalFloats(Rng& rng, size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
 }
 
 // Row i of grads ([keys.size(), dim]) summed per key in float64: the coalesced push, by key.

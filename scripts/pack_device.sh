@@ -14,13 +14,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=(cuda_backend_test cpu_backend_test models_test metrics_cupti_test)
 scripts/build.sh fusedps-server fusedps fusedps-bench fusedps-kernel-bench fusedps-gpt-fit \
-  fusedps-transport-bench fusedps-grpc-sink fusedps_c fusedps_python "${tests[@]}"
+  fusedps-transport-bench fusedps-grpc-sink fusedps-table-bench fusedps_c fusedps_python \
+  "${tests[@]}"
 build=${BUILD_DIR:-build}
 rm -rf .device-pack
 "${DEVICE_PACK:-../shared/tools/device-pack}" .device-pack "$build/server/fusedps-server" \
   "$build/client/fusedps" "$build/bench/fusedps-bench" "$build/bench/fusedps-kernel-bench" \
   "$build/bench/fusedps-gpt-fit" "$build/bench/fusedps-transport-bench" \
-  "$build/bench/peers/fusedps-grpc-sink" "$build/python/fusedps/libfusedps_c.so" \
+  "$build/bench/peers/fusedps-grpc-sink" "$build/bench/fusedps-table-bench" \
+  "$build/python/fusedps/libfusedps_c.so" \
   "$build/kernels/cuda_backend_test" "$build/kernels/cpu_backend_test" \
   "$build/tests/models_test" "$build/tests/metrics_cupti_test"
 strip .device-pack/bin/*

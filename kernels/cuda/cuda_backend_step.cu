@@ -79,7 +79,7 @@ absl::Status CudaBackend::ReserveTableRows(const std::vector<PreparedTableRows>&
 
 absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& rows) {
   std::vector<RowTable> tables(rows.size());
-  uint64_t first_row = 0, grad_offset = 0;
+  uint64_t first_row = 0, grad_offset = 0, units = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const PreparedTableRows& r = rows[i];
     RowTable& t = tables[i];
@@ -91,6 +91,9 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
     t.grad_offset = grad_offset;
     t.dim = static_cast<uint64_t>(r.view.dim);
     t.s = r.s;
+    t.first_unit = units;
+    t.width = RowUnitWidth(t, row_grads_.data());
+    units += r.rows.grads.size() / t.width;
     // Pageable sources: cudaMemcpyAsync has read them before it returns (CUDA's API
     // synchronization behavior), so the vectors may go; the device copies are rewritten only by
     // work queued after this step's launch.
@@ -110,7 +113,7 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
                                                cudaMemcpyHostToDevice, stream_));
   return LaunchTableRowsUpdate(launches_, apply_grid_, stream_, row_tables_.data(),
                                static_cast<uint32_t>(tables.size()), row_keys_.data(),
-                               row_grads_.data(), first_row);
+                               row_grads_.data(), units);
 }
 
 absl::StatusOr<Marker> CudaBackend::Accumulate(const StepRequest& request, bool first) {

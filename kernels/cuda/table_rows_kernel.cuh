@@ -6,9 +6,11 @@
 // for maximize, every value checked finite), so the update only reads them.
 //
 // A step's rows are laid out flat: the keys of every table one after another (each table's
-// unique and ascending), and their fp32 gradient rows in the same order, each `dim` wide. A
-// warp updates one row (its lanes stride over the row's columns, so a row's loads coalesce);
-// a row is read and written by that warp alone, since keys are unique within a table.
+// unique and ascending), and their fp32 gradient rows in the same order, each `dim` wide. The
+// launch walks units: a unit is `width` consecutive elements of one row (width 4, one 16-byte
+// load of each of param, exp_avg, exp_avg_sq and the gradient, where the table's dim and
+// addresses allow it; else 1), a thread each, grid-stride, so that many loads are in flight. An
+// element is read and written by its unit's thread alone, since keys are unique within a table.
 #ifndef FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
 #define FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
 
@@ -31,20 +33,27 @@ struct RowTable {
   int64_t* step = nullptr;   // The tensor's device step count: the launch adds one.
   uint64_t first_row = 0;    // Its first row in the launch's keys (and gradient rows).
   uint64_t grad_offset = 0;  // Its first gradient element in the launch's grads.
+  uint64_t first_unit = 0;   // Its first unit in the launch's units.
   uint64_t dim = 0;
+  uint64_t width = 1;  // Elements per unit: 4 (dim % 4 == 0, 16-byte aligned rows) or 1.
   AdamWStepScalars s;  // For the table's incremented step (MakeStepScalars).
 };
 
-// Updates `rows` rows in one launch ("fusedps_table_rows_update" in `launches`): row r is key
-// keys[r] of the table t with tables[t].first_row <= r < tables[t + 1].first_row, its gradient
-// grads[tables[t].grad_offset + (r - first_row) * dim, ... + dim) (already unscaled), updated by
-// SparseAdamUpdate; every table's step advances by one, rows or none. `grid`: at most this many
-// blocks. REQUIRES: table_count >= 1; tables sorted by first_row, the first 0; keys within each
-// table unique and in [0, rows); everything in device memory and unchanged until the launch is
-// done.
+// The width of a table's units (RowTable::width): 4 when its dim is a multiple of 4 and its
+// fields' and gradient rows' starts are 16-byte aligned, else 1.
+uint64_t RowUnitWidth(const RowTable& table, const float* grads);
+
+// Updates the rows of `units` units in one launch ("fusedps_table_rows_update" in
+// `launches`): row r is key keys[r] of the table t with tables[t].first_row <= r <
+// tables[t + 1].first_row, its gradient grads[tables[t].grad_offset + (r - first_row) * dim,
+// ... + dim) (already unscaled), updated by SparseAdamUpdate; every table's step advances by
+// one, rows or none. `grid`: at most this many blocks. REQUIRES: table_count >= 1; tables in
+// order of first_row and first_unit, the first's both 0, each table's units (its rows * dim /
+// width) before the next's; keys within each table unique and in [0, rows); everything in
+// device memory and unchanged until the launch is done.
 absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int grid, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
-                                   const int64_t* keys, const float* grads, uint64_t rows);
+                                   const int64_t* keys, const float* grads, uint64_t units);
 
 // Copies `count` rows of a [rows, dim] fp32 field to out (row i is row keys[i] of the field) in
 // one launch ("fusedps_table_rows_gather"). REQUIRES: keys in [0, rows); device memory.
