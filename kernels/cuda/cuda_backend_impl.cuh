@@ -169,6 +169,11 @@ class CudaBackend final : public OptimizerBackend {
   absl::Status Queue(const StepRequest& request, const ChunkList& list, const GradSource& source,
                      const StepEvents& events, const std::vector<PreparedTableRows>& rows);
 
+  // Queue's dense part: the chunk list's upload, the wait for (or the copy of) the grads with
+  // events.reached before it, events.begin, and the AdamW launch.
+  absl::Status QueueAdamW(const StepRequest& request, const ChunkList& list,
+                          const GradSource& source, const StepEvents& events);
+
   // Grows the buffers a step's table rows are uploaded into (before anything of the step is
   // queued: growing waits for the apply stream).
   absl::Status ReserveTableRows(const std::vector<PreparedTableRows>& rows);

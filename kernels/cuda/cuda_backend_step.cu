@@ -49,20 +49,17 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepRequest& request) {
     markers_.Return(*events);
     return s;
   }
-  table_.AdvanceSteps(request.tensors);
-  std::vector<uint32_t> tables;
-  for (const PreparedTableRows& r : *rows) tables.push_back(r.tensor);
-  table_.AdvanceSteps(tables);
+  // The dense tensors and the tables, each stepped once.
+  std::vector<uint32_t> stepped(request.tensors.begin(), request.tensors.end());
+  for (const PreparedTableRows& r : *rows) stepped.push_back(r.tensor);
+  table_.AdvanceSteps(stepped);
   if (chunks->full) {
     full_.Launched();
-  } else if (std::any_of(request.tensors.begin(), request.tensors.end(),
-                         [&](uint32_t t) { return full_.Affects(table_, t); }) ||
-             std::any_of(tables.begin(), tables.end(),
+  } else if (std::any_of(stepped.begin(), stepped.end(),
                          [&](uint32_t t) { return full_.Affects(table_, t); })) {
     full_.MarkStale();
   }
-  return StepOutcome{false, static_cast<uint32_t>(request.tensors.size() + tables.size()),
-                     markers_.Add(*events)};
+  return StepOutcome{false, static_cast<uint32_t>(stepped.size()), markers_.Add(*events)};
 }
 
 absl::Status CudaBackend::ReserveTableRows(const std::vector<PreparedTableRows>& rows) {
@@ -276,13 +273,21 @@ absl::StatusOr<const void*> CudaBackend::QueueGrads(const StepRequest& request,
 absl::Status CudaBackend::Queue(const StepRequest& request, const ChunkList& list,
                                 const GradSource& source, const StepEvents& events,
                                 const std::vector<PreparedTableRows>& rows) {
-  if (list.count == 0) {  // Tables only.
+  if (list.count > 0) {
+    if (absl::Status s = QueueAdamW(request, list, source, events); !s.ok()) return s;
+  } else {  // Tables only: no grads to wait for before the rows' launch.
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
-    if (absl::Status s = QueueTableRows(rows); !s.ok()) return s;
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
-    return absl::OkStatus();
   }
+  if (!rows.empty()) {
+    if (absl::Status s = QueueTableRows(rows); !s.ok()) return s;
+  }
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::QueueAdamW(const StepRequest& request, const ChunkList& list,
+                                     const GradSource& source, const StepEvents& events) {
   absl::StatusOr<DeviceList> chunks = QueueChunks(list);
   if (!chunks.ok()) return chunks.status();
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
@@ -306,10 +311,6 @@ absl::Status CudaBackend::Queue(const StepRequest& request, const ChunkList& lis
       !s.ok()) {
     return s;
   }
-  if (!rows.empty()) {
-    if (absl::Status s = QueueTableRows(rows); !s.ok()) return s;
-  }
-  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
   return absl::OkStatus();
 }
 

@@ -341,12 +341,7 @@ void PushAssembly::PartEnded() {
       push_.client_id = header_.client_id();
       push_.sequence_number = header_.sequence_number();
       push_.tensors = checked_.tensors;
-      if (table_rows_.has_value()) {
-        push_.tables = table_rows_->Take();
-        for (const ReadyTableRows& rows : push_.tables) {
-          table_keys_.emplace_back(view_->tensor(rows.tensor).name, rows.keys.size());
-        }
-      }
+      if (table_rows_.has_value()) push_.tables = table_rows_->Take();
       push_.grad_offsets = assembler_->staging_offsets();
       push_.grads = assembler_->staging();
       push_.grad_dtype = checked_.dtype;
@@ -399,8 +394,9 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
       if (result->counts_step) {
         services_.metrics->RecordStep(services_.model, reply.skipped, kSkipNonFiniteGrad);
         if (!reply.skipped) {
-          for (const auto& [table, keys] : table_keys_) {
-            services_.metrics->RecordTablePush(services_.model, table, keys);
+          for (const ReadyTableRows& rows : push_.tables) {  // The engine is done with it.
+            services_.metrics->RecordTablePush(services_.model, view_->tensor(rows.tensor).name,
+                                               rows.keys.size());
           }
         }
       }

@@ -34,7 +34,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -190,9 +189,6 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   std::atomic<int64_t> ingest_nanos_{0};  // PushStageSeconds::ingest, summed over messages.
   absl::Time received_;                   // Written once, before the push is submitted.
   ReadyPush push_;                        // Likewise; the engine reads it until its callback runs.
-  // (table name, keys) of each table of the push, for the metrics once it is applied; written
-  // once, before the push is submitted, read by OnApplied.
-  std::vector<std::pair<std::string, uint64_t>> table_keys_;
 };
 
 // The multi-part pushes being assembled, by (client_id, sequence_number). A push that failed
