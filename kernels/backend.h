@@ -110,6 +110,12 @@ struct TableRows {
   // [keys.size(), dim] fp32, row-major (row i is keys[i]'s), host memory, unchanged until the
   // step's marker is done.
   absl::Span<const float> grads = {};
+  // Rows that start over in this step (a hashed table's new rows, server/engine): when the step
+  // is applied, row init_rows[i]'s params become row i of init_params ([init_rows.size(), dim]
+  // fp32, host memory, unchanged until the marker is done) and its moments zero, and then the
+  // step updates it as any pushed row. Each is one of keys, once. Nothing when skipped.
+  absl::Span<const int64_t> init_rows = {};
+  absl::Span<const float> init_params = {};
 };
 
 // A read of some rows of one field of an embedding table (TableRows' tensor and dim), as fp32:

@@ -1,6 +1,7 @@
 #include "kernels/backend_tables.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,15 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
     if (absl::Status s = CheckRowSparsePush(*view, rows.keys, rows.grads); !s.ok()) {
       return Prefixed(Entry(i), ".", s);
     }
+    if (rows.init_params.size() != rows.init_rows.size() * rows.dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Entry(i), ".init_params has ", rows.init_params.size(),
+                       " floats, not init_rows x dim = ", rows.init_rows.size(), " x ", rows.dim));
+    }
+    if (rows.init_rows.size() > static_cast<size_t>(INT32_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Entry(i), ".init_rows has ", rows.init_rows.size(), " rows, above 2^31 - 1"));
+    }
     PreparedTableRows p;
     p.tensor = rows.tensor;
     p.view = *view;
@@ -96,13 +106,40 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
     const TableRows& rows = request.table_rows[i];
     PreparedTableRows& p = prepared[i];
     p.rows = CoalesceRows(rows.keys, rows.grads, p.view.dim);
+    if (!rows.init_rows.empty()) {
+      // Each row that starts over must be one of the (unique, ascending) pushed rows, once.
+      p.init_of_row.assign(p.rows.keys.size(), -1);
+      for (size_t j = 0; j < rows.init_rows.size(); ++j) {
+        const auto at = std::lower_bound(p.rows.keys.begin(), p.rows.keys.end(), rows.init_rows[j]);
+        const auto r = static_cast<size_t>(at - p.rows.keys.begin());
+        if (at == p.rows.keys.end() || *at != rows.init_rows[j] || p.init_of_row[r] != -1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(Entry(i), ".init_rows[", j, "] = ", rows.init_rows[j],
+                           " is not one of the step's keys, or is named twice"));
+        }
+        p.init_of_row[r] = static_cast<int32_t>(j);
+      }
+      p.init_params = rows.init_params;
+    }
     if (*finite && !UnscaleRowGrads(p.s, absl::MakeSpan(p.rows.grads))) *finite = false;
   }
   return prepared;
 }
 
 void ApplyTableRows(std::vector<PreparedTableRows>& prepared) {
-  for (PreparedTableRows& p : prepared) UpdateTableRows(p.view, p.s, p.rows.keys, p.rows.grads);
+  for (PreparedTableRows& p : prepared) {
+    const auto dim = static_cast<size_t>(p.view.dim);
+    for (size_t r = 0; r < p.init_of_row.size(); ++r) {
+      if (p.init_of_row[r] < 0) continue;
+      const size_t at = static_cast<size_t>(p.rows.keys[r]) * dim;
+      std::memcpy(p.view.params.data() + at,
+                  p.init_params.data() + static_cast<size_t>(p.init_of_row[r]) * dim,
+                  dim * sizeof(float));
+      std::fill_n(p.view.exp_avg.data() + at, dim, 0.0f);
+      std::fill_n(p.view.exp_avg_sq.data() + at, dim, 0.0f);
+    }
+    UpdateTableRows(p.view, p.s, p.rows.keys, p.rows.grads);
+  }
 }
 
 absl::StatusOr<absl::Span<float>> CheckReadRows(const TensorTable& table, const Arenas& arenas,

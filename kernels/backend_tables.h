@@ -45,6 +45,10 @@ struct PreparedTableRows {
   // The pushed rows, duplicates summed (CoalesceRows), each gradient already divided by the
   // grad_scale and negated for maximize (UnscaleRowGrads).
   CoalescedRows rows;
+  // Rows that start over (TableRows::init_rows): empty when none, else per row of `rows`, the
+  // row of init_params its params start from (its moments from zero), or -1 (the stored row).
+  std::vector<int32_t> init_of_row;
+  absl::Span<const float> init_params;
 };
 
 // Checks request.table_rows against `table` (the tensors, their dims, layouts and groups, the
@@ -57,8 +61,9 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
                                                                 const StepRequest& request,
                                                                 bool* finite);
 
-// Updates the prepared tables' pushed rows (row_sparse.h's UpdateTableRows). The caller then
-// advances each table's step (TensorTable::AdvanceSteps).
+// Starts the rows that start over from their init_params and zero moments, then updates the
+// prepared tables' pushed rows (row_sparse.h's UpdateTableRows). The caller then advances each
+// table's step (TensorTable::AdvanceSteps).
 void ApplyTableRows(std::vector<PreparedTableRows>& prepared);
 
 // OptimizerBackend::ReadRows's checks (its errors): on success, the field's [rows, dim] elements

@@ -50,4 +50,11 @@ absl::StatusOr<bool> ApplyHashedRowStep(RowSparseTable& table, HashedRowIndex& i
   return true;
 }
 
+void InitRows(uint64_t seed, float init_std, int64_t dim, absl::Span<const int64_t> keys,
+              float* out) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    InitRow(seed, keys[i], init_std, dim, out + i * static_cast<size_t>(dim));
+  }
+}
+
 }  // namespace fusedps

@@ -53,6 +53,12 @@ absl::StatusOr<bool> ApplyHashedRowStep(RowSparseTable& table, HashedRowIndex& i
                                         absl::Span<const float> grads, float grad_scale,
                                         uint64_t seed, float init_std);
 
+// The initial params of the rows of `keys` (row_init.h's InitRow(seed, key, init_std)), row i
+// (keys[i]'s) at out[i * dim, (i + 1) * dim). Compiled without contracted multiply-adds, so the
+// bits are row_init.h's on any host. REQUIRES: dim >= 1; out holds keys.size() * dim floats.
+void InitRows(uint64_t seed, float init_std, int64_t dim, absl::Span<const int64_t> keys,
+              float* out);
+
 }  // namespace fusedps
 
 #endif  // FUSEDPS_KERNELS_HASHED_ROW_STEP_H_

@@ -201,7 +201,10 @@ ShardMetrics Server::ScrapeShard(const std::string& cert_file) {
     const std::shared_ptr<const ShardView> view = model->engine().view();
     for (uint32_t t = 0; t < view->tensor_count(); ++t) {
       const TensorMeta& meta = view->tensor(t);
-      if (meta.table) m.tables.push_back({meta.name, static_cast<uint64_t>(meta.shape[0])});
+      if (!meta.table) continue;
+      m.tables.push_back({meta.name, meta.hashed.has_value()
+                                         ? model->engine().HashedRowsInUse(t)
+                                         : static_cast<uint64_t>(meta.shape[0])});
     }
     shard.models.push_back(std::move(m));
     for (const auto& [kernel, count] : model->engine().launch_counts()) {

@@ -245,6 +245,10 @@ class CudaBackend final : public OptimizerBackend {
   DeviceArray<RowTable> row_tables_;
   DeviceArray<int64_t> row_keys_;
   DeviceArray<float> row_grads_;
+  // Rows that start over (a hashed table's new rows): per pushed row, its init row or -1, and
+  // the init rows' params; only for tables that have some.
+  DeviceArray<int32_t> row_init_of_row_;
+  DeviceArray<float> row_init_params_;
 
   // Thread-safe, each with its own mutex.
   MarkerTable markers_;

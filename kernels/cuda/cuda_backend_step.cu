@@ -64,19 +64,23 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepRequest& request) {
 
 absl::Status CudaBackend::ReserveTableRows(const std::vector<PreparedTableRows>& rows) {
   if (rows.empty()) return absl::OkStatus();
-  uint64_t keys = 0, grads = 0;
+  uint64_t keys = 0, grads = 0, init_of_row = 0, init_params = 0;
   for (const PreparedTableRows& r : rows) {
     keys += r.rows.keys.size();
     grads += r.rows.grads.size();
+    init_of_row += r.init_of_row.size();
+    init_params += r.init_params.size();
   }
   if (absl::Status s = Reserve(row_tables_, rows.size()); !s.ok()) return s;
   if (absl::Status s = Reserve(row_keys_, keys); !s.ok()) return s;
+  if (absl::Status s = Reserve(row_init_of_row_, init_of_row); !s.ok()) return s;
+  if (absl::Status s = Reserve(row_init_params_, init_params); !s.ok()) return s;
   return Reserve(row_grads_, grads);
 }
 
 absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& rows) {
   std::vector<RowTable> tables(rows.size());
-  uint64_t first_row = 0, grad_offset = 0, units = 0;
+  uint64_t first_row = 0, grad_offset = 0, units = 0, init_rows = 0, init_params = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const PreparedTableRows& r = rows[i];
     RowTable& t = tables[i];
@@ -88,6 +92,18 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
     t.grad_offset = grad_offset;
     t.dim = static_cast<uint64_t>(r.view.dim);
     t.s = r.s;
+    if (!r.init_of_row.empty()) {
+      t.init_of_row = row_init_of_row_.data() + init_rows;
+      t.init_params = row_init_params_.data() + init_params;
+      FUSEDPS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(row_init_of_row_.data() + init_rows, r.init_of_row.data(),
+                          r.init_of_row.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+      FUSEDPS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(row_init_params_.data() + init_params, r.init_params.data(),
+                          r.init_params.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      init_rows += r.init_of_row.size();
+      init_params += r.init_params.size();
+    }
     t.first_unit = units;
     t.width = RowUnitWidth(t, row_grads_.data());
     units += r.rows.grads.size() / t.width;

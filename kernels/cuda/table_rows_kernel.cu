@@ -34,10 +34,19 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t col = (local - r * per_row) * table.width;
     const uint64_t at = static_cast<uint64_t>(keys[table.first_row + r]) * table.dim + col;
     const float* g = grads + table.grad_offset + r * table.dim + col;
+    // A row that starts over reads its init params and zero moments instead of its slot's.
+    const int32_t init = table.init_of_row == nullptr ? -1 : table.init_of_row[r];
+    const float* init_param = init < 0 ? nullptr : table.init_params + init * table.dim + col;
     if (table.width == 4) {
-      float4 param = *reinterpret_cast<const float4*>(table.params + at);
-      float4 exp_avg = *reinterpret_cast<const float4*>(table.exp_avg + at);
-      float4 exp_avg_sq = *reinterpret_cast<const float4*>(table.exp_avg_sq + at);
+      float4 param, exp_avg, exp_avg_sq;
+      if (init_param == nullptr) {
+        param = *reinterpret_cast<const float4*>(table.params + at);
+        exp_avg = *reinterpret_cast<const float4*>(table.exp_avg + at);
+        exp_avg_sq = *reinterpret_cast<const float4*>(table.exp_avg_sq + at);
+      } else {
+        param = *reinterpret_cast<const float4*>(init_param);
+        exp_avg = exp_avg_sq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
       float4 grad = *reinterpret_cast<const float4*>(g);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -48,8 +57,9 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<float4*>(table.exp_avg + at) = exp_avg;
       *reinterpret_cast<float4*>(table.exp_avg_sq + at) = exp_avg_sq;
     } else {
-      float param = table.params[at], exp_avg = table.exp_avg[at];
-      float exp_avg_sq = table.exp_avg_sq[at];
+      float param = init_param == nullptr ? table.params[at] : *init_param;
+      float exp_avg = init_param == nullptr ? table.exp_avg[at] : 0.0f;
+      float exp_avg_sq = init_param == nullptr ? table.exp_avg_sq[at] : 0.0f;
       SparseAdamUpdate(table.s, *g, param, exp_avg, exp_avg_sq);
       table.params[at] = param;
       table.exp_avg[at] = exp_avg;
@@ -81,7 +91,8 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 uint64_t RowUnitWidth(const RowTable& table, const float* grads) {
   const bool four = table.dim % 4 == 0 && table.grad_offset % 4 == 0 && Aligned16(grads) &&
                     Aligned16(table.params) && Aligned16(table.exp_avg) &&
-                    Aligned16(table.exp_avg_sq);
+                    Aligned16(table.exp_avg_sq) &&
+                    (table.init_params == nullptr || Aligned16(table.init_params));
   return four ? 4 : 1;
 }
 

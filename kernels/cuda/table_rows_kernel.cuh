@@ -37,6 +37,11 @@ struct RowTable {
   uint64_t dim = 0;
   uint64_t width = 1;  // Elements per unit: 4 (dim % 4 == 0, 16-byte aligned rows) or 1.
   AdamWStepScalars s;  // For the table's incremented step (MakeStepScalars).
+  // Rows that start over (a hashed table's new rows; PreparedTableRows::init_of_row), or null:
+  // per row of the table in the launch, -1 or the row of init_params ([n, dim] fp32, 16-byte
+  // aligned) whose values its params start from, its moments from zero.
+  const int32_t* init_of_row = nullptr;
+  const float* init_params = nullptr;
 };
 
 // The width of a table's units (RowTable::width): 4 when its dim is a multiple of 4 and its
@@ -46,8 +51,9 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads);
 // Updates the rows of `units` units in one launch ("fusedps_table_rows_update" in
 // `launches`): row r is key keys[r] of the table t with tables[t].first_row <= r <
 // tables[t + 1].first_row, its gradient grads[tables[t].grad_offset + (r - first_row) * dim,
-// ... + dim) (already unscaled), updated by SparseAdamUpdate; every table's step advances by
-// one, rows or none. `grid`: at most this many blocks. REQUIRES: table_count >= 1; tables in
+// ... + dim) (already unscaled), updated by SparseAdamUpdate from its stored values or, for a
+// row that starts over (init_of_row), its init params and zero moments; every table's step advances
+// by one, rows or none. `grid`: at most this many blocks. REQUIRES: table_count >= 1; tables in
 // order of first_row and first_unit, the first's both 0, each table's units (its rows * dim /
 // width) before the next's; keys within each table unique and in [0, rows); everything in
 // device memory and unchanged until the launch is done.

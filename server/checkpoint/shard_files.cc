@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "kernels/quant_math.h"
+#include "server/checkpoint/hashed_tables_file.h"
 #include "server/schema/hyperparameters.h"
 
 namespace fusedps::checkpoint {
@@ -47,6 +48,11 @@ Manifest ManifestBody(const CheckpointSnapshot& snapshot, const WriteSettings& s
     tensor->set_params_dtype(static_cast<v1::DType>(layout.params));
     tensor->set_state_dtype(static_cast<v1::StateDType>(layout.state));
     tensor->set_table(m.table);
+    if (m.hashed.has_value()) {
+      const auto index = cut.hashed_tables.find(t);
+      *tensor->mutable_hashed() = HashedTableToManifest(
+          *m.hashed, index != cut.hashed_tables.end() ? index->second : HashedRowIndexState{});
+    }
   }
   for (const RetryTable::ClientRecord& r : cut.retries) {
     Manifest::RetryClient* client = body.add_retry_table();
@@ -214,6 +220,16 @@ absl::StatusOr<Written> WriteCheckpoint(const CheckpointSnapshot& snapshot,
       return s;
     }
     written.bytes += results[i]->bytes;
+  }
+  if (!snapshot.cut.hashed_tables.empty()) {
+    absl::StatusOr<safetensors::WriteResult> hashed =
+        WriteHashedTables(snapshot.cut, pending->PathOf(kHashedTablesFileName));
+    if (!hashed.ok()) return abandon(hashed.status());
+    if (absl::Status s = pending->AddFile(kHashedTablesFileName, hashed->bytes, hashed->crc32);
+        !s.ok()) {
+      return s;
+    }
+    written.bytes += hashed->bytes;
   }
   if (snapshot.cut.buffers != nullptr && !snapshot.cut.buffers->empty()) {
     absl::StatusOr<safetensors::WriteResult> buffers =

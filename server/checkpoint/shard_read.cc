@@ -15,6 +15,7 @@
 #include "common/file_io.h"
 #include "common/mutex.h"
 #include "kernels/quant_math.h"
+#include "server/checkpoint/hashed_tables_file.h"
 #include "server/checkpoint/shard_files.h"
 #include "server/schema/hyperparameters.h"
 
@@ -172,6 +173,12 @@ absl::Status ReadTensors(const ManifestErrors& m, const Manifest& manifest, Rest
         return m.Bad(where + ".param_group", std::string(s.message()));
       }
     }
+    if (t.has_hashed()) {
+      if (!meta.table) return m.Bad(where + ".hashed", "is set for a tensor that is not a table");
+      absl::StatusOr<HashedKeys> keys = HashedKeysFromManifest(t.hashed());
+      if (!keys.ok()) return m.Bad(where + ".hashed", std::string(keys.status().message()));
+      meta.hashed = *keys;
+    }
     if (!names.insert(meta.name).second) return m.Bad(where, "repeats the name " + meta.name);
     shard.tensors.push_back(std::move(meta));
     shard.steps.push_back(t.step());
@@ -265,6 +272,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Loaded& che
   }
   if (absl::Status s = CheckCodebooks(m, manifest, int8_state); !s.ok()) return s;
   if (absl::Status s = ReadRetries(m, manifest, &shard); !s.ok()) return s;
+  if (absl::Status s = ReadHashedTables(checkpoint, manifest, &shard); !s.ok()) return s;
   shard.plan_hash = manifest.plan_hash();  // Empty in checkpoints from before sharding.
   if (shard.plan_hash.size() > kMaxPlanHashBytes) {
     return m.Bad("plan_hash", absl::StrCat("has more than ", kMaxPlanHashBytes, " bytes"));

@@ -10,6 +10,7 @@
 #define FUSEDPS_SERVER_CHECKPOINT_SNAPSHOT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/hashed_rows.h"
 #include "server/store/buffer_set.h"
 #include "server/store/retry_table.h"
 #include "server/store/shard_view.h"
@@ -63,6 +65,8 @@ struct ShardCut {
   std::vector<int64_t> steps;  // By tensor index of the view.
   std::vector<RetryTable::ClientRecord> retries;
   std::shared_ptr<const BufferSet> buffers;  // The model's buffers at the cut.
+  // The slot index of each hashed table (TensorMeta::hashed), by tensor index of the view.
+  std::map<uint32_t, HashedRowIndexState> hashed_tables;
   // Counts the jobs that changed the shard (steps, skipped steps, registrations, group
   // changes, a restore): equal generations mean equal shards.
   uint64_t generation = 0;
@@ -99,6 +103,9 @@ struct RestoredShard {
   bool param_copy = false;
   std::string plan_hash;                     // ShardView::plan_hash; empty when unsharded.
   std::shared_ptr<const BufferSet> buffers;  // The model's buffers; null: none.
+  // The slot index of each hashed table of tensors (TensorMeta::hashed), by index; a hashed
+  // table without one starts empty.
+  std::map<uint32_t, HashedRowIndexState> hashed_tables;
 };
 
 // Where a restore's values come from: host memory that other threads fill (a checkpoint's

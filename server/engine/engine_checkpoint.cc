@@ -70,6 +70,7 @@ void UpdateEngine::Snapshot(void* buffer, uint64_t buffer_bytes, bool fenced,
         for (uint32_t t = 0; t < cut.view->tensor_count(); ++t) {
           cut.steps.push_back(backend_->step(t));
         }
+        for (const auto& [t, index] : hashed_) cut.hashed_tables.emplace(t, index.Export());
         uint64_t bytes = 0;
         snapshot->fields = SnapshotLayout(*cut.view, backend_->param_copy_dtype(), &bytes);
         if (!fenced) {
@@ -220,6 +221,19 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source, Do
         if (absl::Status s = RestoreValues(*shard, *restored, source, *first); !s.ok()) {
           return undo(s);
         }
+        // The hashed tables' indexes (checked by the reader: Import cannot fail here).
+        absl::flat_hash_map<uint32_t, HashedRowIndex> hashed;
+        for (uint32_t t = 0; t < shard->tensors.size(); ++t) {
+          if (!shard->tensors[t].hashed.has_value()) continue;
+          const auto state = shard->hashed_tables.find(t);
+          absl::StatusOr<HashedRowIndex> index =
+              state == shard->hashed_tables.end()
+                  ? absl::StatusOr<HashedRowIndex>(HashedRowIndex(shard->tensors[t].shape[0]))
+                  : HashedRowIndex::Import(state->second);
+          if (!index.ok()) return undo(index.status());
+          hashed.emplace(t, *std::move(index));
+        }
+        hashed_ = std::move(hashed);
         retries_->Import(shard->retries);
         queued_version_ = shard->version;
         ++generation_;
@@ -227,6 +241,9 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source, Do
           WriterMutexLock lock(&progress_mu_);
           version_ = shard->version;
           steps_ = shard->steps;
+          for (const auto& [t, index] : hashed_) {
+            hashed_rows_in_use_[t] = static_cast<uint64_t>(index.rows_in_use());
+          }
         }
         {
           MutexLock lock(&view_mu_);

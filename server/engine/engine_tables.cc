@@ -1,12 +1,54 @@
 // UpdateEngine's embedding tables (update_engine.h; docs/dev/embedding-tables.md): lookups of
-// rows by key, in stream order. A push's table rows go through the step job
-// (update_engine.cc), which hands them to the backend with the dense tensors.
+// rows by key, in stream order, and the slots of hashed tables. A push's table rows go through
+// the step job (update_engine.cc), which hands them to the backend with the dense tensors; for a
+// hashed table it first finds or makes its keys' slots here (PlanHashedRows), and commits the
+// plan once the step is queued and applied, so that a refused or skipped push changes nothing.
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/hashed_row_step.h"
 #include "server/engine/update_engine.h"
 
 namespace fusedps {
+
+absl::StatusOr<UpdateEngine::HashedRowsStep> UpdateEngine::PlanHashedRows(
+    const ReadyTableRows& rows, const TensorMeta& meta) const {
+  const auto index = hashed_.find(rows.tensor);
+  if (index == hashed_.end() || !meta.hashed.has_value()) {
+    return absl::InternalError(
+        absl::StrCat("table ", QuoteName(meta.name), " has no index of hashed keys"));
+  }
+  // The unique keys ascending, as the backend coalesces them (kernels/hashed_row_step.h's
+  // ApplyHashedRowStep plans the same order): new keys take slots in this order.
+  std::vector<int64_t> unique = rows.keys;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  absl::StatusOr<HashedRowIndex::SlotPlan> plan = index->second.PlanSlots(unique);
+  if (!plan.ok()) {
+    return absl::Status(
+        plan.status().code(),
+        absl::StrCat("table_rows of table ", QuoteName(meta.name), ": ", plan.status().message()));
+  }
+  HashedRowsStep step;
+  step.tensor = rows.tensor;
+  step.slots.resize(rows.keys.size());
+  for (size_t i = 0; i < rows.keys.size(); ++i) {
+    const auto at = std::lower_bound(unique.begin(), unique.end(), rows.keys[i]);
+    step.slots[i] = plan->slots[static_cast<size_t>(at - unique.begin())];
+  }
+  std::vector<int64_t> created_keys;
+  for (const int64_t i : plan->created) {
+    step.init_rows.push_back(plan->slots[static_cast<size_t>(i)]);
+    created_keys.push_back(plan->keys[static_cast<size_t>(i)]);
+  }
+  const int64_t dim = static_cast<int64_t>(meta.table_dim());
+  step.init_params.resize(created_keys.size() * static_cast<size_t>(dim));
+  InitRows(meta.hashed->seed, meta.hashed->init_std, dim, created_keys, step.init_params.data());
+  step.plan = *std::move(plan);
+  return step;
+}
 
 void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
   Submit(
@@ -20,7 +62,8 @@ void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
           return fail(absl::InvalidArgumentError(
               absl::StrCat("tensor ", job.tensor, " is not an embedding table of the shard")));
         }
-        const uint64_t dim = view->tensor(job.tensor).table_dim();
+        const TensorMeta& meta = view->tensor(job.tensor);
+        const uint64_t dim = meta.table_dim();
         auto result = std::make_shared<RowsResult>();
         result->rows.resize(job.keys.size() * dim);
         ReadRowsRequest request;
@@ -29,13 +72,55 @@ void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
         request.dim = dim;
         request.keys = job.keys;
         request.dst = result->rows.data();
+        // A hashed table: the backend reads the slots of the keys the table holds into `held`;
+        // the others are the initializer's rows (zeros for the moments), written here.
+        std::vector<int64_t> slots;
+        auto held = std::make_shared<std::vector<float>>();
+        std::vector<size_t> held_at;  // The key index of each held row.
+        if (meta.hashed.has_value()) {
+          const auto index = hashed_.find(job.tensor);
+          if (index == hashed_.end()) {
+            return fail(Checked(absl::InternalError(
+                absl::StrCat("table ", QuoteName(meta.name), " has no index of hashed keys"))));
+          }
+          const std::vector<int64_t> found = index->second.Lookup(job.keys);
+          std::vector<int64_t> missed;
+          std::vector<size_t> missed_at;
+          for (size_t i = 0; i < found.size(); ++i) {
+            if (found[i] >= 0) {
+              slots.push_back(found[i]);
+              held_at.push_back(i);
+            } else {
+              missed.push_back(job.keys[i]);
+              missed_at.push_back(i);
+            }
+          }
+          result->misses = missed.size();
+          if (job.field == TensorField::kParam && !missed.empty()) {
+            std::vector<float> init(missed.size() * dim);
+            InitRows(meta.hashed->seed, meta.hashed->init_std, static_cast<int64_t>(dim), missed,
+                     init.data());
+            for (size_t j = 0; j < missed.size(); ++j) {
+              std::memcpy(result->rows.data() + missed_at[j] * dim, init.data() + j * dim,
+                          dim * sizeof(float));
+            }
+          }
+          held->resize(slots.size() * dim);
+          request.keys = slots;
+          request.dst = held->data();
+        }
         if (absl::Status s = Checked(backend_->ReadRows(request), true); !s.ok()) return fail(s);
         absl::StatusOr<Marker> marker = backend_->Mark();
         if (!marker.ok()) return fail(Checked(marker.status()));
         result->version = queued_version_;
         result->step = backend_->step(job.tensor);
-        Complete({*marker, [done, result](absl::StatusOr<WorkDone> work) {
+        Complete({*marker, [done, result, held, held_at = std::move(held_at),
+                            dim](absl::StatusOr<WorkDone> work) {
                     if (!work.ok()) return done(work.status());
+                    for (size_t j = 0; j < held_at.size(); ++j) {
+                      std::memcpy(result->rows.data() + held_at[j] * dim, held->data() + j * dim,
+                                  dim * sizeof(float));
+                    }
                     done(std::move(*result));
                   }});
       },

@@ -68,6 +68,12 @@ uint64_t UpdateEngine::version() const {
   return version_;
 }
 
+uint64_t UpdateEngine::HashedRowsInUse(uint32_t tensor) const {
+  ReaderMutexLock lock(&progress_mu_);
+  const auto it = hashed_rows_in_use_.find(tensor);
+  return it == hashed_rows_in_use_.end() ? 0 : it->second;
+}
+
 uint64_t UpdateEngine::Steps(absl::Span<const uint32_t> tensors,
                              std::vector<int64_t>* steps) const {
   ReaderMutexLock lock(&progress_mu_);
@@ -239,12 +245,28 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
   // advances (without, push->tensors: no copy on the dense path).
   std::vector<TableRows> table_rows;
   std::vector<uint32_t> stepped;
+  // A hashed table's slots and new rows (PlanHashedRows), read by the step until its marker.
+  auto hashed = std::make_shared<std::vector<HashedRowsStep>>();
+  std::vector<uint64_t> evictions;
   if (!push->tables.empty()) {
     const std::shared_ptr<const ShardView> view = this->view();
     stepped = push->tensors;
+    hashed->reserve(push->tables.size());  // No reallocation: table_rows point into it.
     for (const ReadyTableRows& t : push->tables) {
-      const uint64_t dim = t.tensor < view->tensor_count() ? view->tensor(t.tensor).table_dim() : 0;
-      table_rows.push_back({t.tensor, dim, t.keys, t.grads});
+      const bool known = t.tensor < view->tensor_count();
+      const uint64_t dim = known ? view->tensor(t.tensor).table_dim() : 0;
+      if (known && view->tensor(t.tensor).hashed.has_value()) {
+        absl::StatusOr<HashedRowsStep> planned = PlanHashedRows(t, view->tensor(t.tensor));
+        if (!planned.ok()) {
+          const absl::Status s = Checked(planned.status(), /*expected_ok=*/true);
+          retries_->Abandon(push->client_id, push->sequence_number, s);
+          return fail(s);
+        }
+        const HashedRowsStep& h = hashed->emplace_back(*std::move(planned));
+        table_rows.push_back({t.tensor, dim, h.slots, t.grads, h.init_rows, h.init_params});
+      } else {
+        table_rows.push_back({t.tensor, dim, t.keys, t.grads});
+      }
       stepped.push_back(t.tensor);
     }
     request.table_rows = table_rows;
@@ -257,22 +279,40 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     retries_->Abandon(push->client_id, push->sequence_number, s);
     return fail(s);
   }
+  if (!push->tables.empty() && !outcome->skipped) {
+    // The step is queued and applied: the hashed tables' slots are theirs now, stamped with the
+    // tables' new steps.
+    size_t h = 0;
+    for (const ReadyTableRows& t : push->tables) {
+      const auto index = hashed_.find(t.tensor);
+      if (h < hashed->size() && (*hashed)[h].tensor == t.tensor && index != hashed_.end()) {
+        index->second.Commit((*hashed)[h].plan, backend_->step(t.tensor));
+        evictions.push_back((*hashed)[h].plan.evicted_keys.size());
+        WriterMutexLock lock(&progress_mu_);
+        hashed_rows_in_use_[t.tensor] = static_cast<uint64_t>(index->second.rows_in_use());
+        ++h;
+      } else {
+        evictions.push_back(0);
+      }
+    }
+  }
   PushReply reply = Advance(*outcome);
   reply.grad_bytes = push->grad_bytes;
-  Complete({outcome->marker, [this, push, finish, reply,
-                              stepped = std::move(stepped)](absl::StatusOr<WorkDone> work) {
-              if (!work.ok()) {
-                retries_->Abandon(push->client_id, push->sequence_number, work.status());
-                return finish(work.status());
-              }
-              if (!reply.skipped) {
-                Publish(reply.version, push->tables.empty()
-                                           ? absl::Span<const uint32_t>(push->tensors)
-                                           : absl::Span<const uint32_t>(stepped));
-              }
-              retries_->Finish(push->client_id, push->sequence_number, reply);
-              finish(StepResult{reply, work->device_seconds, work->copy_wait_seconds});
-            }});
+  Complete(
+      {outcome->marker, [this, push, finish, reply, hashed, evictions = std::move(evictions),
+                         stepped = std::move(stepped)](absl::StatusOr<WorkDone> work) {
+         if (!work.ok()) {
+           retries_->Abandon(push->client_id, push->sequence_number, work.status());
+           return finish(work.status());
+         }
+         if (!reply.skipped) {
+           Publish(reply.version, push->tables.empty() ? absl::Span<const uint32_t>(push->tensors)
+                                                       : absl::Span<const uint32_t>(stepped));
+         }
+         retries_->Finish(push->client_id, push->sequence_number, reply);
+         StepResult result{reply, work->device_seconds, work->copy_wait_seconds, true, evictions};
+         finish(std::move(result));
+       }});
 }
 
 PushReply UpdateEngine::Advance(const StepOutcome& outcome) {
@@ -461,6 +501,12 @@ void UpdateEngine::CommitRegistration(std::string plan_hash, Done<uint64_t> done
           // Steps first: a reader that finds the new tensors in the view finds their steps.
           WriterMutexLock lock(&progress_mu_);
           steps_.resize(pending_first_ + pending_tensors_.size(), 0);
+        }
+        for (size_t i = 0; i < pending_tensors_.size(); ++i) {
+          const TensorMeta& t = pending_tensors_[i];
+          if (t.hashed.has_value()) {
+            hashed_.emplace(pending_first_ + static_cast<uint32_t>(i), HashedRowIndex(t.shape[0]));
+          }
         }
         {
           MutexLock lock(&view_mu_);

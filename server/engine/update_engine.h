@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -56,6 +57,7 @@
 #include "common/mutex.h"
 #include "common/notification.h"
 #include "kernels/backend.h"
+#include "kernels/hashed_rows.h"
 #include "server/checkpoint/snapshot.h"
 #include "server/engine/consistency.h"
 #include "server/engine/shard_fault.h"
@@ -68,9 +70,11 @@ namespace fusedps {
 
 // The rows of one embedding table in a push (kernels/backend.h: TableRows), as fp32.
 struct ReadyTableRows {
-  uint32_t tensor = 0;        // A table of the view (TensorMeta::table).
-  std::vector<int64_t> keys;  // Row indices; checked against the table by the step.
-  std::vector<float> grads;   // [keys.size(), dim] row-major.
+  uint32_t tensor = 0;  // A table of the view (TensorMeta::table).
+  // Row indices (dense ids; checked against the table by the step), or any int64 keys (a
+  // hashed table: the step finds or makes their slots).
+  std::vector<int64_t> keys;
+  std::vector<float> grads;  // [keys.size(), dim] row-major.
 };
 
 // A push whose chunks have all arrived and passed their checks.
@@ -102,6 +106,9 @@ struct StepResult {
   // Whether this push's reply accounts for the step (fusedps_optimizer_steps_total): every
   // push's in async and bounded modes, one pusher's per sync round.
   bool counts_step = true;
+  // Per table of the push (ReadyPush::tables, in order), for an applied step: the rows a hashed
+  // table evicted (0 for a dense-id table).
+  std::vector<uint64_t> table_evictions = {};
 };
 
 // A write of fp32 initial values into a tensor that a registration is adding.
@@ -134,6 +141,8 @@ struct RowsResult {
   uint64_t version = 0;     // The version the read saw.
   int64_t step = 0;         // The table's step at that version.
   std::vector<float> rows;  // [keys.size(), dim] row-major, in key order.
+  // A hashed table's keys it did not hold (their rows are the initializer's); 0 for dense ids.
+  uint64_t misses = 0;
 };
 
 struct ReadResult {
@@ -178,6 +187,8 @@ class UpdateEngine {
   // The version and the steps of `tensors` (indices of the current view), read together.
   uint64_t Steps(absl::Span<const uint32_t> tensors, std::vector<int64_t>* steps) const
       ABSL_LOCKS_EXCLUDED(progress_mu_);
+  // The rows hashed table `tensor` holds, as of the steps queued; 0 for another tensor.
+  uint64_t HashedRowsInUse(uint32_t tensor) const ABSL_LOCKS_EXCLUDED(progress_mu_);
 
   // The model's buffers as of the last write run (a write has no device work).
   std::shared_ptr<const BufferSet> buffers() const ABSL_LOCKS_EXCLUDED(view_mu_);
@@ -230,6 +241,8 @@ class UpdateEngine {
   // A lookup of table rows (engine_tables.cc), in stream order after the steps submitted
   // before it. INVALID_ARGUMENT for a tensor of the view that is not a table, and the
   // backend's (a key outside [0, rows), naming it); UNIMPLEMENTED on a backend without tables.
+  // A hashed table's key it does not hold reads as its initializer's row (zeros for the
+  // moments), counted in RowsResult::misses; a lookup creates and evicts nothing.
   void ReadRows(RowsJob job, Done<RowsResult> done);
 
   // A checkpoint's snapshot, at the point of this job in stream order (engine_checkpoint.cc).
@@ -344,6 +357,19 @@ class UpdateEngine {
   // Step's job in async and bounded modes.
   void StepJob(const ReadyPush* push, const Done<StepResult>& done,
                const std::function<void()>& consumed);
+  // A hashed table's part of a step (engine_tables.cc): its keys' slots, and the rows it
+  // creates, from the table's index; the plan is committed once the step is queued, applied.
+  struct HashedRowsStep {
+    uint32_t tensor = 0;
+    HashedRowIndex::SlotPlan plan;
+    std::vector<int64_t> slots;      // Per key of the push (duplicates too), its slot.
+    std::vector<int64_t> init_rows;  // The slots of plan.created, and their initial params.
+    std::vector<float> init_params;
+  };
+  // Plans the slots of a hashed table's rows (changes nothing). INVALID_ARGUMENT naming the
+  // table: more unique keys than its capacity.
+  absl::StatusOr<HashedRowsStep> PlanHashedRows(const ReadyTableRows& rows,
+                                                const TensorMeta& meta) const;
   // Sync mode's job: adds the push to the round (engine_rounds.cc).
   void Contribute(const ReadyPush* push, const Done<StepResult>& done,
                   const std::function<void()>& consumed);
@@ -379,6 +405,10 @@ class UpdateEngine {
   std::atomic<uint64_t> generation_{0};      // ShardCut::generation; written by the engine thread.
   uint32_t pending_first_ = 0;               // The registration in progress: its first index,
   std::vector<TensorMeta> pending_tensors_;  // and its tensors.
+  // The hashed tables' slot indexes (kernels/hashed_rows.h), by tensor index: made when their
+  // registration commits or by Restore, changed only by their steps, read by lookups (which
+  // count) and snapshots, all jobs of this thread.
+  absl::flat_hash_map<uint32_t, HashedRowIndex> hashed_;
   Round round_;
   // sync mode: each client_id that pushed to one of the last kReplicaRounds rounds, and the
   // last round it pushed to (Round::id): the replicas a round that times out waited for.
@@ -406,6 +436,8 @@ class UpdateEngine {
   mutable SharedMutex progress_mu_;
   uint64_t version_ ABSL_GUARDED_BY(progress_mu_) = 0;
   std::vector<int64_t> steps_ ABSL_GUARDED_BY(progress_mu_);  // By tensor index.
+  // The rows each hashed table holds (hashed_'s rows_in_use), as of the steps queued.
+  absl::flat_hash_map<uint32_t, uint64_t> hashed_rows_in_use_ ABSL_GUARDED_BY(progress_mu_);
 
   Mutex jobs_mu_;
   CondVar jobs_cv_;

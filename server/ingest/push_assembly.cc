@@ -394,9 +394,11 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
       if (result->counts_step) {
         services_.metrics->RecordStep(services_.model, reply.skipped, kSkipNonFiniteGrad);
         if (!reply.skipped) {
-          for (const ReadyTableRows& rows : push_.tables) {  // The engine is done with it.
-            services_.metrics->RecordTablePush(services_.model, view_->tensor(rows.tensor).name,
-                                               rows.keys.size());
+          for (size_t i = 0; i < push_.tables.size(); ++i) {  // The engine is done with it.
+            const ReadyTableRows& rows = push_.tables[i];
+            services_.metrics->RecordTablePush(
+                services_.model, view_->tensor(rows.tensor).name, rows.keys.size(),
+                i < result->table_evictions.size() ? result->table_evictions[i] : 0);
           }
         }
       }

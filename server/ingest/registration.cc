@@ -38,13 +38,15 @@ absl::StatusOr<std::unique_ptr<Registration>> Registration::Begin(
   uint64_t new_bytes = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const uint64_t numel = *NumelOf(specs[i].shape);
-    expected.push_back({specs[i].name, numel, r->is_new_[i]});
+    // A hashed table's slots take no values: its rows come from its initializer on first use.
+    const uint64_t sent = specs[i].hashed.has_value() ? 0 : numel;
+    expected.push_back({specs[i].name, sent, r->is_new_[i]});
     if (!r->is_new_[i]) continue;
     const absl::string_view group =
         specs[i].param_group.empty() ? absl::string_view(kDefaultParamGroup) : specs[i].param_group;
-    added.push_back(
-        {specs[i].name, specs[i].shape, *r->view_->FindGroup(group), numel, specs[i].table});
-    new_bytes += numel * sizeof(float);
+    added.push_back({specs[i].name, specs[i].shape, *r->view_->FindGroup(group), numel,
+                     specs[i].table, specs[i].hashed});
+    new_bytes += sent * sizeof(float);
   }
   r->tracker_.emplace(ChunkAssembler::Tracker(std::move(expected), sizeof(float)));
   r->index_of_.assign(specs.size(), 0);

@@ -62,6 +62,14 @@ absl::StatusOr<std::unique_ptr<StateLoader>> StateLoader::Begin(
                                                      " is ", state.step(), "; at least 0"));
     }
     const TensorMeta& meta = view.tensor(*tensor);
+    if (meta.hashed.has_value()) {
+      // Its slots mean nothing without the index of which key holds which: a checkpoint's
+      // restore brings both (docs/checkpoints.md).
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".name ", QuoteName(state.name()),
+                       " is a hashed embedding table: LoadState does not write one (restore "
+                       "it from a checkpoint)"));
+    }
     bool listed[kFields] = {};
     for (int value : state.fields()) {
       const std::optional<TensorField> field = TensorFieldFromProto(value);

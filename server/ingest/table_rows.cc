@@ -12,7 +12,8 @@ TableRowsAssembler::TableRowsAssembler(const ShardView& view, std::vector<uint32
     : dtype_(dtype), max_bytes_(max_bytes) {
   for (uint32_t t : tables) {
     const TensorMeta& meta = view.tensor(t);
-    tables_.push_back({meta.name, static_cast<uint64_t>(meta.shape[0]), meta.table_dim()});
+    tables_.push_back({meta.name, static_cast<uint64_t>(meta.shape[0]), meta.table_dim(),
+                       meta.hashed.has_value()});
     ready_.push_back({t, {}, {}});
   }
 }
@@ -47,7 +48,7 @@ absl::Status TableRowsAssembler::Add(const v1::TableRows& rows, const std::strin
   }
   std::vector<int64_t> parsed(n);
   std::memcpy(parsed.data(), keys.data(), keys.size());  // Little-endian hosts only (as all).
-  for (uint64_t i = 0; i < n; ++i) {
+  for (uint64_t i = 0; i < n && !table.hashed; ++i) {
     if (parsed[i] < 0 || static_cast<uint64_t>(parsed[i]) >= table.rows) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".keys[", i, "] = ", parsed[i], " is outside [0, ", table.rows,

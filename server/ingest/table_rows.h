@@ -32,8 +32,9 @@ class TableRowsAssembler {
 
   // Adds one TableRows; `field` names it in errors ("table_rows[2]"). Errors, nothing added:
   // INVALID_ARGUMENT for a table the header's tables do not name, keys that are not whole
-  // little-endian int64s, a key outside [0, rows), grads that are not keys x dim elements of
-  // the push's grad_dtype; RESOURCE_EXHAUSTED when the push's rows would pass max_bytes.
+  // little-endian int64s, a key outside [0, rows) (dense ids), grads that are not keys x dim
+  // elements of the push's grad_dtype; RESOURCE_EXHAUSTED when the push's rows would pass
+  // max_bytes.
   absl::Status Add(const v1::TableRows& rows, const std::string& field);
 
   // The rows of every table of the header, in its order (a table without rows has none), as
@@ -48,6 +49,7 @@ class TableRowsAssembler {
     std::string name;
     uint64_t rows = 0;
     uint64_t dim = 0;
+    bool hashed = false;  // Any int64 is a key (the engine finds its slot).
   };
   std::vector<Table> tables_;
   std::vector<ReadyTableRows> ready_;  // Parallel to tables_.

@@ -236,6 +236,13 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       table_lookup_keys_(CounterFamily(*registry_, "fusedps_table_lookup_keys_total",
                                        "Keys read by successful LookupRows calls, by model and "
                                        "table.")),
+      table_lookup_misses_(CounterFamily(
+          *registry_, "fusedps_table_lookup_misses_total",
+          "Keys of successful LookupRows calls that a hashed table did not hold (read as its "
+          "initializer's rows), by model and table; 0 for dense-id tables.")),
+      table_evictions_(CounterFamily(*registry_, "fusedps_table_evictions_total",
+                                     "Rows a hashed table evicted for new keys in applied steps "
+                                     "(least recently updated first), by model and table.")),
       consistency_(std::make_unique<ConsistencyMetrics>(*registry_, DurationBuckets())),
       collector_(std::make_shared<Collector>(this)) {
   for (int i = 0; i < 4; ++i) {
@@ -357,12 +364,18 @@ void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {
   pull_bytes_.Increment(static_cast<double>(bytes));
 }
 
-void Metrics::RecordTablePush(const std::string& model, const std::string& table, uint64_t keys) {
-  table_pushed_keys_.Add({{"model", model}, {"table", table}}).Increment(static_cast<double>(keys));
+void Metrics::RecordTablePush(const std::string& model, const std::string& table, uint64_t keys,
+                              uint64_t evictions) {
+  const prometheus::Labels labels{{"model", model}, {"table", table}};
+  table_pushed_keys_.Add(labels).Increment(static_cast<double>(keys));
+  table_evictions_.Add(labels).Increment(static_cast<double>(evictions));
 }
 
-void Metrics::RecordTableLookup(const std::string& model, const std::string& table, uint64_t keys) {
-  table_lookup_keys_.Add({{"model", model}, {"table", table}}).Increment(static_cast<double>(keys));
+void Metrics::RecordTableLookup(const std::string& model, const std::string& table, uint64_t keys,
+                                uint64_t misses) {
+  const prometheus::Labels labels{{"model", model}, {"table", table}};
+  table_lookup_keys_.Add(labels).Increment(static_cast<double>(keys));
+  table_lookup_misses_.Add(labels).Increment(static_cast<double>(misses));
 }
 
 void Metrics::SyncShard() const {
@@ -383,6 +396,8 @@ void Metrics::SyncShard() const {
       table_rows_.Add(table_labels).Set(static_cast<double>(table.rows));
       table_pushed_keys_.Add(table_labels);  // At zero from the start, for rate().
       table_lookup_keys_.Add(table_labels);
+      table_lookup_misses_.Add(table_labels);
+      table_evictions_.Add(table_labels);
       tables.emplace(model.name, table.name);
     }
   }
@@ -391,7 +406,7 @@ void Metrics::SyncShard() const {
     const prometheus::Labels labels{{"model", model}, {"table", table}};
     if (table_rows_.Has(labels)) table_rows_.Remove(&table_rows_.Add(labels));
     for (prometheus::Family<prometheus::Counter>* family :
-         {&table_pushed_keys_, &table_lookup_keys_}) {
+         {&table_pushed_keys_, &table_lookup_keys_, &table_lookup_misses_, &table_evictions_}) {
       if (family->Has(labels)) family->Remove(&family->Add(labels));
     }
   }

@@ -47,7 +47,7 @@ class ConsistencyObserver;
 // One embedding table of a model (docs/dev/embedding-tables.md), labelled `model` and `table`.
 struct TableMetrics {
   std::string name;   // The table's tensor name.
-  uint64_t rows = 0;  // The rows it holds (a dense-id table: all of them).
+  uint64_t rows = 0;  // The rows it holds (a dense-id table: all of them; hashed: in use).
 };
 
 // The values of one model (server/models/model.h) that metrics export, labelled `model`.
@@ -138,10 +138,14 @@ class Metrics {
   void RecordPull(grpc::StatusCode code, uint64_t bytes);
 
   // Embedding tables. `keys` keys of table `table` of `model` in one applied (not skipped)
-  // step, each key as often as the push named it (duplicates are summed into one row update).
-  void RecordTablePush(const std::string& model, const std::string& table, uint64_t keys);
-  // `keys` keys of table `table` of `model` read by one successful LookupRows call.
-  void RecordTableLookup(const std::string& model, const std::string& table, uint64_t keys);
+  // step, each key as often as the push named it (duplicates are summed into one row update),
+  // and the rows that step evicted (a hashed table; 0 for dense ids).
+  void RecordTablePush(const std::string& model, const std::string& table, uint64_t keys,
+                       uint64_t evictions);
+  // `keys` keys of table `table` of `model` read by one successful LookupRows call, `misses`
+  // of them keys a hashed table did not hold (0 for dense ids).
+  void RecordTableLookup(const std::string& model, const std::string& table, uint64_t keys,
+                         uint64_t misses);
 
   // Checkpoints (server/checkpoint). `phase` is "snapshot" (the cut: the device's copy into
   // host memory, or for a fenced snapshot the whole write), "write" (files and commit) or
@@ -212,9 +216,11 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& checkpoint_failures_;
   prometheus::Family<prometheus::Counter>& auth_failures_;
   prometheus::Family<prometheus::Gauge>& tls_certificate_expiry_;
-  prometheus::Family<prometheus::Gauge>& table_rows_;           // By model and table.
-  prometheus::Family<prometheus::Counter>& table_pushed_keys_;  // By model and table.
-  prometheus::Family<prometheus::Counter>& table_lookup_keys_;  // By model and table.
+  prometheus::Family<prometheus::Gauge>& table_rows_;             // By model and table.
+  prometheus::Family<prometheus::Counter>& table_pushed_keys_;    // By model and table.
+  prometheus::Family<prometheus::Counter>& table_lookup_keys_;    // By model and table.
+  prometheus::Family<prometheus::Counter>& table_lookup_misses_;  // By model and table.
+  prometheus::Family<prometheus::Counter>& table_evictions_;      // By model and table.
 
   mutable Mutex sync_mu_;
   // Launch counts already added to kernel_launches_, by kernel name.

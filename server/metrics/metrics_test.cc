@@ -201,11 +201,17 @@ TEST_F(MetricsTest, TablesRowsPushesAndLookupsByModelAndTable) {
   EXPECT_EQ(Sample(text, R"(fusedps_table_pushed_keys_total{model="job-b",table="words"})"), 0);
   EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_keys_total{model="default",table="tags"})"), 0);
 
-  metrics_.RecordTablePush("default", "words", 64);
-  metrics_.RecordTablePush("default", "words", 3);
-  metrics_.RecordTableLookup("default", "words", 40);
-  metrics_.RecordTableLookup("job-b", "words", 7);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_evictions_total{model="default",table="words"})"), 0);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_misses_total{model="job-b",table="words"})"), 0);
+
+  metrics_.RecordTablePush("default", "words", 64, 5);
+  metrics_.RecordTablePush("default", "words", 3, 2);
+  metrics_.RecordTableLookup("default", "words", 40, 9);
+  metrics_.RecordTableLookup("job-b", "words", 7, 0);
   text = metrics_.ScrapeText();
+  EXPECT_EQ(Sample(text, R"(fusedps_table_evictions_total{model="default",table="words"})"), 7);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_misses_total{model="default",table="words"})"), 9);
+  EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_misses_total{model="job-b",table="words"})"), 0);
   EXPECT_EQ(Sample(text, R"(fusedps_table_pushed_keys_total{model="default",table="words"})"), 67);
   EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_keys_total{model="default",table="words"})"), 40);
   EXPECT_EQ(Sample(text, R"(fusedps_table_lookup_keys_total{model="job-b",table="words"})"), 7);

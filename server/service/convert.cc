@@ -34,6 +34,14 @@ void ToProto(const ShardView& view, uint32_t tensor, int64_t step, v1::TensorInf
   p->set_params_dtype(ToProto(layout.params));
   p->set_state_dtype(ToProto(layout.state));
   p->set_table(t.table);
+  if (t.table) {
+    v1::TableOptions* options = p->mutable_table_options();
+    if (t.hashed.has_value()) {
+      options->set_hashed(true);
+      options->set_seed(t.hashed->seed);
+      options->set_init_std(t.hashed->init_std);
+    }
+  }
 }
 
 void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {

@@ -106,7 +106,7 @@ grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
     next.Clear();
     message = &next;
   } while (at < bytes.size());
-  services_.metrics->RecordTableLookup((*model)->name(), table.name, count);
+  services_.metrics->RecordTableLookup((*model)->name(), table.name, count, rows->misses);
   return grpc::Status::OK;
 }
 

@@ -183,6 +183,10 @@ absl::Status ParameterServiceImpl::RegisterTensorsStatus(
     for (const v1::TensorSpec& p : message.header().tensors()) {
       specs.push_back(
           {p.name(), {p.shape().begin(), p.shape().end()}, p.param_group(), p.has_table()});
+      if (p.has_table() && p.table().hashed()) {
+        specs.back().hashed =
+            HashedKeys{p.table().seed(), static_cast<float>(p.table().init_std())};
+      }
     }
     absl::StatusOr<std::unique_ptr<Registration>> begun =
         Registration::Begin(&model->engine(), services_.staging, &model->registration_gate(), specs,

@@ -181,6 +181,15 @@ absl::Status ShardView::CheckTensorSpecs(const std::vector<TensorSpec>& specs,
           !s.ok()) {
         return s;
       }
+      if (spec.hashed.has_value() &&
+          !(std::isfinite(spec.hashed->init_std) && spec.hashed->init_std >= 0.0f)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".table.init_std (", QuoteName(spec.name), ") = ", spec.hashed->init_std,
+            ": a hashed table's initializer needs a finite standard deviation >= 0"));
+      }
+    } else if (spec.hashed.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " (", QuoteName(spec.name),
+                                                     "): hashed keys without an embedding table"));
     }
     std::optional<uint32_t> existing = FindTensor(spec.name);
     if (!existing.has_value()) {
@@ -188,13 +197,19 @@ absl::Status ShardView::CheckTensorSpecs(const std::vector<TensorSpec>& specs,
       continue;
     }
     const TensorMeta& old = tensor(*existing);
-    if (old.shape != spec.shape || old.group != *group_index || old.table != spec.table) {
-      const auto kind = [](bool table) { return table ? "an embedding table" : "a tensor"; };
-      return absl::AlreadyExistsError(
-          absl::StrCat("tensor ", QuoteName(spec.name), " is registered as ", kind(old.table),
-                       " of shape ", ShapeString(old.shape), " in group ",
-                       QuoteName(groups_[old.group].name), "; this spec is ", kind(spec.table),
-                       " of shape ", ShapeString(spec.shape), " in group ", QuoteName(group)));
+    if (old.shape != spec.shape || old.group != *group_index || old.table != spec.table ||
+        old.hashed != spec.hashed) {
+      const auto kind = [](bool table, const std::optional<HashedKeys>& hashed) {
+        return !table   ? std::string("a tensor")
+               : hashed ? absl::StrCat("a hashed embedding table (seed ", hashed->seed,
+                                       ", init_std ", hashed->init_std, ")")
+                        : std::string("an embedding table");
+      };
+      return absl::AlreadyExistsError(absl::StrCat(
+          "tensor ", QuoteName(spec.name), " is registered as ", kind(old.table, old.hashed),
+          " of shape ", ShapeString(old.shape), " in group ", QuoteName(groups_[old.group].name),
+          "; this spec is ", kind(spec.table, spec.hashed), " of shape ", ShapeString(spec.shape),
+          " in group ", QuoteName(group)));
     }
   }
   return absl::OkStatus();

@@ -49,6 +49,15 @@ struct ParamGroupSpec {
   AdamWHyperparameters hyperparameters;
 };
 
+// A hashed embedding table's keys (proto TableOptions): any int64 names a row, created from
+// row_init.h's initializer on first use in one of the table's [capacity, dim] slots.
+struct HashedKeys {
+  uint64_t seed = 0;
+  float init_std = 0.0f;  // Finite, >= 0.
+  bool operator==(const HashedKeys& o) const { return seed == o.seed && init_std == o.init_std; }
+  bool operator!=(const HashedKeys& o) const { return !(*this == o); }
+};
+
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;  // Empty: a 0-dim tensor of one element.
@@ -56,6 +65,8 @@ struct TensorSpec {
   // An embedding table (docs/dev/embedding-tables.md): shape [rows, dim], stepped by the rows
   // a push names (TableRows), never as a dense tensor.
   bool table = false;
+  // Set (a table only): its keys are hashed; shape [capacity, dim]. Unset: dense ids.
+  std::optional<HashedKeys> hashed = std::nullopt;
 };
 
 // A registered tensor. Its index is its position in the view (and the backend's index).
@@ -65,6 +76,8 @@ struct TensorMeta {
   uint32_t group = 0;  // Index into ShardView::groups().
   uint64_t numel = 0;
   bool table = false;  // An embedding table of shape [rows, dim] (TensorSpec::table).
+  std::optional<HashedKeys> hashed =
+      std::nullopt;  // A table with hashed keys (TensorSpec::hashed).
   // A table's row width, shape[1]; 0 for a dense tensor.
   uint64_t table_dim() const { return table ? static_cast<uint64_t>(shape[1]) : 0; }
 };

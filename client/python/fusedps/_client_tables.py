@@ -1,11 +1,13 @@
 """fusedps.Client's embedding tables (docs/api.md, "Embedding tables"): register_table,
-push_rows and lookup_rows. Internal module: Client (fusedps/client.py) inherits them; their
+register_hashed_table, push_rows and lookup_rows. Internal module: Client (fusedps/client.py) inherits them; their
 docstrings are Client's documentation.
 
 A dense-id embedding table is a registered tensor of shape [rows, dim] (TensorSpec.table in
 proto/fusedps/v1/parameter_service.proto) whose rows are pushed by key
 (PushGradientsRequest.table_rows) and read by key (LookupRows). A key is a row index in
-[0, rows). A push steps a table with torch.optim.SparseAdam's math on the rows it names only.
+[0, rows). A hashed table's keys are any int64s; its rows are made on first use from a seeded
+initializer, and evicted least recently updated first. A push steps a table with
+torch.optim.SparseAdam's math on the rows it names only.
 
 Both calls that move rows go over grpcio (the native transport does not carry table rows): a
 push as one PushGradients call, its TableRows serialized here with one copy of each byte (as
@@ -203,7 +205,8 @@ def _row_messages(tables: Sequence[Tuple[str, Any, Any, int]],
 
 @errors.translate_public_methods
 class TableCalls:
-    """Client's embedding table calls: register_table, push_rows, lookup_rows."""
+    """Client's embedding table calls: register_table, register_hashed_table, push_rows,
+    lookup_rows."""
 
     if TYPE_CHECKING:  # Client's, set by its __init__ or defined there.
         model: str
@@ -275,6 +278,68 @@ class TableCalls:
         return RegisterResult(int(resp.tensors_created), int(resp.tensors_existing),
                               int(resp.version))
 
+    def register_hashed_table(self, name: str, capacity: int, dim: int, *, seed: int = 0,
+                              init_std: float = 1.0, param_group: str = "default",
+                              prefix: str = "") -> RegisterResult:
+        """Registers a hashed embedding table (docs/api.md, "Embedding tables"): any int64 is a
+        key (a feature id), and the table holds the rows of at most ``capacity`` keys.
+
+        A key's row is created the first time an applied push names it: params
+        normal(0, init_std) from an initializer that depends only on (seed, key, column)
+        (kernels/row_init.h: the same bits on any shard, backend or restart), moments zero.
+        When the table is full, a push's new keys evict the least recently updated rows (the
+        smallest step at which a row was created or updated; ties to the smaller slot), never a
+        row the push itself names; an evicted row's state is gone, and its key starts over from
+        the initializer if it comes back. lookup_rows of a key the table does not hold returns
+        the initializer's row (zeros for exp_avg and exp_avg_sq) and creates nothing.
+
+        Args:
+          name: the table's name (with ``prefix`` prepended), 1..256 bytes.
+          capacity: the most rows the table holds, >= 0; the server keeps [capacity, dim] fp32
+            params and moments.
+          dim: the row width, >= 1.
+          seed: the initializer's seed, an unsigned 64-bit int.
+          init_std: the initial rows' standard deviation, finite and >= 0 (stored as fp32).
+          param_group: as register_table's (fp32 params and state, no amsgrad, decoupled
+            weight decay).
+          prefix: prepended to ``name``.
+
+        No values are sent. pull_parameters reads the table's slots (a free slot as zeros);
+        checkpoints keep its slots with their keys, and restore them bit for bit. load_state
+        refuses it. A push with more unique keys than ``capacity`` is InvalidArgument.
+
+        Returns:
+          RegisterResult (created / existing counts, version).
+        Raises:
+          ValueError: capacity < 0, dim < 1, a seed outside [0, 2^64), an init_std that is
+            not finite or below 0.
+          fusedps.errors.NotFound / InvalidArgument / AlreadyExists: as register_table's (a
+            table of this name with another capacity, dim, seed or init_std exists).
+        """
+        full = prefix + name
+        capacity, dim, seed = operator.index(capacity), operator.index(dim), operator.index(seed)
+        if capacity < 0 or dim < 1:
+            raise ValueError(f"{full}: a hashed table needs capacity >= 0 and dim >= 1, got "
+                             f"capacity={capacity}, dim={dim}")
+        if not 0 <= seed < 1 << 64:
+            raise ValueError(f"{full}: seed={seed} is outside [0, 2^64)")
+        init_std = float(init_std)
+        if not math.isfinite(init_std) or init_std < 0:
+            raise ValueError(f"{full}: init_std={init_std} is not finite and >= 0")
+        spec = pb.TensorSpec(name=full, shape=[capacity, dim], param_group=param_group)
+        spec.table.hashed = True
+        spec.table.seed = seed
+        # The server keeps an fp32 std: send that value, so that registering again matches.
+        spec.table.init_std = float(np.float32(init_std))
+
+        def requests():
+            yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(
+                tensors=[spec], model=self.model)).SerializeToString()
+
+        resp = self._register_tensors(requests(), timeout=self._timeout())
+        return RegisterResult(int(resp.tensors_created), int(resp.tensors_existing),
+                              int(resp.version))
+
     def push_rows(self, rows: Mapping[str, Any], *, dense=None, grad_dtype="float32",
                   grad_scale: Optional[float] = None, prefix: str = "",
                   client_id: Optional[str] = None, sequence_number: int = 0,
@@ -300,7 +365,8 @@ class TableCalls:
         Args:
           rows: table name (without ``prefix``) -> its gradient, either
             * (keys, grads): keys a 1-D integer tensor (any device) or numpy array, or ints, n
-              row indices in [0, rows), repeats allowed; grads a dense floating tensor
+              row indices in [0, rows) (any int64 for a hashed table), repeats allowed;
+              grads a dense floating tensor
               [n, dim] (any dtype and device), grads[i] the gradient of row keys[i]; or
             * a sparse COO tensor [rows, dim] with 1 sparse and 1 dense dimension, as
               nn.Embedding(sparse=True) leaves in weight.grad: its entries are sent as they
@@ -412,7 +478,7 @@ class TableCalls:
         Args:
           table: the table's name (``prefix`` is prepended).
           keys: a 1-D integer tensor (any device) or numpy array, or ints: n row indices in
-            [0, rows), in any order, repeats allowed.
+            [0, rows) (any int64 for a hashed table), in any order, repeats allowed.
           dtype: "float32" (the server's fp32 values exactly) or "bfloat16" (rounded to nearest
             even, as tensor.to(torch.bfloat16) rounds); "fp32", "bf16" or torch dtypes too.
           field: "param" (default), "exp_avg" or "exp_avg_sq" (SparseAdam's moments: zero for

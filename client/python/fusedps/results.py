@@ -142,7 +142,9 @@ class TensorInfo:
     params_dtype ("fp32" or "bf16", its group's) and state_dtype ("fp32", "bf16" or "int8":
     its group's, except "fp32" for a tensor under 4096 elements in an int8 group). A server
     older than the storage fields reports "fp32" (all it stores). table: an embedding table
-    (Client.register_table), of shape (rows, dim)."""
+    (Client.register_table), of shape (rows, dim); hashed: a table with hashed keys
+    (Client.register_hashed_table), of shape (capacity, dim), with its initializer's
+    table_seed and table_init_std (0 for other tensors)."""
 
     name: str
     shape: Tuple[int, ...]
@@ -152,12 +154,17 @@ class TensorInfo:
     params_dtype: str = "fp32"
     state_dtype: str = "fp32"
     table: bool = False
+    hashed: bool = False
+    table_seed: int = 0
+    table_init_std: float = 0.0
 
     @classmethod
     def _from_pb(cls, t: "pb.TensorInfo") -> "TensorInfo":
+        options = t.table_options
         return cls(t.name, tuple(int(d) for d in t.shape), t.param_group, int(t.step),
                    int(t.numel), _params_dtype_name(t.params_dtype),
-                   _state_dtype_name(t.state_dtype), bool(t.table))
+                   _state_dtype_name(t.state_dtype), bool(t.table), bool(options.hashed),
+                   int(options.seed), float(options.init_std))
 
 
 class TensorList(list):
