@@ -158,6 +158,8 @@ TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
   const std::vector<float> dense_grads = NormalFloats(rng, kDense);
   const std::vector<float> grads = NormalFloats(rng, 2 * kDim);
   const std::vector<int64_t> good = {0, 4}, outside = {0, 16}, negative = {-1, 2};
+  const std::vector<int64_t> init_other = {5}, init_twice = {4, 4}, init_one = {4};
+  const std::vector<float> init_params = NormalFloats(rng, 2 * kDim);
   const uint32_t dense_tensor[] = {0};
   const uint32_t table_tensor[] = {1};
   const uint64_t offsets[] = {0};
@@ -192,6 +194,18 @@ TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
        "table_rows[0].tensor = 2: an embedding table needs fp32 params and state"},
       {{3, kDim, good, grads}, dense_tensor, false, "table_rows[0]: hyper.amsgrad"},
       {{1, kDim, good, grads}, {}, true, "table_rows: a step from the accumulator"},
+      {{1, kDim, good, grads, init_other, absl::MakeConstSpan(init_params).subspan(0, kDim)},
+       dense_tensor,
+       false,
+       "table_rows[0].init_rows[0] = 5 is not one of the step's keys"},
+      {{1, kDim, good, grads, init_twice, init_params},
+       dense_tensor,
+       false,
+       "table_rows[0].init_rows[1] = 4 is not one of the step's keys, or is named twice"},
+      {{1, kDim, good, grads, init_one, init_params},
+       dense_tensor,
+       false,
+       "table_rows[0].init_params has 10 floats, not init_rows x dim = 1 x 5"},
   };
   const auto before = shard.State();
   for (const Case& c : cases) {

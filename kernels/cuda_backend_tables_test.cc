@@ -2,8 +2,10 @@
 // prepared on the host by backend_tables.h): the same steps of table rows, alone or with dense
 // tensors, give the CUDA backend the CPU backend's bits (which cpu_table_rows_test.cc holds to
 // row_sparse.h and a float64 SparseAdam); a refused step changes nothing and names the field,
-// a non-finite row skips the whole step; ReadRows returns the CPU backend's rows in key order;
+// a non-finite row skips the whole step; rows that start over (init_rows) do so as on the CPU;
+// ReadRows returns the CPU backend's rows in key order;
 // a step of tables alone is one launch, with dense tensors two. Skipped without a GPU.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -115,6 +117,55 @@ TEST_F(CudaTablesTest, RowsAloneAndWithDenseTensorsMatchTheCpuBackendBitForBit) 
     }
     EXPECT_EQ(pair.cuda->step(1), 8);
   }
+}
+
+// Rows that start over (a hashed table's new rows: TableRows::init_rows) read their init params
+// and zero moments in the update launch, in both unit widths (dim 40: 16-byte units; dim 3: one
+// element), as the CPU backend writes them before its update; a skipped step leaves them as
+// they were.
+TEST_F(CudaTablesTest, RowsThatStartOverMatchTheCpuBackendBitForBit) {
+  std::mt19937 rng(13);
+  Pair pair(DecayedSparseAdam(), rng);
+  for (int step = 1; step <= 6; ++step) {
+    std::vector<int64_t> keys1 = Keys(rng, kRows1, 20);
+    keys1.push_back(keys1[0]);
+    const std::vector<int64_t> init1 = {keys1[0], keys1[3], keys1[7]};
+    const std::vector<int64_t> keys2 = {static_cast<int64_t>(step % kRows2), 0, 0};
+    const std::vector<int64_t> init2 = {0};
+    const std::vector<float> grads1 = NormalFloats(rng, keys1.size() * kDim1);
+    const std::vector<float> grads2 = NormalFloats(rng, keys2.size() * kDim2);
+    const std::vector<float> params1 = NormalFloats(rng, init1.size() * kDim1);
+    const std::vector<float> params2 = NormalFloats(rng, init2.size() * kDim2);
+    // init1 may name a key twice when the draw repeats: the backends must refuse it alike.
+    const TableRows rows[] = {{1, kDim1, keys1, grads1, init1, params1},
+                              {2, kDim2, keys2, grads2, init2, params2}};
+    StepRequest request;
+    request.table_rows = rows;
+    request.grad_scale = step % 2 ? 0.0f : 4.0f;
+    absl::StatusOr<StepOutcome> a = StepNow(*pair.cuda, request);
+    absl::StatusOr<StepOutcome> b = StepNow(*pair.cpu, request);
+    ASSERT_EQ(a.status(), b.status());
+    if (a.ok()) {
+      EXPECT_FALSE(a->skipped);
+    }
+    pair.ExpectSame();
+  }
+  EXPECT_GT(pair.cuda->step(1), 0);
+  // A skipped step (a non-finite gradient) starts no row over.
+  const auto before = Pair::State(*pair.cuda);
+  const std::vector<int64_t> keys = {2, 9};
+  std::vector<float> grads = NormalFloats(rng, 2 * kDim1);
+  grads[5] = INFINITY;
+  const std::vector<int64_t> init = {9};
+  const std::vector<float> params = NormalFloats(rng, kDim1);
+  const TableRows rows[] = {{1, kDim1, keys, grads, init, params}};
+  StepRequest request;
+  request.table_rows = rows;
+  absl::StatusOr<StepOutcome> skipped = StepNow(*pair.cuda, request);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_TRUE(skipped->skipped);
+  const auto after = Pair::State(*pair.cuda);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(SameBytes(before[i], after[i])) << i;
 }
 
 TEST_F(CudaTablesTest, RefusedAndSkippedStepsChangeNothing) {

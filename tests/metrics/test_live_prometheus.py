@@ -257,7 +257,7 @@ def test_every_dashboard_query_and_recording_rule_has_data():
 def test_dashboard_is_portable_and_complete():
     """Every panel reads the datasource variable, ids are unique, and the issue's panels are
     there (RED by stage, bytes/s, steps and skips, launches per step, parameters, memory,
-    versions)."""
+    versions, embedding tables' rows, keys, evictions and lookup misses)."""
     with open(DASHBOARD) as f:
         dashboard = json.load(f)
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
@@ -281,5 +281,7 @@ def test_dashboard_is_portable_and_complete():
                    "fusedps_parameters", "fusedps_device_memory_bytes", "fusedps_model_version",
                    "fusedps_build_info", "up{", "fusedps_round_duration_seconds",
                    "fusedps_round_stage_duration_seconds", "fusedps_round_workers",
-                   "fusedps_rounds_total", "fusedps_push_staleness"):
+                   "fusedps_rounds_total", "fusedps_push_staleness", "fusedps_table_rows",
+                   "fusedps_table_pushed_keys_total", "fusedps_table_lookup_keys_total",
+                   "fusedps_table_lookup_misses_total", "fusedps_table_evictions_total"):
         assert needed in exprs, needed
