@@ -169,6 +169,20 @@ absl::StatusOr<uint32_t> ExpectedCrc32(const Loaded& checkpoint, const std::stri
   return file->second.crc32();
 }
 
+absl::StatusOr<safetensors::File> ReadWholeFile(const Loaded& checkpoint, const std::string& name) {
+  absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, name);
+  if (!crc32.ok()) return crc32.status();
+  const std::string path = absl::StrCat(checkpoint.directory, "/", name);
+  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
+  if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
+  if (safetensors::Crc32(0, bytes->data(), bytes->size()) != *crc32) {
+    return absl::DataLossError(absl::StrCat(path, ": its CRC-32 is not the manifest's"));
+  }
+  absl::StatusOr<safetensors::File> file = safetensors::File::Parse(*std::move(bytes), path);
+  if (!file.ok()) return absl::DataLossError(file.status().message());
+  return file;
+}
+
 absl::StatusOr<Loaded> LoadLatestGood(const std::string& root, const Loader& load,
                                       const SkipObserver& on_skip) {
   for (const auto& [serial, directory] : ListCheckpoints(root)) {

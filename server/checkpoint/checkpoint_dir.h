@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/safetensors.h"
 #include "fusedps/v1/checkpoint.pb.h"
 #include "server/checkpoint/manifest.h"
 
@@ -96,6 +97,11 @@ absl::StatusOr<Loaded> ReadManifest(const std::string& directory);
 // The CRC-32 that the manifest lists for file `name` (its whole contents must have it).
 // DATA_LOSS naming the file when the manifest does not list it.
 absl::StatusOr<uint32_t> ExpectedCrc32(const Loaded& checkpoint, const std::string& name);
+
+// A small data file of the checkpoint (the buffers', the hashed tables') read whole, checked
+// against the manifest's CRC-32 and parsed as safetensors. DATA_LOSS naming the file: not in
+// the manifest, unreadable, another CRC-32, not a safetensors file.
+absl::StatusOr<safetensors::File> ReadWholeFile(const Loaded& checkpoint, const std::string& name);
 
 // Loads the newest checkpoint under root that `load` accepts, trying them by serial, newest
 // first (the manifest is the commit point: a crash between it and `latest`'s move loses

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_io.h"
 
 namespace fusedps::checkpoint {
 namespace {
@@ -69,16 +68,9 @@ absl::Status ReadHashedTables(const Loaded& checkpoint, const v1::CheckpointMani
   bool any = false;
   for (const TensorMeta& t : shard->tensors) any |= t.hashed.has_value();
   if (!any) return absl::OkStatus();
-  absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, kHashedTablesFileName);
-  if (!crc32.ok()) return crc32.status();
+  absl::StatusOr<safetensors::File> file = ReadWholeFile(checkpoint, kHashedTablesFileName);
+  if (!file.ok()) return file.status();
   const std::string path = absl::StrCat(checkpoint.directory, "/", kHashedTablesFileName);
-  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
-  if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
-  if (safetensors::Crc32(0, bytes->data(), bytes->size()) != *crc32) {
-    return absl::DataLossError(absl::StrCat(path, ": its CRC-32 is not the manifest's"));
-  }
-  absl::StatusOr<safetensors::File> file = safetensors::File::Parse(*std::move(bytes), path);
-  if (!file.ok()) return absl::DataLossError(file.status().message());
   size_t expected_entries = 0;
   for (uint32_t t = 0; t < shard->tensors.size(); ++t) {
     const TensorMeta& meta = shard->tensors[t];
@@ -88,10 +80,7 @@ absl::Status ReadHashedTables(const Loaded& checkpoint, const v1::CheckpointMani
     std::vector<int64_t> arrays[2];
     const std::string names[2] = {SlotKeysName(meta.name), SlotStampsName(meta.name)};
     for (int k = 0; k < 2; ++k) {
-      const safetensors::Entry* entry = nullptr;
-      for (const safetensors::Entry& e : file->entries()) {
-        if (e.name == names[k]) entry = &e;
-      }
+      const safetensors::Entry* entry = file->Find(names[k]);
       if (entry == nullptr || entry->dtype != safetensors::DType::kI64 ||
           entry->shape != std::vector<int64_t>{capacity}) {
         return absl::DataLossError(absl::StrCat(path, ": no I64 entry ", QuoteName(names[k]),

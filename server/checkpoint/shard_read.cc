@@ -217,16 +217,9 @@ constexpr int kSlotsPerFile = 3;  // Buffers in flight per data file.
 
 // The buffers' file, read whole and checked against the manifest's CRC-32.
 absl::StatusOr<std::shared_ptr<const BufferSet>> ReadBuffers(const Loaded& checkpoint) {
-  absl::StatusOr<uint32_t> crc32 = ExpectedCrc32(checkpoint, kBuffersFileName);
-  if (!crc32.ok()) return crc32.status();
+  absl::StatusOr<safetensors::File> file = ReadWholeFile(checkpoint, kBuffersFileName);
+  if (!file.ok()) return file.status();
   const std::string path = absl::StrCat(checkpoint.directory, "/", kBuffersFileName);
-  absl::StatusOr<std::string> bytes = file_io::ReadFile(path);
-  if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
-  if (safetensors::Crc32(0, bytes->data(), bytes->size()) != *crc32) {
-    return absl::DataLossError(absl::StrCat(path, ": its CRC-32 is not the manifest's"));
-  }
-  absl::StatusOr<safetensors::File> file = safetensors::File::Parse(*std::move(bytes), path);
-  if (!file.ok()) return absl::DataLossError(file.status().message());
   std::vector<BufferValue> buffers;
   for (const safetensors::Entry& e : file->entries()) {
     const absl::Span<const uint8_t> data = file->Data(e);
