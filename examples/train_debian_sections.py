@@ -48,6 +48,9 @@ LISTS = "/var/lib/apt/lists/*_Packages*"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="127.0.0.1:50051", help="fusedps server host:port")
+    p.add_argument("--lists", default=LISTS,
+                   help="the Packages lists (a glob): compressed ones are read with apt-helper, "
+                        "others as text (e.g. lists copied to a machine without apt)")
     p.add_argument("--buckets", type=int, default=1 << 20, help="rows of the embedding table")
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--sections", type=int, default=20, help="the most common sections kept")
@@ -62,13 +65,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def read_packages() -> List[Tuple[str, str, str]]:
-    """(name, section, description) of every package in apt's lists, first list first."""
-    files = sorted(f for f in glob.glob(LISTS) if not f.endswith(".diff_Index"))
+def read_packages(lists: str) -> List[Tuple[str, str, str]]:
+    """(name, section, description) of every package in the lists, first list first."""
+    files = sorted(f for f in glob.glob(lists) if not f.endswith(".diff_Index"))
     packages = []
     for path in files:
-        text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", path], check=True,
-                              capture_output=True).stdout.decode("utf-8", "replace")
+        if path.endswith((".lz4", ".xz", ".gz", ".bz2", ".zst")):
+            text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", path], check=True,
+                                  capture_output=True).stdout.decode("utf-8", "replace")
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
         for stanza in text.split("\n\n"):
             fields = dict(re.findall(r"^(Package|Section|Description): (.*)$", stanza, re.M))
             if len(fields) == 3:
@@ -85,7 +92,7 @@ def features(description: str, buckets: int) -> List[int]:
 
 
 def dataset(args) -> Tuple[list, list, List[str]]:
-    packages = read_packages()
+    packages = read_packages(args.lists)
     seen, unique = set(), []
     for name, section, description in packages:
         if description not in seen:
@@ -132,8 +139,8 @@ def accuracy(model, test) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not glob.glob(LISTS):
-        print(f"no apt Packages lists at {LISTS}: run `apt-get update`", file=sys.stderr)
+    if not glob.glob(args.lists):
+        print(f"no apt Packages lists at {args.lists}: run `apt-get update`", file=sys.stderr)
         return 2
     train, test, sections = dataset(args)
     print(f"{len(train)} train and {len(test)} test descriptions, {len(sections)} sections, "
