@@ -224,7 +224,7 @@ class TableCalls:
         def _observe_version(self, version: int) -> None: ...
 
     def register_table(self, name: str, init: "torch.Tensor", *, param_group: str = "default",
-                       prefix: str = "") -> RegisterResult:
+                       prefix: str = "", plan_hash: str = "") -> RegisterResult:
         """Registers a dense-id embedding table (docs/api.md, "Embedding tables"): a tensor of
         shape [rows, dim] whose rows are pushed by key (push_rows) and read by key
         (lookup_rows); a key is a row index in [0, rows).
@@ -239,6 +239,7 @@ class TableCalls:
             weight_decay apply; it must store fp32 params and state (state_dtype and
             params_dtype "fp32"), without amsgrad, with decoupled weight decay (the default).
           prefix: prepended to ``name``.
+          plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
 
         The table is a tensor to every other call: list_tensors lists it, pull_parameters and
         pull_state read it whole, load_state and checkpoints keep it. It is never stepped by
@@ -271,7 +272,7 @@ class TableCalls:
 
         def requests():
             yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(
-                tensors=[spec], model=self.model)).SerializeToString()
+                tensors=[spec], model=self.model, plan_hash=plan_hash)).SerializeToString()
             yield from _chunks.chunk_messages([(full, init)], "float32", self.max_chunk_bytes)
 
         resp = self._register_tensors(requests(), timeout=self._timeout(init.numel() * 4))
@@ -280,7 +281,7 @@ class TableCalls:
 
     def register_hashed_table(self, name: str, capacity: int, dim: int, *, seed: int = 0,
                               init_std: float = 1.0, param_group: str = "default",
-                              prefix: str = "") -> RegisterResult:
+                              prefix: str = "", plan_hash: str = "") -> RegisterResult:
         """Registers a hashed embedding table (docs/api.md, "Embedding tables"): any int64 is a
         key (a feature id), and the table holds the rows of at most ``capacity`` keys.
 
@@ -303,6 +304,7 @@ class TableCalls:
           param_group: as register_table's (fp32 params and state, no amsgrad, decoupled
             weight decay).
           prefix: prepended to ``name``.
+          plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
 
         No values are sent. pull_parameters reads the table's slots (a free slot as zeros);
         checkpoints keep its slots with their keys, and restore them bit for bit. load_state
@@ -334,7 +336,7 @@ class TableCalls:
 
         def requests():
             yield pb.RegisterTensorsRequest(header=pb.RegisterTensorsHeader(
-                tensors=[spec], model=self.model)).SerializeToString()
+                tensors=[spec], model=self.model, plan_hash=plan_hash)).SerializeToString()
 
         resp = self._register_tensors(requests(), timeout=self._timeout())
         return RegisterResult(int(resp.tensors_created), int(resp.tensors_existing),
@@ -343,7 +345,7 @@ class TableCalls:
     def push_rows(self, rows: Mapping[str, Any], *, dense=None, grad_dtype="float32",
                   grad_scale: Optional[float] = None, prefix: str = "",
                   client_id: Optional[str] = None, sequence_number: int = 0,
-                  base_version: Optional[int] = None) -> PushResult:
+                  base_version: Optional[int] = None, plan_hash: str = "") -> PushResult:
         """Pushes gradient rows of embedding tables, and optionally dense gradients, as one
         atomic step: all of it or none of it.
 
@@ -387,6 +389,7 @@ class TableCalls:
             push too far behind); None sends the version of this client's last
             pull_parameters (lookup_rows does not change it: pass its ``version`` where a
             trainer reads tables only).
+          plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
 
         The push is one PushGradients call over grpcio (whatever the client's transport): the
         header, the dense chunks, then the rows, split over as many TableRows as keep each
@@ -449,6 +452,7 @@ class TableCalls:
             tensors=[n for n, _ in dense_items],
             tables=table_names,
             model=self.model,
+            plan_hash=plan_hash,
         )
         if grad_scale is not None:
             header.grad_scale = grad_scale

@@ -33,6 +33,7 @@ from fusedps import _dtypes
 from fusedps._lazy import LazyModule
 from fusedps._requests import (_FIELDS, ModelLike, _check_sendable, _named_tensors,
                                checked_group_hyperparameters, checked_states)
+from fusedps._sharded_tables import ShardedLookedUpRows, TableShardCalls
 from fusedps.client import Client
 from fusedps.results import (ModelDeleted, ModelInfo, ParamGroup, PushResult, RegisterResult,
                              ServerInfo)
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 else:
     torch = LazyModule("torch")
 
-__all__ = ["PulledShards", "ShardedClient", "ShardedPushResult"]
+__all__ = ["PulledShards", "ShardedClient", "ShardedLookedUpRows", "ShardedPushResult"]
 
 T = TypeVar("T")
 
@@ -90,8 +91,10 @@ class PulledShards(dict):
         self.dtype = dtype
 
 
-class ShardedClient:
-    """A connection to the S servers (shards) of one sharded model.
+class ShardedClient(TableShardCalls):
+    """A connection to the S servers (shards) of one sharded model. Embedding tables are
+    striped over every shard by key (fusedps/_sharded_tables.py: register_table,
+    register_hashed_table, push_rows, lookup_rows).
 
     Args:
       targets: "host:port" of each server; shard i is targets[i].
@@ -135,6 +138,7 @@ class ShardedClient:
         self.plan: Optional[ShardPlan] = None
         self._slices_of: Dict[str, List[PlanSlice]] = {}
         self._shape_of: Dict[str, Tuple[int, ...]] = {}
+        self._tables: Dict = {}  # Table name -> how it is striped (_sharded_tables._Table).
         if plan is not None:
             self._set_plan(plan)
 
@@ -496,6 +500,13 @@ class ShardedClient:
         self._shape_of = {t.name: t.shape for t in plan.tensors}
         for s in plan.slices:
             self._slices_of.setdefault(s.tensor, []).append(s)
+
+    def _table_plan_hash(self) -> str:
+        """The plan hash tables are registered and pushed with: the model's plan's, or, for a
+        ShardedClient of tables alone, the empty plan's over these shards (register the model
+        first when there is one: a shard keeps the first plan it is registered with)."""
+        plan = self.plan if self.plan is not None else make_plan([], len(self.clients))
+        return plan.hash
 
     def _require_plan(self) -> ShardPlan:
         if self.plan is None:
