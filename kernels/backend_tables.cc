@@ -28,16 +28,25 @@ absl::StatusOr<RowSparseTable> TableView(const TensorTable& table, const Arenas&
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".dim = ", dim, " does not divide tensor ", tensor, "'s ", numel, " elements"));
   }
-  if (!IsFloat32Layout(table.layout(tensor))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".tensor = ", tensor,
-        ": an embedding table needs fp32 params and state (its group's state_dtype and "
-        "params_dtype)"));
+  const TensorLayout layout = table.layout(tensor);
+  if (layout.params != ParamsDType::kFloat32 ||
+      (layout.state != StateDType::kFloat32 && layout.state != StateDType::kBFloat16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".tensor = ", tensor,
+                     ": an embedding table needs fp32 params and fp32 or bf16 state (its group's "
+                     "params_dtype and state_dtype)"));
   }
   RowSparseTable view;
   view.params = absl::MakeSpan(arenas.params32 + table.param_offset(tensor), numel);
-  view.exp_avg = absl::MakeSpan(arenas.exp_avg32 + table.state_offset(tensor), numel);
-  view.exp_avg_sq = absl::MakeSpan(arenas.exp_avg_sq32 + table.state_offset(tensor), numel);
+  const uint64_t state = table.state_offset(tensor);
+  if (layout.state == StateDType::kBFloat16) {
+    view.bf16_state = true;
+    view.exp_avg16 = absl::MakeSpan(arenas.exp_avg16 + state, numel);
+    view.exp_avg_sq16 = absl::MakeSpan(arenas.exp_avg_sq16 + state, numel);
+  } else {
+    view.exp_avg = absl::MakeSpan(arenas.exp_avg32 + state, numel);
+    view.exp_avg_sq = absl::MakeSpan(arenas.exp_avg_sq32 + state, numel);
+  }
   view.rows = static_cast<int64_t>(numel / dim);
   view.dim = static_cast<int64_t>(dim);
   view.step = table.step(tensor);
@@ -135,28 +144,29 @@ void ApplyTableRows(std::vector<PreparedTableRows>& prepared) {
       std::memcpy(p.view.params.data() + at,
                   p.init_params.data() + static_cast<size_t>(p.init_of_row[r]) * dim,
                   dim * sizeof(float));
-      std::fill_n(p.view.exp_avg.data() + at, dim, 0.0f);
-      std::fill_n(p.view.exp_avg_sq.data() + at, dim, 0.0f);
+      ZeroRowMoments(p.view, p.rows.keys[r]);
     }
     UpdateTableRows(p.view, p.s, p.rows.keys, p.rows.grads);
   }
 }
 
-absl::StatusOr<absl::Span<float>> CheckReadRows(const TensorTable& table, const Arenas& arenas,
-                                                const ReadRowsRequest& request) {
+absl::StatusOr<TableField> CheckReadRows(const TensorTable& table, const Arenas& arenas,
+                                         const ReadRowsRequest& request) {
   absl::StatusOr<RowSparseTable> view =
       TableView(table, arenas, request.tensor, request.dim, "request");
   if (!view.ok()) return view.status();
-  absl::Span<float> source;
+  TableField source;
   switch (request.field) {
     case TensorField::kParam:
-      source = view->params;
+      source.f32 = view->params.data();
       break;
     case TensorField::kExpAvg:
-      source = view->exp_avg;
+      source.f32 = view->exp_avg.data();
+      source.bf16 = view->exp_avg16.data();
       break;
     case TensorField::kExpAvgSq:
-      source = view->exp_avg_sq;
+      source.f32 = view->exp_avg_sq.data();
+      source.bf16 = view->exp_avg_sq16.data();
       break;
     default:
       return absl::InvalidArgumentError(
@@ -178,12 +188,17 @@ absl::StatusOr<absl::Span<float>> CheckReadRows(const TensorTable& table, const 
 
 absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
                            const ReadRowsRequest& request) {
-  absl::StatusOr<absl::Span<float>> source = CheckReadRows(table, arenas, request);
+  absl::StatusOr<TableField> source = CheckReadRows(table, arenas, request);
   if (!source.ok()) return source.status();
   const auto dim = static_cast<size_t>(request.dim);
   for (size_t i = 0; i < request.keys.size(); ++i) {
-    std::memcpy(request.dst + i * dim, source->data() + static_cast<size_t>(request.keys[i]) * dim,
-                dim * sizeof(float));
+    const size_t at = static_cast<size_t>(request.keys[i]) * dim;
+    if (source->bf16 != nullptr) {
+      for (size_t j = 0; j < dim; ++j)
+        request.dst[i * dim + j] = BFloat16ToFloat(source->bf16[at + j]);
+    } else {
+      std::memcpy(request.dst + i * dim, source->f32 + at, dim * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }

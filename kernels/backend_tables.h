@@ -1,7 +1,8 @@
 // backend_tables.h: the backends' embedding tables (backend.h: TableRows in a Step, ReadRows),
 // the host side both share. A dense-id table is a registered tensor of rows * dim elements read
-// as a row-major [rows, dim] matrix: its params and moments lie in the fp32 arenas at the
-// tensor's offsets (tensor_table.h), and its step count is the tensor's. The step of its pushed
+// as a row-major [rows, dim] matrix: its params and moments lie in the fp32 arenas (the moments
+// in the bf16 ones for a group with bf16 state) at the tensor's offsets (tensor_table.h), and
+// its step count is the tensor's. The step of its pushed
 // rows is row_sparse.h's (torch.optim.SparseAdam's math, sparse_adam_math.h): this file checks a
 // step's rows against the tensor table, prepares them (duplicates summed, gradients unscaled,
 // finiteness) and, on the CPU backend, applies them, so that a backend steps dense tensors and
@@ -66,10 +67,16 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
 // table's step (TensorTable::AdvanceSteps).
 void ApplyTableRows(std::vector<PreparedTableRows>& prepared);
 
-// OptimizerBackend::ReadRows's checks (its errors): on success, the field's [rows, dim] elements
-// in `arenas` that the keys index.
-absl::StatusOr<absl::Span<float>> CheckReadRows(const TensorTable& table, const Arenas& arenas,
-                                                const ReadRowsRequest& request);
+// Where a table's field lies in the arenas, [rows, dim] row-major: fp32 values, or (the moments
+// of a table with bf16 state) bf16 bit patterns, bf16 then set.
+struct TableField {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
+// OptimizerBackend::ReadRows's checks (its errors): on success, where the field lies.
+absl::StatusOr<TableField> CheckReadRows(const TensorTable& table, const Arenas& arenas,
+                                         const ReadRowsRequest& request);
 
 // OptimizerBackend::ReadRows on host arenas (the CPU backend's): checks it and copies the rows.
 absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,

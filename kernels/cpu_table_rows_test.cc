@@ -148,9 +148,9 @@ TEST(CpuTableRowsTest, ANonFiniteRowSkipsTheWholeStep) {
 TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
   std::mt19937 rng(5);
   Shard shard(DecayedSparseAdam(), rng);
-  AdamWHyperparameters bf16 = DecayedSparseAdam();
-  bf16.state_dtype = StateDType::kBFloat16;
-  ASSERT_TRUE(shard.backend->SetParamGroup(1, bf16).ok());
+  AdamWHyperparameters bf16_params = DecayedSparseAdam();
+  bf16_params.params_dtype = ParamsDType::kBFloat16;
+  ASSERT_TRUE(shard.backend->SetParamGroup(1, bf16_params).ok());
   AdamWHyperparameters amsgrad = DecayedSparseAdam();
   amsgrad.amsgrad = true;
   ASSERT_TRUE(shard.backend->SetParamGroup(2, amsgrad).ok());
@@ -191,7 +191,7 @@ TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
       {{2, kDim, good, grads},
        dense_tensor,
        false,
-       "table_rows[0].tensor = 2: an embedding table needs fp32 params and state"},
+       "table_rows[0].tensor = 2: an embedding table needs fp32 params and fp32 or bf16 state"},
       {{3, kDim, good, grads}, dense_tensor, false, "table_rows[0]: hyper.amsgrad"},
       {{1, kDim, good, grads}, {}, true, "table_rows: a step from the accumulator"},
       {{1, kDim, good, grads, init_other, absl::MakeConstSpan(init_params).subspan(0, kDim)},

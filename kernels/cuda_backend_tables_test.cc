@@ -82,7 +82,9 @@ TEST_F(CudaTablesTest, RowsAloneAndWithDenseTensorsMatchTheCpuBackendBitForBit) 
   maximize.maximize = true;
   AdamWHyperparameters plain;  // SparseAdam's own: no weight decay.
   plain.weight_decay = 0.0;
-  for (const AdamWHyperparameters& h : {DecayedSparseAdam(), maximize, plain}) {
+  AdamWHyperparameters bf16 = DecayedSparseAdam();  // Moments stored as bf16.
+  bf16.state_dtype = StateDType::kBFloat16;
+  for (const AdamWHyperparameters& h : {DecayedSparseAdam(), maximize, plain, bf16}) {
     std::mt19937 rng(5);
     Pair pair(h, rng);
     for (int step = 1; step <= 8; ++step) {

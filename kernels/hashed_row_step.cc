@@ -43,8 +43,7 @@ absl::StatusOr<bool> ApplyHashedRowStep(RowSparseTable& table, HashedRowIndex& i
   for (const int64_t i : plan->created) {
     const size_t offset = static_cast<size_t>(plan->slots[i]) * dim;
     InitRow(seed, plan->keys[i], init_std, table.dim, table.params.data() + offset);
-    std::fill_n(table.exp_avg.data() + offset, dim, 0.0f);
-    std::fill_n(table.exp_avg_sq.data() + offset, dim, 0.0f);
+    ZeroRowMoments(table, plan->slots[i]);
   }
   UpdateTableRows(table, s, plan->slots, rows.grads);
   return true;

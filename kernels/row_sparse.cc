@@ -29,22 +29,29 @@ absl::Status CheckTable(const RowSparseTable& table) {
   if (table.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("table.step = ", table.step, " is below 0"));
   }
+  const bool bf16 = table.bf16_state;
   const struct {
     const char* name;
-    absl::Span<float> values;
+    size_t size;
   } fields[] = {
-      {"params", table.params}, {"exp_avg", table.exp_avg}, {"exp_avg_sq", table.exp_avg_sq}};
+      {"params", table.params.size()},
+      {bf16 ? "exp_avg16" : "exp_avg", bf16 ? table.exp_avg16.size() : table.exp_avg.size()},
+      {bf16 ? "exp_avg_sq16" : "exp_avg_sq",
+       bf16 ? table.exp_avg_sq16.size() : table.exp_avg_sq.size()}};
   for (const auto& field : fields) {
-    if (!IsRowsByDim(field.values.size(), table.rows, table.dim)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table.", field.name, " has ", field.values.size(),
-                       " floats, not rows * dim = ", table.rows, " * ", table.dim));
+    if (!IsRowsByDim(field.size, table.rows, table.dim)) {
+      return absl::InvalidArgumentError(absl::StrCat("table.", field.name, " has ", field.size,
+                                                     " elements, not rows * dim = ", table.rows,
+                                                     " * ", table.dim));
     }
+  }
+  if (bf16 && (!table.exp_avg.empty() || !table.exp_avg_sq.empty())) {
+    return absl::InvalidArgumentError("table: both fp32 and bf16 moments");
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper) {
+absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper, bool bf16_state) {
   if (hyper.amsgrad) {
     return absl::InvalidArgumentError("hyper.amsgrad: row-sparse steps do not support amsgrad");
   }
@@ -52,9 +59,13 @@ absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper) {
     return absl::InvalidArgumentError(
         "hyper.decoupled_weight_decay: row-sparse steps support decoupled weight decay only");
   }
-  if (hyper.state_dtype != StateDType::kFloat32 || hyper.params_dtype != ParamsDType::kFloat32) {
-    return absl::InvalidArgumentError(
-        "hyper.state_dtype and hyper.params_dtype: row-sparse tables are fp32");
+  if (hyper.params_dtype != ParamsDType::kFloat32) {
+    return absl::InvalidArgumentError("hyper.params_dtype: row-sparse tables keep fp32 params");
+  }
+  if (hyper.state_dtype != (bf16_state ? StateDType::kBFloat16 : StateDType::kFloat32)) {
+    return absl::InvalidArgumentError(absl::StrCat("hyper.state_dtype: the table's moments are ",
+                                                   bf16_state ? "bf16" : "fp32",
+                                                   " (row-sparse tables keep fp32 or bf16 state)"));
   }
   return absl::OkStatus();
 }
@@ -103,7 +114,7 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
 absl::Status CheckRowSparseStep(const RowSparseTable& table, const AdamWHyperparameters& hyper,
                                 float grad_scale) {
   if (absl::Status s = CheckTable(table); !s.ok()) return s;
-  if (absl::Status s = CheckHyperparameters(hyper); !s.ok()) return s;
+  if (absl::Status s = CheckHyperparameters(hyper, table.bf16_state); !s.ok()) return s;
   if (!std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat("grad_scale = ", grad_scale, " is not finite"));
   }
@@ -125,9 +136,29 @@ void UpdateTableRows(RowSparseTable& table, const AdamWStepScalars& s,
     const size_t offset = static_cast<size_t>(rows[i]) * dim;
     const float* g = grads.data() + i * dim;
     float* param = table.params.data() + offset;
+    if (table.bf16_state) {
+      uint16_t* exp_avg = table.exp_avg16.data() + offset;
+      uint16_t* exp_avg_sq = table.exp_avg_sq16.data() + offset;
+      for (size_t j = 0; j < dim; ++j) {
+        SparseAdamUpdateBFloat16State(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
+      }
+      continue;
+    }
     float* exp_avg = table.exp_avg.data() + offset;
     float* exp_avg_sq = table.exp_avg_sq.data() + offset;
     for (size_t j = 0; j < dim; ++j) SparseAdamUpdate(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
+  }
+}
+
+void ZeroRowMoments(RowSparseTable& table, int64_t row) {
+  const auto dim = static_cast<size_t>(table.dim);
+  const size_t offset = static_cast<size_t>(row) * dim;
+  if (table.bf16_state) {
+    std::fill_n(table.exp_avg16.data() + offset, dim, uint16_t{0});
+    std::fill_n(table.exp_avg_sq16.data() + offset, dim, uint16_t{0});
+  } else {
+    std::fill_n(table.exp_avg.data() + offset, dim, 0.0f);
+    std::fill_n(table.exp_avg_sq.data() + offset, dim, 0.0f);
   }
 }
 

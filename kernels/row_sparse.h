@@ -47,6 +47,12 @@ struct RowSparseTable {
   int64_t rows = 0;  // >= 0
   int64_t dim = 0;   // >= 1
   int64_t step = 0;  // >= 0
+  // A table with bf16 state (its group's state_dtype): the moments are here instead, as bf16
+  // bit patterns of rows * dim each (exp_avg and exp_avg_sq then empty), widened to fp32 for
+  // each update and stored rounded to nearest even (SparseAdamUpdateBFloat16State).
+  absl::Span<uint16_t> exp_avg16 = {};
+  absl::Span<uint16_t> exp_avg_sq16 = {};
+  bool bf16_state = false;  // The moments are exp_avg16 and exp_avg_sq16.
 };
 
 // A push's gradients with duplicate keys summed.
@@ -71,8 +77,9 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
 // only increments step, as torch's), false when it was skipped for a non-finite gradient.
 // Errors (INVALID_ARGUMENT, nothing changed):
 //   - table: dim < 1, rows < 0, step < 0, or params / exp_avg / exp_avg_sq not rows * dim floats;
-//   - hyper: amsgrad, L2 weight decay (decoupled_weight_decay false, weight_decay != 0), or a
-//     state_dtype or params_dtype other than fp32;
+//   - hyper: amsgrad, L2 weight decay (decoupled_weight_decay false, weight_decay != 0), a
+//     params_dtype other than fp32, or a state_dtype other than the table's moments (fp32 or
+//     bf16);
 //   - grad_scale: NaN or infinite;
 //   - keys: a key outside [0, table.rows);
 //   - grads: not keys.size() * table.dim floats.
@@ -101,6 +108,10 @@ bool UnscaleRowGrads(const AdamWStepScalars& s, absl::Span<float> grads);
 // REQUIRES: each row in [0, table.rows), none twice; grads.size() == rows.size() * table.dim.
 void UpdateTableRows(RowSparseTable& table, const AdamWStepScalars& s,
                      absl::Span<const int64_t> rows, absl::Span<const float> grads);
+
+// Sets row `row`'s moments to zero (fp32 or bf16), as a created row's. REQUIRES: row in
+// [0, table.rows).
+void ZeroRowMoments(RowSparseTable& table, int64_t row);
 
 }  // namespace fusedps
 

@@ -72,6 +72,18 @@ FUSEDPS_HOST_DEVICE void SparseAdamUpdate(const AdamWStepScalars& s, float g, fl
   param = param + -s.folded_step_size * (exp_avg / denom);
 }
 
+// The same for a table with bf16 state (bf16 bit patterns): the moments are widened to fp32,
+// updated as above (the param with the fp32 moments), and stored rounded to nearest even, as
+// quant_math.h's AdamWUpdateBFloat16State stores a dense tensor's.
+FUSEDPS_HOST_DEVICE void SparseAdamUpdateBFloat16State(const AdamWStepScalars& s, float g,
+                                                       float& param, uint16_t& exp_avg,
+                                                       uint16_t& exp_avg_sq) {
+  float m = BFloat16ToFloat(exp_avg), v = BFloat16ToFloat(exp_avg_sq);
+  SparseAdamUpdate(s, g, param, m, v);
+  exp_avg = FloatToBFloat16(m);
+  exp_avg_sq = FloatToBFloat16(v);
+}
+
 }  // namespace fusedps
 
 #endif  // FUSEDPS_KERNELS_SPARSE_ADAM_MATH_H_

@@ -222,7 +222,7 @@ absl::Status CudaBackend::CopyFromSnapshot(const void* snapshot, uint64_t offset
 
 absl::Status CudaBackend::ReadRows(const ReadRowsRequest& request) {
   FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
-  absl::StatusOr<absl::Span<float>> field = CheckReadRows(table_, arenas_.Pointers(), request);
+  absl::StatusOr<TableField> field = CheckReadRows(table_, arenas_.Pointers(), request);
   if (!field.ok()) return field.status();
   const uint64_t count = request.keys.size();
   if (count == 0) return absl::OkStatus();
@@ -235,8 +235,8 @@ absl::Status CudaBackend::ReadRows(const ReadRowsRequest& request) {
                                                count * sizeof(int64_t), cudaMemcpyHostToDevice,
                                                stream_));
   if (absl::Status s =
-          LaunchTableRowsGather(launches_, apply_grid_, stream_, field->data(), request.dim,
-                                row_keys_.data(), count, read_scratch_.data());
+          LaunchTableRowsGather(launches_, apply_grid_, stream_, field->f32, field->bf16,
+                                request.dim, row_keys_.data(), count, read_scratch_.data());
       !s.ok()) {
     return s;
   }

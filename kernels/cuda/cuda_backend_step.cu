@@ -87,6 +87,8 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
     t.params = r.view.params.data();
     t.exp_avg = r.view.exp_avg.data();
     t.exp_avg_sq = r.view.exp_avg_sq.data();
+    t.exp_avg16 = r.view.exp_avg16.data();
+    t.exp_avg_sq16 = r.view.exp_avg_sq16.data();
     t.step = step_dev_.data() + r.tensor;
     t.first_row = first_row;
     t.grad_offset = grad_offset;

@@ -37,7 +37,17 @@ __global__ void __launch_bounds__(kThreads)
     // A row that starts over reads its init params and zero moments instead of its slot's.
     const int32_t init = table.init_of_row == nullptr ? -1 : table.init_of_row[r];
     const float* init_param = init < 0 ? nullptr : table.init_params + init * table.dim + col;
-    if (table.width == 4) {
+    if (table.exp_avg16 != nullptr) {  // bf16 state.
+      for (uint64_t j = 0; j < table.width; ++j) {
+        float param = init_param == nullptr ? table.params[at + j] : init_param[j];
+        uint16_t exp_avg = init_param == nullptr ? table.exp_avg16[at + j] : uint16_t{0};
+        uint16_t exp_avg_sq = init_param == nullptr ? table.exp_avg_sq16[at + j] : uint16_t{0};
+        SparseAdamUpdateBFloat16State(table.s, g[j], param, exp_avg, exp_avg_sq);
+        table.params[at + j] = param;
+        table.exp_avg16[at + j] = exp_avg;
+        table.exp_avg_sq16[at + j] = exp_avg_sq;
+      }
+    } else if (table.width == 4) {
       float4 param, exp_avg, exp_avg_sq;
       if (init_param == nullptr) {
         param = *reinterpret_cast<const float4*>(table.params + at);
@@ -69,12 +79,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    TableRowsGather(const float* field, uint64_t dim, const int64_t* keys, uint64_t count,
-                    float* out) {
+    TableRowsGather(const float* field32, const uint16_t* field16, uint64_t dim,
+                    const int64_t* keys, uint64_t count, float* out) {
   const uint32_t lane = threadIdx.x % 32;
   for (uint64_t i = FirstRow(); i < count; i += RowStride()) {
-    const float* row = field + static_cast<uint64_t>(keys[i]) * dim;
-    for (uint64_t j = lane; j < dim; j += 32) out[i * dim + j] = row[j];
+    const uint64_t row = static_cast<uint64_t>(keys[i]) * dim;
+    for (uint64_t j = lane; j < dim; j += 32) {
+      out[i * dim + j] = field32 != nullptr ? field32[row + j] : BFloat16ToFloat(field16[row + j]);
+    }
   }
 }
 
@@ -105,11 +117,11 @@ absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int grid, cudaStream
 }
 
 absl::Status LaunchTableRowsGather(LaunchCounter& launches, int grid, cudaStream_t stream,
-                                   const float* field, uint64_t dim, const int64_t* keys,
-                                   uint64_t count, float* out) {
+                                   const float* field32, const uint16_t* field16, uint64_t dim,
+                                   const int64_t* keys, uint64_t count, float* out) {
   return launches.Launch("fusedps_table_rows_gather", TableRowsGather,
-                         Blocks(grid, count, kWarpsPerBlock), 0, stream, field, dim, keys, count,
-                         out);
+                         Blocks(grid, count, kWarpsPerBlock), 0, stream, field32, field16, dim,
+                         keys, count, out);
 }
 
 }  // namespace gpu

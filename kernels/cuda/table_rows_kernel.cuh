@@ -27,9 +27,12 @@ namespace gpu {
 
 // One table of a step, as the update reads it (device memory).
 struct RowTable {
-  float* params = nullptr;  // The table's [rows, dim] fp32 params, row-major (its arena range).
-  float* exp_avg = nullptr;
+  float* params = nullptr;   // The table's [rows, dim] fp32 params, row-major (its arena range).
+  float* exp_avg = nullptr;  // fp32 state; null with bf16 state.
   float* exp_avg_sq = nullptr;
+  // bf16 state (bf16 bit patterns, rounded to nearest even after each update); null with fp32.
+  uint16_t* exp_avg16 = nullptr;
+  uint16_t* exp_avg_sq16 = nullptr;
   int64_t* step = nullptr;   // The tensor's device step count: the launch adds one.
   uint64_t first_row = 0;    // Its first row in the launch's keys (and gradient rows).
   uint64_t grad_offset = 0;  // Its first gradient element in the launch's grads.
@@ -61,11 +64,12 @@ absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int grid, cudaStream
                                    const RowTable* tables, uint32_t table_count,
                                    const int64_t* keys, const float* grads, uint64_t units);
 
-// Copies `count` rows of a [rows, dim] fp32 field to out (row i is row keys[i] of the field) in
-// one launch ("fusedps_table_rows_gather"). REQUIRES: keys in [0, rows); device memory.
+// Copies `count` rows of a [rows, dim] field to out as fp32 (row i is row keys[i] of the
+// field) in one launch ("fusedps_table_rows_gather"): field32's fp32 values, or, when field32
+// is null, field16's bf16 values widened. REQUIRES: keys in [0, rows); device memory.
 absl::Status LaunchTableRowsGather(LaunchCounter& launches, int grid, cudaStream_t stream,
-                                   const float* field, uint64_t dim, const int64_t* keys,
-                                   uint64_t count, float* out);
+                                   const float* field32, const uint16_t* field16, uint64_t dim,
+                                   const int64_t* keys, uint64_t count, float* out);
 
 }  // namespace gpu
 }  // namespace fusedps

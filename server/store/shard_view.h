@@ -149,9 +149,9 @@ inline constexpr size_t kMaxPlanHashBytes = 64;
 absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
                            absl::string_view field, bool registering);
 
-// OK when a param group can hold embedding tables: fp32 params and state, no amsgrad, decoupled
-// weight decay (kernels/row_sparse.h's step). Else INVALID_ARGUMENT naming `field` and what the
-// group has.
+// OK when a param group can hold embedding tables: fp32 params, fp32 or bf16 state, no amsgrad,
+// decoupled weight decay (kernels/row_sparse.h's step). Else INVALID_ARGUMENT naming `field` and
+// what the group has.
 absl::Status CheckTableGroup(const ParamGroupSpec& group, absl::string_view field);
 
 // Number of elements of a shape; INVALID_ARGUMENT for a negative dim or over kMaxTensorNumel.

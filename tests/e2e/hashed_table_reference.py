@@ -50,7 +50,8 @@ def init_row(seed: int, key: int, init_std: float, dim: int) -> torch.Tensor:
 class HashedTableReference:
     """A hashed table of ``capacity`` slots of ``dim`` floats, stepped by SparseAdam."""
 
-    def __init__(self, capacity: int, dim: int, seed: int, init_std: float, **hyper):
+    def __init__(self, capacity: int, dim: int, seed: int, init_std: float, *,
+                 bf16_state: bool = False, **hyper):
         self.capacity, self.dim, self.seed, self.init_std = capacity, dim, seed, init_std
         self.weight = torch.nn.Parameter(torch.zeros(capacity, dim))
         self.optimizer = torch.optim.SparseAdam([self.weight], **hyper)
@@ -59,6 +60,8 @@ class HashedTableReference:
         self.stamp = [-1] * capacity  # -1: a free slot.
         self.step = 0
         self.evictions = 0
+        # A table with bf16 state: the moments rounded to bf16 (nearest even) after each step.
+        self.bf16_state = bf16_state
 
     def push(self, keys: torch.Tensor, grads: torch.Tensor) -> int:
         """Applies one push (keys with repeats, their [n, dim] gradient rows); returns the
@@ -95,6 +98,10 @@ class HashedTableReference:
         self.weight.grad = torch.sparse_coo_tensor(slots.unsqueeze(0), grads.float(),
                                                    (self.capacity, self.dim))
         self.optimizer.step()
+        if self.bf16_state:
+            state = self.optimizer.state[self.weight]
+            for field in ("exp_avg", "exp_avg_sq"):
+                state[field].copy_(state[field].bfloat16().float())
         self.evictions += evicted
         return evicted
 

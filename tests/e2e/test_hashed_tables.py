@@ -55,17 +55,18 @@ def _assert_matches(client, table: str, ref: HashedTableReference, what: str) ->
                                    msg=lambda m: f"{what}: {field} by key: {m}")
 
 
-@pytest.mark.parametrize("dim", [8, 6])
+@pytest.mark.parametrize("dim,state_dtype", [(8, "fp32"), (6, "fp32"), (8, "bf16")])
 def test_hashed_table_evicts_least_recently_updated_and_matches_sparse_adam(server_target,
-                                                                           dim):
+                                                                           dim, state_dtype):
     """24 pushes of keys from 40 feature ids into a table of 16 slots (duplicates in each
     push; most pushes evict): the slots, every key's params and moments, and the step follow
     the reference, which assigns slots and evicts by the documented rules and steps with
-    torch.optim.SparseAdam. dim 8 and 6: the CUDA update's 16-byte and 4-byte paths."""
-    prefix, group = f"hashed.parity{dim}.", f"hashed.parity{dim}"
+    torch.optim.SparseAdam. dim 8 and 6: the CUDA update's 16-byte and 4-byte paths; bf16
+    state: the reference's moments rounded to bf16 after each step."""
+    prefix, group = f"hashed.parity{dim}{state_dtype}.", f"hashed.parity{dim}{state_dtype}"
     capacity, seed, init_std = 16, 12345, 0.1
     with fusedps.Client(server_target, max_chunk_bytes=2048) as client:
-        client.register_param_group(group, weight_decay=0.0, **HYPER)
+        client.register_param_group(group, weight_decay=0.0, state_dtype=state_dtype, **HYPER)
         registered = client.register_hashed_table("emb", capacity, dim, seed=seed,
                                                    init_std=init_std, param_group=group,
                                                    prefix=prefix)
@@ -74,7 +75,8 @@ def test_hashed_table_evicts_least_recently_updated_and_matches_sparse_adam(serv
         info = {t.name: t for t in client.list_tensors()}[table]
         assert (info.table, info.hashed, info.shape) == (True, True, (capacity, dim))
         assert info.table_seed == seed and info.table_init_std == pytest.approx(init_std)
-        ref = HashedTableReference(capacity, dim, seed, init_std, **HYPER)
+        ref = HashedTableReference(capacity, dim, seed, init_std,
+                                   bf16_state=state_dtype == "bf16", **HYPER)
         _assert_matches(client, table, ref, "before any push")  # Every key: its initializer.
         gen = torch.Generator().manual_seed(dim)
         evictions = 0
@@ -158,9 +160,9 @@ def test_registration_of_hashed_tables(server_target):
                                          param_group=group, prefix=prefix)
         with pytest.raises(fusedps.errors.AlreadyExists, match="hashed"):
             client.register_table("emb", torch.zeros(32, 4), param_group=group, prefix=prefix)
-        client.register_param_group(group + ".bf16", state_dtype="bf16", **HYPER)
+        client.register_param_group(group + ".int8", state_dtype="int8", **HYPER)
         with pytest.raises(fusedps.errors.InvalidArgument, match="param_group"):
-            client.register_hashed_table("bf16", 8, 4, param_group=group + ".bf16",
+            client.register_hashed_table("int8", 8, 4, param_group=group + ".int8",
                                          prefix=prefix)
         for bad in (dict(capacity=-1), dict(dim=0), dict(init_std=-1.0),
                     dict(init_std=float("nan")), dict(seed=-1)):

@@ -344,13 +344,45 @@ def test_grad_bytes_count_the_rows(server_target):
             assert result.grad_bytes >= 4 * 6 * itemsize, grad_dtype
 
 
+def test_bf16_state_table_matches_sparse_adam_with_bf16_moments(server_target):
+    """A table in a group with state_dtype bf16 stores its moments as bf16, rounded to nearest
+    even after each update, the params fp32: 20 pushes give torch.optim.SparseAdam's params when
+    its moments are rounded to bf16 after each of its steps (torch's .bfloat16() rounds to
+    nearest even), and those moments exactly, widened to fp32 by the lookups."""
+    prefix, group = "bf16state.", "tables.bf16state"
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8)
+    torch.manual_seed(6)
+    emb = torch.nn.Embedding(40, 8, sparse=True)
+    with fusedps.Client(server_target) as client:
+        client.register_param_group(group, weight_decay=0.0, state_dtype="bf16", **hyper)
+        client.register_table("emb", emb.weight.detach(), param_group=group, prefix=prefix)
+        info = {t.name: t for t in client.list_tensors()}[prefix + "emb"]
+        assert (info.params_dtype, info.state_dtype) == ("fp32", "bf16")
+        optimizer = torch.optim.SparseAdam(emb.parameters(), **hyper)
+        gen = torch.Generator().manual_seed(7)
+        for step in range(1, 21):
+            grad = _embedding_grad(emb, _batch(gen, 40, 30, 10), gen)
+            client.push_rows({"emb": grad}, prefix=prefix)
+            optimizer.step()
+            state = optimizer.state[emb.weight]
+            for field in ("exp_avg", "exp_avg_sq"):
+                state[field].copy_(state[field].bfloat16().float())
+        state = optimizer.state[emb.weight]
+        got = {f: _all_rows(client, prefix + "emb", 40, f).rows for f in FIELDS}
+        torch.testing.assert_close(got["param"], emb.weight.detach(), rtol=RTOL, atol=ATOL)
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(got[field], got[field].bfloat16().float()), field  # bf16 values
+            torch.testing.assert_close(got[field], state[field], rtol=2**-8, atol=1e-12,
+                                       msg=lambda m: f"{field}: {m}")
+
+
 @pytest.mark.parametrize("storage", [
-    dict(state_dtype="bf16"), dict(state_dtype="int8"), dict(amsgrad=True),
+    dict(state_dtype="int8"), dict(amsgrad=True),
     dict(params_dtype="bf16"), dict(decoupled_weight_decay=False)])
 def test_a_group_a_table_cannot_have_is_refused(server_target, storage):
-    """A table's group must keep fp32 params and state, without amsgrad, with decoupled weight
-    decay: registering a table in another is INVALID_ARGUMENT naming param_group, and
-    registers nothing."""
+    """A table's group must keep fp32 params and fp32 or bf16 state, without amsgrad, with
+    decoupled weight decay: registering a table in another is INVALID_ARGUMENT naming
+    param_group, and registers nothing."""
     tag = "-".join(f"{k}.{v}" for k, v in storage.items())
     group, name = f"tables.refused-group.{tag}", f"refused-group.{tag}"
     with fusedps.Client(server_target) as client:

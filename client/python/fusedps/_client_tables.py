@@ -236,8 +236,9 @@ class TableCalls:
             and device (e.g. an nn.Embedding's weight); sent as float32, as register_model
             sends its tensors (the server keeps the fp32 master copy).
           param_group: a registered group (register_param_group). Its lr, betas, eps and
-            weight_decay apply; it must store fp32 params and state (state_dtype and
-            params_dtype "fp32"), without amsgrad, with decoupled weight decay (the default).
+            weight_decay apply; it must store fp32 params (params_dtype "fp32") and fp32 or
+            bf16 state (state_dtype "fp32" or "bf16": bf16 moments, rounded to nearest even
+            after each update), without amsgrad, with decoupled weight decay (the default).
           prefix: prepended to ``name``.
           plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
 
@@ -301,7 +302,7 @@ class TableCalls:
           dim: the row width, >= 1.
           seed: the initializer's seed, an unsigned 64-bit int.
           init_std: the initial rows' standard deviation, finite and >= 0 (stored as fp32).
-          param_group: as register_table's (fp32 params and state, no amsgrad, decoupled
+          param_group: as register_table's (fp32 params, fp32 or bf16 state, no amsgrad, decoupled
             weight decay).
           prefix: prepended to ``name``.
           plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
