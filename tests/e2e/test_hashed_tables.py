@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import fusedps
+import fusedps.checkpoint
 from checkpoint_server import ServerProcess, shard_digest
 from hashed_table_reference import HashedTableReference, init_row
 
@@ -255,3 +256,30 @@ def test_sigkill_during_hashed_pushes_restarts_bit_exact_at_the_checkpoint(tmp_p
         for keys, grads in pushes[:40]:
             client.push_rows({"emb": (keys, grads)})
         assert (_table_digest(client, "emb"), shard_digest(client)[0]) == resumed
+
+
+def test_checkpoint_reads_a_hashed_table_as_keys_and_rows(tmp_path):
+    """fusedps.checkpoint.hashed_tables reads a checkpoint's hashed table as the keys it holds
+    with their rows, moments and stamps: the keys and stamps the reference's, the rows what
+    the server's lookups of those keys read, bit for bit; the counters the server's."""
+    pushes = _pushes(15, seed=8)
+    ref = HashedTableReference(12, 4, 99, 0.05, **HYPER)
+    with ServerProcess([f"--checkpoint-dir={tmp_path}"]) as server:
+        client = fusedps.Client(server.target)
+        _register(client)
+        for keys, grads in pushes:
+            client.push_rows({"emb": (keys, grads)})
+            ref.push(keys, grads)
+        client.lookup_rows("emb", UNIVERSE[:5])  # 5 lookups, some misses, before the cut.
+        _, path = client.checkpoint()
+        held = fusedps.checkpoint.hashed_tables(path)
+        assert list(held) == ["emb"]
+        got = held["emb"]
+        assert sorted(got.keys.tolist()) == sorted(ref.slot_of)
+        assert got.stamps.tolist() == [ref.stamp[ref.slot_of[int(k)]] for k in got.keys]
+        assert (got.step, got.seed, got.init_std) == (15, 99, pytest.approx(0.05))
+        assert got.evictions_total == ref.evictions and got.lookups_total == 5
+        assert got.lookup_misses_total == sum(k not in ref.slot_of for k in UNIVERSE[:5])
+        for field in FIELDS:
+            served = client.lookup_rows("emb", got.keys, field=field).rows
+            assert torch.equal(getattr(got, field), served), field

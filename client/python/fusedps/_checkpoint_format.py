@@ -39,6 +39,8 @@ EXP_AVG_SQ = "exp_avg_sq.safetensors"
 MAX_EXP_AVG_SQ = "max_exp_avg_sq.safetensors"
 PARAM_COPY = "param_copy.safetensors"
 BUFFERS = "buffers.safetensors"  # The model's buffers, when it has any.
+# Per hashed embedding table t: "t.slot_keys" and "t.slot_stamps", I64 [capacity].
+HASHED_TABLES = "hashed_tables.safetensors"
 
 _DIR_RE = re.compile(r"checkpoint-([0-9]{20})\Z")
 # A param copy's dtype as formats 2 and 3 (and --param-copy-dtype) spell it -> format 4's DType

@@ -47,14 +47,16 @@ import torch
 
 from . import _checkpoint_format, _checkpoint_write, _dtypes, _hyperparameters
 from . import _stored_state as stored
-from ._checkpoint_format import (BUFFERS, EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION, LATEST,
-                                 MANIFEST, MAX_EXP_AVG_SQ, PARAMS, _DIR_RE, _PARAM_COPY_CODES)
+from ._checkpoint_format import (BUFFERS, EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION,
+                                 HASHED_TABLES, LATEST, MANIFEST, MAX_EXP_AVG_SQ, PARAMS, _DIR_RE,
+                                 _PARAM_COPY_CODES)
 from ._checkpoint_write import from_torch
 from ._safetensors import decode_safetensors, read_safetensors, write_safetensors
 from .v1 import checkpoint_pb2 as ckpt_pb
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "decode_safetensors", "from_torch", "read_safetensors",
-           "resolve_checkpoint", "to_torch", "write_safetensors"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "HashedTableState", "decode_safetensors", "from_torch",
+           "hashed_tables", "read_safetensors", "resolve_checkpoint", "to_torch",
+           "write_safetensors"]
 
 # Names of the format and of the writer that this module had before they moved.
 PARAM_COPY = _checkpoint_format.PARAM_COPY
@@ -313,3 +315,70 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
             "foreach": None, "capturable": False, "differentiable": False, "fused": None,
             "params": ids, "param_names": [t.name for t in members]})
     return model_state, {"state": state, "param_groups": param_groups}
+
+
+class HashedTableState(NamedTuple):
+    """The rows a hashed embedding table held at a checkpoint (docs/checkpoints.md), by key.
+
+    Attributes:
+      keys: [n] int64, the keys it held, in slot order.
+      param, exp_avg, exp_avg_sq: [n, dim] float32 (bf16 moments widened), row i keys[i]'s.
+      stamps: [n] int64, the table step at which each row was last created or updated (the
+        eviction order: smallest first, ties to the earlier slot).
+      step: the table's step count. seed, init_std: its initializer's (a key not held reads
+        as kernels/row_init.h's row for them, with zero moments).
+      evictions_total, lookups_total, lookup_misses_total: its counters.
+    """
+
+    keys: torch.Tensor
+    param: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    stamps: torch.Tensor
+    step: int
+    seed: int
+    init_std: float
+    evictions_total: int
+    lookups_total: int
+    lookup_misses_total: int
+
+
+def hashed_tables(path: str) -> Dict[str, HashedTableState]:
+    """Reads the hashed embedding tables of a checkpoint as (keys, rows): name ->
+    HashedTableState, in registration order; empty when it has none. to_torch reads such a
+    table as its [capacity, dim] slots, without their keys; this pairs each held slot's row
+    with its key (hashed_tables.safetensors).
+
+    Raises: as to_torch; ValueError for a hashed table whose slot entries are missing or of
+    another dtype or shape than I64 [capacity].
+    """
+    directory = resolve_checkpoint(path)
+    m, _ = _read_manifest(directory)
+    hashed = [t for t in m.tensors if t.HasField("hashed")]
+    if not hashed:
+        return {}
+    if HASHED_TABLES not in m.files:
+        raise ValueError(f"{os.path.join(directory, HASHED_TABLES)}: not in {MANIFEST}'s files")
+    what = os.path.join(directory, HASHED_TABLES)
+    slots = decode_safetensors(_read_verified(directory, HASHED_TABLES, m.files[HASHED_TABLES]),
+                               what)
+    model_state, optim_state = to_torch(directory)
+    index = {n: i for g in optim_state["param_groups"]
+             for i, n in zip(g["params"], g["param_names"])}
+    out: Dict[str, HashedTableState] = {}
+    for t in hashed:
+        capacity, dim = int(t.shape[0]), int(t.shape[1])
+        keys, stamps = slots.get(f"{t.name}.slot_keys"), slots.get(f"{t.name}.slot_stamps")
+        for name, v in ((f"{t.name}.slot_keys", keys), (f"{t.name}.slot_stamps", stamps)):
+            if v is None or v.dtype != torch.int64 or tuple(v.shape) != (capacity,):
+                raise ValueError(f"{what}: no int64 {name!r} of shape ({capacity},)")
+        held = torch.nonzero(cast(torch.Tensor, stamps) >= 0).reshape(-1)
+        st = optim_state["state"].get(index[t.name])
+        moments = [st[f][held] if st else torch.zeros(held.numel(), dim)
+                   for f in ("exp_avg", "exp_avg_sq")]
+        out[t.name] = HashedTableState(
+            cast(torch.Tensor, keys)[held], model_state[t.name][held], moments[0], moments[1],
+            cast(torch.Tensor, stamps)[held], int(t.step), int(t.hashed.seed),
+            float(t.hashed.init_std), int(t.hashed.evictions_total),
+            int(t.hashed.lookups_total), int(t.hashed.lookup_misses_total))
+    return out
