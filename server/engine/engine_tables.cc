@@ -84,25 +84,16 @@ void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
                 absl::StrCat("table ", QuoteName(meta.name), " has no index of hashed keys"))));
           }
           const std::vector<int64_t> found = index->second.Lookup(job.keys);
-          std::vector<int64_t> missed;
-          std::vector<size_t> missed_at;
           for (size_t i = 0; i < found.size(); ++i) {
             if (found[i] >= 0) {
               slots.push_back(found[i]);
               held_at.push_back(i);
-            } else {
-              missed.push_back(job.keys[i]);
-              missed_at.push_back(i);
+              continue;
             }
-          }
-          result->misses = missed.size();
-          if (job.field == TensorField::kParam && !missed.empty()) {
-            std::vector<float> init(missed.size() * dim);
-            InitRows(meta.hashed->seed, meta.hashed->init_std, static_cast<int64_t>(dim), missed,
-                     init.data());
-            for (size_t j = 0; j < missed.size(); ++j) {
-              std::memcpy(result->rows.data() + missed_at[j] * dim, init.data() + j * dim,
-                          dim * sizeof(float));
+            ++result->misses;  // Its moments stay zero; its params are its initializer's.
+            if (job.field == TensorField::kParam) {
+              InitRows(meta.hashed->seed, meta.hashed->init_std, static_cast<int64_t>(dim),
+                       absl::MakeConstSpan(&job.keys[i], 1), result->rows.data() + i * dim);
             }
           }
           held->resize(slots.size() * dim);

@@ -247,7 +247,7 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
   std::vector<uint32_t> stepped;
   // A hashed table's slots and new rows (PlanHashedRows), read by the step until its marker.
   auto hashed = std::make_shared<std::vector<HashedRowsStep>>();
-  std::vector<uint64_t> evictions;
+  std::vector<uint64_t> evictions(push->tables.size(), 0);  // Per table of the push.
   if (!push->tables.empty()) {
     const std::shared_ptr<const ShardView> view = this->view();
     stepped = push->tensors;
@@ -262,7 +262,8 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
           retries_->Abandon(push->client_id, push->sequence_number, s);
           return fail(s);
         }
-        const HashedRowsStep& h = hashed->emplace_back(*std::move(planned));
+        HashedRowsStep& h = hashed->emplace_back(*std::move(planned));
+        h.position = table_rows.size();
         table_rows.push_back({t.tensor, dim, h.slots, t.grads, h.init_rows, h.init_params});
       } else {
         table_rows.push_back({t.tensor, dim, t.keys, t.grads});
@@ -279,21 +280,15 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     retries_->Abandon(push->client_id, push->sequence_number, s);
     return fail(s);
   }
-  if (!push->tables.empty() && !outcome->skipped) {
+  if (!outcome->skipped) {
     // The step is queued and applied: the hashed tables' slots are theirs now, stamped with the
-    // tables' new steps.
-    size_t h = 0;
-    for (const ReadyTableRows& t : push->tables) {
-      const auto index = hashed_.find(t.tensor);
-      if (h < hashed->size() && (*hashed)[h].tensor == t.tensor && index != hashed_.end()) {
-        index->second.Commit((*hashed)[h].plan, backend_->step(t.tensor));
-        evictions.push_back((*hashed)[h].plan.evicted_keys.size());
-        WriterMutexLock lock(&progress_mu_);
-        hashed_rows_in_use_[t.tensor] = static_cast<uint64_t>(index->second.rows_in_use());
-        ++h;
-      } else {
-        evictions.push_back(0);
-      }
+    // tables' new steps (PlanHashedRows found each index).
+    for (const HashedRowsStep& h : *hashed) {
+      HashedRowIndex& index = hashed_.at(h.tensor);
+      index.Commit(h.plan, backend_->step(h.tensor));
+      evictions[h.position] = h.plan.evicted_keys.size();
+      WriterMutexLock lock(&progress_mu_);
+      hashed_rows_in_use_[h.tensor] = static_cast<uint64_t>(index.rows_in_use());
     }
   }
   PushReply reply = Advance(*outcome);

@@ -361,6 +361,7 @@ class UpdateEngine {
   // creates, from the table's index; the plan is committed once the step is queued, applied.
   struct HashedRowsStep {
     uint32_t tensor = 0;
+    size_t position = 0;  // Its table's index in ReadyPush::tables.
     HashedRowIndex::SlotPlan plan;
     std::vector<int64_t> slots;      // Per key of the push (duplicates too), its slot.
     std::vector<int64_t> init_rows;  // The slots of plan.created, and their initial params.

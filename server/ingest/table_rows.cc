@@ -48,11 +48,14 @@ absl::Status TableRowsAssembler::Add(const v1::TableRows& rows, const std::strin
   }
   std::vector<int64_t> parsed(n);
   std::memcpy(parsed.data(), keys.data(), keys.size());  // Little-endian hosts only (as all).
-  for (uint64_t i = 0; i < n && !table.hashed; ++i) {
-    if (parsed[i] < 0 || static_cast<uint64_t>(parsed[i]) >= table.rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".keys[", i, "] = ", parsed[i], " is outside [0, ", table.rows,
-                       ") (the rows of table ", QuoteName(table.name), ")"));
+  // Dense ids only: any int64 is a hashed table's key.
+  if (!table.hashed) {
+    for (uint64_t i = 0; i < n; ++i) {
+      if (parsed[i] < 0 || static_cast<uint64_t>(parsed[i]) >= table.rows) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".keys[", i, "] = ", parsed[i], " is outside [0, ", table.rows,
+                         ") (the rows of table ", QuoteName(table.name), ")"));
+      }
     }
   }
   ReadyTableRows& ready = ready_[k];
