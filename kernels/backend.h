@@ -149,7 +149,8 @@ struct StepRequest {
   bool grads_finite = true;
   // Read the gradients from the accumulator (Accumulate's sums: fp32, laid out as the params)
   // instead of grads; grads, grad_offsets and grad_dtype are then ignored, and grad_scale is
-  // the number of pushes summed, so that the step uses their mean. grads_checked must be set.
+  // the number of pushes summed, so that the step uses their mean (table_rows, the caller's
+  // sums of the same pushes' rows, are divided by it too). grads_checked must be set.
   bool from_accumulator = false;
   // The step uses lr / lr_divisor of each tensor's group, computed in float64 (bounded
   // staleness scales the lr of a stale push's step by 1 / (1 + tau)). >= 1.
@@ -285,7 +286,7 @@ class OptimizerBackend {
   // Errors (nothing queued, nothing changed): for table rows, INVALID_ARGUMENT naming the
   // field and the limit (table_rows[i].tensor unknown, named twice or also in tensors; a dim
   // that does not divide its numel; keys[j] outside [0, rows); grads not keys.size() * dim; a
-  // group the row step refuses, row_sparse.h; rows with from_accumulator), and UNIMPLEMENTED
+  // group the row step refuses, row_sparse.h), and UNIMPLEMENTED
   // on a backend without embedding tables (both of ours have them: backend_tables.h). The CUDA
   // backend updates a step's rows in a launch of their own after the dense one
   // (kernels/cuda/table_rows_kernel.cuh): a step with tables and dense tensors is two launches.

@@ -69,11 +69,6 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
   *finite = true;
   std::vector<PreparedTableRows> prepared;
   if (request.table_rows.empty()) return prepared;
-  if (request.from_accumulator) {
-    return absl::InvalidArgumentError(
-        "table_rows: a step from the accumulator has no table rows (sync rounds of tables are "
-        "not built yet)");
-  }
   std::vector<bool> named(table.size(), false);
   for (uint32_t t : request.tensors) {
     if (t < named.size()) named[t] = true;

@@ -166,53 +166,41 @@ TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
   struct Case {
     TableRows rows;
     absl::Span<const uint32_t> tensors;
-    bool from_accumulator;
     const char* message;
   };
   const Case cases[] = {
       {{1, kDim, outside, grads},
        dense_tensor,
-       false,
        "table_rows[0].keys[1] = 16 is outside [0, 16) (the table's rows)"},
-      {{1, kDim, negative, grads}, dense_tensor, false, "table_rows[0].keys[0] = -1 is outside"},
+      {{1, kDim, negative, grads}, dense_tensor, "table_rows[0].keys[0] = -1 is outside"},
       {{1, kDim, good, absl::MakeConstSpan(grads).subspan(1)},
        dense_tensor,
-       false,
        "table_rows[0].grads has 9 floats, not keys.size() * dim = 2 * 5"},
       {{1, 3, good, grads},
        dense_tensor,
-       false,
        "table_rows[0].dim = 3 does not divide tensor 1's 80 elements"},
       {{9, kDim, good, grads},
        dense_tensor,
-       false,
        "table_rows[0].tensor = 9 is not a registered tensor (4 registered)"},
-      {{1, kDim, good, grads}, table_tensor, false, "table_rows[0].tensor = 1 is named twice"},
+      {{1, kDim, good, grads}, table_tensor, "table_rows[0].tensor = 1 is named twice"},
       {{2, kDim, good, grads},
        dense_tensor,
-       false,
        "table_rows[0].tensor = 2: an embedding table needs fp32 params and fp32 or bf16 state"},
-      {{3, kDim, good, grads}, dense_tensor, false, "table_rows[0]: hyper.amsgrad"},
-      {{1, kDim, good, grads}, {}, true, "table_rows: a step from the accumulator"},
+      {{3, kDim, good, grads}, dense_tensor, "table_rows[0]: hyper.amsgrad"},
       {{1, kDim, good, grads, init_other, absl::MakeConstSpan(init_params).subspan(0, kDim)},
        dense_tensor,
-       false,
        "table_rows[0].init_rows[0] = 5 is not one of the step's keys"},
       {{1, kDim, good, grads, init_twice, init_params},
        dense_tensor,
-       false,
        "table_rows[0].init_rows[1] = 4 is not one of the step's keys, or is named twice"},
       {{1, kDim, good, grads, init_one, init_params},
        dense_tensor,
-       false,
        "table_rows[0].init_params has 10 floats, not init_rows x dim = 1 x 5"},
   };
   const auto before = shard.State();
   for (const Case& c : cases) {
     const TableRows rows[] = {c.rows};
     StepRequest request = Request(c.tensors, offsets, dense_grads.data(), rows);
-    request.from_accumulator = c.from_accumulator;
-    if (c.from_accumulator) request.grads_checked = true;
     absl::StatusOr<StepOutcome> outcome = shard.backend->Step(request);
     ASSERT_FALSE(outcome.ok()) << c.message;
     EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);

@@ -19,7 +19,10 @@
 // caller keeps the push alive until `done`, update_engine.h). The round's step completion owns
 // the members from CloseRound on. A round still open when the engine stops is failed with
 // UNAVAILABLE after the last job (RunJobs).
+#include <map>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -59,6 +62,7 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "tensors were registered during the sync round at version ", queued_version_)));
   }
+  if (absl::Status s = AddRoundKeys(*push); !s.ok()) return refuse(s);
   if (observer_ != nullptr) observer_->OnStaleness(tau);
   if (first) {
     round_.tensor_count = tensor_count;
@@ -114,11 +118,46 @@ std::vector<std::string> UpdateEngine::MissingReplicas(const std::vector<RoundMe
   return missing;
 }
 
+std::shared_ptr<std::vector<ReadyTableRows>> UpdateEngine::RoundTables(
+    const std::vector<RoundMember>& members) {
+  std::map<uint32_t, ReadyTableRows> tables;
+  for (const RoundMember& m : members) {
+    const float scale = m.push->grad_scale > 0.0f ? m.push->grad_scale : 1.0f;
+    for (const ReadyTableRows& t : m.push->tables) {
+      ReadyTableRows& into = tables[t.tensor];
+      into.tensor = t.tensor;
+      into.keys.insert(into.keys.end(), t.keys.begin(), t.keys.end());
+      into.grads.reserve(into.grads.size() + t.grads.size());
+      for (const float g : t.grads) into.grads.push_back(g / scale);
+    }
+  }
+  auto merged = std::make_shared<std::vector<ReadyTableRows>>();
+  merged->reserve(tables.size());
+  for (auto& [tensor, rows] : tables) merged->push_back(std::move(rows));
+  return merged;
+}
+
+std::vector<std::vector<uint64_t>> UpdateEngine::MemberEvictions(
+    const std::vector<RoundMember>& members, const std::vector<ReadyTableRows>& merged,
+    const std::vector<uint64_t>& evictions) {
+  std::map<uint32_t, uint64_t> left;  // Per table, not yet counted.
+  for (size_t i = 0; i < merged.size(); ++i) left[merged[i].tensor] = evictions[i];
+  std::vector<std::vector<uint64_t>> out(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    for (const ReadyTableRows& t : members[i].push->tables) {
+      uint64_t& count = left[t.tensor];
+      out[i].push_back(count);
+      count = 0;
+    }
+  }
+  return out;
+}
+
 void UpdateEngine::CloseRound(bool timed_out) {
   std::vector<std::string> missing = MissingReplicas(round_.members);
   std::vector<RoundMember> members = std::move(round_.members);
   std::vector<bool> pushed = std::move(round_.pushed);
-  round_ = Round{round_.id + 1, {}, 0, {}};
+  round_ = NextRound(round_);
   if (members.empty()) return;
   // The tensors some member pushed, in index order.
   auto tensors = std::make_shared<std::vector<uint32_t>>();
@@ -129,12 +168,18 @@ void UpdateEngine::CloseRound(bool timed_out) {
   for (const RoundMember& m : members) finite = finite && m.push->grads_finite;
   StepRequest request;
   request.tensors = *tensors;
-  request.from_accumulator = true;
+  request.from_accumulator = !tensors->empty();  // Else no Accumulate ran: no sums to read.
   request.grad_scale = static_cast<float>(members.size());
   request.grads_checked = true;
   request.grads_finite = finite;
   const absl::Time closed = absl::Now();
-  absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
+  // The members' table rows, concatenated per table (the backend sums duplicate keys and
+  // divides by grad_scale, the member count, as for the dense sums).
+  const std::shared_ptr<std::vector<ReadyTableRows>> merged = RoundTables(members);
+  absl::StatusOr<TablesStep> tables = PlanTables(*merged);
+  if (tables.ok()) request.table_rows = tables->rows;
+  absl::StatusOr<StepOutcome> outcome =
+      tables.ok() ? backend_->Step(request) : absl::StatusOr<StepOutcome>(tables.status());
   if (!outcome.ok()) {
     const absl::Status s = Checked(outcome.status(), /*expected_ok=*/true);
     for (RoundMember& m : members) {
@@ -143,6 +188,11 @@ void UpdateEngine::CloseRound(bool timed_out) {
     }
     return;
   }
+  const std::vector<uint64_t> evictions = outcome->skipped ? std::vector<uint64_t>(merged->size())
+                                                           : CommitTables(*tables, merged->size());
+  std::vector<std::vector<uint64_t>> member_evictions =
+      MemberEvictions(members, *merged, evictions);
+  for (const uint32_t t : tables->tensors) tensors->push_back(t);  // Published with the rest.
   PushReply reply = Advance(*outcome);
   reply.round_workers = static_cast<uint32_t>(members.size());
   reply.round_timed_out = timed_out;
@@ -152,8 +202,10 @@ void UpdateEngine::CloseRound(bool timed_out) {
     opened = std::min(opened, m.push->arrived);
     received = std::max(received, m.push->received);
   }
-  Complete({outcome->marker, [this, members = std::move(members), reply, tensors, timed_out, opened,
-                              received, closed](absl::StatusOr<WorkDone> work) {
+  Complete({outcome->marker,
+            [this, members = std::move(members), reply, tensors, timed_out, opened, received,
+             closed, merged, hashed = tables->hashed,
+             member_evictions = std::move(member_evictions)](absl::StatusOr<WorkDone> work) {
               const absl::Time applied = absl::Now();
               if (work.ok() && !reply.skipped) Publish(reply.version, *tensors);
               for (size_t i = 0; i < members.size(); ++i) {
@@ -168,6 +220,7 @@ void UpdateEngine::CloseRound(bool timed_out) {
                 retries_->Finish(push.client_id, push.sequence_number, mine);
                 StepResult result{mine, work->device_seconds, work->copy_wait_seconds};
                 result.counts_step = i == 0;
+                result.table_evictions = member_evictions[i];
                 members[i].done(result);
               }
               if (!work.ok() || observer_ == nullptr) return;
@@ -187,7 +240,7 @@ void UpdateEngine::CloseRound(bool timed_out) {
 
 void UpdateEngine::FailRound(const absl::Status& status) {
   std::vector<RoundMember> members = std::move(round_.members);
-  round_ = Round{round_.id + 1, {}, 0, {}};
+  round_ = NextRound(round_);
   for (RoundMember& m : members) {
     retries_->Abandon(m.push->client_id, m.push->sequence_number, status);
     Complete({0, [done = std::move(m.done), status](absl::StatusOr<WorkDone>) { done(status); }});

@@ -50,6 +50,72 @@ absl::StatusOr<UpdateEngine::HashedRowsStep> UpdateEngine::PlanHashedRows(
   return step;
 }
 
+absl::StatusOr<UpdateEngine::TablesStep> UpdateEngine::PlanTables(
+    absl::Span<const ReadyTableRows> tables) const {
+  const std::shared_ptr<const ShardView> view = this->view();
+  TablesStep step;
+  step.hashed->reserve(tables.size());  // No reallocation: step.rows point into it.
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const ReadyTableRows& t = tables[i];
+    const bool known = t.tensor < view->tensor_count();
+    const uint64_t dim = known ? view->tensor(t.tensor).table_dim() : 0;
+    if (known && view->tensor(t.tensor).hashed.has_value()) {
+      absl::StatusOr<HashedRowsStep> planned = PlanHashedRows(t, view->tensor(t.tensor));
+      if (!planned.ok()) return planned.status();
+      HashedRowsStep& h = step.hashed->emplace_back(*std::move(planned));
+      h.position = i;
+      step.rows.push_back({t.tensor, dim, h.slots, t.grads, h.init_rows, h.init_params});
+    } else {
+      // Unknown tensors and dims the backend refuses, naming the field.
+      step.rows.push_back({t.tensor, dim, t.keys, t.grads});
+    }
+    step.tensors.push_back(t.tensor);
+  }
+  return step;
+}
+
+std::vector<uint64_t> UpdateEngine::CommitTables(const TablesStep& step, size_t table_count) {
+  std::vector<uint64_t> evictions(table_count, 0);
+  for (const HashedRowsStep& h : *step.hashed) {
+    HashedRowIndex& index = hashed_.at(h.tensor);
+    index.Commit(h.plan, backend_->step(h.tensor));
+    evictions[h.position] = h.plan.evicted_keys.size();
+    WriterMutexLock lock(&progress_mu_);
+    hashed_rows_in_use_[h.tensor] = static_cast<uint64_t>(index.rows_in_use());
+  }
+  return evictions;
+}
+
+absl::Status UpdateEngine::AddRoundKeys(const ReadyPush& push) {
+  const std::shared_ptr<const ShardView> view = this->view();
+  // Every table's check first, so that a refused push records nothing.
+  std::vector<std::pair<uint32_t, std::vector<int64_t>>> added;
+  for (const ReadyTableRows& t : push.tables) {
+    if (t.tensor >= view->tensor_count() || !view->tensor(t.tensor).hashed.has_value()) continue;
+    const TensorMeta& meta = view->tensor(t.tensor);
+    const auto held = round_.hashed_keys.find(t.tensor);
+    std::vector<int64_t> fresh;
+    for (const int64_t key : t.keys) {
+      if (held == round_.hashed_keys.end() || !held->second.contains(key)) fresh.push_back(key);
+    }
+    std::sort(fresh.begin(), fresh.end());
+    fresh.erase(std::unique(fresh.begin(), fresh.end()), fresh.end());
+    const uint64_t before = held == round_.hashed_keys.end() ? 0 : held->second.size();
+    const uint64_t capacity = meta.numel / meta.table_dim();
+    if (before + fresh.size() > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table_rows of table ", QuoteName(meta.name), ": the sync round's pushes would name ",
+          before + fresh.size(), " unique keys (", fresh.size(),
+          " new in this push), above the "
+          "table's capacity of ",
+          capacity, " (a round's step takes them all at once)"));
+    }
+    added.emplace_back(t.tensor, std::move(fresh));
+  }
+  for (auto& [tensor, keys] : added) round_.hashed_keys[tensor].insert(keys.begin(), keys.end());
+  return absl::OkStatus();
+}
+
 void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
   Submit(
       [this, job = std::move(job), done] {

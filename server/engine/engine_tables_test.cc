@@ -1,12 +1,19 @@
 // Tests of the update engine's embedding tables: a push's table rows step with its dense
 // tensors (the table's rows as kernels/row_sparse.h's step gives them, its one step count
 // published), lookups read rows in stream order, a bad key fails its push without a fault and
-// changes nothing, sync mode refuses table rows, and a hashed table steps as the kernels'
-// reference of one (slots, evictions, the initializer) bit for bit.
+// changes nothing, a hashed table steps as the kernels' reference of one (slots, evictions, the
+// initializer) bit for bit, sync rounds step the mean of their members' rows, and the rows in
+// use are read beside hashed pushes (a stress test for the sanitizers).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "common/notification.h"
 #include "gtest/gtest.h"
 #include "kernels/hashed_row_step.h"
 #include "kernels/row_init.h"
@@ -250,16 +257,224 @@ TEST_F(EngineTablesTest, HashedTableStepsAsTheHashedReferenceBitForBit) {
   EXPECT_EQ(rows->step, 12);
 }
 
-TEST_F(EngineTablesTest, SyncModeRefusesTableRows) {
+// A push's outcome, filled on the completion thread (pushes that wait for a sync round, or
+// several in flight).
+struct PushOutcome {
+  Notification done;
+  absl::StatusOr<StepResult> result = absl::UnknownError("not yet");
+};
+
+void PushAsync(UpdateEngine& engine, const ReadyPush* push, PushOutcome* out) {
+  engine.Step(push, [out](absl::StatusOr<StepResult> r) {
+    out->result = std::move(r);
+    out->done.Notify();
+  });
+}
+
+ConsistencyOptions SyncOf(uint32_t k) {
   ConsistencyOptions sync;
   sync.mode = ConsistencyMode::kSync;
-  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, sync);
+  sync.replicas_to_aggregate = k;
+  sync.total_replicas = k;
+  sync.round_timeout = absl::ZeroDuration();
+  return sync;
+}
+
+// A sync round steps its members' rows as one SparseAdam step on their mean: each member's
+// rows divided by its grad_scale, duplicates summed across members, a row one member left out
+// counting as zero for it. The oracle: the mean computed here in float64, stepped by
+// kernels/row_sparse.h's step.
+TEST_F(EngineTablesTest, SyncRoundStepsTheMeanOfItsMembersRows) {
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncOf(2));
   RegisterShard(engine);
-  ReadyPush push = TablePush({1}, std::vector<float>(kDim, 1.0f));
-  push.client_id = "trainer-0";
-  absl::StatusOr<StepResult> result = Push(engine, push);
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnimplemented) << result.status();
-  EXPECT_EQ(engine.version(), 0u);
+  const std::vector<int64_t> keys_a = {3, 5, 3}, keys_b = {5, 8};
+  std::vector<float> ga(keys_a.size() * kDim), gb(keys_b.size() * kDim);
+  for (size_t i = 0; i < ga.size(); ++i) ga[i] = 0.3f * static_cast<float>(i % 5) - 0.7f;
+  for (size_t i = 0; i < gb.size(); ++i) gb[i] = 0.11f * static_cast<float>(i) - 0.4f;
+  ReadyPush a = TablePush(keys_a, ga);  // With dense grads for "w".
+  a.client_id = "a";
+  a.grad_scale = 4.0f;
+  ReadyPush b;  // Rows only.
+  b.client_id = "b";
+  b.tables.push_back({1, keys_b, gb});
+  PushOutcome oa, ob;
+  PushAsync(engine, &a, &oa);
+  EXPECT_FALSE(oa.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  PushAsync(engine, &b, &ob);
+  for (PushOutcome* o : {&oa, &ob}) {
+    ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(o->result.ok()) << o->result.status();
+    EXPECT_EQ(o->result->reply.version, 1u);
+    EXPECT_EQ(o->result->reply.round_workers, 2u);
+    EXPECT_EQ(o->result->reply.tensors_updated, 2u);  // "w" and the table.
+  }
+  // The mean gradient of rows 3, 5 and 8 in float64.
+  const std::vector<int64_t> unique = {3, 5, 8};
+  std::vector<double> sum(unique.size() * kDim, 0.0);
+  const auto add = [&](const std::vector<int64_t>& keys, const std::vector<float>& g,
+                       double scale) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const size_t u =
+          static_cast<size_t>(std::find(unique.begin(), unique.end(), keys[i]) - unique.begin());
+      for (int64_t j = 0; j < kDim; ++j) sum[u * kDim + j] += g[i * kDim + j] / scale;
+    }
+  };
+  add(keys_a, ga, 4.0);
+  add(keys_b, gb, 1.0);
+  std::vector<float> mean(sum.size());
+  for (size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / 2.0);
+  std::vector<float> params = table0_, exp_avg(kRows * kDim), exp_avg_sq(kRows * kDim);
+  RowSparseTable reference{
+      absl::MakeSpan(params), absl::MakeSpan(exp_avg), absl::MakeSpan(exp_avg_sq), kRows, kDim, 0};
+  ASSERT_TRUE(*ApplyRowSparseStep(reference, hyper_, unique, mean, 0.0f));
+  for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+    absl::StatusOr<RowsResult> rows = Lookup(engine, 1, AllRows(), f);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_EQ(rows->step, 1);
+    const std::vector<float>& want = f == TensorField::kParam    ? params
+                                     : f == TensorField::kExpAvg ? exp_avg
+                                                                 : exp_avg_sq;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const int64_t row = static_cast<int64_t>(i) / kDim;
+      if (std::find(unique.begin(), unique.end(), row) == unique.end()) {
+        EXPECT_EQ(rows->rows[i], want[i]) << "row " << row << " was not pushed";  // Bit for bit.
+      } else {
+        EXPECT_NEAR(rows->rows[i], want[i], 1e-6 + 1e-6 * std::abs(want[i]))
+            << TensorFieldName(f) << " element " << i;
+      }
+    }
+  }
+}
+
+// A hashed table in sync rounds: a push whose new keys would bring the round's unique keys
+// above the capacity is refused (INVALID_ARGUMENT, naming the table and its capacity) and the
+// round goes on without it; a round's evictions are reported once, at the first member that
+// named the table.
+TEST_F(EngineTablesTest, SyncRoundsKeepAHashedTablesKeysWithinItsCapacity) {
+  constexpr int64_t kSlots = 6, kWidth = 5;
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncOf(2));
+  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
+                engine.RegisterParamGroup({"tables", hyper_}, d);
+              }).ok());
+  TensorMeta meta{"h", {kSlots, kWidth}, 1, kSlots * kWidth, true};
+  meta.hashed = HashedKeys{42, 0.25f};
+  ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
+                engine.BeginRegistration({meta}, d);
+              }).ok());
+  ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
+                engine.CommitRegistration("", d);
+              }).ok());
+  const auto push = [](std::string client, uint64_t sequence_number, uint64_t base_version,
+                       std::vector<int64_t> keys) {
+    ReadyPush p;
+    p.client_id = std::move(client);
+    p.sequence_number = sequence_number;
+    p.base_version = base_version;
+    std::vector<float> grads(keys.size() * kWidth, 0.25f);
+    p.tables.push_back({0, std::move(keys), std::move(grads)});
+    return p;
+  };
+  // Round 1: a names 4 keys; b's 3 new ones would make 7 of 6 slots; b's retry with 1 new fits.
+  const ReadyPush a1 = push("a", 1, 0, {1, 2, 3, 4}), b1 = push("b", 1, 0, {5, 6, 7});
+  const ReadyPush b2 = push("b", 2, 0, {4, 5, 4});
+  PushOutcome oa1, ob1, ob2;
+  PushAsync(engine, &a1, &oa1);
+  PushAsync(engine, &b1, &ob1);
+  ASSERT_TRUE(ob1.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(ob1.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ob1.result.status().message().find(
+                "table_rows of table 'h': the sync round's pushes would name 7 unique keys (3 "
+                "new in this push), above the table's capacity of 6"),
+            absl::string_view::npos)
+      << ob1.result.status();
+  EXPECT_FALSE(oa1.done.HasBeenNotified());  // The round waits for its second member.
+  PushAsync(engine, &b2, &ob2);
+  for (PushOutcome* o : {&oa1, &ob2}) {
+    ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(o->result.ok()) << o->result.status();
+    EXPECT_EQ(o->result->reply.version, 1u);
+    EXPECT_EQ(o->result->table_evictions, std::vector<uint64_t>{0});
+  }
+  EXPECT_EQ(engine.HashedRowsInUse(0), 5u);
+  // Round 2: both name keys 7 and 8, new: one row of the five goes, counted at a's reply.
+  const ReadyPush a2 = push("a", 2, 1, {7, 8}), b3 = push("b", 3, 1, {8, 7});
+  PushOutcome oa2, ob3;
+  PushAsync(engine, &a2, &oa2);
+  PushAsync(engine, &b3, &ob3);
+  for (PushOutcome* o : {&oa2, &ob3}) {
+    ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(o->result.ok()) << o->result.status();
+    EXPECT_EQ(o->result->reply.version, 2u);
+  }
+  EXPECT_EQ(oa2.result->table_evictions, std::vector<uint64_t>{1});
+  EXPECT_EQ(ob3.result->table_evictions, std::vector<uint64_t>{0});
+  EXPECT_EQ(engine.HashedRowsInUse(0), 6u);
+  absl::StatusOr<RowsResult> rows = Lookup(engine, 0, {1, 2, 3, 4, 5, 7, 8});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->misses, 1u);  // The evicted row (the smallest stamp and slot: key 1's).
+  EXPECT_EQ(rows->step, 2);
+  EXPECT_TRUE(fault_.status().ok()) << fault_.status();
+}
+
+// A stress test for TSan and ASan: the metrics read a hashed table's rows in use (and the
+// version) on their own thread while pushes that create and evict rows commit on the engine's.
+// Every read is a count the table had: at most its capacity, never decreasing (rows are only
+// evicted to make room, so the count grows to the capacity and stays there).
+TEST_F(EngineTablesTest, RowsInUseAreReadBesideHashedPushes) {
+  constexpr int64_t kSlots = 64, kWidth = 4;
+  constexpr int kPushes = 300;
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_);
+  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
+                engine.RegisterParamGroup({"tables", hyper_}, d);
+              }).ok());
+  TensorMeta meta{"h", {kSlots, kWidth}, 1, kSlots * kWidth, true};
+  meta.hashed = HashedKeys{5, 0.1f};
+  ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
+                engine.BeginRegistration({meta}, d);
+              }).ok());
+  ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
+                engine.CommitRegistration("", d);
+              }).ok());
+  std::atomic<bool> pushing{true};
+  std::vector<uint64_t> seen;
+  std::thread scraper([&] {
+    while (pushing.load()) {
+      seen.push_back(engine.HashedRowsInUse(0));
+      (void)engine.version();
+    }
+  });
+  // Pushes of 8 keys each from 1,000 ids, several in flight at once.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int64_t> id(0, 999);
+  constexpr int kInFlight = 8;
+  std::vector<ReadyPush> pushes(kInFlight);
+  std::vector<PushOutcome> outcomes(kPushes);
+  for (int i = 0; i < kPushes; ++i) {
+    if (i >= kInFlight) {
+      ASSERT_TRUE(outcomes[i - kInFlight].done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+      ASSERT_TRUE(outcomes[i - kInFlight].result.ok()) << outcomes[i - kInFlight].result.status();
+    }
+    ReadyPush& push = pushes[i % kInFlight];
+    push = ReadyPush();
+    std::vector<int64_t> keys(8);
+    for (int64_t& k : keys) k = id(rng) * 7919;
+    push.tables.push_back({0, keys, std::vector<float>(keys.size() * kWidth, 0.5f)});
+    PushAsync(engine, &push, &outcomes[i]);
+  }
+  for (int i = kPushes - kInFlight; i < kPushes; ++i) {
+    ASSERT_TRUE(outcomes[i].done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  }
+  pushing.store(false);
+  scraper.join();
+  EXPECT_EQ(engine.version(), static_cast<uint64_t>(kPushes));
+  EXPECT_EQ(engine.HashedRowsInUse(0), static_cast<uint64_t>(kSlots));
+  ASSERT_FALSE(seen.empty());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    ASSERT_LE(seen[i], static_cast<uint64_t>(kSlots));
+    if (i > 0) {
+      ASSERT_GE(seen[i], seen[i - 1]) << "read " << i;
+    }
+  }
 }
 
 }  // namespace

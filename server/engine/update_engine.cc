@@ -150,14 +150,7 @@ void UpdateEngine::Step(const ReadyPush* push, Done<StepResult> done,
                         std::function<void()> consumed) {
   Submit(
       [this, push, done, consumed] {
-        if (consistency_.mode == ConsistencyMode::kSync) {
-          if (!push->tables.empty()) {
-            return Answer(done, consumed,
-                          absl::UnimplementedError(
-                              "table_rows: embedding tables in sync mode (issue 38's step 5)"));
-          }
-          return Contribute(push, done, consumed);
-        }
+        if (consistency_.mode == ConsistencyMode::kSync) return Contribute(push, done, consumed);
         StepJob(push, done, consumed);
       },
       [done, consumed](const absl::Status& s) {
@@ -241,36 +234,22 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     if (consistency_.staleness_lr_scaling) request.lr_divisor = 1.0 + static_cast<double>(tau);
   }
   if (observer_ != nullptr) observer_->OnStaleness(tau);
-  // The tables' rows (in the push, alive until `done`), and with tables every tensor the step
-  // advances (without, push->tensors: no copy on the dense path).
-  std::vector<TableRows> table_rows;
+  // The tables' rows (in the push, alive until `done`; hashed slots in `tables.hashed`, held
+  // by the completion), and with tables every tensor the step advances (without,
+  // push->tensors: no copy on the dense path).
+  TablesStep tables;
   std::vector<uint32_t> stepped;
-  // A hashed table's slots and new rows (PlanHashedRows), read by the step until its marker.
-  auto hashed = std::make_shared<std::vector<HashedRowsStep>>();
-  std::vector<uint64_t> evictions(push->tables.size(), 0);  // Per table of the push.
   if (!push->tables.empty()) {
-    const std::shared_ptr<const ShardView> view = this->view();
-    stepped = push->tensors;
-    hashed->reserve(push->tables.size());  // No reallocation: table_rows point into it.
-    for (const ReadyTableRows& t : push->tables) {
-      const bool known = t.tensor < view->tensor_count();
-      const uint64_t dim = known ? view->tensor(t.tensor).table_dim() : 0;
-      if (known && view->tensor(t.tensor).hashed.has_value()) {
-        absl::StatusOr<HashedRowsStep> planned = PlanHashedRows(t, view->tensor(t.tensor));
-        if (!planned.ok()) {
-          const absl::Status s = Checked(planned.status(), /*expected_ok=*/true);
-          retries_->Abandon(push->client_id, push->sequence_number, s);
-          return fail(s);
-        }
-        HashedRowsStep& h = hashed->emplace_back(*std::move(planned));
-        h.position = table_rows.size();
-        table_rows.push_back({t.tensor, dim, h.slots, t.grads, h.init_rows, h.init_params});
-      } else {
-        table_rows.push_back({t.tensor, dim, t.keys, t.grads});
-      }
-      stepped.push_back(t.tensor);
+    absl::StatusOr<TablesStep> planned = PlanTables(push->tables);
+    if (!planned.ok()) {
+      const absl::Status s = Checked(planned.status(), /*expected_ok=*/true);
+      retries_->Abandon(push->client_id, push->sequence_number, s);
+      return fail(s);
     }
-    request.table_rows = table_rows;
+    tables = *std::move(planned);
+    stepped = push->tensors;
+    stepped.insert(stepped.end(), tables.tensors.begin(), tables.tensors.end());
+    request.table_rows = tables.rows;
   }
   absl::StatusOr<StepOutcome> outcome = backend_->Step(request);
   if (!outcome.ok()) {
@@ -280,22 +259,15 @@ void UpdateEngine::StepJob(const ReadyPush* push, const Done<StepResult>& done,
     retries_->Abandon(push->client_id, push->sequence_number, s);
     return fail(s);
   }
-  if (!outcome->skipped) {
-    // The step is queued and applied: the hashed tables' slots are theirs now, stamped with the
-    // tables' new steps (PlanHashedRows found each index).
-    for (const HashedRowsStep& h : *hashed) {
-      HashedRowIndex& index = hashed_.at(h.tensor);
-      index.Commit(h.plan, backend_->step(h.tensor));
-      evictions[h.position] = h.plan.evicted_keys.size();
-      WriterMutexLock lock(&progress_mu_);
-      hashed_rows_in_use_[h.tensor] = static_cast<uint64_t>(index.rows_in_use());
-    }
-  }
+  // The step is queued and applied: the hashed tables' slots are theirs now.
+  std::vector<uint64_t> evictions = outcome->skipped ? std::vector<uint64_t>(push->tables.size())
+                                                     : CommitTables(tables, push->tables.size());
   PushReply reply = Advance(*outcome);
   reply.grad_bytes = push->grad_bytes;
   Complete(
-      {outcome->marker, [this, push, finish, reply, hashed, evictions = std::move(evictions),
-                         stepped = std::move(stepped)](absl::StatusOr<WorkDone> work) {
+      {outcome->marker,
+       [this, push, finish, reply, hashed = tables.hashed, evictions = std::move(evictions),
+        stepped = std::move(stepped)](absl::StatusOr<WorkDone> work) {
          if (!work.ok()) {
            retries_->Abandon(push->client_id, push->sequence_number, work.status());
            return finish(work.status());

@@ -50,6 +50,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -91,9 +92,11 @@ struct ReadyPush {
   uint64_t base_version = 0;  // PushHeader.base_version.
   absl::Time arrived;         // Its first header arrived (for sync round timings).
   absl::Time received;        // Its last byte arrived.
-  // Embedding tables stepped with the tensors, each at most once and none of `tensors`, in
-  // async and bounded modes (sync mode refuses them: UNIMPLEMENTED). Their bad keys or grads
-  // fail the push with the backend's INVALID_ARGUMENT, nothing applied.
+  // Embedding tables stepped with the tensors, each at most once and none of `tensors`. Their
+  // bad keys or grads fail the push with the backend's INVALID_ARGUMENT, nothing applied. In
+  // sync mode a round steps the rows of all its members (UpdateEngine::RoundTables); a push
+  // whose keys would bring a hashed table's unique keys in the round above its capacity is
+  // refused with INVALID_ARGUMENT.
   std::vector<ReadyTableRows> tables;
 };
 
@@ -107,7 +110,8 @@ struct StepResult {
   // push's in async and bounded modes, one pusher's per sync round.
   bool counts_step = true;
   // Per table of the push (ReadyPush::tables, in order), for an applied step: the rows a hashed
-  // table evicted (0 for a dense-id table).
+  // table evicted (0 for a dense-id table; in a sync round, counted at the first member that
+  // named the table).
   std::vector<uint64_t> table_evictions = {};
 };
 
@@ -345,7 +349,16 @@ class UpdateEngine {
     // pushed (summed into the accumulator): the round's step updates those only.
     uint32_t tensor_count = 0;
     std::vector<bool> pushed;
+    // The unique keys the members pushed to each hashed table (their union must fit its
+    // capacity: the round's step plans them together).
+    absl::flat_hash_map<uint32_t, absl::flat_hash_set<int64_t>> hashed_keys;
   };
+  // The round after `round`, empty.
+  static Round NextRound(const Round& round) {
+    Round next;
+    next.id = round.id + 1;
+    return next;
+  }
   // The retry table's verdict on a push, in its job: true when the push is new (the caller
   // applies it); else it was answered (an earlier reply, a stale sequence number's ABORTED, or
   // the fault's error), `consumed` first.
@@ -371,11 +384,40 @@ class UpdateEngine {
   // table: more unique keys than its capacity.
   absl::StatusOr<HashedRowsStep> PlanHashedRows(const ReadyTableRows& rows,
                                                 const TensorMeta& meta) const;
+  // The tables' part of a step (engine_tables.cc): the backend's TableRows (pointing into the
+  // ReadyTableRows and `hashed`, which must outlive the step's marker) and the tables stepped.
+  struct TablesStep {
+    std::vector<TableRows> rows;
+    std::vector<uint32_t> tensors;
+    std::shared_ptr<std::vector<HashedRowsStep>> hashed =
+        std::make_shared<std::vector<HashedRowsStep>>();
+  };
+  // Plans a step's tables (each at most once), changing nothing: a hashed table's slots through
+  // PlanHashedRows. Its errors are the push's (INVALID_ARGUMENT) or a broken index (INTERNAL).
+  absl::StatusOr<TablesStep> PlanTables(absl::Span<const ReadyTableRows> tables) const;
+  // Once the step that carried `step` is queued and applied (not skipped): the hashed tables'
+  // slots are theirs, stamped with the tables' new steps. Returns the rows each table of the
+  // planned span evicted (0 for a dense-id table).
+  std::vector<uint64_t> CommitTables(const TablesStep& step, size_t table_count);
+  // Sync mode: INVALID_ARGUMENT, naming the table and its capacity, when a push's keys would
+  // bring the round's unique keys of a hashed table above its capacity; else records them.
+  absl::Status AddRoundKeys(const ReadyPush& push);
   // Sync mode's job: adds the push to the round (engine_rounds.cc).
   void Contribute(const ReadyPush* push, const Done<StepResult>& done,
                   const std::function<void()>& consumed);
   // Queues the round's step with the members it has and answers them once it ran.
   void CloseRound(bool timed_out);
+  // The round's rows of each table its members pushed, in tensor order: the members' rows one
+  // after another in member order, each divided by its push's grad_scale (as Accumulate
+  // divides the dense gradients), so that the step's sums over duplicate keys are the round's.
+  // A table a member named without rows is there too, empty (stepped, as in async mode).
+  static std::shared_ptr<std::vector<ReadyTableRows>> RoundTables(
+      const std::vector<RoundMember>& members);
+  // Per member, per table of its push: the rows the round's step evicted from that table
+  // (`evictions`, per table of `merged`), counted at the first member that names the table.
+  static std::vector<std::vector<uint64_t>> MemberEvictions(
+      const std::vector<RoundMember>& members, const std::vector<ReadyTableRows>& merged,
+      const std::vector<uint64_t>& evictions);
   // The replicas of the last kReplicaRounds rounds that are not among `members` (at most 64,
   // by name), and records the members as of this round.
   std::vector<std::string> MissingReplicas(const std::vector<RoundMember>& members);

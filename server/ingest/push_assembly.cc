@@ -393,13 +393,15 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
     if (!reply.duplicate) {
       if (result->counts_step) {
         services_.metrics->RecordStep(services_.model, reply.skipped, kSkipNonFiniteGrad);
-        if (!reply.skipped) {
-          for (size_t i = 0; i < push_.tables.size(); ++i) {  // The engine is done with it.
-            const ReadyTableRows& rows = push_.tables[i];
-            services_.metrics->RecordTablePush(
-                services_.model, view_->tensor(rows.tensor).name, rows.keys.size(),
-                i < result->table_evictions.size() ? result->table_evictions[i] : 0);
-          }
+      }
+      // Every pusher's rows, also in a sync round (whose evictions its first pusher of each
+      // table reports).
+      if (!reply.skipped) {
+        for (size_t i = 0; i < push_.tables.size(); ++i) {  // The engine is done with it.
+          const ReadyTableRows& rows = push_.tables[i];
+          services_.metrics->RecordTablePush(
+              services_.model, view_->tensor(rows.tensor).name, rows.keys.size(),
+              i < result->table_evictions.size() ? result->table_evictions[i] : 0);
         }
       }
       // h2d is how long the device waited for the gradients' copies once it reached the step;

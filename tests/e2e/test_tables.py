@@ -422,7 +422,8 @@ def test_client_side_checks(server_target):
 def test_tables_in_a_bounded_model_and_a_sync_model(server_target):
     """Tables live in a model like other tensors (every call names the client's model). In a
     bounded model a push whose base_version is too far behind is ABORTED and applies nothing;
-    a sync model does not take table rows yet (UNIMPLEMENTED)."""
+    in a sync model (K = 1 here; tests/e2e/test_sync_tables.py has rounds of two) a push of
+    rows is a round's step, and one of a closed round's version is ABORTED."""
     gen = torch.Generator().manual_seed(9)
     with fusedps.Client(server_target) as admin:
         admin.create_model("tables-bounded", mode="bounded", max_staleness=1)
@@ -446,9 +447,17 @@ def test_tables_in_a_bounded_model_and_a_sync_model(server_target):
     with fusedps.Client(server_target, model="tables-sync", client_id="trainer-0") as client:
         client.register_param_group("g", lr=0.01, weight_decay=0.0)
         client.register_table("t", torch.randn(5, 2, generator=gen), param_group="g")
-        with pytest.raises(fusedps.errors.Unimplemented):
-            client.push_rows({"t": ([1], torch.randn(1, 2, generator=gen))},
-                             base_version=client.info().version)
+        version = client.info().version
+        pushed = client.push_rows({"t": ([1], torch.randn(1, 2, generator=gen))},
+                                  base_version=version, sequence_number=1)
+        assert (pushed.version, pushed.round_workers) == (version + 1, 1)
+        before = client.lookup_rows("t", torch.arange(5))
+        assert before.step == 1
+        with pytest.raises(fusedps.errors.Aborted, match="sync round closed"):
+            client.push_rows({"t": ([2], torch.randn(1, 2, generator=gen))},
+                             base_version=version, sequence_number=2)
+        after = client.lookup_rows("t", torch.arange(5))
+        assert after.step == 1 and torch.equal(after.rows, before.rows)
 
 
 def test_a_table_survives_a_checkpoint_and_a_restart(tmp_path):

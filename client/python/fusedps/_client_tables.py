@@ -387,7 +387,9 @@ class TableCalls:
           client_id, sequence_number: retry detection, as push_gradients (None: the client's
             ``client_id``; 0: none).
           base_version: the version the gradients were computed from (bounded mode refuses a
-            push too far behind); None sends the version of this client's last
+            push too far behind; sync mode adds the push to the round of that version, which
+            steps the mean of its pushers' rows and dense gradients, a row some pusher left
+            out counting as zero for it); None sends the version of this client's last
             pull_parameters (lookup_rows does not change it: pass its ``version`` where a
             trainer reads tables only).
           plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
@@ -409,12 +411,12 @@ class TableCalls:
             larger than max_chunk_bytes.
           fusedps.errors.InvalidArgument: a key outside [0, rows) (the message names it:
             "table_rows[i].keys[j] = k is outside [0, rows)"), grads of another dim than the
-            table's, a table named in ``rows`` that is a dense tensor, a table in ``dense``.
-            Nothing of the push is applied.
+            table's, a table named in ``rows`` that is a dense tensor, a table in ``dense``,
+            more unique keys of a hashed table than its capacity (in sync mode: the round's
+            pushes together). Nothing of the push is applied.
           fusedps.errors.NotFound: an unknown table or tensor.
-          fusedps.errors.Unimplemented: a server in sync mode, or on the CUDA backend (for now).
-          fusedps.errors.Aborted: a stale sequence_number, or a base_version bounded mode
-            refuses. fusedps.errors.ResourceExhausted: rows beyond the server's staging pool.
+          fusedps.errors.Aborted: a stale sequence_number, or a base_version bounded or sync
+            mode refuses. fusedps.errors.ResourceExhausted: rows beyond the server's staging pool.
         """
         wire = _dtypes.wire_dtype(grad_dtype, "grad_dtype", ROW_GRAD_DTYPES)
         if grad_scale is not None:
@@ -505,7 +507,6 @@ class TableCalls:
           fusedps.errors.NotFound: an unknown table.
           fusedps.errors.InvalidArgument: a key outside [0, rows) (the message names it), a
             tensor that is not a table.
-          fusedps.errors.Unimplemented: a server on the CUDA backend (for now).
           fusedps.errors.VersionRegression: the version read is below one this client pulled
             before (see Client's allow_version_regression); raised after the lookup.
           RuntimeError: a malformed reply (another row count or size than announced).
