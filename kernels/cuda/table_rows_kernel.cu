@@ -1,5 +1,32 @@
+// table_rows_kernel.cu: the embedding tables' row update and row gather (table_rows_kernel.cuh).
+//
+// How the update is organised, and why. Per 16-byte unit (4 elements of a row) it reads param,
+// exp_avg, exp_avg_sq and the gradient and writes the first three back, with a few dozen fp32
+// operations between: a copy with arithmetic, so its speed is how many loads the device keeps in
+// flight. A thread takes one unit: it loads the unit's gradient and its row's key together (the
+// gradient does not wait on the key), then the three fields of the row the key names, then does
+// the math and the stores. Each load of a warp is 32 consecutive units: 512 contiguous bytes of
+// the gradients and whole rows of the table.
+//
+// What keeps loads in flight is resident threads: the launch has a block per kThreads units, not
+// a grid of a few blocks per SM walked grid-stride, so each SM holds as many blocks as the
+// kernel's registers allow (40 registers: 6 blocks of 256 threads) and refills them as blocks
+// finish. On an H200 (docs/benchmarks.md, run T4) this reached 85-88% of the copy roof, against
+// 73-75% for the kernel before it (the same thread per 16-byte unit, on the backend's apply grid:
+// 2 blocks per SM). Held to 4 or 2 blocks per SM (by shared memory), this kernel ran at 70-74%
+// and 61-62%. Tried and dropped: 2, 4 or 8 units per thread with all their loads issued before
+// the math (73-79%, 50-52% for 8): the registers cost resident warps, and a warp's math, while
+// none of its own loads are in flight, is hidden only by other warps; streaming cache hints
+// (ld/st .cs), 1-3 points slower with a unit per thread. The per-unit code matters as much and is
+// not understood yet: in a harness (T4), the kernel before this one, launched as this one is,
+// ran at 96%, and an earlier one-unit version of this one (63 registers, 4 blocks per SM) at
+// 90-92%.
+//
+// Units of tables with bf16 state or 1-element units (a dim not a multiple of 4, or unaligned
+// fields) take UpdateElements, one element at a time, with the same math (sparse_adam_math.h).
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/cuda/table_rows_kernel.cuh"
 #include "kernels/sparse_adam_math.h"
@@ -17,63 +44,101 @@ __device__ float& Lane(float4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
+__device__ float4 Load16(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ void Store16(float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; }
+
+// The table of unit u: the last with first_unit <= u (tables in order of first_unit; a table of
+// no units shares its first_unit with the next). REQUIRES: u < the launch's units.
+__device__ uint32_t TableOf(const RowTable* tables, uint32_t table_count, uint64_t u) {
+  uint32_t lo = 0, hi = table_count - 1;
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (tables[mid].first_unit <= u) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Updates unit u of a table with fp32 state and 16-byte units (width 4).
+__device__ void UpdateUnit4(const RowTable& table, const int64_t* keys, const float* grads,
+                            uint64_t u) {
+  const uint64_t dim = table.dim, per_row = dim / 4;
+  const uint64_t local = u - table.first_unit;
+  const uint64_t r = local / per_row;
+  const uint64_t col = (local - r * per_row) * 4;
+  // The gradient and the key first (neither waits on the other), then the row the key names.
+  float4 grad = Load16(grads + table.grad_offset + r * dim + col);
+  const int64_t key = __ldg(keys + table.first_row + r);
+  // A row that starts over reads its init params and zero moments instead of its slot's.
+  const int32_t init = table.init_of_row == nullptr ? -1 : __ldg(table.init_of_row + r);
+  const uint64_t at = static_cast<uint64_t>(key) * dim + col;
+  float4 param, exp_avg, exp_avg_sq;
+  if (init < 0) {
+    param = Load16(table.params + at);
+    exp_avg = Load16(table.exp_avg + at);
+    exp_avg_sq = Load16(table.exp_avg_sq + at);
+  } else {
+    param = Load16(table.init_params + static_cast<uint64_t>(init) * dim + col);
+    exp_avg = exp_avg_sq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    SparseAdamUpdate(table.s, Lane(grad, j), Lane(param, j), Lane(exp_avg, j), Lane(exp_avg_sq, j));
+  }
+  Store16(table.params + at, param);
+  Store16(table.exp_avg + at, exp_avg);
+  Store16(table.exp_avg_sq + at, exp_avg_sq);
+}
+
+// Updates unit u of any table, one element at a time (bf16 state, or 1-element units).
+__device__ void UpdateElements(const RowTable& table, const int64_t* keys, const float* grads,
+                               uint64_t u) {
+  const uint64_t per_row = table.dim / table.width;
+  const uint64_t local = u - table.first_unit;
+  const uint64_t r = local / per_row;
+  const uint64_t col = (local - r * per_row) * table.width;
+  const uint64_t at = static_cast<uint64_t>(keys[table.first_row + r]) * table.dim + col;
+  const float* g = grads + table.grad_offset + r * table.dim + col;
+  // A row that starts over reads its init params and zero moments instead of its slot's.
+  const int32_t init = table.init_of_row == nullptr ? -1 : table.init_of_row[r];
+  const float* init_param =
+      init < 0 ? nullptr : table.init_params + static_cast<uint64_t>(init) * table.dim + col;
+  for (uint64_t j = 0; j < table.width; ++j) {
+    float param = init_param == nullptr ? table.params[at + j] : init_param[j];
+    if (table.exp_avg16 != nullptr) {  // bf16 state.
+      uint16_t exp_avg = init_param == nullptr ? table.exp_avg16[at + j] : uint16_t{0};
+      uint16_t exp_avg_sq = init_param == nullptr ? table.exp_avg_sq16[at + j] : uint16_t{0};
+      SparseAdamUpdateBFloat16State(table.s, g[j], param, exp_avg, exp_avg_sq);
+      table.exp_avg16[at + j] = exp_avg;
+      table.exp_avg_sq16[at + j] = exp_avg_sq;
+    } else {
+      float exp_avg = init_param == nullptr ? table.exp_avg[at + j] : 0.0f;
+      float exp_avg_sq = init_param == nullptr ? table.exp_avg_sq[at + j] : 0.0f;
+      SparseAdamUpdate(table.s, g[j], param, exp_avg, exp_avg_sq);
+      table.exp_avg[at + j] = exp_avg;
+      table.exp_avg_sq[at + j] = exp_avg_sq;
+    }
+    table.params[at + j] = param;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     TableRowsUpdate(const RowTable* tables, uint32_t table_count, const int64_t* keys,
                     const float* grads, uint64_t units) {
   if (blockIdx.x == 0) {
     for (uint32_t t = threadIdx.x; t < table_count; t += blockDim.x) *tables[t].step += 1;
   }
-  uint32_t t = 0;  // Units ascend per thread, so the table index only moves forward.
-  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (uint64_t u = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; u < units; u += stride) {
-    while (t + 1 < table_count && tables[t + 1].first_unit <= u) ++t;
-    const RowTable& table = tables[t];
-    const uint64_t per_row = table.dim / table.width;
-    const uint64_t local = u - table.first_unit;
-    const uint64_t r = local / per_row;
-    const uint64_t col = (local - r * per_row) * table.width;
-    const uint64_t at = static_cast<uint64_t>(keys[table.first_row + r]) * table.dim + col;
-    const float* g = grads + table.grad_offset + r * table.dim + col;
-    // A row that starts over reads its init params and zero moments instead of its slot's.
-    const int32_t init = table.init_of_row == nullptr ? -1 : table.init_of_row[r];
-    const float* init_param = init < 0 ? nullptr : table.init_params + init * table.dim + col;
-    if (table.exp_avg16 != nullptr) {  // bf16 state.
-      for (uint64_t j = 0; j < table.width; ++j) {
-        float param = init_param == nullptr ? table.params[at + j] : init_param[j];
-        uint16_t exp_avg = init_param == nullptr ? table.exp_avg16[at + j] : uint16_t{0};
-        uint16_t exp_avg_sq = init_param == nullptr ? table.exp_avg_sq16[at + j] : uint16_t{0};
-        SparseAdamUpdateBFloat16State(table.s, g[j], param, exp_avg, exp_avg_sq);
-        table.params[at + j] = param;
-        table.exp_avg16[at + j] = exp_avg;
-        table.exp_avg_sq16[at + j] = exp_avg_sq;
-      }
-    } else if (table.width == 4) {
-      float4 param, exp_avg, exp_avg_sq;
-      if (init_param == nullptr) {
-        param = *reinterpret_cast<const float4*>(table.params + at);
-        exp_avg = *reinterpret_cast<const float4*>(table.exp_avg + at);
-        exp_avg_sq = *reinterpret_cast<const float4*>(table.exp_avg_sq + at);
-      } else {
-        param = *reinterpret_cast<const float4*>(init_param);
-        exp_avg = exp_avg_sq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-      float4 grad = *reinterpret_cast<const float4*>(g);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        SparseAdamUpdate(table.s, Lane(grad, j), Lane(param, j), Lane(exp_avg, j),
-                         Lane(exp_avg_sq, j));
-      }
-      *reinterpret_cast<float4*>(table.params + at) = param;
-      *reinterpret_cast<float4*>(table.exp_avg + at) = exp_avg;
-      *reinterpret_cast<float4*>(table.exp_avg_sq + at) = exp_avg_sq;
+  // A unit per thread; the loop only matters past the grid's limit of 2^31 - 1 blocks.
+  for (uint64_t u = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; u < units;
+       u += uint64_t{gridDim.x} * blockDim.x) {
+    const RowTable& table = tables[TableOf(tables, table_count, u)];
+    if (table.exp_avg16 == nullptr && table.width == 4) {
+      UpdateUnit4(table, keys, grads, u);
     } else {
-      float param = init_param == nullptr ? table.params[at] : *init_param;
-      float exp_avg = init_param == nullptr ? table.exp_avg[at] : 0.0f;
-      float exp_avg_sq = init_param == nullptr ? table.exp_avg_sq[at] : 0.0f;
-      SparseAdamUpdate(table.s, *g, param, exp_avg, exp_avg_sq);
-      table.params[at] = param;
-      table.exp_avg[at] = exp_avg;
-      table.exp_avg_sq[at] = exp_avg_sq;
+      UpdateElements(table, keys, grads, u);
     }
   }
 }
@@ -108,12 +173,13 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads) {
   return four ? 4 : 1;
 }
 
-absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int grid, cudaStream_t stream,
+absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int /*grid*/, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
                                    const int64_t* keys, const float* grads, uint64_t units) {
+  // A block per kThreads units (see the top), up to the grid's limit.
   return launches.Launch("fusedps_table_rows_update", TableRowsUpdate,
-                         Blocks(grid, units, kThreads), 0, stream, tables, table_count, keys, grads,
-                         units);
+                         Blocks(std::numeric_limits<int>::max(), units, kThreads), 0, stream,
+                         tables, table_count, keys, grads, units);
 }
 
 absl::Status LaunchTableRowsGather(LaunchCounter& launches, int grid, cudaStream_t stream,

@@ -9,8 +9,10 @@
 // unique and ascending), and their fp32 gradient rows in the same order, each `dim` wide. The
 // launch walks units: a unit is `width` consecutive elements of one row (width 4, one 16-byte
 // load of each of param, exp_avg, exp_avg_sq and the gradient, where the table's dim and
-// addresses allow it; else 1), a thread each, grid-stride, so that many loads are in flight. An
-// element is read and written by its unit's thread alone, since keys are unique within a table.
+// addresses allow it; else 1), a thread each, a block per kThreads units, so that every SM is
+// as full of threads, and so of loads in flight, as the kernel's registers allow (how and why:
+// table_rows_kernel.cu). An element is read and written by its unit's thread alone, since keys
+// are unique within a table.
 #ifndef FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
 #define FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
 
@@ -56,7 +58,8 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads);
 // tables[t + 1].first_row, its gradient grads[tables[t].grad_offset + (r - first_row) * dim,
 // ... + dim) (already unscaled), updated by SparseAdamUpdate from its stored values or, for a
 // row that starts over (init_of_row), its init params and zero moments; every table's step advances
-// by one, rows or none. `grid`: at most this many blocks. REQUIRES: table_count >= 1; tables in
+// by one, rows or none. `grid` is not used: the launch has a block per kThreads units (up to
+// 2^31 - 1 blocks; past that its threads loop). REQUIRES: table_count >= 1; tables in
 // order of first_row and first_unit, the first's both 0, each table's units (its rows * dim /
 // width) before the next's; keys within each table unique and in [0, rows); everything in
 // device memory and unchanged until the launch is done.
