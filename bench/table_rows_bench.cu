@@ -54,7 +54,7 @@ std::vector<uint64_t> List(const char* text) {
   } while (0)
 
 // One (n, dim) case; prints its row. Returns 0, or 1 on a CUDA error or a wrong row.
-int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, int grid) {
+int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
   const uint64_t rows = 2 * n, numel = rows * dim;
   std::mt19937_64 rng(n * 131 + dim);
   std::vector<int64_t> keys(n);
@@ -104,8 +104,7 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, int grid) {
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
   CHECK_CUDA(cudaEventRecord(events[0], stream));
   for (int i = 0; i < launches; ++i) {
-    absl::Status s =
-        LaunchTableRowsUpdate(counter, grid, stream, d_table, 1, d_keys, d_grads, units);
+    absl::Status s = LaunchTableRowsUpdate(counter, stream, d_table, 1, d_keys, d_grads, units);
     if (!s.ok()) {
       std::fprintf(stderr, "launch: %s\n", std::string(s.message()).c_str());
       return 1;
@@ -199,12 +198,9 @@ int main(int argc, char** argv) {
   std::printf(
       "| touched rows | dim | MB moved | update ms | update GB/s | copy ms | copy GB/s | "
       "update / copy roof | checked |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
-  // The grid the backend launches with: enough blocks to fill the device (AdamWApplyGrid's).
-  absl::StatusOr<int> grid = fusedps::gpu::AdamWApplyGrid();
-  if (!grid.ok()) return 1;
   int status = 0;
   for (uint64_t n : touched) {
-    for (uint64_t dim : dims) status |= fusedps::RunCase(n, dim, warmup, iters, *grid);
+    for (uint64_t dim : dims) status |= fusedps::RunCase(n, dim, warmup, iters);
   }
   return status;
 }

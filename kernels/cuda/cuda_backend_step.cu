@@ -126,7 +126,7 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), tables.data(),
                                                tables.size() * sizeof(RowTable),
                                                cudaMemcpyHostToDevice, stream_));
-  return LaunchTableRowsUpdate(launches_, apply_grid_, stream_, row_tables_.data(),
+  return LaunchTableRowsUpdate(launches_, stream_, row_tables_.data(),
                                static_cast<uint32_t>(tables.size()), row_keys_.data(),
                                row_grads_.data(), units);
 }

@@ -173,7 +173,7 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads) {
   return four ? 4 : 1;
 }
 
-absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int /*grid*/, cudaStream_t stream,
+absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
                                    const int64_t* keys, const float* grads, uint64_t units) {
   // A block per kThreads units (see the top), up to the grid's limit.

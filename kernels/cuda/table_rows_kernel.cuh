@@ -58,12 +58,12 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads);
 // tables[t + 1].first_row, its gradient grads[tables[t].grad_offset + (r - first_row) * dim,
 // ... + dim) (already unscaled), updated by SparseAdamUpdate from its stored values or, for a
 // row that starts over (init_of_row), its init params and zero moments; every table's step advances
-// by one, rows or none. `grid` is not used: the launch has a block per kThreads units (up to
-// 2^31 - 1 blocks; past that its threads loop). REQUIRES: table_count >= 1; tables in
-// order of first_row and first_unit, the first's both 0, each table's units (its rows * dim /
-// width) before the next's; keys within each table unique and in [0, rows); everything in
-// device memory and unchanged until the launch is done.
-absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, int grid, cudaStream_t stream,
+// by one, rows or none. The launch has a block per kThreads units (up to 2^31 - 1 blocks; past
+// that its threads loop), not a grid that fills the device once: see table_rows_kernel.cu.
+// REQUIRES: table_count >= 1; tables in order of first_row and first_unit, the first's both 0, each
+// table's units (its rows * dim / width) before the next's; keys within each table unique and in
+// [0, rows); everything in device memory and unchanged until the launch is done.
+absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
                                    const int64_t* keys, const float* grads, uint64_t units);
 
