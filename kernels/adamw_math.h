@@ -258,6 +258,21 @@ FUSEDPS_HOST_DEVICE float LoadGrad(const void* grads, GradDType dtype, uint64_t 
   }
 }
 
+// Reads `count` gradient elements of `src` in `dtype` into dst as fp32, on the host: LoadGrad
+// over a range, with the dtype decided once (a copy for fp32).
+inline void LoadFloats(const void* src, GradDType dtype, uint64_t count, float* dst) {
+  if (dtype == GradDType::kFloat32) {
+    std::memcpy(dst, src, count * sizeof(float));
+    return;
+  }
+  const auto* half = static_cast<const uint16_t*>(src);
+  if (dtype == GradDType::kBFloat16) {
+    for (uint64_t i = 0; i < count; ++i) dst[i] = BFloat16ToFloat(half[i]);
+  } else {
+    for (uint64_t i = 0; i < count; ++i) dst[i] = Float16ToFloat(half[i]);
+  }
+}
+
 // Writes `count` floats to dst in `dtype` (bf16 and fp16 rounded to nearest even), on the
 // host: what a read of a field in that dtype returns.
 inline void StoreFloats(const float* src, uint64_t count, GradDType dtype, void* dst) {

@@ -97,6 +97,8 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
   std::stable_sort(order.begin(), order.end(),
                    [&keys](size_t a, size_t b) { return keys[a] < keys[b]; });
   CoalescedRows out;
+  out.keys.reserve(keys.size());  // At most: no reallocation of a large push's rows.
+  out.grads.reserve(grads.size());
   for (size_t k = 0; k < order.size();) {
     const int64_t key = keys[order[k]];
     const float* first = grads.data() + order[k] * row_size;

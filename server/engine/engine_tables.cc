@@ -5,6 +5,7 @@
 // plan once the step is queued and applied, so that a refused or skipped push changes nothing.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,10 +22,18 @@ absl::StatusOr<UpdateEngine::HashedRowsStep> UpdateEngine::PlanHashedRows(
         absl::StrCat("table ", QuoteName(meta.name), " has no index of hashed keys"));
   }
   // The unique keys ascending, as the backend coalesces them (kernels/hashed_row_step.h's
-  // ApplyHashedRowStep plans the same order): new keys take slots in this order.
-  std::vector<int64_t> unique = rows.keys;
-  std::sort(unique.begin(), unique.end());
-  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  // ApplyHashedRowStep plans the same order): new keys take slots in this order. One sort of
+  // the keys' positions gives both the unique keys and each position's unique key.
+  std::vector<size_t> order(rows.keys.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return rows.keys[a] < rows.keys[b]; });
+  std::vector<int64_t> unique;
+  std::vector<size_t> unique_of(rows.keys.size());  // Per position, its key's in `unique`.
+  for (const size_t i : order) {
+    if (unique.empty() || unique.back() != rows.keys[i]) unique.push_back(rows.keys[i]);
+    unique_of[i] = unique.size() - 1;
+  }
   absl::StatusOr<HashedRowIndex::SlotPlan> plan = index->second.PlanSlots(unique);
   if (!plan.ok()) {
     return absl::Status(
@@ -34,10 +43,7 @@ absl::StatusOr<UpdateEngine::HashedRowsStep> UpdateEngine::PlanHashedRows(
   HashedRowsStep step;
   step.tensor = rows.tensor;
   step.slots.resize(rows.keys.size());
-  for (size_t i = 0; i < rows.keys.size(); ++i) {
-    const auto at = std::lower_bound(unique.begin(), unique.end(), rows.keys[i]);
-    step.slots[i] = plan->slots[static_cast<size_t>(at - unique.begin())];
-  }
+  for (size_t i = 0; i < rows.keys.size(); ++i) step.slots[i] = plan->slots[unique_of[i]];
   std::vector<int64_t> created_keys;
   for (const int64_t i : plan->created) {
     step.init_rows.push_back(plan->slots[static_cast<size_t>(i)]);

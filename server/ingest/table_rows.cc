@@ -46,25 +46,26 @@ absl::Status TableRowsAssembler::Add(const v1::TableRows& rows, const std::strin
         absl::StrCat(field, ": the push's table rows would take ", bytes_ + added,
                      " bytes; a push holds at most ", max_bytes_, " (--staging-pool-bytes)"));
   }
-  std::vector<int64_t> parsed(n);
-  std::memcpy(parsed.data(), keys.data(), keys.size());  // Little-endian hosts only (as all).
-  // Dense ids only: any int64 is a hashed table's key.
+  // Dense ids only: any int64 is a hashed table's key. Little-endian hosts only (as all).
   if (!table.hashed) {
     for (uint64_t i = 0; i < n; ++i) {
-      if (parsed[i] < 0 || static_cast<uint64_t>(parsed[i]) >= table.rows) {
+      int64_t key;
+      std::memcpy(&key, keys.data() + i * sizeof(int64_t), sizeof(key));
+      if (key < 0 || static_cast<uint64_t>(key) >= table.rows) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".keys[", i, "] = ", parsed[i], " is outside [0, ", table.rows,
+            absl::StrCat(field, ".keys[", i, "] = ", key, " is outside [0, ", table.rows,
                          ") (the rows of table ", QuoteName(table.name), ")"));
       }
     }
   }
   ReadyTableRows& ready = ready_[k];
-  ready.keys.insert(ready.keys.end(), parsed.begin(), parsed.end());
+  const size_t first = ready.keys.size();
+  ready.keys.resize(first + n);
+  std::memcpy(ready.keys.data() + first, keys.data(), keys.size());
   const uint64_t count = n * table.dim;
   const size_t at = ready.grads.size();
   ready.grads.resize(at + count);
-  for (uint64_t i = 0; i < count; ++i)
-    ready.grads[at + i] = LoadGrad(rows.grads().data(), dtype_, i);
+  LoadFloats(rows.grads().data(), dtype_, count, ready.grads.data() + at);
   bytes_ += added;
   wire_bytes_ += keys.size() + rows.grads().size();
   return absl::OkStatus();
