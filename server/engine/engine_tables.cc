@@ -144,8 +144,9 @@ void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
         request.dim = dim;
         request.keys = job.keys;
         request.dst = result->rows.data();
-        // A hashed table: the backend reads the slots of the keys the table holds into `held`;
-        // the others are the initializer's rows (zeros for the moments), written here.
+        // A hashed table: the backend reads the slots of the keys the table holds into `held`
+        // (or, when it holds every key, straight into the result); the others are the
+        // initializer's rows (zeros for the moments), written here.
         std::vector<int64_t> slots;
         auto held = std::make_shared<std::vector<float>>();
         std::vector<size_t> held_at;  // The key index of each held row.
@@ -168,9 +169,13 @@ void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {
                        absl::MakeConstSpan(&job.keys[i], 1), result->rows.data() + i * dim);
             }
           }
-          held->resize(slots.size() * dim);
           request.keys = slots;
-          request.dst = held->data();
+          if (held_at.size() == job.keys.size()) {
+            held_at.clear();  // Every key held: its rows go straight into the result.
+          } else {
+            held->resize(slots.size() * dim);
+            request.dst = held->data();
+          }
         }
         if (absl::Status s = Checked(backend_->ReadRows(request), true); !s.ok()) return fail(s);
         absl::StatusOr<Marker> marker = backend_->Mark();

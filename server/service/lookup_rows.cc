@@ -81,15 +81,17 @@ grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
   absl::StatusOr<RowsResult> rows = UpdateEngine::Wait<RowsResult>(
       [&](UpdateEngine::Done<RowsResult> done) { engine.ReadRows(std::move(plan->job), done); });
   if (!rows.ok()) return ToGrpc(rows.status());
-  std::string bytes;
+  // The reply's bytes: the fp32 rows as they are, or their bf16 halves; each message copies
+  // its slice once (no whole copy of a large lookup first).
+  std::vector<uint16_t> half;
   if (plan->bf16) {
-    std::vector<uint16_t> half(rows->rows.size());
+    half.resize(rows->rows.size());
     for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(rows->rows[i]);
-    bytes.assign(reinterpret_cast<const char*>(half.data()), half.size() * sizeof(uint16_t));
-  } else {
-    bytes.assign(reinterpret_cast<const char*>(rows->rows.data()),
-                 rows->rows.size() * sizeof(float));
   }
+  const char* const bytes = plan->bf16 ? reinterpret_cast<const char*>(half.data())
+                                       : reinterpret_cast<const char*>(rows->rows.data());
+  const size_t total =
+      plan->bf16 ? half.size() * sizeof(uint16_t) : rows->rows.size() * sizeof(float);
   v1::LookupRowsResponse first;
   first.set_version(rows->version);
   first.set_step(rows->step);
@@ -99,13 +101,13 @@ grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
   v1::LookupRowsResponse* message = &first;
   v1::LookupRowsResponse next;
   do {
-    const size_t n = std::min<size_t>(plan->chunk_bytes, bytes.size() - at);
-    message->set_rows(bytes.substr(at, n));
+    const size_t n = std::min<size_t>(plan->chunk_bytes, total - at);
+    message->set_rows(bytes + at, n);
     at += n;
     if (!writer->Write(*message)) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     next.Clear();
     message = &next;
-  } while (at < bytes.size());
+  } while (at < total);
   services_.metrics->RecordTableLookup((*model)->name(), table.name, count, rows->misses);
   return grpc::Status::OK;
 }
