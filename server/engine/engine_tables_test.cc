@@ -52,6 +52,23 @@ class EngineTablesTest : public ::testing::Test {
                 }).ok());
   }
 
+  // Registers hashed table 0 ("h", [slots, width] slots, the initializer's seed and std) in
+  // group 1 ("tables": `hyper_`).
+  void RegisterHashedTable(UpdateEngine& engine, int64_t slots, int64_t width, uint64_t seed,
+                           float init_std) {
+    ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
+                  engine.RegisterParamGroup({"tables", hyper_}, d);
+                }).ok());
+    TensorMeta meta{"h", {slots, width}, 1, static_cast<uint64_t>(slots * width), true};
+    meta.hashed = HashedKeys{seed, init_std};
+    ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
+                  engine.BeginRegistration({meta}, d);
+                }).ok());
+    ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
+                  engine.CommitRegistration("", d);
+                }).ok());
+  }
+
   absl::StatusOr<StepResult> Push(UpdateEngine& engine, const ReadyPush& push) {
     return Sync<StepResult>([&](UpdateEngine::Done<StepResult> d) { engine.Step(&push, d); });
   }
@@ -172,17 +189,7 @@ TEST_F(EngineTablesTest, HashedTableStepsAsTheHashedReferenceBitForBit) {
   constexpr uint64_t kSeed = 42;
   constexpr float kStd = 0.25f;
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_);
-  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
-                engine.RegisterParamGroup({"tables", hyper_}, d);
-              }).ok());
-  TensorMeta meta{"h", {kSlots, kWidth}, 1, kSlots * kWidth, true};
-  meta.hashed = HashedKeys{kSeed, kStd};
-  ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
-                engine.BeginRegistration({meta}, d);
-              }).ok());
-  ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
-                engine.CommitRegistration("", d);
-              }).ok());
+  RegisterHashedTable(engine, kSlots, kWidth, kSeed, kStd);
   std::vector<float> params(kSlots * kWidth), exp_avg(params.size()), exp_avg_sq(params.size());
   RowSparseTable reference{absl::MakeSpan(params),
                            absl::MakeSpan(exp_avg),
@@ -353,17 +360,7 @@ TEST_F(EngineTablesTest, SyncRoundStepsTheMeanOfItsMembersRows) {
 TEST_F(EngineTablesTest, SyncRoundsKeepAHashedTablesKeysWithinItsCapacity) {
   constexpr int64_t kSlots = 6, kWidth = 5;
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncOf(2));
-  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
-                engine.RegisterParamGroup({"tables", hyper_}, d);
-              }).ok());
-  TensorMeta meta{"h", {kSlots, kWidth}, 1, kSlots * kWidth, true};
-  meta.hashed = HashedKeys{42, 0.25f};
-  ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
-                engine.BeginRegistration({meta}, d);
-              }).ok());
-  ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
-                engine.CommitRegistration("", d);
-              }).ok());
+  RegisterHashedTable(engine, kSlots, kWidth, 42, 0.25f);
   const auto push = [](std::string client, uint64_t sequence_number, uint64_t base_version,
                        std::vector<int64_t> keys) {
     ReadyPush p;
@@ -424,17 +421,7 @@ TEST_F(EngineTablesTest, RowsInUseAreReadBesideHashedPushes) {
   constexpr int64_t kSlots = 64, kWidth = 4;
   constexpr int kPushes = 300;
   UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_);
-  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
-                engine.RegisterParamGroup({"tables", hyper_}, d);
-              }).ok());
-  TensorMeta meta{"h", {kSlots, kWidth}, 1, kSlots * kWidth, true};
-  meta.hashed = HashedKeys{5, 0.1f};
-  ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
-                engine.BeginRegistration({meta}, d);
-              }).ok());
-  ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
-                engine.CommitRegistration("", d);
-              }).ok());
+  RegisterHashedTable(engine, kSlots, kWidth, 5, 0.1f);
   std::atomic<bool> pushing{true};
   std::vector<uint64_t> seen;
   std::thread scraper([&] {
