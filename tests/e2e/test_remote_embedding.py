@@ -130,3 +130,41 @@ def test_a_key_outside_the_table_is_refused_naming_it(server_target):
     with pytest.raises(ValueError, match="'sum' or 'mean'"):
         RemoteEmbeddingBag(ROWS, DIM, name="remb.max", target=server_target, mode="max")
     emb.close()
+
+
+def test_tables_of_one_client_are_one_push_based_on_their_lookups(server_target):
+    """In a bounded model (max_staleness 1), two tables on one client train for 6 steps beside
+    local SparseAdam: each step is one push of both tables (the version advances by one, one
+    PushResult for both), based on the version the rows were looked up at; the client never
+    pulls, so a push based on its last pull would be refused from the third step on."""
+    import fusedps
+
+    with fusedps.Client(server_target) as admin:
+        admin.create_model("remb-bounded", mode="bounded", max_staleness=1)
+    client = fusedps.Client(server_target, model="remb-bounded")
+    torch.manual_seed(11)
+    weights = [torch.randn(ROWS, DIM), torch.randn(ROWS // 2, DIM)]
+    remote = [RemoteEmbedding(ROWS, DIM, name="a", client=client, _weight=weights[0]),
+              RemoteEmbedding(ROWS // 2, DIM, name="b", client=client, _weight=weights[1])]
+    local = [torch.nn.Embedding(w.shape[0], DIM, sparse=True, _weight=w.clone()) for w in weights]
+    hyper = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6)
+    remote_opt = RemoteSparseAdam(remote, **hyper)
+    local_opt = torch.optim.SparseAdam([e.weight for e in local], **hyper)
+    version = None
+    for step in range(6):
+        tokens = _tokens(step)
+        for embs, opt in ((remote, remote_opt), (local, local_opt)):
+            opt.zero_grad()
+            (embs[0](tokens).tanh().sum() + embs[1](tokens // 2).sin().sum()).backward()
+            opt.step()
+        results = remote_opt.last_push_results
+        assert results["a"] is results["b"], f"step {step}: two pushes"
+        assert results["a"].tensors_updated == 2
+        if version is not None:
+            assert results["a"].version == version + 1
+        version = results["a"].version
+    for emb, loc in zip(remote, local):
+        rows = client.lookup_rows(emb.name, torch.arange(loc.num_embeddings))
+        assert rows.step == 6
+        torch.testing.assert_close(rows.rows, loc.weight.detach(), rtol=RTOL, atol=ATOL)
+    client.close()

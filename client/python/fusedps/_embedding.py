@@ -11,12 +11,17 @@ A step goes:
 2. backward: autograd sums each key's gradient into its leaf row, as a sparse gradient's
    coalesce() would.
 3. RemoteSparseAdam.step(): the leaves of every forward since the last step that have a
-   gradient go to each table's server in one push (Client.push_rows, keys and rows; the server
-   sums duplicate keys), where torch.optim.SparseAdam's math updates the pushed rows only. The
-   next forward's lookup reads the new rows.
+   gradient go to their server in one push per client (Client.push_rows: every table of the
+   client, keys and rows; the server sums duplicate keys), where torch.optim.SparseAdam's math
+   updates the pushed rows only. The push's base_version is the version its rows were looked
+   up at (the oldest of the step's lookups): what bounded mode measures staleness against and
+   sync mode puts the push in the round of. The next forward's lookup reads the new rows.
 
 The dense rest of the model trains beside it with RemoteAdamW (or any optimizer): the two steps
-are two pushes, each atomic on its own.
+are two pushes, each atomic on its own. In sync mode that is two pushes of one trainer to a
+round, which the round refuses if they share a client_id and averages wrongly if they do not;
+there a model with tables and dense tensors pushes both in one Client.push_rows call (``dense=``)
+until RemoteAdamW carries the rows itself.
 
 Lifetimes: a module keeps the leaves of its forwards (with grad enabled) until the optimizer's
 step or zero_grad; a module made from a target owns its client (close() closes it).
@@ -75,8 +80,9 @@ class _RemoteTable(torch.nn.Module):
         except errors.AlreadyExists:
             pass  # Made before, with other values (an earlier run's): the optimizer sets them.
         self.client.register_table(name, _weight.detach(), param_group=self.param_group)
-        # (keys [u] int64 on the CPU, rows [u, dim] leaf) of each forward since the last step.
-        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        # (keys [u] int64 on the CPU, rows [u, dim] leaf, the version they were read at) of each
+        # forward since the last step.
+        self._pending: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def _lookup(self, input: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(inverse indices, shaped as input, into rows; rows [u, dim]: the batch's unique
@@ -85,21 +91,24 @@ class _RemoteTable(torch.nn.Module):
             raise TypeError(f"indices must be int64 or int32, got {input.dtype}")
         keys, inverse = torch.unique(input, return_inverse=True)
         keys = keys.to(torch.int64).cpu()
-        rows = self.client.lookup_rows(self.name, keys).rows.to(self.device)
+        looked_up = self.client.lookup_rows(self.name, keys)
+        rows = looked_up.rows.to(self.device)
         if torch.is_grad_enabled() and self.training:
             rows.requires_grad_(True)
-            self._pending.append((keys, rows))
+            self._pending.append((keys, rows, looked_up.version))
         return inverse.to(self.device), rows
 
-    def take_rows(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def take_rows(self) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
         """The keys and gradient rows of every forward since the last call that got a gradient,
-        concatenated (keys may repeat: the server sums them), or None; forgets them all."""
+        concatenated (keys may repeat: the server sums them), and the oldest version they were
+        looked up at; or None. Forgets them all."""
         pending, self._pending = self._pending, []
-        keys = [k for k, rows in pending if rows.grad is not None]
-        grads = [rows.grad.detach().float().cpu() for _, rows in pending if rows.grad is not None]
-        if not keys:
+        used = [(k, rows, version) for k, rows, version in pending if rows.grad is not None]
+        if not used:
             return None
-        return torch.cat(keys), torch.cat(grads)
+        return (torch.cat([k for k, _, _ in used]),
+                torch.cat([rows.grad.detach().float().cpu() for _, rows, _ in used]),
+                min(version for _, _, version in used))
 
     def forget_rows(self) -> None:
         """Drops the forwards' leaves (RemoteSparseAdam.zero_grad)."""
@@ -212,8 +221,9 @@ class RemoteSparseAdam(torch.optim.Optimizer):
         lr: each step sends a changed value to the tables' groups first.
       weight_decay: decoupled, of the pushed rows only (SparseAdam has none); default 0.
     The optimizer keeps no state of its own (it is on the servers); state_dict() holds the
-    hyperparameters. After step(), last_push_results has the pushes' results (fusedps
-    PushResult) by table name.
+    hyperparameters. step() makes one push per client, of all its tables, based on the version
+    their rows were looked up at. After step(), last_push_results has the pushes' results
+    (fusedps PushResult) by table name (the tables of one client share theirs).
     Raises: fusedps.errors.FusedPSError from the servers (INVALID_ARGUMENT for a key outside a
     table's rows: nothing of that push is applied).
     """
@@ -246,10 +256,12 @@ class RemoteSparseAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         hyper = self._hyperparameters()
-        results: Dict[str, Any] = {}
+        # Per client (by identity, in module order): its tables' rows and the oldest version
+        # they were looked up at.
+        pushes: Dict[int, Tuple[Client, Dict[str, Tuple[torch.Tensor, torch.Tensor]], int]] = {}
         for module in self.modules:
-            rows = module.take_rows()
-            if rows is None:
+            taken = module.take_rows()
+            if taken is None:
                 continue  # No gradient: no step, as SparseAdam skips a param without one.
             if self._sent.get(id(module)) != hyper:
                 lr, beta1, beta2, eps, weight_decay = hyper
@@ -257,7 +269,14 @@ class RemoteSparseAdam(torch.optim.Optimizer):
                                                   betas=(beta1, beta2), eps=eps,
                                                   weight_decay=weight_decay)
                 self._sent[id(module)] = hyper
-            results[module.name] = module.client.push_rows({module.name: rows})
+            keys, grads, version = taken
+            client, rows, base = pushes.setdefault(id(module.client), (module.client, {}, version))
+            rows[module.name] = (keys, grads)
+            pushes[id(module.client)] = (client, rows, min(base, version))
+        results: Dict[str, Any] = {}
+        for client, rows, base in pushes.values():
+            result = client.push_rows(rows, base_version=base)
+            results.update({name: result for name in rows})
         self.last_push_results = results
         return loss
 
