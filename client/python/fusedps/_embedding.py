@@ -80,9 +80,9 @@ class _RemoteTable(torch.nn.Module):
         except errors.AlreadyExists:
             pass  # Made before, with other values (an earlier run's): the optimizer sets them.
         self.client.register_table(name, _weight.detach(), param_group=self.param_group)
-        # (keys [u] int64 on the CPU, rows [u, dim] leaf, the version they were read at) of each
-        # forward since the last step.
-        self._pending: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
+        # (keys [u] int64 on the CPU, rows [u, dim] leaf, the versions they were read at: one,
+        # or one per shard through a ShardedClient) of each forward since the last step.
+        self._pending: List[Tuple[torch.Tensor, torch.Tensor, Tuple[int, ...]]] = []
 
     def _lookup(self, input: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(inverse indices, shaped as input, into rows; rows [u, dim]: the batch's unique
@@ -95,20 +95,21 @@ class _RemoteTable(torch.nn.Module):
         rows = looked_up.rows.to(self.device)
         if torch.is_grad_enabled() and self.training:
             rows.requires_grad_(True)
-            self._pending.append((keys, rows, looked_up.version))
+            versions = tuple(getattr(looked_up, "versions", (looked_up.version,)))
+            self._pending.append((keys, rows, versions))
         return inverse.to(self.device), rows
 
-    def take_rows(self) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
+    def take_rows(self) -> Optional[Tuple[torch.Tensor, torch.Tensor, Tuple[int, ...]]]:
         """The keys and gradient rows of every forward since the last call that got a gradient,
-        concatenated (keys may repeat: the server sums them), and the oldest version they were
-        looked up at; or None. Forgets them all."""
+        concatenated (keys may repeat: the server sums them), and the oldest versions they were
+        looked up at (per shard); or None. Forgets them all."""
         pending, self._pending = self._pending, []
-        used = [(k, rows, version) for k, rows, version in pending if rows.grad is not None]
+        used = [(k, rows, versions) for k, rows, versions in pending if rows.grad is not None]
         if not used:
             return None
         return (torch.cat([k for k, _, _ in used]),
                 torch.cat([rows.grad.detach().float().cpu() for _, rows, _ in used]),
-                min(version for _, _, version in used))
+                _oldest([versions for _, _, versions in used]))
 
     def forget_rows(self) -> None:
         """Drops the forwards' leaves (RemoteSparseAdam.zero_grad)."""
@@ -256,9 +257,10 @@ class RemoteSparseAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         hyper = self._hyperparameters()
-        # Per client (by identity, in module order): its tables' rows and the oldest version
+        # Per client (by identity, in module order): its tables' rows and the oldest versions
         # they were looked up at.
-        pushes: Dict[int, Tuple[Client, Dict[str, Tuple[torch.Tensor, torch.Tensor]], int]] = {}
+        pushes: Dict[int, Tuple[Any, Dict[str, Tuple[torch.Tensor, torch.Tensor]],
+                                Tuple[int, ...]]] = {}
         for module in self.modules:
             taken = module.take_rows()
             if taken is None:
@@ -269,13 +271,17 @@ class RemoteSparseAdam(torch.optim.Optimizer):
                                                   betas=(beta1, beta2), eps=eps,
                                                   weight_decay=weight_decay)
                 self._sent[id(module)] = hyper
-            keys, grads, version = taken
-            client, rows, base = pushes.setdefault(id(module.client), (module.client, {}, version))
+            keys, grads, versions = taken
+            client, rows, base = pushes.setdefault(id(module.client),
+                                                   (module.client, {}, versions))
             rows[module.name] = (keys, grads)
-            pushes[id(module.client)] = (client, rows, min(base, version))
+            pushes[id(module.client)] = (client, rows, _oldest([base, versions]))
         results: Dict[str, Any] = {}
         for client, rows, base in pushes.values():
-            result = client.push_rows(rows, base_version=base)
+            if isinstance(client, Client):
+                result = client.push_rows(rows, base_version=base[0])
+            else:  # A ShardedClient: a version per shard.
+                result = client.push_rows(rows, base_versions=base)
             results.update({name: result for name in rows})
         self.last_push_results = results
         return loss
@@ -284,6 +290,11 @@ class RemoteSparseAdam(torch.optim.Optimizer):
         """Drops what the forwards since the last step left to push."""
         for module in self.modules:
             module.forget_rows()
+
+
+def _oldest(versions: List[Tuple[int, ...]]) -> Tuple[int, ...]:
+    """Per shard, the oldest of several lookups' versions."""
+    return tuple(min(v) for v in zip(*versions))
 
 
 def remote_tables(model: torch.nn.Module) -> List[_RemoteTable]:

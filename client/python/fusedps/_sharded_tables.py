@@ -20,7 +20,7 @@ A push is atomic on each shard, not across them (as ShardedClient's dense pushes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fusedps._client_tables import _keys_tensor, _table_gradient
 from fusedps._lazy import LazyModule
@@ -161,14 +161,23 @@ class TableShardCalls:
 
     def push_rows(self, rows: Mapping[str, Any], *, grad_dtype="float32",
                   grad_scale: Optional[float] = None, prefix: str = "",
-                  sequence_number: int = 0) -> List[PushResult]:
+                  sequence_number: int = 0,
+                  base_versions: Optional[Sequence[int]] = None) -> List[PushResult]:
         """Pushes gradient rows of sharded tables: each shard gets the rows of the keys it owns
         (none, for a shard that owns none: its table still steps, as SparseAdam's one step
         count does), as one Client.push_rows per shard, at once. ``rows`` as
         Client.push_rows' (a (keys, grads) pair or a sparse COO gradient per table); dense
-        gradients go through push_gradients. Returns each shard's PushResult. Raises as
-        Client.push_rows, and ValueError for a dense-id key outside [0, rows) (before any
-        call), KeyError for a table not registered through this ShardedClient."""
+        gradients go through push_gradients. ``base_versions``: per shard, the version the
+        gradients were computed from (a lookup's ``versions``); None: each shard client's last
+        pulled version, as Client.push_rows. Returns each shard's PushResult. Raises as
+        Client.push_rows, and ValueError for a dense-id key outside [0, rows) or
+        base_versions of another length than the shards (before any call), KeyError for a
+        table not registered through this ShardedClient."""
+        if base_versions is not None:
+            base_versions = [int(v) for v in base_versions]
+            if len(base_versions) != len(self.clients):
+                raise ValueError(f"base_versions has {len(base_versions)} entries, not one per "
+                                 f"shard ({len(self.clients)})")
         per_shard: List[Dict[str, Tuple["torch.Tensor", "torch.Tensor"]]] = [
             {} for _ in self.clients]
         for name, value in rows.items():
@@ -182,7 +191,8 @@ class TableShardCalls:
         plan_hash = self._table_plan_hash()
         return self._fan_out(lambda s, c: c.push_rows(
             per_shard[s], grad_dtype=grad_dtype, grad_scale=grad_scale,
-            sequence_number=sequence_number, plan_hash=plan_hash))
+            sequence_number=sequence_number, plan_hash=plan_hash,
+            base_version=None if base_versions is None else base_versions[s]))
 
     def lookup_rows(self, table: str, keys, *, dtype="float32", field: str = "param",
                     prefix: str = "") -> ShardedLookedUpRows:
