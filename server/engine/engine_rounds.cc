@@ -62,7 +62,9 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "tensors were registered during the sync round at version ", queued_version_)));
   }
-  if (absl::Status s = AddRoundKeys(*push); !s.ok()) return refuse(s);
+  // A hashed table's keys are checked now and recorded once the push has joined.
+  absl::StatusOr<RoundKeys> keys = CheckRoundKeys(*push);
+  if (!keys.ok()) return refuse(keys.status());
   if (observer_ != nullptr) observer_->OnStaleness(tau);
   if (first) {
     round_.tensor_count = tensor_count;
@@ -90,6 +92,7 @@ void UpdateEngine::Contribute(const ReadyPush* push, const Done<StepResult>& don
     summed = backend_->Accumulate(part, /*first=*/seen == 0);
   }
   if (!summed.ok()) return refuse(Checked(summed.status(), /*expected_ok=*/true));
+  AddRoundKeys(*std::move(keys));
   for (uint32_t t : tensors[0]) round_.pushed[t] = true;
   Complete({*summed, [this, consumed](absl::StatusOr<WorkDone>) {
               // A device error here fails the round's step too (the fault stops the shard).

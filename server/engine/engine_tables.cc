@@ -92,10 +92,9 @@ std::vector<uint64_t> UpdateEngine::CommitTables(const TablesStep& step, size_t 
   return evictions;
 }
 
-absl::Status UpdateEngine::AddRoundKeys(const ReadyPush& push) {
+absl::StatusOr<UpdateEngine::RoundKeys> UpdateEngine::CheckRoundKeys(const ReadyPush& push) const {
   const std::shared_ptr<const ShardView> view = this->view();
-  // Every table's check first, so that a refused push records nothing.
-  std::vector<std::pair<uint32_t, std::vector<int64_t>>> added;
+  RoundKeys added;
   for (const ReadyTableRows& t : push.tables) {
     if (t.tensor >= view->tensor_count() || !view->tensor(t.tensor).hashed.has_value()) continue;
     const TensorMeta& meta = view->tensor(t.tensor);
@@ -118,8 +117,11 @@ absl::Status UpdateEngine::AddRoundKeys(const ReadyPush& push) {
     }
     added.emplace_back(t.tensor, std::move(fresh));
   }
-  for (auto& [tensor, keys] : added) round_.hashed_keys[tensor].insert(keys.begin(), keys.end());
-  return absl::OkStatus();
+  return added;
+}
+
+void UpdateEngine::AddRoundKeys(RoundKeys keys) {
+  for (auto& [tensor, fresh] : keys) round_.hashed_keys[tensor].insert(fresh.begin(), fresh.end());
 }
 
 void UpdateEngine::ReadRows(RowsJob job, Done<RowsResult> done) {

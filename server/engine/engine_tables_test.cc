@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "common/notification.h"
 #include "gtest/gtest.h"
+#include "kernels/forwarding_backend.h"
 #include "kernels/hashed_row_step.h"
 #include "kernels/row_init.h"
 #include "kernels/row_sparse.h"
@@ -410,6 +412,67 @@ TEST_F(EngineTablesTest, SyncRoundsKeepAHashedTablesKeysWithinItsCapacity) {
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(rows->misses, 1u);  // The evicted row (the smallest stamp and slot: key 1's).
   EXPECT_EQ(rows->step, 2);
+  EXPECT_TRUE(fault_.status().ok()) << fault_.status();
+}
+
+// A backend whose first Accumulate runs out of memory (an expected refusal of that push).
+class AccumulateOnceFails final : public ForwardingBackend {
+ public:
+  explicit AccumulateOnceFails(std::unique_ptr<OptimizerBackend> inner)
+      : ForwardingBackend(std::move(inner)) {}
+  absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override {
+    if (!failed_) {
+      failed_ = true;
+      return absl::ResourceExhaustedError("the gradient accumulator (injected)");
+    }
+    return ForwardingBackend::Accumulate(request, first);
+  }
+
+ private:
+  bool failed_ = false;  // The engine thread's only.
+};
+
+// A push refused after its keys were checked (its dense gradients could not be summed) leaves
+// the round's keys as they were: only members' keys count against a hashed table's capacity.
+TEST_F(EngineTablesTest, ARefusedSyncPushLeavesTheRoundsKeys) {
+  constexpr int64_t kSlots = 6, kWidth = 2;
+  UpdateEngine engine(std::make_unique<AccumulateOnceFails>(MakeCpuBackend({.threads = 1})),
+                      &fault_, &retries_, SyncOf(2));
+  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
+                engine.RegisterParamGroup({"tables", hyper_}, d);
+              }).ok());
+  TensorMeta hashed{"h", {kSlots, kWidth}, 1, kSlots * kWidth, true};
+  hashed.hashed = HashedKeys{3, 0.1f};
+  const std::vector<TensorMeta> metas = {{"w", {24}, 1, 24, false}, hashed};
+  ASSERT_TRUE(Sync<uint32_t>([&](UpdateEngine::Done<uint32_t> d) {
+                engine.BeginRegistration(metas, d);
+              }).ok());
+  const std::vector<ParamWrite> writes = {{0, 0, dense0_.data(), 24}};
+  ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) { engine.WriteParams(writes, d); }).ok());
+  ASSERT_TRUE(Sync<uint64_t>([&](UpdateEngine::Done<uint64_t> d) {
+                engine.CommitRegistration("", d);
+              }).ok());
+  const auto push = [&](std::string client, uint64_t sequence_number, std::vector<int64_t> keys) {
+    ReadyPush p = PushOf({0}, {24}, dense_grads_, std::move(client), sequence_number);
+    std::vector<float> grads(keys.size() * kWidth, 0.5f);
+    p.tables.push_back({1, std::move(keys), std::move(grads)});
+    return p;
+  };
+  const ReadyPush refused = push("a", 1, {1, 2, 3, 4}), b = push("b", 1, {5, 6, 7});
+  const ReadyPush a = push("a", 2, {1, 2, 3});
+  PushOutcome o_refused, ob, oa;
+  PushAsync(engine, &refused, &o_refused);
+  ASSERT_TRUE(o_refused.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(o_refused.result.status().code(), absl::StatusCode::kResourceExhausted)
+      << o_refused.result.status();
+  PushAsync(engine, &b, &ob);  // 3 of 6 keys: the refused push's 4 are not the round's.
+  PushAsync(engine, &a, &oa);  // 6 of 6.
+  for (PushOutcome* o : {&ob, &oa}) {
+    ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(o->result.ok()) << o->result.status();
+    EXPECT_EQ(o->result->reply.round_workers, 2u);
+  }
+  EXPECT_EQ(engine.HashedRowsInUse(1), static_cast<uint64_t>(kSlots));
   EXPECT_TRUE(fault_.status().ok()) << fault_.status();
 }
 

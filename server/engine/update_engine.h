@@ -399,9 +399,13 @@ class UpdateEngine {
   // slots are theirs, stamped with the tables' new steps. Returns the rows each table of the
   // planned span evicted (0 for a dense-id table).
   std::vector<uint64_t> CommitTables(const TablesStep& step, size_t table_count);
-  // Sync mode: INVALID_ARGUMENT, naming the table and its capacity, when a push's keys would
-  // bring the round's unique keys of a hashed table above its capacity; else records them.
-  absl::Status AddRoundKeys(const ReadyPush& push);
+  // Sync mode: per hashed table of a push, the unique keys it adds to the round.
+  using RoundKeys = std::vector<std::pair<uint32_t, std::vector<int64_t>>>;
+  // The keys a push would add to the round, or INVALID_ARGUMENT, naming the table and its
+  // capacity, when they would bring the round's unique keys of a hashed table above it.
+  // Changes nothing: AddRoundKeys records them once the push has joined the round.
+  absl::StatusOr<RoundKeys> CheckRoundKeys(const ReadyPush& push) const;
+  void AddRoundKeys(RoundKeys keys);
   // Sync mode's job: adds the push to the round (engine_rounds.cc).
   void Contribute(const ReadyPush* push, const Done<StepResult>& done,
                   const std::function<void()>& consumed);
