@@ -17,10 +17,9 @@
 // and 61-62%. Tried and dropped: 2, 4 or 8 units per thread with all their loads issued before
 // the math (73-79%, 50-52% for 8): the registers cost resident warps, and a warp's math, while
 // none of its own loads are in flight, is hidden only by other warps; streaming cache hints
-// (ld/st .cs), 1-3 points slower with a unit per thread. The per-unit code matters as much and is
-// not understood yet: in a harness (T4), the kernel before this one, launched as this one is,
-// ran at 96%, and an earlier one-unit version of this one (63 registers, 4 blocks per SM) at
-// 90-92%.
+// (ld/st .cs), 1-3 points slower with a unit per thread. The kernel before this one's load order
+// (key, row, then gradient) with this launch ran at 96% in the T4 harness but at 83.8-86.9% in
+// the bench (run T5; its data is made differently, not examined), under this one's 85.1-88.1%.
 //
 // Units of tables with bf16 state or 1-element units (a dim not a multiple of 4, or unaligned
 // fields) take UpdateElements, one element at a time, with the same math (sparse_adam_math.h).

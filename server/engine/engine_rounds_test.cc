@@ -41,22 +41,6 @@ class RecordingObserver final : public ConsistencyObserver {
   std::vector<RoundStats> rounds;
 };
 
-// One push's outcome, filled on the completion thread.
-struct Outcome {
-  Notification done, consumed;
-  absl::StatusOr<StepResult> result = absl::UnknownError("not yet");
-};
-
-void Push(UpdateEngine& engine, const ReadyPush* push, Outcome* out) {
-  engine.Step(
-      push,
-      [out](absl::StatusOr<StepResult> r) {
-        out->result = std::move(r);
-        out->done.Notify();
-      },
-      [out] { out->consumed.Notify(); });
-}
-
 std::vector<float> Params(UpdateEngine& engine, uint32_t tensor, uint64_t numel) {
   std::vector<float> values(AlignedNumel(numel));
   ReadJob job;
@@ -71,15 +55,6 @@ std::vector<float> Params(UpdateEngine& engine, uint32_t tensor, uint64_t numel)
 
 class RoundsTest : public ::testing::Test {
  protected:
-  static ConsistencyOptions SyncMode(uint32_t k, uint32_t n,
-                                     absl::Duration timeout = absl::ZeroDuration()) {
-    ConsistencyOptions c;
-    c.mode = ConsistencyMode::kSync;
-    c.replicas_to_aggregate = k;
-    c.total_replicas = n;
-    c.round_timeout = timeout;
-    return c;
-  }
   ShardFault fault_;
   RetryTable retries_{100};
   RecordingObserver observer_;
@@ -100,10 +75,10 @@ TEST_F(RoundsTest, MembersMayPushSubsetsAsDdpAveragesUnusedParameters) {
   for (int i = 0; i < 13; ++i) gb[i] = 0.01f * i + 0.3f;
   ReadyPush a = PushOf({tensors[0], tensors[1]}, {21, 13}, ga, "a", 1);
   ReadyPush b = PushOf({tensors[1]}, {13}, gb, "b", 1);
-  Outcome oa, ob;
-  Push(engine, &b, &ob);  // b first: t1 is new to the round with b, added to with a.
-  Push(engine, &a, &oa);
-  for (Outcome* o : {&oa, &ob}) {
+  PushOutcome oa, ob;
+  PushAsync(engine, &b, &ob);  // b first: t1 is new to the round with b, added to with a.
+  PushAsync(engine, &a, &oa);
+  for (PushOutcome* o : {&oa, &ob}) {
     ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
     ASSERT_TRUE(o->result.ok()) << o->result.status();
     EXPECT_EQ(o->result->reply.round_workers, 2u);
@@ -131,9 +106,9 @@ TEST_F(RoundsTest, MembersMayPushSubsetsAsDdpAveragesUnusedParameters) {
   ReadyPush a2 = PushOf({tensors[1]}, {13}, gb, "a", 2);
   ReadyPush b2 = PushOf({tensors[1]}, {13}, gb, "b", 2);
   a2.base_version = b2.base_version = 1;
-  Outcome oa2, ob2;
-  Push(engine, &a2, &oa2);
-  Push(engine, &b2, &ob2);
+  PushOutcome oa2, ob2;
+  PushAsync(engine, &a2, &oa2);
+  PushAsync(engine, &b2, &ob2);
   ASSERT_TRUE(ob2.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(ob2.result.ok()) << ob2.result.status();
   const std::vector<float> p1b = Params(engine, tensors[1], 13);
@@ -160,16 +135,16 @@ TEST_F(RoundsTest, KPushesAreAveragedIntoOneStepAndAnsweredTogether) {
     pushes.back().grad_scale = w == 1 ? 4.0f : 0.0f;  // Each push's own loss scale.
   }
   for (int i = 0; i < 37; ++i) grads[1][i] *= 4.0f;
-  Outcome out[3];
-  Push(engine, &pushes[0], &out[0]);
-  Push(engine, &pushes[1], &out[1]);
+  PushOutcome out[3];
+  PushAsync(engine, &pushes[0], &out[0]);
+  PushAsync(engine, &pushes[1], &out[1]);
   // Summed, so their staging is back, but not answered: the round waits for its third.
   ASSERT_TRUE(out[0].consumed.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(out[1].consumed.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_FALSE(out[0].done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   EXPECT_EQ(engine.version(), 0u);
-  Push(engine, &pushes[2], &out[2]);
-  for (Outcome& o : out) {
+  PushAsync(engine, &pushes[2], &out[2]);
+  for (PushOutcome& o : out) {
     ASSERT_TRUE(o.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
     ASSERT_TRUE(o.result.ok()) << o.result.status();
     EXPECT_EQ(o.result->reply.version, 1u);
@@ -206,17 +181,17 @@ TEST_F(RoundsTest, StalePushesAndASecondPushOfOneClientAreAborted) {
   std::vector<float> grads(8, 0.5f);
   ReadyPush a = PushOf(tensors, sizes, grads, "a", 1), a2 = PushOf(tensors, sizes, grads, "a", 2);
   ReadyPush b = PushOf(tensors, sizes, grads, "b", 1), late = PushOf(tensors, sizes, grads, "c", 1);
-  Outcome oa, oa2, ob, olate;
-  Push(engine, &a, &oa);
-  Push(engine, &a2, &oa2);  // The same client again in the round.
+  PushOutcome oa, oa2, ob, olate;
+  PushAsync(engine, &a, &oa);
+  PushAsync(engine, &a2, &oa2);  // The same client again in the round.
   ASSERT_TRUE(oa2.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(absl::IsAborted(oa2.result.status())) << oa2.result.status();
   EXPECT_TRUE(oa2.consumed.HasBeenNotified());
-  Push(engine, &b, &ob);
+  PushAsync(engine, &b, &ob);
   ASSERT_TRUE(ob.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(oa.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(ob.result->reply.version, 1u);
-  Push(engine, &late, &olate);  // A backup's push for version 0, after the round closed.
+  PushAsync(engine, &late, &olate);  // A backup's push for version 0, after the round closed.
   ASSERT_TRUE(olate.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(absl::IsAborted(olate.result.status()));
   EXPECT_NE(olate.result.status().message().find("shard version 1"), std::string::npos)
@@ -225,8 +200,8 @@ TEST_F(RoundsTest, StalePushesAndASecondPushOfOneClientAreAborted) {
   EXPECT_TRUE(engine.AdmitPush("c", 1).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(engine.AdmitPush("", 1)));
   // The retry of a push answered already gets its reply, whatever its version.
-  Outcome retry;
-  Push(engine, &b, &retry);
+  PushOutcome retry;
+  PushAsync(engine, &b, &retry);
   ASSERT_TRUE(retry.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(retry.result.ok());
   EXPECT_TRUE(retry.result->reply.duplicate);
@@ -243,8 +218,8 @@ TEST_F(RoundsTest, ARoundThatTimesOutAppliesThePushesItHas) {
   std::vector<float> grads = {0.5f, -1, 2, 0, 3, 0, 0, 0};
   ReadyPush a = PushOf(tensors, sizes, grads, "a", 1);
   a.arrived = absl::Now();
-  Outcome oa;
-  Push(engine, &a, &oa);
+  PushOutcome oa;
+  PushAsync(engine, &a, &oa);
   ASSERT_TRUE(oa.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_GE(absl::Now() - a.arrived, absl::Milliseconds(200));
   ASSERT_TRUE(oa.result.ok()) << oa.result.status();
@@ -274,18 +249,18 @@ TEST_F(RoundsTest, ARoundThatTimesOutNamesTheReplicasItWaitedFor) {
   ReadyPush b1 = PushOf(tensors, sizes, grads, "trainer-b", 1);
   ReadyPush a2 = PushOf(tensors, sizes, grads, "trainer-a", 2);
   a2.base_version = 1;
-  Outcome oa1, ob1, oa2;
+  PushOutcome oa1, ob1, oa2;
   a1.arrived = absl::Now();
-  Push(engine, &a1, &oa1);
-  Push(engine, &b1, &ob1);
-  for (Outcome* o : {&oa1, &ob1}) {
+  PushAsync(engine, &a1, &oa1);
+  PushAsync(engine, &b1, &ob1);
+  for (PushOutcome* o : {&oa1, &ob1}) {
     ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
     ASSERT_TRUE(o->result.ok()) << o->result.status();
     EXPECT_FALSE(o->result->reply.round_timed_out);
     EXPECT_TRUE(o->result->reply.missing_replicas.empty());
   }
   a2.arrived = absl::Now();
-  Push(engine, &a2, &oa2);  // trainer-b is gone.
+  PushAsync(engine, &a2, &oa2);  // trainer-b is gone.
   ASSERT_TRUE(oa2.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(oa2.result.ok()) << oa2.result.status();
   EXPECT_EQ(oa2.result->reply.version, 2u);
@@ -293,8 +268,8 @@ TEST_F(RoundsTest, ARoundThatTimesOutNamesTheReplicasItWaitedFor) {
   EXPECT_TRUE(oa2.result->reply.round_timed_out);
   EXPECT_EQ(oa2.result->reply.missing_replicas, (std::vector<std::string>{"trainer-b"}));
   // The retry table keeps the reply whole (a retry after a restart gets it too).
-  Outcome retry;
-  Push(engine, &a2, &retry);
+  PushOutcome retry;
+  PushAsync(engine, &a2, &retry);
   ASSERT_TRUE(retry.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(retry.result.ok());
   EXPECT_TRUE(retry.result->reply.duplicate);
@@ -309,10 +284,10 @@ TEST_F(RoundsTest, ANonFiniteGradientSkipsTheWholeRound) {
   std::vector<float> grads(8, 0.5f);
   ReadyPush a = PushOf(tensors, sizes, grads, "a", 1), b = PushOf(tensors, sizes, grads, "b", 1);
   b.grads_finite = false;
-  Outcome oa, ob;
-  Push(engine, &a, &oa);
-  Push(engine, &b, &ob);
-  for (Outcome* o : {&oa, &ob}) {
+  PushOutcome oa, ob;
+  PushAsync(engine, &a, &oa);
+  PushAsync(engine, &b, &ob);
+  for (PushOutcome* o : {&oa, &ob}) {
     ASSERT_TRUE(o->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
     ASSERT_TRUE(o->result.ok());
     EXPECT_TRUE(o->result->reply.skipped);
@@ -321,23 +296,23 @@ TEST_F(RoundsTest, ANonFiniteGradientSkipsTheWholeRound) {
   EXPECT_EQ(Params(engine, tensors[0], 8), std::vector<float>(8, 1.0f));
   // The next round is at version 0 again.
   ReadyPush a2 = PushOf(tensors, sizes, grads, "a", 2), b2 = PushOf(tensors, sizes, grads, "b", 2);
-  Outcome oa2, ob2;
-  Push(engine, &a2, &oa2);
-  Push(engine, &b2, &ob2);
+  PushOutcome oa2, ob2;
+  PushAsync(engine, &a2, &oa2);
+  PushAsync(engine, &b2, &ob2);
   ASSERT_TRUE(ob2.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_TRUE(ob2.result.ok());
   EXPECT_EQ(ob2.result->reply.version, 1u);
 }
 
 TEST_F(RoundsTest, AnOpenRoundFailsWhenTheEngineStops) {
-  Outcome oa;
+  PushOutcome oa;
   std::vector<float> grads(8, 0.5f);
   ReadyPush a;
   {
     UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 2));
     const std::vector<uint64_t> sizes = {8};
     a = PushOf(Register(engine, sizes), sizes, grads, "a", 1);
-    Push(engine, &a, &oa);
+    PushAsync(engine, &a, &oa);
   }
   ASSERT_TRUE(oa.done.HasBeenNotified());
   EXPECT_TRUE(absl::IsUnavailable(oa.result.status())) << oa.result.status();
@@ -366,7 +341,7 @@ TEST_F(RoundsTest, TrainersRacingRoundsAndTimeoutsAreEachAnsweredOnce) {
         ReadyPush push = PushOf(tensors, sizes, grads, "w" + std::to_string(w), k);
         push.base_version = engine.version();
         push.arrived = push.received = absl::Now();
-        Outcome out;
+        PushOutcome out;
         int consumed_here = 0;
         engine.Step(
             &push,

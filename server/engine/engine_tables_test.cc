@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/notification.h"
 #include "gtest/gtest.h"
 #include "kernels/forwarding_backend.h"
 #include "kernels/hashed_row_step.h"
@@ -266,35 +265,12 @@ TEST_F(EngineTablesTest, HashedTableStepsAsTheHashedReferenceBitForBit) {
   EXPECT_EQ(rows->step, 12);
 }
 
-// A push's outcome, filled on the completion thread (pushes that wait for a sync round, or
-// several in flight).
-struct PushOutcome {
-  Notification done;
-  absl::StatusOr<StepResult> result = absl::UnknownError("not yet");
-};
-
-void PushAsync(UpdateEngine& engine, const ReadyPush* push, PushOutcome* out) {
-  engine.Step(push, [out](absl::StatusOr<StepResult> r) {
-    out->result = std::move(r);
-    out->done.Notify();
-  });
-}
-
-ConsistencyOptions SyncOf(uint32_t k) {
-  ConsistencyOptions sync;
-  sync.mode = ConsistencyMode::kSync;
-  sync.replicas_to_aggregate = k;
-  sync.total_replicas = k;
-  sync.round_timeout = absl::ZeroDuration();
-  return sync;
-}
-
 // A sync round steps its members' rows as one SparseAdam step on their mean: each member's
 // rows divided by its grad_scale, duplicates summed across members, a row one member left out
 // counting as zero for it. The oracle: the mean computed here in float64, stepped by
 // kernels/row_sparse.h's step.
 TEST_F(EngineTablesTest, SyncRoundStepsTheMeanOfItsMembersRows) {
-  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncOf(2));
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 2));
   RegisterShard(engine);
   const std::vector<int64_t> keys_a = {3, 5, 3}, keys_b = {5, 8};
   std::vector<float> ga(keys_a.size() * kDim), gb(keys_b.size() * kDim);
@@ -361,7 +337,7 @@ TEST_F(EngineTablesTest, SyncRoundStepsTheMeanOfItsMembersRows) {
 // named the table.
 TEST_F(EngineTablesTest, SyncRoundsKeepAHashedTablesKeysWithinItsCapacity) {
   constexpr int64_t kSlots = 6, kWidth = 5;
-  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncOf(2));
+  UpdateEngine engine(MakeCpuBackend({.threads = 1}), &fault_, &retries_, SyncMode(2, 2));
   RegisterHashedTable(engine, kSlots, kWidth, 42, 0.25f);
   const auto push = [](std::string client, uint64_t sequence_number, uint64_t base_version,
                        std::vector<int64_t> keys) {
@@ -437,7 +413,7 @@ class AccumulateOnceFails final : public ForwardingBackend {
 TEST_F(EngineTablesTest, ARefusedSyncPushLeavesTheRoundsKeys) {
   constexpr int64_t kSlots = 6, kWidth = 2;
   UpdateEngine engine(std::make_unique<AccumulateOnceFails>(MakeCpuBackend({.threads = 1})),
-                      &fault_, &retries_, SyncOf(2));
+                      &fault_, &retries_, SyncMode(2, 2));
   ASSERT_TRUE(Sync<bool>([&](UpdateEngine::Done<bool> d) {
                 engine.RegisterParamGroup({"tables", hyper_}, d);
               }).ok());

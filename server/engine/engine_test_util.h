@@ -5,8 +5,10 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/notification.h"
 #include "gtest/gtest.h"
 #include "server/engine/update_engine.h"
 
@@ -40,6 +42,35 @@ inline std::vector<uint32_t> Register(UpdateEngine& engine, const std::vector<ui
   std::vector<uint32_t> indices;
   for (size_t i = 0; i < sizes.size(); ++i) indices.push_back(*first + static_cast<uint32_t>(i));
   return indices;
+}
+
+// One push's outcome, filled on the completion thread: for pushes that wait (a sync round) or
+// run several at once.
+struct PushOutcome {
+  Notification done, consumed;
+  absl::StatusOr<StepResult> result = absl::UnknownError("not yet");
+};
+
+// Submits `push` (alive until out->done) and returns at once.
+inline void PushAsync(UpdateEngine& engine, const ReadyPush* push, PushOutcome* out) {
+  engine.Step(
+      push,
+      [out](absl::StatusOr<StepResult> r) {
+        out->result = std::move(r);
+        out->done.Notify();
+      },
+      [out] { out->consumed.Notify(); });
+}
+
+// Sync mode, K of N, with a round timeout (zero: none).
+inline ConsistencyOptions SyncMode(uint32_t k, uint32_t n,
+                                   absl::Duration timeout = absl::ZeroDuration()) {
+  ConsistencyOptions c;
+  c.mode = ConsistencyMode::kSync;
+  c.replicas_to_aggregate = k;
+  c.total_replicas = n;
+  c.round_timeout = timeout;
+  return c;
 }
 
 inline ReadyPush PushOf(const std::vector<uint32_t>& tensors, const std::vector<uint64_t>& sizes,

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/half_float.h"
+#include "kernels/adamw_math.h"
 #include "server/ingest/pull_request.h"
 #include "server/ingest/state_loader.h"
 #include "server/service/convert.h"
@@ -86,7 +86,7 @@ grpc::Status ParameterServiceImpl::LookupRows(grpc::ServerContext* context,
   std::vector<uint16_t> half;
   if (plan->bf16) {
     half.resize(rows->rows.size());
-    for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(rows->rows[i]);
+    StoreFloats(rows->rows.data(), half.size(), GradDType::kBFloat16, half.data());
   }
   const char* const bytes = plan->bf16 ? reinterpret_cast<const char*>(half.data())
                                        : reinterpret_cast<const char*>(rows->rows.data());

@@ -257,10 +257,8 @@ class RemoteSparseAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         hyper = self._hyperparameters()
-        # Per client (by identity, in module order): its tables' rows and the oldest versions
-        # they were looked up at.
-        pushes: Dict[int, Tuple[Any, Dict[str, Tuple[torch.Tensor, torch.Tensor]],
-                                Tuple[int, ...]]] = {}
+        # Per client (by identity, in module order): its modules' rows, pushed together.
+        by_client: Dict[int, List[Tuple[_RemoteTable, Tuple]]] = {}
         for module in self.modules:
             taken = module.take_rows()
             if taken is None:
@@ -271,13 +269,12 @@ class RemoteSparseAdam(torch.optim.Optimizer):
                                                   betas=(beta1, beta2), eps=eps,
                                                   weight_decay=weight_decay)
                 self._sent[id(module)] = hyper
-            keys, grads, versions = taken
-            client, rows, base = pushes.setdefault(id(module.client),
-                                                   (module.client, {}, versions))
-            rows[module.name] = (keys, grads)
-            pushes[id(module.client)] = (client, rows, _oldest([base, versions]))
+            by_client.setdefault(id(module.client), []).append((module, taken))
         results: Dict[str, Any] = {}
-        for client, rows, base in pushes.values():
+        for taken_rows in by_client.values():
+            client = taken_rows[0][0].client
+            rows = {module.name: (keys, grads) for module, (keys, grads, _) in taken_rows}
+            base = _oldest([versions for _, (_, _, versions) in taken_rows])
             if isinstance(client, Client):
                 result = client.push_rows(rows, base_version=base[0])
             else:  # A ShardedClient: a version per shard.
