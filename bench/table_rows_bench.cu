@@ -9,8 +9,12 @@
 // gradient read (7 * dim * 4). The roof: a device-to-device cudaMemcpyAsync of half those bytes
 // (it reads and writes each byte: the same traffic), timed the same way (bench/device_copy.h).
 // The host's part of a step (summing duplicates, the upload) is not in these numbers.
+// --state=int8: the table's moments as int8 codes with a scale per row (a warp per row, its own
+// launch); bytes per row: the key, param read and written, two codes read and written, the
+// gradient read and four scales (8 + 16 * dim + 16); checked against SparseAdamUpdateInt8Row.
 //
 //   fusedps-table-bench [--touched=1000000,10000000] [--dims=64,128] [--warmup=3] [--iters=20]
+//                       [--state=fp32|int8]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,7 +58,7 @@ std::vector<uint64_t> List(const char* text) {
   } while (0)
 
 // One (n, dim) case; prints its row. Returns 0, or 1 on a CUDA error or a wrong row.
-int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
+int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8) {
   const uint64_t rows = 2 * n, numel = rows * dim;
   std::mt19937_64 rng(n * 131 + dim);
   std::vector<int64_t> keys(n);
@@ -69,16 +73,22 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
   float *d_params, *d_m, *d_v, *d_grads;
   int64_t *d_keys, *d_step;
   RowTable* d_table;
+  Int8Codebooks* d_books = nullptr;
+  // int8: d_m and d_v hold the codes (numel bytes) and then the row scales (rows floats).
+  const uint64_t state_bytes = int8 ? numel + rows * 4 : numel * 4;
   CHECK_CUDA(cudaMalloc(&d_params, numel * 4));
-  CHECK_CUDA(cudaMalloc(&d_m, numel * 4));
-  CHECK_CUDA(cudaMalloc(&d_v, numel * 4));
+  CHECK_CUDA(cudaMalloc(&d_m, state_bytes));
+  CHECK_CUDA(cudaMalloc(&d_v, state_bytes));
+  CHECK_CUDA(cudaMalloc(&d_books, sizeof(Int8Codebooks)));
+  CHECK_CUDA(
+      cudaMemcpy(d_books, &DynamicCodebooks(), sizeof(Int8Codebooks), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMalloc(&d_grads, n * dim * 4));
   CHECK_CUDA(cudaMalloc(&d_keys, n * 8));
   CHECK_CUDA(cudaMalloc(&d_step, 8));
   CHECK_CUDA(cudaMalloc(&d_table, sizeof(RowTable)));
   CHECK_CUDA(cudaMemcpy(d_params, params.data(), numel * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemset(d_m, 0, numel * 4));
-  CHECK_CUDA(cudaMemset(d_v, 0, numel * 4));
+  CHECK_CUDA(cudaMemset(d_m, 0, state_bytes));
+  CHECK_CUDA(cudaMemset(d_v, 0, state_bytes));
   CHECK_CUDA(cudaMemset(d_step, 0, 8));
   CHECK_CUDA(cudaMemcpy(d_grads, grads.data(), n * dim * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_keys, keys.data(), n * 8, cudaMemcpyHostToDevice));
@@ -87,13 +97,23 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
   hyper.weight_decay = 0.0;
   RowTable table;
   table.params = d_params;
-  table.exp_avg = d_m;
-  table.exp_avg_sq = d_v;
   table.step = d_step;
   table.dim = dim;
   table.s = MakeStepScalars(hyper, 1, 0.0f);  // The same scalars each launch: timing only.
-  table.width = gpu::RowUnitWidth(table, d_grads);
-  const uint64_t units = n * dim / table.width;
+  uint64_t units = 0;
+  if (int8) {
+    table.exp_avg8 = reinterpret_cast<uint8_t*>(d_m);
+    table.exp_avg_sq8 = reinterpret_cast<uint8_t*>(d_v);
+    table.absmax_m = reinterpret_cast<float*>(reinterpret_cast<char*>(d_m) + numel);
+    table.absmax_v = reinterpret_cast<float*>(reinterpret_cast<char*>(d_v) + numel);
+    table.books = d_books;
+    units = n * gpu::kInt8RowUnits;
+  } else {
+    table.exp_avg = d_m;
+    table.exp_avg_sq = d_v;
+    table.width = gpu::RowUnitWidth(table, d_grads);
+    units = n * dim / table.width;
+  }
   CHECK_CUDA(cudaMemcpy(d_table, &table, sizeof(RowTable), cudaMemcpyHostToDevice));
   // The rows to check, before any update: param, exp_avg, exp_avg_sq after `launches` steps.
   const int launches = warmup + iters;
@@ -104,7 +124,8 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
   CHECK_CUDA(cudaEventRecord(events[0], stream));
   for (int i = 0; i < launches; ++i) {
-    absl::Status s = LaunchTableRowsUpdate(counter, stream, d_table, 1, d_keys, d_grads, units);
+    absl::Status s =
+        LaunchTableRowsUpdate(counter, stream, d_table, 1, d_keys, d_grads, units, int8);
     if (!s.ok()) {
       std::fprintf(stderr, "launch: %s\n", std::string(s.message()).c_str());
       return 1;
@@ -123,7 +144,27 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
   // Check: every 997th row, `launches` steps with the same scalars on the host.
   std::vector<float> got(dim), got_m(dim), got_v(dim);
   uint64_t checked = 0, wrong = 0;
-  for (uint64_t r = 0; r < n; r += 997, ++checked) {
+  for (uint64_t r = 0; r < n && int8; r += 997, ++checked) {
+    const auto key = static_cast<uint64_t>(keys[r]);
+    const uint64_t at = key * dim;
+    std::vector<uint8_t> codes(2 * dim), want_codes(2 * dim, 0);
+    float scales[4], want_m = 0.0f, want_v = 0.0f;
+    std::vector<float> p(params.begin() + at, params.begin() + at + dim);
+    for (int i = 0; i < launches; ++i) {
+      SparseAdamUpdateInt8Row(table.s, DynamicCodebooks(), dim, grads.data() + r * dim, p.data(),
+                              want_codes.data(), want_codes.data() + dim, want_m, want_v);
+    }
+    CHECK_CUDA(cudaMemcpy(got.data(), d_params + at, dim * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(codes.data(), table.exp_avg8 + at, dim, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(codes.data() + dim, table.exp_avg_sq8 + at, dim, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(&scales[0], table.absmax_m + key, 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(&scales[1], table.absmax_v + key, 4, cudaMemcpyDeviceToHost));
+    if (std::memcmp(p.data(), got.data(), dim * 4) != 0 || codes != want_codes ||
+        std::memcmp(&scales[0], &want_m, 4) != 0 || std::memcmp(&scales[1], &want_v, 4) != 0) {
+      ++wrong;
+    }
+  }
+  for (uint64_t r = 0; r < n && !int8; r += 997, ++checked) {
     const uint64_t at = static_cast<uint64_t>(keys[r]) * dim;
     CHECK_CUDA(cudaMemcpy(got.data(), d_params + at, dim * 4, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(got_m.data(), d_m + at, dim * 4, cudaMemcpyDeviceToHost));
@@ -137,24 +178,26 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
       }
     }
   }
-  const double bytes = static_cast<double>(n) * (8.0 + 7.0 * dim * 4.0);
+  const double bytes =
+      static_cast<double>(n) * (int8 ? 8.0 + 16.0 * dim + 16.0 : 8.0 + 7.0 * dim * 4.0);
   absl::StatusOr<double> copy_ms =
       DeviceCopyMs(0, static_cast<uint64_t>(bytes / 2), warmup, iters, /*queued=*/true);
   if (!copy_ms.ok()) {
     std::fprintf(stderr, "copy: %s\n", std::string(copy_ms.status().message()).c_str());
     return 1;
   }
-  std::printf(
-      "| %llu | %llu | %.1f | %.3f | %.0f | %.3f | %.0f | %.1f%% | width %llu; %llu rows, %s |\n",
-      static_cast<unsigned long long>(n), static_cast<unsigned long long>(dim), bytes / 1e6,
-      update_ms, bytes / update_ms / 1e6, *copy_ms, bytes / *copy_ms / 1e6,
-      100.0 * *copy_ms / update_ms, static_cast<unsigned long long>(table.width),
-      static_cast<unsigned long long>(checked), wrong == 0 ? "bit for bit" : "WRONG");
+  std::printf("| %llu | %llu | %.1f | %.3f | %.0f | %.3f | %.0f | %.1f%% | %s; %llu rows, %s |\n",
+              static_cast<unsigned long long>(n), static_cast<unsigned long long>(dim), bytes / 1e6,
+              update_ms, bytes / update_ms / 1e6, *copy_ms, bytes / *copy_ms / 1e6,
+              100.0 * *copy_ms / update_ms,
+              int8 ? "int8 state" : (table.width == 4 ? "width 4" : "width 1"),
+              static_cast<unsigned long long>(checked), wrong == 0 ? "bit for bit" : "WRONG");
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
-  for (void* p : {static_cast<void*>(d_params), static_cast<void*>(d_m), static_cast<void*>(d_v),
-                  static_cast<void*>(d_grads), static_cast<void*>(d_keys),
-                  static_cast<void*>(d_step), static_cast<void*>(d_table)}) {
+  for (void* p :
+       {static_cast<void*>(d_params), static_cast<void*>(d_m), static_cast<void*>(d_v),
+        static_cast<void*>(d_grads), static_cast<void*>(d_keys), static_cast<void*>(d_step),
+        static_cast<void*>(d_table), static_cast<void*>(d_books)}) {
     cudaFree(p);
   }
   return wrong == 0 ? 0 : 1;
@@ -166,6 +209,7 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters) {
 int main(int argc, char** argv) {
   std::vector<uint64_t> touched = {1000000, 10000000}, dims = {64, 128};
   int warmup = 3, iters = 20;
+  bool int8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto value = [&](const char* name) -> const char* {
@@ -180,10 +224,13 @@ int main(int argc, char** argv) {
       warmup = std::atoi(v);
     } else if (const char* v = value("iters")) {
       iters = std::atoi(v);
+    } else if (const char* v = value("state")) {
+      if (std::strcmp(v, "int8") != 0 && std::strcmp(v, "fp32") != 0) return 2;
+      int8 = std::strcmp(v, "int8") == 0;
     } else {
       std::fprintf(stderr,
                    "usage: fusedps-table-bench [--touched=N,...] [--dims=D,...] [--warmup=W] "
-                   "[--iters=I]\n");
+                   "[--iters=I] [--state=fp32|int8]\n");
       return 2;
     }
   }
@@ -200,7 +247,7 @@ int main(int argc, char** argv) {
       "update / copy roof | checked |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   int status = 0;
   for (uint64_t n : touched) {
-    for (uint64_t dim : dims) status |= fusedps::RunCase(n, dim, warmup, iters);
+    for (uint64_t dim : dims) status |= fusedps::RunCase(n, dim, warmup, iters, int8);
   }
   return status;
 }

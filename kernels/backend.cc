@@ -58,7 +58,7 @@ int StoredElementBytes(TensorLayout layout, TensorField field) {
 
 uint64_t StoredCount(TensorLayout layout, TensorField field, uint64_t numel) {
   if (field == TensorField::kExpAvgAbsmax || field == TensorField::kExpAvgSqAbsmax) {
-    return layout.state == StateDType::kInt8 ? QuantBlocks(numel) : 0;
+    return ScaleCount(layout, numel);
   }
   return numel;
 }

@@ -95,6 +95,9 @@ struct NewTensor {
   // Stochastic rounding's key of the tensor (TensorRoundingKey of its name), for groups with
   // bf16 params.
   uint64_t rounding_key = 0;
+  // An embedding table's dim (>= 1, dividing numel); 0 for a dense tensor. A table with int8
+  // state keeps a scale per row (tensor_layout.h).
+  uint64_t table_dim = 0;
 };
 
 // The gradient rows of one embedding table in a step (docs/dev/embedding-tables.md). A dense-id

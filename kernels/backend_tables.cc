@@ -29,23 +29,41 @@ absl::StatusOr<RowSparseTable> TableView(const TensorTable& table, const Arenas&
         field, ".dim = ", dim, " does not divide tensor ", tensor, "'s ", numel, " elements"));
   }
   const TensorLayout layout = table.layout(tensor);
-  if (layout.params != ParamsDType::kFloat32 ||
-      (layout.state != StateDType::kFloat32 && layout.state != StateDType::kBFloat16)) {
+  if (layout.params != ParamsDType::kFloat32) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".tensor = ", tensor,
-                     ": an embedding table needs fp32 params and fp32 or bf16 state (its group's "
-                     "params_dtype and state_dtype)"));
+                     ": an embedding table needs fp32 params (its group's params_dtype)"));
+  }
+  if (layout.state == StateDType::kInt8 && table.table_dim(tensor) != dim) {
+    // Its scales are per row of the registered dim (tensor_table.h).
+    return absl::InvalidArgumentError(absl::StrCat(field, ".dim = ", dim, " is not tensor ", tensor,
+                                                   "'s registered dim ", table.table_dim(tensor),
+                                                   " (int8 state)"));
   }
   RowSparseTable view;
   view.params = absl::MakeSpan(arenas.params32 + table.param_offset(tensor), numel);
   const uint64_t state = table.state_offset(tensor);
-  if (layout.state == StateDType::kBFloat16) {
-    view.bf16_state = true;
-    view.exp_avg16 = absl::MakeSpan(arenas.exp_avg16 + state, numel);
-    view.exp_avg_sq16 = absl::MakeSpan(arenas.exp_avg_sq16 + state, numel);
-  } else {
-    view.exp_avg = absl::MakeSpan(arenas.exp_avg32 + state, numel);
-    view.exp_avg_sq = absl::MakeSpan(arenas.exp_avg_sq32 + state, numel);
+  view.state = layout.state;
+  switch (layout.state) {
+    case StateDType::kBFloat16:
+      view.exp_avg16 = absl::MakeSpan(arenas.exp_avg16 + state, numel);
+      view.exp_avg_sq16 = absl::MakeSpan(arenas.exp_avg_sq16 + state, numel);
+      break;
+    case StateDType::kInt8: {
+      const auto scales = [&](TensorField f) {
+        return absl::MakeSpan(reinterpret_cast<float*>(table.FieldOf(arenas, f, tensor).data),
+                              numel / dim);
+      };
+      view.exp_avg8 = absl::MakeSpan(arenas.exp_avg8 + state, numel);
+      view.exp_avg_sq8 = absl::MakeSpan(arenas.exp_avg_sq8 + state, numel);
+      view.exp_avg_absmax = scales(TensorField::kExpAvgAbsmax);
+      view.exp_avg_sq_absmax = scales(TensorField::kExpAvgSqAbsmax);
+      break;
+    }
+    case StateDType::kFloat32:
+      view.exp_avg = absl::MakeSpan(arenas.exp_avg32 + state, numel);
+      view.exp_avg_sq = absl::MakeSpan(arenas.exp_avg_sq32 + state, numel);
+      break;
   }
   view.rows = static_cast<int64_t>(numel / dim);
   view.dim = static_cast<int64_t>(dim);
@@ -158,10 +176,15 @@ absl::StatusOr<TableField> CheckReadRows(const TensorTable& table, const Arenas&
     case TensorField::kExpAvg:
       source.f32 = view->exp_avg.data();
       source.bf16 = view->exp_avg16.data();
+      source.int8 = view->exp_avg8.data();
+      source.scales = view->exp_avg_absmax.data();
       break;
     case TensorField::kExpAvgSq:
       source.f32 = view->exp_avg_sq.data();
       source.bf16 = view->exp_avg_sq16.data();
+      source.int8 = view->exp_avg_sq8.data();
+      source.scales = view->exp_avg_sq_absmax.data();
+      source.signed_map = false;
       break;
     default:
       return absl::InvalidArgumentError(
@@ -191,6 +214,13 @@ absl::Status ReadTableRows(const TensorTable& table, const Arenas& arenas,
     if (source->bf16 != nullptr) {
       for (size_t j = 0; j < dim; ++j)
         request.dst[i * dim + j] = BFloat16ToFloat(source->bf16[at + j]);
+    } else if (source->int8 != nullptr) {
+      const Int8Codebooks& books = DynamicCodebooks();
+      const float* values = source->signed_map ? books.exp_avg.values : books.exp_avg_sq.values;
+      const float scale = source->scales[request.keys[i]];
+      for (size_t j = 0; j < dim; ++j) {
+        request.dst[i * dim + j] = Dequantize(values, source->int8[at + j], scale);
+      }
     } else {
       std::memcpy(request.dst + i * dim, source->f32 + at, dim * sizeof(float));
     }

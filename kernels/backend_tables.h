@@ -1,7 +1,8 @@
 // backend_tables.h: the backends' embedding tables (backend.h: TableRows in a Step, ReadRows),
 // the host side both share. A dense-id table is a registered tensor of rows * dim elements read
 // as a row-major [rows, dim] matrix: its params and moments lie in the fp32 arenas (the moments
-// in the bf16 ones for a group with bf16 state) at the tensor's offsets (tensor_table.h), and
+// in the bf16 or int8 ones for a group with bf16 or int8 state, int8 with a scale per row) at
+// the tensor's offsets (tensor_table.h), and
 // its step count is the tensor's. The step of its pushed
 // rows is row_sparse.h's (torch.optim.SparseAdam's math, sparse_adam_math.h): this file checks a
 // step's rows against the tensor table, prepares them (duplicates summed, gradients unscaled,
@@ -67,11 +68,16 @@ absl::StatusOr<std::vector<PreparedTableRows>> PrepareTableRows(const TensorTabl
 // table's step (TensorTable::AdvanceSteps).
 void ApplyTableRows(std::vector<PreparedTableRows>& prepared);
 
-// Where a table's field lies in the arenas, [rows, dim] row-major: fp32 values, or (the moments
-// of a table with bf16 state) bf16 bit patterns, bf16 then set.
+// Where a table's field lies in the arenas, [rows, dim] row-major: fp32 values, or the moments
+// of a table with bf16 state (bf16 bit patterns: bf16 set) or int8 state (codes: int8 set, with
+// one scale per row in scales, dequantized with the signed map for exp_avg, the unsigned one
+// for exp_avg_sq: quant_math.h). Of f32, bf16 and int8, one is set.
 struct TableField {
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;
+  const uint8_t* int8 = nullptr;
+  const float* scales = nullptr;  // [rows] fp32, with int8.
+  bool signed_map = true;         // int8: exp_avg's map (else exp_avg_sq's).
 };
 
 // OptimizerBackend::ReadRows's checks (its errors): on success, where the field lies.

@@ -2,7 +2,8 @@
 // backend_tables.h): a step of a dense tensor and table rows together gives the dense tensor a
 // dense-only step's bits and the table row_sparse.h's bits, and matches the float64 SparseAdam
 // of row_table_test_util.h; a non-finite row skips the whole step; bad rows are refused naming
-// the field and change nothing; ReadRows returns rows in key order.
+// the field and change nothing; ReadRows returns rows in key order; a table with int8 state has
+// a scale per row.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,6 +13,8 @@
 #include "kernels/backend.h"
 #include "kernels/row_sparse.h"
 #include "kernels/row_table_test_util.h"
+#include "kernels/sparse_adam_math.h"
+#include "kernels/stored_values.h"
 
 namespace fusedps {
 namespace {
@@ -185,7 +188,7 @@ TEST(CpuTableRowsTest, BadRowsAreRefusedNamingTheFieldAndChangeNothing) {
       {{1, kDim, good, grads}, table_tensor, "table_rows[0].tensor = 1 is named twice"},
       {{2, kDim, good, grads},
        dense_tensor,
-       "table_rows[0].tensor = 2: an embedding table needs fp32 params and fp32 or bf16 state"},
+       "table_rows[0].tensor = 2: an embedding table needs fp32 params"},
       {{3, kDim, good, grads}, dense_tensor, "table_rows[0]: hyper.amsgrad"},
       {{1, kDim, good, grads, init_other, absl::MakeConstSpan(init_params).subspan(0, kDim)},
        dense_tensor,
@@ -236,6 +239,93 @@ TEST(CpuTableRowsTest, ReadRowsReturnsRowsInKeyOrder) {
   EXPECT_NE(s.message().find("keys[0] = 16 is outside [0, 16)"), absl::string_view::npos) << s;
   s = shard.backend->ReadRows({TensorField::kMaxExpAvgSq, 1, kDim, pushed, out.data()});
   EXPECT_NE(s.message().find("request.field = max_exp_avg_sq"), absl::string_view::npos) << s;
+}
+
+// A table with int8 state keeps one scale per row (tensor_layout.h): a step updates the pushed
+// rows as sparse_adam_math.h's fp32 update of their dequantized moments, each row then quantized
+// alone (stored_values.h's quantizer, QuantizeBlock, with the row as its block), and leaves
+// every byte of the rows it does not name (codes, scales, params). The dense int8 tensor beside
+// it keeps blocks of 256.
+TEST(CpuTableRowsTest, Int8StateHasAScalePerRowAndLeavesOtherRowsAlone) {
+  constexpr uint64_t kInt8Rows = 130, kInt8Dim = 40;  // 5,200 elements: over kMinQuantNumel.
+  constexpr uint64_t kInt8Dense = 5000;
+  std::mt19937 rng(21);
+  AdamWHyperparameters h = DecayedSparseAdam();
+  h.state_dtype = StateDType::kInt8;
+  std::unique_ptr<OptimizerBackend> b = MakeCpuBackend({});
+  ASSERT_TRUE(b->SetParamGroup(0, h).ok());
+  ASSERT_TRUE(b->AddTensors({{kInt8Dense, 0}, {kInt8Rows * kInt8Dim, 0, 0, kInt8Dim}}).ok());
+  ASSERT_TRUE(b->WriteParams(1, 0, NormalFloats(rng, kInt8Rows * kInt8Dim)).ok());
+  const TensorLayout layout = b->layout(1);
+  ASSERT_EQ(layout.state, StateDType::kInt8);
+  EXPECT_EQ(StoredCount(layout, TensorField::kExpAvgAbsmax, kInt8Rows * kInt8Dim), kInt8Rows);
+  EXPECT_EQ(StoredCount(b->layout(0), TensorField::kExpAvgAbsmax, kInt8Dense), 20u);
+  const auto stored = [&](TensorField f) {
+    std::vector<char> out(StoredCount(layout, f, kInt8Rows * kInt8Dim) *
+                          StoredElementBytes(layout, f));
+    EXPECT_TRUE(ReadStored(*b, f, 1, out.data()).ok());
+    return out;
+  };
+  const TensorField fields[] = {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq,
+                                TensorField::kExpAvgAbsmax, TensorField::kExpAvgSqAbsmax};
+  for (int step = 1; step <= 6; ++step) {
+    std::vector<int64_t> keys = {0, 7, 7, static_cast<int64_t>(kInt8Rows - 1)};
+    std::uniform_int_distribution<int64_t> key(0, kInt8Rows / 3);
+    for (int i = 0; i < 12; ++i) keys.push_back(key(rng));
+    std::vector<float> grads = NormalFloats(rng, keys.size() * kInt8Dim);
+    for (float& g : grads) g *= step == 3 ? 1e-3f : 1.0f;  // Scales move down and up.
+    std::vector<std::vector<char>> before;
+    for (TensorField f : fields) before.push_back(stored(f));
+    const std::vector<float> params = Field(*b, TensorField::kParam, 1);
+    const std::vector<float> exp_avg = Field(*b, TensorField::kExpAvg, 1);
+    const std::vector<float> exp_avg_sq = Field(*b, TensorField::kExpAvgSq, 1);
+    const TableRows rows[] = {{1, kInt8Dim, keys, grads}};
+    ASSERT_TRUE(StepNow(*b, Request({}, {}, nullptr, rows, 2.0f)).ok());
+    ASSERT_EQ(b->step(1), step);
+
+    // The expected row: fp32 SparseAdam on the dequantized moments, then quantized alone.
+    const CoalescedRows summed = CoalesceRows(keys, grads, kInt8Dim);
+    const AdamWStepScalars s = MakeStepScalars(h, step, 2.0f);
+    std::vector<std::vector<char>> after;
+    for (TensorField f : fields) after.push_back(stored(f));
+    std::vector<bool> pushed(kInt8Rows, false);
+    for (size_t i = 0; i < summed.keys.size(); ++i) {
+      const auto r = static_cast<size_t>(summed.keys[i]);
+      pushed[r] = true;
+      std::vector<float> p(kInt8Dim), m(kInt8Dim), v(kInt8Dim);
+      for (size_t j = 0; j < kInt8Dim; ++j) {
+        p[j] = params[r * kInt8Dim + j];
+        m[j] = exp_avg[r * kInt8Dim + j];
+        v[j] = exp_avg_sq[r * kInt8Dim + j];
+        SparseAdamUpdate(s, SparseAdamGrad(s, summed.grads[i * kInt8Dim + j]), p[j], m[j], v[j]);
+      }
+      std::vector<uint8_t> codes_m(kInt8Dim), codes_v(kInt8Dim);
+      float scale_m = -1.0f, scale_v = -1.0f;
+      FloatToStored(layout, TensorField::kExpAvg, m.data(), 0, kInt8Dim, codes_m.data(), &scale_m);
+      FloatToStored(layout, TensorField::kExpAvgSq, v.data(), 0, kInt8Dim, codes_v.data(),
+                    &scale_v);
+      EXPECT_EQ(0, std::memcmp(after[0].data() + r * kInt8Dim * 4, p.data(), kInt8Dim * 4)) << r;
+      EXPECT_EQ(0, std::memcmp(after[1].data() + r * kInt8Dim, codes_m.data(), kInt8Dim)) << r;
+      EXPECT_EQ(0, std::memcmp(after[2].data() + r * kInt8Dim, codes_v.data(), kInt8Dim)) << r;
+      EXPECT_EQ(0, std::memcmp(after[3].data() + r * 4, &scale_m, 4)) << r;
+      EXPECT_EQ(0, std::memcmp(after[4].data() + r * 4, &scale_v, 4)) << r;
+    }
+    for (size_t r = 0; r < kInt8Rows; ++r) {
+      if (pushed[r]) continue;
+      for (size_t f = 0; f < 5; ++f) {
+        const size_t width = f == 0 ? kInt8Dim * 4 : f < 3 ? kInt8Dim : 4;
+        EXPECT_EQ(0, std::memcmp(after[f].data() + r * width, before[f].data() + r * width, width))
+            << "row " << r << " field " << f;
+      }
+    }
+  }
+  // A lookup dequantizes with the row's scale, as a read of the whole field does.
+  const std::vector<int64_t> read = {7, 0, 7};
+  std::vector<float> rows_read(read.size() * kInt8Dim);
+  ASSERT_TRUE(b->ReadRows({TensorField::kExpAvg, 1, kInt8Dim, read, rows_read.data()}).ok());
+  const std::vector<float> exp_avg = Field(*b, TensorField::kExpAvg, 1);
+  EXPECT_EQ(0, std::memcmp(rows_read.data(), exp_avg.data() + 7 * kInt8Dim, kInt8Dim * 4));
+  EXPECT_EQ(0, std::memcmp(rows_read.data() + kInt8Dim, exp_avg.data(), kInt8Dim * 4));
 }
 
 }  // namespace

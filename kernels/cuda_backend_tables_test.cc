@@ -4,7 +4,8 @@
 // row_sparse.h and a float64 SparseAdam); a refused step changes nothing and names the field,
 // a non-finite row skips the whole step; rows that start over (init_rows) do so as on the CPU;
 // ReadRows returns the CPU backend's rows in key order;
-// a step of tables alone is one launch, with dense tensors two. Skipped without a GPU.
+// a step of tables alone is one launch, with dense tensors two; tables with int8 state match the
+// CPU backend too. Skipped without a GPU.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -240,6 +241,94 @@ TEST_F(CudaTablesTest, ReadRowsInKeyOrderAsTheCpuBackend) {
   absl::Status s = pair.cuda->ReadRows({TensorField::kParam, 1, kDim1, outside, dst.data()});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("keys[1] = -1"), std::string::npos) << s;
+}
+
+// Tables with int8 state (a scale per row, a warp per row on the device) match the CPU backend
+// bit for bit: their codes and row scales as stored, every field as fp32 (the read of a whole
+// field dequantizes row by row) and their looked-up rows; with rows that start over, a dense
+// int8 tensor in the same step, and an fp32 table before them in the launch (whose units are
+// then padded to a whole warp).
+TEST_F(CudaTablesTest, Int8StateMatchesTheCpuBackendBitForBit) {
+  // Tensor 0: dense, int8; 1: a [150, 40] int8 table (40: not a multiple of 32); 2: a [70, 64]
+  // int8 table; 3: a [33, 3] fp32 table (group 1).
+  constexpr uint64_t kDenseInt8 = 5000, kDims[] = {0, 40, 64, 3}, kRowsOf[] = {0, 150, 70, 33};
+  AdamWHyperparameters int8 = DecayedSparseAdam();
+  int8.state_dtype = StateDType::kInt8;
+  std::mt19937 rng(31);
+  std::unique_ptr<OptimizerBackend> cpu = MakeCpuBackend({});
+  auto made = MakeBackend("cuda:0", {});
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<OptimizerBackend> cuda = *std::move(made);
+  const std::vector<float> params[] = {
+      NormalFloats(rng, kDenseInt8), NormalFloats(rng, kRowsOf[1] * kDims[1]),
+      NormalFloats(rng, kRowsOf[2] * kDims[2]), NormalFloats(rng, kRowsOf[3] * kDims[3])};
+  for (OptimizerBackend* b : {cpu.get(), cuda.get()}) {
+    ASSERT_TRUE(b->SetParamGroup(0, int8).ok());
+    ASSERT_TRUE(b->SetParamGroup(1, DecayedSparseAdam()).ok());
+    ASSERT_TRUE(b->AddTensors({{kDenseInt8, 0},
+                               {kRowsOf[1] * kDims[1], 0, 0, kDims[1]},
+                               {kRowsOf[2] * kDims[2], 0, 0, kDims[2]},
+                               {kRowsOf[3] * kDims[3], 1, 0, kDims[3]}})
+                    .ok());
+    for (uint32_t t = 0; t < 4; ++t) ASSERT_TRUE(b->WriteParams(t, 0, params[t]).ok());
+  }
+  ASSERT_EQ(cuda->layout(1).state, StateDType::kInt8);
+  const auto expect_same = [&](int step) {
+    for (uint32_t t = 0; t < 4; ++t) {
+      for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq,
+                            TensorField::kExpAvgAbsmax, TensorField::kExpAvgSqAbsmax}) {
+        EXPECT_EQ(cuda_test::ReadStoredBytes(*cuda, f, t), cuda_test::ReadStoredBytes(*cpu, f, t))
+            << "step " << step << " tensor " << t << " " << TensorFieldName(f);
+        if (f == TensorField::kExpAvgAbsmax || f == TensorField::kExpAvgSqAbsmax) continue;
+        EXPECT_TRUE(SameBytes(ReadAll(*cuda, f, t), ReadAll(*cpu, f, t)))
+            << "step " << step << " tensor " << t << " fp32 " << TensorFieldName(f);
+      }
+      EXPECT_EQ(cuda->step(t), cpu->step(t));
+    }
+  };
+  for (int step = 1; step <= 6; ++step) {
+    std::vector<TableRows> rows;
+    std::vector<std::vector<int64_t>> keys(4), init(4);
+    std::vector<std::vector<float>> grads(4), init_params(4);
+    for (uint32_t t : {3u, 1u, 2u}) {  // The fp32 table first: padding before the int8 ones.
+      keys[t] = Keys(rng, kRowsOf[t] / 2, 41);
+      keys[t].push_back(static_cast<int64_t>(kRowsOf[t]) - 1);
+      grads[t] = NormalFloats(rng, keys[t].size() * kDims[t]);
+      if (step % 2 == 0 && t != 3) {  // Rows that start over: codes and scales from zero.
+        init[t] = {static_cast<int64_t>(kRowsOf[t]) - 1};
+        init_params[t] = NormalFloats(rng, kDims[t]);
+      }
+      rows.push_back({t, kDims[t], keys[t], grads[t], init[t], init_params[t]});
+    }
+    const std::vector<float> dense = NormalFloats(rng, kDenseInt8);
+    const uint32_t tensors[] = {0};
+    const uint64_t offsets[] = {0};
+    StepRequest request;
+    if (step != 3) {
+      request.tensors = tensors;
+      request.grad_offsets = offsets;
+      request.grads = dense.data();
+    }
+    request.table_rows = rows;
+    request.grad_scale = step % 2 ? 0.0f : 4.0f;
+    absl::StatusOr<StepOutcome> a = StepNow(*cuda, request);
+    absl::StatusOr<StepOutcome> b = StepNow(*cpu, request);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    expect_same(step);
+  }
+  const std::vector<int64_t> read = {5, 0, 5, 149, 17};
+  for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+    std::vector<float> a(read.size() * kDims[1], -1.0f), b(read.size() * kDims[1], -2.0f);
+    ReadRowsRequest r{f, 1, kDims[1], read, a.data()};
+    ASSERT_TRUE(cuda->ReadRows(r).ok());
+    r.dst = b.data();
+    ASSERT_TRUE(cpu->ReadRows(r).ok());
+    absl::StatusOr<Marker> marker = cuda->Mark();
+    ASSERT_TRUE(marker.ok());
+    ASSERT_TRUE(cuda->Wait(*marker).ok());
+    EXPECT_TRUE(SameBytes(a, b)) << TensorFieldName(f);
+  }
 }
 
 TEST_F(CudaTablesTest, OneLaunchForTablesAloneTwoWithDenseTensors) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/quant_math.h"
 #include "kernels/sparse_adam_math.h"
 
 namespace fusedps {
@@ -29,29 +30,52 @@ absl::Status CheckTable(const RowSparseTable& table) {
   if (table.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("table.step = ", table.step, " is below 0"));
   }
-  const bool bf16 = table.bf16_state;
+  const bool bf16 = table.state == StateDType::kBFloat16;
+  const bool int8 = table.state == StateDType::kInt8;
   const struct {
     const char* name;
     size_t size;
+    int64_t per_row;  // Elements per row: dim, or 1 (the int8 scales).
   } fields[] = {
-      {"params", table.params.size()},
-      {bf16 ? "exp_avg16" : "exp_avg", bf16 ? table.exp_avg16.size() : table.exp_avg.size()},
-      {bf16 ? "exp_avg_sq16" : "exp_avg_sq",
-       bf16 ? table.exp_avg_sq16.size() : table.exp_avg_sq.size()}};
+      {"params", table.params.size(), table.dim},
+      {bf16   ? "exp_avg16"
+       : int8 ? "exp_avg8"
+              : "exp_avg",
+       bf16   ? table.exp_avg16.size()
+       : int8 ? table.exp_avg8.size()
+              : table.exp_avg.size(),
+       table.dim},
+      {bf16   ? "exp_avg_sq16"
+       : int8 ? "exp_avg_sq8"
+              : "exp_avg_sq",
+       bf16   ? table.exp_avg_sq16.size()
+       : int8 ? table.exp_avg_sq8.size()
+              : table.exp_avg_sq.size(),
+       table.dim},
+      {"exp_avg_absmax", int8 ? table.exp_avg_absmax.size() : static_cast<size_t>(table.rows), 1},
+      {"exp_avg_sq_absmax", int8 ? table.exp_avg_sq_absmax.size() : static_cast<size_t>(table.rows),
+       1}};
   for (const auto& field : fields) {
-    if (!IsRowsByDim(field.size, table.rows, table.dim)) {
-      return absl::InvalidArgumentError(absl::StrCat("table.", field.name, " has ", field.size,
-                                                     " elements, not rows * dim = ", table.rows,
-                                                     " * ", table.dim));
+    if (!IsRowsByDim(field.size, table.rows, field.per_row)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table.", field.name, " has ", field.size, " elements, not rows * ",
+                       field.per_row == 1 ? "1" : "dim", " = ", table.rows, " * ", field.per_row));
     }
   }
-  if (bf16 && (!table.exp_avg.empty() || !table.exp_avg_sq.empty())) {
-    return absl::InvalidArgumentError("table: both fp32 and bf16 moments");
+  if (table.state != StateDType::kFloat32 &&
+      (!table.exp_avg.empty() || !table.exp_avg_sq.empty())) {
+    return absl::InvalidArgumentError("table: fp32 moments beside low-precision ones");
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper, bool bf16_state) {
+// tensor_layout.h's StateDTypeName, which this library does not link.
+const char* StateName(StateDType state) {
+  return state == StateDType::kFloat32 ? "fp32" : state == StateDType::kBFloat16 ? "bf16" : "int8";
+}
+
+absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper, StateDType state,
+                                  uint64_t numel) {
   if (hyper.amsgrad) {
     return absl::InvalidArgumentError("hyper.amsgrad: row-sparse steps do not support amsgrad");
   }
@@ -62,10 +86,16 @@ absl::Status CheckHyperparameters(const AdamWHyperparameters& hyper, bool bf16_s
   if (hyper.params_dtype != ParamsDType::kFloat32) {
     return absl::InvalidArgumentError("hyper.params_dtype: row-sparse tables keep fp32 params");
   }
-  if (hyper.state_dtype != (bf16_state ? StateDType::kBFloat16 : StateDType::kFloat32)) {
+  // A group's int8 state applies to tables of kMinQuantNumel elements or more; smaller ones keep
+  // fp32 state (tensor_layout.h's LayoutOf).
+  const StateDType expected =
+      hyper.state_dtype == StateDType::kInt8 && !QuantizesState(StateDType::kInt8, numel)
+          ? StateDType::kFloat32
+          : hyper.state_dtype;
+  if (expected != state) {
     return absl::InvalidArgumentError(absl::StrCat("hyper.state_dtype: the table's moments are ",
-                                                   bf16_state ? "bf16" : "fp32",
-                                                   " (row-sparse tables keep fp32 or bf16 state)"));
+                                                   StateName(state), ", not ",
+                                                   StateName(expected)));
   }
   return absl::OkStatus();
 }
@@ -116,7 +146,9 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
 absl::Status CheckRowSparseStep(const RowSparseTable& table, const AdamWHyperparameters& hyper,
                                 float grad_scale) {
   if (absl::Status s = CheckTable(table); !s.ok()) return s;
-  if (absl::Status s = CheckHyperparameters(hyper, table.bf16_state); !s.ok()) return s;
+  if (absl::Status s = CheckHyperparameters(hyper, table.state, table.params.size()); !s.ok()) {
+    return s;
+  }
   if (!std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat("grad_scale = ", grad_scale, " is not finite"));
   }
@@ -134,33 +166,56 @@ bool UnscaleRowGrads(const AdamWStepScalars& s, absl::Span<float> grads) {
 void UpdateTableRows(RowSparseTable& table, const AdamWStepScalars& s,
                      absl::Span<const int64_t> rows, absl::Span<const float> grads) {
   const auto dim = static_cast<size_t>(table.dim);
+  const Int8Codebooks* books = table.state == StateDType::kInt8 ? &DynamicCodebooks() : nullptr;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const size_t offset = static_cast<size_t>(rows[i]) * dim;
+    const auto row = static_cast<size_t>(rows[i]);
+    const size_t offset = row * dim;
     const float* g = grads.data() + i * dim;
     float* param = table.params.data() + offset;
-    if (table.bf16_state) {
-      uint16_t* exp_avg = table.exp_avg16.data() + offset;
-      uint16_t* exp_avg_sq = table.exp_avg_sq16.data() + offset;
-      for (size_t j = 0; j < dim; ++j) {
-        SparseAdamUpdateBFloat16State(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
+    switch (table.state) {
+      case StateDType::kBFloat16: {
+        uint16_t* exp_avg = table.exp_avg16.data() + offset;
+        uint16_t* exp_avg_sq = table.exp_avg_sq16.data() + offset;
+        for (size_t j = 0; j < dim; ++j) {
+          SparseAdamUpdateBFloat16State(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
+        }
+        break;
       }
-      continue;
+      case StateDType::kInt8:
+        SparseAdamUpdateInt8Row(s, *books, dim, g, param, table.exp_avg8.data() + offset,
+                                table.exp_avg_sq8.data() + offset, table.exp_avg_absmax[row],
+                                table.exp_avg_sq_absmax[row]);
+        break;
+      case StateDType::kFloat32: {
+        float* exp_avg = table.exp_avg.data() + offset;
+        float* exp_avg_sq = table.exp_avg_sq.data() + offset;
+        for (size_t j = 0; j < dim; ++j) {
+          SparseAdamUpdate(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
+        }
+        break;
+      }
     }
-    float* exp_avg = table.exp_avg.data() + offset;
-    float* exp_avg_sq = table.exp_avg_sq.data() + offset;
-    for (size_t j = 0; j < dim; ++j) SparseAdamUpdate(s, g[j], param[j], exp_avg[j], exp_avg_sq[j]);
   }
 }
 
 void ZeroRowMoments(RowSparseTable& table, int64_t row) {
   const auto dim = static_cast<size_t>(table.dim);
   const size_t offset = static_cast<size_t>(row) * dim;
-  if (table.bf16_state) {
-    std::fill_n(table.exp_avg16.data() + offset, dim, uint16_t{0});
-    std::fill_n(table.exp_avg_sq16.data() + offset, dim, uint16_t{0});
-  } else {
-    std::fill_n(table.exp_avg.data() + offset, dim, 0.0f);
-    std::fill_n(table.exp_avg_sq.data() + offset, dim, 0.0f);
+  switch (table.state) {
+    case StateDType::kBFloat16:
+      std::fill_n(table.exp_avg16.data() + offset, dim, uint16_t{0});
+      std::fill_n(table.exp_avg_sq16.data() + offset, dim, uint16_t{0});
+      break;
+    case StateDType::kInt8:
+      std::fill_n(table.exp_avg8.data() + offset, dim, uint8_t{0});
+      std::fill_n(table.exp_avg_sq8.data() + offset, dim, uint8_t{0});
+      table.exp_avg_absmax[static_cast<size_t>(row)] = 0.0f;
+      table.exp_avg_sq_absmax[static_cast<size_t>(row)] = 0.0f;
+      break;
+    case StateDType::kFloat32:
+      std::fill_n(table.exp_avg.data() + offset, dim, 0.0f);
+      std::fill_n(table.exp_avg_sq.data() + offset, dim, 0.0f);
+      break;
   }
 }
 

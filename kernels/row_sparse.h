@@ -1,4 +1,4 @@
-// row_sparse.h: one row-sparse optimizer step of an embedding table, on the CPU, fp32 state.
+// row_sparse.h: one row-sparse optimizer step of an embedding table, on the CPU.
 //
 // An embedding table is a [rows, dim] matrix of params with its Adam state (exp_avg,
 // exp_avg_sq, same shape). A push names some rows by key (the row's index, an int64 in
@@ -47,12 +47,21 @@ struct RowSparseTable {
   int64_t rows = 0;  // >= 0
   int64_t dim = 0;   // >= 1
   int64_t step = 0;  // >= 0
-  // A table with bf16 state (its group's state_dtype): the moments are here instead, as bf16
-  // bit patterns of rows * dim each (exp_avg and exp_avg_sq then empty), widened to fp32 for
-  // each update and stored rounded to nearest even (SparseAdamUpdateBFloat16State).
+  // How the moments are stored (the group's state_dtype; exp_avg and exp_avg_sq are empty
+  // unless fp32):
+  //   kBFloat16: exp_avg16 and exp_avg_sq16, bf16 bit patterns of rows * dim each, widened to
+  //     fp32 for each update and stored rounded to nearest even (SparseAdamUpdateBFloat16State);
+  //   kInt8: exp_avg8 and exp_avg_sq8, rows * dim codes each, with one fp32 scale per row in
+  //     exp_avg_absmax and exp_avg_sq_absmax (rows each): a row's moments are dequantized, updated
+  //     in fp32 (the params with the fp32 moments) and quantized against the row's new absmax,
+  //     quant_math.h's block-wise int8 state with a block per row (SparseAdamUpdateInt8Row).
+  StateDType state = StateDType::kFloat32;
   absl::Span<uint16_t> exp_avg16 = {};
   absl::Span<uint16_t> exp_avg_sq16 = {};
-  bool bf16_state = false;  // The moments are exp_avg16 and exp_avg_sq16.
+  absl::Span<uint8_t> exp_avg8 = {};
+  absl::Span<uint8_t> exp_avg_sq8 = {};
+  absl::Span<float> exp_avg_absmax = {};
+  absl::Span<float> exp_avg_sq_absmax = {};
 };
 
 // A push's gradients with duplicate keys summed.
@@ -78,8 +87,8 @@ CoalescedRows CoalesceRows(absl::Span<const int64_t> keys, absl::Span<const floa
 // Errors (INVALID_ARGUMENT, nothing changed):
 //   - table: dim < 1, rows < 0, step < 0, or params / exp_avg / exp_avg_sq not rows * dim floats;
 //   - hyper: amsgrad, L2 weight decay (decoupled_weight_decay false, weight_decay != 0), a
-//     params_dtype other than fp32, or a state_dtype other than the table's moments (fp32 or
-//     bf16);
+//     params_dtype other than fp32, or a state_dtype other than the table's moments (fp32,
+//     bf16 or int8);
 //   - grad_scale: NaN or infinite;
 //   - keys: a key outside [0, table.rows);
 //   - grads: not keys.size() * table.dim floats.
@@ -109,8 +118,8 @@ bool UnscaleRowGrads(const AdamWStepScalars& s, absl::Span<float> grads);
 void UpdateTableRows(RowSparseTable& table, const AdamWStepScalars& s,
                      absl::Span<const int64_t> rows, absl::Span<const float> grads);
 
-// Sets row `row`'s moments to zero (fp32 or bf16), as a created row's. REQUIRES: row in
-// [0, table.rows).
+// Sets row `row`'s moments to zero, as a created row's (int8: codes 0 and scales 0, the bytes
+// of a registered table's rows). REQUIRES: row in [0, table.rows).
 void ZeroRowMoments(RowSparseTable& table, int64_t row);
 
 }  // namespace fusedps

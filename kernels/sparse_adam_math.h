@@ -1,5 +1,5 @@
 // sparse_adam_math.h: the row-sparse (lazy) Adam update of fusedps's embedding tables, per
-// element, for the CPU (row_sparse.h) and, later, CUDA backends alike.
+// element (and per row, for int8 state), for the CPU (row_sparse.h) and CUDA backends alike.
 //
 // This header is the only place the row-sparse optimizer math lives; like adamw_math.h it
 // compiles as plain C++ and as CUDA (host and device), and it reuses adamw_math.h's per-step
@@ -48,6 +48,7 @@
 
 #include "common/half_float.h"  // FUSEDPS_HOST_DEVICE.
 #include "kernels/adamw_math.h"
+#include "kernels/quant_math.h"
 
 namespace fusedps {
 
@@ -82,6 +83,57 @@ FUSEDPS_HOST_DEVICE void SparseAdamUpdateBFloat16State(const AdamWStepScalars& s
   SparseAdamUpdate(s, g, param, m, v);
   exp_avg = FloatToBFloat16(m);
   exp_avg_sq = FloatToBFloat16(v);
+}
+
+// --- Int8 state: a scale per row (quant_math.h's block-wise int8 state, with a row as the block).
+//
+// A row's update with int8 moments, in quant_math.h's steps: 1. dequantize each moment with the
+// row's stored scales (m = signed_map[code] * absmax_m, v = unsigned_map[code] * absmax_v);
+// 2. SparseAdamUpdate in fp32 with them (the param update uses the new fp32 moments); 3. the
+// row's new scales: absmax_m = max |new m|, absmax_v = max new v (from 0, as QuantizeBlock's);
+// 4. each new moment quantized to the nearest code against its new scale (QuantizeSigned,
+// QuantizeUnsigned). Since step 4 needs the whole row's step 3, the row is computed twice: once
+// for the scales, once to store (the same inputs, so the same values); nothing is written in
+// the first pass.
+
+// Steps 1 and 2 for element j of a row: its param updated in place, its new fp32 moments in m and
+// v. absmax_m and absmax_v are the row's stored (old) scales.
+FUSEDPS_HOST_DEVICE void SparseAdamUpdateInt8(const AdamWStepScalars& s, const Int8Codebooks& books,
+                                              float g, float& param, uint8_t code_m, uint8_t code_v,
+                                              float absmax_m, float absmax_v, float& m, float& v) {
+  m = Dequantize(books.exp_avg.values, code_m, absmax_m);
+  v = Dequantize(books.exp_avg_sq.values, code_v, absmax_v);
+  SparseAdamUpdate(s, g, param, m, v);
+}
+
+// One pushed row of `dim` elements of a table with int8 state, all four steps, on one thread:
+// g the row's gradients (SparseAdamGrad's), param its params, codes_m and codes_v its codes,
+// absmax_m and absmax_v its scales (read, then replaced by the new ones). The CPU backend's; the
+// CUDA kernel spreads a row over a warp with the same functions (table_rows_kernel.cu).
+FUSEDPS_HOST_DEVICE void SparseAdamUpdateInt8Row(const AdamWStepScalars& s,
+                                                 const Int8Codebooks& books, uint64_t dim,
+                                                 const float* g, float* param, uint8_t* codes_m,
+                                                 uint8_t* codes_v, float& absmax_m,
+                                                 float& absmax_v) {
+  float new_m = 0.0f, new_v = 0.0f;
+  for (uint64_t j = 0; j < dim; ++j) {
+    float p = param[j], m, v;
+    SparseAdamUpdateInt8(s, books, g[j], p, codes_m[j], codes_v[j], absmax_m, absmax_v, m, v);
+    new_m = fmaxf(new_m, fabsf(m));
+    new_v = fmaxf(new_v, v);
+  }
+  const float inverse_m = InverseScale(new_m), inverse_v = InverseScale(new_v);
+  for (uint64_t j = 0; j < dim; ++j) {
+    float m, v;
+    SparseAdamUpdateInt8(s, books, g[j], param[j], codes_m[j], codes_v[j], absmax_m, absmax_v, m,
+                         v);
+    codes_m[j] = static_cast<uint8_t>(
+        QuantizeSigned(books.exp_avg.thresholds, books.exp_avg.buckets, m, inverse_m));
+    codes_v[j] = static_cast<uint8_t>(
+        QuantizeUnsigned(books.exp_avg_sq.thresholds, books.exp_avg_sq.buckets, v, inverse_v));
+  }
+  absmax_m = new_m;
+  absmax_v = new_v;
 }
 
 }  // namespace fusedps

@@ -30,7 +30,7 @@ void StoredToFloat(TensorLayout layout, TensorField field, const void* stored, c
         field == TensorField::kExpAvg ? books.exp_avg.values : books.exp_avg_sq.values;
     const auto* codes = static_cast<const uint8_t*>(stored);
     for (uint64_t i = 0; i < count; ++i) {
-      out[i] = Dequantize(values, codes[i], scales[i / kQuantBlock]);
+      out[i] = Dequantize(values, codes[i], scales[i / layout.scale_block]);
     }
   }
 }
@@ -48,10 +48,11 @@ void FloatToStored(TensorLayout layout, TensorField field, const float* values, 
     const Int8Codebooks& books = DynamicCodebooks();
     const bool is_signed = field == TensorField::kExpAvg;
     auto* codes = static_cast<uint8_t*>(stored);
-    for (uint64_t done = 0; done < count; done += kQuantBlock) {
-      const int n = static_cast<int>(std::min<uint64_t>(kQuantBlock, count - done));
+    const uint64_t block = layout.scale_block;
+    for (uint64_t done = 0; done < count; done += block) {
+      const int n = static_cast<int>(std::min<uint64_t>(block, count - done));
       QuantizeBlock(is_signed ? books.exp_avg : books.exp_avg_sq, is_signed, values + done, n,
-                    codes + offset + done, &scales[(offset + done) / kQuantBlock]);
+                    codes + offset + done, &scales[(offset + done) / block]);
     }
   }
 }

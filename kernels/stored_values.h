@@ -20,9 +20,9 @@ void StoredToFloat(TensorLayout layout, TensorField field, const void* stored, c
 
 // Stores fp32 values as elements [offset, offset + count) of `field` in its stored form:
 // fp32 copied, bf16 rounded to nearest even, int8 quantized block by block (scales[b] gets
-// block b's absmax; REQUIRES whole blocks: offset a multiple of kQuantBlock, count one too or
-// reaching the field's end). `stored` and `scales` point at the tensor's element 0 and block 0.
-// Nothing happens for count 0 (the pointers may then be null).
+// block b's absmax; blocks of layout.scale_block elements; REQUIRES whole blocks: offset a
+// multiple of the block, count one too or reaching the field's end). `stored` and `scales` point at
+// the tensor's element 0 and block 0. Nothing happens for count 0 (the pointers may then be null).
 void FloatToStored(TensorLayout layout, TensorField field, const float* values, uint64_t offset,
                    uint64_t count, void* stored, float* scales);
 

@@ -30,7 +30,12 @@ struct Placement {
   ArenaSizes after;
 };
 
-Placement Place(const ArenaSizes& sizes, TensorLayout layout, uint32_t group, uint64_t numel) {
+// Where an int8 table's row scales start in its codes' arena, in bytes from its state offset:
+// after its codes, on a 16-byte boundary (fp32 scales, one per row, rows * 4 bytes).
+uint64_t RowScalesAt(uint64_t numel) { return Padded(numel, 16); }
+
+Placement Place(const ArenaSizes& sizes, TensorLayout layout, uint32_t group, uint64_t numel,
+                uint64_t table_dim) {
   Placement p;
   p.after = sizes;
   ArenaSizes& a = p.after;
@@ -63,7 +68,10 @@ Placement Place(const ArenaSizes& sizes, TensorLayout layout, uint32_t group, ui
       break;
     case StateDType::kInt8:
       p.state = StartIn(a.state8, numel);
-      a.state8 = p.state + Padded(numel, kQuantBlock);
+      // A table's row scales follow its codes in the same arena (RowScalesAt).
+      a.state8 =
+          p.state +
+          Padded(table_dim == 0 ? numel : RowScalesAt(numel) + numel / table_dim * 4, kQuantBlock);
       break;
   }
   return p;
@@ -112,15 +120,17 @@ absl::StatusOr<ArenaSizes> TensorTable::ArenaSizesWith(absl::Span<const NewTenso
       return absl::InvalidArgumentError(
           absl::StrCat("param group index ", t.param_group, " is not registered"));
     }
-    sizes = Place(sizes, LayoutOf(groups_[t.param_group], t.numel), t.param_group, t.numel).after;
+    sizes = Place(sizes, LayoutOf(groups_[t.param_group], t.numel, t.table_dim), t.param_group,
+                  t.numel, t.table_dim)
+                .after;
   }
   return sizes;
 }
 
 void TensorTable::Append(absl::Span<const NewTensor> tensors) {
   for (const NewTensor& t : tensors) {
-    const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel);
-    const Placement p = Place(sizes_, layout, t.param_group, t.numel);
+    const TensorLayout layout = LayoutOf(groups_[t.param_group], t.numel, t.table_dim);
+    const Placement p = Place(sizes_, layout, t.param_group, t.numel, t.table_dim);
     offsets_.push_back(sizes_.canonical);
     param_offsets_.push_back(p.param);
     state_offsets_.push_back(p.state);
@@ -128,6 +138,7 @@ void TensorTable::Append(absl::Span<const NewTensor> tensors) {
     groups_of_.push_back(t.param_group);
     layouts_.push_back(layout);
     rounding_keys_.push_back(t.rounding_key);
+    table_dims_.push_back(t.table_dim);
     steps_.push_back(0);
     sizes_ = p.after;
   }
@@ -135,7 +146,8 @@ void TensorTable::Append(absl::Span<const NewTensor> tensors) {
 
 void TensorTable::Truncate(uint32_t count) {
   if (count >= size()) return;
-  for (auto* v : {&offsets_, &param_offsets_, &state_offsets_, &numels_, &rounding_keys_}) {
+  for (auto* v :
+       {&offsets_, &param_offsets_, &state_offsets_, &numels_, &rounding_keys_, &table_dims_}) {
     v->resize(count);
   }
   groups_of_.resize(count);
@@ -143,7 +155,9 @@ void TensorTable::Truncate(uint32_t count) {
   steps_.resize(count);
   // The sizes of the tensors that remain, recounted (truncation is rare).
   std::vector<NewTensor> kept;
-  for (uint32_t t = 0; t < count; ++t) kept.push_back({numels_[t], groups_of_[t], 0});
+  for (uint32_t t = 0; t < count; ++t) {
+    kept.push_back({numels_[t], groups_of_[t], 0, table_dims_[t]});
+  }
   sizes_ = ArenaSizes{};
   sizes_ = *ArenaSizesWith(kept);
 }
@@ -232,12 +246,13 @@ absl::Status TensorTable::CheckWrite(const WriteRequest& request, ParamCopyDType
   const bool into_int8 =
       (request.field == TensorField::kExpAvg || request.field == TensorField::kExpAvgSq) &&
       l.state == StateDType::kInt8;
+  const uint64_t block = l.scale_block;
   if (into_int8 && !request.stored &&
-      (request.offset % kQuantBlock != 0 ||
-       (request.count % kQuantBlock != 0 && request.offset + request.count != count))) {
+      (request.offset % block != 0 ||
+       (request.count % block != 0 && request.offset + request.count != count))) {
     return absl::InvalidArgumentError(
         absl::StrCat("an fp32 write of int8 ", TensorFieldName(request.field), " of tensor ",
-                     request.tensor, " must cover whole blocks of ", kQuantBlock, " elements: [",
+                     request.tensor, " must cover whole blocks of ", block, " elements: [",
                      request.offset, ", +", request.count, ") does not"));
   }
   return absl::OkStatus();
@@ -285,10 +300,12 @@ StoredField TensorTable::FieldOf(const Arenas& a, TensorField field, uint32_t te
       out.data = at(a.max_exp_avg_sq, s);
       break;
     case TensorField::kExpAvgAbsmax:
-      out.data = at(a.exp_avg_absmax, s / kQuantBlock);
+      out.data = table_dims_[tensor] == 0 ? at(a.exp_avg_absmax, s / kQuantBlock)
+                                          : at(a.exp_avg8, s + RowScalesAt(numel(tensor)));
       break;
     case TensorField::kExpAvgSqAbsmax:
-      out.data = at(a.exp_avg_sq_absmax, s / kQuantBlock);
+      out.data = table_dims_[tensor] == 0 ? at(a.exp_avg_sq_absmax, s / kQuantBlock)
+                                          : at(a.exp_avg_sq8, s + RowScalesAt(numel(tensor)));
       break;
   }
   return out;

@@ -6,7 +6,10 @@
 // exp_avg and exp_avg_sq in fp32, bf16 and int8 (codes); max_exp_avg_sq beside the fp32 state;
 // the int8 state's scales; the param copy beside the fp32 params. A tensor lies in the arenas
 // of its layout only, at its param offset (params, param copy) and state offset (state, scales:
-// block b of an int8 tensor's scales is at state_offset / kQuantBlock + b). Offsets count
+// block b of an int8 tensor's scales is at state_offset / kQuantBlock + b). An embedding table
+// with int8 state is the exception: its scales, one per row (tensor_layout.h), lie in the int8
+// arena of their field right after its codes, from the first 16-byte boundary (FieldOf says
+// where), and the scales arena's entries of its blocks are unused. Offsets count
 // elements of the arena's dtype and are multiples of 8 (16 bytes in any dtype), and of
 // kQuantBlock in the int8 arena, so vector accesses are aligned and a block's scale index is a
 // division. A tensor of kQuantBlock (256) elements or more starts on a multiple of 256 in
@@ -149,6 +152,7 @@ class TensorTable {
   uint32_t group_of(uint32_t tensor) const { return groups_of_[tensor]; }
   TensorLayout layout(uint32_t tensor) const { return layouts_[tensor]; }
   uint64_t rounding_key(uint32_t tensor) const { return rounding_keys_[tensor]; }
+  uint64_t table_dim(uint32_t tensor) const { return table_dims_[tensor]; }  // 0: not a table.
   int64_t step(uint32_t tensor) const { return steps_[tensor]; }
   const AdamWHyperparameters& hyper_of(uint32_t tensor) const {
     return groups_[groups_of_[tensor]];
@@ -164,6 +168,7 @@ class TensorTable {
   std::vector<uint32_t> groups_of_;
   std::vector<TensorLayout> layouts_;
   std::vector<uint64_t> rounding_keys_;
+  std::vector<uint64_t> table_dims_;
   std::vector<int64_t> steps_;
   ArenaSizes sizes_;
 };

@@ -159,6 +159,9 @@ class CudaBackend final : public OptimizerBackend {
   // A Read of fp32 from bf16 or int8 storage (every tensor of it through StateRead): into the
   // snapshot directly, or into the scratch buffer and then, in one copy, into host memory.
   absl::Status ReadConverted(const ReadRequest& request, uint64_t end, cudaMemcpyKind kind);
+  // The 256 fp32 values of an int8 map in the device's codebooks: exp_avg's (signed) or
+  // exp_avg_sq's.
+  const float* CodebookValues(bool signed_map) const;
 
   // Queues the wait for (or the copy of) the grads; returns where the kernel reads them.
   absl::StatusOr<const void*> QueueGrads(const StepRequest& request, const GradSource& source);

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -72,7 +73,7 @@ absl::Status CudaBackend::Write(const WriteRequest& request) {
   // from pageable memory, which cudaMemcpyAsync has read before it returns.
   const TensorLayout layout = table_.layout(request.tensor);
   std::vector<char> stored(request.count * field.element_bytes);
-  std::vector<float> scales(QuantBlocks(request.count));
+  std::vector<float> scales(ScaleCount(layout, request.count));
   FloatToStored(layout, request.field, static_cast<const float*>(request.src), 0, request.count,
                 stored.data(), scales.data());
   FUSEDPS_CUDA_RETURN_IF_ERROR(
@@ -82,7 +83,7 @@ absl::Status CudaBackend::Write(const WriteRequest& request) {
                                         ? TensorField::kExpAvgAbsmax
                                         : TensorField::kExpAvgSqAbsmax;
     char* scales_dst = table_.FieldOf(arenas_.Pointers(), scale_field, request.tensor).data +
-                       request.offset / kQuantBlock * sizeof(float);
+                       request.offset / layout.scale_block * sizeof(float);
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         scales_dst, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
@@ -157,41 +158,76 @@ absl::Status CudaBackend::Read(const ReadRequest& request) {
   return absl::OkStatus();
 }
 
+const float* CudaBackend::CodebookValues(bool signed_map) const {
+  // An address in the device's codebooks, computed, not read.
+  return reinterpret_cast<const float*>(
+      reinterpret_cast<const char*>(codebooks_.data()) + offsetof(QuantCodebook, values) +
+      (signed_map ? offsetof(Int8Codebooks, exp_avg) : offsetof(Int8Codebooks, exp_avg_sq)));
+}
+
 absl::Status CudaBackend::ReadConverted(const ReadRequest& request, uint64_t end,
                                         cudaMemcpyKind kind) {
   std::vector<Chunk> chunks;
+  std::vector<size_t> row_scaled;  // Moments of tables with int8 state: a scale per row.
   for (size_t i = 0; i < request.tensors.size(); ++i) {
     if (request.dst_offsets[i] % sizeof(float) != 0) {
       return absl::InvalidArgumentError("an fp32 read needs 4-byte aligned destinations");
     }
-    AppendChunks(SourceOf(table_, request.tensors[i], request.dst_offsets[i] / sizeof(float)),
-                 chunks);
+    const uint32_t t = request.tensors[i];
+    if (table_.table_dim(t) > 0 && table_.layout(t).state == StateDType::kInt8 &&
+        request.field != TensorField::kParam) {
+      row_scaled.push_back(i);
+      continue;
+    }
+    AppendChunks(SourceOf(table_, t, request.dst_offsets[i] / sizeof(float)), chunks);
   }
   float* out = static_cast<float*>(request.dst);
   if (kind == cudaMemcpyDeviceToHost) {
     if (absl::Status s = Reserve(read_scratch_, end / sizeof(float)); !s.ok()) return s;
     out = read_scratch_.data();
   }
-  if (absl::Status s = GrowBuffers(
-          {read_chunks_.ToHold(std::max<uint64_t>(chunks.size(), read_chunks_.capacity()))},
-          stream_);
-      !s.ok()) {
-    return s;
+  if (!chunks.empty()) {  // (A launch of no blocks would fail.)
+    if (absl::Status s = GrowBuffers(
+            {read_chunks_.ToHold(std::max<uint64_t>(chunks.size(), read_chunks_.capacity()))},
+            stream_);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<PinnedRing::Slot*> slot = chunk_ring_.Acquire(chunks.size() * sizeof(Chunk));
+    if (!slot.ok()) return slot.status();
+    std::memcpy((*slot)->host, chunks.data(), chunks.size() * sizeof(Chunk));
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(read_chunks_.data(), (*slot)->host,
+                                                 chunks.size() * sizeof(Chunk),
+                                                 cudaMemcpyHostToDevice, stream_));
+    if (absl::Status s = chunk_ring_.Release(*slot, stream_); !s.ok()) return s;
+    DeviceArenas arenas = arenas_.KernelView();
+    arenas.codebooks = codebooks_.data();
+    if (absl::Status s =
+            LaunchStateRead(launches_, apply_grid_, stream_, request.field, arenas,
+                            read_chunks_.data(), static_cast<uint32_t>(chunks.size()), out);
+        !s.ok()) {
+      return s;
+    }
   }
-  absl::StatusOr<PinnedRing::Slot*> slot = chunk_ring_.Acquire(chunks.size() * sizeof(Chunk));
-  if (!slot.ok()) return slot.status();
-  std::memcpy((*slot)->host, chunks.data(), chunks.size() * sizeof(Chunk));
-  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(read_chunks_.data(), (*slot)->host,
-                                               chunks.size() * sizeof(Chunk),
-                                               cudaMemcpyHostToDevice, stream_));
-  if (absl::Status s = chunk_ring_.Release(*slot, stream_); !s.ok()) return s;
-  DeviceArenas arenas = arenas_.KernelView();
-  arenas.codebooks = codebooks_.data();
-  if (absl::Status s =
-          LaunchStateRead(launches_, apply_grid_, stream_, request.field, arenas,
-                          read_chunks_.data(), static_cast<uint32_t>(chunks.size()), out);
-      !s.ok()) {
-    return s;
+  for (size_t i : row_scaled) {  // Every row, in order: a gather without keys.
+    const uint32_t t = request.tensors[i];
+    const bool is_m = request.field == TensorField::kExpAvg;
+    RowSource source;
+    source.int8 =
+        reinterpret_cast<const uint8_t*>(table_.FieldOf(arenas_.Pointers(), request.field, t).data);
+    source.scales = reinterpret_cast<const float*>(
+        table_
+            .FieldOf(arenas_.Pointers(),
+                     is_m ? TensorField::kExpAvgAbsmax : TensorField::kExpAvgSqAbsmax, t)
+            .data);
+    source.values = CodebookValues(is_m);
+    const uint64_t dim = table_.table_dim(t);
+    if (absl::Status s = LaunchTableRowsGather(launches_, apply_grid_, stream_, source, dim,
+                                               nullptr, table_.numel(t) / dim,
+                                               out + request.dst_offsets[i] / sizeof(float));
+        !s.ok()) {
+      return s;
+    }
   }
   if (kind == cudaMemcpyDeviceToHost) {
     uint64_t begin = end;
@@ -234,9 +270,14 @@ absl::Status CudaBackend::ReadRows(const ReadRowsRequest& request) {
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_keys_.data(), request.keys.data(),
                                                count * sizeof(int64_t), cudaMemcpyHostToDevice,
                                                stream_));
-  if (absl::Status s =
-          LaunchTableRowsGather(launches_, apply_grid_, stream_, field->f32, field->bf16,
-                                request.dim, row_keys_.data(), count, read_scratch_.data());
+  RowSource source;
+  source.f32 = field->f32;
+  source.bf16 = field->bf16;
+  source.int8 = field->int8;
+  source.scales = field->scales;
+  source.values = CodebookValues(field->signed_map);
+  if (absl::Status s = LaunchTableRowsGather(launches_, apply_grid_, stream_, source, request.dim,
+                                             row_keys_.data(), count, read_scratch_.data());
       !s.ok()) {
     return s;
   }

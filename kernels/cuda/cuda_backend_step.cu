@@ -79,16 +79,23 @@ absl::Status CudaBackend::ReserveTableRows(const std::vector<PreparedTableRows>&
 }
 
 absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& rows) {
-  std::vector<RowTable> tables(rows.size());
-  uint64_t first_row = 0, grad_offset = 0, units = 0, init_rows = 0, init_params = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const PreparedTableRows& r = rows[i];
-    RowTable& t = tables[i];
+  // Two lists, each its own launch (table_rows_kernel.cuh): the tables with fp32 or bf16 state,
+  // then those with int8 state. Keys and gradients lie in one buffer, in `rows` order.
+  std::vector<RowTable> tables, int8_tables;
+  uint64_t first_row = 0, grad_offset = 0, units = 0, int8_units = 0, init_rows = 0,
+           init_params = 0;
+  for (const PreparedTableRows& r : rows) {
+    RowTable t;
     t.params = r.view.params.data();
     t.exp_avg = r.view.exp_avg.data();
     t.exp_avg_sq = r.view.exp_avg_sq.data();
     t.exp_avg16 = r.view.exp_avg16.data();
     t.exp_avg_sq16 = r.view.exp_avg_sq16.data();
+    t.exp_avg8 = r.view.exp_avg8.data();
+    t.exp_avg_sq8 = r.view.exp_avg_sq8.data();
+    t.absmax_m = r.view.exp_avg_absmax.data();
+    t.absmax_v = r.view.exp_avg_sq_absmax.data();
+    t.books = codebooks_.data();
     t.step = step_dev_.data() + r.tensor;
     t.first_row = first_row;
     t.grad_offset = grad_offset;
@@ -106,9 +113,16 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
       init_rows += r.init_of_row.size();
       init_params += r.init_params.size();
     }
-    t.first_unit = units;
-    t.width = RowUnitWidth(t, row_grads_.data());
-    units += r.rows.grads.size() / t.width;
+    if (t.exp_avg8 != nullptr) {
+      t.first_unit = int8_units;
+      int8_units += r.rows.keys.size() * kInt8RowUnits;
+      int8_tables.push_back(t);
+    } else {
+      t.first_unit = units;
+      t.width = RowUnitWidth(t, row_grads_.data());
+      units += r.rows.grads.size() / t.width;
+      tables.push_back(t);
+    }
     // Pageable sources: cudaMemcpyAsync has read them before it returns (CUDA's API
     // synchronization behavior), so the vectors may go; the device copies are rewritten only by
     // work queued after this step's launch.
@@ -123,12 +137,23 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
     first_row += r.rows.keys.size();
     grad_offset += r.rows.grads.size();
   }
+  const size_t count = tables.size();
+  tables.insert(tables.end(), int8_tables.begin(), int8_tables.end());
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), tables.data(),
                                                tables.size() * sizeof(RowTable),
                                                cudaMemcpyHostToDevice, stream_));
-  return LaunchTableRowsUpdate(launches_, stream_, row_tables_.data(),
-                               static_cast<uint32_t>(tables.size()), row_keys_.data(),
-                               row_grads_.data(), units);
+  if (count > 0) {
+    if (absl::Status s = LaunchTableRowsUpdate(launches_, stream_, row_tables_.data(),
+                                               static_cast<uint32_t>(count), row_keys_.data(),
+                                               row_grads_.data(), units, /*int8=*/false);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (int8_tables.empty()) return absl::OkStatus();
+  return LaunchTableRowsUpdate(launches_, stream_, row_tables_.data() + count,
+                               static_cast<uint32_t>(int8_tables.size()), row_keys_.data(),
+                               row_grads_.data(), int8_units, /*int8=*/true);
 }
 
 absl::StatusOr<Marker> CudaBackend::Accumulate(const StepRequest& request, bool first) {

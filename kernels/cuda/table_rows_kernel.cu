@@ -23,6 +23,8 @@
 //
 // Units of tables with bf16 state or 1-element units (a dim not a multiple of 4, or unaligned
 // fields) take UpdateElements, one element at a time, with the same math (sparse_adam_math.h).
+// Tables with int8 state take UpdateRowInt8 in a launch of their own, a warp per row (a row's
+// scales need the whole row).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -124,6 +126,66 @@ __device__ void UpdateElements(const RowTable& table, const int64_t* keys, const
   }
 }
 
+// Updates row r of a table with int8 state on one warp, lane l taking elements l, l + 32, ...:
+// SparseAdamUpdateInt8Row's two passes. The lanes' new moments give the row's new scales (a
+// warp max), then each lane recomputes its elements and stores them quantized; the scales are
+// written last, once every lane has read the old ones. `books` is the block's copy in shared
+// memory. The table's fields are read once into registers: the stores through them would
+// otherwise make the compiler read them again after each one.
+__device__ void UpdateRowInt8(const RowTable& table, const Int8Codebooks& books,
+                              const int64_t* keys, const float* grads, uint64_t r, uint32_t lane) {
+  const uint64_t dim = table.dim;
+  const AdamWStepScalars s = table.s;
+  const auto key = static_cast<uint64_t>(keys[table.first_row + r]);
+  float* __restrict__ params = table.params + key * dim;
+  uint8_t* __restrict__ codes_m = table.exp_avg8 + key * dim;
+  uint8_t* __restrict__ codes_v = table.exp_avg_sq8 + key * dim;
+  float* absmax_m = table.absmax_m + key;
+  float* absmax_v = table.absmax_v + key;
+  const float* __restrict__ g = grads + table.grad_offset + r * dim;
+  // A row that starts over: its init params, and zero moments (codes 0 and scales 0, as
+  // ZeroRowMoments leaves them).
+  const int32_t init = table.init_of_row == nullptr ? -1 : table.init_of_row[r];
+  const float* init_param =
+      init < 0 ? nullptr : table.init_params + static_cast<uint64_t>(init) * dim;
+  const float old_m = init < 0 ? *absmax_m : 0.0f;
+  const float old_v = init < 0 ? *absmax_v : 0.0f;
+  const auto element = [&](uint64_t j, float& param, float& m, float& v) {
+    param = init_param == nullptr ? params[j] : init_param[j];
+    const uint8_t code_m = init < 0 ? codes_m[j] : uint8_t{0};
+    const uint8_t code_v = init < 0 ? codes_v[j] : uint8_t{0};
+    SparseAdamUpdateInt8(s, books, g[j], param, code_m, code_v, old_m, old_v, m, v);
+  };
+  float new_m = 0.0f, new_v = 0.0f;
+#pragma unroll 2
+  for (uint64_t j = lane; j < dim; j += kInt8RowUnits) {
+    float param, m, v;
+    element(j, param, m, v);
+    new_m = fmaxf(new_m, fabsf(m));
+    new_v = fmaxf(new_v, v);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    new_m = fmaxf(new_m, __shfl_xor_sync(0xffffffffu, new_m, offset));
+    new_v = fmaxf(new_v, __shfl_xor_sync(0xffffffffu, new_v, offset));
+  }
+  const float inverse_m = InverseScale(new_m), inverse_v = InverseScale(new_v);
+#pragma unroll 2
+  for (uint64_t j = lane; j < dim; j += kInt8RowUnits) {
+    float param, m, v;
+    element(j, param, m, v);
+    params[j] = param;
+    codes_m[j] = static_cast<uint8_t>(
+        QuantizeSigned(books.exp_avg.thresholds, books.exp_avg.buckets, m, inverse_m));
+    codes_v[j] = static_cast<uint8_t>(
+        QuantizeUnsigned(books.exp_avg_sq.thresholds, books.exp_avg_sq.buckets, v, inverse_v));
+  }
+  __syncwarp();
+  if (lane == 0) {
+    *absmax_m = new_m;
+    *absmax_v = new_v;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     TableRowsUpdate(const RowTable* tables, uint32_t table_count, const int64_t* keys,
                     const float* grads, uint64_t units) {
@@ -142,14 +204,47 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The tables with int8 state: a launch of their own, so that their registers (the row's two
+// passes and the warp max) do not cost the kernel above its resident blocks. A grid of a few
+// blocks per SM, each copying the codebooks into shared memory once (10 KB: the quantizers'
+// lookups are on the row's critical path) and walking rows grid-stride, a warp per row.
 __global__ void __launch_bounds__(kThreads)
-    TableRowsGather(const float* field32, const uint16_t* field16, uint64_t dim,
-                    const int64_t* keys, uint64_t count, float* out) {
+    TableRowsUpdateInt8(const RowTable* tables, uint32_t table_count, const int64_t* keys,
+                        const float* grads, uint64_t units) {
+  __shared__ Int8Codebooks books;
+  {
+    const auto* src = reinterpret_cast<const uint4*>(tables[0].books);
+    auto* dst = reinterpret_cast<uint4*>(&books);
+    for (uint32_t i = threadIdx.x; i < sizeof(Int8Codebooks) / 16; i += blockDim.x) {
+      dst[i] = src[i];
+    }
+  }
+  if (blockIdx.x == 0) {
+    for (uint32_t t = threadIdx.x; t < table_count; t += blockDim.x) *tables[t].step += 1;
+  }
+  __syncthreads();
+  const uint32_t lane = threadIdx.x % 32;
+  // Whole warps: units is a multiple of 32, and so is the stride.
+  for (uint64_t u = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; u < units;
+       u += uint64_t{gridDim.x} * blockDim.x) {
+    const RowTable& table = tables[TableOf(tables, table_count, u)];
+    UpdateRowInt8(table, books, keys, grads, (u - table.first_unit) / kInt8RowUnits, lane);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    TableRowsGather(RowSource field, uint64_t dim, const int64_t* keys, uint64_t count,
+                    float* out) {
   const uint32_t lane = threadIdx.x % 32;
   for (uint64_t i = FirstRow(); i < count; i += RowStride()) {
-    const uint64_t row = static_cast<uint64_t>(keys[i]) * dim;
+    const uint64_t key = keys == nullptr ? i : static_cast<uint64_t>(keys[i]);
+    const uint64_t row = key * dim;
+    const float scale = field.int8 != nullptr ? field.scales[key] : 0.0f;
     for (uint64_t j = lane; j < dim; j += 32) {
-      out[i * dim + j] = field32 != nullptr ? field32[row + j] : BFloat16ToFloat(field16[row + j]);
+      out[i * dim + j] = field.f32 != nullptr ? field.f32[row + j]
+                         : field.bf16 != nullptr
+                             ? BFloat16ToFloat(field.bf16[row + j])
+                             : Dequantize(field.values, field.int8[row + j], scale);
     }
   }
 }
@@ -161,6 +256,9 @@ int Blocks(int grid, uint64_t items, uint64_t per_block) {
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks per SM of the int8 launch: as many as its registers let stay resident.
+constexpr int kInt8BlocksPerSm = 4;
 
 }  // namespace
 
@@ -174,7 +272,21 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads) {
 
 absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
-                                   const int64_t* keys, const float* grads, uint64_t units) {
+                                   const int64_t* keys, const float* grads, uint64_t units,
+                                   bool int8) {
+  if (int8) {  // kInt8BlocksPerSm blocks per SM, walked grid-stride.
+    static const int sms = [] {
+      int device = 0, count = 0;
+      if (cudaGetDevice(&device) != cudaSuccess ||
+          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        return 132;
+      }
+      return count;
+    }();
+    return launches.Launch("fusedps_table_rows_update_int8", TableRowsUpdateInt8,
+                           Blocks(sms * kInt8BlocksPerSm, units, kThreads), 0, stream, tables,
+                           table_count, keys, grads, units);
+  }
   // A block per kThreads units (see the top), up to the grid's limit.
   return launches.Launch("fusedps_table_rows_update", TableRowsUpdate,
                          Blocks(std::numeric_limits<int>::max(), units, kThreads), 0, stream,
@@ -182,11 +294,11 @@ absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
 }
 
 absl::Status LaunchTableRowsGather(LaunchCounter& launches, int grid, cudaStream_t stream,
-                                   const float* field32, const uint16_t* field16, uint64_t dim,
-                                   const int64_t* keys, uint64_t count, float* out) {
+                                   const RowSource& field, uint64_t dim, const int64_t* keys,
+                                   uint64_t count, float* out) {
   return launches.Launch("fusedps_table_rows_gather", TableRowsGather,
-                         Blocks(grid, count, kWarpsPerBlock), 0, stream, field32, field16, dim,
-                         keys, count, out);
+                         Blocks(grid, count, kWarpsPerBlock), 0, stream, field, dim, keys, count,
+                         out);
 }
 
 }  // namespace gpu

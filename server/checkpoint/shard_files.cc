@@ -167,7 +167,11 @@ safetensors::DType DTypeOf(const SnapshotField& field, TensorLayout layout, Para
 
 std::vector<int64_t> ShapeOf(const SnapshotField& field, const TensorMeta& tensor) {
   if (field.field == TensorField::kExpAvgAbsmax || field.field == TensorField::kExpAvgSqAbsmax) {
-    return {static_cast<int64_t>(QuantBlocks(tensor.numel))};
+    // A scale per block of 256 elements, or per row of a table (tensor_layout.h).
+    TensorLayout int8;
+    int8.state = StateDType::kInt8;
+    int8.scale_block = tensor.table ? tensor.table_dim() : kQuantBlock;
+    return {static_cast<int64_t>(ScaleCount(int8, tensor.numel))};
   }
   return tensor.shape;
 }

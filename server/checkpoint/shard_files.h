@@ -8,12 +8,12 @@
 // param_copy (tensors with fp32 params, when the server keeps a copy); and "buffers.safetensors"
 // when the model has buffers (BufferSet: each in its own dtype and shape). Each entry holds the
 // field's stored form bit for bit (ReadRequest::stored): params F32 or BF16; exp_avg and
-// exp_avg_sq F32, BF16 or U8 (int8 codes); the scales F32 of shape [QuantBlocks(numel)];
-// max_exp_avg_sq F32; the copy BF16 or F16. The manifest (fusedps.v1.CheckpointManifest,
-// manifest.h) holds the param groups with their hyperparameters, the tensors with their steps
-// and layouts, the shard version, the retry table, and int8_codebooks when a tensor has int8
-// state. Manifests of formats 2 and 3 are read too (manifest_legacy.h), and one without the
-// storage keys (written before they existed) as all fp32.
+// exp_avg_sq F32, BF16 or U8 (int8 codes); the scales F32 of shape [QuantBlocks(numel)]
+// ([rows] for a table); max_exp_avg_sq F32; the copy BF16 or F16. The manifest
+// (fusedps.v1.CheckpointManifest, manifest.h) holds the param groups with their hyperparameters,
+// the tensors with their steps and layouts, the shard version, the retry table, and int8_codebooks
+// when a tensor has int8 state. Manifests of formats 2 and 3 are read too (manifest_legacy.h), and
+// one without the storage keys (written before they existed) as all fp32.
 //
 // Lifetimes: a ShardReader owns its threads and buffers; it must outlive the Restore it feeds
 // (its `done`), and its destructor joins the threads.

@@ -212,7 +212,8 @@ void UpdateEngine::Restore(const RestoredShard* shard, RestoreSource* source, Do
         }
         std::vector<NewTensor> added;
         for (const TensorMeta& t : shard->tensors) {
-          added.push_back({t.numel, t.group, TensorRoundingKey(t.name.data(), t.name.size())});
+          added.push_back(
+              {t.numel, t.group, TensorRoundingKey(t.name.data(), t.name.size()), t.table_dim()});
         }
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
         if (!first.ok()) return undo(Checked(first.status(), true));

@@ -421,7 +421,8 @@ void UpdateEngine::BeginRegistration(std::vector<TensorMeta> tensors, Done<uint3
             return done(absl::AlreadyExistsError(
                 absl::StrCat("tensor ", QuoteName(t.name), " is registered already")));
           }
-          added.push_back({t.numel, t.group, TensorRoundingKey(t.name.data(), t.name.size())});
+          added.push_back(
+              {t.numel, t.group, TensorRoundingKey(t.name.data(), t.name.size()), t.table_dim()});
         }
         absl::StatusOr<uint32_t> first = backend_->AddTensors(added);
         if (!first.ok()) return done(Checked(first.status(), true));

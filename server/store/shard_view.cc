@@ -222,8 +222,6 @@ absl::Status CheckTableGroup(const ParamGroupSpec& group, absl::string_view fiel
     why = "amsgrad";
   } else if (!h.decoupled_weight_decay && h.weight_decay != 0.0) {
     why = "L2 weight decay (weight_decay_mode L2)";
-  } else if (h.state_dtype != StateDType::kFloat32 && h.state_dtype != StateDType::kBFloat16) {
-    why = absl::StrCat("state_dtype ", StateDTypeName(h.state_dtype));
   } else if (h.params_dtype != ParamsDType::kFloat32) {
     why = absl::StrCat("params_dtype ", ParamsDTypeName(h.params_dtype));
   } else {
@@ -231,8 +229,8 @@ absl::Status CheckTableGroup(const ParamGroupSpec& group, absl::string_view fiel
   }
   return absl::InvalidArgumentError(absl::StrCat(
       field, " ", QuoteName(group.name),
-      ": an embedding table's group needs fp32 params, fp32 or bf16 state, no amsgrad and "
-      "decoupled weight decay; it has ",
+      ": an embedding table's group needs fp32 params, no amsgrad and decoupled weight "
+      "decay; it has ",
       why));
 }
 

@@ -113,7 +113,8 @@ class ShardView {
   // How tensor `index` is stored (its group's dtypes and its size: LayoutOf), as the backend
   // stores it.
   TensorLayout layout(uint32_t index) const {
-    return LayoutOf(groups_[tensor(index).group].hyperparameters, tensor(index).numel);
+    return LayoutOf(groups_[tensor(index).group].hyperparameters, tensor(index).numel,
+                    tensor(index).table_dim());
   }
 
   uint64_t parameter_count() const { return parameter_count_; }
@@ -149,7 +150,7 @@ inline constexpr size_t kMaxPlanHashBytes = 64;
 absl::Status CheckPlanHash(const ShardView& view, absl::string_view plan_hash,
                            absl::string_view field, bool registering);
 
-// OK when a param group can hold embedding tables: fp32 params, fp32 or bf16 state, no amsgrad,
+// OK when a param group can hold embedding tables: fp32 params (any state_dtype), no amsgrad,
 // decoupled weight decay (kernels/row_sparse.h's step). Else INVALID_ARGUMENT naming `field` and
 // what the group has.
 absl::Status CheckTableGroup(const ParamGroupSpec& group, absl::string_view field);
