@@ -7,7 +7,11 @@ server's code: numpy only, no fusedps.
     spaced points on [0.1, 1], times 10^(i-6); signed adds their negatives; then 0 and 1;
     sorted, computed in float64 and rounded once to fp32.
   * adamw_step: one torch.optim.AdamW step (decoupled weight decay) in float64.
-  * quantize_blocks: per block of 256, absmax = max |x| (signed) or max x (unsigned); code =
+  * sparse_adam_rows: one torch.optim.SparseAdam step of an embedding table's pushed rows in
+    float64 (duplicate keys summed, as its grad.coalesce()), with decoupled weight decay first
+    when set (fusedps' addition; SparseAdam has none).
+  * quantize_blocks: per block of 256 (a dense tensor's) or of ``block`` elements (an embedding
+    table's: its dim, a scale per row), absmax = max |x| (signed) or max x (unsigned); code =
     the map value nearest to x / absmax, ties away from zero; a block of zeros has absmax 0
     and the code of 0. dequantize: map[code] * absmax, one fp32 multiply.
   * bf16_rne / bf16_neighbours: bf16 rounding and the two bf16 values around a number.
@@ -21,6 +25,7 @@ go the other way only where the reference's value lies that close to a decision 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -69,6 +74,38 @@ def adamw_step(h: Hyper, step: int, grad, param, exp_avg, exp_avg_sq):
     return p - h.lr / bias_correction1 * m / denom, m, v
 
 
+def sparse_adam_rows(h: Hyper, step: int, keys, grads, param, exp_avg, exp_avg_sq):
+    """One torch.optim.SparseAdam step (step counted from 1) of a table's pushed rows, float64.
+
+    keys: n row indices, repeats allowed; grads: [n, dim], grads[i] the gradient of row
+    keys[i]. param, exp_avg, exp_avg_sq: the [rows, dim] values before the step (the rows not
+    pushed are not read). Returns (unique keys ascending, summed gradient rows [u, dim], and
+    the new param, exp_avg, exp_avg_sq of those rows, each [u, dim]).
+
+    torch.optim.SparseAdam (torch/optim/_functional.py, sparse_adam), on the coalesced
+    gradient's rows only:
+        exp_avg += (g - exp_avg) * (1 - beta1)
+        exp_avg_sq += (g * g - exp_avg_sq) * (1 - beta2)
+        param -= lr * sqrt(1 - beta2^step) / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) + eps)
+    preceded, when h.weight_decay != 0, by the decoupled decay param -= lr * weight_decay *
+    param (AdamW's; fusedps' addition for tables)."""
+    keys = np.asarray(keys, np.int64).reshape(-1)
+    grads = np.asarray(grads, np.float64).reshape(len(keys), -1)
+    unique, inverse = np.unique(keys, return_inverse=True)
+    g = np.zeros((len(unique), grads.shape[1]))
+    np.add.at(g, inverse, grads)
+    p = np.asarray(param, np.float64)[unique].copy()
+    m = np.asarray(exp_avg, np.float64)[unique]
+    v = np.asarray(exp_avg_sq, np.float64)[unique]
+    if h.weight_decay != 0.0:
+        p = p - h.lr * h.weight_decay * p
+    m = m + (g - m) * (1.0 - h.beta1)
+    v = v + (g * g - v) * (1.0 - h.beta2)
+    step_size = h.lr * np.sqrt(1.0 - h.beta2 ** step) / (1.0 - h.beta1 ** step)
+    p = p - step_size * m / (np.sqrt(v) + h.eps)
+    return unique, g, p, m, v
+
+
 def error_bound_exp_avg(h: Hyper, grad, exp_avg_old, exp_avg_new) -> np.ndarray:
     """A bound on |fp32 exp_avg - float64 exp_avg| of one step from the same inputs: each of
     the few fp32 operations rounds by at most U32 of its operands' magnitudes (the fp32
@@ -106,15 +143,20 @@ class Quantized:
     codes: np.ndarray        # int64, one per element
     absmax: np.ndarray       # fp32 scale per block (float64 holding the fp32 value)
     near_boundary: np.ndarray  # bool: the code may be off by one at fp32 precision
+    block: int = BLOCK       # elements per scale
 
-    def dequantize(self, table: np.ndarray) -> np.ndarray:
-        """table[code] * absmax, one fp32 multiply (as the server dequantizes), as float32."""
-        scales = np.repeat(self.absmax, BLOCK)[:len(self.codes)].astype(np.float32)
+    def dequantize(self, table: np.ndarray, block: Optional[int] = None) -> np.ndarray:
+        """table[code] * absmax, one fp32 multiply (as the server dequantizes), as float32.
+        ``block``: elements per scale (default: the one these codes were made with)."""
+        block = self.block if block is None else block
+        scales = np.repeat(self.absmax, block)[:len(self.codes)].astype(np.float32)
         return table[self.codes].astype(np.float32) * scales
 
 
-def quantize_blocks(x, table: np.ndarray, error=None) -> Quantized:
-    """x (flat float64) quantized block by block against ``table`` (SIGNED or UNSIGNED).
+def quantize_blocks(x, table: np.ndarray, error=None, block: int = BLOCK) -> Quantized:
+    """x (flat float64) quantized block by block against ``table`` (SIGNED or UNSIGNED),
+    ``block`` elements per scale (256: a dense tensor's; an embedding table's dim: a scale per
+    row).
 
     ``error``: a bound on how far the server's fp32 value of each x may be from it; an element
     whose x / absmax lies within the resulting error of a decision boundary is flagged
@@ -122,16 +164,16 @@ def quantize_blocks(x, table: np.ndarray, error=None) -> Quantized:
     x = np.asarray(x, np.float64).reshape(-1)
     error = np.zeros_like(x) if error is None else np.asarray(error, np.float64).reshape(-1)
     n = len(x)
-    blocks = -(-n // BLOCK)
-    padded = np.zeros(blocks * BLOCK)
+    blocks = -(-n // block)
+    padded = np.zeros(blocks * block)
     padded[:n] = x
     magnitude = np.abs(padded) if table[0] < 0 else padded
-    absmax = magnitude.reshape(blocks, BLOCK).max(axis=1)
-    err = np.zeros(blocks * BLOCK)
+    absmax = magnitude.reshape(blocks, block).max(axis=1)
+    err = np.zeros(blocks * block)
     err[:n] = error
-    absmax_err = err.reshape(blocks, BLOCK).max(axis=1)  # the max element's own error, at most
-    scale = np.repeat(absmax, BLOCK)[:n]
-    scale_err = np.repeat(absmax_err, BLOCK)[:n]
+    absmax_err = err.reshape(blocks, block).max(axis=1)  # the max element's own error, at most
+    scale = np.repeat(absmax, block)[:n]
+    scale_err = np.repeat(absmax_err, block)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
         normalized = np.where(scale > 0, x / scale, 0.0)
         # |d(x/s)| <= (|dx| + |x/s| |ds|) / s, plus fp32's rounding of the division and of the
@@ -139,21 +181,23 @@ def quantize_blocks(x, table: np.ndarray, error=None) -> Quantized:
         band = np.where(scale > 0, (error + np.abs(normalized) * scale_err) / scale, 0.0)
     band = 2 * band + 4 * U32 * np.abs(normalized)
     codes, boundary = nearest_codes(normalized, table)
-    return Quantized(codes, absmax.astype(np.float32).astype(np.float64), boundary <= band)
+    return Quantized(codes, absmax.astype(np.float32).astype(np.float64), boundary <= band,
+                     block)
 
 
-def recover_codes(pulled, table: np.ndarray) -> Quantized:
+def recover_codes(pulled, table: np.ndarray, block: int = BLOCK) -> Quantized:
     """The codes and scales behind dequantized int8 state as a server pulls it (table[code] *
-    absmax in fp32): per block, absmax is the largest value (code 255 stands for 1.0), or, for
+    absmax in fp32), ``block`` elements per scale (as quantize_blocks'): per block, absmax is
+    the largest value (code 255 stands for 1.0), or, for
     a signed block whose largest magnitude is negative, |min| / |table[0]|; each code is then
     the nearest table value to pulled / absmax (neighbouring map values are 0.35% apart or
     more, far more than that estimate's fp32 error)."""
     pulled = np.asarray(pulled, np.float64).reshape(-1)
     n = len(pulled)
-    blocks = -(-n // BLOCK)
-    padded = np.zeros(blocks * BLOCK)
+    blocks = -(-n // block)
+    padded = np.zeros(blocks * block)
     padded[:n] = pulled
-    by_block = padded.reshape(blocks, BLOCK)
+    by_block = padded.reshape(blocks, block)
     absmax = by_block.max(axis=1)
     if table[0] < 0:
         absmax = np.maximum(absmax, -by_block.min(axis=1) / -table[0])
@@ -161,7 +205,8 @@ def recover_codes(pulled, table: np.ndarray) -> Quantized:
         # server's scale. Take the fp32 value next to it that gives back every pulled value of
         # the block exactly (table[code] * absmax in fp32), as the true scale does.
         t32 = np.asarray(table, np.float32)
-        for b in np.nonzero(-by_block.min(axis=1) >= by_block.max(axis=1))[0]:
+        lowest = by_block.min(axis=1)
+        for b in np.nonzero((lowest < 0) & (-lowest >= by_block.max(axis=1)))[0]:
             guess = np.float32(absmax[b])
             up = np.nextafter(guess, np.float32(np.inf))
             for candidate in (guess, up, np.nextafter(guess, np.float32(0)),
@@ -170,10 +215,10 @@ def recover_codes(pulled, table: np.ndarray) -> Quantized:
                 if np.array_equal((t32[codes] * candidate).astype(np.float64), by_block[b]):
                     absmax[b] = np.float64(candidate)
                     break
-    scale = np.repeat(absmax, BLOCK)[:n]
+    scale = np.repeat(absmax, block)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
         codes, _ = nearest_codes(np.where(scale > 0, pulled / scale, 0.0), table)
-    return Quantized(codes, absmax, np.zeros(n, bool))
+    return Quantized(codes, absmax, np.zeros(n, bool), block)
 
 
 # -- bf16 -------------------------------------------------------------------------------------

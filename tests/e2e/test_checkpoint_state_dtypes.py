@@ -220,13 +220,15 @@ def test_restore_serves_the_same_bits_and_replays_the_rounding(tmp_path):
 
 # -- offline: hand-made checkpoints ---------------------------------------------------------------
 
-def _hand_made(root, *, codebook_scale=1.0, format_version=2):
+def _hand_made(root, *, codebook_scale=1.0, format_version=2, table=False):
     """A checkpoint written here by the format's definition (docs/checkpoints.md, format 2, 3
     or 4): group "q" (int8 state, bf16 params) with "q/w" (5000 elements: int8) and "q/b" (10:
-    fp32 state), group "h" (bf16 state) with "h/w". Returns (directory, expected fp32 values:
-    field -> name -> tensor). The codebooks are a linear map times codebook_scale, not the
-    server's: to_torch must use the manifest's. The bad-storage cases below edit format 2's
-    keys (and format 4's), and the server's checkpoints of format 4 are tested above."""
+    fp32 state), group "h" (bf16 state) with "h/w"; with ``table`` (format 4), group "e" (int8
+    state) with the embedding table "e/t" [120, 37]: one scale per row. Returns (directory,
+    expected fp32 values: field -> name -> tensor). The codebooks are a linear map times
+    codebook_scale, not the server's: to_torch must use the manifest's. The bad-storage cases
+    below edit format 2's keys (and format 4's), and the server's checkpoints of format 4 are
+    tested above."""
     gen = torch.Generator().manual_seed(8)
     book = {"exp_avg": torch.linspace(-1, 1, 256) * codebook_scale,
             "exp_avg_sq": torch.linspace(0, 1, 256) * codebook_scale}
@@ -252,6 +254,15 @@ def _hand_made(root, *, codebook_scale=1.0, format_version=2):
         bf = torch.rand(7, 3, generator=gen).bfloat16()
         files[field]["h/w"] = bf
         expected[field]["h/w"] = bf.float()
+        if table:  # A scale per row: value = book[code] * absmax[i // 37].
+            row_codes = torch.randint(0, 256, (120, 37), generator=gen, dtype=torch.uint8)
+            row_absmax = torch.rand(120, generator=gen) * 10.0 ** torch.arange(-5.0, 7.0).repeat(
+                10)
+            files[field]["e/t"], files[f"{field}_absmax"]["e/t"] = row_codes, row_absmax
+            expected[field]["e/t"] = book[field][row_codes.long()] * row_absmax.unsqueeze(1)
+    if table:
+        files["params"]["e/t"] = torch.randn(120, 37, generator=gen)
+        expected["param"]["e/t"] = files["params"]["e/t"]
     directory = os.path.join(root, "checkpoint-%020d" % 1)
     os.makedirs(directory)
     listed = {}
@@ -274,6 +285,9 @@ def _hand_made(root, *, codebook_scale=1.0, format_version=2):
                             rounding_seed=str(2**64 - 1), **hyper)),
                         dict(name="h", hyperparameters=dict(
                             state_dtype="STATE_DTYPE_BFLOAT16", **hyper))]
+        if table:
+            param_groups.append(dict(name="e", hyperparameters=dict(
+                state_dtype="STATE_DTYPE_INT8", **hyper)))
     manifest = {
         "format": "fusedps-checkpoint", "format_version": format_version, "serial": 1,
         "version": 4, "server_version": "test", "created_unix_seconds": 0,
@@ -286,6 +300,10 @@ def _hand_made(root, *, codebook_scale=1.0, format_version=2):
                          params_dtype="fp32", state_dtype="bf16")],
         "int8_codebooks": {k: [float(x) for x in v] for k, v in book.items()},
         "retry_table": [], "files": listed}
+    if table:
+        assert format_version == 4
+        manifest["tensors"].append(dict(name="e/t", shape=[120, 37], param_group="e", step=3,
+                                        params_dtype="fp32", state_dtype="int8", table=True))
     if format_version == 4:  # fusedps.v1.CheckpointManifest: 64-bit integers as strings, enums
         enum = {"fp32": "FLOAT32", "bf16": "BFLOAT16", "int8": "INT8"}
         manifest.update(serial="1", version="4", plan_hash="",
@@ -319,6 +337,36 @@ def test_to_torch_dequantizes_with_the_manifests_codebooks(tmp_path, format_vers
                 got = optim_state["state"][index[name]][field]
                 assert got.dtype == torch.float32 and got.shape == want.shape
                 assert torch.equal(_bits(got), _bits(want)), (scale, field, name)
+
+
+def test_to_torch_dequantizes_a_tables_int8_state_row_by_row(tmp_path):
+    """An embedding table's int8 state has one scale per row (the manifest's tensor has
+    ``table``: a block of dim elements, not 256): to_torch dequantizes it with its row's scale;
+    scales of another count, or a table mark on a dense tensor, are refused."""
+    directory, expected = _hand_made(tmp_path / "ok", format_version=4, table=True)
+    model_state, optim_state = checkpoint.to_torch(directory)
+    index = {n: i for g in optim_state["param_groups"]
+             for i, n in zip(g["params"], g["param_names"])}
+    assert torch.equal(model_state["e/t"], expected["param"]["e/t"])
+    entry = optim_state["state"][index["e/t"]]
+    for field in ("exp_avg", "exp_avg_sq"):
+        got, want = entry[field], expected[field]["e/t"]
+        assert got.dtype == torch.float32 and got.shape == (120, 37)
+        assert torch.equal(_bits(got), _bits(want)), field
+        assert torch.equal(_bits(optim_state["state"][index["q/w"]][field]),
+                           _bits(expected[field]["q/w"])), field  # still blocks of 256
+    # The table unmarked (its 120 scales read as a dense tensor's 18), a dense tensor marked.
+    for t, mark, match in (
+            (3, False, r"'e/t' is torch.float32 \(120,\), expected torch.float32 \(18,\)"),
+            (0, True, r"'q/w' is torch.float32 \(20,\), expected torch.float32 \(50,\)")):
+        directory, _ = _hand_made(tmp_path / str(t), format_version=4, table=True)
+        _edit_manifest(directory, lambda m: m["tensors"][t].update(table=mark))
+        with pytest.raises(ValueError, match=match):
+            checkpoint.to_torch(directory)
+    directory, _ = _hand_made(tmp_path / "1d", format_version=4, table=True)
+    _edit_manifest(directory, lambda m: m["tensors"][1].update(table=True))
+    with pytest.raises(ValueError, match=r"a table's shape must be \[rows, dim\]"):
+        checkpoint.to_torch(directory)
 
 
 def _edit_manifest(directory, edit):

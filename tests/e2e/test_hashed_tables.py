@@ -145,8 +145,9 @@ def test_refused_and_skipped_pushes_change_nothing(server_target):
 
 def test_registration_of_hashed_tables(server_target):
     """Registering the same hashed table again is a no-op; another seed or init_std is
-    AlreadyExists; a group a table cannot have is InvalidArgument; the client refuses bad
-    arguments before sending; load_state refuses a hashed table."""
+    AlreadyExists; a group a table cannot have (bf16 params) is InvalidArgument, one with int8
+    state is not; the client refuses bad arguments before sending; load_state refuses a hashed
+    table."""
     prefix, group = "hashed.register.", "hashed.register"
     with fusedps.Client(server_target) as client:
         client.register_param_group(group, **HYPER)
@@ -161,10 +162,18 @@ def test_registration_of_hashed_tables(server_target):
                                          param_group=group, prefix=prefix)
         with pytest.raises(fusedps.errors.AlreadyExists, match="hashed"):
             client.register_table("emb", torch.zeros(32, 4), param_group=group, prefix=prefix)
-        client.register_param_group(group + ".int8", state_dtype="int8", **HYPER)
+        client.register_param_group(group + ".bf16p", params_dtype="bf16", **HYPER)
         with pytest.raises(fusedps.errors.InvalidArgument, match="param_group"):
-            client.register_hashed_table("int8", 8, 4, param_group=group + ".int8",
+            client.register_hashed_table("bf16p", 8, 4, param_group=group + ".bf16p",
                                          prefix=prefix)
+        assert prefix + "bf16p" not in [t.name for t in client.list_tensors()]
+        # int8 state is accepted (test_int8_tables.py): under 4096 elements it is fp32.
+        client.register_param_group(group + ".int8", state_dtype="int8", **HYPER)
+        for name, capacity in (("int8", 8), ("int8big", 1024)):
+            assert client.register_hashed_table(name, capacity, 4, param_group=group + ".int8",
+                                                prefix=prefix).tensors_created == 1
+        listed = {t.name: t.state_dtype for t in client.list_tensors()}
+        assert (listed[prefix + "int8"], listed[prefix + "int8big"]) == ("fp32", "int8")
         for bad in (dict(capacity=-1), dict(dim=0), dict(init_std=-1.0),
                     dict(init_std=float("nan")), dict(seed=-1)):
             args = dict(capacity=8, dim=4, init_std=1.0, seed=0)

@@ -29,7 +29,7 @@ import torch
 
 import fusedps
 from fusedps.v1 import parameter_service_pb2 as pb
-from quant_reference import (MIN_QUANT_NUMEL, SIGNED, UNSIGNED, Hyper, U32, adamw_step,
+from quant_reference import (BLOCK, MIN_QUANT_NUMEL, SIGNED, UNSIGNED, Hyper, U32, adamw_step,
                              bf16_midpoint_distance, bf16_neighbours, bf16_rne,
                              error_bound_exp_avg, error_bound_exp_avg_sq, is_bf16,
                              quantize_blocks, recover_codes)
@@ -91,23 +91,27 @@ def _check_bf16_state(name, pulled, ref, error):
     assert near.mean() < 0.01, (name, near.mean())  # the exact check covers nearly all
 
 
-def _check_int8_state(name, pulled, ref, error, table):
-    want = quantize_blocks(ref, table, error)
-    got = recover_codes(pulled, table)
+def _check_int8_state(name, pulled, ref, error, table, block=BLOCK):
+    """pulled (flat, as the server serves it) against the reference's quantization of ref
+    (float64, within error of the server's fp32 values), ``block`` elements per scale (256; an
+    embedding table's dim: tests/e2e/test_int8_tables.py). Returns the reference's Quantized."""
+    want = quantize_blocks(ref, table, error, block)
+    got = recover_codes(pulled, table, block)
     diff = got.codes - want.codes
     assert not (diff[~want.near_boundary] != 0).any(), (
         name, np.flatnonzero((diff != 0) & ~want.near_boundary)[:5])
     assert (np.abs(diff) <= 1).all(), name
     assert want.near_boundary.mean() < 0.01, (name, want.near_boundary.mean())
     # The scales: the largest value's own error, plus fp32's rounding of it.
-    padded = np.zeros(len(want.absmax) * 256)
+    padded = np.zeros(len(want.absmax) * block)
     padded[:len(error)] = error
-    scale_error = padded.reshape(-1, 256).max(axis=1) + 2 * U32 * want.absmax
-    assert (np.abs(got.absmax - want.absmax) <= scale_error).all(), name
+    scale_error = padded.reshape(-1, block).max(axis=1) + 2 * U32 * want.absmax
+    assert (np.abs(got.absmax - want.absmax) <= scale_error).all(), (
+        name, np.flatnonzero(np.abs(got.absmax - want.absmax) > scale_error)[:5])
     # The pulled values are the reference's stored ones where the codes agree.
     stored = want.dequantize(table).astype(np.float64)
     same = diff == 0
-    tolerance = np.repeat(scale_error, 256)[:len(pulled)] + U32 * np.abs(stored)
+    tolerance = np.repeat(scale_error, block)[:len(pulled)] + U32 * np.abs(stored)
     assert (np.abs(pulled - stored)[same] <= tolerance[same]).all(), name
     return want
 

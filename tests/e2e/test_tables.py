@@ -376,12 +376,13 @@ def test_bf16_state_table_matches_sparse_adam_with_bf16_moments(server_target):
 
 
 @pytest.mark.parametrize("storage", [
-    dict(state_dtype="int8"), dict(amsgrad=True),
-    dict(params_dtype="bf16"), dict(decoupled_weight_decay=False)])
+    dict(amsgrad=True), dict(params_dtype="bf16"),
+    dict(params_dtype="bf16", state_dtype="int8", rounding_seed=3),
+    dict(decoupled_weight_decay=False)])
 def test_a_group_a_table_cannot_have_is_refused(server_target, storage):
-    """A table's group must keep fp32 params and fp32 or bf16 state, without amsgrad, with
-    decoupled weight decay: registering a table in another is INVALID_ARGUMENT naming
-    param_group, and registers nothing."""
+    """A table's group must keep fp32 params, without amsgrad, with decoupled weight decay
+    (any state_dtype: int8 state is accepted, test_int8_tables.py): registering a table in
+    another is INVALID_ARGUMENT naming param_group, and registers nothing."""
     tag = "-".join(f"{k}.{v}" for k, v in storage.items())
     group, name = f"tables.refused-group.{tag}", f"refused-group.{tag}"
     with fusedps.Client(server_target) as client:
@@ -389,6 +390,30 @@ def test_a_group_a_table_cannot_have_is_refused(server_target, storage):
         with pytest.raises(fusedps.errors.InvalidArgument, match="param_group"):
             client.register_table(name, torch.randn(4, 3), param_group=group)
         assert name not in [t.name for t in client.list_tensors()]
+
+
+def test_a_group_with_int8_state_takes_tables(server_target):
+    """A group with state_dtype int8 takes dense-id and hashed tables: those of 4096 elements or
+    more report int8 state, smaller ones fp32 (as dense tensors); registering again is a no-op.
+    (Their math: test_int8_tables.py.)"""
+    group = "tables.int8-group"
+    with fusedps.Client(server_target) as client:
+        client.register_param_group(group, state_dtype="int8", weight_decay=0.0)
+        shapes = {"int8-group.big": (64, 64), "int8-group.small": (63, 64),
+                  "int8-group.odd": (111, 37)}
+        for name, shape in shapes.items():
+            assert client.register_table(name, torch.randn(shape),
+                                         param_group=group).tensors_created == 1
+        assert client.register_hashed_table("int8-group.hashed", 128, 32,
+                                            param_group=group).tensors_created == 1
+        again = client.register_table("int8-group.big", torch.randn(64, 64), param_group=group)
+        assert (again.tensors_created, again.tensors_existing) == (0, 1)
+        listed = {t.name: (t.table, t.params_dtype, t.state_dtype) for t in client.list_tensors()
+                  if t.name.startswith("int8-group.")}
+        assert listed == {"int8-group.big": (True, "fp32", "int8"),
+                          "int8-group.small": (True, "fp32", "fp32"),
+                          "int8-group.odd": (True, "fp32", "int8"),
+                          "int8-group.hashed": (True, "fp32", "int8")}
 
 
 def test_client_side_checks(server_target):

@@ -47,8 +47,9 @@ class AdminCalls:
         either spelling: "fp32" or "float32", "bf16" or "bfloat16":
           state_dtype: "fp32" (None: the default; 12 bytes per parameter with fp32 params),
             "bf16" (exp_avg and exp_avg_sq rounded to nearest even: 8) or "int8" (block-wise
-            dynamic quantization, an fp32 scale per 256 elements: 6.03; tensors under 4096
-            elements keep fp32 state, as TensorInfo.state_dtype says). Not with amsgrad.
+            dynamic quantization, an fp32 scale per 256 elements: 6.03; an embedding table's
+            blocks are its rows, a scale per row; tensors under 4096 elements keep fp32
+            state, as TensorInfo.state_dtype says). Not with amsgrad.
           params_dtype: "fp32" (None: the default, the fp32 master copy) or "bf16": bf16
             params only (2 bytes less per parameter), each step's fp32 result rounded to bf16
             stochastically; pulls return the bf16 values exactly.

@@ -37,7 +37,8 @@ class StateCalls:
     def pull_state(self, field: str = "exp_avg", names=None, *, prefix: str = ""
                    ) -> Tuple[Dict[str, torch.Tensor], int, Dict[str, int]]:
         """Reads one stored array per tensor as fp32 (for checkpoints, tests and debugging):
-        bf16 state and params widened, int8 state dequantized (map value x block scale).
+        bf16 state and params widened, int8 state dequantized (map value x block scale; an
+        embedding table's block is a row).
 
         Args:
           field: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad groups only) or "param".

@@ -236,9 +236,15 @@ class TableCalls:
             and device (e.g. an nn.Embedding's weight); sent as float32, as register_model
             sends its tensors (the server keeps the fp32 master copy).
           param_group: a registered group (register_param_group). Its lr, betas, eps and
-            weight_decay apply; it must store fp32 params (params_dtype "fp32") and fp32 or
-            bf16 state (state_dtype "fp32" or "bf16": bf16 moments, rounded to nearest even
-            after each update), without amsgrad, with decoupled weight decay (the default).
+            weight_decay apply; it must store fp32 params (params_dtype "fp32"), without
+            amsgrad, with decoupled weight decay (the default). Any state_dtype: "fp32",
+            "bf16" (bf16 moments, rounded to nearest even after each update) or "int8" (each
+            moment as 8-bit codes with one fp32 scale per row, so that a push re-quantizes
+            its own rows only: a pushed row's moments are dequantized with its scales,
+            updated in fp32, and quantized against the row's new scales (max |exp_avg|,
+            max exp_avg_sq of the row); a table under 4096 elements keeps fp32 state, as
+            TensorInfo.state_dtype says). Pulls and lookups of the moments return them as
+            fp32 (bf16 widened, int8 dequantized with the row's scale).
           prefix: prepended to ``name``.
           plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
 
@@ -254,8 +260,8 @@ class TableCalls:
           ValueError: ``init`` not 2-D, or dim < 1. TypeError: ``init`` not a dense floating
             tensor.
           fusedps.errors.NotFound: an unknown param group.
-          fusedps.errors.InvalidArgument: a group a table cannot have (bf16 or int8 state,
-            bf16 params, amsgrad, L2 weight decay; the message names param_group), a bad name.
+          fusedps.errors.InvalidArgument: a group a table cannot have (bf16 params,
+            amsgrad, L2 weight decay; the message names param_group), a bad name.
           fusedps.errors.AlreadyExists: the name is registered with another shape or group, or
             as a tensor that is not a table.
         """
@@ -302,8 +308,8 @@ class TableCalls:
           dim: the row width, >= 1.
           seed: the initializer's seed, an unsigned 64-bit int.
           init_std: the initial rows' standard deviation, finite and >= 0 (stored as fp32).
-          param_group: as register_table's (fp32 params, fp32 or bf16 state, no amsgrad, decoupled
-            weight decay).
+          param_group: as register_table's (fp32 params, any state_dtype (int8: a scale per
+            row), no amsgrad, decoupled weight decay).
           prefix: prepended to ``name``.
           plan_hash: the shard's sharding plan (docs/sharding.md); ShardedClient sets it.
 
@@ -489,7 +495,8 @@ class TableCalls:
           dtype: "float32" (the server's fp32 values exactly) or "bfloat16" (rounded to nearest
             even, as tensor.to(torch.bfloat16) rounds); "fp32", "bf16" or torch dtypes too.
           field: "param" (default), "exp_avg" or "exp_avg_sq" (SparseAdam's moments: zero for
-            rows never pushed).
+            rows never pushed; as fp32: bf16 state widened, int8 state dequantized with the
+            row's scale).
           prefix: prepended to ``table``.
 
         All the keys travel in one request message, which must fit in max_chunk_bytes (8 bytes

@@ -6,18 +6,20 @@ A param group stores its tensors as its manifest entry says (absent storage fiel
 written before they existed):
   * params: "fp32" (F32) or "bf16" (BF16, widened here exactly);
   * exp_avg, exp_avg_sq: "fp32" (F32), "bf16" (BF16) or "int8": U8 codes plus one F32 scale per
-    block of 256 elements (exp_avg_absmax / exp_avg_sq_absmax, shape [ceil(numel / 256)]);
-    value i = codebook[code i] * absmax[i // 256], one fp32 multiply, with the manifest's
+    block of elements (exp_avg_absmax / exp_avg_sq_absmax, shape [ceil(numel / block)]);
+    value i = codebook[code i] * absmax[i // block], one fp32 multiply, with the manifest's
     int8_codebooks (signed for exp_avg, unsigned for exp_avg_sq; fp32 values, as the
-    fusedps.v1.CheckpointManifest message holds them). A tensor under 4096 elements of an
-    int8 group has fp32 state.
+    fusedps.v1.CheckpointManifest message holds them). The block is 256 elements of the flat
+    tensor, or, for an embedding table (the manifest's tensor has ``table`` set, shape
+    [rows, dim]), one row: dim elements, a scale per row (scale_block). A tensor under 4096
+    elements of an int8 group has fp32 state (a table too).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
@@ -26,7 +28,7 @@ from fusedps import _dtypes
 if TYPE_CHECKING:
     from fusedps.v1 import checkpoint_pb2 as ckpt_pb
 
-QUANT_BLOCK = 256        # Elements per scale of int8 state.
+QUANT_BLOCK = 256        # Elements per scale of a dense tensor's int8 state (a table's: dim).
 MIN_QUANT_NUMEL = 4096   # Smaller tensors of an int8 group keep fp32 state.
 QUANT_MAP_SIZE = 256
 
@@ -108,12 +110,26 @@ def read_codebooks(m: "ckpt_pb.CheckpointManifest", needed: bool,
     return out
 
 
-def dequantize(codes: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor
-               ) -> torch.Tensor:
-    """fp32 values of int8 state: codebook[code] * absmax[i // 256] for each element i of
-    ``codes`` (uint8, any shape; absmax of ceil(numel / 256) fp32 scales), shaped as codes."""
+def scale_block(shape: Sequence[int], table: bool) -> int:
+    """Elements per scale of a tensor's int8 state: a table's dim (shape [rows, dim]: a scale
+    per row), else QUANT_BLOCK."""
+    return int(shape[1]) if table else QUANT_BLOCK
+
+
+def scale_count(numel: int, block: int) -> int:
+    """Scales per int8 state field of a tensor of ``numel`` elements: ceil(numel / block)."""
+    return -(-numel // block)
+
+
+def dequantize(codes: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor,
+               block: int = QUANT_BLOCK) -> torch.Tensor:
+    """fp32 values of int8 state: codebook[code] * absmax[i // block] for each element i of
+    ``codes`` (uint8, any shape; absmax of ceil(numel / block) fp32 scales), shaped as codes.
+    ``block``: QUANT_BLOCK for a dense tensor, dim for an embedding table (scale_block)."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
     flat = codes.reshape(-1).long()
-    scales = absmax.reshape(-1).repeat_interleave(QUANT_BLOCK)[:flat.numel()]
+    scales = absmax.reshape(-1).repeat_interleave(block)[:flat.numel()]
     return (codebook[flat] * scales).reshape(codes.shape)
 
 

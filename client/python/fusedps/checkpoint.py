@@ -152,6 +152,9 @@ def _read_manifest(directory: str) -> _Manifest:
         where = f"tensors[{i}] ({t.name!r})"
         if not all(d >= 0 for d in t.shape):
             raise bad(f"{where}: bad shape {list(t.shape)!r}")
+        if t.table and (len(t.shape) != 2 or t.shape[1] < 1):
+            raise bad(f"{where}: a table's shape must be [rows, dim] with dim >= 1, got "
+                      f"{list(t.shape)!r}")
         if t.param_group not in group_of:
             raise bad(f"{where}: unknown param_group {t.param_group!r}")
         if t.step < 0:
@@ -225,7 +228,8 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
 
       Low-precision storage (docs/checkpoints.md) comes back as fp32, exactly what a server
       pulls: BF16 widened, int8 codes dequantized (the manifest's int8_codebooks[code] *
-      absmax[i // 256], in float32). The storage settings are in manifest.json.
+      absmax[i // block], in float32; block 256, or an embedding table's dim: a scale per
+      row). The storage settings are in manifest.json.
 
     Raises:
       FileNotFoundError: no checkpoint at ``path``.
@@ -242,6 +246,8 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
     raw = {name: _read_verified(directory, name, e) for name, e in sorted(m.files.items())}
     group_of = {g["name"]: g for g in groups}
     shapes = {t.name: tuple(t.shape) for t in m.tensors}
+    # Elements per int8 scale: 256, or a table's dim (a scale per row).
+    blocks = {t.name: stored.scale_block(t.shape, t.table) for t in m.tensors}
     layouts = {t.name: stored.layout_of(group_of[t.param_group], math.prod(t.shape))
                for t in m.tensors}
     int8_names = [n for n, lay in layouts.items() if lay.state == "int8"]
@@ -269,7 +275,7 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
             dtype = layouts[name].stored_dtype(field)
             shape = shapes[name]
             if field.endswith("_absmax"):
-                shape = (-(-math.prod(shape) // stored.QUANT_BLOCK),)
+                shape = (stored.scale_count(math.prod(shape), blocks[name]),)
             if t.dtype != dtype or tuple(t.shape) != shape:
                 raise ValueError(f"{what}: {name!r} is {t.dtype} {tuple(t.shape)}, expected "
                                  f"{dtype} {shape}")
@@ -278,7 +284,7 @@ def to_torch(path: str) -> Tuple["collections.OrderedDict[str, torch.Tensor]", D
         for name, t in data[field].items():
             data[field][name] = (  # int8 state: books were read (int8_names).
                 stored.dequantize(t, data[f"{field}_absmax"][name],
-                                  cast(Dict[str, Any], books)[field])
+                                  cast(Dict[str, Any], books)[field], blocks[name])
                 if t.dtype == torch.uint8 else stored.to_fp32(t))
 
     model_state = collections.OrderedDict((n, data["param"][n]) for n in shapes)
@@ -322,7 +328,8 @@ class HashedTableState(NamedTuple):
 
     Attributes:
       keys: [n] int64, the keys it held, in slot order.
-      param, exp_avg, exp_avg_sq: [n, dim] float32 (bf16 moments widened), row i keys[i]'s.
+      param, exp_avg, exp_avg_sq: [n, dim] float32 (bf16 moments widened, int8 ones
+        dequantized with their row's scale), row i keys[i]'s.
       stamps: [n] int64, the table step at which each row was last created or updated (the
         eviction order: smallest first, ties to the earlier slot).
       step: the table's step count. seed, init_std: its initializer's (a key not held reads

@@ -169,7 +169,8 @@ class ShardedClient(TableShardCalls):
         """Registers a param group on every shard (Client.register_param_group's arguments,
         storage included: state_dtype, params_dtype, rounding_seed). Each shard applies the
         storage to its own tensors: a cut tensor's slices are tensors of their own there, so
-        int8's 4096-element floor and the stochastic rounding's name key are per slice.
+        int8's 4096-element floor and the stochastic rounding's name key are per slice (and
+        per shard's stripe of a table).
 
         Returns:
           Each shard's ParamGroup.
