@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstddef>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -32,33 +34,31 @@ absl::Status CheckTable(const RowSparseTable& table) {
   }
   const bool bf16 = table.state == StateDType::kBFloat16;
   const bool int8 = table.state == StateDType::kInt8;
+  // A moment's array for the table's state: its name ("exp_avg", "exp_avg16", "exp_avg8") and
+  // size.
+  const auto moment = [&](const char* name, size_t f32, size_t f16, size_t f8) {
+    if (bf16) return std::make_pair(absl::StrCat(name, "16"), f16);
+    if (int8) return std::make_pair(absl::StrCat(name, "8"), f8);
+    return std::make_pair(std::string(name), f32);
+  };
+  const auto rows = static_cast<size_t>(table.rows);
   const struct {
-    const char* name;
-    size_t size;
+    std::pair<std::string, size_t> array;
     int64_t per_row;  // Elements per row: dim, or 1 (the int8 scales).
   } fields[] = {
-      {"params", table.params.size(), table.dim},
-      {bf16   ? "exp_avg16"
-       : int8 ? "exp_avg8"
-              : "exp_avg",
-       bf16   ? table.exp_avg16.size()
-       : int8 ? table.exp_avg8.size()
-              : table.exp_avg.size(),
+      {{"params", table.params.size()}, table.dim},
+      {moment("exp_avg", table.exp_avg.size(), table.exp_avg16.size(), table.exp_avg8.size()),
        table.dim},
-      {bf16   ? "exp_avg_sq16"
-       : int8 ? "exp_avg_sq8"
-              : "exp_avg_sq",
-       bf16   ? table.exp_avg_sq16.size()
-       : int8 ? table.exp_avg_sq8.size()
-              : table.exp_avg_sq.size(),
+      {moment("exp_avg_sq", table.exp_avg_sq.size(), table.exp_avg_sq16.size(),
+              table.exp_avg_sq8.size()),
        table.dim},
-      {"exp_avg_absmax", int8 ? table.exp_avg_absmax.size() : static_cast<size_t>(table.rows), 1},
-      {"exp_avg_sq_absmax", int8 ? table.exp_avg_sq_absmax.size() : static_cast<size_t>(table.rows),
-       1}};
+      {{"exp_avg_absmax", int8 ? table.exp_avg_absmax.size() : rows}, 1},
+      {{"exp_avg_sq_absmax", int8 ? table.exp_avg_sq_absmax.size() : rows}, 1}};
   for (const auto& field : fields) {
-    if (!IsRowsByDim(field.size, table.rows, field.per_row)) {
+    const auto& [name, size] = field.array;
+    if (!IsRowsByDim(size, table.rows, field.per_row)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("table.", field.name, " has ", field.size, " elements, not rows * ",
+          absl::StrCat("table.", name, " has ", size, " elements, not rows * ",
                        field.per_row == 1 ? "1" : "dim", " = ", table.rows, " * ", field.per_row));
     }
   }
