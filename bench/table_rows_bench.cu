@@ -58,7 +58,7 @@ std::vector<uint64_t> List(const char* text) {
   } while (0)
 
 // One (n, dim) case; prints its row. Returns 0, or 1 on a CUDA error or a wrong row.
-int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8) {
+int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, int sms) {
   const uint64_t rows = 2 * n, numel = rows * dim;
   std::mt19937_64 rng(n * 131 + dim);
   std::vector<int64_t> keys(n);
@@ -125,7 +125,7 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8) {
   CHECK_CUDA(cudaEventRecord(events[0], stream));
   for (int i = 0; i < launches; ++i) {
     absl::Status s =
-        LaunchTableRowsUpdate(counter, stream, d_table, 1, d_keys, d_grads, units, int8);
+        LaunchTableRowsUpdate(counter, stream, d_table, 1, d_keys, d_grads, units, int8, sms);
     if (!s.ok()) {
       std::fprintf(stderr, "launch: %s\n", std::string(s.message()).c_str());
       return 1;
@@ -247,7 +247,8 @@ int main(int argc, char** argv) {
       "update / copy roof | checked |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   int status = 0;
   for (uint64_t n : touched) {
-    for (uint64_t dim : dims) status |= fusedps::RunCase(n, dim, warmup, iters, int8);
+    for (uint64_t dim : dims)
+      status |= fusedps::RunCase(n, dim, warmup, iters, int8, prop.multiProcessorCount);
   }
   return status;
 }

@@ -41,6 +41,10 @@ const char* TensorFieldName(TensorField field) {
   }
 }
 
+TensorField ScalesField(TensorField moment) {
+  return moment == TensorField::kExpAvg ? TensorField::kExpAvgAbsmax : TensorField::kExpAvgSqAbsmax;
+}
+
 int StoredElementBytes(TensorLayout layout, TensorField field) {
   switch (field) {
     case TensorField::kParam:

@@ -63,6 +63,9 @@ enum class TensorField : uint8_t {
 // checkpoints name their files.
 const char* TensorFieldName(TensorField field);
 
+// The int8 scales field of a moment: kExpAvgAbsmax for kExpAvg, kExpAvgSqAbsmax for kExpAvgSq.
+TensorField ScalesField(TensorField moment);
+
 // The stored form of a field of a tensor of `numel` elements with this layout
 // (tensor_layout.h): its element size in bytes, and its element count (0: the tensor has no
 // such field: scales of a tensor without int8 state; max_exp_avg_sq is counted as stored,

@@ -449,9 +449,7 @@ class CpuBackend final : public OptimizerBackend {
   // The int8 scales of exp_avg or exp_avg_sq of a tensor (block 0's), or null.
   float* ScalesOf(TensorField field, uint32_t tensor) {
     if (table_.layout(tensor).state != StateDType::kInt8) return nullptr;
-    const TensorField scales =
-        field == TensorField::kExpAvg ? TensorField::kExpAvgAbsmax : TensorField::kExpAvgSqAbsmax;
-    return reinterpret_cast<float*>(table_.FieldOf(arenas(), scales, tensor).data);
+    return reinterpret_cast<float*>(table_.FieldOf(arenas(), ScalesField(field), tensor).data);
   }
 
   // The request's tensors cut into pieces of at most kPieceNumel elements.

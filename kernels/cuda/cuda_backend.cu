@@ -72,6 +72,7 @@ absl::Status CudaBackend::Init() {
   absl::StatusOr<int> grid = AdamWApplyGrid();
   if (!grid.ok()) return grid.status();
   apply_grid_ = *grid;
+  sm_count_ = prop.multiProcessorCount;
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   if (absl::Status s = snapshots_.Init(); !s.ok()) return s;

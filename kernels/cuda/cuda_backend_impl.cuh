@@ -201,6 +201,7 @@ class CudaBackend final : public OptimizerBackend {
   const BackendOptions options_;
   std::string device_name_;
   int apply_grid_ = 0;
+  int sm_count_ = 0;  // The device's SMs (Init).
   LaunchCounter launches_;
   cudaStream_t stream_ = nullptr;       // The apply stream: the backend's stream order.
   cudaStream_t copy_stream_ = nullptr;  // CopyStagingToDevice's copies.

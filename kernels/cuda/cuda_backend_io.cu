@@ -79,11 +79,9 @@ absl::Status CudaBackend::Write(const WriteRequest& request) {
   FUSEDPS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, stored.data(), stored.size(), cudaMemcpyHostToDevice, stream_));
   if (layout.state == StateDType::kInt8 && request.field != TensorField::kParam) {
-    const TensorField scale_field = request.field == TensorField::kExpAvg
-                                        ? TensorField::kExpAvgAbsmax
-                                        : TensorField::kExpAvgSqAbsmax;
-    char* scales_dst = table_.FieldOf(arenas_.Pointers(), scale_field, request.tensor).data +
-                       request.offset / layout.scale_block * sizeof(float);
+    char* scales_dst =
+        table_.FieldOf(arenas_.Pointers(), ScalesField(request.field), request.tensor).data +
+        request.offset / layout.scale_block * sizeof(float);
     FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         scales_dst, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
@@ -211,16 +209,12 @@ absl::Status CudaBackend::ReadConverted(const ReadRequest& request, uint64_t end
   }
   for (size_t i : row_scaled) {  // Every row, in order: a gather without keys.
     const uint32_t t = request.tensors[i];
-    const bool is_m = request.field == TensorField::kExpAvg;
     RowSource source;
     source.int8 =
         reinterpret_cast<const uint8_t*>(table_.FieldOf(arenas_.Pointers(), request.field, t).data);
     source.scales = reinterpret_cast<const float*>(
-        table_
-            .FieldOf(arenas_.Pointers(),
-                     is_m ? TensorField::kExpAvgAbsmax : TensorField::kExpAvgSqAbsmax, t)
-            .data);
-    source.values = CodebookValues(is_m);
+        table_.FieldOf(arenas_.Pointers(), ScalesField(request.field), t).data);
+    source.values = CodebookValues(request.field == TensorField::kExpAvg);
     const uint64_t dim = table_.table_dim(t);
     if (absl::Status s = LaunchTableRowsGather(launches_, apply_grid_, stream_, source, dim,
                                                nullptr, table_.numel(t) / dim,

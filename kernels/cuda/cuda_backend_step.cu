@@ -145,7 +145,7 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
   if (count > 0) {
     if (absl::Status s = LaunchTableRowsUpdate(launches_, stream_, row_tables_.data(),
                                                static_cast<uint32_t>(count), row_keys_.data(),
-                                               row_grads_.data(), units, /*int8=*/false);
+                                               row_grads_.data(), units, /*int8=*/false, sm_count_);
         !s.ok()) {
       return s;
     }
@@ -153,7 +153,7 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
   if (int8_tables.empty()) return absl::OkStatus();
   return LaunchTableRowsUpdate(launches_, stream_, row_tables_.data() + count,
                                static_cast<uint32_t>(int8_tables.size()), row_keys_.data(),
-                               row_grads_.data(), int8_units, /*int8=*/true);
+                               row_grads_.data(), int8_units, /*int8=*/true, sm_count_);
 }
 
 absl::StatusOr<Marker> CudaBackend::Accumulate(const StepRequest& request, bool first) {

@@ -273,18 +273,10 @@ uint64_t RowUnitWidth(const RowTable& table, const float* grads) {
 absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
                                    const int64_t* keys, const float* grads, uint64_t units,
-                                   bool int8) {
+                                   bool int8, int sm_count) {
   if (int8) {  // kInt8BlocksPerSm blocks per SM, walked grid-stride.
-    static const int sms = [] {
-      int device = 0, count = 0;
-      if (cudaGetDevice(&device) != cudaSuccess ||
-          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        return 132;
-      }
-      return count;
-    }();
     return launches.Launch("fusedps_table_rows_update_int8", TableRowsUpdateInt8,
-                           Blocks(sms * kInt8BlocksPerSm, units, kThreads), 0, stream, tables,
+                           Blocks(sm_count * kInt8BlocksPerSm, units, kThreads), 0, stream, tables,
                            table_count, keys, grads, units);
   }
   // A block per kThreads units (see the top), up to the grid's limit.

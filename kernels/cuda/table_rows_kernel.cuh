@@ -80,10 +80,11 @@ constexpr uint64_t kInt8RowUnits = 32;
 // (its rows * dim / width, or rows * kInt8RowUnits with int8 state) before the next's; keys
 // within each table unique and in [0, rows); everything in device memory and unchanged until
 // the launch is done.
+// sm_count: the device's SMs (the int8 launch's grid is a few blocks per SM).
 absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
                                    const RowTable* tables, uint32_t table_count,
                                    const int64_t* keys, const float* grads, uint64_t units,
-                                   bool int8);
+                                   bool int8, int sm_count);
 
 // One field of a table as a gather reads it: one of f32 (fp32 values), bf16 (bf16 bit patterns)
 // and int8 (codes, with a scale per row in scales, dequantized with the map `values`: 256 fp32,
