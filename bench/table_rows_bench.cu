@@ -1,5 +1,8 @@
-// fusedps-table-bench (CUDA builds only): the embedding tables' row update
-// (kernels/cuda/table_rows_kernel.cuh) against the device's copy roof, measured in the same run.
+// fusedps-table-bench (CUDA builds only): the embedding tables' row update against the device's
+// copy roof, measured in the same run: by default as a step of tables alone runs it
+// (LaunchTableRowsUpdate, kernels/cuda/table_rows_kernel.cuh); with --launch=apply as a step with
+// dense tensors runs it, in the row phase of AdamWApply (table_rows_update.cuh; here with no
+// dense tensor).
 //
 // For each (touched rows N, dim): a [2N, dim] fp32 table with its moments, N unique keys drawn at
 // random and sorted (as the host's coalescing hands them over), N gradient rows; the update is
@@ -9,12 +12,12 @@
 // gradient read (7 * dim * 4). The roof: a device-to-device cudaMemcpyAsync of half those bytes
 // (it reads and writes each byte: the same traffic), timed the same way (bench/device_copy.h).
 // The host's part of a step (summing duplicates, the upload) is not in these numbers.
-// --state=int8: the table's moments as int8 codes with a scale per row (a warp per row, its own
-// launch); bytes per row: the key, param read and written, two codes read and written, the
+// --state=int8: the table's moments as int8 codes with a scale per row (a warp per row); bytes
+// per row: the key, param read and written, two codes read and written, the
 // gradient read and four scales (8 + 16 * dim + 16); checked against SparseAdamUpdateInt8Row.
 //
 //   fusedps-table-bench [--touched=1000000,10000000] [--dims=64,128] [--warmup=3] [--iters=20]
-//                       [--state=fp32|int8]
+//                       [--state=fp32|int8] [--launch=alone|apply]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,8 +36,9 @@
 namespace fusedps {
 namespace {
 
+using gpu::LaunchAdamWApply;
 using gpu::LaunchCounter;
-using gpu::LaunchTableRowsUpdate;
+using gpu::RowStep;
 using gpu::RowTable;
 
 std::vector<uint64_t> List(const char* text) {
@@ -58,7 +62,8 @@ std::vector<uint64_t> List(const char* text) {
   } while (0)
 
 // One (n, dim) case; prints its row. Returns 0, or 1 on a CUDA error or a wrong row.
-int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, int sms) {
+int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, bool apply, int grid,
+            int sms) {
   const uint64_t rows = 2 * n, numel = rows * dim;
   std::mt19937_64 rng(n * 131 + dim);
   std::vector<int64_t> keys(n);
@@ -99,21 +104,37 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, int sms)
   table.params = d_params;
   table.step = d_step;
   table.dim = dim;
+  table.rows = n;
   table.s = MakeStepScalars(hyper, 1, 0.0f);  // The same scalars each launch: timing only.
-  uint64_t units = 0;
+  RowStep step;
+  step.tables = d_table;
+  step.keys = d_keys;
+  step.grads = d_grads;
+  gpu::ApplyConfig config;
   if (int8) {
     table.exp_avg8 = reinterpret_cast<uint8_t*>(d_m);
     table.exp_avg_sq8 = reinterpret_cast<uint8_t*>(d_v);
     table.absmax_m = reinterpret_cast<float*>(reinterpret_cast<char*>(d_m) + numel);
     table.absmax_v = reinterpret_cast<float*>(reinterpret_cast<char*>(d_v) + numel);
     table.books = d_books;
-    units = n * gpu::kInt8RowUnits;
+    step.int8 = 1;
+    step.int8_units = n * gpu::kInt8RowUnits;
+    config.kinds = gpu::ApplyKinds::kInt8State;
   } else {
     table.exp_avg = d_m;
     table.exp_avg_sq = d_v;
     table.width = gpu::RowUnitWidth(table, d_grads);
-    units = n * dim / table.width;
+    if (table.width == 4) {
+      step.pipelined = 1;
+      step.portions = (n * dim + gpu::kPortionNumel - 1) / gpu::kPortionNumel;
+    } else {
+      step.elementwise = 1;
+      step.element_units = n * dim / table.width;
+    }
   }
+  gpu::DeviceArenas arenas{};  // No dense tensor: only the codebooks are read.
+  arenas.codebooks = d_books;
+  const uint32_t blocks = gpu::ApplyBlocks(grid, step.PortionsWorth());
   CHECK_CUDA(cudaMemcpy(d_table, &table, sizeof(RowTable), cudaMemcpyHostToDevice));
   // The rows to check, before any update: param, exp_avg, exp_avg_sq after `launches` steps.
   const int launches = warmup + iters;
@@ -124,8 +145,9 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, int sms)
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
   CHECK_CUDA(cudaEventRecord(events[0], stream));
   for (int i = 0; i < launches; ++i) {
-    absl::Status s =
-        LaunchTableRowsUpdate(counter, stream, d_table, 1, d_keys, d_grads, units, int8, sms);
+    absl::Status s = apply ? LaunchAdamWApply(counter, blocks, stream, config, arenas, nullptr, 0,
+                                              nullptr, gpu::UnitPlan{}, 0.0f, 1.0, step)
+                           : gpu::LaunchTableRowsUpdate(counter, stream, step, sms);
     if (!s.ok()) {
       std::fprintf(stderr, "launch: %s\n", std::string(s.message()).c_str());
       return 1;
@@ -190,7 +212,8 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, int sms)
               static_cast<unsigned long long>(n), static_cast<unsigned long long>(dim), bytes / 1e6,
               update_ms, bytes / update_ms / 1e6, *copy_ms, bytes / *copy_ms / 1e6,
               100.0 * *copy_ms / update_ms,
-              int8 ? "int8 state" : (table.width == 4 ? "width 4" : "width 1"),
+              int8 ? (apply ? "int8 state, apply" : "int8 state")
+                   : (table.width == 4 ? (apply ? "width 4, apply" : "width 4") : "width 1"),
               static_cast<unsigned long long>(checked), wrong == 0 ? "bit for bit" : "WRONG");
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
@@ -209,7 +232,7 @@ int RunCase(uint64_t n, uint64_t dim, int warmup, int iters, bool int8, int sms)
 int main(int argc, char** argv) {
   std::vector<uint64_t> touched = {1000000, 10000000}, dims = {64, 128};
   int warmup = 3, iters = 20;
-  bool int8 = false;
+  bool int8 = false, apply = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto value = [&](const char* name) -> const char* {
@@ -227,10 +250,13 @@ int main(int argc, char** argv) {
     } else if (const char* v = value("state")) {
       if (std::strcmp(v, "int8") != 0 && std::strcmp(v, "fp32") != 0) return 2;
       int8 = std::strcmp(v, "int8") == 0;
+    } else if (const char* v = value("launch")) {
+      if (std::strcmp(v, "alone") != 0 && std::strcmp(v, "apply") != 0) return 2;
+      apply = std::strcmp(v, "apply") == 0;
     } else {
       std::fprintf(stderr,
                    "usage: fusedps-table-bench [--touched=N,...] [--dims=D,...] [--warmup=W] "
-                   "[--iters=I] [--state=fp32|int8]\n");
+                   "[--iters=I] [--state=fp32|int8] [--launch=alone|apply]\n");
       return 2;
     }
   }
@@ -245,10 +271,17 @@ int main(int argc, char** argv) {
   std::printf(
       "| touched rows | dim | MB moved | update ms | update GB/s | copy ms | copy GB/s | "
       "update / copy roof | checked |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  absl::StatusOr<int> grid = fusedps::gpu::AdamWApplyGrid();
+  if (!grid.ok()) {
+    std::fprintf(stderr, "grid: %s\n", std::string(grid.status().message()).c_str());
+    return 1;
+  }
   int status = 0;
   for (uint64_t n : touched) {
-    for (uint64_t dim : dims)
-      status |= fusedps::RunCase(n, dim, warmup, iters, int8, prop.multiProcessorCount);
+    for (uint64_t dim : dims) {
+      status |=
+          fusedps::RunCase(n, dim, warmup, iters, int8, apply, *grid, prop.multiProcessorCount);
+    }
   }
   return status;
 }

@@ -4,8 +4,9 @@
 // row_sparse.h and a float64 SparseAdam); a refused step changes nothing and names the field,
 // a non-finite row skips the whole step; rows that start over (init_rows) do so as on the CPU;
 // ReadRows returns the CPU backend's rows in key order;
-// a step of tables alone is one launch, with dense tensors two; tables with int8 state match the
-// CPU backend too. Skipped without a GPU.
+// a step of tables alone is one launch, and so is one with dense tensors; many tables in the
+// dense kernel's pipeline and tables with int8 state match the CPU backend too. Skipped without a
+// GPU.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -311,10 +312,13 @@ TEST_F(CudaTablesTest, Int8StateMatchesTheCpuBackendBitForBit) {
     }
     request.table_rows = rows;
     request.grad_scale = step % 2 ? 0.0f : 4.0f;
+    const uint64_t before = cuda->launches_total();
     absl::StatusOr<StepOutcome> a = StepNow(*cuda, request);
     absl::StatusOr<StepOutcome> b = StepNow(*cpu, request);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
+    // One launch, with the dense tensor or without (int8 and fp32 tables alone: the row phase).
+    EXPECT_EQ(cuda->launches_total() - before, 1u) << "step " << step;
     expect_same(step);
   }
   const std::vector<int64_t> read = {5, 0, 5, 149, 17};
@@ -331,7 +335,7 @@ TEST_F(CudaTablesTest, Int8StateMatchesTheCpuBackendBitForBit) {
   }
 }
 
-TEST_F(CudaTablesTest, OneLaunchForTablesAloneTwoWithDenseTensors) {
+TEST_F(CudaTablesTest, OneLaunchForTablesAloneAndWithDenseTensors) {
   std::mt19937 rng(17);
   Pair pair(DecayedSparseAdam(), rng);
   const std::vector<int64_t> keys = {1, 2, 2};
@@ -351,8 +355,75 @@ TEST_F(CudaTablesTest, OneLaunchForTablesAloneTwoWithDenseTensors) {
   request.grads = dense.data();
   before = pair.cuda->launches_total();
   ASSERT_TRUE(StepNow(*pair.cuda, request).ok());
-  EXPECT_EQ(pair.cuda->launches_total() - before, 2u);
-  EXPECT_EQ(pair.cuda->launch_counts().at("fusedps_table_rows_update"), 2u);
+  EXPECT_EQ(pair.cuda->launches_total() - before, 1u);
+  // Tables alone: their own kernel; with a dense tensor: the rows in AdamWApply's launch.
+  EXPECT_EQ(pair.cuda->launch_counts().at("fusedps_table_rows_update"), 1u);
+  EXPECT_EQ(pair.cuda->launch_counts().at("fusedps_adamw_apply"), 1u);
+  EXPECT_EQ(pair.cuda->step(0), 1);
+  EXPECT_EQ(pair.cuda->step(1), 2);
+}
+
+// Many pipelined tables (fp32 state, dims multiples of 4: a run never straddles rows, a portion
+// often does) with more portions than the launch has warps, so that each warp's pipeline cycles
+// through its stages, beside a dense tensor, with rows that start over: one launch, and the CPU
+// backend's bits.
+TEST_F(CudaTablesTest, ManyPipelinedTablesWithADenseTensorMatchTheCpuBackendBitForBit) {
+  constexpr uint64_t kDims[] = {4, 8, 44, 64, 132}, kTableRows = 20000, kDenseNumel = 70000;
+  std::mt19937 rng(41);
+  std::unique_ptr<OptimizerBackend> cpu = MakeCpuBackend({});
+  auto made = MakeBackend("cuda:0", {});
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<OptimizerBackend> cuda = *std::move(made);
+  std::vector<NewTensor> tensors = {{kDenseNumel, 0}};
+  for (uint64_t dim : kDims) tensors.push_back({kTableRows * dim, 0, 0, dim});
+  for (OptimizerBackend* b : {cpu.get(), cuda.get()}) {
+    ASSERT_TRUE(b->SetParamGroup(0, DecayedSparseAdam()).ok());
+    ASSERT_TRUE(b->AddTensors(tensors).ok());
+  }
+  for (uint32_t t = 0; t < tensors.size(); ++t) {
+    const std::vector<float> params = NormalFloats(rng, tensors[t].numel);
+    ASSERT_TRUE(cpu->WriteParams(t, 0, params).ok());
+    ASSERT_TRUE(cuda->WriteParams(t, 0, params).ok());
+  }
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<float> dense = NormalFloats(rng, kDenseNumel);
+    std::vector<std::vector<int64_t>> keys(std::size(kDims)), init(std::size(kDims));
+    std::vector<std::vector<float>> grads(std::size(kDims)), init_params(std::size(kDims));
+    std::vector<TableRows> rows;
+    for (size_t i = 0; i < std::size(kDims); ++i) {
+      // 3,000 to 15,000 draws of 20,000 rows: duplicates, and rows left out. About 15,000
+      // portions in all: several per warp on an H100 or H200 (2,112 to 2,304 warps).
+      keys[i] = Keys(rng, kTableRows, 3000 * (i + 1));
+      grads[i] = NormalFloats(rng, keys[i].size() * kDims[i]);
+      if (step != 2) {
+        init[i] = {keys[i][keys[i].size() / 2]};  // A pushed key, once.
+        init_params[i] = NormalFloats(rng, kDims[i]);
+      }
+      rows.push_back(
+          {static_cast<uint32_t>(i + 1), kDims[i], keys[i], grads[i], init[i], init_params[i]});
+    }
+    const uint32_t dense_tensors[] = {0};
+    const uint64_t offsets[] = {0};
+    StepRequest request;
+    request.tensors = dense_tensors;
+    request.grad_offsets = offsets;
+    request.grads = dense.data();
+    request.table_rows = rows;
+    request.grad_scale = step == 3 ? 2.0f : 0.0f;
+    const uint64_t before = cuda->launches_total();
+    absl::StatusOr<StepOutcome> a = StepNow(*cuda, request);
+    absl::StatusOr<StepOutcome> b = StepNow(*cpu, request);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(cuda->launches_total() - before, 1u);
+    for (uint32_t t = 0; t < tensors.size(); ++t) {
+      for (TensorField f : {TensorField::kParam, TensorField::kExpAvg, TensorField::kExpAvgSq}) {
+        EXPECT_TRUE(SameBytes(ReadAll(*cuda, f, t), ReadAll(*cpu, f, t)))
+            << "step " << step << " tensor " << t << " " << TensorFieldName(f);
+      }
+      EXPECT_EQ(cuda->step(t), cpu->step(t)) << "tensor " << t;
+    }
+  }
 }
 
 }  // namespace

@@ -66,6 +66,10 @@
 // and each looks at the count's old value only when its next turn comes (or the warp ends), so
 // the atomic's round trip is off the warp's path.
 //
+// Embedding-table rows pushed with the dense tensors are updated in the same launch: each warp,
+// once it has no dense portion left, runs the row phase (UpdateStepRows below, its pieces in
+// table_rows_update.cuh), through the same pipeline. Such a launch always runs AdamWApply.
+//
 // Non-finite gradients are caught on the host where they are staged (kernels/grad_check.h):
 // a skipped step launches nothing and writes nothing.
 //
@@ -88,6 +92,7 @@
 
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/adamw_portion.cuh"
+#include "kernels/cuda/table_rows_update.cuh"
 
 namespace fusedps {
 namespace gpu {
@@ -217,13 +222,75 @@ class UnitCursor {
   IssueFields coming_fields_{};
 };
 
+// The row phase of one warp (warp `warp` of `warps`), after its dense portions: its pipelined
+// portions through `pipeline` (its kStages stages, idle by now), then its elementwise units,
+// then its int8 rows (UpdateInt8Rows). `books`: the kernel's codebooks in shared memory, or null
+// when the step has no int8 table. Compiled once, called by every instantiation of AdamWApply.
+__device__ __noinline__ void UpdateStepRows(const RowStep& step, char* pipeline,
+                                            const Int8Codebooks* books, uint32_t warp,
+                                            uint32_t warps, uint32_t lane) {
+  const RowTable* pipelined = step.tables;
+  // Portions w, w + W, ...: `next` is the next to issue, `at` the next to compute; each stage
+  // computed is the one issued kStages - 1 issues before.
+  // Each issue starts loading the keys of the next portion to issue, and brings into L2 those
+  // of the one after it.
+  uint64_t next = warp, at = warp;
+  const auto pipelined_table = [&](uint64_t portion) -> const RowTable& {
+    return pipelined[row_phase::TableOf(pipelined, step.pipelined, portion)];
+  };
+  row_phase::PortionRows rows;  // Of portion `next`.
+  if (next < step.portions)
+    rows = row_phase::LoadPortionRows(pipelined_table(next), step, next, lane);
+  const auto issue = [&](int stage) {
+    if (next < step.portions) {
+      row_phase::IssueRowPortion(pipelined_table(next), step, rows, pipeline + stage * kStageBytes,
+                                 lane);
+      next += warps;
+      if (next < step.portions)
+        rows = row_phase::LoadPortionRows(pipelined_table(next), step, next, lane);
+      if (next + warps < step.portions) {
+        row_phase::PrefetchPortionKeys(pipelined_table(next + warps), step, next + warps, lane);
+      }
+    }
+    CommitAsync();  // Empty groups too: each iteration waits for the group kStages - 1 back.
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  int compute_stage = 0;
+  while (at < step.portions) {
+    issue(compute_stage == 0 ? kStages - 1 : compute_stage - 1);
+    WaitAsync<kStages - 1>();
+    __syncwarp();
+    row_phase::ComputeRowPortion(pipelined_table(at), step, at,
+                                 pipeline + compute_stage * kStageBytes, lane);
+    at += warps;
+    __syncwarp();  // Before the stage is written again.
+    compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
+  }
+  WaitAsync<0>();
+
+  const RowTable* elementwise = step.tables + step.pipelined;
+  for (uint64_t u = uint64_t{warp} * 32 + lane; u < step.element_units; u += uint64_t{warps} * 32) {
+    row_phase::UpdateElements(elementwise[row_phase::TableOf(elementwise, step.elementwise, u)],
+                              step.keys, step.grads, u);
+  }
+  if (step.int8 > 0) {
+    row_phase::UpdateInt8Rows(step, *books, uint64_t{warp} * 32 + lane, uint64_t{warps} * 32, lane);
+  }
+}
+
 // The one launch of a step. See the file comment. The dtypes and kinds are template
 // parameters, so that each combination gets a loop with no branches it does not need.
 template <GradDType kGrad, ParamCopyDType kCopy, ApplyKinds kKinds>
 __global__ void __launch_bounds__(kThreads, 2)
     AdamWApply(DeviceArenas a, const Chunk* chunks, uint32_t chunk_count, const UnitStart* units,
-               UnitPlan plan, float grad_scale, double lr_divisor) {
+               UnitPlan plan, float grad_scale, double lr_divisor, RowStep rows) {
   extern __shared__ __align__(16) char smem[];
+  if (blockIdx.x == 0) {  // Each table steps once, rows or none (its scalars came computed).
+    for (uint32_t t = threadIdx.x; t < rows.table_count(); t += kThreads) {
+      *rows.tables[t].step += 1;
+    }
+  }
   const Int8Codebooks* books = nullptr;
   char* stages = smem;
   if constexpr (kKinds != ApplyKinds::kFloat32Only) {
@@ -281,10 +348,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   Leave(a, w, lane);
   Settle(a, w);  // Every lane's countdown left.
+  if (rows.table_count() > 0) UpdateStepRows(rows, pipeline, books, warp, warps, lane);
 }
 
 using ApplyKernelFn = void (*)(DeviceArenas, const Chunk*, uint32_t, const UnitStart*, UnitPlan,
-                               float, double);
+                               float, double, RowStep);
 
 template <GradDType kGrad, ApplyKinds kKinds>
 ApplyKernelFn ApplyKernelFor(ParamCopyDType copy) {
@@ -322,114 +390,6 @@ ApplyKernelFn ApplyKernel(ApplyConfig config) {
     case ApplyKinds::kFloat32Only:
     default:
       return ApplyKernelOf<ApplyKinds::kFloat32Only>(config.grad, config.copy);
-  }
-}
-
-__device__ __forceinline__ void Load8(const float* p, float (&v)[kVec]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-__device__ __forceinline__ void Store8(float* p, const float (&v)[kVec]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-
-// Loads 8 gradients starting at element i (a multiple of 8) with 16-byte loads.
-__device__ __forceinline__ void LoadGrads8(const void* grads, GradDType dtype, uint64_t i,
-                                           float (&g)[kVec]) {
-  if (dtype == GradDType::kFloat32) {
-    Load8(static_cast<const float*>(grads) + i, g);
-    return;
-  }
-  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(grads) + i);
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    g[2 * k] = Widen(dtype, static_cast<uint16_t>(words[k] & 0xffffu));
-    g[2 * k + 1] = Widen(dtype, static_cast<uint16_t>(words[k] >> 16));
-  }
-}
-
-// A synchronous round's sum: each warp takes every W-th 256-element portion of the chunks' full
-// 8 and adds 8 gradients per lane (converted to fp32 and divided by grad_scale, as AdamWUpdate
-// divides) into the accumulator, or writes them for the round's first push.
-template <GradDType kGrad>
-__global__ void __launch_bounds__(kThreads)
-    GradAccumulate(float* accumulator, const void* grads, const Chunk* chunks, uint32_t chunk_count,
-                   float grad_scale, bool first) {
-  const uint32_t lane = threadIdx.x % 32;
-  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  const uint64_t portions = static_cast<uint64_t>(chunk_count) * kPortions;
-  const bool divide = grad_scale > 0.0f;
-  for (uint64_t q = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-       q < portions; q += warps) {
-    const Chunk& chunk = chunks[q / kPortions];
-    const uint32_t count = chunk.count;
-    const uint32_t first_element =
-        static_cast<uint32_t>(q % kPortions) * kPortionNumel + lane * kVec;
-    if (first_element >= count) continue;
-    float* acc = accumulator + chunk.element;
-    const uint64_t g = chunk.grad;
-    if (first_element + kVec <= count) {
-      float values[kVec], sum[kVec];
-      LoadGrads8(grads, kGrad, g + first_element, values);
-      if (!first) Load8(acc + first_element, sum);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float v = divide ? values[k] / grad_scale : values[k];
-        sum[k] = first ? v : sum[k] + v;
-      }
-      Store8(acc + first_element, sum);
-      continue;
-    }
-    for (uint32_t i = first_element; i < count && i < first_element + kVec; ++i) {
-      const float grad = LoadGrad(grads, kGrad, g + i);
-      const float v = divide ? grad / grad_scale : grad;
-      acc[i] = first ? v : acc[i] + v;
-    }
-  }
-}
-
-// A read of one field as fp32 (bf16 widened, int8 dequantized): each warp takes every W-th
-// portion, 8 elements per lane, into out at the chunk's grad offset.
-__global__ void __launch_bounds__(kThreads)
-    StateRead(TensorField field, DeviceArenas a, const Chunk* chunks, uint32_t chunk_count,
-              float* out) {
-  const uint32_t lane = threadIdx.x % 32;
-  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-  const uint64_t portions = static_cast<uint64_t>(chunk_count) * kPortions;
-  for (uint64_t q = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-       q < portions; q += warps) {
-    const Chunk& chunk = chunks[q / kPortions];
-    const uint32_t portion = static_cast<uint32_t>(q % kPortions);
-    const uint32_t first_element = portion * kPortionNumel + lane * kVec;
-    const uint32_t count = chunk.count;
-    if (first_element >= count) continue;
-    const StateDType state = StateOf(chunk.layout);
-    const uint64_t s = chunk.state, p = chunk.param;
-    for (uint32_t i = first_element; i < count && i < first_element + kVec; ++i) {
-      float value;
-      if (field == TensorField::kParam) {
-        value = (chunk.layout & kLayoutParamsBf16) ? BFloat16ToFloat(a.params16[p + i])
-                                                   : a.params32[p + i];
-      } else {
-        const bool is_m = field == TensorField::kExpAvg;
-        if (state == StateDType::kBFloat16) {
-          value = BFloat16ToFloat(is_m ? a.exp_avg16[s + i] : a.exp_avg_sq16[s + i]);
-        } else if (state == StateDType::kInt8) {
-          const uint64_t block = s / kQuantBlock + portion;
-          value =
-              is_m ? Dequantize(a.codebooks->exp_avg.values, a.exp_avg8[s + i], a.absmax_m[block])
-                   : Dequantize(a.codebooks->exp_avg_sq.values, a.exp_avg_sq8[s + i],
-                                a.absmax_v[block]);
-        } else {
-          value = is_m ? a.exp_avg32[s + i] : a.exp_avg_sq32[s + i];
-        }
-      }
-      out[chunk.grad + i] = value;
-    }
   }
 }
 
@@ -551,35 +511,17 @@ bool RunsChunkBlocks(const ApplyConfig& config, uint32_t chunk_count, uint64_t p
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
                               uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
-                              float grad_scale, double lr_divisor) {
-  if (RunsChunkBlocks(config, chunk_count, plan.portions)) {
+                              float grad_scale, double lr_divisor, const RowStep& rows) {
+  if (rows.table_count() == 0 && RunsChunkBlocks(config, chunk_count, plan.portions)) {
     return LaunchAdamWApplyChunks(launches, stream, config.grad, config.copy, arenas, chunks,
                                   chunk_count, grad_scale, lr_divisor);
   }
+  if (rows.int8 > 0 && config.kinds == ApplyKinds::kFloat32Only) {
+    return absl::InternalError("a launch with int8 table rows needs a kernel with codebooks");
+  }
   return launches.Launch("fusedps_adamw_apply", ApplyKernel(config), static_cast<int>(blocks),
                          ApplySmemBytes(config.kinds), stream, arenas, chunks, chunk_count, units,
-                         plan, grad_scale, lr_divisor);
-}
-
-absl::Status LaunchGradAccumulate(LaunchCounter& launches, int grid, cudaStream_t stream,
-                                  GradDType grad_dtype, float* accumulator, const void* grads,
-                                  const Chunk* chunks, uint32_t chunk_count, float grad_scale,
-                                  bool first) {
-  void (*kernel)(float*, const void*, const Chunk*, uint32_t, float, bool) =
-      grad_dtype == GradDType::kBFloat16  ? GradAccumulate<GradDType::kBFloat16>
-      : grad_dtype == GradDType::kFloat16 ? GradAccumulate<GradDType::kFloat16>
-                                          : GradAccumulate<GradDType::kFloat32>;
-  return launches.Launch("fusedps_grad_accumulate", kernel,
-                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), 0, stream,
-                         accumulator, grads, chunks, chunk_count, grad_scale, first);
-}
-
-absl::Status LaunchStateRead(LaunchCounter& launches, int grid, cudaStream_t stream,
-                             TensorField field, const DeviceArenas& arenas, const Chunk* chunks,
-                             uint32_t chunk_count, float* out) {
-  return launches.Launch("fusedps_state_read", StateRead,
-                         static_cast<int>(std::min<uint32_t>(grid, chunk_count)), 0, stream, field,
-                         arenas, chunks, chunk_count, out);
+                         plan, grad_scale, lr_divisor, rows);
 }
 
 }  // namespace gpu

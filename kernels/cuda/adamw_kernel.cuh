@@ -1,11 +1,13 @@
 // adamw_kernel.cuh (CUDA backend only): the kernels of an optimizer step as the rest of the
 // backend sees them: the chunk list they walk, the units of work AdamWApply's warps take, the
 // arenas they update, the grid that fills the GPU, which kernel a launch runs (RunsChunkBlocks:
-// AdamWApply, the persistent grid, or AdamWApplyChunks, a block per chunk), and the launchers
-// that check and count every launch. The kernels and their tuning history are in adamw_kernel.cu
-// and adamw_chunk_blocks.cu (a portion's math in adamw_portion.cuh, its loads and stores in
-// adamw_pipeline.cuh); the device memory and tables that feed them are the CUDA backend's
-// (cuda_backend_impl.cuh, the step path in cuda_backend_step.cu).
+// AdamWApply, the persistent grid, or AdamWApplyChunks, a block per chunk), the embedding-table
+// rows a launch updates with its dense tensors (RowStep), and the launchers that check and count
+// every launch. The kernels and their tuning history are in adamw_kernel.cu and
+// adamw_chunk_blocks.cu (a round's sum and the state reads in accumulate_read_kernels.cu) (a
+// portion's math in adamw_portion.cuh, its loads and stores in adamw_pipeline.cuh); the device
+// memory and tables that feed them are the CUDA backend's (cuda_backend_impl.cuh, the step path in
+// cuda_backend_step.cu).
 //
 // Usage:
 //   std::vector<Chunk> chunks;
@@ -257,6 +259,34 @@ struct DeviceArenas {
   uint32_t* work;
 };
 
+struct RowTable;  // table_rows_kernel.cuh
+
+// A step's embedding-table rows, updated in the step's one launch, by each warp once its dense
+// portions are done (the row phase: table_rows_update.cuh says how). Device memory, unchanged
+// until the launch is done. The tables come in three lists, one after another in `tables`:
+// `pipelined` ones (fp32 state, RowUnitWidth 4, fewer than 2^32 elements in the step's rows),
+// then `elementwise` ones (the other tables with fp32 or bf16 state), then `int8` ones (int8
+// state); in each list in order of first_unit, the first's 0, each
+// table's units before the next's. Row r of the launch is key keys[r] (in [0, its table's rows),
+// unique within the table) of the table with first_row <= r < first_row + rows; its gradient
+// row is grads[grad_offset + (r - first_row) * dim, ... + dim) (already unscaled). The launch
+// advances every listed table's step by one, rows or none.
+struct RowStep {
+  const RowTable* tables = nullptr;
+  uint32_t pipelined = 0, elementwise = 0, int8 = 0;
+  const int64_t* keys = nullptr;
+  const float* grads = nullptr;
+  uint64_t portions = 0;       // Of the pipelined tables: each table's ceil(rows * dim / 256).
+  uint64_t element_units = 0;  // Of the elementwise tables: each's rows * dim / width.
+  uint64_t int8_units = 0;     // Of the int8 tables: each's rows * kInt8RowUnits.
+
+  __host__ __device__ uint32_t table_count() const { return pipelined + elementwise + int8; }
+  // Dense portions that would move about as many bytes: what the launch's grid is sized by.
+  uint64_t PortionsWorth() const {
+    return portions + (element_units + kPortionNumel - 1) / kPortionNumel + int8_units / 32;
+  }
+};
+
 // Every launch goes through here: one place checks it and counts it by kernel name. The counts
 // are thread-safe.
 class LaunchCounter {
@@ -295,16 +325,19 @@ absl::StatusOr<int> AdamWApplyGrid();
 // kUnitPortions for every warp.
 uint32_t ApplyBlocks(int grid, uint64_t portions);
 
-// Launches one step over the chunks' plan.portions portions on `stream`, checks the launch and
-// counts it in `launches` as "fusedps_adamw_apply": AdamWApplyChunks, a block per chunk, where
-// RunsChunkBlocks(config, chunk_count, plan.portions) (`blocks`, `units` and `plan` are then
-// unused); else AdamWApply (`units`: WorkUnits with `plan`) in `blocks` blocks (ApplyBlocks).
-// Each step's lr is its group's lr / lr_divisor (float64, MakeStepScalars). REQUIRES: the
-// stream's device is current; AdamWApplyGrid ran on it.
+// Launches one step over the chunks' plan.portions portions (none: chunk_count 0) and the
+// tables of `rows` (none: an empty RowStep) on `stream`, checks the launch and counts it in
+// `launches` as "fusedps_adamw_apply": AdamWApplyChunks, a block per chunk, where the step has no
+// rows and RunsChunkBlocks(config, chunk_count, plan.portions) (`blocks`, `units` and `plan` are
+// then unused); else AdamWApply (`units`: WorkUnits with `plan`) in `blocks` blocks
+// (ApplyBlocks over the dense portions and rows.PortionsWorth()). Each dense step's lr is its
+// group's lr / lr_divisor (float64, MakeStepScalars); each table's scalars are its RowTable's.
+// REQUIRES: the stream's device is current; AdamWApplyGrid ran on it; config.kinds is
+// kInt8State or kAny when rows.int8 > 0 (the int8 rows read the kernel's codebooks).
 absl::Status LaunchAdamWApply(LaunchCounter& launches, uint32_t blocks, cudaStream_t stream,
                               ApplyConfig config, const DeviceArenas& arenas, const Chunk* chunks,
                               uint32_t chunk_count, const UnitStart* units, const UnitPlan& plan,
-                              float grad_scale, double lr_divisor);
+                              float grad_scale, double lr_divisor, const RowStep& rows = {});
 
 // Launches AdamWApplyChunks (adamw_chunk_blocks.cu): one block per chunk. REQUIRES: every chunk
 // has fp32 params and fp32 state, and no group of the hyperparameter table the launch reads has

@@ -166,23 +166,20 @@ class CudaBackend final : public OptimizerBackend {
   // Queues the wait for (or the copy of) the grads; returns where the kernel reads them.
   absl::StatusOr<const void*> QueueGrads(const StepRequest& request, const GradSource& source);
 
-  // Queues a checked step: its chunk list, the wait for (or the copy of) its grads, the kernel,
-  // its tables' rows (QueueTableRows), and the events of its marker. list.count may be 0 (a step
-  // of tables only).
+  // Queues a checked step, one launch for all of it: its chunk list, events.reached, the wait
+  // for (or the copy of) its grads, the upload of its tables' rows (QueueTableRows),
+  // events.begin, the launch, and events.done. The launch is AdamWApply with the rows, or, for
+  // tables alone that RunsAlone, the tables' own kernel. list.count may be 0 (a step of tables
+  // only), and so may rows.
   absl::Status Queue(const StepRequest& request, const ChunkList& list, const GradSource& source,
                      const StepEvents& events, const std::vector<PreparedTableRows>& rows);
-
-  // Queue's dense part: the chunk list's upload, the wait for (or the copy of) the grads with
-  // events.reached before it, events.begin, and the AdamW launch.
-  absl::Status QueueAdamW(const StepRequest& request, const ChunkList& list,
-                          const GradSource& source, const StepEvents& events);
 
   // Grows the buffers a step's table rows are uploaded into (before anything of the step is
   // queued: growing waits for the apply stream).
   absl::Status ReserveTableRows(const std::vector<PreparedTableRows>& rows);
   // Queues the upload of prepared table rows (from pageable memory, read before this returns)
-  // and their update in one launch.
-  absl::Status QueueTableRows(const std::vector<PreparedTableRows>& rows);
+  // and of their tables' lists; returns the RowStep the step's launch updates them with.
+  absl::StatusOr<RowStep> QueueTableRows(const std::vector<PreparedTableRows>& rows);
 
   // Grows a buffer of a step's path to hold n elements, by half again at least, so that a
   // series of growing pushes (or a push staged tensor by tensor) makes few host waits.

@@ -1,7 +1,7 @@
 // cuda_backend_step.cu: the CUDA backend's step path (cuda_backend_impl.cuh): checking a
-// step's grads, preparing and uploading its chunk list, queueing the grads' copy, the fused
-// AdamW kernel, its embedding tables' rows (table_rows_kernel.cuh) and the events of its marker
-// (Step); the gradient accumulator (Accumulate); the
+// step's grads, preparing and uploading its chunk list, queueing the grads' copy, its embedding
+// tables' rows (table_rows_kernel.cuh), the one fused launch that updates both and the events of
+// its marker (Step); the gradient accumulator (Accumulate); the
 // grad staging that steps read (CopyStagingToDevice, StageGrads); and markers (Mark, Wait).
 #include <cuda_runtime.h>
 
@@ -78,12 +78,14 @@ absl::Status CudaBackend::ReserveTableRows(const std::vector<PreparedTableRows>&
   return Reserve(row_grads_, grads);
 }
 
-absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& rows) {
-  // Two lists, each its own launch (table_rows_kernel.cuh): the tables with fp32 or bf16 state,
-  // then those with int8 state. Keys and gradients lie in one buffer, in `rows` order.
-  std::vector<RowTable> tables, int8_tables;
-  uint64_t first_row = 0, grad_offset = 0, units = 0, int8_units = 0, init_rows = 0,
-           init_params = 0;
+absl::StatusOr<RowStep> CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& rows) {
+  // RowStep's three lists: pipelined, elementwise and int8 tables. Keys and gradients lie in one
+  // buffer, in `rows` order.
+  RowStep step;
+  step.keys = row_keys_.data();
+  step.grads = row_grads_.data();
+  std::vector<RowTable> pipelined, elementwise, int8;
+  uint64_t first_row = 0, grad_offset = 0, init_rows = 0, init_params = 0;
   for (const PreparedTableRows& r : rows) {
     RowTable t;
     t.params = r.view.params.data();
@@ -98,6 +100,7 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
     t.books = codebooks_.data();
     t.step = step_dev_.data() + r.tensor;
     t.first_row = first_row;
+    t.rows = r.rows.keys.size();
     t.grad_offset = grad_offset;
     t.dim = static_cast<uint64_t>(r.view.dim);
     t.s = r.s;
@@ -113,15 +116,19 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
       init_rows += r.init_of_row.size();
       init_params += r.init_params.size();
     }
+    if (t.exp_avg8 == nullptr) t.width = RowUnitWidth(t, row_grads_.data());
     if (t.exp_avg8 != nullptr) {
-      t.first_unit = int8_units;
-      int8_units += r.rows.keys.size() * kInt8RowUnits;
-      int8_tables.push_back(t);
+      t.first_unit = step.int8_units;
+      step.int8_units += t.rows * kInt8RowUnits;
+      int8.push_back(t);
+    } else if (t.exp_avg16 == nullptr && t.width == 4 && t.rows * t.dim < (uint64_t{1} << 32)) {
+      t.first_unit = step.portions;
+      step.portions += (t.rows * t.dim + kPortionNumel - 1) / kPortionNumel;
+      pipelined.push_back(t);
     } else {
-      t.first_unit = units;
-      t.width = RowUnitWidth(t, row_grads_.data());
-      units += r.rows.grads.size() / t.width;
-      tables.push_back(t);
+      t.first_unit = step.element_units;
+      step.element_units += r.rows.grads.size() / t.width;
+      elementwise.push_back(t);
     }
     // Pageable sources: cudaMemcpyAsync has read them before it returns (CUDA's API
     // synchronization behavior), so the vectors may go; the device copies are rewritten only by
@@ -137,23 +144,16 @@ absl::Status CudaBackend::QueueTableRows(const std::vector<PreparedTableRows>& r
     first_row += r.rows.keys.size();
     grad_offset += r.rows.grads.size();
   }
-  const size_t count = tables.size();
-  tables.insert(tables.end(), int8_tables.begin(), int8_tables.end());
-  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), tables.data(),
-                                               tables.size() * sizeof(RowTable),
+  step.pipelined = static_cast<uint32_t>(pipelined.size());
+  step.elementwise = static_cast<uint32_t>(elementwise.size());
+  step.int8 = static_cast<uint32_t>(int8.size());
+  pipelined.insert(pipelined.end(), elementwise.begin(), elementwise.end());
+  pipelined.insert(pipelined.end(), int8.begin(), int8.end());
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), pipelined.data(),
+                                               pipelined.size() * sizeof(RowTable),
                                                cudaMemcpyHostToDevice, stream_));
-  if (count > 0) {
-    if (absl::Status s = LaunchTableRowsUpdate(launches_, stream_, row_tables_.data(),
-                                               static_cast<uint32_t>(count), row_keys_.data(),
-                                               row_grads_.data(), units, /*int8=*/false, sm_count_);
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (int8_tables.empty()) return absl::OkStatus();
-  return LaunchTableRowsUpdate(launches_, stream_, row_tables_.data() + count,
-                               static_cast<uint32_t>(int8_tables.size()), row_keys_.data(),
-                               row_grads_.data(), int8_units, /*int8=*/true, sm_count_);
+  step.tables = row_tables_.data();
+  return step;
 }
 
 absl::StatusOr<Marker> CudaBackend::Accumulate(const StepRequest& request, bool first) {
@@ -316,28 +316,25 @@ absl::StatusOr<const void*> CudaBackend::QueueGrads(const StepRequest& request,
 absl::Status CudaBackend::Queue(const StepRequest& request, const ChunkList& list,
                                 const GradSource& source, const StepEvents& events,
                                 const std::vector<PreparedTableRows>& rows) {
+  DeviceList chunks{};
   if (list.count > 0) {
-    if (absl::Status s = QueueAdamW(request, list, source, events); !s.ok()) return s;
-  } else {  // Tables only: no grads to wait for before the rows' launch.
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
-    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
+    absl::StatusOr<DeviceList> queued = QueueChunks(list);
+    if (!queued.ok()) return queued.status();
+    chunks = *queued;
   }
-  if (!rows.empty()) {
-    if (absl::Status s = QueueTableRows(rows); !s.ok()) return s;
-  }
-  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::QueueAdamW(const StepRequest& request, const ChunkList& list,
-                                     const GradSource& source, const StepEvents& events) {
-  absl::StatusOr<DeviceList> chunks = QueueChunks(list);
-  if (!chunks.ok()) return chunks.status();
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.reached, stream_));
-  absl::StatusOr<const void*> grads = QueueGrads(request, source);
-  if (!grads.ok()) return grads.status();
   DeviceArenas arenas = arenas_.KernelView();
-  arenas.grads = *grads;
+  if (list.count > 0) {
+    absl::StatusOr<const void*> grads = QueueGrads(request, source);
+    if (!grads.ok()) return grads.status();
+    arenas.grads = *grads;
+  }
+  RowStep row_step;
+  if (!rows.empty()) {
+    absl::StatusOr<RowStep> queued = QueueTableRows(rows);
+    if (!queued.ok()) return queued.status();
+    row_step = *queued;
+  }
   arenas.step = step_dev_.data();
   arenas.hyper = hyper_.data();
   arenas.remaining = remaining_.data();
@@ -345,15 +342,30 @@ absl::Status CudaBackend::QueueAdamW(const StepRequest& request, const ChunkList
   arenas.codebooks = codebooks_.data();
   arenas.work = work_.data();
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.begin, stream_));
-  const ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
-                           options_.param_copy_dtype, list.storage.kinds, table_.any_amsgrad(),
-                           options_.step_kernel};
-  if (absl::Status s = LaunchAdamWApply(launches_, list.blocks, stream_, config, arenas,
-                                        chunks->chunks, list.count, chunks->units, list.plan,
-                                        request.grad_scale, request.lr_divisor);
+  if (list.count == 0 && RunsAlone(row_step)) {  // Tables alone: their own kernel's launch.
+    if (absl::Status s = LaunchTableRowsUpdate(launches_, stream_, row_step, sm_count_); !s.ok()) {
+      return s;
+    }
+    FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
+    return absl::OkStatus();
+  }
+  ApplyConfig config{request.from_accumulator ? GradDType::kFloat32 : request.grad_dtype,
+                     options_.param_copy_dtype, list.storage.kinds, table_.any_amsgrad(),
+                     options_.step_kernel};
+  // int8 rows read the codebooks the int8-capable kernels keep in shared memory.
+  if (row_step.int8 > 0) config.kinds = std::max(config.kinds, ApplyKinds::kInt8State);
+  // With rows, the grid is sized for them too (the dense plan holds for any number of warps).
+  const uint32_t blocks =
+      row_step.table_count() == 0
+          ? list.blocks
+          : ApplyBlocks(apply_grid_, list.plan.portions + row_step.PortionsWorth());
+  if (absl::Status s = LaunchAdamWApply(launches_, blocks, stream_, config, arenas, chunks.chunks,
+                                        list.count, chunks.units, list.plan, request.grad_scale,
+                                        request.lr_divisor, row_step);
       !s.ok()) {
     return s;
   }
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream_));
   return absl::OkStatus();
 }
 

@@ -1,19 +1,9 @@
 // table_rows_kernel.cuh (CUDA backend only): the device side of embedding tables
-// (docs/dev/embedding-tables.md): one launch that updates the pushed rows of a step's tables
-// with torch.optim.SparseAdam's math (kernels/sparse_adam_math.h, bit for bit the CPU backend's),
-// a second one for the step's tables with int8 state, if any (a warp per row), and one that
-// gathers rows by key for lookups. The host prepares a step's rows first
-// (kernels/backend_tables.h: duplicate keys summed, gradients divided by grad_scale and negated
-// for maximize, every value checked finite), so the update only reads them.
-//
-// A step's rows are laid out flat: the keys of every table one after another (each table's
-// unique and ascending), and their fp32 gradient rows in the same order, each `dim` wide. The
-// launch walks units: a unit is `width` consecutive elements of one row (width 4, one 16-byte
-// load of each of param, exp_avg, exp_avg_sq and the gradient, where the table's dim and
-// addresses allow it; else 1), a thread each, a block per kThreads units, so that every SM is
-// as full of threads, and so of loads in flight, as the kernel's registers allow (how and why:
-// table_rows_kernel.cu). An element is read and written by its unit's thread alone, since keys
-// are unique within a table.
+// (docs/dev/embedding-tables.md) as the backend sees them: a step's table as its update reads it
+// (RowTable; a step's tables are listed by RowStep, adamw_kernel.cuh); the update of a step of
+// tables alone in a launch of its own; and the launch that gathers rows by key for lookups and
+// reads of whole fields. Every step is one launch: a step with dense tensors updates its rows in
+// the row phase of its AdamWApply launch (table_rows_update.cuh).
 #ifndef FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
 #define FUSEDPS_KERNELS_CUDA_TABLE_ROWS_KERNEL_CUH_
 
@@ -38,9 +28,9 @@ struct RowTable {
   uint16_t* exp_avg16 = nullptr;
   uint16_t* exp_avg_sq16 = nullptr;
   // int8 state (codes, [rows, dim]; one fp32 scale per row in absmax_m and absmax_v, [rows]),
-  // with the int8 codebooks; null otherwise. Such tables are updated by a launch of their own
-  // (LaunchTableRowsUpdate's int8), a warp per row: kInt8RowUnits units a row
-  // (sparse_adam_math.h's SparseAdamUpdateInt8Row, spread over the warp's lanes).
+  // with the int8 codebooks; null otherwise. Such tables are updated a warp per row:
+  // kInt8RowUnits units a row (sparse_adam_math.h's SparseAdamUpdateInt8Row, spread over the
+  // warp's lanes).
   uint8_t* exp_avg8 = nullptr;
   uint8_t* exp_avg_sq8 = nullptr;
   float* absmax_m = nullptr;
@@ -48,8 +38,11 @@ struct RowTable {
   const Int8Codebooks* books = nullptr;
   int64_t* step = nullptr;   // The tensor's device step count: the launch adds one.
   uint64_t first_row = 0;    // Its first row in the launch's keys (and gradient rows).
+  uint64_t rows = 0;         // Its rows in the launch (pushed, unique).
   uint64_t grad_offset = 0;  // Its first gradient element in the launch's grads.
-  uint64_t first_unit = 0;   // Its first unit in the launch's units.
+  // Its first unit in its list of RowStep's units: a portion of 256 elements (pipelined), an
+  // element unit of `width` elements (elementwise) or a lane of a row (int8 state).
+  uint64_t first_unit = 0;
   uint64_t dim = 0;
   uint64_t width = 1;  // Elements per unit: 4 (dim % 4 == 0, 16-byte aligned rows) or 1.
   AdamWStepScalars s;  // For the table's incremented step (MakeStepScalars).
@@ -61,30 +54,26 @@ struct RowTable {
 };
 
 // The width of a table's units (RowTable::width): 4 when its dim is a multiple of 4 and its
-// fields' and gradient rows' starts are 16-byte aligned, else 1. (Not used for int8 state.)
+// fields' and gradient rows' starts are 16-byte aligned, else 1. (Not used for int8 state.) A
+// table with fp32 state and width 4 goes in RowStep's pipelined list.
 uint64_t RowUnitWidth(const RowTable& table, const float* grads);
 
 // Lanes of a warp, the units of one row of a table with int8 state.
 constexpr uint64_t kInt8RowUnits = 32;
 
-// Updates the rows of `units` units in one launch ("fusedps_table_rows_update" in
-// `launches`, or "fusedps_table_rows_update_int8" for tables with int8 state, int8 true: every
-// table then has int8 state, and none otherwise): row r is key keys[r] of the table t with
-// tables[t].first_row <= r < tables[t + 1].first_row, its gradient grads[tables[t].grad_offset + (r
-// - first_row) * dim,
-// ... + dim) (already unscaled), updated by SparseAdamUpdate from its stored values or, for a
-// row that starts over (init_of_row), its init params and zero moments; every table's step advances
-// by one, rows or none. The launch has a block per kThreads units (up to 2^31 - 1 blocks; past
-// that its threads loop), not a grid that fills the device once: see table_rows_kernel.cu.
-// REQUIRES: table_count >= 1; tables in order of first_unit, the first's 0, each table's units
-// (its rows * dim / width, or rows * kInt8RowUnits with int8 state) before the next's; keys
-// within each table unique and in [0, rows); everything in device memory and unchanged until
-// the launch is done.
-// sm_count: the device's SMs (the int8 launch's grid is a few blocks per SM).
+// Whether the tables of `rows` (a step with no dense tensor) run in a launch of their own: they
+// do when none or all of them have int8 state (TableRowsUpdate and TableRowsUpdateInt8 in
+// table_rows_kernel.cu, each shaped for its kind). A step with dense tensors, or with int8 and
+// other tables, updates its rows in its AdamWApply launch (LaunchAdamWApply's `rows`).
+bool RunsAlone(const RowStep& rows);
+
+// Updates the rows of a step of tables alone in one launch ("fusedps_table_rows_update" in
+// `launches`, or "fusedps_table_rows_update_int8" when they have int8 state), with the math of
+// AdamWApply's row phase (the same bits); every listed table's step advances by one. sm_count:
+// the device's SMs (the int8 launch's grid is a few blocks per SM). Errors: INTERNAL unless
+// RunsAlone(rows). REQUIRES: as LaunchAdamWApply's for `rows`.
 absl::Status LaunchTableRowsUpdate(LaunchCounter& launches, cudaStream_t stream,
-                                   const RowTable* tables, uint32_t table_count,
-                                   const int64_t* keys, const float* grads, uint64_t units,
-                                   bool int8, int sm_count);
+                                   const RowStep& rows, int sm_count);
 
 // One field of a table as a gather reads it: one of f32 (fp32 values), bf16 (bf16 bit patterns)
 // and int8 (codes, with a scale per row in scales, dequantized with the map `values`: 256 fp32,
