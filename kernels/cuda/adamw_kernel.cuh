@@ -264,7 +264,8 @@ struct RowTable;  // table_rows_kernel.cuh
 // A step's embedding-table rows, updated in the step's one launch, by each warp once its dense
 // portions are done (the row phase: table_rows_update.cuh says how). Device memory, unchanged
 // until the launch is done. The tables come in three lists, one after another in `tables`:
-// `pipelined` ones (fp32 state, RowUnitWidth 4, fewer than 2^32 elements in the step's rows),
+// `pipelined` ones (fp32 state, RowUnitWidth 4, at most 2^32 - 256 elements in the step's rows:
+// a portion's last element index fits 32 bits),
 // then `elementwise` ones (the other tables with fp32 or bf16 state), then `int8` ones (int8
 // state); in each list in order of first_unit, the first's 0, each
 // table's units before the next's. Row r of the launch is key keys[r] (in [0, its table's rows),

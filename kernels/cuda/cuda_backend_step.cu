@@ -121,7 +121,8 @@ absl::StatusOr<RowStep> CudaBackend::QueueTableRows(const std::vector<PreparedTa
       t.first_unit = step.int8_units;
       step.int8_units += t.rows * kInt8RowUnits;
       int8.push_back(t);
-    } else if (t.exp_avg16 == nullptr && t.width == 4 && t.rows * t.dim < (uint64_t{1} << 32)) {
+    } else if (t.exp_avg16 == nullptr && t.width == 4 &&
+               t.rows * t.dim <= (uint64_t{1} << 32) - kPortionNumel) {
       t.first_unit = step.portions;
       step.portions += (t.rows * t.dim + kPortionNumel - 1) / kPortionNumel;
       pipelined.push_back(t);

@@ -85,11 +85,13 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
 // lane per 128-byte line, so that their loads (LoadPortionRows) are short.
 __device__ __forceinline__ void PrefetchPortionKeys(const RowTable& t, const RowStep& step,
                                                     uint64_t portion, uint32_t lane) {
-  // 32-bit arithmetic: a pipelined table has fewer than 2^32 elements in a step (RowStep).
+  // 32-bit arithmetic: a pipelined table has at most 2^32 - 256 elements in a step (RowStep).
   const auto first = static_cast<uint32_t>((portion - t.first_unit) * kPortionNumel);
   const auto dim = static_cast<uint32_t>(t.dim);
   const uint32_t row = first / dim;
-  const uint32_t end = min(static_cast<uint32_t>(t.rows), (first + kPortionNumel + dim - 1) / dim);
+  const uint32_t skip = first - row * dim;  // < dim: no sum below overflows.
+  const uint32_t end =
+      min(static_cast<uint32_t>(t.rows), row + (skip + kPortionNumel + dim - 1) / dim);
   const int64_t* keys = step.keys + t.first_row + row;
   const uint32_t n = end - row;                        // >= 1: the portion holds an element.
   const uint32_t at = lane == 31 ? n - 1 : 16 * lane;  // The last, whatever the start.
@@ -109,7 +111,7 @@ struct PortionRuns {
 
 __device__ __forceinline__ PortionRuns RunsOf(const RowTable& t, uint64_t portion, uint32_t lane) {
   PortionRuns runs;
-  // 32-bit arithmetic: a pipelined table has fewer than 2^32 elements in a step (RowStep).
+  // 32-bit arithmetic: a pipelined table has at most 2^32 - 256 elements in a step (RowStep).
   const auto dim = static_cast<uint32_t>(t.dim);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
