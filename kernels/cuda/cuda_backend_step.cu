@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend_impl.cuh"
@@ -148,10 +149,11 @@ absl::StatusOr<RowStep> CudaBackend::QueueTableRows(const std::vector<PreparedTa
   step.pipelined = static_cast<uint32_t>(pipelined.size());
   step.elementwise = static_cast<uint32_t>(elementwise.size());
   step.int8 = static_cast<uint32_t>(int8.size());
-  pipelined.insert(pipelined.end(), elementwise.begin(), elementwise.end());
-  pipelined.insert(pipelined.end(), int8.begin(), int8.end());
-  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), pipelined.data(),
-                                               pipelined.size() * sizeof(RowTable),
+  std::vector<RowTable> tables = std::move(pipelined);  // The three lists, in RowStep's order.
+  tables.insert(tables.end(), elementwise.begin(), elementwise.end());
+  tables.insert(tables.end(), int8.begin(), int8.end());
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(row_tables_.data(), tables.data(),
+                                               tables.size() * sizeof(RowTable),
                                                cudaMemcpyHostToDevice, stream_));
   step.tables = row_tables_.data();
   return step;
