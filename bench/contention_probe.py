@@ -17,6 +17,10 @@ process and one run:
              PushTransactions of 8 MiB writes, committed, in a loop
   gil        in this process, a Python thread that holds the interpreter 100 us out of every
              600 us (no I/O at all)
+  dma:DIR:MIB:MS   another process copying MIB MiB between pinned host memory and the same GPU
+             (DIR: d2h, h2d or both, on a stream of its own) every MS ms (0: back to back):
+             the bytes a step of RemoteAdamW moves, without its Python or its server
+  dmat:DIR:MIB:MS  the same from a thread of this process
 
     python3 bench/contention_probe.py --target 127.0.0.1:PORT --bench CMD... [--preset gpt2]
 """
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
@@ -35,6 +41,30 @@ import torch
 
 from fusedps.bench.e2e import PRESETS
 from fusedps.bench.gpt import GPT, GPTConfig
+
+
+# The dma loads' copier: direction, MiB, period in ms; as a thread of this process (copies) or
+# as a process of its own (python3 -c DMA ...).
+def copies(direction: str, mib: int, period_ms: float, stop=None):
+    n = mib << 18  # fp32 elements
+    host = torch.empty(n, pin_memory=True)
+    dev = torch.empty(n, device="cuda")
+    stream = torch.cuda.Stream()
+    while stop is None or not stop.is_set():
+        start = time.perf_counter()
+        with torch.cuda.stream(stream):
+            if direction in ("d2h", "both"):
+                host.copy_(dev, non_blocking=True)
+            if direction in ("h2d", "both"):
+                dev.copy_(host, non_blocking=True)
+        stream.synchronize()
+        rest = period_ms / 1e3 - (time.perf_counter() - start)
+        if rest > 0:
+            time.sleep(rest)
+
+
+DMA = ("import sys; sys.path.insert(0, {here!r}); import contention_probe as c; "
+       "c.copies(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))")
 
 
 def sync(device):
@@ -180,6 +210,19 @@ def main():
             bg.spawn(push, 1)
         elif load == "gil":
             bg.spawn(gil, 1)
+        elif load.startswith("dma:"):
+            _, direction, mib, period = load.split(":")
+            here = os.path.dirname(os.path.abspath(__file__))
+            proc = subprocess.Popen([sys.executable, "-c", DMA.format(here=here), direction,
+                                     mib, period])
+            time.sleep(3)
+        elif load.startswith("dmat:"):
+            _, direction, mib, period = load.split(":")
+            t = threading.Thread(target=copies, args=(direction, int(mib), float(period),
+                                                       bg.stop), daemon=True)
+            t.start()
+            bg.threads.append(t)
+            time.sleep(1)
         start = time.perf_counter()
         ms = train(model, opt, args.steps, args.warmup, batch, device)
         wall = time.perf_counter() - start
