@@ -68,3 +68,16 @@ def test_the_slower_compute_is_named_with_what_the_loop_waited(capsys):
     assert ("limit: compute beside fusedps: the forward and backward took 6.40 ms per step "
             "more than local's") in out
     assert "(the loop waited 3.60 ms for fusedps itself)" in out
+
+
+def test_the_push_split_adds_up_over_uneven_steps():
+    # Per step push 10, 10, 2 ms with 1, 8, 0 exposed (hidden 9, 2, 2): medians would print
+    # 10 = 2 / 1; the means print 22/3 = 13/3 + 3.
+    rows = remote(19.0, 0.0, 0.6)
+    for row, (push, exposed) in zip(rows, [(10.0, 1.0), (10.0, 8.0), (2.0, 0.0)]):
+        row.update(push_seconds=push / 1e3, push_exposed_seconds=exposed / 1e3,
+                   push_hidden_seconds=(push - exposed) / 1e3)
+    split = e2e.report(ARGS, "cpu", 19_000_000, LOCAL, rows, {}, "s")["split_ms"]
+    assert split["push"] == pytest.approx(22 / 3)
+    assert split["push_hidden"] + split["push_exposed"] == pytest.approx(split["push"])
+    assert split["push_exposed"] == pytest.approx(3.0)

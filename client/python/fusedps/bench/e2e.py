@@ -2,7 +2,7 @@
 
 Trains a small GPT (fusedps.bench.gpt) on random bytes twice in one process, on the same device:
 with torch.optim.AdamW, then with fusedps.torch.RemoteAdamW(overlap=True) through the servers
-given, and prints the step time of each, the ratio, the remote step's split (forward+backward,
+given, and prints the step time of each (means over the timed steps), the ratio, the remote step's split (forward+backward,
 push and pull, each hidden behind compute or exposed), its time over local's in three parts (the
 forward and backward slowed beside fusedps's work, the wait for the pull, step()) and which
 part limits it: an exposed link, or that compute. Random bytes: the speed of a step does not
@@ -115,19 +115,21 @@ def run(args, device, model, optimizer, amp: bool) -> List[Dict[str, float]]:
     return records
 
 
-def median(records, key: str) -> float:
-    return statistics.median(r.get(key, 0.0) for r in records) * 1e3
+def mean(records, key: str) -> float:
+    """ms: the mean over the timed steps. Means, not medians, so that the parts printed add up
+    (a push's hidden and exposed time to its total, the parts over local to the difference)."""
+    return statistics.fmean(r.get(key, 0.0) for r in records) * 1e3
 
 
 def report(args, device, n_params: int, local, remote, rates, info) -> Dict:
-    step_l, step_r = median(local, "step_seconds"), median(remote, "step_seconds")
+    step_l, step_r = mean(local, "step_seconds"), mean(remote, "step_seconds")
     grad_bytes = n_params * _dtypes.element_size(args.grad_dtype)
     pull_bytes = n_params * _dtypes.element_size(args.pull_dtype or "float32")
-    push_ms, pull_ms = median(remote, "push_seconds"), median(remote, "pull_seconds")
-    split = {k: median(remote, k + "_seconds") for k in (
+    push_ms, pull_ms = mean(remote, "push_seconds"), mean(remote, "pull_seconds")
+    split = {k: mean(remote, k + "_seconds") for k in (
         "fwd_bwd", "push", "push_hidden", "push_exposed", "pull", "pull_hidden",
         "pull_exposed", "check", "step_wait")}
-    local_fwd_bwd = median(local, "fwd_bwd_seconds")
+    local_fwd_bwd = mean(local, "fwd_bwd_seconds")
     # The remote step's time over local's, in three parts: the forward and backward beyond
     # local's, less the forward's wait for the pull (fusedps's work beside the loop: its hooks,
     # copies and pulls share the trainer's CPU and GPU with it); that wait; and step() (with
@@ -146,7 +148,7 @@ def report(args, device, n_params: int, local, remote, rates, info) -> Dict:
         local_ms=step_l, remote_ms=step_r, ratio=step_r / step_l,
         local_fwd_bwd_ms=local_fwd_bwd, split_ms=split, over_local_ms=over, push_gb_s=push_rate,
         pull_gb_s=pull_rate, copy_gb_s=rates, limit=worst,
-        limit_ms=limits[worst], exposed_ms=step_r - median(remote, "fwd_bwd_seconds") +
+        limit_ms=limits[worst], exposed_ms=step_r - mean(remote, "fwd_bwd_seconds") +
         split["pull_exposed"])
 
 
