@@ -2,11 +2,11 @@
 
 Trains a small GPT (fusedps.bench.gpt) on random bytes twice in one process, on the same device:
 with torch.optim.AdamW, then with fusedps.torch.RemoteAdamW(overlap=True) through the servers
-given, and prints the step time of each (means over the timed steps), the ratio, the remote step's split (forward+backward,
-push and pull, each hidden behind compute or exposed), its time over local's in three parts (the
-forward and backward slowed beside fusedps's work, the wait for the pull, step()) and which
-part limits it: an exposed link, or that compute. Random bytes: the speed of a step does not
-depend on the data.
+given, and prints the step time of each (means over the timed steps), the ratio, the remote
+step's split (forward+backward, push and pull, each hidden behind compute or exposed), its time
+over local's in three parts (the forward and backward slowed beside fusedps's work, the wait
+for the pull, step()) and which part limits it: an exposed link, or that compute. Random
+bytes: the speed of a step does not depend on the data.
 
     python -m fusedps.bench e2e --target 127.0.0.1:50051
     python -m fusedps.bench e2e --target HOST:PORT --preset gpt2 --grad-dtype bfloat16 --delay 1
@@ -181,7 +181,8 @@ def print_report(r: Dict) -> None:
               f"more than local's while fusedps's hooks, copies and pulls ran beside them (the "
               f"loop waited {r['exposed_ms']:.2f} ms for fusedps itself); a loop bound by its "
               f"own CPU pays for that work in full; with --delay 1 (RemoteAdamW's delay=1, "
-              f"staleness 1) no fusedps hook runs in the forward and backward")
+              f"staleness 1) fusedps stages nothing during backward and pulls nothing in the "
+              f"forward")
     else:
         print(f"limit: {r['limit']} ({r['limit_ms']:.2f} ms exposed per step, of "
               f"{r['exposed_ms']:.2f} ms the loop waited for fusedps in all); the rest of the "
