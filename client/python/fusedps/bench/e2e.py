@@ -125,10 +125,10 @@ def report(args, device, n_params: int, local, remote, rates, info) -> Dict:
     step_l, step_r = mean(local, "step_seconds"), mean(remote, "step_seconds")
     grad_bytes = n_params * _dtypes.element_size(args.grad_dtype)
     pull_bytes = n_params * _dtypes.element_size(args.pull_dtype or "float32")
-    push_ms, pull_ms = mean(remote, "push_seconds"), mean(remote, "pull_seconds")
     split = {k: mean(remote, k + "_seconds") for k in (
         "fwd_bwd", "push", "push_hidden", "push_exposed", "pull", "pull_hidden",
         "pull_exposed", "check", "step_wait")}
+    push_ms, pull_ms = split["push"], split["pull"]
     local_fwd_bwd = mean(local, "fwd_bwd_seconds")
     # The remote step's time over local's, in three parts: the forward and backward beyond
     # local's, less the forward's wait for the pull (fusedps's work beside the loop: its hooks,
@@ -148,8 +148,7 @@ def report(args, device, n_params: int, local, remote, rates, info) -> Dict:
         local_ms=step_l, remote_ms=step_r, ratio=step_r / step_l,
         local_fwd_bwd_ms=local_fwd_bwd, split_ms=split, over_local_ms=over, push_gb_s=push_rate,
         pull_gb_s=pull_rate, copy_gb_s=rates, limit=worst,
-        limit_ms=limits[worst], exposed_ms=step_r - mean(remote, "fwd_bwd_seconds") +
-        split["pull_exposed"])
+        limit_ms=limits[worst], exposed_ms=step_r - split["fwd_bwd"] + split["pull_exposed"])
 
 
 def print_report(r: Dict) -> None:
