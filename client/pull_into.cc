@@ -136,13 +136,26 @@ class PullReader {
   }
 
   // One TensorChunk, whose length limit `in` has pushed: its payload straight into the target.
+  // A chunk of a pull into the workspace names where the server wrote its bytes, which must be
+  // its target's own place there: nothing is copied on the host (the workspace may be device
+  // memory), and another place is DATA_LOSS.
   absl::Status ReadChunk(CodedInputStream& in) {
+    const auto in_place = [this](char* destination, uint64_t workspace_offset, uint64_t bytes) {
+      if (destination != workspace_.data() + workspace_offset) {
+        return absl::DataLossError(absl::StrCat("the pull into the workspace answered with ", bytes,
+                                                " bytes at workspace byte ", workspace_offset,
+                                                ", not where the chunk's target lies"));
+      }
+      return absl::OkStatus();
+    };
+    const DeviceChunkFn check_place = in_place;  // A reference: in_place outlives it.
     return ReadTensorChunk(
         in,
         [this](absl::string_view tensor, uint64_t offset, uint64_t bytes) {
           return Claim(std::string(tensor), offset, bytes);
         },
-        [](char*, uint64_t) { return absl::OkStatus(); }, Malformed, workspace_);
+        [](char*, uint64_t) { return absl::OkStatus(); }, Malformed,
+        ChunkWorkspace(workspace_, &check_place));
   }
 
   // Where a chunk's `bytes` of payload go: it must continue its tensor where the last ended.

@@ -49,15 +49,34 @@ using ChunkStagedFn = absl::FunctionRef<absl::Status(char* data, uint64_t bytes)
 // The caller's error for bytes that are not a TensorChunk; `what` names the part.
 using MalformedFn = absl::FunctionRef<absl::Status(absl::string_view what)>;
 
+// A chunk whose bytes lie in a device workspace: claimed as any other, then handed over with
+// where its bytes are (workspace_offset, bytes) instead of being copied on the host.
+using DeviceChunkFn =
+    absl::FunctionRef<absl::Status(char* destination, uint64_t workspace_offset, uint64_t bytes)>;
+
+// The workspace a call's chunks may name (proto OpenWorkspace): its memory (empty: the call
+// names none) and, for a device workspace (whose memory the host must not touch), on_device.
+struct ChunkWorkspace {
+  ChunkWorkspace() = default;
+  ChunkWorkspace(absl::Span<const char> host_memory)  // NOLINT(runtime/explicit): a host one.
+      : memory(host_memory) {}
+  ChunkWorkspace(absl::Span<const char> device_memory, const DeviceChunkFn* on_device_chunk)
+      : memory(device_memory), on_device(on_device_chunk) {}
+
+  absl::Span<const char> memory;
+  const DeviceChunkFn* on_device = nullptr;
+};
+
 // Reads one TensorChunk, whose length limit `in` has pushed: claim, copy, staged. A claim's or
 // staged's error is returned as it is. A chunk whose bytes lie in a workspace
 // (workspace_offset_bytes, workspace_bytes > 0; proto OpenWorkspace) is copied from
-// `workspace`, the call's workspace (empty: the call names none). Errors: INVALID_ARGUMENT for
-// such a chunk when the call names no workspace, when it also carries data, or when its range
-// passes the workspace's end.
+// `workspace`, the call's workspace, or for a device workspace handed to its on_device (and
+// not to staged). Errors: INVALID_ARGUMENT for such a chunk when the call names no workspace,
+// when it also carries data, or when its range passes the workspace's end.
 inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, ClaimChunkFn claim,
                                     ChunkStagedFn staged, MalformedFn malformed,
-                                    absl::Span<const char> workspace = {}) {
+                                    ChunkWorkspace chunk_workspace = {}) {
+  const absl::Span<const char> workspace = chunk_workspace.memory;
   using google::protobuf::internal::WireFormatLite;
   constexpr int kTensor = v1::TensorChunk::kTensorFieldNumber;
   constexpr int kOffset = v1::TensorChunk::kOffsetFieldNumber;
@@ -127,6 +146,9 @@ inline absl::Status ReadTensorChunk(google::protobuf::io::CodedInputStream& in, 
     absl::StatusOr<char*> destination = claim(tensor, offset, workspace_bytes);
     if (!destination.ok()) return destination.status();
     if (*destination == nullptr) return absl::OkStatus();
+    if (chunk_workspace.on_device != nullptr) {
+      return (*chunk_workspace.on_device)(*destination, workspace_offset, workspace_bytes);
+    }
     // A pull's reader claims the very bytes the server wrote: nothing to move then.
     const char* source = workspace.data() + workspace_offset;
     if (*destination != source) std::memmove(*destination, source, workspace_bytes);

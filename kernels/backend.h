@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/adamw_math.h"
@@ -226,6 +227,34 @@ struct ReadRequest {
   // buffer (AllocateSnapshot; then the offsets are into it).
   void* dst = nullptr;
   bool dst_is_snapshot = false;
+  // dst is device memory of this backend's device that the caller holds (a device workspace,
+  // SharedDeviceMemory): the copies are device to device, and the offsets are into dst.
+  bool dst_on_device = false;
+};
+
+// Device memory that another process on this host maps (a device workspace,
+// server/workspace/): `data` on this backend's device, its CUDA IPC handle (the 64 bytes of a
+// cudaIpcMemHandle_t) and the device's UUID ("GPU-" and 36 characters, as nvidia-smi -L).
+struct SharedDeviceMemory {
+  void* data = nullptr;
+  std::string ipc_handle;
+  std::string device_uuid;
+};
+
+// A range of device memory (a device workspace) copied into the staging arena's device mirror
+// at `offset` (bytes): CopyDeviceToStaging.
+struct DeviceStagingCopy {
+  const void* src = nullptr;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// What CopyDeviceToStaging saw of the gradients it copied: whether every element was finite,
+// and the largest magnitude among them, so that the caller decides for any grad_scale
+// (a finite g / grad_scale overflows exactly when max_abs / grad_scale does).
+struct GradCheck {
+  bool finite = true;
+  float max_abs = 0.0f;
 };
 
 // A staging arena (OptimizerBackend::AllocateStagingArena): page-locked host memory, and on a
@@ -360,6 +389,32 @@ class OptimizerBackend {
     return absl::OkStatus();
   }
   virtual void UnregisterHostMemory(void* data) const { (void)data; }
+
+  // Thread-safe. `bytes` bytes of zeroed device memory that another process on this host can
+  // map through CUDA IPC (a device workspace). Errors: FAILED_PRECONDITION on a backend
+  // without a device (the CPU backend's default); RESOURCE_EXHAUSTED when the device has no
+  // room. FreeSharedDeviceMemory frees it; REQUIRES: no queued work uses it.
+  virtual absl::StatusOr<SharedDeviceMemory> AllocateSharedDeviceMemory(uint64_t bytes) const {
+    (void)bytes;
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", name(), " backend has no device memory to share"));
+  }
+  virtual void FreeSharedDeviceMemory(void* data) const { (void)data; }
+
+  // Thread-safe. Copies each range of device memory (a device workspace's) into the staging
+  // arena's device mirror at its offset, reading every element as `dtype` on the way, and
+  // returns once the copies are done with what it saw (GradCheck). The next Step reads
+  // them from the mirror as CopyStagingToDevice's. Errors: INVALID_ARGUMENT for a range outside
+  // the arena, of bytes not a multiple of the dtype's size, or from an address not aligned to
+  // it; FAILED_PRECONDITION on a backend
+  // without a device (the default); INTERNAL when the device failed.
+  virtual absl::StatusOr<GradCheck> CopyDeviceToStaging(absl::Span<const DeviceStagingCopy> copies,
+                                                        GradDType dtype) {
+    (void)copies;
+    (void)dtype;
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", name(), " backend has no device to copy gradients on"));
+  }
 
   // A marker after all the work queued so far (see Marker).
   virtual absl::StatusOr<Marker> Mark() = 0;

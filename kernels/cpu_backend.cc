@@ -220,6 +220,9 @@ class CpuBackend final : public OptimizerBackend {
   void FreeHostBuffer(void* buffer) override { std::free(buffer); }
 
   absl::Status Read(const ReadRequest& request) override {
+    if (request.dst_on_device) {
+      return absl::FailedPreconditionError("the cpu backend reads into host memory only");
+    }
     for (uint32_t t : request.tensors) {
       if (absl::Status s = table_.CheckRead(request, t, copy_dtype_); !s.ok()) return s;
     }

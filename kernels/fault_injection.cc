@@ -86,6 +86,11 @@ class FaultInjectingBackend final : public ForwardingBackend {
     if (absl::Status s = Sticky(); !s.ok()) return s;
     return ForwardingBackend::CopyStagingToDevice(offset, bytes);
   }
+  absl::StatusOr<GradCheck> CopyDeviceToStaging(absl::Span<const DeviceStagingCopy> copies,
+                                                GradDType dtype) override {
+    if (absl::Status s = Sticky(); !s.ok()) return s;
+    return ForwardingBackend::CopyDeviceToStaging(copies, dtype);
+  }
 
  private:
   absl::Status Fault(absl::string_view where) {

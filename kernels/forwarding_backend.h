@@ -77,6 +77,14 @@ class ForwardingBackend : public OptimizerBackend {
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override {
     return inner_->CopyStagingToDevice(offset, bytes);
   }
+  absl::StatusOr<SharedDeviceMemory> AllocateSharedDeviceMemory(uint64_t bytes) const override {
+    return inner_->AllocateSharedDeviceMemory(bytes);
+  }
+  void FreeSharedDeviceMemory(void* data) const override { inner_->FreeSharedDeviceMemory(data); }
+  absl::StatusOr<GradCheck> CopyDeviceToStaging(absl::Span<const DeviceStagingCopy> copies,
+                                                GradDType dtype) override {
+    return inner_->CopyDeviceToStaging(copies, dtype);
+  }
   std::map<std::string, uint64_t> launch_counts() const override { return inner_->launch_counts(); }
   uint64_t launches_total() const override { return inner_->launches_total(); }
   std::map<std::string, uint64_t> memory_bytes() const override { return inner_->memory_bytes(); }

@@ -91,6 +91,29 @@ bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float gr
   return RangesFinite(grads, dtype, ranges, grad_scale, parallel);
 }
 
+GradCheck SeeGrads(const void* grads, GradDType dtype, uint64_t count) {
+  GradCheck check;
+  for (uint64_t i = 0; i < count; ++i) {
+    const float g = LoadGrad(grads, dtype, i);
+    if (!std::isfinite(g)) {
+      check.finite = false;
+    } else {
+      check.max_abs = std::max(check.max_abs, std::fabs(g));
+    }
+  }
+  return check;
+}
+
+void MergeGradChecks(GradCheck* into, const GradCheck& more) {
+  into->finite = into->finite && more.finite;
+  into->max_abs = std::max(into->max_abs, more.max_abs);
+}
+
+bool GradCheckFinite(const GradCheck& check, float grad_scale) {
+  if (!check.finite) return false;
+  return grad_scale <= 0.0f || std::isfinite(check.max_abs / grad_scale);
+}
+
 bool PushGradsAllFinite(const StepRequest& request,
                         const std::function<uint64_t(uint32_t tensor)>& numel) {
   std::vector<Range> ranges;

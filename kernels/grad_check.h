@@ -21,6 +21,17 @@ namespace fusedps {
 bool GradsAllFinite(const void* grads, GradDType dtype, uint64_t count, float grad_scale,
                     bool parallel = true);
 
+// What one pass over `count` gradients saw (GradCheck: whether all were finite, the largest
+// |g| among them), so that the verdict can be made later for any grad_scale
+// (GradCheckFinite): the host's side of CopyDeviceToStaging's check, for the chunks that came
+// inline in a push through a device workspace. Single-threaded.
+GradCheck SeeGrads(const void* grads, GradDType dtype, uint64_t count);
+// Folds `more` into *into (both seen in one push).
+void MergeGradChecks(GradCheck* into, const GradCheck& more);
+// Whether every gradient a check saw is finite once divided by grad_scale (<= 0: none): a finite
+// g / grad_scale overflows exactly when max_abs / grad_scale does (division is monotonic).
+bool GradCheckFinite(const GradCheck& check, float grad_scale);
+
 // The same over a push's tensors: element ranges [grad_offsets[i], + numel(tensors[i])) of
 // request.grads (host memory). Padding between tensors is not read.
 bool PushGradsAllFinite(const StepRequest& request,

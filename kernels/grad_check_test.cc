@@ -80,5 +80,48 @@ TEST(GradCheckTest, OneBadElementAnywhereInALongArray) {
   }
 }
 
+// SeeGrads, then GradCheckFinite at any scale, agrees with GradsAllFinite (which the tests above
+// hold to the definition) on arrays with specials in them, in every dtype; and the check of two
+// halves merged is the check of the whole.
+TEST(GradCheckTest, ACheckSeenOnceDecidesForEveryScaleAsTheHostCheckDoes) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::max(),
+                            3e38f,
+                            65504.0f,
+                            1e-39f};
+  for (GradDType dtype : {GradDType::kFloat32, GradDType::kBFloat16, GradDType::kFloat16}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> values(257);
+      for (float& v : values) v = uniform(rng);
+      if (trial % 2 == 1) values[rng() % values.size()] = specials[trial / 2 % 7];
+      std::vector<char> grads(values.size() * DTypeSize(dtype));
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == GradDType::kFloat32) {
+          std::memcpy(grads.data() + 4 * i, &values[i], 4);
+        } else {
+          const uint16_t h = dtype == GradDType::kBFloat16 ? FloatToBFloat16(values[i])
+                                                           : FloatToFloat16(values[i]);
+          std::memcpy(grads.data() + 2 * i, &h, 2);
+        }
+      }
+      const GradCheck whole = SeeGrads(grads.data(), dtype, values.size());
+      GradCheck halves = SeeGrads(grads.data(), dtype, 100);
+      MergeGradChecks(&halves,
+                      SeeGrads(grads.data() + 100 * DTypeSize(dtype), dtype, values.size() - 100));
+      EXPECT_EQ(halves.finite, whole.finite);
+      EXPECT_EQ(halves.max_abs, whole.max_abs);
+      for (float scale : kScales) {
+        ASSERT_EQ(GradCheckFinite(whole, scale),
+                  GradsAllFinite(grads.data(), dtype, values.size(), scale))
+            << "dtype " << static_cast<int>(dtype) << " trial " << trial << " scale " << scale;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusedps

@@ -53,6 +53,7 @@ CudaBackend::~CudaBackend() {
   snapshots_.Free(stream_);
   markers_.Free();
   if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
+  device_copier_.Free();
   for (DeviceBuffer* b : AllBuffers()) b->Free();
   for (DeviceBuffer* b : arenas_.Buffers()) b->Free();
   chunk_ring_.Free();
@@ -77,6 +78,7 @@ absl::Status CudaBackend::Init() {
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   if (absl::Status s = snapshots_.Init(); !s.ok()) return s;
   FUSEDPS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
+  if (absl::Status s = device_copier_.Init(); !s.ok()) return s;
   if (absl::Status s = chunk_ring_.Init(kUploadSlots); !s.ok()) return s;
   if (absl::Status s = hyper_ring_.Init(kUploadSlots); !s.ok()) return s;
   // The int8 codebooks, once (pageable: staged before cudaMemcpyAsync returns).
@@ -202,6 +204,14 @@ absl::Status CudaBackend::RegisterHostMemory(void* data, uint64_t bytes) const {
 
 void CudaBackend::UnregisterHostMemory(void* data) const {
   if (UseDevice(options_.device_ordinal) == cudaSuccess) cudaHostUnregister(data);
+}
+
+absl::StatusOr<SharedDeviceMemory> CudaBackend::AllocateSharedDeviceMemory(uint64_t bytes) const {
+  return AllocateShared(options_.device_ordinal, bytes);
+}
+
+void CudaBackend::FreeSharedDeviceMemory(void* data) const {
+  if (UseDevice(options_.device_ordinal) == cudaSuccess) cudaFree(data);
 }
 
 std::map<std::string, uint64_t> CudaBackend::memory_bytes() const {

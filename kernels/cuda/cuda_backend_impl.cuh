@@ -56,6 +56,7 @@
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/device_arenas.cuh"
 #include "kernels/cuda/device_memory.cuh"
+#include "kernels/cuda/device_staging.cuh"
 #include "kernels/cuda/full_push_list.cuh"
 #include "kernels/cuda/markers.cuh"
 #include "kernels/cuda/snapshots.cuh"
@@ -90,6 +91,8 @@ class CudaBackend final : public OptimizerBackend {
   void FreeHostBuffer(void* buffer) override;
   absl::Status RegisterHostMemory(void* data, uint64_t bytes) const override;
   void UnregisterHostMemory(void* data) const override;
+  absl::StatusOr<SharedDeviceMemory> AllocateSharedDeviceMemory(uint64_t bytes) const override;
+  void FreeSharedDeviceMemory(void* data) const override;
   absl::StatusOr<char*> AllocateStagingArena(uint64_t bytes) override;
   absl::Status ShareStagingArena(const StagingArena& arena) override;
   // Reads only atomics (DeviceBuffer::bytes) and the snapshot store (its own mutex): safe while
@@ -100,6 +103,8 @@ class CudaBackend final : public OptimizerBackend {
   absl::StatusOr<StepOutcome> Step(const StepRequest& request) override;
   absl::StatusOr<Marker> Accumulate(const StepRequest& request, bool first) override;
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes) override;
+  absl::StatusOr<GradCheck> CopyDeviceToStaging(absl::Span<const DeviceStagingCopy> copies,
+                                                GradDType dtype) override;
   absl::Status StageGrads(uint64_t byte_offset, const void* data, uint64_t count, GradDType dtype,
                           float grad_scale) override;
   absl::StatusOr<Marker> Mark() override;
@@ -214,6 +219,8 @@ class CudaBackend final : public OptimizerBackend {
   bool owns_arena_ = false;
   DeviceArray<uint4> arena_mirror_;
   cudaEvent_t copies_done_ = nullptr;
+  // CopyDeviceToStaging's pass (on copy_stream_, into the mirror).
+  DeviceStagingCopier device_copier_;
 
   // StageGrads' staging (also where a step's grads from other host memory land).
   DeviceArray<uint4> grads_;

@@ -129,8 +129,9 @@ absl::Status CudaBackend::Read(const ReadRequest& request) {
   if (request.dst_is_snapshot) {
     if (absl::Status s = snapshots_.CheckRange(request.dst, end); !s.ok()) return s;
   }
-  const cudaMemcpyKind kind =
-      request.dst_is_snapshot ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
+  const cudaMemcpyKind kind = request.dst_is_snapshot || request.dst_on_device
+                                  ? cudaMemcpyDeviceToDevice
+                                  : cudaMemcpyDeviceToHost;
   char* dst = static_cast<char*>(request.dst);
   if (convert) return ReadConverted(request, end, kind);
   // One copy per run of tensors that are adjacent both in their arena and in dst, with the

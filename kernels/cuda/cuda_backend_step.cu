@@ -202,6 +202,28 @@ absl::Status CudaBackend::CopyStagingToDevice(uint64_t offset, uint64_t bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<GradCheck> CudaBackend::CopyDeviceToStaging(
+    absl::Span<const DeviceStagingCopy> copies, GradDType dtype) {
+  const uint64_t size = DTypeSize(dtype);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const DeviceStagingCopy& c = copies[i];
+    if (arena_ == nullptr || c.offset > arena_bytes_ || c.bytes > arena_bytes_ - c.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("copy ", i, " (", c.bytes, " bytes at ",
+                                                     c.offset, ") is not in the staging arena"));
+    }
+    if (c.bytes % size != 0 || (c.bytes > 0 && c.src == nullptr) ||
+        reinterpret_cast<uintptr_t>(c.src) % size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("copy ", i, ": ", c.bytes, " bytes are not whole elements of ", size,
+                       " bytes, at an "
+                       "address aligned to them (a misaligned read would be a device fault)"));
+    }
+  }
+  FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));
+  // On the copy stream, which the next Step waits for; done when this returns anyway.
+  return device_copier_.Copy(launches_, apply_grid_, copy_stream_, arena_device_, copies, dtype);
+}
+
 absl::Status CudaBackend::StageGrads(uint64_t byte_offset, const void* data, uint64_t count,
                                      GradDType dtype, float grad_scale) {
   FUSEDPS_CUDA_RETURN_IF_ERROR(UseDevice(options_.device_ordinal));

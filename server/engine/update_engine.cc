@@ -519,6 +519,7 @@ void UpdateEngine::Read(ReadJob job, Done<ReadResult> done) {
         request.tensors = job.tensors;
         request.dst_offsets = job.dst_offsets;
         request.dst = job.dst;
+        request.dst_on_device = job.dst_on_device;
         if (job.snapshot_bytes > 0) {
           absl::StatusOr<void*> snapshot = backend_->AllocateSnapshot(job.snapshot_bytes);
           if (!snapshot.ok()) return fail(Checked(snapshot.status(), true));
@@ -552,6 +553,13 @@ void UpdateEngine::FreeSnapshot(void* snapshot) {
 
 absl::Status UpdateEngine::CopyStagingToDevice(uint64_t offset, uint64_t bytes) {
   return Checked(backend_->CopyStagingToDevice(offset, bytes));
+}
+
+absl::StatusOr<GradCheck> UpdateEngine::CopyDeviceToStaging(
+    absl::Span<const DeviceStagingCopy> copies, GradDType dtype) {
+  absl::StatusOr<GradCheck> check = backend_->CopyDeviceToStaging(copies, dtype);
+  if (!check.ok()) return Checked(check.status(), /*expected_ok=*/true);
+  return check;
 }
 
 absl::Status UpdateEngine::CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes,

@@ -131,7 +131,8 @@ struct ReadJob {
   std::vector<uint64_t> dst_offsets;  // Bytes.
   void* dst = nullptr;                // Host memory; ignored with snapshot_bytes > 0.
   uint64_t snapshot_bytes = 0;        // > 0: read into a snapshot of this size, allocated here.
-  bool stored = false;  // The stored form (ReadRequest::stored), else fp32 (or the copy's).
+  bool stored = false;         // The stored form (ReadRequest::stored), else fp32 (or the copy's).
+  bool dst_on_device = false;  // dst is a device workspace's memory (ReadRequest's).
 };
 
 // A lookup: rows of one field of one embedding table of the view, by key, as fp32.
@@ -303,6 +304,10 @@ class UpdateEngine {
 
   // --- The backend's thread-safe parts. Device errors here are reported as faults. ---
   absl::Status CopyStagingToDevice(uint64_t offset, uint64_t bytes);
+  // A push's ranges of a device workspace into the staging mirror, checked (backend.h); waits
+  // for the copies (a few microseconds per megabyte), not for any step.
+  absl::StatusOr<GradCheck> CopyDeviceToStaging(absl::Span<const DeviceStagingCopy> copies,
+                                                GradDType dtype);
   absl::Status CopyFromSnapshot(const void* snapshot, uint64_t offset, uint64_t bytes, void* dst);
   std::map<std::string, uint64_t> launch_counts() const { return backend_->launch_counts(); }
   std::map<std::string, uint64_t> memory_bytes() const { return backend_->memory_bytes(); }

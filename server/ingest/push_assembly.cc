@@ -253,23 +253,52 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   // parts hold the assembly), and a push is submitted only when every part has ended, after its
   // last AddMessage.
   uint64_t lowest = UINT64_MAX, highest = 0;  // The arena bytes this message staged.
+  // Through a device workspace: its chunks' device copies, the host-staged ranges one by one
+  // (a span could cover bytes the device copies wrote), and what both saw of the gradients,
+  // for the verdict at any scale (PartEnded).
+  const bool device = checked_.workspace != nullptr && checked_.workspace->on_device();
+  std::vector<DeviceStagingCopy> device_copies;
+  std::vector<std::pair<uint64_t, uint64_t>> host_ranges;  // (offset, bytes) in the arena
+  GradCheck seen;
   const auto staged = [&](char* data, uint64_t bytes) -> absl::Status {
     *bytes_added += bytes;
+    const uint64_t at = staging_offset + (data - staging);
+    if (device) {
+      MergeGradChecks(&seen, SeeGrads(data, checked_.dtype, bytes / DTypeSize(checked_.dtype)));
+      host_ranges.emplace_back(at, bytes);
+      return absl::OkStatus();
+    }
     if (!GradsAllFinite(data, checked_.dtype, bytes / DTypeSize(checked_.dtype), grad_scale,
                         /*parallel=*/false)) {
       MutexLock lock(&mu_);
       grads_finite_ = false;
     }
-    const uint64_t at = staging_offset + (data - staging);
     lowest = std::min(lowest, at);
     highest = std::max(highest, at + bytes);
     return absl::OkStatus();
   };
+  const auto copy_on_device = [&](char* destination, uint64_t workspace_offset,
+                                  uint64_t bytes) -> absl::Status {
+    // The device reads whole elements: a misaligned one would be a device fault, not an error.
+    if (const uint64_t size = DTypeSize(checked_.dtype); workspace_offset % size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks.workspace_offset_bytes = ", workspace_offset,
+                       " must be a multiple of the gradient dtype's size, ", size,
+                       ", in a push through a device workspace"));
+    }
+    *bytes_added += bytes;
+    device_copies.push_back({checked_.workspace->memory().data() + workspace_offset,
+                             staging_offset + (destination - staging), bytes});
+    return absl::OkStatus();
+  };
+  const DeviceChunkFn on_device = copy_on_device;  // A reference: the lambda outlives it.
   const absl::Time start = absl::Now();
   std::optional<v1::PushCommit> commit;
-  const absl::Span<const char> workspace =
-      checked_.workspace != nullptr ? absl::Span<const char>(checked_.workspace->memory())
-                                    : absl::Span<const char>();
+  ChunkWorkspace workspace;
+  if (checked_.workspace != nullptr) {
+    const absl::Span<const char> memory = checked_.workspace->memory();
+    workspace = device ? ChunkWorkspace(memory, &on_device) : ChunkWorkspace(memory);
+  }
   std::vector<v1::TableRows> table_rows;
   absl::Status read =
       ReadPushChunks(message, first, claim, staged, &commit, workspace, &table_rows);
@@ -286,6 +315,24 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   // byte reads its final value.
   if (read.ok() && highest > lowest) {
     read = services_.engine->CopyStagingToDevice(lowest, highest - lowest);
+  }
+  for (const auto& [offset, bytes] : host_ranges) {
+    if (!read.ok()) break;
+    read = services_.engine->CopyStagingToDevice(offset, bytes);
+  }
+  if (read.ok() && !device_copies.empty()) {
+    absl::StatusOr<GradCheck> copied =
+        services_.engine->CopyDeviceToStaging(device_copies, checked_.dtype);
+    if (copied.ok()) {
+      MergeGradChecks(&seen, *copied);
+    } else {
+      read = copied.status();
+    }
+  }
+  if (read.ok() && device) {
+    MutexLock lock(&mu_);
+    MergeGradChecks(&device_seen_, seen);
+    if (!GradCheckFinite(seen, grad_scale)) grads_finite_ = false;
   }
   ingest_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start), std::memory_order_relaxed);
   return read;
@@ -360,7 +407,11 @@ void PushAssembly::PartEnded() {
   if (!complete.ok()) return FailAll(complete);
   // The messages were checked without the commit's scale. Dividing a finite gradient by a
   // scale >= 1 keeps it finite; by a smaller one it may overflow, so those are read again.
-  if (push_.grads_finite && push_.grad_scale > 0.0f && push_.grad_scale < 1.0f) {
+  // Through a device workspace the host holds no copy to read: what the messages saw decides.
+  if (checked_.workspace != nullptr && checked_.workspace->on_device()) {
+    MutexLock lock(&mu_);
+    push_.grads_finite = push_.grads_finite && GradCheckFinite(device_seen_, push_.grad_scale);
+  } else if (push_.grads_finite && push_.grad_scale > 0.0f && push_.grad_scale < 1.0f) {
     StepRequest check = GradsOf(push_);
     check.grads_checked = false;  // What this is for.
     push_.grads_finite =

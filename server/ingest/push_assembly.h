@@ -180,6 +180,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   StagingPool::Reservation reservation_ ABSL_GUARDED_BY(mu_);  // Set once, before ready_.
   std::optional<ChunkAssembler> assembler_ ABSL_GUARDED_BY(mu_);
   bool grads_finite_ ABSL_GUARDED_BY(mu_) = true;
+  // Through a device workspace: what every message saw of the gradients (AddMessage).
+  GradCheck device_seen_ ABSL_GUARDED_BY(mu_);
   // commit_at_end: the commit, once it came.
   std::optional<v1::PushCommit> commit_ ABSL_GUARDED_BY(mu_);
   int64_t commit_part_ ABSL_GUARDED_BY(mu_) = -1;  // The part that sent it.

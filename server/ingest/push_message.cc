@@ -31,7 +31,7 @@ absl::Status Malformed(absl::string_view what) {
 // *table_rows when table_rows is non-null (else skipped).
 absl::Status ReadMessage(MessageSlices message, bool header_allowed, v1::PushHeader* header,
                          bool* has_header, const ClaimChunkFn* claim, const ChunkStagedFn* staged,
-                         std::optional<v1::PushCommit>* commit, absl::Span<const char> workspace,
+                         std::optional<v1::PushCommit>* commit, ChunkWorkspace workspace,
                          std::vector<v1::TableRows>* table_rows) {
   SliceInputStream stream(message);
   CodedInputStream in(&stream);
@@ -109,8 +109,7 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged, std::optional<v1::PushCommit>* commit,
-                            absl::Span<const char> workspace,
-                            std::vector<v1::TableRows>* table_rows) {
+                            ChunkWorkspace workspace, std::vector<v1::TableRows>* table_rows) {
   if (commit != nullptr) commit->reset();
   return ReadMessage(message, header_allowed, nullptr, nullptr, &claim, &staged, commit, workspace,
                      table_rows);

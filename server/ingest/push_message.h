@@ -40,13 +40,14 @@ absl::StatusOr<std::optional<v1::PushHeader>> ReadPushHeader(MessageSlices messa
 // first message of a call), which is then skipped; elsewhere a header is INVALID_ARGUMENT.
 // The message's commit (PushHeader.commit_at_end), if any, goes to *commit (reset first);
 // with commit null it is skipped. Two commits in one message are INVALID_ARGUMENT.
-// `workspace`: the memory of the push's workspace (PushHeader.workspace), from which chunks
-// with workspace_bytes are copied; empty when the push names none (ReadTensorChunk). The
+// `workspace`: the push's workspace (PushHeader.workspace), from which chunks with
+// workspace_bytes are copied (or handed to its on_device); empty when the push names none
+// (ReadTensorChunk). The
 // message's embedding-table rows (table_rows) are appended to *table_rows, parsed (one copy);
 // with table_rows null they are skipped.
 absl::Status ReadPushChunks(MessageSlices message, bool header_allowed, ClaimChunkFn claim,
                             ChunkStagedFn staged, std::optional<v1::PushCommit>* commit = nullptr,
-                            absl::Span<const char> workspace = {},
+                            ChunkWorkspace workspace = {},
                             std::vector<v1::TableRows>* table_rows = nullptr);
 
 }  // namespace fusedps

@@ -245,5 +245,58 @@ TEST(PushMessageTest, TwoCommitsInOneMessageAreInvalidArgument) {
   EXPECT_EQ(s.message(), "a message carries two commits");
 }
 
+// A message whose chunks lie in the call's workspace: from a host workspace each is copied to
+// its claimed destination and staged; from a device workspace each is handed to on_device with
+// where it lies, nothing is copied on the host (its memory may be a GPU's) and staged is not
+// called. An inline chunk beside them is staged as always.
+TEST(PushMessageTest, WorkspaceChunksAreCopiedOnTheHostOrHandedToTheDevice) {
+  v1::PushGradientsRequest request;
+  v1::TensorChunk* a = request.add_chunks();
+  a->set_tensor("w");
+  a->set_workspace_offset_bytes(8);
+  a->set_workspace_bytes(4);
+  v1::TensorChunk* b = request.add_chunks();
+  b->set_tensor("b");
+  b->set_offset(2);
+  b->set_data("xy");
+  Buffer buffer(request.SerializeAsString());
+  std::string memory = "0123456789abcdef";
+  std::vector<std::string> destinations = {"....", ".."};
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device" : "host");
+    destinations = {"....", ".."};
+    size_t claimed = 0;
+    std::vector<std::string> staged, handed;
+    const auto hand = [&](char* destination, uint64_t offset, uint64_t bytes) {
+      handed.push_back(
+          absl::StrCat(destination == destinations[0].data() ? "w" : "?", "@", offset, "+", bytes));
+      return absl::OkStatus();
+    };
+    const DeviceChunkFn on_device = hand;  // A reference: hand outlives it.
+    const absl::Span<const char> span(memory.data(), memory.size());
+    const absl::Status s = ReadPushChunks(
+        buffer, /*header_allowed=*/false,
+        [&](absl::string_view, uint64_t, uint64_t) -> absl::StatusOr<char*> {
+          return destinations[claimed++].data();
+        },
+        [&](char* data, uint64_t bytes) {
+          staged.emplace_back(data, bytes);
+          return absl::OkStatus();
+        },
+        nullptr, device ? ChunkWorkspace(span, &on_device) : ChunkWorkspace(span));
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(claimed, 2u);
+    if (device) {
+      EXPECT_EQ(handed, (std::vector<std::string>{"w@8+4"}));
+      EXPECT_EQ(destinations[0], "....");  // Not touched on the host.
+      EXPECT_EQ(staged, (std::vector<std::string>{"xy"}));
+    } else {
+      EXPECT_TRUE(handed.empty());
+      EXPECT_EQ(destinations[0], "89ab");
+      EXPECT_EQ(staged, (std::vector<std::string>{"89ab", "xy"}));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusedps

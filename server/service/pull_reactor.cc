@@ -160,12 +160,21 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // The engine reads straight into the workspace when the wire has the stored dtype (on a GPU,
   // device-to-host copies into the page-locked mapping); else into host memory of its own, and
   // the values are rounded to 16 bits into the workspace here.
+  // A device workspace takes what the read gives as it is (device to device; nothing rounded).
   void ReadIntoWorkspace() {
     ReadJob job = plan_.Job();
     if (plan_.stored_size == static_cast<uint32_t>(DTypeSize(plan_.dtype))) {
       job.dst = plan_.workspace->memory().data();
       job.dst_offsets = plan_.workspace_offsets;
+      job.dst_on_device = plan_.workspace->on_device();
       return StartRead(std::move(job), [] {});
+    }
+    if (plan_.workspace->on_device()) {
+      return FinishCall(absl::FailedPreconditionError(absl::StrCat(
+          "a pull into a device workspace is in fp32, or in the dtype of the server's param "
+          "copy (--param-copy-dtype); this one asks for ",
+          DTypeSize(plan_.dtype) * 8, "-bit values of ", plan_.stored_size * 8,
+          "-bit ones (nothing is rounded on the way)")));
     }
     scratch_.reset(new (std::nothrow) char[plan_.total_bytes]);
     if (scratch_ == nullptr) {

@@ -36,6 +36,11 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
     response_.set_bytes((*opened)->memory().size());
     response_.set_file_device((*opened)->file_device());
     response_.set_file_inode((*opened)->file_inode());
+    if ((*opened)->on_device()) {
+      response_.set_memory(v1::WORKSPACE_MEMORY_DEVICE);
+      response_.set_cuda_ipc_handle((*opened)->ipc_handle());
+      response_.set_device_uuid((*opened)->device_uuid());
+    }
     FUSEDPS_HAPPENS_BEFORE(this);
     StartWrite(&response_);
   }
@@ -68,7 +73,18 @@ class WorkspaceReactor final : public grpc::ServerWriteReactor<v1::OpenWorkspace
           absl::StrCat("a workspace is for a caller on the server's host; this call comes from ",
                        context_->peer()));
     }
-    return services_.workspaces->Open(WorkspaceOwner(caller), request.bytes());
+    WorkspaceMemory memory = WorkspaceMemory::kHost;
+    switch (request.memory()) {
+      case v1::WORKSPACE_MEMORY_HOST:
+        break;
+      case v1::WORKSPACE_MEMORY_DEVICE:
+        memory = WorkspaceMemory::kDevice;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("memory = ", request.memory(), " is not a WorkspaceMemory"));
+    }
+    return services_.workspaces->Open(WorkspaceOwner(caller), request.bytes(), memory);
   }
 
   // Closes the workspace and ends the call. Once.

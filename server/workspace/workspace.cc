@@ -49,19 +49,25 @@ absl::StatusOr<std::string> RandomId() {
 
 Workspace::~Workspace() {
   if (data_ == nullptr) return;
+  if (device_owner_ != nullptr) {
+    device_owner_->FreeSharedDeviceMemory(data_);
+    return;
+  }
   if (pinned_by_ != nullptr) pinned_by_->UnregisterHostMemory(data_);
   munmap(data_, bytes_);
   unlink(path_.c_str());  // Gone already after Close (ENOENT).
 }
 
-WorkspaceTable::WorkspaceTable(WorkspaceOptions options, const OptimizerBackend* pinner)
-    : options_(std::move(options)), pinner_(pinner) {
+WorkspaceTable::WorkspaceTable(WorkspaceOptions options, const OptimizerBackend* backend)
+    : options_(std::move(options)), backend_(backend) {
   if (enabled()) RemoveDeadFiles();
 }
 
 WorkspaceTable::~WorkspaceTable() {
   MutexLock lock(&mu_);
-  for (const auto& [id, workspace] : open_) unlink(workspace->path().c_str());
+  for (const auto& [id, workspace] : open_) {
+    if (!workspace->on_device()) unlink(workspace->path().c_str());
+  }
   open_.clear();
 }
 
@@ -84,7 +90,8 @@ void WorkspaceTable::RemoveDeadFiles() const {
 }
 
 absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::string owner,
-                                                                      uint64_t bytes) {
+                                                                      uint64_t bytes,
+                                                                      WorkspaceMemory memory) {
   if (!enabled()) {
     return absl::FailedPreconditionError(
         "this server has same-host workspaces off (--workspace-dir is empty)");
@@ -106,6 +113,7 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
     if (!id.ok()) return id.status();
     w->id_ = *id;
     w->owner_ = std::move(owner);
+    if (memory == WorkspaceMemory::kDevice) return MakeDeviceMemory(*w, bytes);
     w->path_ = absl::StrCat(options_.dir, "/", kFilePrefix, getpid(), "-", w->id_);
     const int fd = open(w->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return FileError("open", w->path_, errno);
@@ -128,11 +136,11 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
       unlink(w->path_.c_str());
       return s;
     }
-    if (pinner_ != nullptr) {
-      if (absl::Status pinned = pinner_->RegisterHostMemory(w->data_, bytes); !pinned.ok()) {
+    if (backend_ != nullptr) {
+      if (absl::Status pinned = backend_->RegisterHostMemory(w->data_, bytes); !pinned.ok()) {
         return pinned;  // ~Workspace unmaps and removes the file.
       }
-      w->pinned_by_ = pinner_;
+      w->pinned_by_ = backend_;
     }
     return absl::OkStatus();
   }();
@@ -144,6 +152,20 @@ absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Open(std::strin
   std::shared_ptr<const Workspace> shared(std::move(w));
   open_.emplace(shared->id(), shared);
   return shared;
+}
+
+absl::Status WorkspaceTable::MakeDeviceMemory(Workspace& w, uint64_t bytes) const {
+  if (backend_ == nullptr) {
+    return absl::FailedPreconditionError("this server has no device for a device workspace");
+  }
+  absl::StatusOr<SharedDeviceMemory> shared = backend_->AllocateSharedDeviceMemory(bytes);
+  if (!shared.ok()) return shared.status();
+  w.data_ = static_cast<char*>(shared->data);
+  w.bytes_ = bytes;
+  w.device_owner_ = backend_;  // ~Workspace frees it from now on.
+  w.ipc_handle_ = std::move(shared->ipc_handle);
+  w.device_uuid_ = std::move(shared->device_uuid);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const Workspace>> WorkspaceTable::Find(
@@ -167,7 +189,7 @@ void WorkspaceTable::Close(absl::string_view id) {
   closed = std::move(it->second);
   open_.erase(it);
   open_bytes_ -= closed->memory().size();
-  unlink(closed->path().c_str());
+  if (!closed->on_device()) unlink(closed->path().c_str());
 }
 
 size_t WorkspaceTable::open_count() const {

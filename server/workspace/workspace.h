@@ -23,6 +23,13 @@
 // keeps the memory alive on its side until it unmaps it. A server that died leaves its files
 // behind: the next table over the same directory removes the files of processes that are gone.
 //
+// A device workspace (WorkspaceMemory::kDevice) is device memory of the server's GPU instead
+// of a file: the backend allocates it (OptimizerBackend::AllocateSharedDeviceMemory) and the
+// caller maps it through its CUDA IPC handle. memory() is then device memory, which host code
+// must never touch: a push's chunks in it are copied on the device
+// (OptimizerBackend::CopyDeviceToStaging, checked there), and a pull reads into it device to
+// device. The same budget, owner and lifetime rules hold; the last holder frees the memory.
+//
 // Thread safety: every method of WorkspaceTable may be called from any thread; a Workspace is
 // immutable (its bytes belong to the calls that use it).
 #ifndef FUSEDPS_SERVER_WORKSPACE_WORKSPACE_H_
@@ -43,6 +50,8 @@
 
 namespace fusedps {
 
+enum class WorkspaceMemory { kHost, kDevice };
+
 class Workspace {
  public:
   Workspace(const Workspace&) = delete;
@@ -54,8 +63,12 @@ class Workspace {
   const std::string& owner() const { return owner_; }
   uint64_t file_device() const { return file_device_; }
   uint64_t file_inode() const { return file_inode_; }
-  // The mapping: bytes() bytes, shared with the caller.
+  // The mapping: bytes() bytes, shared with the caller; device memory when on_device().
   absl::Span<char> memory() const { return {data_, bytes_}; }
+  bool on_device() const { return device_owner_ != nullptr; }
+  // A device workspace's CUDA IPC handle (64 bytes) and its GPU's UUID; empty otherwise.
+  const std::string& ipc_handle() const { return ipc_handle_; }
+  const std::string& device_uuid() const { return device_uuid_; }
 
  private:
   friend class WorkspaceTable;
@@ -65,7 +78,9 @@ class Workspace {
   uint64_t file_device_ = 0, file_inode_ = 0;
   char* data_ = nullptr;
   uint64_t bytes_ = 0;
-  const OptimizerBackend* pinned_by_ = nullptr;  // The backend that page-locked it, or null.
+  const OptimizerBackend* pinned_by_ = nullptr;     // The backend that page-locked it, or null.
+  const OptimizerBackend* device_owner_ = nullptr;  // A device workspace's allocator, or null.
+  std::string ipc_handle_, device_uuid_;
 };
 
 struct WorkspaceOptions {
@@ -75,18 +90,22 @@ struct WorkspaceOptions {
 
 class WorkspaceTable {
  public:
-  // `pinner`, when not null, page-locks each workspace (OptimizerBackend::RegisterHostMemory)
-  // and must outlive every workspace. Removes the files of dead servers in options.dir.
-  WorkspaceTable(WorkspaceOptions options, const OptimizerBackend* pinner);
+  // `backend`, when not null, page-locks each host workspace
+  // (OptimizerBackend::RegisterHostMemory) and allocates each device workspace, and must
+  // outlive every workspace. Removes the files of dead servers in options.dir.
+  WorkspaceTable(WorkspaceOptions options, const OptimizerBackend* backend);
   ~WorkspaceTable();  // Closes every workspace still open.
 
   bool enabled() const { return !options_.dir.empty(); }
 
   // A new workspace of `bytes` bytes for `owner` (the caller's principal; empty without
-  // authentication). Errors: FAILED_PRECONDITION when workspaces are off; INVALID_ARGUMENT for
-  // bytes 0; RESOURCE_EXHAUSTED past the budget, or when the file system or the page-locking
-  // has no room; INTERNAL for another failure of the file system, naming the call and path.
-  absl::StatusOr<std::shared_ptr<const Workspace>> Open(std::string owner, uint64_t bytes)
+  // authentication), in host or device memory. Errors: FAILED_PRECONDITION when workspaces are
+  // off, or for device memory without a backend that has a device; INVALID_ARGUMENT for bytes
+  // 0; RESOURCE_EXHAUSTED past the budget, or when the file system, the page-locking or the
+  // device has no room; INTERNAL for another failure of the file system (naming the call and
+  // path) or of the device.
+  absl::StatusOr<std::shared_ptr<const Workspace>> Open(
+      std::string owner, uint64_t bytes, WorkspaceMemory memory = WorkspaceMemory::kHost)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The open workspace `id` of `owner`. NOT_FOUND (naming the id) for one that is not open, or
@@ -104,9 +123,11 @@ class WorkspaceTable {
 
  private:
   void RemoveDeadFiles() const;
+  // A device workspace's memory, through backend_ (Open's errors for it).
+  absl::Status MakeDeviceMemory(Workspace& w, uint64_t bytes) const;
 
   const WorkspaceOptions options_;
-  const OptimizerBackend* const pinner_;
+  const OptimizerBackend* const backend_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Workspace>> open_ ABSL_GUARDED_BY(mu_);
   uint64_t open_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -157,5 +157,27 @@ TEST(CheckWorkspaceRangeTest, NamesTheFieldAndTheEnd) {
   EXPECT_FALSE(CheckWorkspaceRange(UINT64_MAX, 2, 100, "f").ok());
 }
 
+// Device memory needs a backend with a device: without one, or with the CPU backend, Open is
+// FAILED_PRECONDITION and holds none of the budget. (The CUDA backend's side is in
+// kernels/cuda_device_staging_test.cc; the whole path in tests/e2e.)
+TEST_F(WorkspaceTest, DeviceMemoryNeedsABackendWithADevice) {
+  WorkspaceTable without(Options(), nullptr);
+  absl::StatusOr<std::shared_ptr<const Workspace>> none =
+      without.Open("alice", 4096, WorkspaceMemory::kDevice);
+  EXPECT_TRUE(absl::IsFailedPrecondition(none.status())) << none.status();
+  const std::unique_ptr<OptimizerBackend> cpu = MakeCpuBackend(BackendOptions());
+  WorkspaceTable on_cpu(Options(), cpu.get());
+  absl::StatusOr<std::shared_ptr<const Workspace>> refused =
+      on_cpu.Open("alice", 4096, WorkspaceMemory::kDevice);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("cpu"), absl::string_view::npos) << refused.status();
+  EXPECT_EQ(on_cpu.open_bytes(), 0u);
+  EXPECT_EQ(on_cpu.open_count(), 0u);
+  // The host kind still opens beside it.
+  absl::StatusOr<std::shared_ptr<const Workspace>> host = on_cpu.Open("alice", 4096);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_FALSE((*host)->on_device());
+}
+
 }  // namespace
 }  // namespace fusedps

@@ -265,5 +265,33 @@ TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
   ExpectMatchesHost(2);
 }
 
+// A device workspace is the GPU server's: this CPU server refuses one, and names why; a memory
+// kind it does not know is INVALID_ARGUMENT. Neither holds any of the budget.
+TEST_F(PushTransactionTest, ADeviceWorkspaceFromACpuServerIsFailedPrecondition) {
+  for (const int memory : {static_cast<int>(v1::WORKSPACE_MEMORY_DEVICE), 7}) {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::OpenWorkspaceRequest request;
+    request.set_bytes(4096);
+    request.set_memory(static_cast<v1::WorkspaceMemory>(memory));
+    std::unique_ptr<grpc::ClientReader<v1::OpenWorkspaceResponse>> reader =
+        stub_->OpenWorkspace(&context, request);
+    v1::OpenWorkspaceResponse opened;
+    EXPECT_FALSE(reader->Read(&opened));
+    const grpc::Status status = reader->Finish();
+    if (memory == 7) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+      EXPECT_NE(status.error_message().find("memory = 7"), std::string::npos);
+    } else {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+          << status.error_message();
+      EXPECT_NE(status.error_message().find("cpu backend"), std::string::npos)
+          << status.error_message();
+    }
+  }
+  const std::unique_ptr<MappedWorkspace> host = MappedWorkspace::Open(*stub_, 4096);
+  EXPECT_NE(host->memory, nullptr) << host->status.error_message();
+}
+
 }  // namespace
 }  // namespace fusedps::integration
