@@ -141,9 +141,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --delay 1: steps without delay first")
     p.add_argument("--pull-dtype", choices=["float32", "bfloat16"],
                    help="with --overlap: the dtype parameters are pulled in (default float32)")
-    p.add_argument("--data-plane", default="auto", choices=["auto", "workspace", "grpc"],
+    p.add_argument("--data-plane", default="auto",
+                   choices=["auto", "device", "workspace", "grpc"],
                    help="with --overlap: where the bytes travel (RemoteAdamW's data_plane; "
-                        "auto: a same-host workspace when the server offers one)")
+                        "auto: a same-host workspace when the server offers one, on a GPU a "
+                        "device one first)")
     p.add_argument("--bucket-mib", type=float,
                    help="with --overlap: gradient bucket size, MiB of wire bytes (default: "
                         "RemoteAdamW's, 32 through a workspace, 8 over gRPC)")
@@ -531,7 +533,7 @@ def train(args) -> int:
               f"{summary['pull_exposed_ms']:.2f}, inside fwd+bwd), check "
               f"{summary['check_ms']:.2f}; fallbacks {optimizer.overlap_fallbacks}; data plane "
               f"{optimizer.data_plane_in_use}"
-              f"{'' if optimizer.data_plane_in_use == 'workspace' else ' (' + optimizer.data_plane_reason + ')'}")
+              f"{' (' + optimizer.data_plane_reason + ')' if optimizer.data_plane_reason else ''}")
     if args.sample_bytes > 0:
         print_sample(model, val_data, args, device)
     print("RESULT " + json.dumps(dict(

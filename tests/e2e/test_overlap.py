@@ -13,7 +13,9 @@ switched off (monkeypatched) must fail the same check, so that these tests can f
 Then: the one-step-delayed update against a torch reference that computes each gradient on the
 parameters of two steps back, sharded servers, a param that stops having a gradient, a
 GradScaler's overflow, a scheduler's lr sent during backward, and a failed send of it. With FUSEDPS_TEST_DEVICE=cuda (on a GPU machine) the models train on the
-GPU, so that the staging on a side stream, the check and the pulls' device copies run there.
+GPU, so that the staging on a side stream, the check and the pulls' device copies run there,
+and the recipes run through a device workspace too (data_plane="device": the server's GPU
+memory, copies device to device; skipped without a GPU).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ ATOL = 1e-5
 STEPS = 24
 HYPER = dict(lr=0.01, betas=(0.9, 0.99), weight_decay=0.05)
 RECIPES = ("plain", "clip", "scaler", "accumulate", "inplace")
+# A device workspace needs a trainer and a server on one GPU (FUSEDPS_TEST_DEVICE=cuda).
+ON_GPU = pytest.mark.skipif(DEVICE.type != "cuda",
+                            reason="a device workspace needs FUSEDPS_TEST_DEVICE=cuda and CUDA")
+DEVICE_PLANE = pytest.param("device", marks=ON_GPU)
 
 
 class Mlp(torch.nn.Module):
@@ -139,15 +145,15 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
         opt.close()
 
 
-@pytest.mark.parametrize("data_plane", ["workspace", "grpc"])
+@pytest.mark.parametrize("data_plane", ["workspace", "grpc", DEVICE_PLANE])
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_overlap_matches_torch(server_target, recipe, data_plane):
-    """Through a same-host workspace (what a trainer beside its server gets) and over gRPC
-    (the native transport): the same results."""
+    """Through a same-host workspace (what a trainer beside its server gets), a device one
+    (on a GPU) and over gRPC (the native transport): the same results."""
     run_recipe(server_target, recipe, prefix=f"{recipe}-{data_plane}/", data_plane=data_plane)
 
 
-@pytest.mark.parametrize("data_plane", ["workspace", "grpc"])
+@pytest.mark.parametrize("data_plane", ["workspace", "grpc", DEVICE_PLANE])
 def test_overlap_over_grpcio_matches_torch(server_target, data_plane):
     """Without the native transport the pulls land on Python threads (_WorkspaceLanding,
     _ThreadLanding), and the pushes go through grpcio: the same results."""
@@ -202,7 +208,9 @@ def assert_params_equal(model: Mlp, stale: Mlp, step: int) -> None:
 
 
 @pytest.mark.parametrize("transport, data_plane",
-                         [("auto", "workspace"), ("auto", "grpc"), ("grpcio", "grpc")])
+                         [("auto", "workspace"), ("auto", "grpc"), ("grpcio", "grpc"),
+                          pytest.param("auto", "device", marks=ON_GPU),
+                          pytest.param("grpcio", "device", marks=ON_GPU)])
 def test_delayed_update_matches_a_reference_one_step_stale(server_target, transport,
                                                            data_plane):
     """delay=1 after 3 warm-up steps: each gradient is computed on the parameters of two steps
@@ -215,6 +223,7 @@ def test_delayed_update_matches_a_reference_one_step_stale(server_target, transp
                       bucket_bytes=2048, delay=1, delay_warmup=warmup,
                       client_options={"transport": transport}, data_plane=data_plane, **HYPER)
     try:
+        assert opt._overlap.data_plane == data_plane
         for step in range(STEPS):
             opt.zero_grad(set_to_none=True)
             loss_of(model, step).backward()

@@ -46,7 +46,12 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
 
 Where the bytes go (``data_plane``): with one server on the same host, the host buffers are
 carved from a same-host workspace (fusedps._workspace), and the pushes and pulls carry only
-where the bytes lie in it; otherwise they carry the bytes over gRPC.
+where the bytes lie in it; otherwise they carry the bytes over gRPC. A device workspace (the
+server's GPU memory, mapped here through CUDA IPC) takes the host buffers' place on a GPU: the
+"host" buffers below (``_hosts``, the pull's landing buffer) are then CUDA tensors carved from
+it, and the copies into and out of them device to device; every wait that orders the server
+after the trainer's copies (a bucket's event before its write, the last pull's copies before
+the next landing, a commit before the buffer is staged again) is the same.
 
 Lifetimes: the engine owns its hooks, worker thread, buffers, workspace and pull pipeline until
 close().
@@ -106,15 +111,20 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         (fusedps._bucket_plan); None: DEFAULT_EDGE_BYTES; 0: every bucket and group full
         size.
       delay: 0 or 1; delay_warmup: steps run with delay 0 first.
-      data_plane: "auto" (a same-host workspace when the one server offers it, else gRPC),
-        "workspace" (RuntimeError when none can be had) or "grpc" (fusedps._workspace).
+      data_plane: "auto" (a same-host workspace when the one server offers it: on a GPU, a
+        device workspace first when the server can pull into it in the pull dtype, else a host
+        one; else gRPC), "device" (a device workspace, or RuntimeError), "workspace" (a host
+        workspace, or RuntimeError) or "grpc" (fusedps._workspace).
+      stored_dtype: the wire name ("float32" / "bfloat16") of the params dtype the server
+        stores every param in, None when the groups differ: a device workspace's pulls must
+        be in it (or in the server's param copy's dtype).
     """
 
     def __init__(self, optimizer: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
                  grad_dtype: str, pull_dtype: str, bucket_bytes: Optional[int],
                  pull_group_bytes: Optional[int],
                  delay: int, delay_warmup: int, data_plane: str = "auto",
-                 edge_bytes: Optional[int] = None):
+                 edge_bytes: Optional[int] = None, stored_dtype: Optional[str] = None):
         self._opt = optimizer
         self._names = [n for n, _ in pairs]
         self._params = [p for _, p in pairs]
@@ -131,8 +141,9 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         self._delay_warmup = int(delay_warmup)
         self._route = Route(optimizer.client, self._names, self._numel)
         streams = max(getattr(c, "streams", 1) for c in self._route.clients)
-        self.workspace = self._open_workspace(data_plane, pull_dtype)
-        self.data_plane = "workspace" if self.workspace is not None else "grpc"
+        self.workspace = self._open_workspace(data_plane, pull_dtype, stored_dtype)
+        self.data_plane = ("grpc" if self.workspace is None else
+                           "device" if self.workspace.on_device else "workspace")
         if bucket_bytes is None:
             bucket_bytes = (WORKSPACE_BUCKET_BYTES if self.workspace is not None
                             else GRPC_BUCKET_BYTES)
@@ -186,27 +197,56 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         self._hooks: Optional[GradReadyHooks] = GradReadyHooks(self._params,
                                                                self._on_grad_ready)
 
-    def _open_workspace(self, data_plane: str, pull_dtype: str):
-        """The step's host buffers in a same-host workspace, when data_plane allows one and the
-        params live on one server that gives one; else None (data_plane_reason says why)."""
-        workspace = None
+    def _open_workspace(self, data_plane: str, pull_dtype: str,
+                        stored_dtype: Optional[str]):
+        """The step's buffers in a same-host workspace, when data_plane allows one and the
+        params live on one server that gives one: a device workspace ("device", or "auto" on a
+        GPU when the server can pull into it: _device_pull_refused), else a host one
+        ("workspace", "auto"); else None. data_plane_reason says why not the first kind tried
+        ("" when it was had)."""
         if data_plane == "grpc":
             self.data_plane_reason = "data_plane='grpc'"
-        elif len(self._route.clients) != 1:
+            return None
+        if len(self._route.clients) != 1:
             self.data_plane_reason = "a workspace is used with one server only"
-        else:
-            # The push's host buffers (two with delay=1) and the pull's.
-            total = sum(self._numel)
-            buffers = [(total, self._wire_dtype)] * (2 if self._delay else 1)
-            buffers.append((total, _dtypes.torch_dtype(pull_dtype)))
-            workspace, self.data_plane_reason = _workspace.open_workspace(
-                self._route.clients[0], _workspace.needed_bytes(buffers), pin=self._cuda)
-        if workspace is None and data_plane == "workspace":
-            raise RuntimeError(f"data_plane='workspace': no workspace ({self.data_plane_reason})")
-        if workspace is None:
-            _logger.info("RemoteAdamW: gradients and parameters go over gRPC: %s",
-                         self.data_plane_reason)
-        return workspace
+            return self._no_workspace(data_plane)
+        client = self._route.clients[0]
+        # The push's buffers (two with delay=1) and the pull's.
+        total = sum(self._numel)
+        buffers = [(total, self._wire_dtype)] * (2 if self._delay else 1)
+        buffers.append((total, _dtypes.torch_dtype(pull_dtype)))
+        nbytes = _workspace.needed_bytes(buffers)
+        device_reason = ""
+        if data_plane == "device" or (data_plane == "auto" and self._cuda):
+            device_reason = _device_pull_refused(client, pull_dtype, stored_dtype)
+            if not device_reason:
+                workspace, device_reason = _workspace.open_workspace(
+                    client, nbytes, pin=False, memory="device", device=self.device)
+                if workspace is not None:
+                    self.data_plane_reason = ""
+                    return workspace
+            self.data_plane_reason = f"no device workspace: {device_reason}"
+            if data_plane == "device":
+                raise RuntimeError(f"data_plane='device': {self.data_plane_reason}")
+            _logger.info("RemoteAdamW: no device workspace, trying a host one: %s",
+                         device_reason)
+        workspace, host_reason = _workspace.open_workspace(client, nbytes, pin=self._cuda)
+        if workspace is not None:
+            self.data_plane_reason = f"no device workspace: {device_reason}" if (
+                device_reason) else ""
+            return workspace
+        self.data_plane_reason = (f"no device workspace: {device_reason}; no workspace: "
+                                  f"{host_reason}" if device_reason else host_reason)
+        return self._no_workspace(data_plane)
+
+    def _no_workspace(self, data_plane: str) -> None:
+        """None (gRPC), logged, or RuntimeError when data_plane asked for a workspace."""
+        if data_plane in ("workspace", "device"):
+            raise RuntimeError(f"data_plane={data_plane!r}: no workspace "
+                               f"({self.data_plane_reason})")
+        _logger.info("RemoteAdamW: gradients and parameters go over gRPC: %s",
+                     self.data_plane_reason)
+        return None
 
     # -- hooks (autograd's thread) ------------------------------------------------------------
 
@@ -341,7 +381,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
             self._worker.join()
             self.pulls.close()
             if self.workspace is not None:
-                if self._cuda:  # No copy may still read or write the memory unpinned.
+                if self._cuda:  # No copy may still use the memory unpinned (or unmapped).
                     torch.cuda.synchronize(self.device)
                 self.workspace.close()
             _trace.dump()
@@ -526,6 +566,23 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                           stacklevel=4)
         self.steps += 1
         self._opt._step_in_full(plan, timings)
+
+
+def _device_pull_refused(client: Any, pull_dtype: str, stored_dtype: Optional[str]) -> str:
+    """Why the server would refuse pulls in ``pull_dtype`` into a device workspace, or "": it
+    writes there only the stored params dtype, or its low-precision param copy's
+    (--param-copy-dtype; GetInfo says which), rounding nothing on the way."""
+    if pull_dtype == stored_dtype:
+        return ""
+    try:
+        copy = client.info().param_copy_dtype
+    except Exception:  # noqa: BLE001 - then as a server without a copy
+        copy = None
+    if stored_dtype is not None and pull_dtype == copy:
+        return ""
+    return (f"the pull dtype ({pull_dtype}) is neither the params dtype the server stores "
+            f"({stored_dtype or 'not one for all groups'}) nor that of its param copy "
+            f"(--param-copy-dtype: {copy or 'none'})")
 
 
 def _new_timings() -> Dict[str, float]:

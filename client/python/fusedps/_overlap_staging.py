@@ -55,11 +55,14 @@ class Staging:
 
     def _buffers(self, buffer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(sent, host) of a step, made on first use: sent is fp32 on the device; host holds
-        the wire bytes (pinned on a GPU; on the CPU, sent itself for fp32)."""
+        the wire bytes (pinned on a GPU; on the CPU, sent itself for fp32). With a device
+        workspace, host is a CUDA tensor carved from it: the copy into it converts to the
+        wire dtype itself, with no _wire_dev between."""
         total = sum(self._numel)
         if self._sent is None:
             self._sent = torch.empty(total, dtype=torch.float32, device=self.device)
-            if self._cuda and self._wire_dtype != torch.float32:
+            on_device = self.workspace is not None and self.workspace.on_device
+            if self._cuda and self._wire_dtype != torch.float32 and not on_device:
                 self._wire_dev = torch.empty(total, dtype=self._wire_dtype, device=self.device)
         if self._hosts[buffer] is None:
             if self.workspace is not None:
@@ -118,7 +121,8 @@ class Staging:
 
     def _copy_to_host(self, buffer: int, bucket: _Bucket) -> None:
         """Queues the copy of a gathered bucket (GPU) to the host buffer, on the side stream
-        after its gathering; the worker writes it into the push once it is done. A deferred
+        after its gathering (device to device, converting, into a device workspace); the
+        worker writes it into the push once it is done (its event). A deferred
         bucket is marked copied whatever happens, with the error if the copy could not be
         queued (the worker then fails the step with it rather than wait for ever)."""
         try:

@@ -5,7 +5,10 @@ groups, in the order the last forward pass first used them (over gRPC several at
 client's streams; through a same-host workspace one after another, each landing in order): the
 first group small (``edge_bytes``), the next ones doubling up to ``group_bytes``
 (fusedps._bucket_plan). Each group lands in pinned host memory (the wire's bytes, no
-conversion) and is copied to the device on a side stream.
+conversion) and is copied to the device on a side stream. Through a device workspace the
+landing buffer is carved from the workspace on the GPU instead: the server writes each group
+there by a device-to-device copy, and the side stream's copies out of it are device to device;
+all else is the same.
 
 Who does what: the landing runs on the C++ client's threads (fusedps._native.PipelinedPull)
 when every server is reached through the native transport; through a same-host workspace
@@ -34,7 +37,10 @@ Where the values go:
 Lifetimes: the pipeline owns its landing (threads), its buffers and the global hook until
 close(). A landing writes only the host buffer, which nothing reads before its group is waited
 for; the device copies write the parameters ("direct") or the shadow buffer, which nothing
-else writes until wait() or a module's pre-hook has waited for them.
+else writes until wait() or a module's pre-hook has waited for them. The copies out of the
+host buffer are queued (asynchronous): start() waits on the CPU for the last pull's last copy
+(its event) before the next landing may write there. That holds for a device workspace too,
+whose writer (the server) is another process that no stream order reaches.
 Thread safety: start, wait, install and close are called from the optimizer's threads, one at a
 time; the hooks run on the forward's thread; _lock guards the state they share.
 """
@@ -150,7 +156,8 @@ class PullPipeline:
       edge_bytes: wire bytes of the first group, about; the next ones double up to group_bytes
         (fusedps._bucket_plan), so the first module waits for little. 0: all group_bytes.
       workspace: a same-host workspace of the route's one server (fusedps._workspace), which
-        the host buffer is carved from and the pulls land through; None: over gRPC.
+        the host buffer is carved from and the pulls land through (a device workspace: on the
+        GPU, in the stored dtype, which ``wire`` must then be); None: over gRPC.
     """
 
     def __init__(self, route: Route, params: Sequence[torch.Tensor], wire: str, streams: int,
@@ -255,7 +262,8 @@ class PullPipeline:
                                            device=self.device)
         if self._last_event is not None:
             # The last pull's copies read the host buffer that this one writes: done by now
-            # (the loop's stream waited for them), but the CPU must know before it writes.
+            # (the loop's stream waited for them), but the CPU must know before it writes (the
+            # server, into a device workspace, is ordered by nothing else).
             self._last_event.synchronize()
             self._last_event = None
         landing: Union[_native.PipelinedPull, _ThreadLanding]

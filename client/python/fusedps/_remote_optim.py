@@ -210,7 +210,16 @@ def new_timings() -> Dict[str, float]:
 
 
 # RemoteAdamW's data_plane values (fusedps._overlap, fusedps._workspace).
-DATA_PLANES = ("auto", "workspace", "grpc")
+DATA_PLANES = ("auto", "device", "workspace", "grpc")
+
+
+def stored_wire_dtype(storage: Sequence[Storage]) -> Optional[str]:
+    """The wire name of the params dtype every group is stored in, None when they differ: a
+    pull into a device workspace must be in it (RemoteAdamW's data_plane)."""
+    stored = {s.params_dtype for s in storage}
+    if len(stored) != 1:
+        return None
+    return "bfloat16" if stored.pop() == "bf16" else "float32"
 
 
 def check_overlap_options(overlap: bool, bucket_bytes: Optional[int], delay: int,

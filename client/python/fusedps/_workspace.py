@@ -9,11 +9,22 @@ instead of carrying it (TensorChunk.workspace_offset_bytes / workspace_bytes), a
 the server to write the values there (PullParametersRequest.workspace): the gRPC messages carry
 only names and offsets, and the bytes pass through neither gRPC nor the trainer's CPU.
 
+Device workspaces (memory="device"; proto WORKSPACE_MEMORY_DEVICE): the workspace is memory of
+the server's GPU, which the server shares through CUDA IPC and this process maps on the same GPU
+(fusedps._cuda_ipc): ``buffer`` is then a uint8 CUDA tensor, and what is carved from it are
+CUDA tensors. The trainer's copies into and out of it are device-to-device, and so are the
+server's: no pinned host memory, no host DMA. Pushes and pulls name places in it as in a host
+workspace (the same fields); a pull into it must be in the server's stored dtype (or its
+--param-copy-dtype copy's). Nothing here, nor in the C++ client (client/push_transaction.cc and
+client/pull_into.cc compare addresses, and a pull's reader claims the very bytes the server
+wrote), reads or writes its bytes from the CPU.
+
 Who may: the server gives a workspace only to a trainer-role caller on a loopback or
 unix-socket peer, and the file is the server's user's, mode 0600. A trainer that reaches the
 server through a tunnel or a port forward looks local to the server but is not: the file is
 not on its host (or another file is at that path), which open() detects from the file's device
-and inode numbers, and the caller then goes on over gRPC.
+and inode numbers, and the caller then goes on over gRPC. A device workspace's handle opens
+only on the server's host and GPU (cuIpcOpenMemHandle fails elsewhere; another GPU is refused).
 
 With the native transport (fusedps._native) the client's C++ side is told of the workspace
 when it opens (Client::SetWorkspace): its pushes and pulls of memory inside it then go by place
@@ -22,8 +33,12 @@ the pulls here do the same in Python.
 
 Lifetimes: the workspace lives while its OpenWorkspace call is open. close() tells the native
 client to stop using it, cancels the call (the server then closes it once the pushes and pulls
-using it are done) and unpins the mapping; the mapping itself goes when the last tensor carved from it is freed. A process that
-dies closes its connection, and the server reclaims the workspace the same way.
+using it are done) and unpins the mapping; the mapping itself goes when the last tensor carved
+from it is freed. A device workspace's close() unmaps it (cuIpcCloseMemHandle) before it
+cancels the call: the tensors carved from it must not be used after close(), nor any device
+work reading or writing them be still queued (its owner, fusedps._overlap's engine, closes it
+last, after a device synchronize). A process that dies closes its connection, and the server
+reclaims the workspace the same way.
 Thread safety: carve() and close() from one thread; offset_of() and the pulls from any.
 """
 
@@ -31,29 +46,35 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import grpc
 import torch
 
-from fusedps import _dtypes, errors
+from fusedps import _cuda_ipc, _dtypes, errors
 from fusedps.v1 import parameter_service_pb2 as pb
 
 __all__ = ["Workspace", "open_workspace", "pull_into_workspace"]
 
 _ALIGN = 64  # Bytes; every carved buffer starts at a multiple.
+MEMORY_KINDS = ("host", "device")  # open_workspace's memory.
 
 
 class Workspace:
-    """An open workspace of ``size`` bytes, mapped as the uint8 CPU tensor ``buffer``."""
+    """An open workspace of ``size`` bytes, mapped as the uint8 tensor ``buffer``: on the CPU
+    (``memory`` "host"), or on the trainer's GPU (``memory`` "device", ``on_device``)."""
 
     def __init__(self, client, call, reply: "pb.OpenWorkspaceResponse", buffer: torch.Tensor,
-                 pinned: bool):
+                 pinned: bool, memory: str = "host"):
         self._client = client
         self._call = call
         self.id = reply.workspace_id
-        self.path = reply.path
+        self.path = reply.path  # Empty for a device workspace.
         self.size = int(reply.bytes)
+        self.memory = memory
+        self.on_device = memory == "device"
+        self.device = buffer.device
         self.buffer = buffer
         self.address = buffer.data_ptr()
         self._pinned = pinned
@@ -81,17 +102,26 @@ class Workspace:
         return None
 
     def close(self) -> None:
-        """Ends the workspace (see the module docstring). Idempotent."""
+        """Ends the workspace (see the module docstring). Idempotent. A device workspace's
+        memory is unmapped here: nothing may use the tensors carved from it afterwards."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-        native = getattr(self._client, "_native", None)
-        if native is not None:
-            native.set_workspace(None)
-        if self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.address)
-        self._call.cancel()
+        try:
+            native = getattr(self._client, "_native", None)
+            if native is not None:
+                native.set_workspace(None)
+            if self.on_device:
+                try:
+                    _cuda_ipc.close_handle(self.address, self.device)
+                except (_cuda_ipc.IpcError, RuntimeError) as e:  # The process keeps a mapping.
+                    warnings.warn(f"the device workspace could not be unmapped: {e}",
+                                  RuntimeWarning, stacklevel=2)
+            elif self._pinned:
+                torch.cuda.cudart().cudaHostUnregister(self.address)
+        finally:
+            self._call.cancel()
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -107,13 +137,23 @@ def needed_bytes(buffers: Sequence[Tuple[int, torch.dtype]]) -> int:
     return max(1, sum(_aligned(int(numel) * _itemsize(dtype)) for numel, dtype in buffers))
 
 
-def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspace], str]:
-    """Opens a workspace of ``nbytes`` on ``client``'s server, mapped here and, with ``pin``,
-    page-locked for CUDA. Returns (workspace, "") or (None, why not): a server without
-    workspaces (an older one, or --workspace-dir=""), a caller that is not on its host or not
-    a trainer, no room (RESOURCE_EXHAUSTED: the budget, a full /dev/shm), a file that is not
-    here. Raises FusedPSError for other failures (the server unreachable, say)."""
-    call = client._stub.OpenWorkspace(pb.OpenWorkspaceRequest(bytes=int(nbytes)))
+def open_workspace(client, nbytes: int, *, pin: bool, memory: str = "host",
+                   device: Optional[torch.device] = None) -> Tuple[Optional[Workspace], str]:
+    """Opens a workspace of ``nbytes`` on ``client``'s server, mapped here. memory "host": a
+    shared-memory file, page-locked for CUDA with ``pin``; "device": the server GPU's memory,
+    mapped on ``device`` (the trainer's CUDA device; ``pin`` is unused). Returns (workspace,
+    "") or (None, why not): a server without workspaces (an older one, or
+    --workspace-dir=""), a caller that is not on its host or not a trainer, no room
+    (RESOURCE_EXHAUSTED: the budget, a full /dev/shm or GPU), a file that is not here; for
+    "device" also a server without a GPU (FAILED_PRECONDITION), a server that answers with
+    another kind, and a handle this process cannot open (fusedps._cuda_ipc: no CUDA here,
+    another host or GPU, MPS). The server is asked first, then the handle is opened. Raises
+    FusedPSError for other failures (the server unreachable, say), ValueError for an unknown
+    ``memory``."""
+    if memory not in MEMORY_KINDS:
+        raise ValueError(f"memory must be one of {MEMORY_KINDS}, got {memory!r}")
+    kind = pb.WORKSPACE_MEMORY_DEVICE if memory == "device" else pb.WORKSPACE_MEMORY_HOST
+    call = client._stub.OpenWorkspace(pb.OpenWorkspaceRequest(bytes=int(nbytes), memory=kind))
     try:
         reply = next(call)
     except grpc.RpcError as e:
@@ -122,6 +162,12 @@ def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspac
                     grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
             return None, f"{code.name}: {e.details()}"
         raise errors.from_rpc_error(e) from None
+    if reply.memory != kind:  # An older server, which knows one kind: the host's.
+        call.cancel()
+        return None, (f"the server answered with a {_kind_name(reply.memory)} workspace for a "
+                      f"{memory} one: it has no device workspaces (an older server)")
+    if memory == "device":
+        return _map_device(client, call, reply, device)
     try:
         st = os.stat(reply.path)
     except OSError as e:
@@ -143,18 +189,42 @@ def open_workspace(client, nbytes: int, *, pin: bool) -> Tuple[Optional[Workspac
             call.cancel()
             return None, f"cannot page-lock the workspace (cudaHostRegister: {int(code)})"
         pinned = True
-    workspace = Workspace(client, call, reply, buffer, pinned)
+    return _opened(client, Workspace(client, call, reply, buffer, pinned)), ""
+
+
+def _kind_name(memory: int) -> str:
+    return "device" if memory == pb.WORKSPACE_MEMORY_DEVICE else "host"
+
+
+def _map_device(client, call, reply: "pb.OpenWorkspaceResponse",
+                device: Optional[torch.device]) -> Tuple[Optional[Workspace], str]:
+    """open_workspace's device half: maps the server's reply here, or cancels the call."""
+    try:
+        if device is None:
+            raise _cuda_ipc.IpcError("no trainer device was given")
+        _, buffer = _cuda_ipc.open_handle(bytes(reply.cuda_ipc_handle), int(reply.bytes),
+                                          torch.device(device), reply.device_uuid)
+    except (_cuda_ipc.IpcError, RuntimeError, OSError) as e:
+        call.cancel()
+        return None, f"cannot open the server's device memory here: {e}"
+    return _opened(client, Workspace(client, call, reply, buffer, False, memory="device")), ""
+
+
+def _opened(client, workspace: Workspace) -> Workspace:
+    """Tells the native client of a workspace just opened; returns it."""
     if client._native is not None:  # Its pushes and pulls go through it from now on.
+        # Address arithmetic only on the C++ side (the module docstring): a device address too.
         client._native.set_workspace(workspace.id, workspace.address, workspace.size)
-    return workspace, ""
+    return workspace
 
 
 def pull_into_workspace(client, workspace: Workspace, targets: Sequence[Tuple[str, torch.Tensor]],
                         wire: str) -> int:
-    """Pulls the params of ``targets`` ((name, CPU tensor of the wire dtype inside the
-    workspace)) at one version: the server writes them into the workspace. Returns the
-    version. Raises FusedPSError as Client.pull_into, ValueError for a target outside the
-    workspace, and DataLoss when the reply does not account for every target."""
+    """Pulls the params of ``targets`` ((name, tensor of the wire dtype inside the workspace:
+    CPU, or CUDA for a device workspace, where the server writes no rounded dtype)) at one
+    version: the server writes them into the workspace; nothing here touches their bytes.
+    Returns the version. Raises FusedPSError as Client.pull_into, ValueError for a target
+    outside the workspace, and DataLoss when the reply does not account for every target."""
     names: List[str] = []
     offsets: List[int] = []
     expected = {}

@@ -155,10 +155,13 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
         (default): none.
       delay_warmup: steps run without delay first (default 10).
       data_plane: with overlap, where the gradients' and parameters' bytes travel. "auto"
-        (default): through a same-host workspace (shared memory that the server maps too;
-        docs/python.md, "Same-host workspaces") when the params live on one server on this
-        host that offers one, else over gRPC; "workspace": the workspace or RuntimeError;
-        "grpc": always over gRPC. ``data_plane_in_use`` says which was taken.
+        (default): a same-host workspace (docs/python.md, "Same-host workspaces") when the
+        params live on one server on this host that offers one, else gRPC. On a GPU, auto
+        tries a device workspace first (the server GPU's memory, mapped here through CUDA
+        IPC: device-to-device copies, no pinned memory) when the server runs on this GPU and
+        the pull dtype is the stored params dtype (as by default) or that of the server's
+        --param-copy-dtype, then a host one (shared memory). "device" / "workspace": that
+        kind or RuntimeError; "grpc": always gRPC. ``data_plane_in_use`` says which was taken.
       pull_dtype: with overlap, the dtype parameters are pulled in: None (default) "float32"
         (exact) unless every group keeps bf16 params; "bfloat16" halves the pull's bytes, the
         model then holding the fp32 master rounded to bf16 (the server keeps fp32).
@@ -364,7 +367,7 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
                     pull_group_bytes=None, delay=delay,
                     delay_warmup=delay_warmup, data_plane=data_plane,
-                    edge_bytes=edge_bucket_bytes)
+                    edge_bytes=edge_bucket_bytes, stored_dtype=ro.stored_wire_dtype(self.storage))
         except BaseException:
             self.close()
             raise
@@ -483,15 +486,15 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
 
     @property
     def data_plane_in_use(self) -> str:
-        """With overlap: "workspace" or "grpc" (see data_plane), also after close(); "grpc"
-        without overlap."""
+        """With overlap: "device", "workspace" or "grpc" (see data_plane), also after close();
+        "grpc" without overlap."""
         if self._overlap is not None:
             return self._overlap.data_plane
         return getattr(self, "_closed_data_plane", ("grpc", ""))[0]
 
     @property
     def data_plane_reason(self) -> str:
-        """Why the data plane in use is gRPC (empty with a workspace)."""
+        """Why a faster data plane was not taken ("" when none was left to try)."""
         if self._overlap is not None:
             return self._overlap.data_plane_reason
         return getattr(self, "_closed_data_plane", ("grpc", "overlap=False"))[1]

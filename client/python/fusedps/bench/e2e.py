@@ -166,9 +166,10 @@ def print_report(r: Dict) -> None:
     copies = (f"; pinned copies D2H {rates['d2h']:.1f} GB/s, H2D {rates['h2d']:.1f} GB/s"
               if rates else "")
     plane = r.get("data_plane", "grpc")
-    print(f"data plane: {plane}" + ("" if plane == "workspace" else
-                                    f" ({r.get('data_plane_reason', '')})"))
-    path = "same-host workspace" if plane == "workspace" else "gRPC"
+    reason = r.get("data_plane_reason", "")
+    print(f"data plane: {plane}" + (f" ({reason})" if reason else ""))
+    path = {"workspace": "same-host workspace",
+            "device": "same-host device workspace"}.get(plane, "gRPC")
     print(f"links: {path} push {r['push_gb_s']:.2f} GB/s, pull {r['pull_gb_s']:.2f} GB/s"
           f"{copies}")
     o = r["over_local_ms"]
