@@ -19,6 +19,16 @@ VARIANTS = {
     "bf16": (REMOTE + BF16_WIRE, "remote-copy"),
     "bf16grpc": (REMOTE + BF16_WIRE + " --data-plane grpc", "remote-copy"),
     "delay": (REMOTE + BF16_WIRE + " --delay 1 --delay-warmup 10", "remote-copy"),
+    # Through a host workspace (shared memory, page-locked), whatever auto would pick.
+    "fp32ws": (REMOTE + " --data-plane workspace", "remote"),
+    "bf16ws": (REMOTE + BF16_WIRE + " --data-plane workspace", "remote-copy"),
+    "delayws": (REMOTE + BF16_WIRE + " --delay 1 --delay-warmup 10 --data-plane workspace",
+                "remote-copy"),
+    # Through a device workspace (the server GPU's memory, CUDA IPC): no host copies at all.
+    "fp32dev": (REMOTE + " --data-plane device", "remote"),
+    "bf16dev": (REMOTE + BF16_WIRE + " --data-plane device", "remote-copy"),
+    "delaydev": (REMOTE + BF16_WIRE + " --delay 1 --delay-warmup 10 --data-plane device",
+                 "remote-copy"),
     # Without overlap: every step waits for its push and pull.
     "sync": ("--optimizer remote --target {target} {remote_flags}", "remote"),
 }
