@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(kThreads)
     const char* src = batch.src[r];
     char* dst = batch.dst[r];
     const uint64_t bytes = batch.bytes[r];
-    const bool vector = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
-                          bytes) % 16) == 0;
+    const bool vector =
+        ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | bytes) % 16) == 0;
     uint64_t done = 0;
     if (vector) {
       const uint64_t words = bytes / 16;
@@ -113,8 +113,8 @@ absl::StatusOr<SharedDeviceMemory> AllocateShared(int device_ordinal, uint64_t b
   if (const cudaError_t e = cudaMalloc(&shared.data, std::max<uint64_t>(bytes, 1));
       e != cudaSuccess) {
     cudaGetLastError();  // Not sticky: clear it.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no device memory for a workspace of ", bytes, " bytes: ", cudaGetErrorString(e)));
+    return absl::ResourceExhaustedError(absl::StrCat("no device memory for a workspace of ", bytes,
+                                                     " bytes: ", cudaGetErrorString(e)));
   }
   const auto fail = [&](const char* call, cudaError_t e) {
     cudaFree(shared.data);
@@ -155,13 +155,12 @@ void DeviceStagingCopier::Free() {
 }
 
 absl::StatusOr<GradCheck> DeviceStagingCopier::Copy(LaunchCounter& launches, int grid,
-                                                          cudaStream_t stream, char* mirror,
-                                                          absl::Span<const DeviceStagingCopy> copies,
-                                                          GradDType dtype) {
+                                                    cudaStream_t stream, char* mirror,
+                                                    absl::Span<const DeviceStagingCopy> copies,
+                                                    GradDType dtype) {
   MutexLock lock(&mu_);
   if (done_ == nullptr) return absl::FailedPreconditionError("the device copier is not set up");
-  FUSEDPS_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(result_device_, 0, 2 * sizeof(uint32_t), stream));
+  FUSEDPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(result_device_, 0, 2 * sizeof(uint32_t), stream));
   for (size_t begin = 0; begin < copies.size(); begin += kRangesPerLaunch) {
     RangeBatch batch;
     std::memset(&batch, 0, sizeof(batch));

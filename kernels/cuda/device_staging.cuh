@@ -43,8 +43,8 @@ class DeviceStagingCopier {
   // every element as `dtype`, and waits for it. REQUIRES: the ranges were checked against the
   // mirror's size (the backend does), and their bytes are multiples of the dtype's size.
   absl::StatusOr<GradCheck> Copy(LaunchCounter& launches, int grid, cudaStream_t stream,
-                                       char* mirror, absl::Span<const DeviceStagingCopy> copies,
-                                       GradDType dtype) ABSL_LOCKS_EXCLUDED(mu_);
+                                 char* mirror, absl::Span<const DeviceStagingCopy> copies,
+                                 GradDType dtype) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Mutex mu_;
