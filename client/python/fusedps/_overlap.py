@@ -570,19 +570,24 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
 
 def _device_pull_refused(client: Any, pull_dtype: str, stored_dtype: Optional[str]) -> str:
     """Why the server would refuse pulls in ``pull_dtype`` into a device workspace, or "": it
-    writes there only the stored params dtype, or its low-precision param copy's
-    (--param-copy-dtype; GetInfo says which), rounding nothing on the way."""
-    if pull_dtype == stored_dtype:
+    writes there what its read gives, rounding nothing (server/service/pull_reactor.cc): fp32
+    params in fp32, or its 16-bit param copy (--param-copy-dtype, which it keeps of fp32 params
+    only; GetInfo says which) in that dtype. A bf16 pull of bf16 params goes through fp32 and is
+    rounded on the host, so it is refused; params stored otherwise are left to a host
+    workspace."""
+    if stored_dtype != "float32":
+        return (f"the server stores the params in {stored_dtype or 'more than one dtype'}; a "
+                f"device workspace takes pulls of fp32 params only")
+    if pull_dtype == "float32":
         return ""
     try:
         copy = client.info().param_copy_dtype
     except Exception:  # noqa: BLE001 - then as a server without a copy
         copy = None
-    if stored_dtype is not None and pull_dtype == copy:
+    if pull_dtype == copy:
         return ""
-    return (f"the pull dtype ({pull_dtype}) is neither the params dtype the server stores "
-            f"({stored_dtype or 'not one for all groups'}) nor that of its param copy "
-            f"(--param-copy-dtype: {copy or 'none'})")
+    return (f"a {pull_dtype} pull into a device workspace reads the server's param copy, and "
+            f"this server keeps {copy or 'none'} (--param-copy-dtype)")
 
 
 def _new_timings() -> Dict[str, float]:

@@ -14,8 +14,8 @@ the server's GPU, which the server shares through CUDA IPC and this process maps
 (fusedps._cuda_ipc): ``buffer`` is then a uint8 CUDA tensor, and what is carved from it are
 CUDA tensors. The trainer's copies into and out of it are device-to-device, and so are the
 server's: no pinned host memory, no host DMA. Pushes and pulls name places in it as in a host
-workspace (the same fields); a pull into it must be in the server's stored dtype (or its
---param-copy-dtype copy's). Nothing here, nor in the C++ client (client/push_transaction.cc and
+workspace (the same fields); a pull into it must be of fp32 params, in fp32 or in the dtype
+of the server's --param-copy-dtype copy. Nothing here, nor in the C++ client (client/push_transaction.cc and
 client/pull_into.cc compare addresses, and a pull's reader claims the very bytes the server
 wrote), reads or writes its bytes from the CPU.
 

@@ -158,8 +158,8 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
         (default): a same-host workspace (docs/python.md, "Same-host workspaces") when the
         params live on one server on this host that offers one, else gRPC. On a GPU, auto
         tries a device workspace first (the server GPU's memory, mapped here through CUDA
-        IPC: device-to-device copies, no pinned memory) when the server runs on this GPU and
-        the pull dtype is the stored params dtype (as by default) or that of the server's
+        IPC: device-to-device copies, no pinned memory) when the server runs on this GPU,
+        stores the params in fp32, and the pull dtype is fp32 (as by default) or that of its
         --param-copy-dtype, then a host one (shared memory). "device" / "workspace": that
         kind or RuntimeError; "grpc": always gRPC. ``data_plane_in_use`` says which was taken.
       pull_dtype: with overlap, the dtype parameters are pulled in: None (default) "float32"

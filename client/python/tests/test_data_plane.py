@@ -83,15 +83,20 @@ def test_auto_asks_for_no_device_workspace_on_the_cpu_or_in_another_dtype(monkey
     workspace, kinds = choose(monkeypatch, e, "auto", FakeOpen(), pull="bfloat16")
     assert kinds == ["host"] and not workspace.on_device
     assert e.data_plane_reason == (
-        "no device workspace: the pull dtype (bfloat16) is neither the params dtype the server "
-        "stores (float32) nor that of its param copy (--param-copy-dtype: none)")
+        "no device workspace: a bfloat16 pull into a device workspace reads the server's param "
+        "copy, and this server keeps none (--param-copy-dtype)")
     e = engine(cuda=True)
     workspace, kinds = choose(monkeypatch, e, "auto", FakeOpen(), stored=None)
-    assert kinds == ["host"] and "not one for all groups" in e.data_plane_reason
-    # bf16 params stored, an fp32 pull: the server would have to widen them.
-    e = engine(cuda=True, param_copy="bfloat16")
-    workspace, kinds = choose(monkeypatch, e, "auto", FakeOpen(), stored="bfloat16")
-    assert kinds == ["host"] and "pull dtype (float32)" in e.data_plane_reason
+    assert kinds == ["host"] and "more than one dtype" in e.data_plane_reason
+    # bf16 params stored: the server reads them as fp32 and rounds a bf16 pull on the host
+    # (pull_reactor.cc), which it refuses into device memory; RemoteAdamW's default pull of
+    # bf16 params is bf16, so that pull would fail at the first step. Whatever the pull dtype
+    # and the copy, a host workspace.
+    for pull in ("bfloat16", "float32"):
+        e = engine(cuda=True, param_copy="bfloat16")
+        workspace, kinds = choose(monkeypatch, e, "auto", FakeOpen(), pull=pull,
+                                  stored="bfloat16")
+        assert kinds == ["host"] and "stores the params in bfloat16" in e.data_plane_reason
 
 
 def test_a_bf16_pull_of_fp32_params_goes_to_the_device_from_the_servers_copy(monkeypatch):
@@ -121,7 +126,7 @@ def test_data_plane_device_raises_with_the_reason(monkeypatch):
     assert str(caught.value) == ("data_plane='device': no device workspace: "
                                  "FAILED_PRECONDITION: no GPU")
     assert [c["memory"] for c in fake.calls] == ["device"]  # No host one instead.
-    with pytest.raises(RuntimeError, match="pull dtype"):
+    with pytest.raises(RuntimeError, match="param copy"):
         choose(monkeypatch, engine(cuda=True), "device", FakeOpen(), pull="bfloat16")
     with pytest.raises(RuntimeError, match="data_plane='device'.*one server only"):
         choose(monkeypatch, engine(cuda=True, clients=2), "device", FakeOpen())
