@@ -156,14 +156,17 @@ def test_auto_takes_a_device_workspace_on_the_servers_gpu(server_target):
     try:
         assert opt.data_plane_in_use == "device" and opt.data_plane_reason == ""
         assert opt._overlap.workspace.on_device
+        # There the whole push takes well under a millisecond: at step(), no gradient hooks.
+        assert not opt.push_during_backward_in_use and opt._overlap._hooks is None
     finally:
         opt.close()
-    assert opt.data_plane_in_use == "device"
+    assert opt.data_plane_in_use == "device" and not opt.push_during_backward_in_use
     opt = RemoteAdamW(small_model(device=DEVICE).named_parameters(), targets=server_target,
                       overlap=True, prefix="dev-auto-bf16/", pull_dtype="bfloat16")
     try:
         assert opt.data_plane_in_use == "workspace"
-        assert "pull dtype (bfloat16)" in opt.data_plane_reason, opt.data_plane_reason
+        assert "reads the server's param copy" in opt.data_plane_reason, opt.data_plane_reason
+        assert opt.push_during_backward_in_use  # Through host memory: during backward.
     finally:
         opt.close()
 

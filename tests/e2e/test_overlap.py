@@ -21,6 +21,7 @@ memory, copies device to device; skipped without a GPU).
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from typing import Callable, Dict, List, Tuple
 
@@ -118,21 +119,33 @@ def assert_close(ours: RemoteAdamW, model: Mlp, ref: torch.optim.AdamW, ref_mode
 
 
 def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
-               data_plane: str = "workspace") -> Tuple[RemoteAdamW, Mlp]:
-    """Trains both ways and checks them: parity, and no full push but the inplace recipe's."""
+               data_plane: str = "workspace",
+               push_during_backward=None) -> Tuple[RemoteAdamW, Mlp]:
+    """Trains both ways and checks them: parity, and no full push but the inplace recipe's
+    (when the gradients leave during backward; pushed at step(), nothing left before the loop
+    changed one, so no step is pushed again)."""
     model, ref_model = Mlp(1), Mlp(1)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=target, prefix=prefix, overlap=True,
                       bucket_bytes=2048, client_options={"transport": transport},
-                      data_plane=data_plane, **HYPER)
+                      data_plane=data_plane, push_during_backward=push_during_backward,
+                      **HYPER)
     try:
         assert opt.data_plane_in_use == data_plane
+        # The default: during backward, but on a device workspace.
+        expected = (data_plane != "device" if push_during_backward is None
+                    else push_during_backward)
+        assert opt.push_during_backward_in_use == expected
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
             train(recipe, opt, model)
         train(recipe, ref, ref_model)
         assert_close(opt, model, ref, ref_model)
-        if recipe == "inplace":
+        if not expected:  # Everything left at step(), after the loop was done with it.
+            assert opt.overlap_fallbacks == 0, "a step was pushed again in full"
+            assert opt._overlap.buckets_before_step == 0
+            assert opt.last_step_timings["push_seconds"] > 0
+        elif recipe == "inplace":
             assert opt.overlap_fallbacks == STEPS
             assert any("changed after it was sent" in str(w.message) for w in caught)
         else:
@@ -145,12 +158,17 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
         opt.close()
 
 
-@pytest.mark.parametrize("data_plane", ["workspace", "grpc", DEVICE_PLANE])
+@pytest.mark.parametrize("data_plane, push_during_backward", [
+    ("workspace", None), ("grpc", None), ("workspace", False), ("grpc", False),
+    pytest.param("device", None, marks=ON_GPU), pytest.param("device", True, marks=ON_GPU)])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_overlap_matches_torch(server_target, recipe, data_plane):
+def test_overlap_matches_torch(server_target, recipe, data_plane, push_during_backward):
     """Through a same-host workspace (what a trainer beside its server gets), a device one
-    (on a GPU) and over gRPC (the native transport): the same results."""
-    run_recipe(server_target, recipe, prefix=f"{recipe}-{data_plane}/", data_plane=data_plane)
+    (on a GPU) and over gRPC (the native transport), with the gradients pushed during
+    backward or at step() (push_during_backward; a device workspace's default is at step()):
+    the same results."""
+    run_recipe(server_target, recipe, prefix=f"{recipe}-{data_plane}-{push_during_backward}/",
+               data_plane=data_plane, push_during_backward=push_during_backward)
 
 
 @pytest.mark.parametrize("data_plane", ["workspace", "grpc", DEVICE_PLANE])
@@ -296,13 +314,19 @@ def test_sharded_servers_match_torch():
             opt.close()
 
 
-def test_a_param_that_loses_its_gradient_is_pushed_in_full_once(server_target):
+BOTH_PUSHES = pytest.mark.parametrize("push_during_backward", [True, False])
+
+
+@BOTH_PUSHES
+def test_a_param_that_loses_its_gradient_is_pushed_in_full_once(server_target,
+                                                                 push_during_backward):
     """extra has a gradient on even steps only: each change of the set of params with a
     gradient pushes that step in full (warned once); the results stay exact."""
     model, ref_model = Mlp(5, extra=True), Mlp(5, extra=True)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
-    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="extra/",
-                      overlap=True, bucket_bytes=2048, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target,
+                      prefix=f"extra-{push_during_backward}/", overlap=True, bucket_bytes=2048,
+                      push_during_backward=push_during_backward, **HYPER)
     try:
         with pytest.warns(RuntimeWarning, match="set of params with a gradient changed"):
             for step in range(6):
@@ -316,11 +340,13 @@ def test_a_param_that_loses_its_gradient_is_pushed_in_full_once(server_target):
         opt.close()
 
 
-def test_a_scaler_overflow_skips_the_step_as_torch_does(server_target):
+@BOTH_PUSHES
+def test_a_scaler_overflow_skips_the_step_as_torch_does(server_target, push_during_backward):
     model, ref_model = Mlp(6), Mlp(6)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
-    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="inf/",
-                      overlap=True, bucket_bytes=2048, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target,
+                      prefix=f"inf-{push_during_backward}/", overlap=True, bucket_bytes=2048,
+                      push_during_backward=push_during_backward, **HYPER)
     scalers = [make_scaler(init_scale=1024.0), make_scaler(init_scale=1024.0)]
     try:
         for step in range(4):
@@ -338,14 +364,19 @@ def test_a_scaler_overflow_skips_the_step_as_torch_does(server_target):
 
 
 
-def test_a_changed_lr_goes_during_backward_not_at_step(server_target, monkeypatch):
+@pytest.mark.parametrize("push_during_backward, early_send", [
+    (True, "_queue_hyperparameters"), (False, "_on_pull_landed")])
+def test_a_changed_lr_goes_before_step(server_target, monkeypatch, push_during_backward,
+                                       early_send):
     """The scheduler's lr changes every step: it is sent once the step's first gradient is
-    ready (on the worker, behind backward), so it is at the server before step() and the
-    commit sends nothing. The control: with the early send switched off, it goes at step()."""
+    ready (on the worker, behind backward), or without gradient hooks once the last step's
+    pull has landed (behind the forward), so it is at the server before step() and the commit
+    sends nothing. The control: with the early send switched off, it goes at step()."""
     def sent_before_step(prefix: str) -> List[bool]:
         model = Mlp(8)
         opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix=prefix,
-                          overlap=True, bucket_bytes=2048, **HYPER)
+                          overlap=True, bucket_bytes=2048,
+                          push_during_backward=push_during_backward, **HYPER)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
         real, sent = opt.client.set_hyperparameters, []
 
@@ -368,20 +399,23 @@ def test_a_changed_lr_goes_during_backward_not_at_step(server_target, monkeypatc
             opt.close()
         return before[1:]  # Step 0 has the registered lr.
 
-    assert sent_before_step("lr-early/") == [True] * 5
-    monkeypatch.setattr(_overlap.OverlapEngine, "_queue_hyperparameters",
-                        lambda self, step: None)
-    assert sent_before_step("lr-late/") == [False] * 5
+    assert sent_before_step(f"lr-early-{push_during_backward}/") == [True] * 5
+    monkeypatch.setattr(_overlap.OverlapEngine, early_send, lambda self, *step: None)
+    assert sent_before_step(f"lr-late-{push_during_backward}/") == [False] * 5
 
 
-def test_a_failed_lr_send_fails_its_step_and_the_next_sends_it_again(server_target):
-    """The early send of step 5's lr fails: that step raises and applies nothing; the next
-    step sends every group's hyperparameters again, and the run goes on equal to torch's with
-    step 5 left out."""
+@BOTH_PUSHES
+def test_a_failed_lr_send_fails_its_step_and_the_next_sends_it_again(server_target,
+                                                                     push_during_backward):
+    """The early send of step 5's lr (during backward, or at the start of step() without
+    gradient hooks) fails: that step raises and applies nothing; the next step sends every
+    group's hyperparameters again, and the run goes on equal to torch's with step 5 left
+    out."""
     model, ref_model = Mlp(9), Mlp(9)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
-    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="lr-fail/",
-                      overlap=True, bucket_bytes=2048, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target,
+                      prefix=f"lr-fail-{push_during_backward}/", overlap=True, bucket_bytes=2048,
+                      push_during_backward=push_during_backward, **HYPER)
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5) for o in (opt, ref)]
     real = opt.client.set_hyperparameters
     calls = []
@@ -433,7 +467,7 @@ def test_buckets_are_written_by_the_hooks_not_the_worker(server_target, monkeypa
     model, ref_model = Mlp(10), Mlp(10)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="hook-writes/",
-                      overlap=True, bucket_bytes=2048, **HYPER)
+                      overlap=True, bucket_bytes=2048, push_during_backward=True, **HYPER)
 
     def wait_for_begin(grad):
         begun = opt._overlap._step.begun
@@ -459,3 +493,71 @@ def test_buckets_are_written_by_the_hooks_not_the_worker(server_target, monkeypa
     assert writes and all(name != "fusedps-overlap" for name, _, _ in writes), writes
     for step in range(4):  # Every step wrote some buckets during backward.
         assert any(s == step and not during_step for _, s, during_step in writes), writes
+
+
+def test_without_hooks_a_training_forward_begins_the_push_an_evaluation_does_not(server_target):
+    """push_during_backward=False: once the last step's pull has landed in a forward with grad
+    on, the next push begins on the worker (off step()'s path); when it lands in a forward
+    under no_grad (an evaluation), only the changed lr goes, and the push begins at step().
+    The values stay torch's either way."""
+    model, ref_model = Mlp(11), Mlp(11)
+    ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="begin-early/",
+                      overlap=True, push_during_backward=False, **HYPER)
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.9) for o in (opt, ref)]
+    engine = opt._overlap
+    began = []
+    try:
+        for step in range(8):
+            evaluate = step % 2 == 0
+            if evaluate:
+                with torch.no_grad():  # Its forward lands the last step's pull.
+                    model(batch(step)[0])
+            for m, o in ((model, opt), (ref_model, ref)):
+                o.zero_grad(set_to_none=True)
+                loss_of(m, step).backward()
+            began.append(engine._step.begun is not None)
+            opt.step()
+            ref.step()
+            for sched in scheds:
+                sched.step()
+        assert_close(opt, model, ref, ref_model)
+        # Step 0 has no pull to land; then odd steps' training forwards begin the push.
+        assert began == [False, True] * 4, began
+    finally:
+        opt.close()
+
+
+@pytest.mark.parametrize("begin_again", [True, False])
+def test_a_push_begun_long_before_step_is_begun_again(monkeypatch, begin_again):
+    """A forward with grad on begins the next push; the loop then pauses past the server's
+    --call-idle-seconds (1 s here), which ends the idle call. step() begins it again
+    (BEGUN_MAX_SECONDS) and the values stay torch's. The control: without that, the step
+    fails on the ended call."""
+    if not begin_again:
+        monkeypatch.setattr(_overlap, "BEGUN_MAX_SECONDS", 1e9)
+    with running_server(["--call-idle-seconds=1"]) as target:
+        model, ref_model = Mlp(12), Mlp(12)
+        ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+        opt = RemoteAdamW(model.named_parameters(), targets=target, prefix="idle/",
+                          overlap=True, push_during_backward=False, **HYPER)
+        try:
+            def steps():
+                for step in range(3):
+                    for m, o in ((model, opt), (ref_model, ref)):
+                        o.zero_grad(set_to_none=True)
+                        loss = loss_of(m, step)
+                        if o is opt and step == 1:
+                            time.sleep(2.5)  # After the forward that began the push.
+                        loss.backward()
+                    opt.step()
+                    ref.step()
+
+            if begin_again:
+                steps()
+                assert_close(opt, model, ref, ref_model)
+            else:
+                with pytest.raises(Exception):
+                    steps()
+        finally:
+            opt.close()

@@ -91,7 +91,10 @@ def record_buckets(monkeypatch) -> Buckets:
 
 def train(server_target: str, prefix: str, edge: int, steps: int = 6, **options):
     """Trains Deep with RemoteAdamW(overlap=True) and torch.optim.AdamW on the same batches,
-    checks the values, and returns the optimizer's pull groups' wire bytes (closed)."""
+    checks the values, and returns the optimizer's pull groups' wire bytes (closed). The
+    gradients leave during backward unless options say (on a GPU the default through a device
+    workspace is at step()), since the buckets' cuts are what is checked."""
+    options.setdefault("push_during_backward", True)
     model, ref_model = Deep(7), Deep(7)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix=prefix,
@@ -141,7 +144,7 @@ def test_a_delayed_step_stages_one_bucket(server_target, monkeypatch):
     model = Deep(8)
     opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="edge-delay/",
                       overlap=True, bucket_bytes=CAP, edge_bucket_bytes=EDGE, delay=1,
-                      delay_warmup=2, **HYPER)
+                      delay_warmup=2, push_during_backward=True, **HYPER)
     try:
         for step in range(5):
             opt.zero_grad(set_to_none=True)

@@ -17,6 +17,10 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    buckets are planned on the last step's order so that the last one holds about
    ``edge_bytes`` and the ones before it double up to ``bucket_bytes`` (fusedps._bucket_plan):
    what is left to push once backward ends is small.
+   Without gradient hooks (push_during_backward False, the default on a device workspace,
+   where a step's gradients move device to device in well under a millisecond), nothing
+   leaves during backward: step() begins the push on the worker and stages every gradient as
+   one bucket meanwhile, as a delayed step does; the pull below is the same.
 2. step(). The rest is staged. Then the check (StepCheck, fusedps/_overlap_step.py): every
    gradient as it is now (after clipping, GradScaler.unscale_, anything the loop did) against
    what was sent. Unchanged: the commit's grad_scale is the step's own (the GradScaler's
@@ -75,10 +79,11 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from fusedps import _dtypes, _trace, _workspace
+from fusedps import _dtypes, _trace
 from fusedps import _remote_optim as _ro
 from fusedps._bucket_plan import DEFAULT_EDGE_BYTES, plan_ends
 from fusedps._grad_hooks import GradReadyHooks
+from fusedps._overlap_plane import DataPlane
 from fusedps._overlap_staging import Staging
 from fusedps._overlap_step import StepCheck, _Bucket, _Step
 from fusedps._overlap_worker import StepWorker
@@ -96,9 +101,13 @@ _logger = logging.getLogger("fusedps.torch")  # RemoteAdamW's.
 # benchmarks.md). Over gRPC smaller buckets hide more of the transfer.
 GRPC_BUCKET_BYTES = 8 << 20
 WORKSPACE_BUCKET_BYTES = 32 << 20
+# Without gradient hooks, a push begun in a forward this long before step() is begun again
+# there (StepWorker._queue_begin): well below the server's --call-idle-seconds (60 s by
+# default), and far above a forward and backward that the early begin is for.
+BEGUN_MAX_SECONDS = 2.0
 
 
-class OverlapEngine(StepCheck, StepWorker, Staging):
+class OverlapEngine(DataPlane, StepCheck, StepWorker, Staging):
     """Args:
       optimizer: the RemoteAdamW (its client, _scaling_plan, hyperparameter and fallback
         methods are used).
@@ -118,13 +127,20 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
       stored_dtype: the wire name ("float32" / "bfloat16") of the params dtype the server
         stores every param in, None when the groups differ: a device workspace's pulls must
         be in it (or in the server's param copy's dtype).
+      push_during_backward: True: gradient hooks stage and write the buckets while backward
+        runs (the module docstring, 1); False: no gradient hooks, step() stages every
+        gradient as one bucket (as a delayed step does) and its push begins on the worker
+        while it stages; None: False on a device workspace (moving a step's gradients there
+        takes well under a millisecond, less than the hooks' Python costs a CPU-bound
+        backward: docs/benchmarks.md, runs E1-E2), True otherwise.
     """
 
     def __init__(self, optimizer: Any, pairs: Sequence[Tuple[str, torch.Tensor]],
                  grad_dtype: str, pull_dtype: str, bucket_bytes: Optional[int],
                  pull_group_bytes: Optional[int],
                  delay: int, delay_warmup: int, data_plane: str = "auto",
-                 edge_bytes: Optional[int] = None, stored_dtype: Optional[str] = None):
+                 edge_bytes: Optional[int] = None, stored_dtype: Optional[str] = None,
+                 push_during_backward: Optional[bool] = None):
         self._opt = optimizer
         self._names = [n for n, _ in pairs]
         self._params = [p for _, p in pairs]
@@ -144,6 +160,8 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         self.workspace = self._open_workspace(data_plane, pull_dtype, stored_dtype)
         self.data_plane = ("grpc" if self.workspace is None else
                            "device" if self.workspace.on_device else "workspace")
+        self.push_during_backward = (self.data_plane != "device" if push_during_backward is None
+                                     else bool(push_during_backward))
         if bucket_bytes is None:
             bucket_bytes = (WORKSPACE_BUCKET_BYTES if self.workspace is not None
                             else GRPC_BUCKET_BYTES)
@@ -165,6 +183,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         self.pulls = PullPipeline(self._route, self._params, pull_dtype, streams,
                                   pull_group_bytes, edge_bytes=self._edge_bytes,
                                   workspace=self.workspace)
+        self.pulls.on_landed = self._on_pull_landed
         # The worker's pieces of a bucket's write, by (buffer, first element, params): the
         # same every step once the order settles.
         self._pieces: Dict[Tuple[int, int, Tuple[int, ...]], list] = {}
@@ -194,59 +213,8 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
         self._worker.start()
         self._gathered: Optional[object] = None  # The last bucket's gathering (GPU).
         self._begun: Optional[tuple] = None  # (tensors, by_shard, index) of the last _begin.
-        self._hooks: Optional[GradReadyHooks] = GradReadyHooks(self._params,
-                                                               self._on_grad_ready)
-
-    def _open_workspace(self, data_plane: str, pull_dtype: str,
-                        stored_dtype: Optional[str]):
-        """The step's buffers in a same-host workspace, when data_plane allows one and the
-        params live on one server that gives one: a device workspace ("device", or "auto" on a
-        GPU when the server can pull into it: _device_pull_refused), else a host one
-        ("workspace", "auto"); else None. data_plane_reason says why not the first kind tried
-        ("" when it was had)."""
-        if data_plane == "grpc":
-            self.data_plane_reason = "data_plane='grpc'"
-            return None
-        if len(self._route.clients) != 1:
-            self.data_plane_reason = "a workspace is used with one server only"
-            return self._no_workspace(data_plane)
-        client = self._route.clients[0]
-        # The push's buffers (two with delay=1) and the pull's.
-        total = sum(self._numel)
-        buffers = [(total, self._wire_dtype)] * (2 if self._delay else 1)
-        buffers.append((total, _dtypes.torch_dtype(pull_dtype)))
-        nbytes = _workspace.needed_bytes(buffers)
-        device_reason = ""
-        if data_plane == "device" or (data_plane == "auto" and self._cuda):
-            device_reason = _device_pull_refused(client, pull_dtype, stored_dtype)
-            if not device_reason:
-                workspace, device_reason = _workspace.open_workspace(
-                    client, nbytes, pin=False, memory="device", device=self.device)
-                if workspace is not None:
-                    self.data_plane_reason = ""
-                    return workspace
-            self.data_plane_reason = f"no device workspace: {device_reason}"
-            if data_plane == "device":
-                raise RuntimeError(f"data_plane='device': {self.data_plane_reason}")
-            _logger.info("RemoteAdamW: no device workspace, trying a host one: %s",
-                         device_reason)
-        workspace, host_reason = _workspace.open_workspace(client, nbytes, pin=self._cuda)
-        if workspace is not None:
-            self.data_plane_reason = f"no device workspace: {device_reason}" if (
-                device_reason) else ""
-            return workspace
-        self.data_plane_reason = (f"no device workspace: {device_reason}; no workspace: "
-                                  f"{host_reason}" if device_reason else host_reason)
-        return self._no_workspace(data_plane)
-
-    def _no_workspace(self, data_plane: str) -> None:
-        """None (gRPC), logged, or RuntimeError when data_plane asked for a workspace."""
-        if data_plane in ("workspace", "device"):
-            raise RuntimeError(f"data_plane={data_plane!r}: no workspace "
-                               f"({self.data_plane_reason})")
-        _logger.info("RemoteAdamW: gradients and parameters go over gRPC: %s",
-                     self.data_plane_reason)
-        return None
+        self._hooks: Optional[GradReadyHooks] = GradReadyHooks(
+            self._params, self._on_grad_ready) if self.push_during_backward else None
 
     # -- hooks (autograd's thread) ------------------------------------------------------------
 
@@ -255,10 +223,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
             return
         with self._lock:
             step = self._step
-            if step.tensors is None:  # The step's first gradient: its push names these.
-                step.tensors = list(self._expected)
-                self._queue_begin(step)
-                self._queue_hyperparameters(step)
+            self._start_push_locked(step)  # At the step's first gradient.
             if self._cuda and not step.fenced:
                 # At the end of this backward, the loop's next writes to the gradients (clipping,
                 # unscale_) must come after the buckets' gathering: see _fence.
@@ -274,6 +239,30 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
             self._add_locked(step, i)
             if step.unwritten:
                 self._write_ready_locked(step)
+
+    def _start_push_locked(self, step: _Step) -> None:
+        """Once per step (its first gradient, or step() without gradient hooks): the push,
+        naming the expected params, begins on the worker, after the changed hyperparameters
+        are sent."""
+        if step.tensors is None:
+            step.tensors = list(self._expected)
+            self._queue_begin(step)
+            self._queue_hyperparameters(step)
+
+    def _on_pull_landed(self) -> None:
+        """(The loop's thread, once the last step's pull has landed: in the next forward, as a
+        rule.) Without gradient hooks, the next step's push begins now on the worker, behind
+        the forward, with the hyperparameters changed since (a scheduler's lr), not on
+        step()'s path; in a forward without grad (an evaluation) only the hyperparameters go.
+        With hooks both go at the first gradient; a delayed step's commit sends them behind
+        the next forward."""
+        if self.push_during_backward or self._delayed():
+            return
+        if torch.is_grad_enabled():  # A training forward: backward and step() follow.
+            with self._lock:
+                self._start_push_locked(self._step)
+        else:
+            self._queue_hyperparameters(self._step)
 
     def _end_of_backward(self, step: _Step, stream) -> None:
         """Autograd's final callback (GPU): the fence (_fence), and the buckets whose copies
@@ -379,6 +368,7 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                 self._copy_hook = None
             self._tasks.put(None)
             self._worker.join()
+            self._cancel(self._step)  # A push begun (a backward, a forward) and not committed.
             self.pulls.close()
             if self.workspace is not None:
                 if self._cuda:  # No copy may still use the memory unpinned (or unmapped).
@@ -427,10 +417,17 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
             self.buckets_before_step = len(step.buckets)
             mismatch = step.mismatch or with_grad != self._expected
             if not mismatch:
+                if not delayed and not self.push_during_backward:
+                    # No hooks: the push began in the forward (_on_pull_landed), or begins on
+                    # the worker now while this thread stages.
+                    if (step.begun is not None
+                            and time.perf_counter() - step.begun_at > BEGUN_MAX_SECONDS):
+                        self._queue_begin(step, again=True)
+                    self._start_push_locked(step)
                 if step.tensors is None:
                     step.tensors = list(self._expected)
-                if delayed and not step.params:
-                    # Once delayed (no hooks) all in one bucket: nothing to overlap here.
+                if not step.params and (delayed or not self.push_during_backward):
+                    # No hooks (delayed, or pushed at step()): all in one bucket.
                     self._add_all_locked(step)
                 else:
                     for i in with_grad:
@@ -566,28 +563,6 @@ class OverlapEngine(StepCheck, StepWorker, Staging):
                           stacklevel=4)
         self.steps += 1
         self._opt._step_in_full(plan, timings)
-
-
-def _device_pull_refused(client: Any, pull_dtype: str, stored_dtype: Optional[str]) -> str:
-    """Why the server would refuse pulls in ``pull_dtype`` into a device workspace, or "": it
-    writes there what its read gives, rounding nothing (server/service/pull_reactor.cc): fp32
-    params in fp32, or its 16-bit param copy (--param-copy-dtype, which it keeps of fp32 params
-    only; GetInfo says which) in that dtype. A bf16 pull of bf16 params goes through fp32 and is
-    rounded on the host, so it is refused; params stored otherwise are left to a host
-    workspace."""
-    if stored_dtype != "float32":
-        return (f"the server stores the params in {stored_dtype or 'more than one dtype'}; a "
-                f"device workspace takes pulls of fp32 params only")
-    if pull_dtype == "float32":
-        return ""
-    try:
-        copy = client.info().param_copy_dtype
-    except Exception:  # noqa: BLE001 - then as a server without a copy
-        copy = None
-    if pull_dtype == copy:
-        return ""
-    return (f"a {pull_dtype} pull into a device workspace reads the server's param copy, and "
-            f"this server keeps {copy or 'none'} (--param-copy-dtype)")
 
 
 def _new_timings() -> Dict[str, float]:

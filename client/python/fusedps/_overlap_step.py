@@ -62,6 +62,7 @@ class _Step:
     tensors: Optional[List[int]] = None  # The push's params, fixed when it began.
     transactions: Optional[list] = None  # Per shard; published by _begin.
     begun: Optional[Any] = None  # The Future of the begin the first hook queued (_queue_begin).
+    begun_at: float = 0.0  # When it was queued (time.perf_counter()).
     # Staged buckets (their copies queued, not deferred) that are not written yet, in order.
     unwritten: List["_Bucket"] = field(default_factory=list)
     index: Dict[Tuple[int, int], int] = field(default_factory=dict)

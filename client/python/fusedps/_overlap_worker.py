@@ -17,6 +17,7 @@ params, which no write in flight uses.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, cast
 
@@ -58,7 +59,9 @@ class StepWorker:
 
         def send():
             try:
+                _trace.mark("hyperparameters")
                 opt._send_hyperparameters(changed, mark=False)
+                _trace.mark("hyperparameters_sent")
             except BaseException as e:  # noqa: BLE001 - raised by the step's commit
                 self._hyper_failed = True
                 if step.error is None:
@@ -98,24 +101,34 @@ class StepWorker:
         self._tasks.put(("call", future, fn))
         return future
 
-    def _queue_begin(self, step: _Step) -> None:
-        """At a step's first gradient: its pushes begin on the worker (making their calls takes
-        a few hundred microseconds, most of it without the interpreter lock) while backward
-        goes on; the hooks write into them once they are there (_write_ready_locked). An error
-        is the step's (raised at step())."""
+    def _queue_begin(self, step: _Step, again: bool = False) -> None:
+        """At a step's first gradient (or, without gradient hooks, once the last pull has
+        landed in a training forward, else at step()): its pushes begin on the worker (making
+        their calls takes a few hundred microseconds, most of it without the interpreter lock)
+        while the loop goes on; the hooks write into them once they are there
+        (_write_ready_locked). With ``again`` (step(), before any write) the step's pushes,
+        begun long ago, are cancelled first: the server ends a call idle for
+        --call-idle-seconds (60 s by default), and a push begun in a forward waits idle until
+        step(), through whatever the loop did between (an evaluation with grad on, say). An
+        error is the step's (raised at step())."""
         def begin():
+            if again:
+                self._cancel(step)
+                step.transactions = None
             try:
                 self._begin(step)
             except BaseException as e:  # noqa: BLE001 - reported at step()
                 if step.error is None:
                     step.error = e
 
+        step.begun_at = time.perf_counter()
         step.begun = self._call(begin)
 
     def _begin(self, step: _Step) -> None:
         """Begins the step's push on every server that holds some of its params; publishes
         step.transactions last (the hooks write once they see it)."""
         # The same params each step, as a rule: their split over the shards is made once.
+        _trace.mark("begin")
         named = cast(List[int], step.tensors)  # Fixed with the step's first gradient.
         if self._begun is None or self._begun[0] != named:
             self._begun = (list(named), *self._route.tensors_by_shard(named))
@@ -128,6 +141,7 @@ class StepWorker:
                 tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash,
                 workspace=self.workspace))
         step.transactions = transactions
+        _trace.mark("begun")
 
     def _write_ready_locked(self, step: _Step) -> None:
         """(A gradient hook, or backward's end; under _lock.) Writes the step's staged buckets

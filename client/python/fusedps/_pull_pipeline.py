@@ -51,7 +51,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import torch
 
@@ -212,6 +212,8 @@ class PullPipeline:
         self.versions: List[Optional[int]] = [None] * route.shards
         self.seconds = 0.0          # The last finished pull's wall time.
         self.exposed_seconds = 0.0  # What the forward and the optimizer waited for it.
+        # Called on the loop's thread once a pull has landed and its versions are observed.
+        self.on_landed: Optional[Callable[[], None]] = None
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
 
     # -- the optimizer's side ---------------------------------------------------------------------
@@ -436,6 +438,8 @@ class PullPipeline:
             if self._natives is not None:  # _ThreadLanding's went through Client.pull_into.
                 client._observe_version(version)
             client.last_pulled_version = version
+        if self.on_landed is not None:
+            self.on_landed()
 
     # -- the forward's side -------------------------------------------------------------------
 

@@ -122,7 +122,8 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
       connect_timeout: seconds to wait for the server(s) when ``targets`` is given (None: do
         not wait; the first call then fails at once when a server is not up).
       overlap: hide the remote step behind compute (docs/python.md, "Overlap"). Each
-        param's gradient leaves as soon as backward has accumulated it, in buckets of about
+        param's gradient leaves (unless push_during_backward is False, below) as soon as
+        backward has accumulated it, in buckets of about
         ``bucket_bytes`` wire bytes, and the server stages them; step() commits the push with
         the step's scale and returns once it is applied, and the parameters come back in the
         order the forward uses them while the next forward runs (each module's forward waits
@@ -154,6 +155,12 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
         gradient and forward hooks are removed and step() stages the gradients itself. 0
         (default): none.
       delay_warmup: steps run without delay first (default 10).
+      push_during_backward: with overlap, True: each bucket leaves during backward (above);
+        False: no gradient hooks, step() sends every gradient at once (the pull still lands
+        during the next forward, and every recipe stays exact, since nothing left before the
+        loop was done with the gradients). None (default): False on a device workspace, where
+        the whole push takes well under a millisecond and the hooks' Python would cost a
+        CPU-bound backward more (docs/python.md, "Overlap"), True otherwise.
       data_plane: with overlap, where the gradients' and parameters' bytes travel. "auto"
         (default): a same-host workspace (docs/python.md, "Same-host workspaces") when the
         params live on one server on this host that offers one, else gRPC. On a GPU, auto
@@ -283,7 +290,7 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                  state_dtype: str = "fp32", params_dtype: str = "fp32",
                  rounding_seed: int = 0, on_existing: str = "error",
                  model: Optional[str] = None, buffers: Any = None,
-                 data_plane: str = "auto"):
+                 data_plane: str = "auto", push_during_backward: Optional[bool] = None):
         _on_existing.check_on_existing(on_existing)
         ro.check_implementation_flags(dict(foreach=foreach, fused=fused, capturable=capturable,
                                            differentiable=differentiable), "RemoteAdamW")
@@ -367,7 +374,8 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
                     self, self._pairs, self.grad_dtype, self._pull_dtype, bucket_bytes,
                     pull_group_bytes=None, delay=delay,
                     delay_warmup=delay_warmup, data_plane=data_plane,
-                    edge_bytes=edge_bucket_bytes, stored_dtype=ro.stored_wire_dtype(self.storage))
+                    edge_bytes=edge_bucket_bytes, stored_dtype=ro.stored_wire_dtype(self.storage),
+                    push_during_backward=push_during_backward)
         except BaseException:
             self.close()
             raise
@@ -493,6 +501,14 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
         return getattr(self, "_closed_data_plane", ("grpc", ""))[0]
 
     @property
+    def push_during_backward_in_use(self) -> bool:
+        """With overlap: whether gradients leave during backward (see push_during_backward),
+        also after close(); False without overlap."""
+        if self._overlap is not None:
+            return self._overlap.push_during_backward
+        return getattr(self, "_closed_push_during_backward", False)
+
+    @property
     def data_plane_reason(self) -> str:
         """Why a faster data plane was not taken ("" when none was left to try)."""
         if self._overlap is not None:
@@ -517,6 +533,7 @@ class RemoteAdamW(StateDictMethods, torch.optim.Optimizer):
             self._overlap = None
             self._closed_fallbacks = overlap.fallbacks
             self._closed_data_plane = (overlap.data_plane, overlap.data_plane_reason)
+            self._closed_push_during_backward = overlap.push_during_backward
             overlap.close()
         if getattr(self, "_owns_client", False) and getattr(self, "client", None) is not None:
             self.client.close()
