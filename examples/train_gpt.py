@@ -153,6 +153,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --overlap: the last gradient bucket's and the first pull "
                         "group's size, MiB (RemoteAdamW's edge_bucket_bytes; default 4; 0: "
                         "all --bucket-mib)")
+    p.add_argument("--push-during-backward", default="auto", choices=["auto", "on", "off"],
+                   help="with --overlap: gradients leave during backward (on) or all at "
+                        "step() (off); auto: RemoteAdamW's default (off on a device "
+                        "workspace)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -280,6 +284,8 @@ def make_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
                        pull_dtype=args.pull_dtype, data_plane=args.data_plane,
                        bucket_bytes=(None if args.bucket_mib is None
                                      else int(args.bucket_mib * (1 << 20))))
+        if args.push_during_backward != "auto":
+            overlap["push_during_backward"] = args.push_during_backward == "on"
         if args.edge_bucket_mib is not None:
             overlap["edge_bucket_bytes"] = int(args.edge_bucket_mib * (1 << 20))
     return RemoteAdamW(model.named_parameters(), targets=targets, grad_dtype=args.grad_dtype,

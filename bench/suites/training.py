@@ -29,6 +29,11 @@ VARIANTS = {
     "bf16dev": (REMOTE + BF16_WIRE + " --data-plane device", "remote-copy"),
     "delaydev": (REMOTE + BF16_WIRE + " --delay 1 --delay-warmup 10 --data-plane device",
                  "remote-copy"),
+    # The device workspace with the gradients pushed during backward (its default pushes them
+    # at step(): RemoteAdamW's push_during_backward).
+    "fp32devbw": (REMOTE + " --data-plane device --push-during-backward on", "remote"),
+    "bf16devbw": (REMOTE + BF16_WIRE + " --data-plane device --push-during-backward on",
+                  "remote-copy"),
     # Without overlap: every step waits for its push and pull.
     "sync": ("--optimizer remote --target {target} {remote_flags}", "remote"),
 }

@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=None, help="client streams (default 8)")
     p.add_argument("--bucket-mib", type=float,
                    help="RemoteAdamW's bucket_bytes in MiB (default: RemoteAdamW's)")
+    p.add_argument("--push-during-backward", default="auto", choices=["auto", "on", "off"],
+                   help="gradients leave during backward (on) or all at step() (off); auto: "
+                        "RemoteAdamW's default (off on a device workspace)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     return p.parse_args(argv)
 
@@ -167,7 +170,10 @@ def print_report(r: Dict) -> None:
               if rates else "")
     plane = r.get("data_plane", "grpc")
     reason = r.get("data_plane_reason", "")
-    print(f"data plane: {plane}" + (f" ({reason})" if reason else ""))
+    when = ("during backward" if r.get("push_during_backward", True) else
+            "at step() (no gradient hooks)")
+    print(f"data plane: {plane}" + (f" ({reason})" if reason else "") + f"; gradients pushed "
+          f"{when}")
     path = {"workspace": "same-host workspace",
             "device": "same-host device workspace"}.get(plane, "gRPC")
     print(f"links: {path} push {r['push_gb_s']:.2f} GB/s, pull {r['pull_gb_s']:.2f} GB/s"
@@ -177,8 +183,10 @@ def print_report(r: Dict) -> None:
           f"beside fusedps {o['beside']:+.2f}, waiting for the pull {o['pull_wait']:+.2f}, "
           f"step() {o['step']:+.2f}")
     if r["limit"] == COMPUTE:
+        beside = ("hooks, copies and pulls" if r.get("push_during_backward", True) else
+                  "pull and its copies")
         print(f"limit: {COMPUTE}: the forward and backward took {r['limit_ms']:.2f} ms per step "
-              f"more than local's while fusedps's hooks, copies and pulls ran beside them (the "
+              f"more than local's while fusedps's {beside} ran beside them (the "
               f"loop waited {r['exposed_ms']:.2f} ms for fusedps itself); a loop bound by its "
               f"own CPU pays for that work in full; with --delay 1 (RemoteAdamW's delay=1, "
               f"staleness 1) fusedps stages nothing during backward and pulls nothing in the "
@@ -221,6 +229,8 @@ def main(argv=None) -> int:
                                 overlap=True, bucket_bytes=(None if args.bucket_mib is None
                                      else int(args.bucket_mib * (1 << 20))),
                                 delay=args.delay, delay_warmup=min(args.warmup, 3),
+                                push_during_backward={"on": True, "off": False}.get(
+                                    args.push_during_backward),
                                 on_existing="resume")
     except Exception as e:  # noqa: BLE001 - the reason, for the user
         print(f"error: cannot train through {args.target}: {e}", file=sys.stderr)
@@ -233,6 +243,7 @@ def main(argv=None) -> int:
     result = report(args, device, n_params, local, remote, copy_rates(device), info)
     result["data_plane"] = optimizer.data_plane_in_use
     result["data_plane_reason"] = optimizer.data_plane_reason
+    result["push_during_backward"] = optimizer.push_during_backward_in_use
     if args.json:
         print(json.dumps(result))
     else:
