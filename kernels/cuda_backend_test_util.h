@@ -222,6 +222,18 @@ inline void StepReference(const Case& c, const Staged& staged, const OptimizerBa
   }
 }
 
+// Steps the CUDA backend with `cuda_request` (the staged grads, wherever it reads them),
+// which must apply them, then the CPU backend with staged.Request() and the float64 reference
+// after it: what ExpectSameState compares. Call it inside ASSERT_NO_FATAL_FAILURE.
+inline void StepBoth(const Case& c, const Staged& staged, Shard& shard,
+                     const StepRequest& cuda_request) {
+  auto on_cuda = StepNow(*shard.cuda, cuda_request);
+  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
+  ASSERT_FALSE(on_cuda->skipped);
+  ASSERT_TRUE(StepNow(*shard.cpu, staged.Request()).ok());
+  StepReference(c, staged, *shard.cpu, shard);
+}
+
 inline std::vector<float> ReadAll(OptimizerBackend& b, TensorField f, uint32_t t) {
   std::vector<float> out(b.numel(t));
   EXPECT_TRUE(ReadTensor(b, f, t, out.data()).ok());

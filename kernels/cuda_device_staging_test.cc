@@ -127,11 +127,7 @@ TEST_F(CudaDeviceStagingTest, CopiedGradsStepAsHostGradsDoAndTheCheckSeesWhatThe
         EXPECT_EQ(copied.seen->max_abs, copied.expected.max_abs);
         StepRequest from_arena = staged.Request();
         from_arena.grads = *arena;  // Its mirror holds them now.
-        auto on_cuda = StepNow(*shard.cuda, from_arena);
-        ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
-        ASSERT_FALSE(on_cuda->skipped);
-        ASSERT_TRUE(StepNow(*shard.cpu, staged.Request()).ok());
-        StepReference(c, staged, *shard.cpu, shard);
+        ASSERT_NO_FATAL_FAILURE(StepBoth(c, staged, shard, from_arena));
       }
       for (int t = 0; t < tensor_count; ++t) ExpectSameState(c, shard, t);
       // One non-finite element anywhere is seen; the largest finite magnitude still is.

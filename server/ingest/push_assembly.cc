@@ -256,7 +256,7 @@ absl::Status PushAssembly::AddMessage(MessageSlices message, bool first, uint32_
   // Through a device workspace: its chunks' device copies, the host-staged ranges one by one
   // (a span could cover bytes the device copies wrote), and what both saw of the gradients,
   // for the verdict at any scale (PartEnded).
-  const bool device = checked_.workspace != nullptr && checked_.workspace->on_device();
+  const bool device = ThroughDeviceWorkspace();
   std::vector<DeviceStagingCopy> device_copies;
   std::vector<std::pair<uint64_t, uint64_t>> host_ranges;  // (offset, bytes) in the arena
   GradCheck seen;
@@ -408,7 +408,7 @@ void PushAssembly::PartEnded() {
   // The messages were checked without the commit's scale. Dividing a finite gradient by a
   // scale >= 1 keeps it finite; by a smaller one it may overflow, so those are read again.
   // Through a device workspace the host holds no copy to read: what the messages saw decides.
-  if (checked_.workspace != nullptr && checked_.workspace->on_device()) {
+  if (ThroughDeviceWorkspace()) {
     MutexLock lock(&mu_);
     push_.grads_finite = push_.grads_finite && GradCheckFinite(device_seen_, push_.grad_scale);
   } else if (push_.grads_finite && push_.grad_scale > 0.0f && push_.grad_scale < 1.0f) {

@@ -158,6 +158,11 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<PushPart*> TakePartsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SameHeader(const v1::PushHeader& header) const;
+  // The push names a device workspace: its chunks are copied and checked on the device, and
+  // the host holds no copy of them (AddMessage, PartEnded).
+  bool ThroughDeviceWorkspace() const {
+    return checked_.workspace != nullptr && checked_.workspace->on_device();
+  }
 
   const IngestServices services_;
   const std::string key_;

@@ -130,11 +130,10 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
                       bucket_bytes=2048, client_options={"transport": transport},
                       data_plane=data_plane, push_during_backward=push_during_backward,
                       **HYPER)
+    # The default: during backward, but on a device workspace.
+    expected = data_plane != "device" if push_during_backward is None else push_during_backward
     try:
         assert opt.data_plane_in_use == data_plane
-        # The default: during backward, but on a device workspace.
-        expected = (data_plane != "device" if push_during_backward is None
-                    else push_during_backward)
         assert opt.push_during_backward_in_use == expected
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
@@ -156,6 +155,8 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
         return opt, model
     finally:
         opt.close()
+        # Still reported after close() (the self-check prints it then).
+        assert opt.push_during_backward_in_use == expected
 
 
 @pytest.mark.parametrize("data_plane, push_during_backward", [
