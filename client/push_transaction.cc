@@ -22,12 +22,6 @@ namespace {
 
 constexpr char kPushMethod[] = "/fusedps.v1.ParameterService/PushGradients";
 
-grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& message) {
-  const std::string bytes = message.SerializeAsString();
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 }  // namespace
 
 // gRPC holds a reference to each slice of the caller's memory until it has sent it; each
@@ -217,12 +211,45 @@ void PushTransaction::WriteReferences(absl::Span<const Piece> pieces) {
 
 absl::StatusOr<PushResult> PushTransaction::Commit(std::optional<float> grad_scale) {
   if (ended_) return absl::FailedPreconditionError("the push was committed or cancelled");
-  ended_ = true;
   v1::PushGradientsRequest commit;
   commit.mutable_commit();
   if (grad_scale.has_value()) commit.mutable_commit()->set_grad_scale(*grad_scale);
-  const std::string bytes = commit.SerializeAsString();
-  LightestPart().Write(Serialized(commit), bytes.size());
+  return SendCommit(commit.SerializeAsString());
+}
+
+absl::StatusOr<PushResult> PushTransaction::Commit(std::optional<float> grad_scale, DType dtype,
+                                                   absl::Span<const PullTarget> then_pull) {
+  if (ended_) return absl::FailedPreconditionError("the push was committed or cancelled");
+  if (workspace_.id.empty()) {
+    return absl::InvalidArgumentError(
+        "a commit's pull writes into the push's workspace; this push was begun without one");
+  }
+  if (then_pull.empty()) return absl::InvalidArgumentError("a commit's pull needs a target");
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError("a commit's pull is fp32 or bf16");
+  }
+  v1::PushGradientsRequest commit;
+  v1::PullParametersRequest* pull = commit.mutable_commit()->mutable_pull();
+  pull->set_dtype(internal::ToProtoDType(dtype));
+  pull->set_field(internal::ToProtoField(TensorField::kParam));
+  for (const PullTarget& target : then_pull) {
+    const int64_t at = workspace_.OffsetOf(target.data, target.numel * ElementBytes(dtype));
+    if (at < 0 || target.numel == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the commit's pull target ", target.name, " (", target.numel,
+                       " elements) does not lie in the push's workspace"));
+    }
+    pull->add_tensors(target.name);
+    pull->add_workspace_offsets_bytes(static_cast<uint64_t>(at));
+  }
+  if (grad_scale.has_value()) commit.mutable_commit()->set_grad_scale(*grad_scale);
+  return SendCommit(commit.SerializeAsString());
+}
+
+absl::StatusOr<PushResult> PushTransaction::SendCommit(const std::string& commit) {
+  ended_ = true;
+  grpc::Slice slice(commit);
+  LightestPart().Write(grpc::ByteBuffer(&slice, 1), commit.size());
   for (const std::unique_ptr<internal::RawCall>& part : parts_) part->WritesDone();
 
   const absl::Time deadline = absl::Now() + internal::CallTimeout(options_, total_bytes_);

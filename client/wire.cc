@@ -447,6 +447,7 @@ PushResult FromProtoPushResult(const v1::PushGradientsResponse& response) {
   result.round_timed_out = response.round_timed_out();
   result.missing_replicas.assign(response.missing_replicas().begin(),
                                  response.missing_replicas().end());
+  result.pulled_version = response.pulled_version();
   return result;
 }
 

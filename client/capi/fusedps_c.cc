@@ -108,6 +108,7 @@ void CopyResult(const fc::PushResult& pushed, fusedps_push_result* result) {
   result->round_timed_out = pushed.round_timed_out ? 1 : 0;
   CopyString(absl::StrJoin(pushed.missing_replicas, ","), result->missing_replicas,
              sizeof(result->missing_replicas));
+  result->pulled_version = pushed.pulled_version;
 }
 
 // The push options of a C header; the dtype is checked.
@@ -255,6 +256,25 @@ int32_t fusedps_push_commit(fusedps_push* push, float grad_scale, fusedps_push_r
   }
   absl::StatusOr<fc::PushResult> pushed =
       push->push->Commit(grad_scale > 0 ? std::optional<float>(grad_scale) : std::nullopt);
+  if (!pushed.ok()) return Report(pushed.status(), error);
+  CopyResult(*pushed, result);
+  return Report(absl::OkStatus(), error);
+}
+
+int32_t fusedps_push_commit_pull(fusedps_push* push, float grad_scale, int32_t dtype, size_t count,
+                                 const char* const* names, void* const* dst, const uint64_t* numels,
+                                 fusedps_push_result* result, fusedps_error* error) {
+  if (push == nullptr || result == nullptr || count == 0 || names == nullptr || dst == nullptr ||
+      numels == nullptr) {
+    return Report(absl::InvalidArgumentError("a required pointer is NULL, or count is 0"), error,
+                  true);
+  }
+  absl::StatusOr<fc::DType> pull_dtype = ToDType(dtype, /*pull=*/true);
+  if (!pull_dtype.ok()) return Report(pull_dtype.status(), error, true);
+  std::vector<fc::PullTarget> targets(count);
+  for (size_t i = 0; i < count; ++i) targets[i] = {names[i], dst[i], numels[i]};
+  absl::StatusOr<fc::PushResult> pushed = push->push->Commit(
+      grad_scale > 0 ? std::optional<float>(grad_scale) : std::nullopt, *pull_dtype, targets);
   if (!pushed.ok()) return Report(pushed.status(), error);
   CopyResult(*pushed, result);
   return Report(absl::OkStatus(), error);

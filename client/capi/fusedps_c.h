@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 9
+#define FUSEDPS_C_API_VERSION 10
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -78,6 +78,7 @@ typedef struct fusedps_push_result {
   uint32_t round_workers;
   int32_t round_timed_out;
   char missing_replicas[1024];  // Comma-separated client_ids, cut to fit.
+  uint64_t pulled_version;      // The commit's pull's version (fusedps_push_commit_pull); or 0.
 } fusedps_push_result;
 
 FUSEDPS_C_EXPORT int32_t fusedps_c_api_version(void);
@@ -150,6 +151,17 @@ FUSEDPS_C_EXPORT int32_t fusedps_push_write(fusedps_push* push, size_t count,
 // and waits for its reply. Errors: as fusedps_push_gradients.
 FUSEDPS_C_EXPORT int32_t fusedps_push_commit(fusedps_push* push, float grad_scale,
                                              fusedps_push_result* result, fusedps_error* error);
+
+// fusedps_push_commit, carrying a pull (PushTransaction::Commit's then_pull): once the step is
+// applied the server writes tensor names[i]'s numels[i] values, in `dtype` (1 float32 or
+// 2 bfloat16, the server's stored dtype), at dst[i], which lies in the push's workspace; then
+// it replies, with the version read in result->pulled_version (0: answered from its retry
+// table, nothing written). Errors: fusedps_push_commit's; INVALID_ARGUMENT for a push without a
+// workspace, a bad dtype (local) or a target outside the workspace (then nothing is sent, and
+// the push can only be cancelled).
+FUSEDPS_C_EXPORT int32_t fusedps_push_commit_pull(
+    fusedps_push* push, float grad_scale, int32_t dtype, size_t count, const char* const* names,
+    void* const* dst, const uint64_t* numels, fusedps_push_result* result, fusedps_error* error);
 
 // Cancels the push (nothing is applied) and waits until its memory is no longer read. Does
 // nothing after a commit.

@@ -72,11 +72,7 @@ absl::Status CheckTensors(const v1::PullParametersRequest& request, const Update
 // A pull into the caller's workspace: finds it and checks the offsets (one per tensor, aligned,
 // inside, disjoint).
 absl::Status CheckWorkspace(const v1::PullParametersRequest& request,
-                            const WorkspaceTable& workspaces, absl::string_view owner,
-                            PullPlan* plan) {
-  absl::StatusOr<std::shared_ptr<const Workspace>> found =
-      workspaces.Find(request.workspace(), owner);
-  if (!found.ok()) return found.status();
+                            std::shared_ptr<const Workspace> found, PullPlan* plan) {
   if (request.tensors_size() == 0) {
     return absl::InvalidArgumentError(
         "a pull into a workspace must name its tensors (one workspace_offsets_bytes each)");
@@ -87,7 +83,7 @@ absl::Status CheckWorkspace(const v1::PullParametersRequest& request,
                      " entries; tensors has ", request.tensors_size(), " (one offset per tensor)"));
   }
   const ShardView& view = *plan->view;
-  const uint64_t size = (*found)->memory().size();
+  const uint64_t size = found->memory().size();
   const uint64_t wire_size = DTypeSize(plan->dtype);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, end), to check overlaps.
   for (size_t i = 0; i < plan->tensors.size(); ++i) {
@@ -114,7 +110,7 @@ absl::Status CheckWorkspace(const v1::PullParametersRequest& request,
                        " (workspace_offsets_bytes[", order[k - 1], "])"));
     }
   }
-  plan->workspace = *std::move(found);
+  plan->workspace = std::move(found);
   return absl::OkStatus();
 }
 
@@ -138,15 +134,67 @@ ReadJob PullPlan::Job() const {
   return job;
 }
 
+ReadJob PullPlan::WorkspaceJob() const {
+  ReadJob job = Job();
+  job.dst = workspace->memory().data();
+  job.dst_offsets = workspace_offsets;
+  job.dst_on_device = workspace->on_device();
+  return job;
+}
+
 absl::StatusOr<PullPlan> PlanPull(const v1::PullParametersRequest& request,
                                   const UpdateEngine& engine, const WorkspaceTable& workspaces,
                                   absl::string_view workspace_owner) {
   PullPlan plan;
   if (absl::Status s = CheckTensors(request, engine, &plan); !s.ok()) return s;
   if (!request.workspace().empty()) {
-    if (absl::Status s = CheckWorkspace(request, workspaces, workspace_owner, &plan); !s.ok()) {
-      return s;
-    }
+    absl::StatusOr<std::shared_ptr<const Workspace>> found =
+        workspaces.Find(request.workspace(), workspace_owner);
+    if (!found.ok()) return found.status();
+    if (absl::Status s = CheckWorkspace(request, *std::move(found), &plan); !s.ok()) return s;
+  }
+  return plan;
+}
+
+absl::StatusOr<PullPlan> PlanPullInto(const v1::PullParametersRequest& request,
+                                      const UpdateEngine& engine,
+                                      std::shared_ptr<const Workspace> workspace) {
+  PullPlan plan;
+  if (absl::Status s = CheckTensors(request, engine, &plan); !s.ok()) return s;
+  if (absl::Status s = CheckWorkspace(request, std::move(workspace), &plan); !s.ok()) return s;
+  return plan;
+}
+
+absl::StatusOr<PullPlan> PlanCommitPull(const v1::PullParametersRequest& pull,
+                                        const v1::PushHeader& header, const UpdateEngine& engine,
+                                        std::shared_ptr<const Workspace> workspace) {
+  if (workspace == nullptr) {
+    return absl::InvalidArgumentError(
+        "commit.pull in a push without a workspace (header.workspace): a commit's pull writes "
+        "into its push's workspace");
+  }
+  if (!pull.workspace().empty() && pull.workspace() != header.workspace()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "commit.pull.workspace = ", QuoteName(pull.workspace()),
+        " must be empty or the push's header.workspace, ", QuoteName(header.workspace())));
+  }
+  const std::string model = header.model().empty() ? "default" : header.model();  // The registry's.
+  if (!pull.model().empty() && pull.model() != model) {
+    return absl::InvalidArgumentError(absl::StrCat("commit.pull.model = ", QuoteName(pull.model()),
+                                                   " must be empty or the push's model, ",
+                                                   QuoteName(model)));
+  }
+  absl::StatusOr<PullPlan> plan = PlanPullInto(pull, engine, std::move(workspace));
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("commit.pull: ", plan.status().message()));
+  }
+  if (plan->stored_size != static_cast<uint32_t>(DTypeSize(plan->dtype))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "commit.pull.dtype asks for ", DTypeSize(plan->dtype) * 8, "-bit values of ",
+        plan->stored_size * 8,
+        "-bit ones: a commit's pull is in fp32, or in the dtype of the server's param copy "
+        "(--param-copy-dtype); nothing is rounded on the way"));
   }
   return plan;
 }

@@ -68,6 +68,9 @@ struct PullPlan {
   // The engine's read of the plan's tensors and field; dst and dst_offsets are the caller's to
   // set.
   ReadJob Job() const;
+  // Job() into the workspace, at workspace_offsets: the stored bytes as they are (the caller
+  // has checked that stored_size is the dtype's). REQUIRES: workspace is set.
+  ReadJob WorkspaceJob() const;
 };
 
 // Checks `request` against `engine`'s current view and plans its read. The checks, in order
@@ -87,6 +90,23 @@ struct PullPlan {
 absl::StatusOr<PullPlan> PlanPull(const v1::PullParametersRequest& request,
                                   const UpdateEngine& engine, const WorkspaceTable& workspaces,
                                   absl::string_view workspace_owner);
+
+// PlanPull of a pull into `workspace` (found by the caller; request.workspace is not read):
+// PlanPull's checks but the workspace's NOT_FOUND. A commit's pull (PushCommit.pull) is planned
+// so, into its push's workspace. REQUIRES: workspace is not null.
+absl::StatusOr<PullPlan> PlanPullInto(const v1::PullParametersRequest& request,
+                                      const UpdateEngine& engine,
+                                      std::shared_ptr<const Workspace> workspace);
+
+// The pull a push's commit carries (PushCommit.pull), into the push's `workspace` (the
+// header's, found when the push began; null without one), checked as the commit arrives.
+// Errors, each naming commit.pull's field: INVALID_ARGUMENT for no workspace, a pull.workspace
+// other than empty or header.workspace, a pull.model other than empty or the push's;
+// PlanPullInto's; FAILED_PRECONDITION for a dtype the engine cannot read straight into the
+// workspace (16 bits of fp32 values: nothing is rounded on the way).
+absl::StatusOr<PullPlan> PlanCommitPull(const v1::PullParametersRequest& pull,
+                                        const v1::PushHeader& header, const UpdateEngine& engine,
+                                        std::shared_ptr<const Workspace> workspace);
 
 }  // namespace fusedps
 

@@ -362,6 +362,14 @@ absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index
     return absl::InvalidArgumentError(
         absl::StrCat("commit.grad_scale = ", commit.grad_scale(), " must be finite and > 0"));
   }
+  std::optional<PullPlan> pull;
+  if (commit.has_pull()) {
+    absl::StatusOr<PullPlan> planned =
+        PlanCommitPull(commit.pull(), header_, *services_.engine, checked_.workspace);
+    if (!planned.ok()) return planned.status();
+    pull = *std::move(planned);
+    commit.clear_pull();
+  }
   MutexLock lock(&mu_);
   if (commit_.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -369,6 +377,7 @@ absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index
   }
   commit_ = std::move(commit);
   commit_part_ = part_index;
+  commit_pull_ = std::move(pull);
   return absl::OkStatus();
 }
 
@@ -431,6 +440,25 @@ void PushAssembly::PartEnded() {
 
 void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
   const absl::Time stepped = absl::Now();
+  std::optional<PullPlan> pull;
+  {
+    MutexLock lock(&mu_);
+    pull.swap(commit_pull_);
+  }
+  if (!pull.has_value() || !result.ok()) return Answer(result, stepped);
+  // The commit's pull, in stream order after the step (skipped or not): the reply goes once the
+  // values are in the workspace. A failed read (a device fault) fails the push's reply, though
+  // the step was applied: the shard is unusable then (UpdateEngine::Step).
+  const ReadJob job = pull->WorkspaceJob();
+  services_.engine->Read(job, [self = shared_from_this(), step = *result, stepped,
+                               plan = std::move(*pull)](absl::StatusOr<ReadResult> read) mutable {
+    if (!read.ok()) return self->Answer(read.status(), stepped);
+    step.reply.pulled_version = read->version;
+    self->Answer(step, stepped);
+  });
+}
+
+void PushAssembly::Answer(const absl::StatusOr<StepResult>& result, absl::Time stepped) {
   std::vector<PushPart*> parts;
   {
     MutexLock lock(&mu_);
@@ -456,7 +484,8 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
         }
       }
       // h2d is how long the device waited for the gradients' copies once it reached the step;
-      // apply is the rest until the step was back: the engine's queue and the kernels.
+      // apply is the rest until the step was back: the engine's queue and the kernels; ack
+      // from then on (with the commit's pull, if any).
       stages.receive = absl::ToDoubleSeconds(received_ - arrived_);
       stages.h2d = result->copy_wait_seconds;
       stages.apply = std::max(0.0, absl::ToDoubleSeconds(stepped - received_) - stages.h2d);

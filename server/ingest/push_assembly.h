@@ -45,6 +45,7 @@
 #include "fusedps/v1/parameter_service.pb.h"
 #include "server/engine/update_engine.h"
 #include "server/ingest/chunk_assembler.h"
+#include "server/ingest/pull_request.h"
 #include "server/ingest/push_message.h"
 #include "server/ingest/staging_pool.h"
 #include "server/ingest/table_rows.h"
@@ -153,7 +154,11 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   absl::Status TakeCommit(v1::PushCommit commit, uint32_t part_index) ABSL_LOCKS_EXCLUDED(mu_);
   // A message's table rows (TableRowsAssembler::Add's errors).
   absl::Status TakeTableRows(const std::vector<v1::TableRows>& rows) ABSL_LOCKS_EXCLUDED(mu_);
+  // The step is back: runs the commit's pull, if any, then Answer.
   void OnApplied(const absl::StatusOr<StepResult>& result) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives every part the push's outcome; `stepped`: when the step was back.
+  void Answer(const absl::StatusOr<StepResult>& result, absl::Time stepped)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Fail(const PushPart* part, const absl::Status& status, bool whole_push)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<PushPart*> TakePartsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -190,6 +195,8 @@ class PushAssembly : public std::enable_shared_from_this<PushAssembly> {
   // commit_at_end: the commit, once it came.
   std::optional<v1::PushCommit> commit_ ABSL_GUARDED_BY(mu_);
   int64_t commit_part_ ABSL_GUARDED_BY(mu_) = -1;  // The part that sent it.
+  // The commit's pull (PushCommit.pull), planned as it came; run once the step is back.
+  std::optional<PullPlan> commit_pull_ ABSL_GUARDED_BY(mu_);
   // The embedding tables' rows, when the header names tables.
   std::optional<TableRowsAssembler> table_rows_ ABSL_GUARDED_BY(mu_);
   // Guarded by mu_ up to here.

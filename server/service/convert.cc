@@ -54,6 +54,7 @@ void ToProto(const PushReply& reply, v1::PushGradientsResponse* p) {
   p->set_round_workers(reply.round_workers);
   p->set_round_timed_out(reply.round_timed_out);
   for (const std::string& id : reply.missing_replicas) p->add_missing_replicas(id);
+  p->set_pulled_version(reply.pulled_version);
 }
 
 void ToProto(const ConsistencyOptions& c, v1::Consistency* p) {

@@ -162,13 +162,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // the values are rounded to 16 bits into the workspace here.
   // A device workspace takes what the read gives as it is (device to device; nothing rounded).
   void ReadIntoWorkspace() {
-    ReadJob job = plan_.Job();
     if (plan_.stored_size == static_cast<uint32_t>(DTypeSize(plan_.dtype))) {
-      job.dst = plan_.workspace->memory().data();
-      job.dst_offsets = plan_.workspace_offsets;
-      job.dst_on_device = plan_.workspace->on_device();
-      return StartRead(std::move(job), [] {});
+      return StartRead(plan_.WorkspaceJob(), [] {});
     }
+    ReadJob job = plan_.Job();
     if (plan_.workspace->on_device()) {
       return FinishCall(absl::FailedPreconditionError(absl::StrCat(
           "a pull into a device workspace is in fp32, or in the dtype of the server's param "

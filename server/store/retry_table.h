@@ -51,6 +51,9 @@ struct PushReply {
   // (PushGradientsResponse.missing_replicas).
   bool round_timed_out = false;
   std::vector<std::string> missing_replicas;
+  // The version the commit's pull read (PushCommit.pull); 0 without one. Set on the way out,
+  // after the step: never in the table (a duplicate's reply carries none).
+  uint64_t pulled_version = 0;
 };
 
 class RetryTable {

@@ -2,6 +2,7 @@
 // backend over real gRPC: the step waits for the commit and uses its scale; every way to get
 // the commit wrong fails the push and leaves the shard bit-identical.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -187,6 +188,118 @@ TEST_F(PushCommitTest, ACancelledPushIsNeverApplied) {
   EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
   ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
   ExpectSameState(before, Snapshot());
+}
+
+// A commit that carries a pull (PushCommit.pull) through the push's workspace: the reply comes
+// once the step's params are there, with the version read; every bad pull is refused as the
+// commit arrives, naming commit.pull's field, and nothing is applied.
+class CommitPullTest : public PushCommitTest {
+ protected:
+  static constexpr uint64_t kBytes = 64 << 10;
+  static constexpr uint64_t kInto = 32 << 10;  // Where the pulls land in the workspace.
+  // A commit with a pull of w and b in `dtype` at kInto (b right after w).
+  static v1::PushGradientsRequest CommitPulling(v1::DType dtype = v1::DTYPE_FLOAT32) {
+    v1::PushGradientsRequest message = Commit(0.0f);
+    v1::PullParametersRequest* pull = message.mutable_commit()->mutable_pull();
+    pull->set_dtype(dtype);
+    pull->add_tensors("w");
+    pull->add_tensors("b");
+    pull->add_workspace_offsets_bytes(kInto);
+    pull->add_workspace_offsets_bytes(kInto + 4096 * 4);
+    return message;
+  }
+};
+
+TEST_F(CommitPullTest, TheReplyComesWithTheStepsParamsInTheWorkspace) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kBytes);
+  ASSERT_NE(workspace->memory, nullptr) << workspace->status.error_message();
+  char* into = workspace->memory + kInto;
+  for (uint64_t sequence = 1; sequence <= 2; ++sequence) {
+    const auto grads = RandomGrads({"w", "b"}, 60 + static_cast<int>(sequence));
+    std::memset(into, 0xff, (4096 + 64) * 4);
+    v1::PushHeader header = CommitHeader("trainer", sequence);
+    header.set_workspace(workspace->opened.workspace_id());
+    auto [status, response] =
+        Push(WithCommit(header, GradChunks(GradDType::kFloat32, grads, 4096), CommitPulling()));
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.version(), sequence);
+    EXPECT_EQ(response.pulled_version(), sequence);
+    for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+    EXPECT_EQ(std::memcmp(into, host_.tensor("w").param.data(), 4096 * 4), 0);
+    EXPECT_EQ(std::memcmp(into + 4096 * 4, host_.tensor("b").param.data(), 64 * 4), 0);
+  }
+  ExpectMatchesHost(2);
+  // A retry of the last push is answered from the retry table: no pull, pulled_version 0.
+  v1::PushHeader header = CommitHeader("trainer", 2);
+  header.set_workspace(workspace->opened.workspace_id());
+  auto [status, response] = Push(WithCommit(
+      header, GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 62), 4096), CommitPulling()));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(response.duplicate());
+  EXPECT_EQ(response.pulled_version(), 0u);
+  ExpectMatchesHost(2);
+}
+
+TEST_F(CommitPullTest, ABadPullIsRefusedAtTheCommitAndNothingIsApplied) {
+  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
+  const std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kBytes);
+  ASSERT_NE(workspace->memory, nullptr) << workspace->status.error_message();
+  const ShardState before = Snapshot();
+  const auto chunks = GradChunks(GradDType::kFloat32, RandomGrads({"w", "b"}, 70), 4096);
+  struct Case {
+    std::string what;
+    bool through_workspace;
+    v1::PushGradientsRequest commit;
+    grpc::StatusCode code;
+    std::string message;  // A part of the error's message.
+  };
+  std::vector<Case> cases;
+  cases.push_back({"no workspace", false, CommitPulling(), grpc::StatusCode::INVALID_ARGUMENT,
+                   "commit.pull in a push without a workspace"});
+  {
+    v1::PushGradientsRequest commit = CommitPulling();
+    commit.mutable_commit()->mutable_pull()->set_workspace("another");
+    cases.push_back({"another workspace", true, commit, grpc::StatusCode::INVALID_ARGUMENT,
+                     "commit.pull.workspace = 'another'"});
+  }
+  {
+    v1::PushGradientsRequest commit = CommitPulling();
+    commit.mutable_commit()->mutable_pull()->set_model("other");
+    cases.push_back({"another model", true, commit, grpc::StatusCode::INVALID_ARGUMENT,
+                     "commit.pull.model = 'other'"});
+  }
+  {
+    v1::PushGradientsRequest commit = CommitPulling();
+    commit.mutable_commit()->mutable_pull()->set_tensors(1, "nope");
+    cases.push_back(
+        {"an unknown tensor", true, commit, grpc::StatusCode::NOT_FOUND, "commit.pull: "});
+  }
+  {
+    v1::PushGradientsRequest commit = CommitPulling();
+    commit.mutable_commit()->mutable_pull()->set_workspace_offsets_bytes(1, kInto + 4);
+    cases.push_back({"overlapping targets", true, commit, grpc::StatusCode::INVALID_ARGUMENT,
+                     "commit.pull: workspace_offsets_bytes[1] overlaps"});
+  }
+  {
+    v1::PushGradientsRequest commit = CommitPulling();
+    commit.mutable_commit()->mutable_pull()->set_workspace_offsets_bytes(0, kBytes - 4);
+    cases.push_back({"past the workspace", true, commit, grpc::StatusCode::INVALID_ARGUMENT,
+                     "commit.pull: workspace_offsets_bytes[0]"});
+  }
+  cases.push_back({"bf16 of fp32 values", true, CommitPulling(v1::DTYPE_BFLOAT16),
+                   grpc::StatusCode::FAILED_PRECONDITION, "commit.pull.dtype asks for 16-bit"});
+  uint64_t sequence = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    v1::PushHeader header = CommitHeader("c", ++sequence);
+    if (c.through_workspace) header.set_workspace(workspace->opened.workspace_id());
+    auto [status, response] = Push(WithCommit(header, chunks, c.commit));
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_NE(status.error_message().find(c.message), std::string::npos) << status.error_message();
+  }
+  ExpectSameState(before, Snapshot());
+  ASSERT_TRUE(WaitUntil([&] { return server_->staging_pool().in_use() == 0; }));
 }
 
 }  // namespace

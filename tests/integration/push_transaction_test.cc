@@ -25,6 +25,16 @@ class PushTransactionTest : public ServiceTest {
     return made.ok() ? *std::move(made) : nullptr;
   }
   static std::vector<client::TensorSize> Sizes() { return {{"w", 4096}, {"b", 64}}; }
+  static constexpr uint64_t kWorkspaceBytes = 64 << 10;
+  // Registers kModel and opens a workspace of kWorkspaceBytes; null (the failure recorded)
+  // when either fails.
+  std::unique_ptr<MappedWorkspace> RegisterAndOpenWorkspace() {
+    RegisterTensors(kModel);
+    if (HasFatalFailure()) return nullptr;
+    std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kWorkspaceBytes);
+    EXPECT_NE(workspace->memory, nullptr) << workspace->status.error_message();
+    return workspace->memory != nullptr ? std::move(workspace) : nullptr;
+  }
 };
 
 TEST_F(PushTransactionTest, PiecesWrittenInAnyOrderAreOneStepWithTheCommitsScale) {
@@ -226,11 +236,10 @@ TEST_F(PushTransactionTest, ManyConcurrentTransactionsCommitCancelOrDropCleanly)
 // in the shared memory, the messages carry their places only, and the results are the same
 // bit for bit. A piece outside the workspace still travels as bytes in the same push.
 TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
-  ASSERT_NO_FATAL_FAILURE(RegisterTensors(kModel));
-  constexpr uint64_t kBytes = 64 << 10;
-  const std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kBytes);
-  ASSERT_NE(workspace->memory, nullptr) << workspace->status.error_message();
+  const std::unique_ptr<MappedWorkspace> workspace = RegisterAndOpenWorkspace();
+  ASSERT_NE(workspace, nullptr);
   char* memory = workspace->memory;
+  constexpr uint64_t kBytes = kWorkspaceBytes;
   for (int streams : {1, 3}) {
     SCOPED_TRACE(streams);
     std::unique_ptr<client::Client> trainer = MakeClient(streams);
@@ -262,6 +271,66 @@ TEST_F(PushTransactionTest, PushesAndPullsThroughAWorkspaceAreTheSameStep) {
     EXPECT_EQ(std::memcmp(into + 4096 * 4, host_.tensor("b").param.data(), 64 * 4), 0);
     trainer->SetWorkspace({});
   }
+  ExpectMatchesHost(2);
+}
+
+// Commit with a pull (then_pull): when it returns, the step's params are at the targets in the
+// workspace, and pulled_version is the step's version. A target outside the workspace, or a
+// push without one, is refused before anything is sent; the push can then be cancelled.
+TEST_F(PushTransactionTest, ACommitCarriesItsPullIntoTheWorkspace) {
+  const std::unique_ptr<MappedWorkspace> workspace = RegisterAndOpenWorkspace();
+  ASSERT_NE(workspace, nullptr);
+  char* memory = workspace->memory;
+  constexpr uint64_t kBytes = kWorkspaceBytes;
+  char* into = memory + (32 << 10);
+  const std::vector<client::PullTarget> targets = {{"w", into, 4096}, {"b", into + 4096 * 4, 64}};
+  std::unique_ptr<client::Client> trainer = MakeClient(3);
+  ASSERT_NE(trainer, nullptr);
+  client::PushOptions options;
+  options.grad_dtype = client::DType::kFloat32;
+  {  // Without a workspace.
+    auto push = trainer->BeginPush(options, Sizes());
+    ASSERT_TRUE(push.ok()) << push.status();
+    const std::string w(4096 * 4, '\0'), b(64 * 4, '\0');
+    ASSERT_TRUE((*push)->Write({{0, 0, 4096, w.data()}, {1, 0, 64, b.data()}}).ok());
+    absl::StatusOr<client::PushResult> refused =
+        (*push)->Commit(std::nullopt, client::DType::kFloat32, targets);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+    EXPECT_NE(refused.status().message().find("without one"), std::string::npos);
+    (*push)->Cancel();
+  }
+  trainer->SetWorkspace({workspace->opened.workspace_id(), memory, kBytes});
+  for (int step = 1; step <= 2; ++step) {
+    const auto grads = RandomGrads({"w", "b"}, 400 + step);
+    const std::string w = Encode(GradDType::kFloat32, grads.at("w"));
+    const std::string b = Encode(GradDType::kFloat32, grads.at("b"));
+    std::memcpy(memory, w.data(), w.size());
+    std::memcpy(memory + w.size(), b.data(), b.size());
+    std::memset(into, 0xff, (4096 + 64) * 4);
+    auto push = trainer->BeginPush(options, Sizes());
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Write({{0, 0, 4096, memory}, {1, 0, 64, memory + w.size()}}).ok());
+    absl::StatusOr<client::PushResult> result =
+        (*push)->Commit(2.0f, client::DType::kFloat32, targets);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->pulled_version, result->version);
+    for (const auto& [name, values] : grads) host_.Step(name, values, 2.0f);
+    EXPECT_EQ(std::memcmp(into, host_.tensor("w").param.data(), 4096 * 4), 0);
+    EXPECT_EQ(std::memcmp(into + 4096 * 4, host_.tensor("b").param.data(), 64 * 4), 0);
+  }
+  {  // A target outside the workspace: nothing sent, nothing applied.
+    auto push = trainer->BeginPush(options, Sizes());
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Write({{0, 0, 4096, memory}, {1, 0, 64, memory + 4096 * 4}}).ok());
+    std::vector<float> outside(64);
+    const std::vector<client::PullTarget> bad = {{"w", into, 4096}, {"b", outside.data(), 64}};
+    absl::StatusOr<client::PushResult> refused =
+        (*push)->Commit(std::nullopt, client::DType::kFloat32, bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+    EXPECT_NE(refused.status().message().find("target b"), std::string::npos);
+    (*push)->Cancel();
+  }
+  trainer->SetWorkspace({});
   ExpectMatchesHost(2);
 }
 

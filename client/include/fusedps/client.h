@@ -111,6 +111,18 @@ class PushTransaction {
   // INVALID_ARGUMENT when pieces are missing, overlap or run past a tensor); FAILED_PRECONDITION
   // when committed or cancelled already. Nothing is applied unless it returns OK.
   absl::StatusOr<PushResult> Commit(std::optional<float> grad_scale);
+  // Commit, carrying a pull (PushCommit.pull): once the step is applied the server writes
+  // each target's values, `dtype` elements (kFloat32, or kBFloat16 when the server keeps a bf16
+  // param copy), at the target's place in the push's workspace, before it replies; the reply's
+  // pulled_version is the version read (0: answered from the retry table, nothing written:
+  // pull again). For a trainer that wants its next parameters the moment the step is done,
+  // without a PullParameters call. Errors: Commit's; INVALID_ARGUMENT for a push begun
+  // without a workspace, no targets, or a target outside the workspace (nothing sent: the push
+  // can still be cancelled);
+  // the server's (PushCommit.pull), nothing applied. The targets' memory is written by the
+  // server until the call returns.
+  absl::StatusOr<PushResult> Commit(std::optional<float> grad_scale, DType dtype,
+                                    absl::Span<const PullTarget> then_pull);
 
   // Cancels every part: the server applies nothing and frees the push's staging. Waits until
   // gRPC no longer reads the pieces' memory. Does nothing after Commit has returned.
@@ -132,6 +144,9 @@ class PushTransaction {
   void OpenPart(const std::shared_ptr<grpc::Channel>& channel, std::string header_message);
   // The part with the fewest bytes queued.
   internal::RawCall& LightestPart();
+  // Sends `commit` (a serialized PushGradientsRequest of a PushCommit), ends every part and
+  // waits for the reply: Commit's body.
+  absl::StatusOr<PushResult> SendCommit(const std::string& commit);
   // Waits until gRPC has released every slice of the caller's memory.
   void AwaitSlicesReleased();
 

@@ -273,6 +273,9 @@ struct PushResult {
   // (PushGradientsResponse.missing_replicas).
   bool round_timed_out = false;
   std::vector<std::string> missing_replicas;
+  // The version the commit's pull read (PushTransaction::Commit's `then_pull`); 0 when it
+  // carried none, or when the server answered from its retry table (pull again then).
+  uint64_t pulled_version = 0;
 };
 
 struct PullOptions {

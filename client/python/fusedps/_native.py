@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 9  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 10  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -61,7 +61,7 @@ class _PushResult(ctypes.Structure):
                 ("skip_reason", ctypes.c_char * 64), ("tensors_updated", ctypes.c_uint32),
                 ("grad_bytes", ctypes.c_uint64), ("duplicate", ctypes.c_int32),
                 ("round_workers", ctypes.c_uint32), ("round_timed_out", ctypes.c_int32),
-                ("missing_replicas", ctypes.c_char * 1024)]
+                ("missing_replicas", ctypes.c_char * 1024), ("pulled_version", ctypes.c_uint64)]
 
 
 _lock = threading.Lock()
@@ -96,6 +96,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.fusedps_push_commit.restype = ctypes.c_int32
     lib.fusedps_push_commit.argtypes = [ctypes.c_void_p, ctypes.c_float, p(_PushResult),
                                         p(_Error)]
+    lib.fusedps_push_commit_pull.restype = ctypes.c_int32
+    lib.fusedps_push_commit_pull.argtypes = [
+        ctypes.c_void_p, ctypes.c_float, ctypes.c_int32, ctypes.c_size_t, p(ctypes.c_char_p),
+        p(ctypes.c_void_p), p(ctypes.c_uint64), p(_PushResult), p(_Error)]
     lib.fusedps_push_cancel.restype = None
     lib.fusedps_push_cancel.argtypes = [ctypes.c_void_p]
     lib.fusedps_push_destroy.restype = None
@@ -345,13 +349,21 @@ class NativePush:
                                         ctypes.byref(error)):
             _raise(error)
 
-    def commit(self, grad_scale: Optional[float]) -> _PushResult:
-        """Commits with grad_scale (None: none) and returns the reply. Raises FusedPSError."""
+    def commit(self, grad_scale: Optional[float],
+               then_pull: Optional["CommitPull"] = None) -> _PushResult:
+        """Commits with grad_scale (None: none) and returns the reply; with then_pull, the
+        commit carries that pull into the push's workspace (fusedps_push_commit_pull). Raises
+        FusedPSError."""
         result = _PushResult()
         error = _Error()
-        code = self._lib.fusedps_push_commit(self._handle,
-                                             -1.0 if grad_scale is None else grad_scale,
-                                             ctypes.byref(result), ctypes.byref(error))
+        scale = -1.0 if grad_scale is None else grad_scale
+        if then_pull is None:
+            code = self._lib.fusedps_push_commit(self._handle, scale, ctypes.byref(result),
+                                                 ctypes.byref(error))
+        else:
+            code = self._lib.fusedps_push_commit_pull(
+                self._handle, scale, then_pull.dtype, then_pull.count, then_pull.names,
+                then_pull.addresses, then_pull.numels, ctypes.byref(result), ctypes.byref(error))
         if code:
             _raise(error)
         return result
@@ -364,6 +376,24 @@ class NativePush:
         handle, self._handle = self._handle, None
         if handle:
             self._lib.fusedps_push_destroy(handle)
+
+
+class CommitPull:
+    """The pull a push's commit carries (fusedps_push_commit_pull), as C arrays made once per
+    layout: each entry (name, address, numel) is written at address, inside the push's
+    workspace, in the wire dtype ``dtype`` (a fusedps._dtypes.WIRE_CODES value). ``entries``
+    keeps the Python form (the grpcio transport's)."""
+
+    __slots__ = ("dtype", "entries", "count", "names", "addresses", "numels")
+
+    def __init__(self, dtype: int, entries: Sequence[Tuple[str, int, int]]):
+        self.dtype = int(dtype)
+        self.entries = [(str(n), int(a), int(k)) for n, a, k in entries]
+        self.count = len(self.entries)
+        self.names = (ctypes.c_char_p * self.count)(*[n.encode("utf-8") for n, _, _ in
+                                                      self.entries])
+        self.addresses = (ctypes.c_void_p * self.count)(*[a for _, a, _ in self.entries])
+        self.numels = (ctypes.c_uint64 * self.count)(*[k for _, _, k in self.entries])
 
 
 class PullGroups:

@@ -127,19 +127,29 @@ class PushTransaction:
         self._keep.append(tensor)
         self.write([(index, offset, tensor.numel(), tensor.data_ptr())])
 
-    def commit(self, grad_scale: Optional[float] = None) -> PushResult:
+    def commit(self, grad_scale: Optional[float] = None,
+               then_pull: Optional[_native.CommitPull] = None) -> PushResult:
         """Commits the push: the server divides the gradients by ``grad_scale`` (None: none)
         and applies them as one step. Waits for the reply.
 
+        ``then_pull`` (a push through a workspace only): the commit carries that pull
+        (PushCommit.pull): once the step is applied, the server writes each entry's values,
+        params in the pull's wire dtype (the server's stored one), at the entry's address in
+        the workspace, and only then replies; the reply's pulled_version is the version read
+        (0: a duplicate's reply from the retry table, nothing written).
+
         Raises:
-          FusedPSError: as Client.push_gradients (INVALID_ARGUMENT when pieces are missing);
-            nothing was applied. RuntimeError: committed or cancelled already.
+          FusedPSError: as Client.push_gradients (INVALID_ARGUMENT when pieces are missing, or
+            a then_pull entry lies outside the workspace); nothing was applied.
+          RuntimeError: committed or cancelled already.
         """
         if self._ended:
             raise RuntimeError("the push was committed or cancelled")
         self._ended = True
         try:
-            return self._impl.commit(grad_scale)
+            if then_pull is None:
+                return self._impl.commit(grad_scale)
+            return self._impl.commit(grad_scale, then_pull)
         finally:
             self._keep.clear()
 
@@ -180,8 +190,9 @@ class NativeTransactionImpl:
     def write_prepared(self, arrays) -> None:
         self._push.write_arrays(arrays)
 
-    def commit(self, grad_scale: Optional[float]) -> PushResult:
-        r = self._push.commit(grad_scale)
+    def commit(self, grad_scale: Optional[float],
+               then_pull: Optional[_native.CommitPull] = None) -> PushResult:
+        r = self._push.commit(grad_scale, then_pull)
         return PushResult._from_native(r)
 
     def cancel(self) -> None:
@@ -257,10 +268,21 @@ class GrpcioTransactionImpl:
         if parts:
             self._send(b"".join(parts))
 
-    def commit(self, grad_scale: Optional[float]) -> PushResult:
+    def _pull_request(self, then_pull: _native.CommitPull) -> "pb.PullParametersRequest":
+        raise errors.InvalidArgument(
+            "a commit's pull writes into the push's workspace; this push was begun without one")
+
+    def commit(self, grad_scale: Optional[float],
+               then_pull: Optional[_native.CommitPull] = None) -> PushResult:
         commit = pb.PushGradientsRequest(commit=pb.PushCommit())
         if grad_scale is not None:
             commit.commit.grad_scale = grad_scale
+        if then_pull is not None:
+            try:
+                commit.commit.pull.CopyFrom(self._pull_request(then_pull))
+            except BaseException:
+                self.cancel()
+                raise
         self._queues[0].put(commit.SerializeToString())
         for q in self._queues:
             q.put(_END)
@@ -303,6 +325,19 @@ class WorkspaceTransactionImpl(GrpcioTransactionImpl):
     def __init__(self, workspace, *args):
         super().__init__(*args)
         self._workspace = workspace
+
+    def _pull_request(self, then_pull: _native.CommitPull) -> "pb.PullParametersRequest":
+        itemsize = _dtypes.element_size(_dtypes.WIRE_NAMES[then_pull.dtype])
+        request = pb.PullParametersRequest(dtype=then_pull.dtype,
+                                           field=_dtypes.TENSOR_FIELDS["param"])
+        for name, address, numel in then_pull.entries:
+            at = self._workspace.offset_of(address, numel * itemsize) if numel else None
+            if at is None:
+                raise errors.InvalidArgument(f"the commit's pull target {name} ({numel} "
+                                             "elements) does not lie in the push's workspace")
+            request.tensors.append(name)
+            request.workspace_offsets_bytes.append(at)
+        return request
 
     def write(self, pieces: Sequence[Piece]) -> None:
         """One message per part, each naming about an equal share of the pieces' bytes (a

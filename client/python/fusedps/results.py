@@ -106,6 +106,9 @@ class PushResult:
       round_timed_out: sync mode: the round closed by its timeout with fewer than K pushes.
       missing_replicas: then, the client_ids it waited for in vain (those that pushed to one
         of the server's last 8 rounds but not to this one: a trainer that died or is stuck).
+      pulled_version: the version a commit's pull read (PushTransaction.commit's then_pull);
+        0 when the commit carried none, or when the server answered from its retry table
+        (nothing was written: pull again).
     """
 
     version: int
@@ -117,13 +120,14 @@ class PushResult:
     round_workers: int = 0
     round_timed_out: bool = False
     missing_replicas: Tuple[str, ...] = ()
+    pulled_version: int = 0
 
     @classmethod
     def _from_pb(cls, r) -> "PushResult":
         """From a PushGradientsResponse."""
         return cls(int(r.version), bool(r.step_skipped), r.skip_reason, int(r.tensors_updated),
                    int(r.grad_bytes), bool(r.duplicate), int(r.round_workers),
-                   bool(r.round_timed_out), tuple(r.missing_replicas))
+                   bool(r.round_timed_out), tuple(r.missing_replicas), int(r.pulled_version))
 
     @classmethod
     def _from_native(cls, r) -> "PushResult":
@@ -132,7 +136,7 @@ class PushResult:
         return cls(int(r.version), bool(r.step_skipped), r.skip_reason.decode("utf-8", "replace"),
                    int(r.tensors_updated), int(r.grad_bytes), bool(r.duplicate),
                    int(r.round_workers), bool(r.round_timed_out),
-                   tuple(missing.split(",")) if missing else ())
+                   tuple(missing.split(",")) if missing else (), int(r.pulled_version))
 
 
 @dataclass(frozen=True)
