@@ -11,6 +11,7 @@
 #   cupti       metrics_cupti_test: the kernel-launch metric against CUPTI's count
 #   e2e         tests/e2e (the PyTorch oracle, the contract tests) against CUDA servers
 #   overlap     tests/e2e/test_overlap.py, test_overlap_buckets.py, test_overlap_staging.py,
+#               test_overlap_commit_pull.py,
 #               test_copies.py, test_workspace.py and test_device_workspace.py (a part of e2e)
 #   checkpoint  the checkpoint e2e tests, restart, interop, torch, state dtypes (a part of e2e)
 #   python      the Python package's e2e tests: RemoteAdamW, transports, LoadState, parity,
@@ -112,6 +113,7 @@ for group in "${groups[@]}"; do
     cupti) gtest metrics_cupti_test ;;
     e2e) pytest_e2e e2e ;;
     overlap) pytest_e2e overlap tests/e2e/test_overlap.py tests/e2e/test_overlap_buckets.py \
+               tests/e2e/test_overlap_commit_pull.py \
                tests/e2e/test_overlap_staging.py tests/e2e/test_copies.py \
                tests/e2e/test_workspace.py tests/e2e/test_device_workspace.py ;;
     checkpoint)

@@ -119,11 +119,14 @@ def assert_close(ours: RemoteAdamW, model: Mlp, ref: torch.optim.AdamW, ref_mode
 
 
 def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
-               data_plane: str = "workspace",
-               push_during_backward=None) -> Tuple[RemoteAdamW, Mlp]:
+               data_plane: str = "workspace", push_during_backward=None,
+               pull_with_commit=None, expect_carried=None) -> Tuple[RemoteAdamW, Mlp]:
     """Trains both ways and checks them: parity, and no full push but the inplace recipe's
     (when the gradients leave during backward; pushed at step(), nothing left before the loop
-    changed one, so no step is pushed again)."""
+    changed one, so no step is pushed again). pull_with_commit: whether each step's commit
+    carries its pull (PushCommit.pull; None: the default, through a device workspace only);
+    every step that was not pushed again in full must then have had its pull carried (unless
+    expect_carried says otherwise)."""
     model, ref_model = Mlp(1), Mlp(1)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
     opt = RemoteAdamW(model.named_parameters(), targets=target, prefix=prefix, overlap=True,
@@ -132,6 +135,11 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
                       **HYPER)
     # The default: during backward, but on a device workspace.
     expected = data_plane != "device" if push_during_backward is None else push_during_backward
+    if pull_with_commit is not None:
+        opt._overlap.pull_with_commit = pull_with_commit
+    carried = data_plane == "device" if pull_with_commit is None else pull_with_commit
+    if expect_carried is not None:
+        carried = expect_carried
     try:
         assert opt.data_plane_in_use == data_plane
         assert opt.push_during_backward_in_use == expected
@@ -140,6 +148,7 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
             train(recipe, opt, model)
         train(recipe, ref, ref_model)
         assert_close(opt, model, ref, ref_model)
+        assert opt._overlap.pulls.carried == (STEPS - opt.overlap_fallbacks if carried else 0)
         if not expected:  # Everything left at step(), after the loop was done with it.
             assert opt.overlap_fallbacks == 0, "a step was pushed again in full"
             assert opt._overlap.buckets_before_step == 0
@@ -159,17 +168,24 @@ def run_recipe(target: str, recipe: str, prefix: str, transport: str = "auto",
         assert opt.push_during_backward_in_use == expected
 
 
-@pytest.mark.parametrize("data_plane, push_during_backward", [
-    ("workspace", None), ("grpc", None), ("workspace", False), ("grpc", False),
-    pytest.param("device", None, marks=ON_GPU), pytest.param("device", True, marks=ON_GPU)])
+@pytest.mark.parametrize("data_plane, push_during_backward, pull_with_commit", [
+    ("workspace", None, None), ("grpc", None, None), ("workspace", False, None),
+    ("grpc", False, None), ("workspace", False, True), ("workspace", True, True),
+    pytest.param("device", None, None, marks=ON_GPU),
+    pytest.param("device", True, None, marks=ON_GPU),
+    pytest.param("device", None, False, marks=ON_GPU)])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_overlap_matches_torch(server_target, recipe, data_plane, push_during_backward):
+def test_overlap_matches_torch(server_target, recipe, data_plane, push_during_backward,
+                               pull_with_commit):
     """Through a same-host workspace (what a trainer beside its server gets), a device one
     (on a GPU) and over gRPC (the native transport), with the gradients pushed during
-    backward or at step() (push_during_backward; a device workspace's default is at step()):
-    the same results."""
-    run_recipe(server_target, recipe, prefix=f"{recipe}-{data_plane}-{push_during_backward}/",
-               data_plane=data_plane, push_during_backward=push_during_backward)
+    backward or at step() (push_during_backward; a device workspace's default is at step()),
+    and the pull carried by the commit or not (pull_with_commit; a device workspace's
+    default): the same results."""
+    run_recipe(server_target, recipe,
+               prefix=f"{recipe}-{data_plane}-{push_during_backward}-{pull_with_commit}/",
+               data_plane=data_plane, push_during_backward=push_during_backward,
+               pull_with_commit=pull_with_commit)
 
 
 @pytest.mark.parametrize("data_plane", ["workspace", "grpc", DEVICE_PLANE])
@@ -365,6 +381,39 @@ def test_a_scaler_overflow_skips_the_step_as_torch_does(server_target, push_duri
 
 
 
+def lrs_sent_before_step(target: str, prefix: str, pull_with_commit=None,
+                         **kwargs) -> List[bool]:
+    """Six steps under a scheduler that changes the lr every step (each new lr sent once):
+    for each step after the first, whether its lr was at the server before step().
+    kwargs: RemoteAdamW's; pull_with_commit: as run_recipe's."""
+    model = Mlp(8)
+    opt = RemoteAdamW(model.named_parameters(), targets=target, prefix=prefix, overlap=True,
+                      bucket_bytes=2048, **kwargs, **HYPER)
+    if pull_with_commit is not None:
+        opt._overlap.pull_with_commit = pull_with_commit
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    real, sent = opt.client.set_hyperparameters, []
+
+    def recording(group, **kwargs):
+        sent.append(kwargs["lr"])
+        return real(group, **kwargs)
+
+    opt.client.set_hyperparameters = recording
+    before = []
+    try:
+        for step in range(6):
+            opt.zero_grad(set_to_none=True)
+            loss_of(model, step).backward()
+            opt._overlap._call(lambda: None).result()  # The worker's queue so far, done.
+            before.append(bool(sent) and sent[-1] == opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            assert sent == [HYPER["lr"] * (1.0 / (1 + k)) for k in range(1, step + 1)]
+    finally:
+        opt.close()
+    return before[1:]  # Step 0 has the registered lr.
+
+
 @pytest.mark.parametrize("push_during_backward, early_send", [
     (True, "_queue_hyperparameters"), (False, "_on_pull_landed")])
 def test_a_changed_lr_goes_before_step(server_target, monkeypatch, push_during_backward,
@@ -373,36 +422,12 @@ def test_a_changed_lr_goes_before_step(server_target, monkeypatch, push_during_b
     ready (on the worker, behind backward), or without gradient hooks once the last step's
     pull has landed (behind the forward), so it is at the server before step() and the commit
     sends nothing. The control: with the early send switched off, it goes at step()."""
-    def sent_before_step(prefix: str) -> List[bool]:
-        model = Mlp(8)
-        opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix=prefix,
-                          overlap=True, bucket_bytes=2048,
-                          push_during_backward=push_during_backward, **HYPER)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
-        real, sent = opt.client.set_hyperparameters, []
-
-        def recording(group, **kwargs):
-            sent.append(kwargs["lr"])
-            return real(group, **kwargs)
-
-        opt.client.set_hyperparameters = recording
-        before = []
-        try:
-            for step in range(6):
-                opt.zero_grad(set_to_none=True)
-                loss_of(model, step).backward()
-                opt._overlap._call(lambda: None).result()  # The worker's queue so far, done.
-                before.append(bool(sent) and sent[-1] == opt.param_groups[0]["lr"])
-                opt.step()
-                sched.step()
-                assert sent == [HYPER["lr"] * (1.0 / (1 + k)) for k in range(1, step + 1)]
-        finally:
-            opt.close()
-        return before[1:]  # Step 0 has the registered lr.
-
-    assert sent_before_step(f"lr-early-{push_during_backward}/") == [True] * 5
+    prefix = f"lr-{push_during_backward}"
+    assert lrs_sent_before_step(server_target, f"{prefix}-early/",
+                                push_during_backward=push_during_backward) == [True] * 5
     monkeypatch.setattr(_overlap.OverlapEngine, early_send, lambda self, *step: None)
-    assert sent_before_step(f"lr-late-{push_during_backward}/") == [False] * 5
+    assert lrs_sent_before_step(server_target, f"{prefix}-late/",
+                                push_during_backward=push_during_backward) == [False] * 5
 
 
 @BOTH_PUSHES
@@ -503,8 +528,10 @@ def test_without_hooks_a_training_forward_begins_the_push_an_evaluation_does_not
     The values stay torch's either way."""
     model, ref_model = Mlp(11), Mlp(11)
     ref = torch.optim.AdamW(ref_model.parameters(), foreach=False, **HYPER)
+    # A host workspace: through a device one the commit carries the pull, and step() begins
+    # the next push itself (test_overlap_commit_pull.py).
     opt = RemoteAdamW(model.named_parameters(), targets=server_target, prefix="begin-early/",
-                      overlap=True, push_during_backward=False, **HYPER)
+                      overlap=True, push_during_backward=False, data_plane="workspace", **HYPER)
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.9) for o in (opt, ref)]
     engine = opt._overlap
     began = []

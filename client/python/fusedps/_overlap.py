@@ -32,7 +32,11 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    lr, went at the step's first gradient already: _queue_hyperparameters.)
 3. The pull. delay=0: step() waits for the commit, then starts the pulls in forward order
    (fusedps._pull_pipeline) and returns; the next forward waits for each module's own
-   parameters. delay=1 (after ``delay_warmup`` steps as delay=0): step() returns at once; the
+   parameters. Through a device workspace the commit carries the pull (pull_with_commit,
+   PushCommit.pull): the server writes the step's params into the landing buffer before it
+   replies, so every group has landed when the commit returns; step() then queues their
+   device copies (the loop's stream waits for them) and, pushed at step(), begins the next
+   push on the worker: the next forward runs no fusedps work. delay=1 (after ``delay_warmup`` steps as delay=0): step() returns at once; the
    worker commits and pulls into a device buffer, and the next step() installs those values.
    The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
    ZeRO-Offload's delayed parameter update). Once delayed, the whole step hides behind the
@@ -162,6 +166,13 @@ class OverlapEngine(DataPlane, StepCheck, StepWorker, Staging):
                            "device" if self.workspace.on_device else "workspace")
         self.push_during_backward = (self.data_plane != "device" if push_during_backward is None
                                      else bool(push_during_backward))
+        # A delay=0 step's pull rides on its commit (PushCommit.pull) through a device
+        # workspace, where the server writes the params there device to device in tens of
+        # microseconds: the step's parameters are in the landing buffer when the commit
+        # returns, and no pull call runs beside the next forward. Through a host workspace the
+        # same bytes would cross PCIe inside the commit, on step()'s path, instead of beside
+        # the forward. One server (the route's only shard).
+        self.pull_with_commit = self.data_plane == "device" and self._route.shards == 1
         if bucket_bytes is None:
             bucket_bytes = (WORKSPACE_BUCKET_BYTES if self.workspace is not None
                             else GRPC_BUCKET_BYTES)
@@ -261,8 +272,9 @@ class OverlapEngine(DataPlane, StepCheck, StepWorker, Staging):
         if torch.is_grad_enabled():  # A training forward: backward and step() follow.
             with self._lock:
                 self._start_push_locked(self._step)
-        else:
-            self._queue_hyperparameters(self._step)
+        # Changed since (a scheduler's lr): also when the push began already (in step(), when
+        # the commit carried the pull: land_carried), and in an evaluation's forward.
+        self._queue_hyperparameters(self._step)
 
     def _end_of_backward(self, step: _Step, stream) -> None:
         """Autograd's final callback (GPU): the fence (_fence), and the buckets whose copies
@@ -489,8 +501,10 @@ class OverlapEngine(DataPlane, StepCheck, StepWorker, Staging):
             sent_hyper = time.perf_counter()
             opt._buffers.send(buffers)
             sent = time.perf_counter()
+            then_pulls = (self.pulls.prepare_commit_pulls()
+                          if self.pull_with_commit and not delayed else None)
             _trace.mark("commit")
-            results = self._end(step, commit_scale)
+            results = self._end(step, commit_scale, then_pulls)
             pushed = time.perf_counter()
             _trace.mark("committed")
             if delayed:
@@ -498,7 +512,9 @@ class OverlapEngine(DataPlane, StepCheck, StepWorker, Staging):
                 self.pulls.land()  # Here, so that the loop's threads do nothing for it.
                 _trace.mark("landed")
             else:
-                self.pulls.start("direct")
+                # A duplicate's reply (the retry table's) carried no pull: pulled as usual.
+                pulled = [r.pulled_version for r in results] if then_pulls is not None else []
+                self.pulls.start("direct", landed=pulled if pulled and all(pulled) else None)
             return results, sent_hyper - start, sent - sent_hyper, pushed - step.push_started
 
         self.steps += 1
@@ -517,6 +533,16 @@ class OverlapEngine(DataPlane, StepCheck, StepWorker, Staging):
         wait = time.perf_counter()
         results, hyper_seconds, buffers_seconds, push_seconds = self._run_on_worker(commit)
         timings["push_exposed_seconds"] = time.perf_counter() - wait
+        if self.pulls.land_carried() and not self.push_during_backward:
+            # The commit carried the pull: it lands here, and the next push begins now on the
+            # worker, while the loop goes on to its own waits (loss.item()). Begun in the next
+            # forward instead, the worker's Python took the interpreter lock from the forward's
+            # launches: on an H200 the small preset's forward and backward ran about 3 ms
+            # slower than local's that way, and as fast as local's this way
+            # (docs/benchmarks.md, runs G1-G5). A scheduler's next lr goes at the next
+            # forward's first module (on_landed, deferred by land_carried).
+            with self._lock:
+                self._start_push_locked(self._step)
         timings["push_seconds"] = push_seconds
         timings["hyperparameters_seconds"] = hyper_seconds
         timings["buffers_seconds"] = buffers_seconds

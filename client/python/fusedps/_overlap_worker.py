@@ -209,21 +209,25 @@ class StepWorker:
         return layout_cached(self._pieces, (step.buffer, bucket.begin, tuple(bucket.params)),
                              make)
 
-    def _end(self, step: _Step, grad_scale: Optional[float]) -> list:
+    def _end(self, step: _Step, grad_scale: Optional[float],
+             then_pulls: Optional[list] = None) -> list:
         """Commits (grad_scale, or cancels when it is False) every transaction of the step;
-        returns the commits' results. Raises the first error (the others are cancelled)."""
+        returns the commits' results. then_pulls: per shard, the pull its commit carries
+        (PullPipeline.prepare_commit_pulls). Raises the first error (the others are
+        cancelled)."""
         if step.error is not None:
             self._cancel(step)
             raise step.error
         if step.transactions is None:
             raise RuntimeError("internal: a step with nothing staged was committed")
         results, error = [], None
-        for txn in step.transactions:
+        for shard, txn in enumerate(step.transactions):
             if txn is None:
                 continue
             try:
                 if error is None:
-                    results.append(txn.commit(grad_scale))
+                    results.append(txn.commit(grad_scale, None if then_pulls is None
+                                              else then_pulls[shard]))
                 else:
                     txn.cancel()
             except BaseException as e:  # noqa: BLE001 - re-raised below

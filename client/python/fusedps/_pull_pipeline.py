@@ -8,7 +8,9 @@ first group small (``edge_bytes``), the next ones doubling up to ``group_bytes``
 conversion) and is copied to the device on a side stream. Through a device workspace the
 landing buffer is carved from the workspace on the GPU instead: the server writes each group
 there by a device-to-device copy, and the side stream's copies out of it are device to device;
-all else is the same.
+all else is the same. There the step's commit carries the pull (prepare_commit_pulls, then
+start(mode, landed=...)): every group has landed once the commit returns, and no pull call runs
+beside the forward.
 
 Who does what: the landing runs on the C++ client's threads (fusedps._native.PipelinedPull)
 when every server is reached through the native transport; through a same-host workspace
@@ -81,7 +83,7 @@ class _Pull:
 
     mode: str
     groups: List[_Group]
-    landing: Union[_native.PipelinedPull, _ThreadLanding]
+    landing: Union[_native.PipelinedPull, _ThreadLanding, "_Landed"]
     ready: Optional[object]  # Event: where the step's device work stood at start() (GPU).
     events: List[Optional[object]]  # Per group, its copies' event once queued (GPU).
     queued: int = 0  # Groups whose device copies are queued.
@@ -145,6 +147,30 @@ class _ThreadLanding:
             f.exception()  # Waits; the error was raised by wait() if anyone asked.
 
 
+class _Landed:
+    """A pull the step's commit carried (prepare_commit_pulls): every group landed when the
+    commit returned. The interface of fusedps._native.PipelinedPull."""
+
+    def __init__(self, groups: int, versions: List[int]):
+        self.groups = groups
+        self._versions = versions
+
+    def wait(self, group: int) -> None:
+        pass
+
+    def landed(self) -> int:
+        return self.groups
+
+    def version(self, shard: int) -> int:
+        return self._versions[shard]
+
+    def seconds(self) -> float:
+        return 0.0  # Inside the commit's round trip.
+
+    def close(self) -> None:
+        pass
+
+
 class PullPipeline:
     """Args:
       route: where each parameter lives (fusedps._route.Route).
@@ -206,14 +232,19 @@ class PullPipeline:
         # landing's targets, and install()'s sources (with the buffer they view).
         self._native_targets: Optional[_native.PullGroups] = None
         self._install_sources: Optional[Tuple[torch.Tensor, List[torch.Tensor]]] = None
+        self._commit_pulls: Optional[List[_native.CommitPull]] = None  # Likewise.
         self._shadow: Optional[torch.Tensor] = None
         self._h2d_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._shadow_free: Optional[object] = None  # Event: the last install has read shadow.
         self.versions: List[Optional[int]] = [None] * route.shards
+        self.carried = 0  # Pulls that the step's commit carried (start(landed=...)).
         self.seconds = 0.0          # The last finished pull's wall time.
         self.exposed_seconds = 0.0  # What the forward and the optimizer waited for it.
         # Called on the loop's thread once a pull has landed and its versions are observed.
         self.on_landed: Optional[Callable[[], None]] = None
+        # land_carried() defers on_landed to the next forward's first module (_pre_forward).
+        self._defer_on_landed = False
+        self._on_landed_due = False
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
 
     # -- the optimizer's side ---------------------------------------------------------------------
@@ -244,8 +275,8 @@ class PullPipeline:
                     self._params[i].shape))
         return groups
 
-    def start(self, mode: str) -> None:
-        """Starts pulling every parameter ("direct" or "shadow", see the module docstring)."""
+    def _relayout(self) -> None:
+        """The groups in the order of first use recorded since the last pull (_order)."""
         order = self._order()
         self._recorded, self._recorded_set = [], set()
         if order != self._laid_out:
@@ -255,6 +286,40 @@ class PullPipeline:
                 [[(shard, name, view.data_ptr(), view.numel())
                   for shard, name, view in group.targets] for group in self._groups])
             self._install_sources = None
+            self._commit_pulls = None
+
+    def prepare_commit_pulls(self) -> List[_native.CommitPull]:
+        """A pull carried by the step's commits (through a workspace; PushCommit.pull): lays
+        the groups out as start() does, waits (CPU) for the last pull's copies out of the
+        landing buffer, which the server writes during the commit, and returns each shard's
+        pull: its segments of every param, at their places in the landing buffer. Then
+        commit, and start(mode, landed=the commits' pulled versions)."""
+        self._relayout()
+        self._sync_last_copies()
+        if self._commit_pulls is None:
+            by_shard: List[list] = [[] for _ in range(self._route.shards)]
+            for group in self._groups:
+                for shard, name, view in group.targets:
+                    by_shard[shard].append((name, view.data_ptr(), view.numel()))
+            code = _dtypes.WIRE_CODES[self._wire]
+            self._commit_pulls = [_native.CommitPull(code, entries) for entries in by_shard]
+        return self._commit_pulls
+
+    def _sync_last_copies(self) -> None:
+        if self._last_event is not None:
+            # The last pull's copies read the host buffer that this one writes: done by now
+            # (the loop's stream waited for them), but the CPU must know before it writes (the
+            # server, into a device workspace, is ordered by nothing else).
+            self._last_event.synchronize()
+            self._last_event = None
+
+    def start(self, mode: str, landed: Optional[List[int]] = None) -> None:
+        """Starts pulling every parameter ("direct" or "shadow", see the module docstring).
+        landed: the per-shard versions of the pulls the step's commits carried
+        (prepare_commit_pulls, called before them): every group is in the landing buffer
+        already, and only the device copies are left."""
+        if landed is None:
+            self._relayout()
         ready = None
         if self._cuda:
             # Backward (and the step's check) may still read the parameters on the device.
@@ -262,14 +327,12 @@ class PullPipeline:
             if mode == "shadow" and self._shadow is None:
                 self._shadow = torch.empty(sum(self._numel), dtype=self._wire_dtype,
                                            device=self.device)
-        if self._last_event is not None:
-            # The last pull's copies read the host buffer that this one writes: done by now
-            # (the loop's stream waited for them), but the CPU must know before it writes (the
-            # server, into a device workspace, is ordered by nothing else).
-            self._last_event.synchronize()
-            self._last_event = None
-        landing: Union[_native.PipelinedPull, _ThreadLanding]
-        if self._natives is not None:  # Through the workspace too, when one is open.
+        self._sync_last_copies()
+        landing: Union[_native.PipelinedPull, _ThreadLanding, _Landed]
+        if landed is not None:
+            landing = _Landed(len(self._groups), list(landed))
+            self.carried += 1
+        elif self._natives is not None:  # Through the workspace too, when one is open.
             landing = _native.PipelinedPull(
                 self._natives, cast(_native.PullGroups, self._native_targets),  # The layout's.
                 dtype=_dtypes.WIRE_CODES[self._wire], field=_FIELD_PARAM,
@@ -304,6 +367,23 @@ class PullPipeline:
                 self.seconds = landing.seconds()
             self._last_event = next((e for e in reversed(pull.events) if e is not None), None)
             landing.close()
+
+    def land_carried(self) -> bool:
+        """When the pull in flight was carried by the step's commit (start(landed=...)): waits
+        for it now (wait(): queues every copy and makes the current stream wait; tens of
+        microseconds of device time) and returns True, so that the next forward waits for
+        nothing; on_landed is called at that forward's first module (then the scheduler has
+        set the next lr). Else False."""
+        with self._lock:
+            pull = self._pull
+        if pull is None or not isinstance(pull.landing, _Landed):
+            return False
+        self._defer_on_landed = True
+        try:
+            self.wait()
+        finally:
+            self._defer_on_landed = False
+        return True
 
     def discard(self) -> None:
         """Drops a "shadow" pull's values uninstalled (newer ones were pulled otherwise)."""
@@ -438,7 +518,9 @@ class PullPipeline:
             if self._natives is not None:  # _ThreadLanding's went through Client.pull_into.
                 client._observe_version(version)
             client.last_pulled_version = version
-        if self.on_landed is not None:
+        if self._defer_on_landed:
+            self._on_landed_due = True
+        elif self.on_landed is not None:
             self.on_landed()
 
     # -- the forward's side -------------------------------------------------------------------
@@ -452,6 +534,10 @@ class PullPipeline:
         return [i for i in range(len(self._params)) if i not in seen] + recorded
 
     def _pre_forward(self, module: torch.nn.Module, inputs) -> None:
+        if self._on_landed_due:  # A pull landed by land_carried(), observed at this forward.
+            self._on_landed_due = False
+            if self.on_landed is not None:
+                self.on_landed()
         own = [self._index[id(p)] for p in module._parameters.values()
                if p is not None and id(p) in self._index]
         if not own:
