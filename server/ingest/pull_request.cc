@@ -166,7 +166,8 @@ absl::StatusOr<PullPlan> PlanPullInto(const v1::PullParametersRequest& request,
 }
 
 absl::StatusOr<PullPlan> PlanCommitPull(const v1::PullParametersRequest& pull,
-                                        const v1::PushHeader& header, const UpdateEngine& engine,
+                                        const v1::PushHeader& header, absl::string_view model,
+                                        const UpdateEngine& engine,
                                         std::shared_ptr<const Workspace> workspace) {
   if (workspace == nullptr) {
     return absl::InvalidArgumentError(
@@ -178,7 +179,6 @@ absl::StatusOr<PullPlan> PlanCommitPull(const v1::PullParametersRequest& pull,
         "commit.pull.workspace = ", QuoteName(pull.workspace()),
         " must be empty or the push's header.workspace, ", QuoteName(header.workspace())));
   }
-  const std::string model = header.model().empty() ? "default" : header.model();  // The registry's.
   if (!pull.model().empty() && pull.model() != model) {
     return absl::InvalidArgumentError(absl::StrCat("commit.pull.model = ", QuoteName(pull.model()),
                                                    " must be empty or the push's model, ",

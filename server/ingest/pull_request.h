@@ -100,12 +100,14 @@ absl::StatusOr<PullPlan> PlanPullInto(const v1::PullParametersRequest& request,
 
 // The pull a push's commit carries (PushCommit.pull), into the push's `workspace` (the
 // header's, found when the push began; null without one), checked as the commit arrives.
+// `model`: the push's model as the registry names it (IngestServices::model).
 // Errors, each naming commit.pull's field: INVALID_ARGUMENT for no workspace, a pull.workspace
 // other than empty or header.workspace, a pull.model other than empty or the push's;
 // PlanPullInto's; FAILED_PRECONDITION for a dtype the engine cannot read straight into the
 // workspace (16 bits of fp32 values: nothing is rounded on the way).
 absl::StatusOr<PullPlan> PlanCommitPull(const v1::PullParametersRequest& pull,
-                                        const v1::PushHeader& header, const UpdateEngine& engine,
+                                        const v1::PushHeader& header, absl::string_view model,
+                                        const UpdateEngine& engine,
                                         std::shared_ptr<const Workspace> workspace);
 
 }  // namespace fusedps

@@ -364,8 +364,8 @@ absl::Status PushAssembly::TakeCommit(v1::PushCommit commit, uint32_t part_index
   }
   std::optional<PullPlan> pull;
   if (commit.has_pull()) {
-    absl::StatusOr<PullPlan> planned =
-        PlanCommitPull(commit.pull(), header_, *services_.engine, checked_.workspace);
+    absl::StatusOr<PullPlan> planned = PlanCommitPull(commit.pull(), header_, services_.model,
+                                                      *services_.engine, checked_.workspace);
     if (!planned.ok()) return planned.status();
     pull = *std::move(planned);
     commit.clear_pull();

@@ -36,7 +36,9 @@ Internal module of fusedps.torch; RemoteAdamW's docstring says what users see. A
    PushCommit.pull): the server writes the step's params into the landing buffer before it
    replies, so every group has landed when the commit returns; step() then queues their
    device copies (the loop's stream waits for them) and, pushed at step(), begins the next
-   push on the worker: the next forward runs no fusedps work. delay=1 (after ``delay_warmup`` steps as delay=0): step() returns at once; the
+   push on the worker: the next forward waits for nothing, and its first module only queues
+   a changed lr (on_landed, deferred). delay=1 (after ``delay_warmup`` steps as delay=0):
+   step() returns at once; the
    worker commits and pulls into a device buffer, and the next step() installs those values.
    The forward of step t then runs on the parameters of step t - 1 (staleness 1, as
    ZeRO-Offload's delayed parameter update). Once delayed, the whole step hides behind the
