@@ -395,7 +395,7 @@ absl::StatusOr<PushResult> Client::PushGradients(const PushOptions& options,
 
   // With several streams the push travels as that many parts, one per connection, at once;
   // the server applies it once. Parts need the push named: a client id and a sequence number.
-  const size_t parts = std::min<size_t>(connections_.size(), std::max<size_t>(plan->size(), 1));
+  const size_t parts = std::min<size_t>(PartsOf(options), std::max<size_t>(plan->size(), 1));
   if (parts > 1) {
     if (options.client_id.empty()) header->set_client_id(default_client_id_);
     if (options.sequence_number == 0) header->set_sequence_number(++last_sequence_number_);

@@ -321,7 +321,7 @@ absl::StatusOr<std::unique_ptr<PushTransaction>> Client::BeginPush(
   Workspace workspace = this->workspace();
   header->set_workspace(workspace.id);
   for (const TensorSize& t : tensors) header->add_tensors(t.name);
-  const uint32_t parts = static_cast<uint32_t>(connections_.size());
+  const uint32_t parts = static_cast<uint32_t>(PartsOf(options));
   if (parts > 1) header->set_part_count(parts);
   auto push = absl::WrapUnique(
       new PushTransaction(options_, std::vector<TensorSize>(tensors.begin(), tensors.end()),

@@ -122,6 +122,7 @@ absl::StatusOr<fc::PushOptions> PushOptionsOf(const fusedps_push_header& header)
   if (header.grad_scale > 0) options.grad_scale = header.grad_scale;
   options.base_version = header.base_version;
   options.plan_hash = header.plan_hash != nullptr ? header.plan_hash : "";
+  options.max_parts = header.max_parts;
   return options;
 }
 

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 // Bumped on any change of the functions or structs below; the Python side checks it.
-#define FUSEDPS_C_API_VERSION 10
+#define FUSEDPS_C_API_VERSION 11
 
 // The library is built with hidden visibility; only these functions are exported.
 #define FUSEDPS_C_EXPORT __attribute__((visibility("default")))
@@ -66,6 +66,7 @@ typedef struct fusedps_push_header {
   float grad_scale;          // > 0: the server divides the gradients by it; <= 0: none.
   uint64_t base_version;
   const char* plan_hash;  // "" for an unsharded server.
+  uint32_t max_parts;  // The most calls the push travels as (PushOptions::max_parts); 0: streams.
 } fusedps_push_header;
 
 typedef struct fusedps_push_result {

@@ -292,3 +292,45 @@ def test_open_workspaces_show_in_the_metrics():
             assert server.metrics().value("fusedps_workspace_bytes") == 0
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_max_parts_caps_the_calls_a_push_travels_as(transport):
+    """begin_push(max_parts=N) sends the push as at most N calls (one per stream by default):
+    the server counts each call (fusedps_push_requests_total), and the step is the same one
+    step, against torch.optim.AdamW. Through the workspace and without it."""
+    from checkpoint_server import ServerProcess
+
+    server = ServerProcess([])
+    try:
+        with fusedps.Client(server.target, streams=3, transport=transport) as client:
+            init = torch.randn(NUMEL, generator=torch.Generator().manual_seed(3))
+            client.register_param_group("parts.group", **HYPER)
+            client.register_model({"parts.w": init}, param_group="parts.group")
+            ref_param = init.clone().requires_grad_(True)
+            ref = torch.optim.AdamW([ref_param], foreach=False, **HYPER)
+            workspace = open_or_fail(client)
+            try:
+                grad = workspace.carve(NUMEL, torch.float32)
+                for step, (max_parts, via, calls) in enumerate(
+                        [(None, workspace, 3), (1, workspace, 1), (2, None, 2), (1, None, 1),
+                         (5, workspace, 3)]):
+                    grad.copy_(torch.randn(NUMEL, generator=torch.Generator().manual_seed(step)))
+                    ok_before = server.metrics().value("fusedps_push_requests_total", code="OK")
+                    with client.begin_push([("parts.w", NUMEL)], workspace=via,
+                                           max_parts=max_parts) as txn:
+                        txn.write([(0, 0, NUMEL, grad.data_ptr())])
+                        result = txn.commit()
+                    assert result.tensors_updated == 1 and result.grad_bytes == 4 * NUMEL
+                    ok_after = server.metrics().value("fusedps_push_requests_total", code="OK")
+                    assert ok_after - ok_before == calls, (max_parts, via is not None)
+                    ref_param.grad = grad.clone()
+                    ref.step()
+                with pytest.raises(ValueError, match="max_parts must be at least 1"):
+                    client.begin_push([("parts.w", NUMEL)], max_parts=0)
+            finally:
+                workspace.close()
+            pulled = client.pull_parameters(["parts.w"])["parts.w"]
+            torch.testing.assert_close(pulled, ref_param.detach(), rtol=1.3e-6, atol=1e-5)
+    finally:
+        server.close()

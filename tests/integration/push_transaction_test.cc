@@ -4,8 +4,11 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "fusedps/client.h"
 #include "tests/integration/service_harness.h"
 
@@ -332,6 +335,64 @@ TEST_F(PushTransactionTest, ACommitCarriesItsPullIntoTheWorkspace) {
   }
   trainer->SetWorkspace({});
   ExpectMatchesHost(2);
+}
+
+// PushOptions::max_parts caps the calls a push travels as (one per stream by default), and
+// the step is the same: a transaction through a workspace, with a piece outside it too, and a
+// PushGradients of the same grads. The server counts calls, each part one
+// (fusedps_push_requests_total).
+TEST_F(PushTransactionTest, MaxPartsCapsTheCallsAPushTravelsAs) {
+  const std::unique_ptr<MappedWorkspace> workspace = RegisterAndOpenWorkspace();
+  ASSERT_NE(workspace, nullptr);
+  char* memory = workspace->memory;
+  const auto ok_calls = [&] {
+    const std::string text = server_->metrics().ScrapeText();
+    const std::string key = "fusedps_push_requests_total{code=\"OK\"} ";
+    const size_t at = text.find(key);
+    double value = 0;
+    if (at != std::string::npos) {
+      const size_t end = text.find('\n', at);
+      EXPECT_TRUE(absl::SimpleAtod(text.substr(at + key.size(), end - at - key.size()), &value));
+    }
+    return static_cast<int>(value);
+  };
+  std::unique_ptr<client::Client> trainer = MakeClient(3);
+  ASSERT_NE(trainer, nullptr);
+  trainer->SetWorkspace({workspace->opened.workspace_id(), memory, kWorkspaceBytes});
+  int step = 0;
+  for (const uint32_t max_parts : {0u, 1u, 2u, 7u}) {
+    SCOPED_TRACE(absl::StrCat("max_parts ", max_parts));
+    const int expected_calls = max_parts == 0 || max_parts > 3 ? 3 : static_cast<int>(max_parts);
+    client::PushOptions options;
+    options.grad_dtype = client::DType::kFloat32;
+    options.max_parts = max_parts;
+    {  // A transaction: w in the workspace, b in the caller's memory.
+      const auto grads = RandomGrads({"w", "b"}, 500 + ++step);
+      const std::string w = Encode(GradDType::kFloat32, grads.at("w"));
+      const std::string b = Encode(GradDType::kFloat32, grads.at("b"));
+      std::memcpy(memory, w.data(), w.size());
+      const int before = ok_calls();
+      auto push = trainer->BeginPush(options, Sizes());
+      ASSERT_TRUE(push.ok()) << push.status();
+      ASSERT_TRUE((*push)->Write({{0, 0, 4096, memory}, {1, 0, 64, b.data()}}).ok());
+      absl::StatusOr<client::PushResult> result = (*push)->Commit(std::nullopt);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->grad_bytes, w.size() + b.size());
+      EXPECT_EQ(ok_calls() - before, expected_calls);
+      for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+    }
+    {  // PushGradients (2048-byte chunks: 9 of them, enough for every part).
+      const auto grads = RandomGrads({"w", "b"}, 500 + ++step);
+      const int before = ok_calls();
+      absl::StatusOr<client::PushResult> result =
+          trainer->PushGradients(options, {{"w", grads.at("w")}, {"b", grads.at("b")}});
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(ok_calls() - before, expected_calls);
+      for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
+    }
+  }
+  trainer->SetWorkspace({});
+  ExpectMatchesHost(step);
 }
 
 // A device workspace is the GPU server's: this CPU server refuses one, and names why; a memory

@@ -32,6 +32,7 @@
 #ifndef FUSEDPS_CLIENT_CLIENT_H_
 #define FUSEDPS_CLIENT_CLIENT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -324,6 +325,12 @@ class Client {
                                                             const std::string& plan_hash);
   absl::StatusOr<PullResult> PullOnce(Connection& connection, const PullOptions& options);
   Connection& connection(size_t i) { return *connections_[i % connections_.size()]; }
+  // How many parts a push with `options` travels as at most: one per connection, or fewer
+  // with options.max_parts.
+  size_t PartsOf(const PushOptions& options) const {
+    return options.max_parts == 0 ? connections_.size()
+                                  : std::min<size_t>(options.max_parts, connections_.size());
+  }
   // A copy of the workspace SetWorkspace gave (an empty id: none).
   Workspace workspace() const;
 

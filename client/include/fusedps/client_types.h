@@ -252,6 +252,12 @@ struct PushOptions {
   // The hash of the sharding plan of the server's shard (ShardPlan::hash() in fusedps/plan.h),
   // as given to RegisterTensors; empty for a server that is not a shard of a plan.
   std::string plan_hash;
+  // The most calls (parts) the push travels as: 0 (the default), one per connection
+  // (ClientOptions::streams); above streams, streams. PushGradients sends fewer when its
+  // chunks are fewer. A push whose pieces all lie in a device workspace moves no bytes through
+  // its calls (only their places), so one part is enough there, and each part costs a call's
+  // start and end on both sides (docs/python.md, "One call for a device workspace's push").
+  uint32_t max_parts = 0;
 };
 
 // The gradients of one tensor.

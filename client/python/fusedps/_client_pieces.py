@@ -44,21 +44,26 @@ class PieceCalls:
     def begin_push(self, tensors: Sequence[Tuple[str, int]], *, grad_dtype="float32",
                    base_version: Optional[int] = None, plan_hash: str = "",
                    client_id: Optional[str] = None, sequence_number: int = 0,
-                   workspace=None) -> "PushTransaction":
+                   workspace=None, max_parts: Optional[int] = None) -> "PushTransaction":
         """Begins a push of ``tensors`` ((name, numel) pairs) written a piece at a time and
         committed with its grad_scale at the end (fusedps.PushTransaction; the server applies
         it as one atomic step). It goes as one part per stream; client_id None and
         sequence_number 0 take this client's own, as pushes in parts do (see ``streams``).
         ``workspace``: a same-host workspace of this client's server (fusedps._workspace);
-        pieces inside it travel as their place in it, not as bytes.
+        pieces inside it travel as their place in it, not as bytes. ``max_parts``: at most this
+        many parts (calls), None for one per stream; a push whose pieces all lie in a device
+        workspace moves only their places, and one part saves the others' starts and ends.
 
         Raises:
-          ValueError: no tensors, an unknown grad_dtype (spelled as for push_gradients).
+          ValueError: no tensors, an unknown grad_dtype (spelled as for push_gradients),
+            max_parts below 1.
             Server errors (NOT_FOUND for an unknown tensor, ABORTED for a stale sequence
             number) come from its write/commit.
         """
         if not tensors:
             raise ValueError("begin_push needs a tensor")
+        if max_parts is not None and max_parts < 1:
+            raise ValueError(f"max_parts must be at least 1 (or None), got {max_parts}")
         header = pb.PushHeader(client_id=self.client_id if client_id is None else client_id,
                                sequence_number=int(sequence_number))
         self._name_push(header)
@@ -66,7 +71,7 @@ class PieceCalls:
             self, [(str(n), int(k)) for n, k in tensors],
             _dtypes.wire_dtype(grad_dtype, "grad_dtype"),
             self.last_pulled_version if base_version is None else int(base_version), plan_hash,
-            header.client_id, header.sequence_number, workspace)
+            header.client_id, header.sequence_number, workspace, max_parts or 0)
 
     def pull_into(self, targets: Sequence[Tuple[str, "torch.Tensor"]], dtype="float32", *,
                   field: str = "param", stream: int = 0) -> Tuple[int, Dict[str, int]]:

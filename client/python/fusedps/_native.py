@@ -31,7 +31,7 @@ from fusedps.results import PulledTensors
 torch = LazyModule("torch")
 
 _LIBRARY_NAME = "libfusedps_c.so"
-C_API_VERSION = 10  # FUSEDPS_C_API_VERSION of the header this module mirrors.
+C_API_VERSION = 11  # FUSEDPS_C_API_VERSION of the header this module mirrors.
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -53,7 +53,8 @@ class _ClientOptions(ctypes.Structure):
 class _PushHeader(ctypes.Structure):
     _fields_ = [("client_id", ctypes.c_char_p), ("sequence_number", ctypes.c_uint64),
                 ("grad_dtype", ctypes.c_int32), ("grad_scale", ctypes.c_float),
-                ("base_version", ctypes.c_uint64), ("plan_hash", ctypes.c_char_p)]
+                ("base_version", ctypes.c_uint64), ("plan_hash", ctypes.c_char_p),
+                ("max_parts", ctypes.c_uint32)]
 
 
 class _PushResult(ctypes.Structure):
@@ -276,11 +277,12 @@ class NativeClient:
 
     def begin_push(self, *, client_id: str, sequence_number: int, grad_dtype: int,
                    base_version: int, plan_hash: str, names: Sequence[str],
-                   numels: Sequence[int]) -> "NativePush":
+                   numels: Sequence[int], max_parts: int = 0) -> "NativePush":
         """Begins a push of ``names`` (numels[i] elements each), committed at the end
-        (fusedps_push_begin). Raises ValueError for arguments the library refuses."""
+        (fusedps_push_begin), as at most ``max_parts`` calls (0: one per stream). Raises
+        ValueError for arguments the library refuses."""
         header = _PushHeader(client_id.encode("utf-8"), sequence_number, grad_dtype, -1.0,
-                             base_version, plan_hash.encode("utf-8"))
+                             base_version, plan_hash.encode("utf-8"), max_parts)
         counts = (ctypes.c_uint64 * len(numels))(*numels)
         error = _Error()
         handle = self._lib.fusedps_push_begin(self._handle, ctypes.byref(header), len(names),

@@ -382,18 +382,20 @@ class WorkspaceTransactionImpl(GrpcioTransactionImpl):
 
 def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_version: int,
           plan_hash: str, client_id: str, sequence_number: int,
-          workspace=None) -> PushTransaction:
+          workspace=None, max_parts: int = 0) -> PushTransaction:
     """Client.begin_push: a transaction over the client's native transport when it has one (its
     C++ side sends pieces inside the client's workspace, if one is open, as places), else
     through ``workspace`` when given (fusedps._workspace; client.streams parts over the
-    client's first channel), else over its grpcio channels (one part per channel)."""
+    client's first channel), else over its grpcio channels (one part per channel); in each case
+    at most ``max_parts`` parts when it is not 0."""
     itemsize = _dtypes.element_size(grad_dtype)
     names = [n for n, _ in tensors]
     if client._native is not None:
         native = client._native.begin_push(
             client_id=client_id, sequence_number=sequence_number,
             grad_dtype=_dtypes.WIRE_CODES[grad_dtype], base_version=base_version,
-            plan_hash=plan_hash, names=names, numels=[int(n) for _, n in tensors])
+            plan_hash=plan_hash, names=names, numels=[int(n) for _, n in tensors],
+            max_parts=max_parts)
         return PushTransaction(NativeTransactionImpl(native), tensors, itemsize)
     header = pb.PushHeader(client_id=client_id, sequence_number=sequence_number,
                            grad_dtype=_dtypes.WIRE_CODES[grad_dtype],
@@ -402,11 +404,13 @@ def begin(client, tensors: Sequence[Tuple[str, int]], grad_dtype: str, base_vers
                            workspace="" if workspace is None else workspace.id)
     args = (header, names, itemsize, client.max_chunk_bytes, client.timeout)
     if workspace is None:
-        return PushTransaction(GrpcioTransactionImpl(client._pusher._calls, *args), tensors,
-                               itemsize)
+        calls = client._pusher._calls
+        return PushTransaction(GrpcioTransactionImpl(calls[:max_parts or len(calls)], *args),
+                               tensors, itemsize)
     # Messages of places are small: client.streams parts over the first channel.
     call = _transport.raw_stream_unary(client._channel, "PushGradients",
                                        pb.PushGradientsResponse)
-    return PushTransaction(WorkspaceTransactionImpl(workspace, [call] * client.streams, *args),
+    parts = min(client.streams, max_parts or client.streams)
+    return PushTransaction(WorkspaceTransactionImpl(workspace, [call] * parts, *args),
                            tensors, itemsize)
 
