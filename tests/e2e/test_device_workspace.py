@@ -233,3 +233,32 @@ def test_device_chunks_are_checked_before_anything_changes(server_target):
             assert not torch.equal(client.pull_parameters([name])[name], init)
         finally:
             workspace.close()
+
+
+@ON_GPU
+def test_a_device_workspace_push_is_one_call_per_step():
+    """Through a device workspace a step's push carries only places, so RemoteAdamW sends it as
+    one call (begin_push's max_parts=1), not one per stream: the server counts one OK
+    PushGradients call per step (fusedps_push_requests_total), with the client's 8 streams."""
+    from checkpoint_server import ServerProcess
+
+    server = ServerProcess([])
+    try:
+        model = small_model(device=DEVICE)
+        opt = RemoteAdamW(model.named_parameters(), targets=server.target, overlap=True,
+                          prefix="dev-parts/", client_options=dict(streams=8), **HYPER)
+        try:
+            assert opt.data_plane_in_use == "device", opt.data_plane_reason
+            before = server.metrics().value("fusedps_push_requests_total", code="OK")
+            for step in range(4):
+                opt.zero_grad(set_to_none=True)
+                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+                model(x.to(DEVICE)).square().sum().backward()
+                opt.step()
+            opt.wait_parameters()
+            after = server.metrics().value("fusedps_push_requests_total", code="OK")
+            assert after - before == 4
+        finally:
+            opt.close()
+    finally:
+        server.close()

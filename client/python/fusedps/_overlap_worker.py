@@ -134,12 +134,15 @@ class StepWorker:
             self._begun = (list(named), *self._route.tensors_by_shard(named))
             self._pieces.clear()  # They name tensors by their index in the push.
         _, by_shard, step.index = self._begun
+        # Through a device workspace the push's calls carry only places (a few hundred bytes):
+        # one call, not one per stream, whose starts and ends the commit would wait for.
+        max_parts = 1 if self.workspace is not None and self.workspace.on_device else None
         transactions = []
         for shard, tensors in enumerate(by_shard):
             client = self._route.clients[shard]
             transactions.append(None if not tensors else client.begin_push(
                 tensors, grad_dtype=self._wire, plan_hash=self._route.plan_hash,
-                workspace=self.workspace))
+                workspace=self.workspace, max_parts=max_parts))
         step.transactions = transactions
         _trace.mark("begun")
 
