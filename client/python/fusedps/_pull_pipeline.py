@@ -73,7 +73,9 @@ class _Group:
     params: List[int]
     # (shard, server name, host view) of each segment of its params.
     targets: List[Tuple[int, str, torch.Tensor]] = field(default_factory=list)
-    sources: List[torch.Tensor] = field(default_factory=list)  # Host views, as the params.
+    # Views of the landing buffer, shaped as the params (and of its dtype, the wire's).
+    sources: List[torch.Tensor] = field(default_factory=list)
+    tensors: List[torch.Tensor] = field(default_factory=list)  # Its params, in order.
 
 
 @dataclass
@@ -273,6 +275,7 @@ class PullPipeline:
                     group.targets.append((seg.shard, seg.server_name, view))
                 group.sources.append(self._host[base:base + self._numel[i]].view(
                     self._params[i].shape))
+                group.tensors.append(self._params[i])
         return groups
 
     def _relayout(self) -> None:
@@ -477,8 +480,10 @@ class PullPipeline:
                 _copies.copy_in_pieces(cast(torch.Tensor, self._shadow)[begin:end],
                                        host[begin:end])
                 return
-            params = [self._params[i] for i in group.params]
-            if all(p.dtype == self._wire_dtype for p in params):
+            params = group.tensors
+            # Landed on the device already (a device workspace), or in the params' dtype: the
+            # copies read the landing buffer itself, through the views made with the layout.
+            if host.is_cuda or all(p.dtype == self._wire_dtype for p in params):
                 sources = group.sources
             else:  # Converted on the device, not on the CPU: the group's bytes go there first.
                 begin = self._offset[group.params[0]]
