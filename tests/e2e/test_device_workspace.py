@@ -43,6 +43,16 @@ def small_model(seed: int = 0, device=torch.device("cpu")):
                                torch.nn.Linear(16, 2)).to(device)
 
 
+def train_steps(model, opt, steps: int) -> None:
+    """``steps`` steps of small_model on DEVICE, then waits for the last pull."""
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        model(x.to(DEVICE)).square().sum().backward()
+        opt.step()
+    opt.wait_parameters()
+
+
 def test_a_server_without_a_gpu_refuses_a_device_workspace(cpu_target):
     with fusedps.Client(cpu_target) as client:
         client.wait_ready(timeout=10)
@@ -182,12 +192,7 @@ def test_a_bf16_pull_goes_through_device_memory_from_the_servers_bf16_copy():
                           prefix="dev-copy/", pull_dtype="bfloat16", **HYPER)
         try:
             assert opt.data_plane_in_use == "device", opt.data_plane_reason
-            for step in range(3):
-                opt.zero_grad(set_to_none=True)
-                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
-                model(x.to(DEVICE)).square().sum().backward()
-                opt.step()
-            opt.wait_parameters()
+            train_steps(model, opt, 3)
             over_grpc = opt.client.pull_parameters(
                 [f"dev-copy/{n}" for n, _ in model.named_parameters()], dtype="bfloat16")
             for name, p in model.named_parameters():
@@ -250,12 +255,7 @@ def test_a_device_workspace_push_is_one_call_per_step():
         try:
             assert opt.data_plane_in_use == "device", opt.data_plane_reason
             before = server.metrics().value("fusedps_push_requests_total", code="OK")
-            for step in range(4):
-                opt.zero_grad(set_to_none=True)
-                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
-                model(x.to(DEVICE)).square().sum().backward()
-                opt.step()
-            opt.wait_parameters()
+            train_steps(model, opt, 4)
             after = server.metrics().value("fusedps_push_requests_total", code="OK")
             assert after - before == 4
         finally:
