@@ -142,6 +142,12 @@ ReadJob PullPlan::WorkspaceJob() const {
   return job;
 }
 
+uint64_t PullPlan::WorkspaceBytes() const {
+  uint64_t bytes = 0;
+  for (const uint32_t t : tensors) bytes += view->tensor(t).numel * DTypeSize(dtype);
+  return bytes;
+}
+
 absl::StatusOr<PullPlan> PlanPull(const v1::PullParametersRequest& request,
                                   const UpdateEngine& engine, const WorkspaceTable& workspaces,
                                   absl::string_view workspace_owner) {

@@ -71,6 +71,8 @@ struct PullPlan {
   // Job() into the workspace, at workspace_offsets: the stored bytes as they are (the caller
   // has checked that stored_size is the dtype's). REQUIRES: workspace is set.
   ReadJob WorkspaceJob() const;
+  // The bytes a pull into the workspace writes there: numel * DTypeSize(dtype) per tensor.
+  uint64_t WorkspaceBytes() const;
 };
 
 // Checks `request` against `engine`'s current view and plans its read. The checks, in order

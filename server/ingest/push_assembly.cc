@@ -454,6 +454,7 @@ void PushAssembly::OnApplied(const absl::StatusOr<StepResult>& result) {
                                plan = std::move(*pull)](absl::StatusOr<ReadResult> read) mutable {
     if (!read.ok()) return self->Answer(read.status(), stepped);
     step.reply.pulled_version = read->version;
+    self->services_.metrics->RecordCommitPull(plan.WorkspaceBytes());
     self->Answer(step, stepped);
   });
 }

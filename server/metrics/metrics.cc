@@ -150,7 +150,8 @@ Metrics::Metrics(const BuildInfo& build, std::function<ShardMetrics()> shard)
       pull_requests_(CounterFamily(*registry_, "fusedps_pull_requests_total",
                                    "PullParameters calls, by gRPC status code.")),
       pull_bytes_(CounterFamily(*registry_, "fusedps_pull_bytes_total",
-                                "Tensor payload bytes sent in PullParameters chunks.")
+                                "Tensor payload bytes pulled: sent in PullParameters chunks, or "
+                                "written into a workspace (by a pull or a push's commit).")
                       .Add({})),
       parameters_(GaugeFamily(*registry_, "fusedps_parameters",
                               "Parameters (elements of every registered tensor) of each model.")),
@@ -357,6 +358,10 @@ void Metrics::RecordCheckpointFailure(const std::string& model, const std::strin
 
 void Metrics::RecordAuthFailure(const std::string& reason) {
   auth_failures_.Add({{"reason", reason}}).Increment();
+}
+
+void Metrics::RecordCommitPull(uint64_t bytes) {
+  pull_bytes_.Increment(static_cast<double>(bytes));
 }
 
 void Metrics::RecordPull(grpc::StatusCode code, uint64_t bytes) {

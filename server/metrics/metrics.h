@@ -136,6 +136,10 @@ class Metrics {
   void RecordStep(const std::string& model, bool skipped, const std::string& skip_reason);
   // One PullParameters call that ended with `code`, having sent `bytes` of tensor payload.
   void RecordPull(grpc::StatusCode code, uint64_t bytes);
+  // The bytes a push's commit pull (PushCommit.pull) wrote into its workspace: counted in
+  // fusedps_pull_bytes_total, as a PullParameters call into a workspace counts its own; not a
+  // call, so not in fusedps_pull_requests_total.
+  void RecordCommitPull(uint64_t bytes);
 
   // Embedding tables. `keys` keys of table `table` of `model` in one applied (not skipped)
   // step, each key as often as the push named it (duplicates are summed into one row update),

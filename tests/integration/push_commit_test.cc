@@ -215,9 +215,12 @@ TEST_F(CommitPullTest, TheReplyComesWithTheStepsParamsInTheWorkspace) {
   const std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kBytes);
   ASSERT_NE(workspace->memory, nullptr) << workspace->status.error_message();
   char* into = workspace->memory + kInto;
+  const auto pulled_bytes = [&] { return MetricValue("fusedps_pull_bytes_total"); };
+  const auto pulls = [&] { return MetricValue("fusedps_pull_requests_total{code=\"OK\"}"); };
   for (uint64_t sequence = 1; sequence <= 2; ++sequence) {
     const auto grads = RandomGrads({"w", "b"}, 60 + static_cast<int>(sequence));
     std::memset(into, 0xff, (4096 + 64) * 4);
+    const double bytes_before = pulled_bytes(), pulls_before = pulls();
     v1::PushHeader header = CommitHeader("trainer", sequence);
     header.set_workspace(workspace->opened.workspace_id());
     auto [status, response] =
@@ -228,6 +231,9 @@ TEST_F(CommitPullTest, TheReplyComesWithTheStepsParamsInTheWorkspace) {
     for (const auto& [name, values] : grads) host_.Step(name, values, 0.0f);
     EXPECT_EQ(std::memcmp(into, host_.tensor("w").param.data(), 4096 * 4), 0);
     EXPECT_EQ(std::memcmp(into + 4096 * 4, host_.tensor("b").param.data(), 64 * 4), 0);
+    // What the commit wrote counts as pulled bytes (/metrics), in no pull call.
+    EXPECT_EQ(pulled_bytes() - bytes_before, (4096 + 64) * 4);
+    EXPECT_EQ(pulls(), pulls_before);
   }
   ExpectMatchesHost(2);
   // A retry of the last push is answered from the retry table: no pull, pulled_version 0.

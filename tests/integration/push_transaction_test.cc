@@ -7,7 +7,6 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "fusedps/client.h"
 #include "tests/integration/service_harness.h"
@@ -346,15 +345,7 @@ TEST_F(PushTransactionTest, MaxPartsCapsTheCallsAPushTravelsAs) {
   ASSERT_NE(workspace, nullptr);
   char* memory = workspace->memory;
   const auto ok_calls = [&] {
-    const std::string text = server_->metrics().ScrapeText();
-    const std::string key = "fusedps_push_requests_total{code=\"OK\"} ";
-    const size_t at = text.find(key);
-    double value = 0;
-    if (at != std::string::npos) {
-      const size_t end = text.find('\n', at);
-      EXPECT_TRUE(absl::SimpleAtod(text.substr(at + key.size(), end - at - key.size()), &value));
-    }
-    return static_cast<int>(value);
+    return static_cast<int>(MetricValue("fusedps_push_requests_total{code=\"OK\"}"));
   };
   std::unique_ptr<client::Client> trainer = MakeClient(3);
   ASSERT_NE(trainer, nullptr);
