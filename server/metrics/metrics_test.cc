@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/metrics/metrics_test_util.h"
 
 namespace fusedps {
 namespace {
@@ -53,18 +54,6 @@ class MetricsTest : public ::testing::Test {
   } shard_;  // What the shard reports on the next scrape.
   Metrics metrics_;
 };
-
-// The value of the one sample line that starts with `series` followed by a space.
-double Sample(const std::string& text, const std::string& series) {
-  const std::string prefix = series + " ";
-  size_t at = text.rfind("\n" + prefix);
-  if (at == std::string::npos) {
-    ADD_FAILURE() << "no sample " << series << " in\n" << text;
-    return -1;
-  }
-  at += 1 + prefix.size();
-  return std::stod(text.substr(at, text.find('\n', at) - at));
-}
 
 TEST_F(MetricsTest, ExportsEveryContractNameWithItsType) {
   // Families without a series are not exported; the shard gives these theirs.

@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "server/metrics/metrics_test_util.h"
 #include "tests/integration/service_harness.h"
 
 namespace fusedps::integration {
@@ -215,8 +216,11 @@ TEST_F(CommitPullTest, TheReplyComesWithTheStepsParamsInTheWorkspace) {
   const std::unique_ptr<MappedWorkspace> workspace = MappedWorkspace::Open(*stub_, kBytes);
   ASSERT_NE(workspace->memory, nullptr) << workspace->status.error_message();
   char* into = workspace->memory + kInto;
-  const auto pulled_bytes = [&] { return MetricValue("fusedps_pull_bytes_total"); };
-  const auto pulls = [&] { return MetricValue("fusedps_pull_requests_total{code=\"OK\"}"); };
+  const auto metric = [&](const std::string& series) {
+    return Sample(server_->metrics().ScrapeText(), series);
+  };
+  const auto pulled_bytes = [&] { return metric("fusedps_pull_bytes_total"); };
+  const auto pulls = [&] { return metric("fusedps_pull_requests_total{code=\"OK\"}"); };
   for (uint64_t sequence = 1; sequence <= 2; ++sequence) {
     const auto grads = RandomGrads({"w", "b"}, 60 + static_cast<int>(sequence));
     std::memset(into, 0xff, (4096 + 64) * 4);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fusedps/client.h"
+#include "server/metrics/metrics_test_util.h"
 #include "tests/integration/service_harness.h"
 
 namespace fusedps::integration {
@@ -345,7 +346,8 @@ TEST_F(PushTransactionTest, MaxPartsCapsTheCallsAPushTravelsAs) {
   ASSERT_NE(workspace, nullptr);
   char* memory = workspace->memory;
   const auto ok_calls = [&] {
-    return static_cast<int>(MetricValue("fusedps_push_requests_total{code=\"OK\"}"));
+    return static_cast<int>(
+        Sample(server_->metrics().ScrapeText(), "fusedps_push_requests_total{code=\"OK\"}"));
   };
   std::unique_ptr<client::Client> trainer = MakeClient(3);
   ASSERT_NE(trainer, nullptr);

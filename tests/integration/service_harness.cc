@@ -11,7 +11,6 @@
 #include <cstring>
 #include <random>
 
-#include "absl/strings/numbers.h"
 #include "grpc/grpc.h"
 
 namespace fusedps::integration {
@@ -343,18 +342,6 @@ v1::GetInfoResponse ServiceTest::GetInfo() {
   grpc::Status status = stub_->GetInfo(&context, {}, &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
   return response;
-}
-
-double ServiceTest::MetricValue(const std::string& series) {
-  const std::string text = server_->metrics().ScrapeText();
-  const std::string key = "\n" + series + " ";
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return 0;
-  const size_t begin = at + key.size();
-  double value = 0;
-  EXPECT_TRUE(absl::SimpleAtod(text.substr(begin, text.find('\n', begin) - begin), &value))
-      << series;
-  return value;
 }
 
 ShardState ServiceTest::Snapshot() {

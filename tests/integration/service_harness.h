@@ -173,9 +173,6 @@ class ServiceTest : public ::testing::Test {
   v1::ListTensorsResponse ListTensors();
   v1::GetInfoResponse GetInfo();
   ShardState Snapshot();
-  // The value of one series of the server's /metrics text, as written there (e.g.
-  // `fusedps_push_requests_total{code="OK"}`); 0 when it is not there yet.
-  double MetricValue(const std::string& series);
 
   // Registers a group and mirrors it in host_. Fails the test on an error.
   void RegisterGroup(const std::string& name, const AdamWHyperparameters& h);
